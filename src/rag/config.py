@@ -1,0 +1,124 @@
+"""RAGConfig: everything that determines a pipeline's behaviour, frozen and hashable.
+
+An RL action is a RAGConfig (or a delta to one); `config_hash` is the variant id used in logs,
+MLflow, Prometheus labels and promotion records. Documented defaults live in
+`configs/rag/default.yaml`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rag.errors import ConfigError
+
+Variant = Literal["bm25", "dense", "hybrid", "graph"]
+Rerank = Literal["none", "cosine", "cross_encoder"]
+Normalisation = Literal["minmax", "zscore", "rrf"]
+
+MAX_CANDIDATES = 100
+
+
+class RAGConfig(BaseModel):
+    """One pipeline configuration. Field bounds are checked at construction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: Variant = "hybrid"
+    """Candidate source: bm25, dense, hybrid (fusion of bm25 + dense) or graph (PPR)."""
+    n_candidates: int = Field(50, ge=1, le=MAX_CANDIDATES)
+    """Top-N candidates each retriever returns before fusion/rerank."""
+    k: int = Field(5, ge=1, le=32)
+    """Passages handed to the generator."""
+    fusion_weight: float = Field(0.5, ge=0.0, le=1.0)
+    """Weight of the dense scores in hybrid fusion (1 - w goes to bm25)."""
+    normalisation: Normalisation = "minmax"
+    """Score normalisation before the convex combination; rrf ignores scores and uses ranks."""
+    rrf_k: int = Field(60, ge=1, le=1000)
+    rerank: Rerank = "none"
+    reranker_model: str = "minilm"
+    """Registry name of the encoder (cosine) or cross-encoder used to rerank."""
+    rerank_depth: int = Field(30, ge=1, le=MAX_CANDIDATES)
+    """How many fused candidates the reranker rescores."""
+    mmr_lambda: float = Field(1.0, ge=0.0, le=1.0)
+    """MMR trade-off: 1.0 keeps the ranking (no diversity), lower values penalise redundancy."""
+    graph_damping: float = Field(0.5, gt=0.0, lt=1.0)
+    """Personalised PageRank damping (probability to follow an edge) of the graph retriever."""
+    graph_seeds: int = Field(5, ge=1, le=50)
+    """Lexical+dense hits that seed the graph walk."""
+    prompt_id: str = "cite_concise"
+    generator: str = "extractive"
+    """Registry name of the generator backend (`extractive`, `smollm2-135m-instruct`, ...)."""
+    max_new_tokens: int = Field(48, ge=1, le=1024)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    encoder: str = "minilm"
+    """Registry name of the bi-encoder used by the dense index."""
+    dense_index: Literal["flat", "hnsw"] = "flat"
+    bm25_backend: Literal["tantivy", "bm25s"] = "tantivy"
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    @model_validator(mode="after")
+    def _check(self) -> RAGConfig:
+        if self.rerank_depth < self.k and self.rerank != "none":
+            raise ValueError(f"rerank_depth ({self.rerank_depth}) must be >= k ({self.k})")
+        if self.n_candidates < self.k:
+            raise ValueError(f"n_candidates ({self.n_candidates}) must be >= k ({self.k})")
+        return self
+
+    # ---- identity -----------------------------------------------------------------------
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def config_hash(self) -> str:
+        """12 hex chars of sha256 over the canonical JSON: the variant id."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> RAGConfig:
+        """A validated copy with `changes` applied (typed errors like `from_dict`)."""
+        return RAGConfig.from_dict({**self.model_dump(), **changes})
+
+    # ---- (de)serialisation --------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "rag") -> RAGConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(where, "must be a mapping")
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            raise _to_config_error(exc, where) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RAGConfig:
+        """Load `rag: {...}` (or a bare mapping) from YAML; errors name the offending key."""
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("config", f"file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+        if isinstance(data, dict) and "rag" in data:
+            return cls.from_dict(data["rag"], where="rag")
+        return cls.from_dict(data, where="rag")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump({"rag": self.model_dump(mode="json")}, sort_keys=False)
+
+
+def _to_config_error(exc: ValidationError, where: str) -> ConfigError:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    field = f"{where}.{loc}" if loc else where
+    if err.get("type") == "extra_forbidden":
+        return ConfigError(field, "unknown key")
+    msg = err.get("msg", "invalid value")
+    if not loc:  # model-level validator: name the first field it mentions
+        msg = msg.removeprefix("Value error, ")
+        field = f"{where}.{msg.split(' ', 1)[0]}"
+    return ConfigError(field, msg)

