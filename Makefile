@@ -1,0 +1,19 @@
+# The two entry points of the README. Both do their own set-up (idempotent) first.
+.PHONY: setup demo test lint bench-quick
+
+VENV := .venv
+RUN := $(VENV)/bin
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(RUN)/ragpilot demo
+
+test: setup
+	$(RUN)/ruff check src tests bench
+	$(RUN)/python -m pytest -q tests
+
+lint: setup
+	$(RUN)/ruff check src tests bench
+	$(RUN)/ruff format --check src tests bench

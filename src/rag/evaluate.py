@@ -1,0 +1,106 @@
+"""Offline evaluation: a config over a dataset -> predictions, contexts, per-query scores,
+summary. The CLI's `eval`, the demo and the benchmarks all go through `evaluate`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.pipeline import Pipeline
+from rag.types import Answer, Example
+
+
+@dataclass
+class EvalResult:
+    """Per-query metric rows plus the means; latency percentiles per stage in ms."""
+
+    config: RAGConfig
+    answers: list[Answer]
+    rows: list[dict[str, float]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """predictions.jsonl, contexts.jsonl, scores.jsonl, summary.json, summary.csv."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "predictions.jsonl").open("w") as f:
+            for a in self.answers:
+                f.write(json.dumps({"query_id": a.query_id, "question": a.question,
+                                    "answer": a.text, "citations": list(a.citations),
+                                    "cited_ids": list(a.cited_ids), "latency_ms": a.latency_ms,
+                                    "tokens_in": a.tokens_in, "tokens_out": a.tokens_out,
+                                    "config_hash": a.config_hash}, ensure_ascii=False) + "\n")
+        with (out / "contexts.jsonl").open("w") as f:
+            for a in self.answers:
+                f.write(json.dumps({"query_id": a.query_id,
+                                    "contexts": [c.to_dict() for c in a.contexts],
+                                    "candidates": [h.to_dict() for h in a.candidates]},
+                                   ensure_ascii=False) + "\n")
+        with (out / "scores.jsonl").open("w") as f:
+            for a, r in zip(self.answers, self.rows, strict=True):
+                f.write(json.dumps({"query_id": a.query_id, **r}) + "\n")
+        (out / "summary.json").write_text(json.dumps(
+            {"config": self.config.model_dump(mode="json"), "config_hash":
+             self.config.config_hash, **self.summary}, indent=2, sort_keys=True))
+        flat = {k: v for k, v in self.summary.items() if isinstance(v, (int, float, str))}
+        with (out / "summary.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["metric", "value"])
+            for k in sorted(flat):
+                w.writerow([k, flat[k]])
+        return out
+
+
+def latency_summary(answers: Sequence[Answer]) -> dict[str, float]:
+    """p50/p95 per stage and for the total, in ms."""
+    out: dict[str, float] = {}
+    if not answers:
+        return out
+    stages = sorted({s for a in answers for s in a.latency_ms})
+    for s in [*stages, "total"]:
+        vals = np.array([a.total_latency_ms if s == "total" else a.latency_ms.get(s, 0.0)
+                         for a in answers])
+        out[f"{s}_p50_ms"] = float(np.percentile(vals, 50))
+        out[f"{s}_p95_ms"] = float(np.percentile(vals, 95))
+    return out
+
+
+def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 8,
+             show_progress: bool = False) -> EvalResult:
+    """Answer every example with `pipeline` and score each answer against its gold."""
+    from rag.metrics import aggregate, score_answer
+
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(examples), desc=f"eval {pipeline.config.config_hash}", unit="q")
+
+    def progress(n: int) -> None:
+        if bar is not None:
+            bar.n = n
+            bar.refresh()
+
+    t0 = time.perf_counter()
+    answers = pipeline.run_batch([e.question for e in examples], [e.id for e in examples],
+                                 batch_size=batch_size, progress=progress)
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    rows = [score_answer(a, e, k=pipeline.config.k) for a, e in zip(answers, examples,
+                                                                     strict=True)]
+    summary: dict[str, Any] = {"n": len(examples), "wall_s": wall, **aggregate(rows),
+                               **latency_summary(answers),
+                               "tokens_in_mean": float(np.mean([a.tokens_in for a in answers]))
+                               if answers else 0.0,
+                               "tokens_out_mean": float(np.mean([a.tokens_out for a in answers]))
+                               if answers else 0.0}
+    return EvalResult(pipeline.config, answers, rows, summary)

@@ -1,0 +1,187 @@
+"""`ragpilot` command line. Every sub-command mirrors a Python API call:
+
+    index  -> rag.indexset.IndexSet.create(...).build_all(...)
+    query  -> rag.pipeline.Pipeline(indexes, config).run(question)
+    eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)
+    demo   -> serving.demo.run_demo(...)
+
+Bad input (unknown config key, value out of bounds, missing file, malformed line, empty
+question) prints `error: <field or file:line>: <message>` and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag.errors import ConfigError, RagError
+
+EXIT_BAD_INPUT = 2
+
+
+def _load_config(path: str | None, overrides: list[str]):
+    from rag.config import RAGConfig
+
+    base = RAGConfig.from_yaml(path) if path else RAGConfig()
+    changes: dict[str, Any] = {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        changes[key.strip()] = yaml.safe_load(value)
+    return base.replace(**changes) if changes else base
+
+
+def _examples_for(dataset: str, split: str | None, limit: int | None):
+    from rag.corpus.loaders import load_dataset
+
+    ds = load_dataset(dataset)
+    examples = list(ds.examples)
+    if split and split != "all":
+        from rag.corpus.hygiene import load_split
+
+        ids = set(load_split(ds.name).ids(split))
+        examples = [e for e in examples if e.id in ids]
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError("--limit", "must be >= 1")
+        examples = examples[:limit]
+    return ds, examples
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from rag.corpus.loaders import load_dataset
+
+    from rag.indexset import IndexSet
+
+    ds = load_dataset(args.dataset)
+    idx = IndexSet.create(ds.corpus, args.out, encoder=args.encoder,
+                          manifest=ds.manifest_dict() if hasattr(ds, "manifest_dict") else None)
+    secs = idx.build_all(bm25=tuple(args.bm25.split(",")), dense=tuple(args.dense.split(",")),
+                         graph=not args.no_graph)
+    print(f"indexed {len(ds.corpus)} passages from {ds.name} into {args.out}")
+    for name, s in secs.items():
+        print(f"  {name:<14} {s:8.2f} s")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from rag.indexset import IndexSet
+    from rag.pipeline import Pipeline
+
+    cfg = _load_config(args.config, args.set)
+    answer = Pipeline(IndexSet.open(args.index), cfg).run(args.question)
+    print(f"Q: {answer.question}")
+    print(f"A: {answer.text}")
+    print(f"   config {answer.config_hash} · " + " · ".join(
+        f"{k} {v:.1f} ms" for k, v in answer.latency_ms.items()))
+    for i, c in enumerate(answer.contexts, 1):
+        mark = "*" if i in answer.citations else " "
+        print(f" {mark}[{i}] {c.title} ({c.id}, score {c.score:.3f}): {c.text[:160]}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rag.evaluate import evaluate
+    from rag.indexset import IndexSet
+    from rag.pipeline import Pipeline
+
+    cfg = _load_config(args.config, args.set)
+    ds, examples = _examples_for(args.dataset, args.split, args.limit)
+    if args.index:
+        indexes = IndexSet.open(args.index, show_progress=True)
+    else:
+        root = Path(args.out) / "index"
+        indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder)
+    result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
+    out = result.write(args.out)
+    keys = [k for k in result.summary if not k.endswith("_p50_ms")]
+    for k in keys:
+        v = result.summary[k]
+        print(f"{k:<28} {v:.4f}" if isinstance(v, float) else f"{k:<28} {v}")
+    print(f"wrote {out}/predictions.jsonl, contexts.jsonl, summary.json, summary.csv")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from serving.demo import run_demo
+
+    run_demo(out=Path(args.out), with_llm=not args.no_llm, quick=args.quick)
+    return 0
+
+
+def cmd_prompts(args: argparse.Namespace) -> int:
+    from rag.generation.prompts import list_prompts
+
+    for pid in list_prompts():
+        print(pid)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from rag.models import default_registry
+
+    reg = default_registry()
+    for name in reg.names():
+        s = reg.get(name)
+        print(f"{name:<28} {s.kind:<14} {s.format}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ragpilot", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("index", help="build BM25/dense/graph indexes for a dataset or corpus")
+    s.add_argument("--dataset", required=True,
+                   help="synthetic | hotpotqa | scifact | mtrag | path to a corpus/dataset")
+    s.add_argument("--out", required=True, help="index directory")
+    s.add_argument("--encoder", default="minilm")
+    s.add_argument("--bm25", default="tantivy", help="comma list: tantivy,bm25s")
+    s.add_argument("--dense", default="flat", help="comma list: flat,hnsw")
+    s.add_argument("--no-graph", action="store_true")
+    s.set_defaults(func=cmd_index)
+
+    s = sub.add_parser("query", help="answer one question, with citations")
+    s.add_argument("question")
+    s.add_argument("--index", required=True)
+    s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(func=cmd_query)
+
+    s = sub.add_parser("eval", help="evaluate a config on a dataset split")
+    s.add_argument("--dataset", required=True)
+    s.add_argument("--split", default="test", help="train | valid | test | all")
+    s.add_argument("--index", help="index directory (built on demand under --out if absent)")
+    s.add_argument("--config")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--limit", type=int)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("demo", help="the main job: index a generated corpus, compare configs")
+    s.add_argument("--out", default="runs/demo")
+    s.add_argument("--no-llm", action="store_true", help="skip the SmolLM2 generator run")
+    s.add_argument("--quick", action="store_true")
+    s.set_defaults(func=cmd_demo)
+
+    sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
+    sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RagError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
