@@ -105,22 +105,16 @@ class IndexSet:
         )
 
     def graph(self, bm25_backend: str = "tantivy", dense_kind: str = "flat"):
+        """The entity graph, seeded by this set's bm25 and dense retrievers."""
         from rag.index.graph import GraphRetriever
 
         seeds = [self.bm25(bm25_backend), self.dense(dense_kind)]
+        g = self._get("graph", lambda d: GraphRetriever.load(d),
+                      lambda d: GraphRetriever.build(self.corpus, directory=d))
         key = f"graph@{bm25_backend}+{dense_kind}"
         with self._lock:
             if key not in self._cache:
-                d = self.root / "graph"
-                if (d / "graph.json").exists() or any(d.glob("*")) if d.exists() else False:
-                    self._cache[key] = GraphRetriever.load(d, seeds=seeds)
-                else:
-                    t0 = time.perf_counter()
-                    g = GraphRetriever.build(self.corpus, directory=d)
-                    self.build_seconds["graph"] = time.perf_counter() - t0
-                    self._cache[key] = GraphRetriever.load(d, seeds=seeds) if g is None else g
-                    if hasattr(self._cache[key], "seeds"):
-                        self._cache[key].seeds = seeds
+                self._cache[key] = GraphRetriever(g.B, g.ids, g.entities, seeds=seeds)
             return self._cache[key]
 
     def _get(self, name: str, load, build):

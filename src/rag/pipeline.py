@@ -44,7 +44,7 @@ class Resources:
         return self._get(("gen", name, device),
                          lambda: make_generator(name, registry=self.registry, device=device))
 
-    def reranker(self, kind: str, model: str, device: str = "cpu", indexes: IndexSet | None = None):
+    def reranker(self, kind: str, model: str, device: str = "cpu"):
         from rag.rerank import make_reranker
 
         return self._get(("rerank", kind, model, device),
@@ -97,8 +97,15 @@ class Pipeline:
         if c.rerank == "none" or not hits:
             return hits
         head = hits[: c.rerank_depth]
-        reranker = self.resources.reranker(c.rerank, c.reranker_model, c.device)
         passages = [self.indexes.corpus[h.id] for h in head]
+        if c.rerank == "cosine" and c.reranker_model == self.indexes.encoder_name:
+            # same bi-encoder as the dense index: reuse its stored passage vectors
+            from rag.rerank import CosineReranker
+
+            dense = self.indexes.dense(c.dense_index)
+            return CosineReranker(dense.encoder, dense.passage_embeddings).rerank(
+                question, passages)
+        reranker = self.resources.reranker(c.rerank, c.reranker_model, c.device)
         return reranker.rerank(question, passages)
 
     def select(self, question: str, hits: list[Hit]) -> list[Hit]:

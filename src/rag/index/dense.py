@@ -1,0 +1,162 @@
+"""Dense retrieval: bi-encoder embeddings in a FAISS index (exact flat or HNSW), inner product
+on unit vectors (= cosine).
+
+Corpus embeddings are cached on disk by (corpus fingerprint, encoder fingerprint), so rebuilding
+an index for the same corpus and model encodes nothing. `device="cuda"` moves the index to the
+GPU with faiss-gpu (the `gpu` extra); without it that is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from rag.corpus import Corpus
+from rag.errors import ConfigError
+from rag.index.base import Retriever, check_top_n
+from rag.models import cache_dir
+from rag.types import Hit
+
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_SEARCH = 128
+
+
+def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: bool = False,
+                 use_cache: bool = True) -> np.ndarray:
+    """(len(corpus), dim) unit vectors of "title. text", from the on-disk cache when present."""
+    path = cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{encoder.fingerprint}.npy"
+    if use_cache and path.exists():
+        vecs = np.load(path)
+        if vecs.shape == (len(corpus), encoder.dim):
+            return vecs
+    texts = [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
+    vecs = encoder.encode(texts, batch_size=batch_size, show_progress=show_progress)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, vecs)
+        tmp.replace(path)
+    return vecs
+
+
+def _faiss():
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # single-query serving: threads only add overhead here
+    return faiss
+
+
+def _make_index(vecs: np.ndarray, kind: str):
+    faiss = _faiss()
+    dim = vecs.shape[1]
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    else:
+        raise ConfigError("dense_index", f"unknown index {kind!r} (flat | hnsw)")
+    index.add(vecs)
+    return index
+
+
+def _to_device(index, device: str):
+    if device == "cpu":
+        return index
+    faiss = _faiss()
+    if device != "cuda":
+        raise ConfigError("device", f"unknown device {device!r} (cpu | cuda)")
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
+        raise ConfigError("device", "cuda requested but this faiss has no GPU support or sees "
+                                    "no GPU; install the gpu extra (faiss-gpu-cu12)")
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+
+
+class DenseRetriever(Retriever):
+    """FAISS search over unit-length passage embeddings."""
+
+    kind = "dense"
+
+    def __init__(self, index, vecs: np.ndarray, ids: list[str], encoder, index_kind: str,
+                 device: str = "cpu"):
+        self._cpu_index = index
+        self._index = _to_device(index, device)
+        self._vecs = vecs
+        self._ids = ids
+        self._row = {pid: i for i, pid in enumerate(ids)}
+        self.encoder = encoder
+        self.index_kind = index_kind
+        self.device = device
+        if index_kind == "hnsw" and device == "cpu":
+            self._index.hnsw.efSearch = HNSW_EF_SEARCH
+
+    @classmethod
+    def build(cls, corpus: Corpus, encoder, index: str = "flat",
+              directory: str | Path | None = None, batch_size: int = 64,
+              show_progress: bool = True, device: str = "cpu") -> DenseRetriever:
+        vecs = embed_corpus(corpus, encoder, batch_size=batch_size, show_progress=show_progress)
+        r = cls(_make_index(vecs, index), vecs, corpus.ids, encoder, index, device=device)
+        if directory:
+            r.save(directory)
+        return r
+
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        _faiss().write_index(self._cpu_index, str(d / "index.faiss"))
+        np.save(d / "embeddings.npy", self._vecs)
+        (d / "meta.json").write_text(json.dumps({"ids": self._ids, "index": self.index_kind,
+                                                 "encoder": self.encoder.name,
+                                                 "encoder_fingerprint":
+                                                     self.encoder.fingerprint}))
+
+    @classmethod
+    def load(cls, directory: str | Path, encoder=None, device: str = "cpu") -> DenseRetriever:
+        d = Path(directory)
+        if not (d / "meta.json").exists():
+            raise ConfigError("dense", f"{d} holds no dense index (meta.json missing)")
+        meta = json.loads((d / "meta.json").read_text())
+        if encoder is None:
+            from rag.encoders import Encoder
+
+            encoder = Encoder.from_registry(meta["encoder"], device=device)
+        if encoder.fingerprint != meta["encoder_fingerprint"]:
+            raise ConfigError("encoder", f"index in {d} was built with another encoder "
+                                         f"({meta['encoder']}); rebuild it")
+        index = _faiss().read_index(str(d / "index.faiss"))
+        return cls(index, np.load(d / "embeddings.npy"), meta["ids"], encoder, meta["index"],
+                   device=device)
+
+    # ---- queries ------------------------------------------------------------------------
+    def embed_query(self, query: str) -> np.ndarray:
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigError("query", "must be a non-empty string")
+        return self.encoder.encode([query])[0]
+
+    def passage_embeddings(self, ids: list[str]) -> np.ndarray:
+        """Stored unit vectors of the given passage ids, in that order."""
+        return self._vecs[[self._row[i] for i in ids]]
+
+    def search_vectors(self, qvecs: np.ndarray, top_n: int) -> list[list[Hit]]:
+        top_n = check_top_n(top_n)
+        scores, rows = self._index.search(np.ascontiguousarray(qvecs, dtype=np.float32),
+                                          min(top_n, len(self._ids)))
+        return [[Hit(float(s), self._ids[r]) for s, r in zip(srow, rrow, strict=True) if r >= 0]
+                for srow, rrow in zip(scores, rows, strict=True)]
+
+    def search(self, query: str, top_n: int = 10) -> list[Hit]:
+        check_top_n(top_n)
+        return self.search_vectors(self.embed_query(query)[None, :], top_n)[0]
+
+    def search_batch(self, queries, top_n: int = 10) -> list[list[Hit]]:
+        check_top_n(top_n)
+        for q in queries:
+            if not isinstance(q, str) or not q.strip():
+                raise ConfigError("query", "must be a non-empty string")
+        return self.search_vectors(self.encoder.encode(list(queries)), top_n)

@@ -1,0 +1,36 @@
+"""Citation quality and context redundancy."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from itertools import combinations
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+REDUNDANT_JACCARD = 0.5
+
+
+def citation_scores(cited_ids: Iterable[str], gold_ids: Iterable[str]) -> dict[str, float]:
+    """citation_precision: cited passages that are gold; citation_recall: gold that are cited.
+    No citations -> precision 0 (an uncited answer cannot be verified)."""
+    cited, gold = set(cited_ids), set(gold_ids)
+    tp = len(cited & gold)
+    return {"citation_precision": tp / len(cited) if cited else 0.0,
+            "citation_recall": tp / len(gold) if gold else 0.0}
+
+
+def _tokens(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text)}
+
+
+def redundancy_rate(texts: Sequence[str], threshold: float = REDUNDANT_JACCARD) -> float:
+    """Fraction of context pairs whose word-set Jaccard similarity is >= `threshold` (0.5):
+    0 = no two passages repeat each other; 1 = every pair is a near-duplicate.
+    Fewer than two contexts -> 0."""
+    toks = [_tokens(t) for t in texts]
+    pairs = list(combinations(range(len(toks)), 2))
+    if not pairs:
+        return 0.0
+    def jac(a: set, b: set) -> float:
+        return len(a & b) / len(a | b) if a | b else 1.0
+    return sum(jac(toks[i], toks[j]) >= threshold for i, j in pairs) / len(pairs)
