@@ -118,7 +118,8 @@ class TransformersGenerator(Generator):
         for s in range(0, len(todo), self.batch_size):
             idx = todo[s:s + self.batch_size]
             enc = self.tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                                 add_special_tokens=False).to(self.model.device)
+                                 add_special_tokens=False,
+                                 return_token_type_ids=False).to(self.model.device)
             with self._torch.inference_mode():
                 gen = self.model.generate(
                     **enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
@@ -128,7 +129,7 @@ class TransformersGenerator(Generator):
             for j, i in enumerate(idx):
                 ids = [t for t in new[j].tolist() if t != self.tokenizer.pad_token_id]
                 raw = self.tokenizer.decode(ids, skip_special_tokens=True)
-                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise)
+                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise, questions[i])
                 g = Generation(text, raw, cites if tpl.cites else (),
                                int(enc["attention_mask"][j].sum()), len(ids))
                 if self.cache:

@@ -49,7 +49,7 @@ class OpenAIChatGenerator(Generator):
         except (KeyError, IndexError, ValueError) as exc:
             raise EndpointError(f"generator endpoint {url}: unexpected response ({exc})") from None
         usage = body.get("usage") or {}
-        text, cites = parse_output(raw, len(contexts), tpl.concise)
+        text, cites = parse_output(raw, len(contexts), tpl.concise, question)
         g = Generation(text, raw, cites if tpl.cites else (), int(usage.get("prompt_tokens", 0)),
                        int(usage.get("completion_tokens", len(raw.split()))))
         if self.cache:

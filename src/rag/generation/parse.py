@@ -23,8 +23,31 @@ def parse_citations(raw: str, n_contexts: int) -> tuple[int, ...]:
     return tuple(seen)
 
 
-def clean_answer(raw: str, concise: bool = True) -> str:
-    """Drop citations and boilerplate; for concise prompts keep the first line/clause."""
+_FUNCTION = {"was", "is", "were", "are", "in", "by", "the", "a", "an", "of", "to", "at", "on",
+             "their", "its", "his", "her", "as", "for", "which", "that", "who", "be", "been"}
+
+
+def strip_question_echo(answer: str, question: str) -> str:
+    """Small models restate the question before answering ("The band who released X had their
+    first performance in Tulsa"): drop the longest leading run of words that mostly repeat the
+    question, then leading function words. Returns the answer unchanged when nothing is left."""
+    qwords = {w.lower().strip(".,;:!?\"'()") for w in question.split()}
+    words = answer.split()
+    cut, seen = 0, 0
+    for i, w in enumerate(words, 1):
+        echoed = w.lower().strip(".,;:!?\"'()") in qwords
+        seen += echoed
+        if echoed and i >= 3 and seen / i >= 0.7:
+            cut = i
+    rest = words[cut:]
+    while rest and rest[0].lower() in _FUNCTION:
+        rest = rest[1:]
+    return " ".join(rest) if rest else answer
+
+
+def clean_answer(raw: str, concise: bool = True, question: str | None = None) -> str:
+    """Drop citations and boilerplate; for concise prompts keep the first line/clause (and drop
+    a restated question when `question` is given)."""
     text = raw.strip()
     if INSUFFICIENT in text.lower():
         return INSUFFICIENT
@@ -39,8 +62,11 @@ def clean_answer(raw: str, concise: bool = True) -> str:
         text = re.split(r"(?<!\d)[,;](?!\d)|\s+(?:because|since|as stated|according to)\s+",
                         text, maxsplit=1)[0]
     text = text.strip().strip("\"'“”‘’*").strip()
+    if concise and question:
+        text = strip_question_echo(text, question)
     return text.rstrip(".").strip()
 
 
-def parse_output(raw: str, n_contexts: int, concise: bool = True) -> tuple[str, tuple[int, ...]]:
-    return clean_answer(raw, concise), parse_citations(raw, n_contexts)
+def parse_output(raw: str, n_contexts: int, concise: bool = True, question: str | None = None
+                 ) -> tuple[str, tuple[int, ...]]:
+    return clean_answer(raw, concise, question), parse_citations(raw, n_contexts)

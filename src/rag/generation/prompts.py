@@ -53,6 +53,8 @@ _REGISTRY: dict[str, PromptTemplate] = {t.id: t for t in [
                    f"not contain the answer, reply exactly: {INSUFFICIENT}"),
     PromptTemplate("plain", "Answer the question using the passages.",
                    "Answer in a few words.", cites=False),
+    PromptTemplate("plain_verbose", "Answer the question using the passages.",
+                   "Answer in one sentence.", cites=False, concise=False),
 ]}
 
 

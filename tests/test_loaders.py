@@ -1,0 +1,128 @@
+"""Loaders: fixtures for every layout, typed errors naming file and line, real data counts."""
+
+import json
+
+import pytest
+from tests.conftest import require_shared
+
+from rag.corpus.hygiene import dedupe, leakage_report, load_split, stratified_split
+from rag.corpus.loaders import (
+    load_beir,
+    load_dataset,
+    load_hotpotqa,
+    load_jsonl_corpus,
+    load_mtrag,
+)
+from rag.errors import ConfigError, DataError
+from rag.types import Example, Passage
+
+HP = {"id": "q1", "question": "Who wrote X?", "answer": "Ann Lee", "type": "bridge",
+      "level": "easy",
+      "supporting_facts": {"title": ["X", "Ann Lee"], "sent_id": [0, 1]},
+      "context": {"title": ["X", "Ann Lee", "Other"],
+                  "sentences": [["X is a book.", " It was written by Ann Lee."],
+                                ["Ann Lee is a writer.", " She was born in 1950."],
+                                ["Other text."]]}}
+
+
+def test_hotpotqa_both_layouts_agree(tmp_path):
+    hf = tmp_path / "hp.jsonl"
+    hf.write_text(json.dumps(HP) + "\n" + json.dumps({**HP, "id": "q2"}) + "\n")
+    official = tmp_path / "hp.json"
+    official.write_text(json.dumps([{
+        "_id": "q1", "question": HP["question"], "answer": HP["answer"], "type": "bridge",
+        "level": "easy", "supporting_facts": [["X", 0], ["Ann Lee", 1]],
+        "context": [[t, s] for t, s in zip(HP["context"]["title"], HP["context"]["sentences"],
+                                           strict=True)]}]))
+    a, b = load_hotpotqa(hf), load_hotpotqa(official)
+    assert len(a.corpus) == 3  # pooled: q2 repeats q1's paragraphs, deduplicated
+    assert a.corpus.ids == b.corpus.ids
+    e = b.examples[0]
+    assert e.gold_titles == ("X", "Ann Lee") and e.category == "bridge"
+    assert e.supporting_facts == (("X", 0), ("Ann Lee", 1))
+    assert [a.corpus[p].title for p in e.gold_passage_ids] == ["X", "Ann Lee"]
+    assert a.corpus[e.gold_passage_ids[1]].text == "Ann Lee is a writer. She was born in 1950."
+    assert len(load_hotpotqa(hf, pooled=False).corpus) == 6
+
+
+def test_malformed_line_and_missing_file_name_the_place(tmp_path):
+    p = tmp_path / "c.jsonl"
+    p.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": \n')
+    with pytest.raises(DataError) as exc:
+        load_jsonl_corpus(p)
+    assert exc.value.line == 2 and str(p) in str(exc.value)
+    p.write_text('{"id": "a", "text": "ok"}\n{"id": "b"}\n')
+    with pytest.raises(DataError, match=r":2: missing field 'text'"):
+        load_jsonl_corpus(p)
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset(str(tmp_path / "nope.jsonl"))
+
+
+def test_beir_fixture(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text(
+        '{"_id": "d1", "title": "T1", "text": "alpha"}\n{"_id": "d2", "title": "", '
+        '"text": "beta"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "alpha?"}\n'
+                                            '{"_id": "2", "text": "unjudged"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t2\n1\td2\t0\n")
+    ds = load_beir(tmp_path)
+    assert len(ds.examples) == 1  # only judged queries
+    assert ds.examples[0].qrels == {"d1": 2, "d2": 0}
+    assert ds.examples[0].gold_passage_ids == ("d1",)
+
+
+def test_real_datasets_counts_and_splits():
+    root = require_shared()
+    sf = load_beir(root / "scifact")
+    assert (len(sf.corpus), len(sf.examples)) == (5183, 300)
+    hp = load_dataset("hotpotqa")
+    assert len(hp.examples) == 1100
+    assert all(len(e.gold_passage_ids) == 2 for e in hp.examples)
+    mt = load_mtrag(root / "mtrag/mtragun-human/generation_tasks/reference.jsonl")
+    assert len(mt.examples) == 507 and all(e.history or e.question for e in mt.examples)
+    for name, n_total in (("hotpotqa", 1100), ("mtrag", 507), ("scifact", 300 + 809)):
+        m = load_split(name)
+        m.check_disjoint()
+        assert sum(len(v) for v in m.splits.values()) == n_total
+    hp_split = load_split("hotpotqa")
+    assert hp_split.source_sha256["hotpot_dev_distractor_1100.jsonl"].startswith("d1f67e9b")
+    # stratified: the comparison share in test is within 2 points of the whole set's
+    share = sum(e.category == "comparison" for e in hp.examples) / 1100
+    test = set(hp_split.ids("test"))
+    t_share = sum(e.category == "comparison" for e in hp.examples if e.id in test) / 300
+    assert abs(share - t_share) < 0.02
+
+
+def test_splits_are_reproducible_from_sources():
+    require_shared()
+    from scripts.make_splits import build_all
+
+    for name, m in build_all().items():
+        assert m.splits == load_split(name).splits, name
+
+
+def test_stratified_split_and_bad_sizes():
+    exs = [Example(id=f"e{i}", question="q", category="a" if i % 4 else "b") for i in range(100)]
+    m = stratified_split(exs, {"train": 0.5, "test": 0.5}, seed=1, name="t")
+    assert sum(e.category == "b" for e in exs if e.id in set(m.ids("test"))) == 12 or \
+        sum(e.category == "b" for e in exs if e.id in set(m.ids("test"))) == 13
+    assert m.splits == stratified_split(exs, {"train": 0.5, "test": 0.5}, 1, "t").splits
+    assert m.splits != stratified_split(exs, {"train": 0.5, "test": 0.5}, 2, "t").splits
+    with pytest.raises(ConfigError, match="sizes"):
+        stratified_split(exs, {"train": 80, "test": 30}, 1, "t")
+    with pytest.raises(ConfigError, match="split"):
+        m.ids("valid")
+
+
+def test_dedupe_and_leakage():
+    ps = [Passage("1", "Paris is in France.", "Paris"), Passage("2", "paris is in  france",
+                                                                "PARIS"),
+          Passage("3", "Lyon is a city; Paris is larger.", "Lyon")]
+    kept, dropped = dedupe(ps)
+    assert [p.id for p in kept] == ["1", "3"] and dropped == [("2", "1")]
+    ex = [Example(id="q", question="?", answers=("Paris",), gold_passage_ids=("1",)),
+          Example(id="y", question="?", answers=("yes",))]
+    rep = leakage_report(ex, kept)
+    assert rep["checked"] == 1 and rep["in_gold"] == 1 and rep["in_non_gold"] == 1
+    assert rep["examples"][0]["passages"] == ["3"]
