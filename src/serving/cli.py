@@ -110,7 +110,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from serving.demo import run_demo
 
-    run_demo(out=Path(args.out), with_llm=not args.no_llm, quick=args.quick)
+    run_demo(out=Path(args.out), with_llm=not args.no_llm, quick=args.quick,
+             mlflow=not args.no_mlflow)
     return 0
 
 
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/demo")
     s.add_argument("--no-llm", action="store_true", help="skip the SmolLM2 generator run")
     s.add_argument("--quick", action="store_true")
+    s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
     s.set_defaults(func=cmd_demo)
 
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)

@@ -32,7 +32,7 @@ COLUMNS = [("recall@k", "recall@k"), ("em", "EM"), ("f1", "F1"),
 
 
 def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool = False,
-             seed: int = 0, console: Console | None = None) -> list[dict]:
+             seed: int = 0, console: Console | None = None, mlflow: bool = True) -> list[dict]:
     """Build, evaluate, print; returns one summary dict per config (also in out/summary.json)."""
     from rag.corpus.synthetic import make_synthetic_world
 
@@ -60,13 +60,18 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
     for label, cfg in configs:
         subset = examples if cfg.generator == "extractive" else examples[: 10 if quick else 30]
         res = evaluate(pipe.with_config(cfg), subset)
-        res.write(out / "runs" / cfg.config_hash)
+        run_dir = res.write(out / "runs" / cfg.config_hash)
+        if mlflow:
+            from rl.tracking import log_eval_run, tracking_uri
+
+            log_eval_run("ragpilot_demo", label, cfg, res.summary, indexes.manifest,
+                         tracking_uri(out), artifacts=run_dir)
         results.append({"label": label, "config_hash": cfg.config_hash,
                         "variant": cfg.variant, "generator": cfg.generator, **res.summary})
 
     table = Table(title=f"{len(examples)} synthetic multi-hop questions (LLM row: first "
                         f"{10 if quick else 30})")
-    table.add_column("config")
+    table.add_column("config", no_wrap=True)
     table.add_column("hash")
     for _, head in COLUMNS:
         table.add_column(head, justify="right")
@@ -78,4 +83,9 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
     (out / "summary.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     console.print(f"wrote {out}/summary.json and per-config predictions under {out}/runs/ "
                   f"({time.perf_counter() - t0:.1f} s)")
+    if mlflow:
+        from rl.tracking import tracking_uri
+
+        console.print(f"MLflow experiment 'ragpilot_demo' in {tracking_uri(out)} "
+                      f"(browse: .venv/bin/mlflow ui --backend-store-uri {tracking_uri(out)})")
     return results
