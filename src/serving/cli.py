@@ -55,7 +55,6 @@ def _examples_for(dataset: str, split: str | None, limit: int | None):
 
 def cmd_index(args: argparse.Namespace) -> int:
     from rag.corpus.loaders import load_dataset
-
     from rag.indexset import IndexSet
 
     ds = load_dataset(args.dataset)

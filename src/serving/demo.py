@@ -35,7 +35,6 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
              seed: int = 0, console: Console | None = None, mlflow: bool = True) -> list[dict]:
     """Build, evaluate, print; returns one summary dict per config (also in out/summary.json)."""
     from rag.corpus.synthetic import make_synthetic_world
-
     from rag.evaluate import evaluate
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline

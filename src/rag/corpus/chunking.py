@@ -26,9 +26,8 @@ def chunk_passages(passages: Iterable[Passage], max_tokens: int = 200, overlap: 
     out: list[Passage] = []
     for p in passages:
         if tokenizer is not None:
-            ids = tokenizer(p.text, add_special_tokens=False)["input_ids"]
-            pieces = [tokenizer.decode([i]) for i in ids]
-            join = "".join
+            pieces = tokenizer(p.text, add_special_tokens=False)["input_ids"]
+            join = tokenizer.decode
         else:
             pieces = _TOKEN.findall(p.text)
             join = " ".join

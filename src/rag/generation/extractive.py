@@ -34,6 +34,9 @@ _CAP = re.compile(r"\b[A-Z][\w'\-]*(?:\s+(?:(?:of|the|de|von|van|and|&|du|la)\s+
 _YESNO = re.compile(r"^(is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\b",
                     re.I)
 _STOP = set(["a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or", "is", "are", "was", "were", "be", "been", "being", "do", "does", "did", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "that", "this", "these", "those", "it", "its", "as", "into", "than", "then", "there", "their", "they", "he", "she", "his", "her", "both", "same", "either", "one", "ones", "name", "named", "called", "also", "has", "have", "had", "not", "no", "yes"])
+_PLACE = re.compile(r"^\s*(where|how)\b|\bin which (city|country|state|town|county)\b|"
+                    r"\bwhat (city|country|state|town|county)\b", re.I)
+_TITLE_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 _EARLY = re.compile(r"\b(earlier|first|older|oldest|before|earliest)\b", re.I)
 _LATE = re.compile(r"\b(later|younger|youngest|last|after|latest|more recent(ly)?)\b", re.I)
 _MORE = re.compile(r"\b(more|larger|largest|bigger|higher|most|longer|taller)\b", re.I)
@@ -79,7 +82,8 @@ class ExtractiveReader(Generator):
     """Deterministic span extraction; tokens_in/out are whitespace tokens."""
 
     name = "extractive"
-    fingerprint = "extractive-v1"
+    fingerprint = "extractive-v2"
+    title_bonus = 6.0  # tuned on the HotpotQA train split with gold paragraphs (0..100)
 
     def generate(self, question: str, contexts: Sequence[Context], prompt_id: str = "",
                  max_new_tokens: int = 48, temperature: float = 0.0) -> Generation:
@@ -138,6 +142,19 @@ class ExtractiveReader(Generator):
                 s = sscore - 0.15 * dist - 0.3 * rank - 0.05 * len(sw & qw)
                 if best is None or s > best[0]:
                     best = (s, span, ci)
+        if kind == "entity" and not _PLACE.search(question):
+            # bridge questions often ask for the entity a passage is *about*: its title, when
+            # the question does not name it already and the passage matches the question
+            for ci, c in enumerate(contexts, 1):
+                tw = set(_words(_TITLE_PAREN.sub("", c.title)))
+                if not tw or tw & qw:
+                    continue
+                sc = max((sc for sc, i, _ in scored if i == ci), default=0.0)
+                if sc <= 0:
+                    continue
+                s = sc + self.title_bonus
+                if best is None or s > best[0]:
+                    best = (s, _TITLE_PAREN.sub("", c.title).strip(), ci)
         if best is None:
             if not scored:
                 return INSUFFICIENT, []
