@@ -61,3 +61,12 @@ def test_console_script_exit_code():
     r = subprocess.run([sys.executable, "-m", "serving.cli", "query", "q?", "--index", "/nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ")
+
+
+def test_data_report(capsys):
+    import json
+
+    assert main(["data-report", "--dataset", "synthetic"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["passages"] == 300 and rep["categories"]["bridge"] == 80
+    assert rep["leakage"]["in_gold"] == rep["leakage"]["checked"] > 0

@@ -114,6 +114,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_report(args: argparse.Namespace) -> int:
+    import json
+
+    from rag.corpus.hygiene import dedupe, leakage_report
+    from rag.corpus.loaders import load_dataset
+
+    ds = load_dataset(args.dataset)
+    kept, dropped = dedupe(ds.corpus)
+    report = {**ds.manifest_dict(), "duplicates_dropped": len(dropped),
+              "duplicate_examples": dropped[:5],
+              "categories": {c: sum(e.category == c for e in ds.examples)
+                             for c in sorted({e.category for e in ds.examples})},
+              "leakage": leakage_report(ds.examples, kept, max_examples=5)}
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0
+
+
 def cmd_prompts(args: argparse.Namespace) -> int:
     from rag.generation.prompts import list_prompts
 
@@ -169,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true")
     s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("data-report", help="counts, duplicates and answer leakage of a dataset")
+    s.add_argument("--dataset", required=True)
+    s.set_defaults(func=cmd_data_report)
 
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
     sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)

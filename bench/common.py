@@ -1,0 +1,101 @@
+"""Shared benchmark plumbing: the meta block, rows with bootstrap CIs, JSON + markdown output.
+
+Every benchmark writes bench/results/<name>.json as
+    {"meta": {commit, machine, datasets: {name: {path, sha256}}, seed, ...},
+     "rows": [{"dataset", "system", "metric", "value", "ci_low", "ci_high", "n"}, ...]}
+and bench/results/<name>.md (a short table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bootstrap_ci(values, n_resamples: int = 10_000, seed: int = 0, ci: float = 0.95
+                 ) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean (vectorised, chunked to bound memory)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size < 2:
+        return (float(x.mean()) if x.size else float("nan"),) * 2
+    rng = np.random.default_rng(seed)
+    means = []
+    chunk = max(1, 2_000_000 // x.size)
+    for start in range(0, n_resamples, chunk):
+        m = min(chunk, n_resamples - start)
+        means.append(x[rng.integers(0, x.size, size=(m, x.size))].mean(axis=1))
+    allm = np.concatenate(means)
+    a = (1 - ci) / 2
+    return float(np.quantile(allm, a)), float(np.quantile(allm, 1 - a))
+
+
+def metric_row(dataset: str, system: str, metric: str, values, seed: int = 0) -> dict[str, Any]:
+    """Mean of per-query values with a 95% bootstrap CI."""
+    vals = np.asarray(list(values), dtype=np.float64)
+    lo, hi = bootstrap_ci(vals, seed=seed)
+    return {"dataset": dataset, "system": system, "metric": metric.lower(),
+            "value": float(vals.mean()), "ci_low": lo, "ci_high": hi, "n": int(vals.size)}
+
+
+def plain_row(dataset: str, system: str, metric: str, value: float, n: int) -> dict[str, Any]:
+    return {"dataset": dataset, "system": system, "metric": metric.lower(), "value": float(value),
+            "ci_low": None, "ci_high": None, "n": int(n)}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_meta(seed: int, datasets: dict[str, Path], extra: dict | None = None) -> dict:
+    """commit, machine, dataset sha256s (every file under a dataset folder), seed, time."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", None
+    ds = {}
+    for name, p in datasets.items():
+        p = Path(p)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        ds[name] = {str(f.relative_to(p.parent)): _sha256(f) for f in files}
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"commit": commit, "src_dirty": dirty, "seed": seed,
+            "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
+                        "cpus": os.cpu_count(), "memory_gib": round(mem, 1),
+                        "threads": os.environ.get("OMP_NUM_THREADS")},
+            "datasets": ds, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv[1:], **(extra or {})}
+
+
+def write_results(name: str, rows: list[dict], meta: dict, md_title: str, md_body: str) -> Path:
+    """bench/results/<name>.json + .md; a --quick run writes <name>.quick.* (not committed),
+    so it never overwrites the committed full results."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}.quick" if meta.get("quick") else name
+    out = RESULTS / f"{stem}.json"
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (RESULTS / f"{stem}.md").write_text(
+        f"# {md_title}\n\n`python bench/{name}.py{' --quick' if meta.get('quick') else ''}` · "
+        f"commit {meta['commit'][:10]} · {meta['machine']['cpus']} CPUs · seed {meta['seed']}"
+        f"\n\n{md_body}\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return out
