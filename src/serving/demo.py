@@ -39,7 +39,10 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline
 
-    console = console or Console()
+    if console is None:  # piped output (CI logs) gets rich's 80 columns: too narrow here
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)
     t0 = time.perf_counter()
     world = make_synthetic_world(seed=seed)
     examples = list(world.examples)[: 60 if quick else None]
