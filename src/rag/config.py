@@ -117,8 +117,7 @@ def _to_config_error(exc: ValidationError, where: str) -> ConfigError:
     field = f"{where}.{loc}" if loc else where
     if err.get("type") == "extra_forbidden":
         return ConfigError(field, "unknown key")
-    msg = err.get("msg", "invalid value")
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     if not loc:  # model-level validator: name the first field it mentions
-        msg = msg.removeprefix("Value error, ")
         field = f"{where}.{msg.split(' ', 1)[0]}"
     return ConfigError(field, msg)

@@ -82,18 +82,32 @@ class ExtractiveReader(Generator):
     """Deterministic span extraction; tokens_in/out are whitespace tokens."""
 
     name = "extractive"
-    fingerprint = "extractive-v2"
+    fingerprint = "extractive-v3"
     title_bonus = 6.0  # tuned on the HotpotQA train split with gold paragraphs (0..100)
+    abstain_below = 0.5
+    """`*_abstain` prompts: answer INSUFFICIENT when no sentence (with its passage title) holds
+    at least this share of the question's content words."""
 
     def generate(self, question: str, contexts: Sequence[Context], prompt_id: str = "",
                  max_new_tokens: int = 48, temperature: float = 0.0) -> Generation:
         tokens_in = len(question.split()) + sum(len(c.text.split()) for c in contexts)
         if not contexts:
             return Generation(INSUFFICIENT, INSUFFICIENT, (), tokens_in, 2)
+        if prompt_id.endswith("_abstain") and self.coverage(question, contexts) < \
+                self.abstain_below:
+            return Generation(INSUFFICIENT, INSUFFICIENT, (), tokens_in, 2)
         answer, cites = self._answer(question, contexts)
         cites = tuple(sorted(set(cites)))
         raw = answer + "".join(f" [{i}]" for i in cites)
         return Generation(answer, raw, cites, tokens_in, len(answer.split()))
+
+    def coverage(self, question: str, contexts: Sequence[Context]) -> float:
+        """Best share of the question's content words found in one sentence + its title."""
+        qw = set(_content(question))
+        if not qw:
+            return 1.0
+        return max((len(qw & set(_words(f"{contexts[i - 1].title} {s}"))) / len(qw)
+                    for i, s in self._sentences(contexts)), default=0.0)
 
     # ---- internals --------------------------------------------------------------------------
     def _sentences(self, contexts: Sequence[Context]) -> list[tuple[int, str]]:

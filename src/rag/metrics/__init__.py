@@ -9,6 +9,8 @@
   recall@2, recall@5, recall@10  gold passages among the top candidates (retrieval quality)
   ndcg@10, mrr@10              graded, over the candidates, when the example has qrels
   redundancy                   near-duplicate pairs among the contexts (see citation.py)
+  support                      answer tokens found in the cited contexts (lexical grounding;
+                               absent for a bare yes/no)
 Keys absent for an example (no gold of that kind) are left out rather than set to 0.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rag.metrics.citation import citation_scores, redundancy_rate
+from rag.metrics.citation import answer_support, citation_scores, redundancy_rate
 from rag.metrics.qa import best_em_f1, supporting_passage_f1
 from rag.metrics.retrieval import mrr_at_k, ndcg_at_k, recall_at_k
 from rag.types import Answer, Example
@@ -55,6 +57,12 @@ def score_answer(answer: Answer, example: Example, k: int | None = None) -> dict
             row["ndcg@10"] = ndcg_at_k(cands, rel, 10)
             row["mrr@10"] = mrr_at_k(cands, rel, 10)
     row["redundancy"] = redundancy_rate([c.text for c in answer.contexts])
+    cited = set(answer.cited_ids)
+    texts = {c.id: f"{c.title} {c.text}" for c in answer.contexts}
+    support = answer_support(answer.text, [t for i, t in texts.items() if i in cited],
+                             list(texts.values()))
+    if support is not None:
+        row["support"] = support
     return row
 
 

@@ -34,3 +34,24 @@ def redundancy_rate(texts: Sequence[str], threshold: float = REDUNDANT_JACCARD) 
     def jac(a: set, b: set) -> float:
         return len(a & b) / len(a | b) if a | b else 1.0
     return sum(jac(toks[i], toks[j]) >= threshold for i, j in pairs) / len(pairs)
+
+
+def answer_support(answer: str, cited_texts: Sequence[str], all_texts: Sequence[str]
+                   ) -> float | None:
+    """Lexical grounding in [0, 1]: the share of the answer's (normalised) tokens that occur in
+    the passages it cites (in all its contexts when it cites none). An abstention ("insufficient
+    context") makes no claim and scores 1; a bare yes/no is a judgement, not a span, and gets
+    None (not measurable lexically). A cheap stand-in for faithfulness that needs no model.
+    """
+    from rag.generation.prompts import INSUFFICIENT
+    from rag.metrics.qa import normalize_answer
+
+    toks = normalize_answer(answer).split()
+    if not toks or normalize_answer(INSUFFICIENT) == " ".join(toks):
+        return 1.0
+    if toks in (["yes"], ["no"]):
+        return None
+    pool: set[str] = set()
+    for t in (cited_texts or all_texts):
+        pool.update(normalize_answer(t).split())
+    return sum(t in pool for t in toks) / len(toks)

@@ -1,0 +1,146 @@
+"""Baselines that search the same config space under the same evaluation budget as PPO.
+
+One *evaluation* = one config on one batch of `episode.batch_size` tuning queries (exactly one
+TunerEnv step), except for the exhaustive grid, which scores every config of the discretised
+space once on the whole tuning split: the ceiling any static config can reach.
+
+    grid_search     every config (ConfigSpace.grid), the static ceiling
+    random_search   uniform over the heads (fusion weight uniform in its bounds)
+    optuna_search   Ray Tune's OptunaSearch (TPE) driven step by step in this process
+    bandit_search   UCB1 or Thompson over a seeded subset of the grid (budget / 3 arms)
+A method's answer is its *incumbent*: the config with the best mean observed reward so far.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rl.bandit import UCB1, Thompson
+from rl.evaluation import TunerEvaluator
+from rl.results import TuneResult
+from rl.space import ConfigSpace
+
+
+class _Budget:
+    """Evaluates configs on fresh random batches and tracks the incumbent."""
+
+    def __init__(self, ev: TunerEvaluator, seed: int):
+        self.ev = ev
+        self.space = ConfigSpace(ev.policy)
+        self.split = ev.slice.tune_split
+        self.n = len(ev.data.examples(self.split))
+        self.batch = min(ev.policy.episode.batch_size, self.n)
+        self.rng = np.random.default_rng(seed)
+        self.sums: dict[str, list[float]] = defaultdict(list)
+        self.configs: dict[str, RAGConfig] = {}
+        self.curve: list[dict[str, Any]] = []
+
+    def __call__(self, cfg: RAGConfig) -> float:
+        idx = self.rng.choice(self.n, size=self.batch, replace=False)
+        r = self.ev.evaluate(cfg, self.split, idx).reward
+        h = cfg.config_hash
+        self.sums[h].append(r)
+        self.configs[h] = cfg
+        inc = self.incumbent()
+        self.curve.append({"eval": len(self.curve) + 1, "reward": r, "config_hash": h,
+                           "incumbent": inc.config_hash})
+        return r
+
+    def incumbent(self) -> RAGConfig:
+        h = max(self.sums, key=lambda k: (np.mean(self.sums[k]), len(self.sums[k])))
+        return self.configs[h]
+
+    def result(self, method: str, t0: float, **extra: Any) -> TuneResult:
+        return TuneResult(method, self.incumbent(), len(self.curve), self.curve,
+                          time.perf_counter() - t0, extra)
+
+
+def grid_search(ev: TunerEvaluator, split: str | None = None, progress=None) -> TuneResult:
+    """Every config on the whole split. `extra["rewards"]` maps config hash -> reward."""
+    t0 = time.perf_counter()
+    space = ConfigSpace(ev.policy)
+    split = split or ev.slice.tune_split
+    rewards: dict[str, float] = {}
+    configs: dict[str, RAGConfig] = {}
+    curve = []
+    for i, cfg in enumerate(space.grid(), 1):
+        rewards[cfg.config_hash] = ev.evaluate(cfg, split).reward
+        configs[cfg.config_hash] = cfg
+        best = max(rewards, key=rewards.get)
+        curve.append({"eval": i, "reward": rewards[cfg.config_hash],
+                      "config_hash": cfg.config_hash, "incumbent": best})
+        if progress:
+            progress(i)
+    best = max(rewards, key=rewards.get)
+    return TuneResult("grid", configs[best], len(rewards), curve, time.perf_counter() - t0,
+                      {"rewards": rewards, "configs": configs})
+
+
+def random_action(space: ConfigSpace, rng: np.random.Generator) -> RAGConfig:
+    return space.make(space.variants[rng.integers(len(space.variants))],
+                      space.ks[rng.integers(len(space.ks))],
+                      space.reranks[rng.integers(len(space.reranks))],
+                      float(rng.uniform(space.w_lo, space.w_hi)),
+                      space.prompts[rng.integers(len(space.prompts))])
+
+
+def random_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
+    t0 = time.perf_counter()
+    b = _Budget(ev, seed)
+    rng = np.random.default_rng(seed + 1)
+    for _ in range(budget):
+        b(random_action(b.space, rng))
+    return b.result("random", t0)
+
+
+def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
+    """TPE through Ray Tune's `OptunaSearch` searcher, asked and told in this process (the
+    cached evaluator lives here; Tune's trial actors would each reload the indexes)."""
+    import optuna
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    t0 = time.perf_counter()
+    b = _Budget(ev, seed)
+    sp = b.space
+    param_space = {"variant": tune.choice(list(sp.variants)), "k": tune.choice(list(sp.ks)),
+                   "rerank": tune.choice(list(sp.reranks)),
+                   "fusion_weight": tune.uniform(sp.w_lo, sp.w_hi),
+                   "prompt": tune.choice(list(sp.prompts))}
+    searcher = OptunaSearch(OptunaSearch.convert_search_space(param_space), metric="reward",
+                            mode="max", seed=seed)
+    for i in range(budget):
+        tid = f"t{i}"
+        p = searcher.suggest(tid)
+        r = b(sp.make(p["variant"], int(p["k"]), p["rerank"], float(p["fusion_weight"]),
+                      p["prompt"]))
+        searcher.on_trial_complete(tid, {"reward": r})
+    return b.result("optuna", t0)
+
+
+def bandit_search(ev: TunerEvaluator, budget: int, seed: int = 0, kind: str = "ucb",
+                  arms_per_pull: float = 1 / 3) -> TuneResult:
+    """A bandit needs several pulls per arm, so it plays a seeded random subset of the grid
+    (budget × `arms_per_pull` arms, at least 2)."""
+    t0 = time.perf_counter()
+    b = _Budget(ev, seed)
+    grid = list(b.space.grid())
+    rng = np.random.default_rng(seed + 2)
+    n_arms = max(2, min(len(grid), int(budget * arms_per_pull)))
+    pick = [grid[int(i)] for i in rng.choice(len(grid), size=n_arms, replace=False)]
+    # always include the static default: a bandit deployed in practice starts from it
+    if b.space.base.config_hash not in {c.config_hash for c in pick}:
+        pick[0] = b.space.base
+    by_hash = {c.config_hash: c for c in pick}
+    bandit = UCB1(list(by_hash), c=0.5) if kind == "ucb" else Thompson(
+        list(by_hash), prior_mean=0.5, prior_sd=0.3, noise_sd=0.05)
+    for _ in range(budget):
+        arm = bandit.select(rng)
+        bandit.update(arm, b(by_hash[arm]))
+    return b.result(f"bandit-{kind}", t0, arms=n_arms)

@@ -1,0 +1,298 @@
+"""`evaluate(config, slice)`: the one function the tuner env, the CLI and `POST /tuner/evaluate`
+call. It returns faithfulness F, relevancy R, latency p50/p95 (ms), cost (tokens per query),
+the reward and the gate verdicts for one RAGConfig on a slice (a split, or a batch of it).
+
+How a step stays cheap (`TunerEvaluator`):
+  1. retrieval is memoised per question (`rl.memo`, on disk): cold per-retriever costs are stored;
+  2. the first evaluation of a config on a split runs the real pipeline stages on the memoised
+     candidates (fusion, rerank, selection, generation, scoring) and stores one row of metrics
+     per query — a `QueryTable`, in memory and on disk (SQLite), keyed by corpus fingerprint,
+     split ids, config hash and scorer version;
+  3. every later evaluation (any batch of that split) is a numpy reduction over the table.
+Latency in a table row = the stored cold cost of every retrieval/encoding the query needed +
+the measured time of the stages that ran for real. It is a per-stage cost model measured on this
+machine, not a fresh wall-clock: the same config always gets the same latency.
+
+Which per-query metrics play F and R is per dataset (`PolicyConfig.datasets`): e.g. HotpotQA
+F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact (no answers)
+F = `recall@k` (context recall), R = `ndcg@10` of the reranked list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.corpus.loaders import Dataset, load_dataset
+from rag.errors import ConfigError
+from rag.indexset import IndexSet
+from rag.metrics import score_answer
+from rag.models import cache_dir
+from rag.pipeline import Pipeline, Resources
+from rag.types import Answer, Example
+from rl.memo import MemoIndexSet
+from rl.policy import PolicyConfig
+from rl.reward import StepMetrics, reward
+
+ROWS_VERSION = "rows-v1"
+STAGES = ("retrieve", "rerank", "select", "generate")
+
+
+# ---- data -----------------------------------------------------------------------------------
+@dataclass
+class TuningData:
+    """A dataset with its indexes and named splits (valid = tune on, test = holdout)."""
+
+    name: str
+    dataset: Dataset
+    indexes: IndexSet
+    splits: dict[str, list[Example]]
+
+    @classmethod
+    def open(cls, name: str, root: str | Path | None = None) -> TuningData:
+        """Load `name` (see `rag.corpus.loaders.load_dataset`), its committed split manifest
+        (configs/splits/<name>.json; the synthetic world splits itself, seed 13), and open or
+        build its indexes under `root` (default: <cache>/indexes/<name>-<fingerprint>)."""
+        from rag.corpus.hygiene import load_split, stratified_split
+
+        ds = load_dataset(name)
+        if name == "synthetic":
+            manifest = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13,
+                                        name=name)
+        else:
+            manifest = load_split(name)
+        by_id = {e.id: e for e in ds.examples}
+        splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.splits.items()}
+        splits = {s: ex for s, ex in splits.items() if ex}
+        base = Path(root) if root else cache_dir() / "indexes"
+        d = base / f"{name}-{ds.corpus.fingerprint()}"
+        idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
+            ds.corpus, d, manifest=ds.manifest_dict(), show_progress=False)
+        return cls(name, ds, idx, splits)
+
+    def examples(self, split: str) -> list[Example]:
+        if split not in self.splits:
+            raise ConfigError("split", f"unknown split {split!r} for {self.name} (have: "
+                                       f"{', '.join(sorted(self.splits))})")
+        return self.splits[split]
+
+
+def _ids_fingerprint(examples: Sequence[Example]) -> str:
+    return hashlib.sha256("\n".join(e.id for e in examples).encode()).hexdigest()[:12]
+
+
+# ---- per-query tables -------------------------------------------------------------------------
+QueryTable = dict[str, np.ndarray]
+"""metric name -> one float per query of the split (NaN where a query has no such gold)."""
+
+
+@dataclass
+class EvalReport:
+    """What `evaluate` returns; `to_dict()` is the JSON the API answers with."""
+
+    dataset: str
+    split: str
+    config: dict[str, Any]
+    config_hash: str
+    n: int
+    faithfulness: float
+    relevancy: float
+    p50_latency_ms: float
+    p95_latency_ms: float
+    cost: float
+    reward: float
+    gates: dict[str, bool]
+    quality_se: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    elapsed_ms: float = 0.0
+    cached: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TunerEvaluator:
+    """Evaluates configs on one dataset's splits through cached per-query tables."""
+
+    def __init__(self, data: TuningData, policy: PolicyConfig | None = None,
+                 cache_root: str | Path | None = None, resources: Resources | None = None):
+        self.data = data
+        self.policy = policy or PolicyConfig.defaults()
+        self.root = Path(cache_root) if cache_root else cache_dir() / "tuner"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.memo = MemoIndexSet(data.indexes, self.root)
+        self.resources = resources or Resources()
+        self.slice = self.policy.slice_for(data.name)
+        self.thresholds = self.policy.thresholds_for(data.name)
+        self._tables: dict[tuple[str, str], QueryTable] = {}
+        self._lock = threading.RLock()
+        fp = data.indexes.corpus.fingerprint()
+        self._db = sqlite3.connect(str(self.root / f"rows-{fp}.sqlite"),
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY, value BLOB)")
+        self.counters = {"evaluations": 0, "tables_computed": 0, "queries_computed": 0}
+
+    # ---- tables ---------------------------------------------------------------------------
+    def _key(self, config: RAGConfig, split: str) -> str:
+        ex = self.data.examples(split)
+        return f"{ROWS_VERSION}:{self.data.name}:{split}:{_ids_fingerprint(ex)}:" \
+               f"{config.config_hash}"
+
+    def table(self, config: RAGConfig, split: str) -> QueryTable:
+        """Per-query metrics of `config` on every query of `split` (computed once)."""
+        key = self._key(config, split)
+        with self._lock:
+            mem = self._tables.get((split, key))
+            if mem is not None:
+                return mem
+            row = self._db.execute("SELECT value FROM rows WHERE key=?", (key,)).fetchone()
+            if row is not None:
+                tab = pickle.loads(row[0])
+            else:
+                tab = self._compute(config, self.data.examples(split))
+                self._db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?)",
+                                 (key, pickle.dumps(tab)))
+                self._db.commit()
+                self.memo.flush()
+            self._tables[(split, key)] = tab
+            return tab
+
+    def is_cached(self, config: RAGConfig, split: str) -> bool:
+        key = self._key(config, split)
+        if (split, key) in self._tables:
+            return True
+        return self._db.execute("SELECT 1 FROM rows WHERE key=?", (key,)).fetchone() is not None
+
+    def _compute(self, config: RAGConfig, examples: Sequence[Example]) -> QueryTable:
+        pipe = Pipeline(self.memo, config, self.resources)  # type: ignore[arg-type]
+        gen = self.resources.generator(config.generator, config.device)
+        rows: list[dict[str, float]] = []
+        for e in examples:
+            q = e.question
+            lat: dict[str, float] = {}
+            self.memo.begin()
+            t0 = time.perf_counter()
+            cands = pipe.candidates(q)
+            lat["retrieve"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
+            self.memo.begin()
+            t0 = time.perf_counter()
+            ranked = pipe.rerank(q, cands)
+            lat["rerank"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
+            self.memo.begin()
+            t0 = time.perf_counter()
+            chosen = pipe.select(q, ranked)
+            lat["select"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
+            ctxs = pipe.contexts(chosen)
+            t0 = time.perf_counter()
+            g = gen.generate(q, ctxs, config.prompt_id, max_new_tokens=config.max_new_tokens,
+                             temperature=config.temperature)
+            lat["generate"] = (time.perf_counter() - t0) * 1000
+            ans = Answer(e.id, q, g.text, g.citations, ctxs, tuple(ranked), lat, g.tokens_in,
+                         g.tokens_out, config.config_hash, g.raw)
+            row = score_answer(ans, e, k=config.k)
+            row.update({f"{s}_ms": lat[s] for s in STAGES})
+            row["latency_ms"] = sum(lat.values())
+            row["tokens"] = float(g.tokens_in + g.tokens_out)
+            rows.append(row)
+        self.counters["tables_computed"] += 1
+        self.counters["queries_computed"] += len(examples)
+        keys = sorted({k for r in rows for k in r})
+        return {k: np.array([r.get(k, np.nan) for r in rows], dtype=np.float64) for k in keys}
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def quality(self, tab: QueryTable) -> tuple[np.ndarray, np.ndarray]:
+        """Per-query F and R arrays (the dataset's chosen metrics)."""
+        for name in (self.slice.faithfulness, self.slice.relevancy):
+            if name not in tab:
+                raise ConfigError(f"policy.datasets.{self.data.name}",
+                                  f"metric {name!r} is not measured on this dataset (have: "
+                                  f"{', '.join(sorted(tab))})")
+        return tab[self.slice.faithfulness], tab[self.slice.relevancy]
+
+    def summarize(self, tab: QueryTable, idx: np.ndarray | None = None) -> StepMetrics:
+        F, R = self.quality(tab)
+        lat, tok = tab["latency_ms"], tab["tokens"]
+        if idx is not None:
+            F, R, lat, tok = F[idx], R[idx], lat[idx], tok[idx]
+        w = self.policy.reward_weights
+        q = w.alpha * np.nan_to_num(F) + w.beta * np.nan_to_num(R)
+        se = float(q.std(ddof=1) / np.sqrt(q.size)) if q.size > 1 else 0.0
+        return StepMetrics(faithfulness=float(np.nanmean(F)), relevancy=float(np.nanmean(R)),
+                           p95_latency_ms=float(np.percentile(lat, 95)),
+                           cost=float(tok.mean()), quality_se=se)
+
+    def evaluate(self, config: RAGConfig, split: str | None = None,
+                 idx: np.ndarray | Sequence[int] | None = None) -> EvalReport:
+        """F, R, latency, cost, reward and gates of `config` on `split` (or rows `idx` of it)."""
+        t0 = time.perf_counter()
+        split = split or self.slice.tune_split
+        cached = self.is_cached(config, split)
+        tab = self.table(config, split)
+        sel = None if idx is None else np.asarray(idx, dtype=np.int64)
+        m = self.summarize(tab, sel)
+        p = self.policy
+        r, verdicts = reward(m, p.reward_weights, self.thresholds, p.cost_ref_tokens,
+                             p.instability_band)
+        lat = tab["latency_ms"] if sel is None else tab["latency_ms"][sel]
+        extra = {k: float(np.nanmean(v if sel is None else v[sel])) for k, v in tab.items()
+                 if not np.all(np.isnan(v))}
+        self.counters["evaluations"] += 1
+        return EvalReport(self.data.name, split, config.model_dump(mode="json"),
+                          config.config_hash, int(lat.size), m.faithfulness, m.relevancy,
+                          float(np.percentile(lat, 50)), m.p95_latency_ms, m.cost, r,
+                          verdicts.as_dict(), m.quality_se, extra,
+                          (time.perf_counter() - t0) * 1000, cached)
+
+    def per_query_reward(self, tab: QueryTable) -> np.ndarray:
+        """Reward of each query alone (latency and cost per query, no batch gates): what a
+        per-query policy is trained on and what paired bootstraps resample."""
+        F, R = self.quality(tab)
+        p, t = self.policy.reward_weights, self.thresholds
+        return (p.alpha * np.nan_to_num(F) + p.beta * np.nan_to_num(R)
+                - p.gamma * np.minimum(tab["latency_ms"] / t.p95_latency_ms, 2.0)
+                - p.delta * np.minimum(tab["tokens"] / self.policy.cost_ref_tokens, 2.0))
+
+
+# ---- the one entry point ---------------------------------------------------------------------
+_EVALUATORS: dict[tuple[str, str], TunerEvaluator] = {}
+_EV_LOCK = threading.Lock()
+
+
+def get_evaluator(dataset: str, policy: PolicyConfig | None = None) -> TunerEvaluator:
+    """A process-wide evaluator per (dataset, policy): tables and models are loaded once."""
+    policy = policy or PolicyConfig.defaults()
+    key = (dataset, hashlib.sha256(json.dumps(policy.model_dump(mode="json"),
+                                              sort_keys=True).encode()).hexdigest())
+    with _EV_LOCK:
+        if key not in _EVALUATORS:
+            _EVALUATORS[key] = TunerEvaluator(TuningData.open(dataset), policy)
+        return _EVALUATORS[key]
+
+
+def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
+             split: str | None = None, policy: PolicyConfig | None = None,
+             batch_size: int | None = None, seed: int = 0) -> EvalReport:
+    """Evaluate one config on a dataset split (a random batch of it when `batch_size`)."""
+    if isinstance(config, dict):
+        config = RAGConfig.from_dict(config)
+    ev = get_evaluator(dataset, policy)
+    split = split or ev.slice.tune_split
+    idx = None
+    if batch_size is not None:
+        n = len(ev.data.examples(split))
+        if batch_size < 1:
+            raise ConfigError("batch_size", "must be >= 1")
+        idx = np.random.default_rng(seed).choice(n, size=min(batch_size, n), replace=False)
+    return ev.evaluate(config, split, idx)

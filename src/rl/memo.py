@@ -1,0 +1,175 @@
+"""Memoised retrieval: what makes a tuner step cheap.
+
+`MemoIndexSet` stands in for an `IndexSet` inside a `Pipeline`. The first time a question meets a
+retriever (bm25, dense, graph with given parameters) it runs the real retriever for the top
+`depth` (100) candidates, times it (the *cold* cost), and stores hits + milliseconds in an on-disk
+SQLite table keyed by corpus fingerprint, encoder, retriever and question. Later calls slice the
+stored list. Query embeddings are memoised the same way, so cosine rerank and MMR stop
+re-encoding. Hybrid fusion, rerank scoring, selection and generation still run for real: a config
+is a recombination of cached candidate lists.
+
+`cold_ms()` accumulates the stored cold costs of the retrievals a pipeline made since the last
+`begin()`: the evaluator adds it to the warm time so simulated latency = measured per-stage cost.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.indexset import IndexSet
+from rag.types import Hit
+
+DEPTH = 100
+
+
+class MemoStore:
+    """key → (value, cold ms) in one SQLite file; values are pickled."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._mem: dict[str, tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS memo (key TEXT PRIMARY KEY, value BLOB, "
+                         "ms REAL)")
+        self._pending: list[tuple[str, bytes, float]] = []
+
+    def get(self, key: str) -> tuple[Any, float] | None:
+        with self._lock:
+            if key in self._mem:
+                return self._mem[key]
+            row = self._db.execute("SELECT value, ms FROM memo WHERE key=?", (key,)).fetchone()
+            if row is None:
+                return None
+            self._mem[key] = (pickle.loads(row[0]), float(row[1]))
+            return self._mem[key]
+
+    def put(self, key: str, value: Any, ms: float) -> None:
+        with self._lock:
+            self._mem[key] = (value, ms)
+            self._pending.append((key, pickle.dumps(value), ms))
+            if len(self._pending) >= 256:
+                self._flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._db.executemany("INSERT OR REPLACE INTO memo VALUES (?, ?, ?)", self._pending)
+            self._db.commit()
+            self._pending.clear()
+
+
+class _Cost:
+    """Accumulates cold milliseconds of memoised calls between `begin()` calls."""
+
+    def __init__(self):
+        self.ms = 0.0
+
+
+class MemoRetriever:
+    def __init__(self, inner, name: str, store: MemoStore, cost: _Cost, depth: int = DEPTH):
+        self.inner, self.name, self.store, self.cost, self.depth = inner, name, store, cost, depth
+
+    def _key(self, query: str, kw: dict[str, Any]) -> str:
+        return json.dumps([self.name, self.depth, sorted(kw.items()), query])
+
+    def search(self, query: str, top_n: int = 10, **kw: Any) -> list[Hit]:
+        key = self._key(query, kw)
+        got = self.store.get(key)
+        if got is None or (len(got[0]) < top_n and top_n > self.depth):
+            n = max(top_n, self.depth)
+            t0 = time.perf_counter()
+            hits = self.inner.search(query, n, **kw)
+            got = (list(hits), (time.perf_counter() - t0) * 1000.0)
+            self.store.put(key, *got)
+        self.cost.ms += got[1]
+        return list(got[0][:top_n])
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class _MemoEncoder:
+    """`encode([query])` through the memoised query embeddings of a MemoDense."""
+
+    def __init__(self, dense: MemoDense):
+        self._dense = dense
+
+    def encode(self, texts, **_: Any) -> np.ndarray:
+        return np.stack([self._dense.embed_query(t) for t in texts])
+
+
+class MemoDense(MemoRetriever):
+    def __init__(self, inner, name: str, store: MemoStore, cost: _Cost, depth: int = DEPTH):
+        super().__init__(inner, name, store, cost, depth)
+        self.encoder = _MemoEncoder(self)
+
+    def embed_query(self, query: str) -> np.ndarray:
+        key = json.dumps([self.name, "embed", query])
+        got = self.store.get(key)
+        if got is None:
+            t0 = time.perf_counter()
+            vec = self.inner.embed_query(query)
+            got = (vec, (time.perf_counter() - t0) * 1000.0)
+            self.store.put(key, *got)
+        self.cost.ms += got[1]
+        return got[0]
+
+    def passage_embeddings(self, ids: list[str]) -> np.ndarray:
+        return self.inner.passage_embeddings(ids)
+
+
+class MemoIndexSet:
+    """The parts of `IndexSet` a `Pipeline` uses, with memoised retrievers."""
+
+    def __init__(self, indexes: IndexSet, store_dir: str | Path):
+        self.inner = indexes
+        self.corpus = indexes.corpus
+        self.encoder_name = indexes.encoder_name
+        fp = indexes.corpus.fingerprint()
+        self.store = MemoStore(Path(store_dir) / f"memo-{fp}-{indexes.encoder_name}.sqlite")
+        self._cost = _Cost()
+        self._wrapped: dict[str, Any] = {}
+
+    def begin(self) -> None:
+        self._cost.ms = 0.0
+
+    def cold_ms(self) -> float:
+        return self._cost.ms
+
+    def _wrap(self, name: str, make) -> Any:
+        if name not in self._wrapped:
+            w = make()
+            # load models and page in index files now, so no stored cold cost includes them
+            w.inner.search("warm up query", 5)
+            self._wrapped[name] = w
+        return self._wrapped[name]
+
+    def bm25(self, backend: str = "tantivy"):
+        return self._wrap(f"bm25-{backend}", lambda: MemoRetriever(
+            self.inner.bm25(backend), f"bm25-{backend}", self.store, self._cost))
+
+    def dense(self, kind: str = "flat"):
+        return self._wrap(f"dense-{kind}", lambda: MemoDense(
+            self.inner.dense(kind), f"dense-{kind}", self.store, self._cost))
+
+    def graph(self, bm25_backend: str = "tantivy", dense_kind: str = "flat"):
+        name = f"graph@{bm25_backend}+{dense_kind}"
+        return self._wrap(name, lambda: MemoRetriever(
+            self.inner.graph(bm25_backend, dense_kind), name, self.store, self._cost))
+
+    def flush(self) -> None:
+        self.store.flush()

@@ -1,0 +1,159 @@
+"""The PPO tuner: RLlib PPO (new API stack) on TunerEnv's mixed action heads.
+
+    trainer = PPOTuner(evaluator, policy)        # Ray starts locally unless already up
+    result  = trainer.train(iterations=5)        # TuneResult: best config, curve, budget
+    trainer.save(path) / PPOTuner.restore(path)  # checkpoints (RLlib's own format)
+
+One iteration collects `ppo.train_batch_size` env steps (config evaluations) with the local env
+runner and runs `num_epochs` of minibatch SGD: clip 0.2, GAE λ 0.95, γ 0.99, a KL target and an
+entropy bonus, all from `configs/rl/policy.defaults.yaml`. The categorical heads (variant, k,
+rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's default module
+for a Dict action space).
+
+The *result* of a run is the policy's greedy config: the deterministic action from the reset
+state, rolled for one episode; the config it settles on most often. That is what a user would
+promote, and what the benchmark scores on the holdout split.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rl.env import TunerEnv, register_evaluator
+from rl.evaluation import TunerEvaluator
+from rl.policy import PolicyConfig
+from rl.results import TuneResult, curve_from_history
+
+
+def init_ray(num_cpus: int | None = None) -> None:
+    """Local Ray by default (CPU count from the machine, dashboard off, quiet logs); joins an
+    existing cluster when RAY_ADDRESS is set (`ray job submit` sets it)."""
+    import ray
+
+    from rag.env import configure_runtime_env
+
+    configure_runtime_env()
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        return
+    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR", configure_logging=True,
+             object_store_memory=200 * 1024 * 1024)
+
+
+class PPOTuner:
+    def __init__(self, evaluator: TunerEvaluator, policy: PolicyConfig | None = None,
+                 seed: int | None = None):
+        self.ev = evaluator
+        self.policy = policy or evaluator.policy
+        self.seed = self.policy.seed if seed is None else seed
+        self.key = register_evaluator(f"tuner-{uuid.uuid4().hex[:8]}", evaluator)
+        self.algo = None
+
+    def config(self):
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+        p = self.policy.ppo
+        return (PPOConfig()
+                .environment(TunerEnv, env_config={"evaluator": self.key, "seed": self.seed})
+                .framework("torch")
+                .env_runners(num_env_runners=0, num_envs_per_env_runner=1,
+                             rollout_fragment_length=p.train_batch_size)
+                .learners(num_learners=0)
+                .training(lr=p.lr, clip_param=p.clip_param, lambda_=p.gae_lambda,
+                          gamma=p.gamma, kl_target=p.kl_target, entropy_coeff=p.entropy_coeff,
+                          train_batch_size_per_learner=p.train_batch_size,
+                          minibatch_size=p.minibatch_size, num_epochs=p.num_epochs)
+                .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(p.hidden),
+                                                           vf_share_layers=False))
+                .debugging(seed=self.seed, log_level="ERROR")
+                .reporting(metrics_num_episodes_for_smoothing=5))
+
+    def build(self) -> None:
+        init_ray()
+        if self.algo is None:
+            self.algo = self.config().build_algo()
+
+    @property
+    def env(self) -> TunerEnv:
+        return self.algo.env_runner.env.unwrapped.envs[0].unwrapped  # type: ignore[union-attr]
+
+    def train(self, iterations: int, log=None) -> TuneResult:
+        """`iterations` PPO iterations; `log(iteration, metrics)` after each (MLflow hook)."""
+        self.build()
+        t0 = time.perf_counter()
+        for it in range(iterations):
+            res = self.algo.train()
+            if log is not None:
+                hist = self.env.history[-self.policy.ppo.train_batch_size:]
+                log(it, _iteration_metrics(res, hist))
+        best = self.greedy_config()
+        return TuneResult("ppo", best, len(self.env.history), curve_from_history(
+            self.env.history), time.perf_counter() - t0,
+            {"greedy_config_hash": best.config_hash, "iterations": iterations})
+
+    def greedy_action(self, obs: np.ndarray) -> dict[str, Any]:
+        import torch
+
+        module = self.algo.get_module()
+        with torch.no_grad():
+            out = module.forward_inference({"obs": torch.as_tensor(obs[None])})
+            dist = module.get_inference_action_dist_cls().from_logits(
+                out["action_dist_inputs"]).to_deterministic()
+            act = dist.sample()
+        return {k: np.asarray(v[0].cpu().numpy()) for k, v in act.items()}
+
+    def greedy_config(self) -> RAGConfig:
+        """Roll one episode with greedy actions in a scratch env; the most frequent config."""
+        env = TunerEnv({"seed": self.seed + 1}, evaluator=self.ev)
+        env._states = list(self.env._states)  # same feature scaling as in training
+        obs, _ = env.reset()
+        counts: Counter[str] = Counter()
+        by_hash: dict[str, RAGConfig] = {}
+        n_before = self.ev.counters["evaluations"]
+        for _ in range(env.length):
+            cfg = env.space.to_config(self.greedy_action(obs), env.current)
+            counts[cfg.config_hash] += 1
+            by_hash[cfg.config_hash] = cfg
+            obs, *_ = env.step(self.greedy_action(obs))
+        self.ev.counters["evaluations"] = n_before  # read-out, not search budget
+        return by_hash[counts.most_common(1)[0][0]]
+
+    def save(self, path: str | Path) -> str:
+        return str(self.algo.save_to_path(str(Path(path).resolve())))
+
+    def restore(self, path: str | Path) -> None:
+        self.build()
+        self.algo.restore_from_path(str(Path(path).resolve()))
+        # the learner holds the restored weights; push them to the env runner's module too
+        weights = self.algo.learner_group.get_weights()["default_policy"]
+        self.algo.get_module().set_state(weights)
+
+    def stop(self) -> None:
+        if self.algo is not None:
+            self.algo.stop()
+            self.algo = None
+
+
+def _iteration_metrics(res: dict[str, Any], hist: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if hist:
+        for k in ("reward", "faithfulness", "relevancy", "p95_latency_ms", "cost"):
+            out[k] = float(np.mean([h[k] for h in hist]))
+        out["gate_breaches"] = float(sum(not h["gates_passed"] for h in hist))
+    learner = (res.get("learners") or {}).get("default_policy") or {}
+    for k in ("policy_loss", "vf_loss", "entropy", "mean_kl_loss"):
+        if k in learner:
+            out[f"losses/{k}"] = float(learner[k])
+    return out
