@@ -143,6 +143,8 @@ class TunerEvaluator:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY, value BLOB)")
         self.counters = {"evaluations": 0, "tables_computed": 0, "queries_computed": 0}
+        self.seen: dict[str, RAGConfig] = {}
+        """Every config evaluated, by hash (reports value incumbents named by hash)."""
 
     # ---- tables ---------------------------------------------------------------------------
     def _key(self, config: RAGConfig, split: str) -> str:
@@ -238,6 +240,7 @@ class TunerEvaluator:
         """F, R, latency, cost, reward and gates of `config` on `split` (or rows `idx` of it)."""
         t0 = time.perf_counter()
         split = split or self.slice.tune_split
+        self.seen[config.config_hash] = config
         cached = self.is_cached(config, split)
         tab = self.table(config, split)
         sel = None if idx is None else np.asarray(idx, dtype=np.int64)

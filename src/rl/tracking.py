@@ -51,3 +51,36 @@ def log_eval_run(experiment: str, run_name: str, config: RAGConfig,
         if artifacts:
             mlflow.log_artifacts(str(artifacts))
         return run.info.run_id
+
+
+def log_tuning_run(uri: str, dataset: str, method: str, seed: int, best: RAGConfig,
+                   policy: Mapping[str, Any], steps: list[Mapping[str, Any]],
+                   summary: Mapping[str, float], manifest: Mapping[str, Any],
+                   artifacts: str | Path | None = None,
+                   experiment: str = "rl_autotuner") -> str:
+    """One MLflow run of the tuner: params = the chosen config's action fields + dataset and
+    seed; metrics per evaluation step (faithfulness, relevancy, p95_latency, cost, reward);
+    the summary; the policy and dataset manifest; the run directory as artifacts."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"{dataset}-{method}-seed{seed}") as run:
+        mlflow.log_params({"variant": best.variant, "k": best.k, "rerank": best.rerank,
+                           "fusion_weight": best.fusion_weight, "prompt_id": best.prompt_id,
+                           "dataset_id": dataset, "seed": seed, "method": method,
+                           "config_hash": best.config_hash})
+        for i, s in enumerate(steps):
+            mlflow.log_metrics({"faithfulness": float(s["faithfulness"]),
+                                "relevancy": float(s["relevancy"]),
+                                "p95_latency": float(s["p95_latency_ms"]),
+                                "cost": float(s["cost"]), "reward": float(s["reward"])},
+                               step=i)
+        mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in summary.items()})
+        mlflow.set_tags({"code_commit": code_commit(), "dataset": dataset})
+        mlflow.log_text(json.dumps(dict(policy), indent=2, sort_keys=True), "policy.json")
+        mlflow.log_text(json.dumps(dict(manifest), indent=2, sort_keys=True),
+                        "dataset_manifest.json")
+        if artifacts:
+            mlflow.log_artifacts(str(artifacts))
+        return run.info.run_id

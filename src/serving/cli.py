@@ -4,6 +4,7 @@
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
     eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)
     demo   -> serving.demo.run_demo(...)
+    tune / report / tuner-eval -> rl.ppo.PPOTuner, rl.report, rl.evaluation.evaluate
 
 Bad input (unknown config key, value out of bounds, missing file, malformed line, empty
 question) prints `error: <field or file:line>: <message>` and exits with code 2.
@@ -193,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
     sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)
+
+    from serving.tune_cmd import add_parsers as add_tuner_parsers
+
+    add_tuner_parsers(sub)  # tune, report, tuner-eval
     return p
 
 
