@@ -79,7 +79,7 @@ class ConfigSpace:
                                   "rerank": self.policy.reranker if rerank == "on" else "none",
                                   "prompt_id": prompt}
         if fields["variant"] == "hybrid":
-            fields["fusion_weight"] = w
+            fields["fusion_weight"] = self.snap_w(w)
         else:  # the weight does not act: keep the base one so equal configs hash equal
             fields["fusion_weight"] = self.base.fusion_weight
         fields["n_candidates"] = max(fields.get("n_candidates", 50), k)

@@ -49,6 +49,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from rl.ppo import PPOTuner
 
         tuner = PPOTuner(ev, policy, seed=args.seed)
+        if args.resume:
+            if not Path(args.resume).exists():
+                raise ConfigError("--resume", f"checkpoint {args.resume} does not exist")
+            tuner.restore(args.resume)
         iters = max(1, budget // policy.ppo.train_batch_size)
         res = tuner.train(iters, log=lambda it, m: print(
             f"iteration {it + 1}/{iters}: " + " ".join(f"{k}={v:.4g}" for k, v in m.items()
@@ -178,6 +182,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/tune")
     s.add_argument("--checkpoint", action="store_true", help="save the PPO checkpoint")
+    s.add_argument("--resume", help="PPO checkpoint directory to continue from")
     s.add_argument("--mlflow-dir", default="runs/mlflow")
     s.add_argument("--no-mlflow", action="store_true")
     s.set_defaults(func=cmd_tune)
