@@ -110,3 +110,22 @@ def test_delta_mode_moves_one_grid_step_and_clips():
     assert down.k == 3 and down.fusion_weight == 0.0
     assert space.action_space()["k"].n == 3
     assert np.isclose(space.action_space()["fusion_weight"].high[0], 0.25)
+
+
+def test_robust_scaler_centres_scales_and_clips():
+    from rl.features import RobustScaler, StateTracker
+
+    rng = np.random.default_rng(0)
+    x = np.column_stack([rng.normal(5, 2, 2001), np.full(2001, 7.0)])
+    s = RobustScaler().fit(x)
+    z = s.transform(x)
+    assert abs(np.median(z[:, 0])) < 1e-9 and 0.9 < z[:, 0].std() < 1.1
+    assert np.all(z[:, 1] == 0)  # a constant feature maps to 0, not to inf
+    assert s.transform(np.array([1e6, 7.0]))[0] == 3.0  # clipped to +3 sigma
+    t = StateTracker(["bridge", "comparison"], config_dim=4, n_passages=1000,
+                     latency_gate_ms=500, cost_ref=1000)
+    t.update(0.8, 0.4, 100, 250, 500, 0.3)
+    obs = t.observe(np.ones(4, dtype=np.float32), ["bridge", "bridge", "comparison"], 0.5)
+    assert obs.shape == (t.dim,)
+    mix = obs[6 + 4: 6 + 4 + 2]
+    assert np.allclose(mix, [2 / 3, 1 / 3])

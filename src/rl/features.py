@@ -8,8 +8,9 @@ A state says how the system is doing and what it runs now:
   workload    the batch's category mix (share of each dataset category)
   corpus      log10 passages, and corpus age in days (0 when the corpus carries no timestamp)
   time        the step's position in the episode
-The numeric block is robust-scaled ((x − median) / (IQR/1.349)) with statistics fitted on sample
-states and clipped to ±3; one-hot and share features are left as they are.
+The numeric block is robust-scaled ((x − median) / (IQR/1.349)), with statistics the env refits
+at each episode start from the states it has seen (no extra evaluations), and clipped to ±3;
+one-hot and share features are left as they are.
 """
 
 from __future__ import annotations
