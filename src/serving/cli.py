@@ -4,6 +4,8 @@
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
     eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)
     demo   -> serving.demo.run_demo(...)
+    serve  -> serving.launch.run_server(config)            (the Ray Serve app, until SIGTERM)
+    export-interactions -> serving.store.open_store(url).export_jsonl(out)
     tune / report / tuner-eval -> rl.ppo.PPOTuner, rl.report, rl.evaluation.evaluate
 
 Bad input (unknown config key, value out of bounds, missing file, malformed line, empty
@@ -150,6 +152,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from serving.launch import run_server
+
+    return run_server(args.config, host=args.host, port=args.port,
+                      private_netns=args.private_netns)
+
+
+def cmd_export_interactions(args: argparse.Namespace) -> int:
+    from serving.store import open_store
+
+    store = open_store(args.store)
+    try:
+        n = store.export_jsonl(args.out, include_shadow=not args.no_shadow)
+    finally:
+        store.close()
+    print(f"wrote {n} interactions to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ragpilot", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -191,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("data-report", help="counts, duplicates and answer leakage of a dataset")
     s.add_argument("--dataset", required=True)
     s.set_defaults(func=cmd_data_report)
+
+    s = sub.add_parser("serve", help="run the Ray Serve app (same YAML as `serve run`)")
+    s.add_argument("--config", default="configs/serve/default.yaml")
+    s.add_argument("--host", help="HTTP host (default: the YAML's, else 127.0.0.1)")
+    s.add_argument("--port", type=int)
+    s.add_argument("--private-netns", action="store_true",
+                   help="run Ray inside a private network namespace (needs CAP_SYS_ADMIN)")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("export-interactions", help="interaction log -> JSONL for training")
+    s.add_argument("--store", default="runs/serve/interactions.sqlite",
+                   help="SQLite path or SQLAlchemy URL")
+    s.add_argument("--out", required=True)
+    s.add_argument("--no-shadow", action="store_true", help="leave shadow answers out")
+    s.set_defaults(func=cmd_export_interactions)
 
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
     sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)

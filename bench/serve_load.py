@@ -1,0 +1,286 @@
+"""Load benchmark of the Ray Serve app (src/serving) against 127.0.0.1, synthetic world.
+
+    python bench/serve_load.py           # full (~5-7 min on 2 cores)
+    python bench/serve_load.py --quick   # < 2 min: fewer requests (writes serve_load.quick.*)
+
+Ray and Serve run in this process, inside a private network namespace when permitted (Serve
+replicas open gRPC on every interface). Phases, each bounded in requests:
+  1. in-process baseline: `PipelineService.answer` (the replica body) on the same questions,
+     in blocks interleaved with Serve at 1 client;
+  2. latency p50/p95/p99 (ms, client side) and throughput (requests/s) at 1, 4, 16 concurrent
+     clients, default config only (canary 0%, shadow 0%); Serve overhead vs in-process (ratio);
+  3. canary share: canary_percent 10, 2,000 requests from distinct users, observed share vs
+     configured (target: within ±2 percentage points; --quick: 500 requests);
+  4. feedback: one reward per acknowledged answer of phase 3, then a count check in the SQLite
+     store (target: every acknowledged row is there);
+  5. shadow: p95 at 4 clients with shadow 0% / 10% / 100%, interleaved rounds so background
+     load drifts hit all three alike (target: 10% adds ≤ 10% to the user path's p95).
+Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import bootstrap_ci, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from rag.env import configure_runtime_env  # noqa: E402
+
+configure_runtime_env()
+DS = "synthetic"
+CANARY = {"variant": "bm25"}
+SHADOW = {"variant": "hybrid", "k": 8}  # as costly as the stable config: the honest case
+
+
+def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
+    """q-th percentile (ms) with a 95% bootstrap CI (2,000 resamples)."""
+    x = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    boots = np.percentile(x[rng.integers(0, x.size, size=(2000, x.size))], q, axis=1)
+    return {"dataset": DS, "system": system, "metric": metric, "value": float(np.percentile(x, q)),
+            "ci_low": float(np.quantile(boots, 0.025)), "ci_high": float(np.quantile(boots, 0.975)),
+            "n": int(x.size)}
+
+
+async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/query"
+               ) -> tuple[list[tuple[int, float, dict]], float]:
+    """POST every payload with `concurrency` workers; [(status, client ms, body)], wall s."""
+    import httpx
+
+    out: list[tuple[int, float, dict]] = [(0, 0.0, {})] * len(payloads)
+    nxt = iter(range(len(payloads)))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
+        async def worker() -> None:
+            for i in nxt:
+                t0 = time.perf_counter()
+                r = await client.post(path, json=payloads[i])
+                ms = (time.perf_counter() - t0) * 1000.0
+                out[i] = (r.status_code, ms, r.json() if r.status_code < 500 else {})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return out, time.perf_counter() - t0
+
+
+def wait_idle(url: str, timeout: float = 60.0) -> None:
+    """Until no shadow request is pending at the ingress."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if httpx.get(f"{url}/rl/stats", timeout=30).json()["shadow_tasks_pending"] == 0:
+            return
+        time.sleep(0.2)
+
+
+def set_traffic(url: str, **body) -> dict:
+    import httpx
+
+    r = httpx.post(f"{url}/admin/traffic", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replicas", type=int, default=1, help="replicas per pipeline deployment")
+    args = ap.parse_args()
+    q = args.quick
+    n_c = {1: 100, 4: 100, 16: 128} if q else {1: 300, 4: 600, 16: 1200}
+    n_canary, shadow_rounds, n_shadow = (500, 3, 40) if q else (2000, 8, 100)
+    rng = np.random.default_rng(args.seed)
+
+    from rag.corpus.synthetic import make_synthetic_world
+    from serving import netns
+    from serving.launch import start_local, stop_local
+    from serving.pipelines import PipelineService
+
+    examples = list(make_synthetic_world().examples)
+    questions = [e.question for e in examples]
+    rows: list[dict] = []
+    md: list[str] = []
+    t_start = time.perf_counter()
+
+    # 1. in-process baseline: the replica body in this process (no Serve); measured in blocks
+    #    interleaved with Serve at 1 client below, so both see the same background load
+    svc = PipelineService({"generator": "extractive"}, DS)
+    base_ms: list[float] = []
+
+    def in_process(n: int) -> None:
+        for i in rng.integers(0, len(questions), size=n):
+            t0 = time.perf_counter()
+            svc.answer(questions[i])
+            base_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    in_process(20)  # warm-up
+    base_ms.clear()
+
+    # 2. Serve
+    isolated = netns.enter_private_netns()
+    store = Path(tempfile.mkdtemp(prefix="serve-load-")) / "interactions.sqlite"
+    port = netns.free_port()
+    settings = {"store_url": str(store), "canary": CANARY, "shadow": SHADOW,
+                "traffic": {"canary_percent": 0.0, "shadow_percent": 0.0},
+                "limits": {"max_inflight": 512, "rate_per_s": 1e6, "burst": 1e6},
+                "pipelines": {"num_replicas": args.replicas, "autoscaling": None,
+                              "num_cpus": 0.1, "max_ongoing_requests": 32}}
+    t0 = time.perf_counter()
+    url = start_local(settings, port=port)
+    ready_s = time.perf_counter() - t0
+    print(f"serve ready in {ready_s:.1f} s (isolated={isolated})", flush=True)
+
+    def payloads(n: int, users: bool = False) -> list[dict]:
+        idx = rng.integers(0, len(questions), size=n)
+        return [{"question": questions[i], "category": examples[i].category,
+                 **({"user_id": f"user-{rng.integers(1 << 62)}"} if users else {})}
+                for i in idx]
+
+    try:
+        asyncio.run(load(url, payloads(20), 2))  # warm connections and replicas
+        table = []
+        c1: list[float] = []
+        block = 50
+        for _ in range(n_c[1] // block):  # in-process and Serve at 1 client, interleaved
+            in_process(block)
+            res, _ = asyncio.run(load(url, payloads(block), 1))
+            c1 += [r[1] for r in res if r[0] == 200]
+        for p in (50, 95, 99):
+            rows.append(pct_row("in-process", f"latency_p{p}_ms", base_ms, p, args.seed))
+        for c, n in n_c.items():
+            res, wall = asyncio.run(load(url, payloads(n), c))
+            ok = [r for r in res if r[0] == 200]
+            ms = [r[1] for r in ok]
+            sysname = f"serve/c={c}"
+            for p in (50, 95, 99):
+                rows.append(pct_row(sysname, f"latency_p{p}_ms", ms, p, args.seed))
+            rows.append(plain_row(DS, sysname, "throughput_rps", len(ok) / wall, len(ok)))
+            rows.append(plain_row(DS, sysname, "errors", len(res) - len(ok), len(res)))
+            stage_sum = [sum(v for k, v in r[2]["latency_ms"].items()
+                             if k in ("retrieve", "rerank", "select", "generate")) for r in ok]
+            over = np.array(ms) - np.array(stage_sum)
+            rows.append(metric_row(DS, sysname, "overhead_ms", over, seed=args.seed))
+            table.append((c, np.percentile(ms, 50), np.percentile(ms, 95), np.percentile(ms, 99),
+                          len(ok) / wall, float(np.median(over)), len(res) - len(ok)))
+            print(f"c={c}: p50 {table[-1][1]:.1f} p95 {table[-1][2]:.1f} ms, "
+                  f"{table[-1][4]:.1f} req/s", flush=True)
+        ratio_p50 = float(np.median(c1) / np.median(base_ms))
+        ratio_mean = float(np.mean(c1) / np.mean(base_ms))
+        rows.append(plain_row(DS, "serve/c=1 vs in-process", "latency_ratio_p50", ratio_p50,
+                              len(c1)))
+        rows.append(plain_row(DS, "serve/c=1 vs in-process", "latency_ratio_mean", ratio_mean,
+                              len(c1)))
+
+        # 3. canary share over distinct users
+        set_traffic(url, canary_percent=10.0)
+        res, _ = asyncio.run(load(url, payloads(n_canary, users=True), 16))
+        ok = [r for r in res if r[0] == 200]
+        on = np.array([r[2]["route"] == "canary" for r in ok], dtype=float)
+        lo, hi = bootstrap_ci(on, seed=args.seed)
+        share = float(on.mean())
+        rows.append({"dataset": DS, "system": "canary 10%", "metric": "canary_share",
+                     "value": share, "ci_low": lo, "ci_high": hi, "n": int(on.size)})
+        rows.append(plain_row(DS, "canary 10%", "abs_error_pp", abs(share - 0.10) * 100,
+                              on.size))
+        props = sorted({r[2]["propensity"] for r in ok})
+        print(f"canary share {share:.4f} over {on.size} (propensities {props})", flush=True)
+
+        # 4. feedback on every acknowledged answer, then count in the store
+        fb = [{"interaction_id": r[2]["interaction_id"], "reward": float(rng.random())}
+              for r in ok]
+        fres, _ = asyncio.run(load(url, fb, 16, path="/feedback"))
+        acked = {p["interaction_id"] for p, r in zip(fb, fres, strict=True) if r[0] == 200}
+        with sqlite3.connect(store) as db:
+            db.execute("CREATE TEMP TABLE acked (id TEXT PRIMARY KEY)")
+            db.executemany("INSERT INTO acked VALUES (?)", [(i,) for i in acked])
+            (in_store,), = db.execute("SELECT COUNT(*) FROM feedback f JOIN acked a ON "
+                                      "a.id = f.interaction_id").fetchall()
+            (rows_q,), = db.execute("SELECT COUNT(*) FROM interactions i JOIN acked a ON "
+                                    "a.id = i.id").fetchall()
+        rows.append(plain_row(DS, "feedback", "acknowledged", len(acked), len(fb)))
+        rows.append(plain_row(DS, "feedback", "in_store", in_store, len(acked)))
+        rows.append(plain_row(DS, "feedback", "missing", len(acked) - in_store, len(acked)))
+        print(f"feedback acknowledged {len(acked)}, in store {in_store}, interactions "
+              f"{rows_q}", flush=True)
+        set_traffic(url, canary_percent=0.0)
+
+        # 5. shadow's effect on the user path (interleaved rounds at 4 clients)
+        shadow_ms: dict[float, list[float]] = {0.0: [], 10.0: [], 100.0: []}
+        for _ in range(shadow_rounds):
+            for pct in shadow_ms:
+                set_traffic(url, shadow_percent=pct)
+                res, _ = asyncio.run(load(url, payloads(n_shadow), 4))
+                shadow_ms[pct] += [r[1] for r in res if r[0] == 200]
+                wait_idle(url)
+        set_traffic(url, shadow_percent=0.0)
+        p95 = {k: float(np.percentile(v, 95)) for k, v in shadow_ms.items()}
+        base = np.asarray(shadow_ms[0.0])
+        for pct, ms in shadow_ms.items():
+            rows.append(pct_row(f"serve/c=4 shadow {pct:g}%", "latency_p95_ms", ms, 95,
+                                args.seed))
+            if pct:
+                x = np.asarray(ms)
+                boots = [np.percentile(x[rng.integers(0, x.size, x.size)], 95) /
+                         np.percentile(base[rng.integers(0, base.size, base.size)], 95)
+                         for _ in range(2000)]
+                rows.append({"dataset": DS, "system": f"serve/c=4 shadow {pct:g}%",
+                             "metric": "p95_ratio_vs_no_shadow", "value": p95[pct] / p95[0.0],
+                             "ci_low": float(np.quantile(boots, 0.025)),
+                             "ci_high": float(np.quantile(boots, 0.975)), "n": int(x.size)})
+        print("shadow p95 " + ", ".join(f"{k:g}%: {v:.1f} ms" for k, v in p95.items()),
+              flush=True)
+    finally:
+        stop_local()
+
+    total_s = time.perf_counter() - t_start
+    md += ["| clients | p50 ms | p95 ms | p99 ms | throughput req/s | overhead ms (p50) | errors |",
+           "|---|---|---|---|---|---|---|"]
+    md += [f"| {c} | {a:.1f} | {b:.1f} | {d:.1f} | {t:.1f} | {o:.1f} | {e} |"
+           for c, a, b, d, t, o, e in table]
+    md += ["", f"In-process pipeline (same replica code, no Serve): p50 "
+           f"{np.median(base_ms):.1f} ms, p95 {np.percentile(base_ms, 95):.1f} ms over "
+           f"{len(base_ms)} questions, measured in blocks of 50 interleaved with Serve at 1 "
+           "client (so both see the same background load). Serve at 1 client / in-process: "
+           f"p50 ratio **{ratio_p50:.2f}**, mean "
+           f"ratio {ratio_mean:.2f}. Overhead = client latency − the pipeline's own stage times "
+           "(HTTP proxy, ingress routing, replica hop, SQLite commit, scoring).",
+           "", f"Target p95 ≤ 500 ms at 4 clients: **{table[1][2]:.1f} ms** "
+           f"({'met' if table[1][2] <= 500 else 'MISSED'}).",
+           "", f"Canary share at 10% over {on.size} distinct users: **{share * 100:.2f}%** "
+           f"(95% CI {lo * 100:.2f}–{hi * 100:.2f}; |error| {abs(share - 0.1) * 100:.2f} pp, "
+           f"target ≤ 2 pp: {'met' if abs(share - 0.1) <= 0.02 else 'MISSED'}). Logged "
+           f"propensities: {', '.join(f'{p:g}' for p in props)}.",
+           "", f"Feedback: {len(acked)} acknowledged, **{in_store} in the store** "
+           f"({len(acked) - in_store} missing); all {rows_q} acknowledged interactions stored.",
+           "", "Shadow mirroring (shadow = hybrid k 8, as costly as stable), 4 clients, "
+           f"{shadow_rounds} interleaved rounds × {n_shadow} requests:", "",
+           "| shadow % | p95 ms | ratio vs 0% |", "|---|---|---|"]
+    md += [f"| {k:g} | {v:.1f} | {v / p95[0.0]:.3f} |" for k, v in p95.items()]
+    md += ["", f"Target: shadow 10% adds ≤ 10% to p95: ratio {p95[10.0] / p95[0.0]:.3f} "
+           f"({'met' if p95[10.0] <= 1.10 * p95[0.0] else 'MISSED'}). On 2 cores the shadow "
+           "replica competes for the same CPUs, so 100% mirroring costs what a second request "
+           "costs.", "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
+           f"network namespace: {isolated}; load average at the end "
+           f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores)."]
+    write_results("serve_load", rows, make_meta(args.seed, {}, extra={
+        "quick": q, "replicas": args.replicas, "isolated_netns": isolated,
+        "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
+        "loadavg_end": os.getloadavg()}), md_title="Ray Serve load (synthetic world, 127.0.0.1)",
+        md_body="\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

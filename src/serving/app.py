@@ -1,0 +1,389 @@
+"""The ragpilot Ray Serve application: a FastAPI ingress in front of one pipeline deployment per
+config hash, with stable/canary/shadow routing, a bandit mode, a durable interaction log,
+Prometheus metrics, backpressure and asynchronous tuner evaluations.
+
+    serve run serving.app:app                       # defaults: synthetic world, extractive
+    serve run configs/serve/default.yaml            # the documented settings (HTTP 127.0.0.1)
+    ragpilot serve --config configs/serve/default.yaml
+
+HTTP ─► Ingress ─► Router ── stable ─► Pipeline_<hash>   (deployment per config hash)
+                          ├─ canary ─► Pipeline_<hash>
+                          └─ mirror ─► Pipeline_<hash>   (shadow: logged + scored, not returned)
+
+Endpoints: POST /query, POST /feedback, GET /rl/stats, GET /rl/leaderboard,
+POST /tuner/evaluate, GET /tuner/jobs/{id}, POST|GET /admin/traffic, GET /metrics, GET /healthz,
+OpenAPI at /docs. The ingress runs one replica: routing state, bandits, jobs and metrics live in
+it (the interaction log is the durable record and is replayed into the bandits at start-up).
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see real classes in the route
+# signatures after Ray pickles the ingress class into its replica (forward refs break OpenAPI).
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+
+from rag.config import RAGConfig
+from rag.env import configure_runtime_env
+from rag.errors import ConfigError
+from serving.jobs import Job, TunerJobs, run_evaluation
+from serving.limits import InflightGate, TokenBucketLimiter, retry_after_header
+from serving.metrics import ServeMetrics
+from serving.pipelines import bind_pipeline, deployment_options
+from serving.router import Decision, Router
+from serving.schemas import (
+    ApiError,
+    EvaluateRequest,
+    FeedbackRequest,
+    QueryRequest,
+    QueryResponse,
+    ServeSettings,
+    TrafficRequest,
+)
+from serving.store import Interaction, open_store
+
+configure_runtime_env()
+log = logging.getLogger("ray.serve")
+api = FastAPI(title="ragpilot", version="0.1.0",
+              description="RAG serving with canary/shadow routing, a bandit router, feedback "
+                          "logging and asynchronous tuner evaluations.")
+_STATE: dict[str, Any] = {}
+_ENDPOINTS = {"/query": "query", "/feedback": "feedback", "/tuner/evaluate": "tuner_evaluate",
+              "/admin/traffic": "admin_traffic"}
+
+
+def _error(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(status_code=status,
+                        content={"error": f"{field}: {message}", "field": field, **extra})
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+    return _error(422, field, err.get("msg", "invalid"), detail=jsonable_encoder(exc.errors()))
+
+
+@api.exception_handler(ApiError)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return _error(exc.status, exc.field, exc.message)
+
+
+@api.exception_handler(ConfigError)
+async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
+    return _error(422, exc.field, exc.message)
+
+
+@api.middleware("http")
+async def _count_requests(request: Request, call_next):
+    response = await call_next(request)
+    metrics: ServeMetrics | None = _STATE.get("metrics")
+    if metrics is not None:
+        metrics.request(_ENDPOINTS.get(request.url.path, "other"), response.status_code)
+    return response
+
+
+def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:
+    """What the per-query policy may condition on (no raw user ids: 12-hex hashes)."""
+    q = body.question.strip()
+    words = q.split()
+
+    def h(x: str | None) -> str | None:
+        return hashlib.sha256(x.encode()).hexdigest()[:12] if x else None
+
+    return {"question_chars": len(q), "question_words": len(words),
+            "wh": words[0].lower() if words else "", "has_digit": any(c.isdigit() for c in q),
+            "category_given": body.category is not None, "sticky": decision.sticky_key,
+            "user": h(body.user_id), "session": h(body.session_id)}
+
+
+@serve.deployment(name="Ingress", num_replicas=1)
+@serve.ingress(api)
+class Ingress:
+    """Routes, logs and measures; the pipelines run in their own deployments."""
+
+    def __init__(self, settings: dict[str, Any], handles: dict[str, Any],
+                 roles: dict[str, str | None], configs: dict[str, dict[str, Any]]):
+        """`handles`: variant id -> pipeline deployment; `roles`: stable/canary/shadow ->
+        variant id; `configs`: variant id -> its RAGConfig as JSON."""
+        configure_runtime_env()
+        self.settings = ServeSettings.from_args(settings)
+        s = self.settings
+        self.handles = dict(handles)
+        self.configs = dict(configs)
+        self.store = open_store(s.store_url)
+        self.metrics = ServeMetrics(max_variants=s.max_variants)
+        _STATE["metrics"] = self.metrics
+        explicit = [s.config(a).config_hash for a in s.bandit.arms]
+        self.router = Router(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
+                             shadow=roles["shadow"], arms=explicit or list(self.handles))
+        self._explicit_arms = bool(explicit)
+        for cat, variant, reward in self.store.bandit_history():
+            self.router.update(cat, variant, reward)
+        self.limiter = TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
+                                          s.limits.max_clients)
+        self.gate = InflightGate(s.limits.max_inflight)
+        self.jobs = TunerJobs(self._submit_eval, s.max_jobs, on_done=self._job_done)
+        self.gates: dict[str, dict[str, bool]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._deploy_lock = asyncio.Lock()
+        self.metrics.set_traffic(s.traffic.canary_percent, s.traffic.shadow_percent)
+
+    # ---- serving ------------------------------------------------------------------------------
+    @api.post("/query", response_model=QueryResponse)
+    async def query(self, body: QueryRequest, request: Request) -> QueryResponse:
+        client = f"u:{body.user_id}" if body.user_id else \
+            f"ip:{request.client.host if request.client else 'unknown'}"
+        wait = self.limiter.acquire(client)
+        if wait > 0:
+            self.metrics.rejected.labels("rate_limit").inc()
+            raise HTTPException(429, detail=f"rate limit: {self.settings.limits.rate_per_s:g} "
+                                f"requests/s per client", headers={
+                                    "Retry-After": retry_after_header(wait)})
+        if not self.gate.try_enter():
+            self.metrics.rejected.labels("queue_full").inc()
+            raise HTTPException(429, detail=f"server busy: {self.gate.limit} requests in flight",
+                                headers={"Retry-After": retry_after_header(
+                                    self.gate.retry_after_s)})
+        self.metrics.inflight.set(self.gate.inflight)
+        try:
+            return await self._answer(body)
+        finally:
+            self.gate.leave()
+            self.metrics.inflight.set(self.gate.inflight)
+
+    async def _answer(self, body: QueryRequest) -> QueryResponse:
+        t0 = time.perf_counter()
+        iid = uuid.uuid4().hex
+        category = body.category or "default"
+        d = self.router.route(iid, body.user_id, body.session_id, category)
+        try:
+            res = await self.handles[d.variant].answer.remote(body.question, iid)
+        except Exception as exc:  # a replica's typed input error is the caller's 422
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, ConfigError):
+                raise ApiError(cause.field, cause.message) from None
+            raise
+        lat = dict(res["latency_ms"])
+        lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
+        if d.shadow is not None:
+            task = asyncio.create_task(self._mirror(d, iid, body, category, res, lat))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        row = Interaction(id=iid, question=body.question, variant_id=d.variant, route=d.route,
+                          propensity=d.propensity, answer=res["answer"], category=category,
+                          features=query_features(body, d), context_ids=res["context_ids"],
+                          citations=res["citations"], latency_ms=lat,
+                          tokens_in=res["tokens_in"], tokens_out=res["tokens_out"],
+                          scores=res["scores"])
+        t1 = time.perf_counter()
+        await asyncio.to_thread(self.store.log_interaction, row)  # ack only once committed
+        lat["store"] = (time.perf_counter() - t1) * 1000.0
+        lat["total"] = (time.perf_counter() - t0) * 1000.0
+        f1 = (res["scores"] or {}).get("f1")
+        self.metrics.observe_answer(d.variant, d.route, lat, res["tokens_in"],
+                                    res["tokens_out"], f1)
+        return QueryResponse(interaction_id=iid, answer=res["answer"],
+                             citations=res["citations"], cited_ids=res["cited_ids"],
+                             context_ids=res["context_ids"], variant_id=d.variant, route=d.route,
+                             propensity=d.propensity, latency_ms=lat,
+                             tokens_in=res["tokens_in"], tokens_out=res["tokens_out"])
+
+    async def _mirror(self, d: Decision, parent: str, body: QueryRequest, category: str,
+                      served: dict[str, Any], served_lat: dict[str, float]) -> None:
+        """Answer the same question with the shadow variant; log and score, never return."""
+        sid = uuid.uuid4().hex
+        try:
+            t0 = time.perf_counter()
+            res = await self.handles[d.shadow].answer.remote(body.question, sid)
+            lat = dict(res["latency_ms"])
+            lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
+            row = Interaction(id=sid, question=body.question, variant_id=str(d.shadow),
+                              route="shadow", propensity=self.router.traffic.shadow_percent / 100,
+                              answer=res["answer"], category=category,
+                              features=query_features(body, d), context_ids=res["context_ids"],
+                              citations=res["citations"], latency_ms=lat,
+                              tokens_in=res["tokens_in"], tokens_out=res["tokens_out"],
+                              shadow=True, parent_id=parent, scores=res["scores"])
+            await asyncio.to_thread(self.store.log_interaction, row)
+            f1 = (res["scores"] or {}).get("f1")
+            self.metrics.observe_answer(str(d.shadow), "shadow", lat, res["tokens_in"],
+                                        res["tokens_out"], f1)
+            self.metrics.observe_shadow(served_lat["pipeline"], lat["pipeline"],
+                                        (served["scores"] or {}).get("f1"), f1)
+        except Exception:
+            self.metrics.shadow_requests.labels("error").inc()
+            log.exception("shadow request %s (parent %s) failed", sid, parent)
+
+    @api.post("/feedback")
+    async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+        ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
+        if ack.route == "bandit":
+            self.router.update(ack.category, ack.variant_id, ack.reward)
+        self.metrics.observe_feedback(ack.variant_id, ack.route, ack.reward)
+        return {"stored": True, "interaction_id": ack.interaction_id, "reward": ack.reward,
+                "variant_id": ack.variant_id, "route": ack.route}
+
+    # ---- control plane ------------------------------------------------------------------------
+    @api.get("/rl/stats")
+    async def stats(self) -> dict[str, Any]:
+        counts = await asyncio.to_thread(self.store.counts)
+        by_variant = await asyncio.to_thread(self.store.variant_summary)
+        return {"traffic": self.router.state(), "variants": self.configs, "store": counts,
+                "by_variant": by_variant, "deltas": self.metrics.deltas(),
+                "inflight": self.gate.inflight, "peak_inflight": self.gate.peak,
+                "jobs": self.jobs.counts(), "gates": self.gates,
+                "shadow_tasks_pending": len(self._tasks)}
+
+    @api.get("/rl/leaderboard")
+    async def leaderboard(self, category: str | None = None) -> dict[str, Any]:
+        rows = await asyncio.to_thread(self.store.variant_summary)
+        return {"mode": self.router.traffic.mode,
+                "bandit": self.router.leaderboard(category),
+                "variants": [r for r in rows if r["route"] != "shadow"]}
+
+    @api.get("/admin/traffic")
+    async def get_traffic(self) -> dict[str, Any]:
+        return self.router.state()
+
+    @api.post("/admin/traffic")
+    async def set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
+        given = body.model_fields_set
+        canary: Any = False
+        shadow: Any = False
+        if "canary_config" in given:
+            canary = await self._variant_for(body.canary_config, "canary_config")
+        if "shadow_config" in given:
+            shadow = await self._variant_for(body.shadow_config, "shadow_config")
+        state = self.router.set_traffic(body.mode, body.canary_percent, body.shadow_percent,
+                                        canary, shadow)
+        self.metrics.set_traffic(self.router.traffic.canary_percent,
+                                 self.router.traffic.shadow_percent)
+        return state
+
+    async def _variant_for(self, spec: dict[str, Any] | str | None, field: str) -> str | None:
+        """A deployed variant id for `spec` (a hash, or overrides deployed on demand)."""
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            if spec not in self.handles:
+                raise ConfigError(field, f"no deployed variant {spec!r} (have: "
+                                         f"{', '.join(sorted(self.handles))})")
+            return spec
+        cfg = self.settings.config(spec, where=field)
+        h = cfg.config_hash
+        async with self._deploy_lock:
+            if h in self.handles:
+                return h
+            if len(self.handles) >= self.settings.max_variants:
+                raise ApiError(field, f"already {len(self.handles)} variants deployed "
+                                        f"(max_variants); reuse one by its id", 409)
+            self.handles[h] = await asyncio.to_thread(self._deploy, cfg)
+            self.configs[h] = cfg.model_dump(mode="json")
+            if not self._explicit_arms:
+                self.router.add_arm(h)
+        return h
+
+    def _deploy(self, cfg: RAGConfig):
+        """Deploy `cfg` as its own application (`ragpilot-<hash>`); returns once ready."""
+        s = self.settings
+        p = s.pipelines
+        bound = bind_pipeline(cfg, s.dataset, s.index_dir, deployment_options(
+            p.num_cpus, p.max_ongoing_requests, p.num_replicas, p.autoscaling))
+        log.info("deploying variant %s", cfg.config_hash)
+        return serve.run(bound, name=f"ragpilot-{cfg.config_hash}", route_prefix=None,
+                         blocking=False)
+
+    # ---- tuner ----------------------------------------------------------------------------------
+    def _submit_eval(self, request: dict[str, Any]):
+        import ray
+
+        task = ray.remote(run_evaluation).options(num_cpus=self.settings.eval_num_cpus,
+                                                  max_retries=0)
+        return task.remote(request).future()
+
+    def _job_done(self, job: Job) -> None:
+        self.metrics.jobs.labels(job.status).inc()
+        if job.result:
+            self.gates[job.result["config_hash"]] = job.result["gates"]
+            self.metrics.set_gates(job.result["config_hash"], job.result["gates"])
+
+    @api.post("/tuner/evaluate", status_code=202)
+    async def tuner_evaluate(self, body: EvaluateRequest) -> dict[str, Any]:
+        cfg = self.settings.config(body.config, where="config")
+        job = self.jobs.submit({"config": cfg.model_dump(mode="json"), "dataset": body.dataset,
+                                "split": body.split, "batch_size": body.batch_size,
+                                "seed": body.seed})
+        return {"job_id": job.id, "status": job.status, "variant_id": cfg.config_hash,
+                "poll": f"/tuner/jobs/{job.id}"}
+
+    @api.get("/tuner/jobs/{job_id}")
+    async def tuner_job(self, job_id: str) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ApiError("job_id", f"unknown job {job_id!r}", 404)
+        return job.to_dict()
+
+    # ---- operations -----------------------------------------------------------------------------
+    @api.get("/metrics")
+    async def metrics_endpoint(self) -> Response:
+        body, ctype = self.metrics.render()
+        return Response(content=body, media_type=ctype)
+
+    @api.get("/healthz")
+    async def healthz(self) -> JSONResponse:
+        """Readiness: 200 once the store answers and every pipeline has a warm replica (each is
+        asked for its info, 5 s at most), else 503 with `status: starting`."""
+        await asyncio.to_thread(self.store.counts)
+        variants = sorted(self.handles)
+        try:
+            await asyncio.wait_for(asyncio.gather(
+                *(self.handles[v].info.remote() for v in variants)), timeout=5.0)
+            status, code = "ok", 200
+        except TimeoutError:
+            status, code = "starting", 503
+        return JSONResponse(status_code=code, content={
+            "status": status, "variants": variants, "stable": self.router.stable,
+            "store": self.store.url})
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
+    A relative `store_url` path is resolved against the current directory."""
+    s = ServeSettings.from_args(args)
+    if "://" not in s.store_url:
+        s = s.model_copy(update={"store_url": str(Path(s.store_url).resolve())})
+    roles: dict[str, str | None] = {"stable": None, "canary": None, "shadow": None}
+    configs: dict[str, RAGConfig] = {}
+    for role in ("stable", "canary", "shadow"):
+        over = getattr(s, role)
+        if over is not None:
+            cfg = s.config(over, where=f"serve.{role}")
+            configs[cfg.config_hash] = cfg
+            roles[role] = cfg.config_hash
+    for i, arm in enumerate(s.bandit.arms):
+        cfg = s.config(arm, where=f"serve.bandit.arms.{i}")
+        configs[cfg.config_hash] = cfg
+    if len(configs) > s.max_variants:
+        raise ConfigError("serve.max_variants", f"{len(configs)} distinct configs to deploy; "
+                                                f"the limit is {s.max_variants}")
+    p = s.pipelines
+    opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
+                              p.autoscaling)
+    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts) for h, c in configs.items()}
+    return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
+                           max_ongoing_requests=s.limits.max_inflight + 64).bind(
+        s.model_dump(mode="json"), handles, roles,
+        {h: c.model_dump(mode="json") for h, c in configs.items()})
+
+
+app = build_app()

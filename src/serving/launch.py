@@ -1,0 +1,102 @@
+"""Start the Serve application from Python: `ragpilot serve`, the tests and the load benchmark.
+
+    url = start_local(args, port=8123)     # Ray (2 CPUs, loopback) + Serve + the app, in-process
+    ...
+    stop_local()
+
+`ragpilot serve --config configs/serve/default.yaml` does what `serve run <yaml>` does (same
+YAML; `args` validated by ServeSettings), with HTTP forced onto 127.0.0.1 unless --host says
+otherwise, optionally inside a private network namespace (--private-netns), and stops cleanly
+on SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag.errors import ConfigError
+
+RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20}
+
+
+def read_serve_yaml(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(http_options, applications) of a Serve config file; errors name the key."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError("config", f"file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+    apps = data.get("applications")
+    if not isinstance(apps, list) or not apps:
+        raise ConfigError("applications", f"{p} has no `applications:` list")
+    for i, a in enumerate(apps):
+        if not isinstance(a, dict) or a.get("import_path") not in (
+                "serving.app:build_app", "serving.app:app"):
+            raise ConfigError(f"applications.{i}.import_path",
+                              "must be serving.app:build_app (or serving.app:app)")
+    return dict(data.get("http_options") or {}), apps
+
+
+def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
+                name: str = "ragpilot", route_prefix: str = "/", private_netns: bool = False,
+                log_to_driver: bool = False) -> str:
+    """Start Ray + Serve in this process and deploy the app; returns its base URL once ready.
+    With `private_netns`, first move into a private network namespace (if permitted)."""
+    import ray
+    from ray import serve
+
+    from serving import netns
+    from serving.app import build_app
+
+    if private_netns and not ray.is_initialized() and not netns.enter_private_netns():
+        print(f"note: not isolated ({netns.last_error}); HTTP stays on {host}")
+    if not ray.is_initialized():
+        ray.init(**RAY_INIT, log_to_driver=log_to_driver)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(args), name=name, route_prefix=route_prefix)
+    return f"http://{host}:{port}"
+
+
+def stop_local() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def run_server(config: str | Path, host: str | None = None, port: int | None = None,
+               private_netns: bool = False) -> int:
+    """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM."""
+    http, apps = read_serve_yaml(config)
+    host = host or http.get("host") or "127.0.0.1"
+    port = int(port or http.get("port") or 8000)
+    url = ""
+    for i, a in enumerate(apps):
+        if i == 0:
+            url = start_local(a.get("args"), host, port, a.get("name", "ragpilot"),
+                              a.get("route_prefix", "/"), private_netns, log_to_driver=True)
+        else:
+            from ray import serve
+
+            from serving.app import build_app
+
+            serve.run(build_app(a.get("args")), name=a.get("name", f"app{i}"),
+                      route_prefix=a.get("route_prefix"))
+    print(f"ragpilot serving at {url} (docs: {url}/docs); Ctrl-C or SIGTERM stops it",
+          flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        time.sleep(0.5)
+    stop_local()
+    return 0

@@ -1,0 +1,119 @@
+"""`PipelineDeployment`: one Ray Serve deployment per config hash, answering questions.
+
+Each replica opens the served dataset's indexes (built once, under a file lock, so replicas
+starting together never build the same index twice), builds `rag.pipeline.Pipeline` for its
+RAGConfig and answers one warm-up question before it reports ready (so the first user does not
+pay the ~8 s model load). When the question is one of the dataset's own (gold known), the answer
+is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from rag.config import RAGConfig
+from rag.env import configure_runtime_env
+
+WARMUP_QUESTION = "Which company was founded first?"
+SCORE_KEYS = ("em", "f1", "support", "recall@k", "citation_precision", "sp_f1")
+
+
+def normalise_question(q: str) -> str:
+    """Whitespace- and case-insensitive key of a question (gold lookup)."""
+    return re.sub(r"\s+", " ", q.strip().lower())
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def open_served_data(dataset: str, index_dir: str | None = None):
+    """(IndexSet, {normalised question: Example}) for the served dataset or index dir."""
+    from rag.indexset import IndexSet
+    from rag.models import cache_dir
+
+    with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
+        if index_dir:
+            return IndexSet.open(index_dir), {}
+        from rl.evaluation import TuningData
+
+        data = TuningData.open(dataset)
+        gold = {normalise_question(e.question): e for e in data.dataset.examples}
+        return data.indexes, gold
+
+
+class PipelineService:
+    """The replica body, usable without Ray (tests, the benchmark's in-process baseline)."""
+
+    def __init__(self, config: dict[str, Any], dataset: str = "synthetic",
+                 index_dir: str | None = None, warmup: bool = True):
+        configure_runtime_env()
+        from rag.pipeline import Pipeline
+
+        self.config = RAGConfig.from_dict(config)
+        indexes, self.gold = open_served_data(dataset, index_dir)
+        self.pipeline = Pipeline(indexes, self.config)
+        self.variant_id = self.config.config_hash
+        if warmup:
+            self.pipeline.run(WARMUP_QUESTION)  # loads models, builds any missing index
+
+    def answer(self, question: str, query_id: str = "q") -> dict[str, Any]:
+        """Answer one question. Latency per stage in ms; `scores` when gold is known."""
+        from rag.metrics import score_answer
+
+        ans = self.pipeline.run(question, query_id)
+        out: dict[str, Any] = {
+            "answer": ans.text, "citations": list(ans.citations),
+            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
+            "latency_ms": {k: float(v) for k, v in ans.latency_ms.items()},
+            "tokens_in": int(ans.tokens_in), "tokens_out": int(ans.tokens_out),
+            "variant_id": ans.config_hash, "scores": None, "gold_category": None,
+        }
+        ex = self.gold.get(normalise_question(question))
+        if ex is not None:
+            s = score_answer(ans, ex, k=self.config.k)
+            out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
+            out["gold_category"] = ex.category
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"variant_id": self.variant_id, "config": self.config.model_dump(mode="json"),
+                "pid": os.getpid(), "gold_questions": len(self.gold)}
+
+
+@serve.deployment(name="Pipeline")
+class PipelineDeployment(PipelineService):
+    """Serve deployment of one config (deployed as `Pipeline_<config hash>`)."""
+
+
+def deployment_options(num_cpus: float, max_ongoing_requests: int, num_replicas: int | None,
+                       autoscaling: dict[str, Any] | None) -> dict[str, Any]:
+    """`.options(...)` of a pipeline deployment from the `pipelines:` settings."""
+    opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": num_cpus},
+                            "max_ongoing_requests": max_ongoing_requests}
+    if num_replicas is not None or not autoscaling:
+        opts["num_replicas"] = num_replicas or 1
+    else:
+        opts["autoscaling_config"] = dict(autoscaling)
+    return opts
+
+
+def bind_pipeline(config: RAGConfig, dataset: str, index_dir: str | None,
+                  options: dict[str, Any]):
+    """The bound deployment of `config` (its name carries the config hash)."""
+    return PipelineDeployment.options(name=f"Pipeline_{config.config_hash}", **options).bind(
+        config.model_dump(mode="json"), dataset, index_dir)

@@ -1,0 +1,203 @@
+"""Typed settings of the Serve application and the JSON bodies of its endpoints.
+
+`ServeSettings` is what `configs/serve/default.yaml` passes as the application's `args` (and what
+`serving.app.build_app` validates): an unknown key or a bad value is an error naming the key
+(`serve.traffic.canary_percent: ...`). Configs are RAGConfig *overrides* on top of `base`, so a
+YAML file only names what differs (e.g. `canary: {variant: bm25}`).
+
+Units: percentages in [0, 100]; rates in requests per second; times in seconds unless a name
+ends in `_ms`; rewards in [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rag.config import RAGConfig, _to_config_error
+from rag.errors import ConfigError, RagError
+
+
+class ApiError(RagError):
+    """A request the API refuses: `field` names the offending request field, `status` is the
+    HTTP code (404 unknown id, 409 conflict, 422 invalid value)."""
+
+    def __init__(self, field: str, message: str, status: int = 422):
+        self.field, self.message, self.status = field, message, status
+        super().__init__(f"{field}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- settings ---------------------------------------------------------------------------------
+class TrafficSettings(_Strict):
+    """How requests are split. `split`: stable/canary by percentage (+ shadow mirroring);
+    `bandit`: every request picks an arm with a per-category UCB1 or Thompson bandit."""
+
+    mode: Literal["split", "bandit"] = "split"
+    canary_percent: float = Field(0.0, ge=0.0, le=100.0)
+    shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
+    sticky: Literal["user", "session", "request"] = "user"
+    """Hash key of the canary assignment: user_id (then session_id, then the interaction id),
+    session_id (then the interaction id), or the interaction id alone."""
+    salt: str = "ragpilot"
+    """Changing the salt reshuffles which users land on the canary."""
+
+
+class BanditSettings(_Strict):
+    algorithm: Literal["ucb1", "thompson"] = "ucb1"
+    c: float = Field(1.41421356, ge=0.0)
+    """UCB1 exploration constant."""
+    prior_mean: float = 0.5
+    prior_sd: float = Field(0.5, gt=0.0)
+    noise_sd: float = Field(0.25, gt=0.0)
+    """Thompson: Gaussian prior on each arm's mean reward and known reward noise."""
+    arms: list[dict[str, Any]] = Field(default_factory=list)
+    """RAGConfig overrides, one per arm; empty = the stable and candidate configs."""
+    max_categories: int = Field(32, ge=1)
+    """Categories beyond this share the bandit of category `other` (bounded state)."""
+    seed: int = 0
+
+
+class LimitSettings(_Strict):
+    max_inflight: int = Field(64, ge=1)
+    """Requests on /query being answered at once; one more gets 429 (bounded queue)."""
+    rate_per_s: float = Field(50.0, gt=0.0)
+    """Token-bucket refill per client (user_id, else the client address), requests/s."""
+    burst: float = Field(100.0, ge=1.0)
+    """Token-bucket capacity per client (requests)."""
+    max_clients: int = Field(10_000, ge=1)
+    """Clients tracked by the rate limiter (least recently seen are forgotten)."""
+
+
+class DeploymentSettings(_Strict):
+    """Ray Serve options of every pipeline deployment (one per config hash)."""
+
+    num_cpus: float = Field(0.25, ge=0.0)
+    max_ongoing_requests: int = Field(8, ge=1)
+    num_replicas: int | None = Field(None, ge=1)
+    """Fixed replica count; leave unset to use `autoscaling`."""
+    autoscaling: dict[str, Any] | None = Field(
+        default_factory=lambda: {"min_replicas": 1, "max_replicas": 2,
+                                 "target_ongoing_requests": 4})
+    """Ray Serve AutoscalingConfig fields (min_replicas, max_replicas, target_ongoing_requests,
+    upscale_delay_s, downscale_delay_s, ...)."""
+
+
+class ServeSettings(_Strict):
+    dataset: str = "synthetic"
+    """Dataset whose indexes the pipelines serve (and whose gold answers score shadows)."""
+    index_dir: str | None = None
+    """Serve an existing IndexSet directory instead (no gold: shadows are logged, not scored)."""
+    store_url: str = "runs/serve/interactions.sqlite"
+    """SQLite path (WAL) or an SQLAlchemy URL (postgresql://...)."""
+    base: dict[str, Any] = Field(default_factory=lambda: {"generator": "extractive"})
+    stable: dict[str, Any] = Field(default_factory=dict)
+    canary: dict[str, Any] | None = None
+    shadow: dict[str, Any] | None = None
+    traffic: TrafficSettings = TrafficSettings()
+    bandit: BanditSettings = BanditSettings()
+    limits: LimitSettings = LimitSettings()
+    pipelines: DeploymentSettings = DeploymentSettings()
+    max_variants: int = Field(8, ge=1, le=64)
+    """Pipeline deployments (config hashes) at most; also bounds the Prometheus variant label."""
+    ingress_num_cpus: float = Field(0.25, ge=0.0)
+    eval_num_cpus: float = Field(0.0, ge=0.0)
+    """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
+    max_jobs: int = Field(256, ge=1)
+    """Finished tuner jobs kept in memory (oldest forgotten first)."""
+
+    @model_validator(mode="after")
+    def _configs_valid(self) -> ServeSettings:
+        for name in ("stable", "canary", "shadow"):
+            over = getattr(self, name)
+            if over is not None:
+                self.config(over, where=f"serve.{name}")
+        for i, arm in enumerate(self.bandit.arms):
+            self.config(arm, where=f"serve.bandit.arms.{i}")
+        return self
+
+    def config(self, overrides: dict[str, Any], where: str = "config") -> RAGConfig:
+        """`base` + `overrides` as a validated RAGConfig (errors name `where.<key>`)."""
+        return RAGConfig.from_dict({**self.base, **overrides}, where=where)
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> ServeSettings:
+        """Validate the application args; errors are ConfigError naming `serve.<key>`."""
+        try:
+            return cls(**(args or {}))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            if isinstance(err.get("ctx", {}).get("error"), ConfigError):
+                raise err["ctx"]["error"] from None
+            raise _to_config_error(exc, "serve") from None
+
+
+# ---- request / response bodies ------------------------------------------------------------------
+class QueryRequest(_Strict):
+    question: str = Field(min_length=1, max_length=4000)
+    user_id: str | None = Field(None, max_length=200)
+    session_id: str | None = Field(None, max_length=200)
+    category: str | None = Field(None, max_length=64)
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must contain a non-space character")
+        return v
+
+
+class QueryResponse(BaseModel):
+    interaction_id: str
+    answer: str
+    citations: list[int]
+    """1-based indices into `context_ids`."""
+    cited_ids: list[str]
+    context_ids: list[str]
+    variant_id: str
+    """Config hash of the pipeline that answered."""
+    route: str
+    """stable | canary | bandit."""
+    propensity: float
+    """Probability with which this variant was chosen for this request."""
+    latency_ms: dict[str, float]
+    """Per pipeline stage, plus `pipeline` (replica call), `store` (commit), `total` (ingress)."""
+    tokens_in: int
+    tokens_out: int
+
+
+class FeedbackRequest(_Strict):
+    interaction_id: str = Field(min_length=1, max_length=64)
+    reward: float = Field(ge=0.0, le=1.0)
+    """User-perceived quality in [0, 1]."""
+
+
+class TrafficRequest(_Strict):
+    """Any field left out keeps its current value; a config is RAGConfig overrides on top of
+    `base` or the variant id (config hash) of a deployed pipeline; null removes it."""
+
+    mode: Literal["split", "bandit"] | None = None
+    canary_percent: float | None = Field(None, ge=0.0, le=100.0)
+    shadow_percent: float | None = Field(None, ge=0.0, le=100.0)
+    canary_config: dict[str, Any] | str | None = None
+    shadow_config: dict[str, Any] | str | None = None
+
+
+class EvaluateRequest(_Strict):
+    config: dict[str, Any] = Field(default_factory=dict)
+    """RAGConfig overrides on top of the app's `base`."""
+    dataset: str = "synthetic"
+    split: str | None = None
+    batch_size: int | None = Field(None, ge=1, le=100_000)
+    seed: int = 0

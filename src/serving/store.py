@@ -1,0 +1,324 @@
+"""The interaction log: every routed request and every feedback, append-only and durable.
+
+    store = open_store("runs/serve/interactions.sqlite")       # SQLite, WAL, synchronous=FULL
+    store = open_store("postgresql+psycopg://user@host/db")    # any SQLAlchemy URL
+    store.log_interaction(Interaction(...))   # returns after COMMIT: only then is it acknowledged
+    store.add_feedback(interaction_id, 0.8)   # validated: unknown id / shadow / duplicate / range
+    store.export_jsonl("train.jsonl")         # one line per interaction, its reward joined
+
+Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
+  interactions(id, ts, question, category, variant_id, route, propensity, features JSON,
+               context_ids JSON, citations JSON, answer, latency_ms JSON, tokens_in, tokens_out,
+               shadow, parent_id, scores JSON)
+  feedback(seq, interaction_id UNIQUE -> interactions.id, reward in [0, 1], ts)
+`ts` is Unix time in seconds; latency in ms per stage; `shadow`=1 rows are mirrored answers
+(never returned to the user), `parent_id` names the served interaction they mirror.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+from serving.schemas import ApiError
+
+JSON_COLUMNS = ("features", "context_ids", "citations", "latency_ms", "scores")
+COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensity", "features",
+           "context_ids", "citations", "answer", "latency_ms", "tokens_in", "tokens_out",
+           "shadow", "parent_id", "scores")
+
+_SQLITE_DDL = [
+    """CREATE TABLE IF NOT EXISTS interactions (
+        id TEXT PRIMARY KEY, ts REAL NOT NULL, question TEXT NOT NULL, category TEXT NOT NULL,
+        variant_id TEXT NOT NULL, route TEXT NOT NULL, propensity REAL NOT NULL,
+        features TEXT NOT NULL, context_ids TEXT NOT NULL, citations TEXT NOT NULL,
+        answer TEXT NOT NULL, latency_ms TEXT NOT NULL, tokens_in INTEGER NOT NULL,
+        tokens_out INTEGER NOT NULL, shadow INTEGER NOT NULL, parent_id TEXT, scores TEXT)""",
+    """CREATE TABLE IF NOT EXISTS feedback (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        interaction_id TEXT NOT NULL UNIQUE REFERENCES interactions(id),
+        reward REAL NOT NULL CHECK (reward >= 0 AND reward <= 1), ts REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS interactions_variant ON interactions(variant_id, route)",
+    *[f"""CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t}
+          BEGIN SELECT RAISE(ABORT, '{t} is append-only'); END"""
+      for t in ("interactions", "feedback") for op in ("update", "delete")],
+]
+_PG_DDL = [
+    _SQLITE_DDL[0].replace(" REAL", " DOUBLE PRECISION"),
+    _SQLITE_DDL[1].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+                  .replace(" REAL", " DOUBLE PRECISION"),
+    _SQLITE_DDL[2],
+    """CREATE OR REPLACE FUNCTION ragpilot_append_only() RETURNS trigger AS $$
+       BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END $$ LANGUAGE plpgsql""",
+    *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}
+          FOR EACH ROW EXECUTE FUNCTION ragpilot_append_only()"""
+      for t in ("interactions", "feedback")],
+]
+
+
+class StoreError(ApiError):
+    """Bad feedback. `field` names the offending request field; `status` is the HTTP code."""
+
+
+@dataclass
+class Interaction:
+    """One routed request (or one shadow answer). Latency in ms per stage."""
+
+    id: str
+    question: str
+    variant_id: str
+    route: str
+    propensity: float
+    answer: str
+    category: str = "default"
+    ts: float = field(default_factory=time.time)
+    features: dict[str, Any] = field(default_factory=dict)
+    context_ids: list[str] = field(default_factory=list)
+    citations: list[int] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    shadow: bool = False
+    parent_id: str | None = None
+    scores: dict[str, float] | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for c in JSON_COLUMNS:
+            row[c] = None if row[c] is None else json.dumps(row[c], sort_keys=True)
+        row["shadow"] = int(self.shadow)
+        return row
+
+
+@dataclass(frozen=True)
+class FeedbackAck:
+    """What a stored feedback joined to: lets the caller update the bandit and metrics."""
+
+    interaction_id: str
+    reward: float
+    variant_id: str
+    route: str
+    category: str
+
+
+class InteractionStore:
+    """SQL shared by both backends (named `:params` work in sqlite3 and SQLAlchemy `text`)."""
+
+    url: str
+
+    # backend hooks ------------------------------------------------------------------------
+    def _write(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+        raise NotImplementedError
+
+    def _iter(self, sql: str) -> Iterator[tuple]:
+        yield from self._read(sql)
+
+    def _is_integrity_error(self, exc: Exception) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections."""
+
+    # API -------------------------------------------------------------------------------------
+    def log_interaction(self, it: Interaction) -> None:
+        """Insert one row and commit; returns only once it is durable."""
+        cols = ", ".join(COLUMNS)
+        vals = ", ".join(f":{c}" for c in COLUMNS)
+        self._write([(f"INSERT INTO interactions ({cols}) VALUES ({vals})", it.to_row())])
+
+    def get_interaction(self, interaction_id: str) -> dict[str, Any] | None:
+        rows = self._read(f"SELECT {', '.join(COLUMNS)} FROM interactions WHERE id = :id",
+                          {"id": interaction_id})
+        return _decode(rows[0]) if rows else None
+
+    def add_feedback(self, interaction_id: str, reward: float) -> FeedbackAck:
+        """Validate and store one reward in [0, 1] for a served (non-shadow) interaction.
+        Raises StoreError naming the field: 404 unknown id, 409 already rated, 422 shadow id
+        or reward out of range. Nothing already stored is touched."""
+        if not isinstance(reward, int | float) or not math.isfinite(reward) \
+                or not 0.0 <= reward <= 1.0:
+            raise StoreError("reward", f"must be a number in [0, 1], got {reward!r}")
+        rows = self._read("SELECT variant_id, route, category, shadow FROM interactions "
+                          "WHERE id = :id", {"id": interaction_id})
+        if not rows:
+            raise StoreError("interaction_id", f"unknown interaction {interaction_id!r}", 404)
+        variant, route, category, shadow = rows[0]
+        if shadow:
+            raise StoreError("interaction_id", "is a shadow interaction (never shown to a "
+                                               "user); rate the served one", 422)
+        try:
+            self._write([("INSERT INTO feedback (interaction_id, reward, ts) VALUES "
+                          "(:iid, :reward, :ts)",
+                          {"iid": interaction_id, "reward": float(reward), "ts": time.time()})])
+        except Exception as exc:
+            if self._is_integrity_error(exc):
+                raise StoreError("interaction_id", f"feedback for {interaction_id!r} was "
+                                                   "already recorded", 409) from None
+            raise
+        return FeedbackAck(interaction_id, float(reward), variant, route, category)
+
+    def counts(self) -> dict[str, int]:
+        (n, ns), = self._read("SELECT COUNT(*), COALESCE(SUM(shadow), 0) FROM interactions")
+        (nf,), = self._read("SELECT COUNT(*) FROM feedback")
+        return {"interactions": int(n) - int(ns), "shadow_interactions": int(ns),
+                "feedback": int(nf)}
+
+    def variant_summary(self) -> list[dict[str, Any]]:
+        """Per (variant, route, shadow): requests, rewarded requests, mean reward and a 95%
+        normal-approximation CI of it."""
+        rows = self._read(
+            "SELECT i.variant_id, i.route, i.shadow, COUNT(*), COUNT(f.reward), AVG(f.reward),"
+            " SUM(f.reward * f.reward) FROM interactions i LEFT JOIN feedback f"
+            " ON f.interaction_id = i.id GROUP BY i.variant_id, i.route, i.shadow"
+            " ORDER BY i.variant_id, i.route")
+        out = []
+        for variant, route, shadow, n, nf, mean, sq in rows:
+            lo = hi = None
+            if nf and nf >= 2:
+                var = max((sq - nf * mean * mean) / (nf - 1), 0.0)
+                half = 1.96 * math.sqrt(var / nf)
+                lo, hi = mean - half, mean + half
+            out.append({"variant_id": variant, "route": "shadow" if shadow else route,
+                        "requests": int(n), "pulls": int(nf), "mean_reward": mean,
+                        "ci_low": lo, "ci_high": hi})
+        return out
+
+    def bandit_history(self) -> list[tuple[str, str, float]]:
+        """(category, variant, reward) of every rewarded bandit-routed request, in order."""
+        return [(c, v, float(r)) for c, v, r in self._read(
+            "SELECT i.category, i.variant_id, f.reward FROM feedback f JOIN interactions i"
+            " ON i.id = f.interaction_id WHERE i.route = 'bandit' ORDER BY f.seq")]
+
+    def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
+        """Write one JSON line per interaction (oldest first) with its `reward` and
+        `feedback_ts` (null when unrated). Returns the number of lines."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        where = "" if include_shadow else " WHERE i.shadow = 0"
+        sql = (f"SELECT {', '.join('i.' + c for c in COLUMNS)}, f.reward, f.ts FROM "
+               f"interactions i LEFT JOIN feedback f ON f.interaction_id = i.id{where} "
+               "ORDER BY i.ts, i.id")
+        n = 0
+        with p.open("w", encoding="utf-8") as out:
+            for row in self._iter(sql):
+                rec = _decode(row[: len(COLUMNS)])
+                rec["reward"], rec["feedback_ts"] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
+                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                n += 1
+        return n
+
+
+def _decode(row: tuple) -> dict[str, Any]:
+    rec = dict(zip(COLUMNS, row, strict=True))
+    for c in JSON_COLUMNS:
+        if rec[c] is not None:
+            rec[c] = json.loads(rec[c])
+    rec["shadow"] = bool(rec["shadow"])
+    return rec
+
+
+class SQLiteStore(InteractionStore):
+    """One connection in WAL mode; writes serialised by a lock; `synchronous=FULL` by default
+    so an acknowledged row survives a power cut, not only a process crash."""
+
+    def __init__(self, path: str | Path, synchronous: str = "FULL"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.url = str(self.path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0,
+                                   isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        for stmt in _SQLITE_DDL:
+            self._db.execute(stmt)
+
+    def _write(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self._db.execute(sql, params)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params or {}).fetchall()
+
+    def _is_integrity_error(self, exc: Exception) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class SQLAlchemyStore(InteractionStore):
+    """Any SQLAlchemy URL (PostgreSQL in production; `sqlite:///` works for tests)."""
+
+    def __init__(self, url: str):
+        try:
+            import sqlalchemy as sa
+        except ImportError:
+            raise ConfigError("store_url", f"{url.split(':', 1)[0]} URLs need SQLAlchemy and "
+                                           "a driver (pip install sqlalchemy psycopg)") from None
+        self.url, self._sa = url, sa
+        scheme = url.split(":", 1)[0]
+        try:
+            self._engine = sa.create_engine(url, pool_pre_ping=True)
+        except ImportError as exc:
+            raise ConfigError("store_url", f"the {scheme} driver is not installed ({exc}); "
+                                           "e.g. pip install 'psycopg[binary]'") from None
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+            raise ConfigError("store_url", f"not a usable database URL {url!r}: {exc}") from None
+        ddl = _SQLITE_DDL if self._engine.dialect.name == "sqlite" else _PG_DDL
+        try:
+            with self._engine.begin() as conn:
+                if self._engine.dialect.name == "sqlite":
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+                for stmt in ddl:
+                    conn.exec_driver_sql(stmt)
+        except sa.exc.OperationalError as exc:
+            raise ConfigError("store_url", f"cannot connect to {scheme} store: "
+                                           f"{str(exc).splitlines()[0]}") from None
+
+    def _write(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+        with self._engine.begin() as conn:  # commits on exit, rolls back on error
+            for sql, params in statements:
+                conn.execute(self._sa.text(sql), params)
+
+    def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+        with self._engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(self._sa.text(sql), params or {})]
+
+    def _is_integrity_error(self, exc: Exception) -> bool:
+        return isinstance(exc, self._sa.exc.IntegrityError)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def open_store(url: str | Path) -> InteractionStore:
+    """A path (or `sqlite://` URL without a driver suffix) -> SQLiteStore; any other URL with
+    `://` -> SQLAlchemyStore (PostgreSQL etc.)."""
+    s = str(url)
+    if not s:
+        raise ConfigError("store_url", "must be a path or a database URL")
+    if "://" not in s:
+        return SQLiteStore(s)
+    return SQLAlchemyStore(s)

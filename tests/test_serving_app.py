@@ -1,0 +1,254 @@
+"""The real Serve application, started in-process once, talked to over HTTP on 127.0.0.1.
+
+The process first moves into a private network namespace (`serving.netns`): Serve replicas
+open gRPC ports on every interface, and inside the namespace only loopback exists. Where that
+is not permitted (no CAP_SYS_ADMIN) the test runs normally, HTTP still bound to 127.0.0.1.
+Variants: stable = the default hybrid config, canary = bm25, shadow = bm25 with k=3.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag.config import RAGConfig
+
+pytestmark = pytest.mark.ray
+
+BASE = {"generator": "extractive"}
+CANARY = {"variant": "bm25"}
+SHADOW = {"variant": "bm25", "k": 3}
+STABLE_ID = RAGConfig(**BASE).config_hash
+CANARY_ID = RAGConfig(**BASE, **CANARY).config_hash
+SHADOW_ID = RAGConfig(**BASE, **SHADOW).config_hash
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    import ray
+
+    from serving import netns
+    from serving.launch import start_local, stop_local
+
+    if not netns.in_private_netns():
+        if ray.is_initialized():  # e.g. rl.ppo.init_ray in an earlier module: outside the netns
+            ray.shutdown()
+        if not netns.enter_private_netns():
+            print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
+    store = tmp_path_factory.mktemp("serve") / "interactions.sqlite"
+    args = {"store_url": str(store), "base": BASE, "canary": CANARY, "shadow": SHADOW,
+            "traffic": {"canary_percent": 25.0, "shadow_percent": 0.0},
+            "limits": {"max_inflight": 8, "rate_per_s": 5.0, "burst": 20.0},
+            "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
+            "max_variants": 4}
+    t0 = time.perf_counter()
+    url = start_local(args, port=netns.free_port())
+    print(f"serve app ready in {time.perf_counter() - t0:.1f} s "
+          f"(private netns: {netns.in_private_netns()})")
+    with httpx.Client(base_url=url, timeout=60.0) as client:
+        yield client, Path(store)
+    stop_local()
+
+
+def _rows(store: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    with sqlite3.connect(store) as db:
+        return db.execute(sql, params).fetchall()
+
+
+def _ask(client: httpx.Client, question: str, **extra) -> httpx.Response:
+    return client.post("/query", json={"question": question, **extra})
+
+
+def test_healthz_and_docs(served):
+    client, _ = served
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert set(r.json()["variants"]) == {STABLE_ID, CANARY_ID, SHADOW_ID}
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/query", "/feedback", "/rl/stats", "/tuner/evaluate"} <= set(paths)
+
+
+def test_query_then_feedback_is_stored(served):
+    from rag.corpus.synthetic import make_synthetic_world
+
+    client, store = served
+    ex = make_synthetic_world().examples[0]
+    r = _ask(client, ex.question, user_id="alice", category=ex.category)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["variant_id"] in {STABLE_ID, CANARY_ID} and body["answer"]
+    assert body["context_ids"] and 0 < body["propensity"] <= 1
+    assert {"retrieve", "generate", "pipeline", "store", "total"} <= set(body["latency_ms"])
+    iid = body["interaction_id"]
+    (row,) = _rows(store, "SELECT variant_id, propensity, category, scores FROM interactions "
+                          "WHERE id = ?", (iid,))  # committed before the response was sent
+    assert row[0] == body["variant_id"] and row[2] == ex.category and '"f1"' in row[3]
+    f = client.post("/feedback", json={"interaction_id": iid, "reward": 0.75})
+    assert f.status_code == 200 and f.json()["stored"] is True
+    assert _rows(store, "SELECT reward FROM feedback WHERE interaction_id = ?", (iid,)) == \
+        [(0.75,)]
+    again = client.post("/feedback", json={"interaction_id": iid, "reward": 0.1})
+    assert again.status_code == 409 and again.json()["field"] == "interaction_id"
+
+
+def test_bad_input_is_4xx_naming_the_field(served):
+    client, store = served
+    before = _rows(store, "SELECT COUNT(*) FROM feedback")
+    cases = [("/query", {"question": ""}, 422, "question"),
+             ("/query", {"question": "   "}, 422, "question"),
+             ("/query", {"question": "x", "colour": "red"}, 422, "colour"),
+             ("/feedback", {"interaction_id": "nope", "reward": 0.5}, 404, "interaction_id"),
+             ("/feedback", {"interaction_id": "nope", "reward": 1.5}, 422, "reward"),
+             ("/tuner/evaluate", {"config": {"k": 0}}, 422, "config.k"),
+             ("/admin/traffic", {"canary_percent": 120}, 422, "canary_percent"),
+             ("/admin/traffic", {"canary_config": "deadbeef0000"}, 422, "canary_config")]
+    for path, payload, status, field in cases:
+        r = client.post(path, json=payload)
+        assert r.status_code == status, (path, payload, r.text)
+        assert r.json()["field"] == field and field in r.json()["error"]
+    assert client.get("/tuner/jobs/unknown").status_code == 404
+    assert _rows(store, "SELECT COUNT(*) FROM feedback") == before
+
+
+def test_canary_share_is_sticky_and_near_configured(served):
+    client, _ = served
+    n = 400
+
+    def one(i: int) -> tuple[str, str, float]:
+        r = _ask(client, f"Where was person {i} born?", user_id=f"user-{i}")
+        assert r.status_code == 200, r.text
+        b = r.json()
+        return b["variant_id"], b["route"], b["propensity"]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(one, range(n)))
+    share = sum(v == CANARY_ID for v, _, _ in got) / n
+    assert abs(share - 0.25) < 0.07, share  # binomial sd 2.2 pp at n=400
+    assert {p for v, _, p in got if v == CANARY_ID} == {0.25}
+    assert {p for v, _, p in got if v == STABLE_ID} == {0.75}
+    again = [_ask(client, "Where was person 1 born?", user_id=f"user-{i}").json()["variant_id"]
+             for i in range(10)]
+    assert again == [v for v, _, _ in got[:10]]  # sticky per user
+
+
+def test_shadow_is_logged_never_returned(served):
+    client, store = served
+    r = client.post("/admin/traffic", json={"shadow_percent": 100.0, "canary_percent": 0.0})
+    assert r.status_code == 200 and r.json()["shadow"] == SHADOW_ID
+    ids = []
+    for i in range(12):
+        b = _ask(client, f"Which company was founded by person {i}?", user_id=f"s-{i}").json()
+        assert b["variant_id"] == STABLE_ID != SHADOW_ID
+        ids.append(b["interaction_id"])
+    client.post("/admin/traffic", json={"shadow_percent": 0.0, "canary_percent": 25.0})
+    deadline = time.time() + 30
+    rows: list[tuple] = []
+    while time.time() < deadline:
+        q = ",".join("?" * len(ids))
+        rows = _rows(store, f"SELECT parent_id, variant_id, route FROM interactions WHERE "
+                            f"shadow = 1 AND parent_id IN ({q})", tuple(ids))
+        if len(rows) == len(ids):
+            break
+        time.sleep(0.2)
+    assert sorted(r[0] for r in rows) == sorted(ids)
+    assert {(r[1], r[2]) for r in rows} == {(SHADOW_ID, "shadow")}
+    shadow_id = _rows(store, "SELECT id FROM interactions WHERE shadow = 1 LIMIT 1")[0][0]
+    r = client.post("/feedback", json={"interaction_id": shadow_id, "reward": 1.0})
+    assert r.status_code == 422 and r.json()["field"] == "interaction_id"
+
+
+def test_rate_limit_and_bounded_queue_answer_429(served):
+    client, _ = served
+    codes = [_ask(client, "Who founded it?", user_id="spammer") for _ in range(40)]
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited and all(r.status_code in (200, 429) for r in codes)
+    assert int(limited[0].headers["Retry-After"]) >= 1
+
+    def burst(i: int) -> httpx.Response:
+        return _ask(client, f"Where is company {i}?", user_id=f"burst-{i}")
+
+    with ThreadPoolExecutor(48) as pool:
+        rs = list(pool.map(burst, range(48)))
+    busy = [r for r in rs if r.status_code == 429]
+    assert busy and "busy" in busy[0].json()["detail"] and "Retry-After" in busy[0].headers
+    assert all(r.status_code in (200, 429) for r in rs)
+
+
+def test_bandit_mode_learns_from_feedback(served):
+    client, _ = served
+    r = client.post("/admin/traffic", json={"mode": "bandit"})
+    assert r.status_code == 200 and r.json()["mode"] == "bandit"
+    for i in range(30):
+        b = _ask(client, f"In which year was company {i} founded?", user_id=f"b-{i}",
+                 category="single").json()
+        assert b["route"] == "bandit" and 0 < b["propensity"] <= 1
+        reward = 1.0 if b["variant_id"] == CANARY_ID else 0.0
+        assert client.post("/feedback", json={"interaction_id": b["interaction_id"],
+                                              "reward": reward}).status_code == 200
+    board = client.get("/rl/leaderboard", params={"category": "single"}).json()
+    rows = {row["arm"]: row for row in board["bandit"]["single"]}
+    assert sum(row["pulls"] for row in rows.values()) == 30
+    assert rows[CANARY_ID]["mean_reward"] == 1.0
+    assert rows[CANARY_ID]["pulls"] >= max(rows[STABLE_ID]["pulls"], rows[SHADOW_ID]["pulls"])
+    client.post("/admin/traffic", json={"mode": "split"})
+
+
+def test_new_canary_config_is_deployed_at_run_time(served):
+    client, _ = served
+    r = client.post("/admin/traffic", json={"canary_config": {"variant": "bm25", "k": 4},
+                                            "canary_percent": 100.0})
+    assert r.status_code == 200, r.text
+    new_id = RAGConfig(**BASE, variant="bm25", k=4).config_hash
+    assert r.json()["canary"] == new_id
+    b = _ask(client, "Which city is the capital?", user_id="dyn").json()
+    assert b["variant_id"] == new_id and len(b["context_ids"]) == 4
+    too_many = client.post("/admin/traffic", json={"canary_config": {"k": 6}})
+    assert too_many.status_code == 409  # max_variants = 4
+    client.post("/admin/traffic", json={"canary_config": CANARY_ID, "canary_percent": 25.0})
+
+
+def test_tuner_evaluate_job_completes(served):
+    client, _ = served
+    r = client.post("/tuner/evaluate", json={"config": {"variant": "bm25"}, "dataset":
+                                             "synthetic", "split": "valid", "batch_size": 20})
+    assert r.status_code == 202
+    job_id = r.json()["job_id"]
+    bad = client.post("/tuner/evaluate", json={"config": {}, "dataset": "no-such-dataset"})
+
+    def wait(jid: str) -> dict:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            job = client.get(f"/tuner/jobs/{jid}").json()
+            if job["status"] != "running":
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {jid} still running")
+
+    job = wait(job_id)
+    assert job["status"] == "done", job
+    res = job["result"]
+    assert res["n"] == 20 and res["config_hash"] == CANARY_ID and "passed" in res["gates"]
+    failed = wait(bad.json()["job_id"])
+    assert failed["status"] == "failed" and "no-such-dataset" in failed["error"], failed
+
+
+def test_stats_leaderboard_and_metrics(served):
+    client, _ = served
+    stats = client.get("/rl/stats").json()
+    assert stats["store"]["interactions"] > 0 and stats["store"]["feedback"] > 0
+    assert stats["traffic"]["stable"] == STABLE_ID
+    board = client.get("/rl/leaderboard").json()
+    assert any(row["pulls"] > 0 for row in board["variants"])
+    text = client.get("/metrics").text
+    for name in ("ragpilot_requests_total", "ragpilot_errors_total", "ragpilot_rejected_total",
+                 "ragpilot_stage_latency_seconds_bucket", "ragpilot_request_latency_seconds",
+                 "ragpilot_tokens_total", "ragpilot_feedback_reward", "ragpilot_canary_delta",
+                 "ragpilot_shadow_delta", "ragpilot_gate_status", "ragpilot_traffic_percent"):
+        assert name in text, name
+    assert f'variant="{STABLE_ID}"' in text

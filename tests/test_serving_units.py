@@ -1,0 +1,172 @@
+"""Rate limiter, in-flight gate, Prometheus metrics, tuner jobs and settings (no Ray)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from rag.errors import ConfigError
+from serving.jobs import TunerJobs
+from serving.limits import InflightGate, TokenBucketLimiter, retry_after_header
+from serving.metrics import ServeMetrics
+from serving.schemas import ServeSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_token_bucket_refills_per_client():
+    clock = Clock()
+    lim = TokenBucketLimiter(rate=2.0, burst=3, clock=clock)
+    assert [lim.acquire("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert lim.acquire("a") == pytest.approx(0.5)  # one token at 2/s
+    assert lim.acquire("b") == 0.0  # other clients are not affected
+    clock.t += 0.5
+    assert lim.acquire("a") == 0.0 and lim.acquire("a") > 0
+    clock.t += 100
+    assert [lim.acquire("a") for _ in range(4)][-1] > 0  # refill capped at burst
+
+
+def test_token_bucket_forgets_least_recent_clients():
+    lim = TokenBucketLimiter(rate=1.0, burst=1, max_clients=2, clock=Clock())
+    lim.acquire("a")
+    lim.acquire("b")
+    lim.acquire("c")
+    assert len(lim) == 2 and lim.acquire("a") == 0.0  # "a" was evicted: full bucket again
+
+
+def test_inflight_gate_and_retry_after():
+    g = InflightGate(2)
+    assert g.try_enter() and g.try_enter() and not g.try_enter()
+    g.leave()
+    assert g.try_enter() and g.peak == 2
+    assert retry_after_header(0.01) == "1" and retry_after_header(1.2) == "2"
+    with pytest.raises(ValueError):
+        InflightGate(0)
+
+
+def test_metrics_bounded_labels_and_deltas():
+    m = ServeMetrics(max_variants=2)
+    lat = {"retrieve": 10.0, "generate": 2.0, "pipeline": 13.0, "total": 15.0, "weird": 1.0}
+    m.observe_answer("stable1", "stable", lat, 100, 5, f1=0.5)
+    m.observe_answer("canary1", "canary", {**lat, "total": 25.0}, 100, 5, f1=0.75)
+    m.observe_answer("third", "canary", lat, 100, 5)
+    m.observe_feedback("stable1", "stable", 0.4)
+    m.observe_feedback("canary1", "canary", 0.9)
+    m.observe_shadow(13.0, 20.0, 0.5, 0.25)
+    m.set_gates("canary1", {"faithfulness": True, "p95_latency_ms": False})
+    m.set_traffic(10.0, 5.0)
+    m.request("query", 200)
+    m.request("feedback", 404)
+    m.request("/weird", 500)
+    text = m.render()[0].decode()
+    assert 'variant="other"' in text and 'variant="third"' not in text
+    assert 'stage="weird"' not in text
+    assert 'ragpilot_canary_delta{metric="f1"} 0.25' in text  # "third" has no gold F1
+    assert 'ragpilot_canary_delta{metric="reward"} 0.5' in text
+    assert 'ragpilot_shadow_delta{metric="latency_ms"} 7.0' in text
+    assert 'ragpilot_shadow_delta{metric="f1"} -0.25' in text
+    assert 'ragpilot_gate_status{gate="p95_latency_ms",variant="canary1"} 0.0' in text
+    assert 'ragpilot_errors_total{endpoint="feedback",kind="404"} 1.0' in text
+    assert 'ragpilot_errors_total{endpoint="other",kind="500"} 1.0' in text
+    assert 'ragpilot_tokens_total{direction="in",variant="stable1"} 100.0' in text
+    assert "ragpilot_stage_latency_seconds_bucket" in text
+
+
+def _wait(jobs: TunerJobs, job_id: str, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        j = jobs.get(job_id)
+        if j.status != "running":
+            return j.to_dict()
+        time.sleep(0.01)
+    raise AssertionError("job did not finish")
+
+
+def test_tuner_jobs_run_in_background_and_report_errors():
+    done = []
+    pool = ThreadPoolExecutor(2)
+
+    def work(req: dict) -> dict:
+        if req["config"].get("k") == 0:
+            raise ConfigError("rag.k", "Input should be greater than or equal to 1")
+        time.sleep(0.05)
+        return {"reward": 0.5, **req}
+
+    jobs = TunerJobs(lambda req: pool.submit(work, req), max_jobs=2, on_done=done.append)
+    ok = jobs.submit({"config": {"k": 5}})
+    assert jobs.get(ok.id).status == "running"  # submit returns at once
+    bad = jobs.submit({"config": {"k": 0}})
+    assert _wait(jobs, ok.id)["result"]["reward"] == 0.5
+    err = _wait(jobs, bad.id)
+    assert err["status"] == "failed" and "rag.k" in err["error"]
+    assert len(done) == 2
+    third = jobs.submit({"config": {"k": 3}})
+    _wait(jobs, third.id)
+    assert jobs.get(ok.id) is None and jobs.counts() == {"failed": 1, "done": 1}
+    broken = TunerJobs(lambda req: (_ for _ in ()).throw(RuntimeError("no cluster")))
+    assert broken.submit({}).status == "failed"
+    pool.shutdown()
+
+
+def test_settings_validate_and_name_the_key():
+    s = ServeSettings.from_args({"canary": {"variant": "bm25"}, "traffic": {"canary_percent": 5}})
+    assert s.config(s.canary).variant == "bm25" and s.config(s.stable).generator == "extractive"
+    for args, field in [({"colour": 1}, "serve.colour"),
+                        ({"canary": {"k": 0}}, "serve.canary.k"),
+                        ({"traffic": {"canary_percent": 101}}, "serve.traffic.canary_percent"),
+                        ({"bandit": {"arms": [{"nope": 1}]}}, "serve.bandit.arms.0.nope")]:
+        with pytest.raises(ConfigError) as e:
+            ServeSettings.from_args(args)
+        assert e.value.field == field, (args, e.value)
+
+
+def test_build_app_checks_the_variant_budget(tmp_path):
+    from serving.app import build_app
+
+    app = build_app({"store_url": str(tmp_path / "x.sqlite"), "canary": {"variant": "bm25"}})
+    assert app is not None
+    with pytest.raises(ConfigError, match="max_variants"):
+        build_app({"max_variants": 1, "canary": {"variant": "bm25"}})
+
+
+def test_default_yaml_builds_and_stays_on_loopback(tmp_path):
+    from serving.app import build_app
+    from serving.launch import read_serve_yaml
+
+    http, apps = read_serve_yaml("configs/serve/default.yaml")
+    assert http["host"] == "127.0.0.1"
+    args = {**apps[0]["args"], "store_url": str(tmp_path / "s.sqlite")}
+    s = ServeSettings.from_args(args)
+    assert s.pipelines.autoscaling["max_replicas"] >= 1 and s.traffic.canary_percent == 10.0
+    assert build_app(args) is not None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("applications:\n  - import_path: other.module:app\n")
+    with pytest.raises(ConfigError, match="applications.0.import_path"):
+        read_serve_yaml(bad)
+
+
+def test_cli_exports_interactions(tmp_path, capsys):
+    from serving.cli import main
+    from serving.store import Interaction, open_store
+
+    store = open_store(tmp_path / "log.sqlite")
+    store.log_interaction(Interaction("i1", "q?", "v", "stable", 1.0, "a"))
+    store.log_interaction(Interaction("i2", "q?", "w", "shadow", 0.1, "b", shadow=True,
+                                      parent_id="i1"))
+    store.add_feedback("i1", 0.5)
+    store.close()
+    out = tmp_path / "train.jsonl"
+    assert main(["export-interactions", "--store", str(tmp_path / "log.sqlite"), "--out",
+                 str(out), "--no-shadow"]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 and '"reward": 0.5' in lines[0]
+    assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
