@@ -32,7 +32,10 @@ def tuner(tmp_path_factory):
 def test_ppo_trains_within_budget_and_checkpoints(tuner, tmp_path):
     logged = []
     res = tuner.train(2, log=lambda it, m: logged.append((it, m)))
-    assert res.evaluations == 2 * 8 == len(res.curve)
+    # 2 iterations x 8 steps, then one 4-step greedy read-out episode
+    assert res.evaluations == 2 * 8 + 4 == len(res.curve)
+    assert res.extra["readout_steps"] == 4
+    assert res.best_config in (res.extra["greedy_config"], tuner.ev.seen[res.extra["incumbent_hash"]])
     assert [it for it, _ in logged] == [0, 1]
     assert "losses/entropy" in logged[-1][1] and "reward" in logged[-1][1]
     space = ConfigSpace(tuner.policy)

@@ -10,9 +10,11 @@ entropy bonus, all from `configs/rl/policy.defaults.yaml`. The categorical heads
 rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's default module
 for a Dict action space).
 
-The *result* of a run is the policy's greedy config: the deterministic action from the reset
-state, rolled for one episode; the config it settles on most often. That is what a user would
-promote, and what the benchmark scores on the holdout split.
+The *greedy config* of a run is the deterministic action from the reset state, rolled for one
+read-out episode: the config it settles on most often. The *recommendation* (`best_config`) is
+the greedy config when its read-out reward is at least the incumbent's (the best config PPO
+evaluated while training, by mean observed reward), else the incumbent: a policy that has not
+converged within the budget should not displace the best evidence it gathered.
 """
 
 from __future__ import annotations
@@ -90,7 +92,13 @@ class PPOTuner:
         return self.algo.env_runner.env.unwrapped.envs[0].unwrapped  # type: ignore[union-attr]
 
     def train(self, iterations: int, log=None) -> TuneResult:
-        """`iterations` PPO iterations; `log(iteration, metrics)` after each (MLflow hook)."""
+        """`iterations` PPO iterations, then one read-out episode of greedy actions.
+        `log(iteration, metrics)` after each iteration (MLflow hook).
+
+        The recommendation is the greedy config when its mean read-out reward is at least the
+        mean observed reward of the best config PPO evaluated while training (the incumbent);
+        otherwise the incumbent. Read-out steps are evaluations and count in the budget.
+        """
         self.build()
         t0 = time.perf_counter()
         for it in range(iterations):
@@ -98,10 +106,18 @@ class PPOTuner:
             if log is not None:
                 hist = self.env.history[-self.policy.ppo.train_batch_size:]
                 log(it, _iteration_metrics(res, hist))
-        best = self.greedy_config()
-        return TuneResult("ppo", best, len(self.env.history), curve_from_history(
-            self.env.history), time.perf_counter() - t0,
-            {"greedy_config_hash": best.config_hash, "iterations": iterations})
+        train_hist = list(self.env.history)
+        greedy, readout = self.greedy_config()
+        inc_hash, inc_mean = incumbent(train_hist)
+        g_mean = float(np.mean([h["reward"] for h in readout
+                                if h["config_hash"] == greedy.config_hash]))
+        best = greedy if g_mean >= inc_mean else self.ev.seen[inc_hash]
+        hist = train_hist + readout
+        return TuneResult("ppo", best, len(hist), curve_from_history(hist),
+                          time.perf_counter() - t0,
+                          {"greedy_config": greedy, "greedy_readout_reward": g_mean,
+                           "incumbent_hash": inc_hash, "incumbent_reward": inc_mean,
+                           "iterations": iterations, "readout_steps": len(readout)})
 
     def greedy_action(self, obs: np.ndarray) -> dict[str, Any]:
         import torch
@@ -114,21 +130,21 @@ class PPOTuner:
             act = dist.sample()
         return {k: np.asarray(v[0].cpu().numpy()) for k, v in act.items()}
 
-    def greedy_config(self) -> RAGConfig:
-        """Roll one episode with greedy actions in a scratch env; the most frequent config."""
+    def greedy_config(self) -> tuple[RAGConfig, list[dict[str, Any]]]:
+        """Roll one episode of greedy actions in a scratch env (same feature scaling); the most
+        frequent config and the read-out steps (each one an evaluation)."""
         env = TunerEnv({"seed": self.seed + 1}, evaluator=self.ev)
-        env._states = list(self.env._states)  # same feature scaling as in training
+        env._states = list(self.env._states)
         obs, _ = env.reset()
         counts: Counter[str] = Counter()
         by_hash: dict[str, RAGConfig] = {}
-        n_before = self.ev.counters["evaluations"]
         for _ in range(env.length):
-            cfg = env.space.to_config(self.greedy_action(obs), env.current)
+            action = self.greedy_action(obs)
+            cfg = env.space.to_config(action, env.current)
             counts[cfg.config_hash] += 1
             by_hash[cfg.config_hash] = cfg
-            obs, *_ = env.step(self.greedy_action(obs))
-        self.ev.counters["evaluations"] = n_before  # read-out, not search budget
-        return by_hash[counts.most_common(1)[0][0]]
+            obs, *_ = env.step(action)
+        return by_hash[counts.most_common(1)[0][0]], env.history
 
     def save(self, path: str | Path) -> str:
         return str(self.algo.save_to_path(str(Path(path).resolve())))
@@ -144,6 +160,15 @@ class PPOTuner:
         if self.algo is not None:
             self.algo.stop()
             self.algo = None
+
+
+def incumbent(history: list[dict[str, Any]]) -> tuple[str, float]:
+    """The config hash with the best mean observed reward, and that mean."""
+    sums: dict[str, list[float]] = {}
+    for h in history:
+        sums.setdefault(h["config_hash"], []).append(h["reward"])
+    best = max(sums, key=lambda k: (np.mean(sums[k]), len(sums[k])))
+    return best, float(np.mean(sums[best]))
 
 
 def _iteration_metrics(res: dict[str, Any], hist: list[dict[str, Any]]) -> dict[str, float]:

@@ -53,7 +53,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if not Path(args.resume).exists():
                 raise ConfigError("--resume", f"checkpoint {args.resume} does not exist")
             tuner.restore(args.resume)
-        iters = max(1, budget // policy.ppo.train_batch_size)
+        # the budget covers training steps and one greedy read-out episode
+        iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
         res = tuner.train(iters, log=lambda it, m: print(
             f"iteration {it + 1}/{iters}: " + " ".join(f"{k}={v:.4g}" for k, v in m.items()
                                                        if "/" not in k), flush=True))
