@@ -132,16 +132,21 @@ class DatasetSlice(_Strict):
 
 
 class PPOSettings(_Strict):
-    lr: float = Field(3e-3, gt=0.0)
+    lr: float = Field(0.01, gt=0.0)
     clip_param: float = Field(0.2, gt=0.0, le=1.0)
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
-    gamma: float = Field(0.99, ge=0.0, le=1.0)
+    gae_lambda: float | None = Field(None, ge=0.0, le=1.0)
+    """None: 0.95 in delta mode, 0 in absolute mode (see `gamma`)."""
+    gamma: float | None = Field(None, ge=0.0, le=1.0)
+    """None: 0.99 in delta mode; 0 in absolute mode, where a step's reward does not depend on
+    earlier actions (a fresh config on a fresh batch), so discounting only adds variance."""
     kl_target: float = Field(0.01, gt=0.0)
+    use_kl_loss: bool = False
+    """Adaptive KL penalty towards `kl_target`; off = clipped objective only (CleanRL-style)."""
     entropy_coeff: float = Field(0.01, ge=0.0)
-    train_batch_size: int = Field(20, ge=2)
+    train_batch_size: int = Field(10, ge=2)
     """Env steps (config evaluations) per PPO iteration."""
     minibatch_size: int = Field(10, ge=1)
-    num_epochs: int = Field(8, ge=1)
+    num_epochs: int = Field(16, ge=1)
     hidden: tuple[int, ...] = (32, 32)
 
 
@@ -191,6 +196,14 @@ class PolicyConfig(_Strict):
         return self
 
     # ---- derived ----------------------------------------------------------------------------
+    def ppo_discount(self) -> tuple[float, float]:
+        """(γ, GAE λ) with the mode-dependent defaults resolved."""
+        delta = self.action_mode == "delta"
+        g = self.ppo.gamma if self.ppo.gamma is not None else (0.99 if delta else 0.0)
+        lam = self.ppo.gae_lambda if self.ppo.gae_lambda is not None else (
+            0.95 if delta else 0.0)
+        return g, lam
+
     @property
     def ks(self) -> tuple[int, ...]:
         return tuple(k for k in self.k_grid if self.bounds.k.min <= k <= self.bounds.k.max)

@@ -5,8 +5,9 @@
     trainer.save(path) / PPOTuner.restore(path)  # checkpoints (RLlib's own format)
 
 One iteration collects `ppo.train_batch_size` env steps (config evaluations) with the local env
-runner and runs `num_epochs` of minibatch SGD: clip 0.2, GAE λ 0.95, γ 0.99, a KL target and an
-entropy bonus, all from `configs/rl/policy.defaults.yaml`. The categorical heads (variant, k,
+runner and runs `num_epochs` of minibatch SGD: clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in
+delta mode and 0/0 in absolute mode, the KL penalty optional, all from
+`configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
 rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's default module
 for a Dict action space).
 
@@ -67,14 +68,16 @@ class PPOTuner:
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
         p = self.policy.ppo
+        gamma, gae_lambda = self.policy.ppo_discount()
         return (PPOConfig()
                 .environment(TunerEnv, env_config={"evaluator": self.key, "seed": self.seed})
                 .framework("torch")
                 .env_runners(num_env_runners=0, num_envs_per_env_runner=1,
                              rollout_fragment_length=p.train_batch_size)
                 .learners(num_learners=0)
-                .training(lr=p.lr, clip_param=p.clip_param, lambda_=p.gae_lambda,
-                          gamma=p.gamma, kl_target=p.kl_target, entropy_coeff=p.entropy_coeff,
+                .training(lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda,
+                          gamma=gamma, kl_target=p.kl_target, use_kl_loss=p.use_kl_loss,
+                          entropy_coeff=p.entropy_coeff,
                           train_batch_size_per_learner=p.train_batch_size,
                           minibatch_size=p.minibatch_size, num_epochs=p.num_epochs)
                 .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(p.hidden),
