@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     from serving.tune_cmd import add_parsers as add_tuner_parsers
 
     add_tuner_parsers(sub)  # tune, report, tuner-eval
+    from serving.rollout_cmd import add_parsers as add_rollout_parsers
+
+    add_rollout_parsers(sub)  # rollout status | start | advance | rollback
     return p
 
 

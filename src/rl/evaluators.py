@@ -1,0 +1,322 @@
+"""Offline, shadow and canary evaluators with one report type, `EvaluationReport`.
+
+Every evaluator compares a candidate config with the stable one and returns the same record:
+per arm (an `ArmSummary`) the mean per-request reward, faithfulness F, relevancy R, p95 latency
+(ms), cost (tokens per request), error rate and the count of requests slower than the latency
+SLO; the reward difference candidate − stable with a 95% CI; and the candidate's hard-gate
+verdicts (`rl.policy.Thresholds`: F >= threshold, R >= threshold, p95 <= threshold; a metric that
+was not measured gives verdict None and does not fail).
+
+- `ShadowEvaluator`: mirrored traffic, so both configs answered the same requests: paired
+  (paired bootstrap of b − a, or a normal interval on the differences).
+- `CanaryEvaluator`: a live split, different requests per arm: unpaired (independent
+  bootstraps of both arms, or Welch's normal interval).
+- `OfflineEvaluator`: a dataset split replayed through both configs with the tuner's per-query
+  tables (`TunerEvaluator.table` / `per_query_reward`): paired; `rl.evaluators_log
+  .offline_from_log` instead estimates both configs' values from a logged interaction export
+  by inverse propensity scoring.
+
+The shadow and canary evaluators are pure functions of arrays (`Arm`), so they are tested and
+simulated without Serve; `rl.evaluators_log.arms_from_rows` is the thin adapter from
+`InteractionStore.export_jsonl` rows. Bad input raises `ConfigError` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.special import ndtri
+
+from rag.errors import ConfigError
+from rl.policy import Thresholds
+from rl.stats import paired_bootstrap
+
+CIMethod = Literal["bootstrap", "normal"]
+Kind = Literal["offline", "shadow", "canary"]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _arr(name: str, v: ArrayLike | None, n: int | None = None) -> np.ndarray | None:
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=np.float64).reshape(-1)
+    if n is not None and a.size != n:
+        raise ConfigError(name, f"has {a.size} values, expected {n} (one per request)")
+    if np.any(np.isinf(a)):
+        raise ConfigError(name, "contains infinite values")
+    return a
+
+
+@dataclass(frozen=True)
+class Arm:
+    """Per-request observations of one config in one batch. `reward` is required (metric
+    units); the rest are optional arrays of the same length: `latency_ms`, `error` (truthy =
+    failed request), `faithfulness`, `relevancy` (NaN = not scored), `cost` (tokens)."""
+
+    reward: ArrayLike
+    latency_ms: ArrayLike | None = None
+    error: ArrayLike | None = None
+    faithfulness: ArrayLike | None = None
+    relevancy: ArrayLike | None = None
+    cost: ArrayLike | None = None
+
+    def arrays(self, name: str) -> dict[str, np.ndarray | None]:
+        r = _arr(f"{name}.reward", self.reward)
+        if r is None or r.size < 1:
+            raise ConfigError(f"{name}.reward", "needs at least one request")
+        if np.any(np.isnan(r)):
+            raise ConfigError(f"{name}.reward", "contains NaN")
+        out: dict[str, np.ndarray | None] = {"reward": r}
+        for key in ("latency_ms", "error", "faithfulness", "relevancy", "cost"):
+            out[key] = _arr(f"{name}.{key}", getattr(self, key), r.size)
+        return out
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    """One arm of a batch. `errors` / `slow` count failed requests and requests slower than the
+    latency SLO (both None when not measured); None metrics were not measured."""
+
+    n: int
+    reward: float
+    reward_sd: float
+    faithfulness: float | None = None
+    relevancy: float | None = None
+    p95_latency_ms: float | None = None
+    cost: float | None = None
+    errors: int | None = None
+    slow: int | None = None
+
+    @property
+    def error_rate(self) -> float | None:
+        return None if self.errors is None else self.errors / max(self.n, 1)
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """The one report every evaluator returns. `diff` = candidate − stable mean reward with
+    interval [`ci_low`, `ci_high`] at level `ci` (`ci_method`), `diff_se` its standard error,
+    `diff_sd` the sd of the per-request differences (paired only). `gates`: the candidate's
+    hard-gate verdicts (None = not measured); `gates_passed`: no measured gate failed."""
+
+    kind: str
+    paired: bool
+    candidate: ArmSummary
+    stable: ArmSummary
+    diff: float
+    diff_se: float
+    ci_low: float
+    ci_high: float
+    gates: dict[str, bool | None]
+    ci: float = 0.95
+    ci_method: str = "normal"
+    diff_sd: float | None = None
+    p_value: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # the candidate's numbers, flat
+    @property
+    def n(self) -> int:
+        return self.candidate.n
+
+    @property
+    def reward(self) -> float:
+        return self.candidate.reward
+
+    @property
+    def faithfulness(self) -> float | None:
+        return self.candidate.faithfulness
+
+    @property
+    def relevancy(self) -> float | None:
+        return self.candidate.relevancy
+
+    @property
+    def p95_latency_ms(self) -> float | None:
+        return self.candidate.p95_latency_ms
+
+    @property
+    def cost(self) -> float | None:
+        return self.candidate.cost
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(v is not False for v in self.gates.values())
+
+    @property
+    def failed_gates(self) -> list[str]:
+        return [k for k, v in self.gates.items() if v is False]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gates_passed"] = self.gates_passed
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvaluationReport:
+        """Inverse of `to_dict` (extra keys such as gates_passed are ignored)."""
+        try:
+            data = {k: d[k] for k in ("kind", "paired", "diff", "diff_se", "ci_low", "ci_high",
+                                      "gates")}
+            opt = {k: d[k] for k in ("ci", "ci_method", "diff_sd", "p_value", "meta") if k in d}
+            arms = {k: ArmSummary(**d[k]) for k in ("candidate", "stable")}
+        except KeyError as exc:
+            raise ConfigError(f"report.{exc.args[0]}", "missing") from None
+        except TypeError as exc:
+            raise ConfigError("report", f"bad arm summary: {exc}") from None
+        if data["kind"] not in ("offline", "shadow", "canary"):
+            raise ConfigError("report.kind", f"must be offline|shadow|canary, got "
+                                             f"{data['kind']!r}")
+        return cls(**data, **arms, **opt)
+
+
+# --------------------------------------------------------------------------- computing
+
+
+def _summary(a: dict[str, np.ndarray | None], latency_slo_ms: float) -> ArmSummary:
+    r = a["reward"]
+    assert r is not None
+
+    def mean(key: str) -> float | None:
+        v = a[key]
+        return None if v is None or np.all(np.isnan(v)) else float(np.nanmean(v))
+
+    lat, err = a["latency_ms"], a["error"]
+    return ArmSummary(
+        n=int(r.size), reward=float(r.mean()),
+        reward_sd=float(r.std(ddof=1)) if r.size > 1 else 0.0,
+        faithfulness=mean("faithfulness"), relevancy=mean("relevancy"),
+        p95_latency_ms=None if lat is None else float(np.nanpercentile(lat, 95)),
+        cost=mean("cost"),
+        errors=None if err is None else int(np.count_nonzero(np.nan_to_num(err))),
+        slow=None if lat is None else int(np.count_nonzero(lat > latency_slo_ms)))
+
+
+def _gates(s: ArmSummary, t: Thresholds) -> dict[str, bool | None]:
+    return {"faithfulness": None if s.faithfulness is None else s.faithfulness >= t.faithfulness,
+            "relevancy": None if s.relevancy is None else s.relevancy >= t.relevancy,
+            "p95_latency_ms": None if s.p95_latency_ms is None
+            else s.p95_latency_ms <= t.p95_latency_ms}
+
+
+def unpaired_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int = 10_000, seed: int = 0,
+                       ci: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of mean(b) − mean(a), both arms resampled independently
+    (vectorised, chunked to ~2M values per matrix)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    step = max(1, 2_000_000 // max(a.size, b.size))
+    for start in range(0, n_resamples, step):
+        m = min(step, n_resamples - start)
+        out.append(b[rng.integers(0, b.size, (m, b.size))].mean(axis=1)
+                   - a[rng.integers(0, a.size, (m, a.size))].mean(axis=1))
+    d = np.concatenate(out)
+    tail = (1 - ci) / 2
+    lo, hi = np.quantile(d, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+class _Evaluator:
+    """Shared settings: gates, latency SLO (ms, for the slow-request count), CI level/method."""
+
+    kind: Kind = "canary"
+    paired = False
+
+    def __init__(self, thresholds: Thresholds | None = None, *, latency_slo_ms: float = 500.0,
+                 ci: float = 0.95, ci_method: CIMethod = "bootstrap", n_resamples: int = 10_000,
+                 seed: int = 0):
+        if ci_method not in ("bootstrap", "normal"):
+            raise ConfigError("ci_method", f"must be bootstrap|normal, got {ci_method!r}")
+        if not 0 < ci < 1:
+            raise ConfigError("ci", f"must be in (0, 1), got {ci}")
+        if not latency_slo_ms > 0:
+            raise ConfigError("latency_slo_ms", f"must be > 0, got {latency_slo_ms}")
+        self.thresholds = thresholds or Thresholds()
+        self.latency_slo_ms, self.ci, self.ci_method = latency_slo_ms, ci, ci_method
+        self.n_resamples, self.seed = n_resamples, seed
+
+    def evaluate(self, stable: Arm, candidate: Arm, **meta: Any) -> EvaluationReport:
+        s, c = stable.arrays("stable"), candidate.arrays("candidate")
+        rs, rc = s["reward"], c["reward"]
+        assert rs is not None and rc is not None
+        z = float(ndtri(0.5 + self.ci / 2))
+        diff_sd = p = None
+        if self.paired:
+            if rs.size != rc.size:
+                raise ConfigError("candidate.reward", f"paired batch needs equal lengths, got "
+                                                      f"{rc.size} and stable {rs.size}")
+            d = rc - rs
+            diff = float(d.mean())
+            diff_sd = float(d.std(ddof=1)) if d.size > 1 else 0.0
+            se = diff_sd / math.sqrt(d.size)
+            if self.ci_method == "bootstrap" and d.size > 1:
+                b = paired_bootstrap(rs, rc, self.n_resamples, self.seed, self.ci)
+                lo, hi, p = b.ci_low, b.ci_high, b.p_value
+            else:
+                lo, hi = diff - z * se, diff + z * se
+        else:
+            diff = float(rc.mean() - rs.mean())
+            var = sum(float(x.var(ddof=1)) / x.size if x.size > 1 else 0.0 for x in (rs, rc))
+            se = math.sqrt(var)
+            if self.ci_method == "bootstrap" and min(rs.size, rc.size) > 1:
+                lo, hi = unpaired_bootstrap(rs, rc, self.n_resamples, self.seed, self.ci)
+            else:
+                lo, hi = diff - z * se, diff + z * se
+        cand = _summary(c, self.latency_slo_ms)
+        return EvaluationReport(self.kind, self.paired, cand, _summary(s, self.latency_slo_ms),
+                                diff, float(se), float(lo), float(hi),
+                                _gates(cand, self.thresholds), self.ci, self.ci_method,
+                                diff_sd, p, dict(meta))
+
+
+class ShadowEvaluator(_Evaluator):
+    """Mirrored traffic: request i was answered by both configs (paired)."""
+
+    kind: Kind = "shadow"
+    paired = True
+
+
+class CanaryEvaluator(_Evaluator):
+    """Live split: the arms answered different requests (unpaired)."""
+
+    kind: Kind = "canary"
+    paired = False
+
+
+class OfflineEvaluator(_Evaluator):
+    """Replay of a dataset split through both configs via `rl.evaluation.TunerEvaluator`
+    per-query tables (computed once, cached): paired by query. Per-request reward is
+    `TunerEvaluator.per_query_reward`; F, R, latency and tokens come from the same tables."""
+
+    kind: Kind = "offline"
+    paired = True
+
+    def __init__(self, tuner_evaluator: Any, **kwargs: Any):
+        kwargs.setdefault("thresholds", tuner_evaluator.thresholds)
+        kwargs.setdefault("latency_slo_ms", tuner_evaluator.thresholds.p95_latency_ms)
+        super().__init__(**kwargs)
+        self.ev = tuner_evaluator
+
+    def arm(self, config: Any, split: str | None = None) -> Arm:
+        split = split or self.ev.slice.tune_split
+        tab = self.ev.table(config, split)
+        f, r = self.ev.quality(tab)
+        return Arm(self.ev.per_query_reward(tab), tab["latency_ms"], None, f, r, tab["tokens"])
+
+    def compare(self, stable: Any, candidate: Any, split: str | None = None) -> EvaluationReport:
+        """Report of `candidate` vs `stable` (RAGConfigs) on `split` (default: the tune split)."""
+        split = split or self.ev.slice.tune_split
+        return super().evaluate(self.arm(stable, split), self.arm(candidate, split),
+                                dataset=self.ev.data.name, split=split,
+                                stable_hash=stable.config_hash,
+                                candidate_hash=candidate.config_hash)

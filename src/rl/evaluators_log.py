@@ -1,0 +1,106 @@
+"""Adapters from logged interactions (`serving.store.InteractionStore.export_jsonl` rows, plain
+dicts) to the evaluators of `rl.evaluators`: IPS offline comparison over the log, and the
+(stable, candidate) arms of a shadow or canary batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtri
+
+from rag.errors import ConfigError
+from rl.evaluators import Arm, EvaluationReport, Kind, _gates, _summary
+from rl.policy import Thresholds
+
+
+def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str, *,
+                     ci: float = 0.95, thresholds: Thresholds | None = None,
+                     latency_slo_ms: float = 500.0) -> EvaluationReport:
+    """IPS comparison from logged interactions (`export_jsonl` rows with feedback): each served,
+    rated row i with variant a_i, propensity p_i and reward r_i contributes
+    (1[a_i = candidate] − 1[a_i = stable]) r_i / p_i, whose mean is an unbiased estimate of
+    V(candidate) − V(stable) (always serving one or the other); normal CI from those terms.
+    The arm summaries hold the rows each config actually served."""
+    rows = [r for r in rows if not r.get("shadow") and r.get("reward") is not None]
+    if not rows:
+        raise ConfigError("rows", "no served rows with a reward")
+    terms, by = [], {stable: [], candidate: []}
+    for i, r in enumerate(rows):
+        p = float(r.get("propensity") or 0.0)
+        if not 0 < p <= 1:
+            raise ConfigError(f"rows[{i}].propensity", f"must be in (0, 1], got {p}")
+        v = r.get("variant_id")
+        sign = 1.0 if v == candidate else -1.0 if v == stable else 0.0
+        terms.append(sign * float(r["reward"]) / p)
+        if v in by:
+            by[v].append(r)
+    for name, got in (("stable", by[stable]), ("candidate", by[candidate])):
+        if not got:
+            raise ConfigError(name, f"no rated rows served by {name} variant")
+    t = np.asarray(terms)
+    se = float(t.std(ddof=1) / math.sqrt(t.size)) if t.size > 1 else 0.0
+    z = float(ndtri(0.5 + ci / 2))
+    arms = {k: _row_arm(v) for k, v in by.items()}
+    c = _summary(arms[candidate].arrays("candidate"), latency_slo_ms)
+    s = _summary(arms[stable].arrays("stable"), latency_slo_ms)
+    diff = float(t.mean())
+    return EvaluationReport("offline", False, c, s, diff, se, diff - z * se, diff + z * se,
+                            _gates(c, thresholds or Thresholds()), ci, "ips-normal",
+                            meta={"estimator": "ips", "rows": int(t.size)})
+
+
+# --------------------------------------------------------------------------- log adapter
+
+
+def _row_reward(r: Mapping[str, Any], reward_key: str | None) -> float:
+    if reward_key:
+        v = (r.get("scores") or {}).get(reward_key)
+        if v is not None:
+            return float(v)
+    return float("nan") if r.get("reward") is None else float(r["reward"])
+
+
+def _row_arm(rows: list[Mapping[str, Any]], reward_key: str | None = None) -> Arm:
+    def score(key: str) -> list[float]:
+        return [float((r.get("scores") or {}).get(key, np.nan)) for r in rows]
+
+    return Arm([_row_reward(r, reward_key) for r in rows],
+               [float(sum((r.get("latency_ms") or {}).values())) for r in rows],
+               [bool(r.get("error", False)) for r in rows], score("faithfulness"),
+               score("relevancy"),
+               [float(r.get("tokens_in", 0) + r.get("tokens_out", 0)) for r in rows])
+
+
+def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str,
+                   kind: Kind, reward_key: str | None = None) -> tuple[Arm, Arm]:
+    """(stable, candidate) arms from `InteractionStore.export_jsonl` rows.
+
+    shadow: each shadow row of the candidate is paired with the served stable row it mirrors
+    (`parent_id`); canary: served rows per variant. Reward = `scores[reward_key]` when given
+    and present, else the joined feedback `reward`; rows without a reward are skipped.
+    Latency = sum of the per-stage ms; cost = tokens in + out; `error` if a row carries one."""
+    rows = list(rows)
+    if kind == "shadow":
+        served = {r["id"]: r for r in rows if not r.get("shadow") and r.get("variant_id") == stable}
+        pairs = [(served[r["parent_id"]], r) for r in rows
+                 if r.get("shadow") and r.get("variant_id") == candidate
+                 and r.get("parent_id") in served]
+        pairs = [(s, c) for s, c in pairs if not (math.isnan(_row_reward(s, reward_key))
+                                                 or math.isnan(_row_reward(c, reward_key)))]
+        if not pairs:
+            raise ConfigError("rows", f"no rated shadow pairs of {candidate} against {stable}")
+        return (_row_arm([s for s, _ in pairs], reward_key),
+                _row_arm([c for _, c in pairs], reward_key))
+    if kind != "canary":
+        raise ConfigError("kind", f"must be shadow or canary, got {kind!r}")
+    out = []
+    for name, variant in (("stable", stable), ("candidate", candidate)):
+        got = [r for r in rows if not r.get("shadow") and r.get("variant_id") == variant
+               and not math.isnan(_row_reward(r, reward_key))]
+        if not got:
+            raise ConfigError(name, f"no rated rows served by {variant}")
+        out.append(_row_arm(got, reward_key))
+    return out[0], out[1]

@@ -1,0 +1,399 @@
+"""Evidence-gated promotion: candidate → shadow → canary_5 → canary_25 → full, or rolled_back.
+
+    sm = PromotionStateMachine.start("runs/rollout", candidate="3f2a…", stable="9c1d…",
+                                     manifest_id="hotpotqa@1a2b3c4d5e6f")
+    sm.observe(report)   # an EvaluationReport (rl.evaluators): offline, shadow or canary batch
+    sm.advance()         # one stage up when the evidence suffices, else refuses and says why
+    sm.rollback("reason"); PromotionStateMachine.load("runs/rollout")  # state.json survives
+
+Evidence, per stage (the stage's reports must be of the stage's kind):
+  candidate  one offline report (replay, paired): 95% CI of candidate − stable reward above 0.
+  shadow     paired shadow batches;  canary_5 / canary_25: unpaired canary batches.
+             A group sequential test (Lan-DeMets spending, O'Brien–Fleming by default, the
+             boundaries of `rl.stats.SequentialTest`) over `looks` planned looks at equal
+             fractions of `max_n` candidate requests: look k is taken when the stage has
+             accumulated k/looks · max_n requests; efficacy when z >= b_k, i.e. when the
+             repeated-confidence lower bound diff − b_k·se is above 0 (that bound, one-sided
+             at 1 − alpha, is the "CI above 0" for these stages, valid over repeated looks).
+             Harm: z <= −h_k (Pocock spending at `harm_alpha` by default) rolls back. The last
+             planned look without efficacy is inconclusive: rollback (or hold, `on_inconclusive`).
+  every stage after candidate also needs `min_clean_batches` consecutive batches without a
+             hard-gate violation, and error-budget burn rates at most `advance_max_burn_rate`.
+Automatic rollback, at any stage (full included): a batch with a hard-gate violation; a
+significantly worse reward (harm boundary; offline: CI entirely below 0); a fast error-budget
+burn: the one-sided 95% Wilson lower bound of the stage's candidate error rate (or of its
+fraction of requests slower than `slo.latency_ms`) exceeds `slo.max_burn_rate` × the budget.
+
+Every transition is appended to `audit.jsonl` (time, from, to, reason, config hashes, dataset
+manifest id, code commit, evidence numbers); with `mlflow: true` also an MLflow run. Config,
+boundaries and audit helpers: `rl.rollout_config`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+from rl.evaluators import EvaluationReport
+from rl.rollout_config import (  # noqa: F401
+    AUDIT_FILE,
+    DEFAULTS_PATH,
+    SLO,
+    RolloutConfig,
+    _jsonable,
+    _log_mlflow,
+    boundaries,
+    read_audit,
+    wilson_lower,
+)
+
+STAGES = ("candidate", "shadow", "canary_5", "canary_25", "full")
+ROLLED_BACK = "rolled_back"
+TESTED = ("shadow", "canary_5", "canary_25")
+KIND = {"candidate": "offline", "shadow": "shadow", "canary_5": "canary", "canary_25": "canary"}
+CANARY_PERCENT = {"candidate": 0.0, "shadow": 0.0, "canary_5": 5.0, "canary_25": 25.0,
+                  "full": 100.0, ROLLED_BACK: 0.0}
+STATE_FILE = "state.json"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class Decision:
+    """What `observe` / `advance` / `rollback` did: action advance | rollback | hold | ready |
+    refused, the stage before and after, why, and the evidence numbers it rests on."""
+
+    action: str
+    from_stage: str
+    to_stage: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fresh_evidence() -> dict[str, Any]:
+    return {"batches": 0, "clean_streak": 0, "n": 0, "sum": 0.0, "sumsq": 0.0,
+            "s_n": 0, "s_sum": 0.0, "s_sumsq": 0.0, "req": 0, "errors": 0, "err_n": 0,
+            "slow": 0, "lat_n": 0, "looks": [], "efficacy": False, "offline": None}
+
+
+@dataclass
+class RolloutState:
+    rollout_id: str
+    candidate: str
+    stable: str
+    manifest_id: str
+    code_commit: str
+    stage: str = "candidate"
+    started: float = field(default_factory=time.time)
+    evidence: dict[str, Any] = field(default_factory=_fresh_evidence)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    row_cursor: float = 0.0
+    """Unix time of the newest interaction row already counted (log adapters skip older rows,
+    so a cumulative export is never counted twice); reset to the transition time on every
+    transition, so a stage never sees the previous stage's traffic."""
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class PromotionStateMachine:
+    """See the module doc. `state_dir=None` keeps everything in memory (simulations); the audit
+    records are then only in `self.audit`."""
+
+    def __init__(self, state: RolloutState, config: RolloutConfig,
+                 state_dir: str | Path | None = None):
+        self.state, self.config = state, config
+        self.dir = Path(state_dir) if state_dir is not None else None
+        self.audit: list[dict[str, Any]] = []
+
+    @classmethod
+    def start(cls, state_dir: str | Path | None, candidate: str, stable: str,
+              manifest_id: str = "unknown", config: RolloutConfig | None = None,
+              code_commit: str | None = None, force: bool = False) -> PromotionStateMachine:
+        """A new rollout at stage `candidate`. Refuses to replace an active one unless
+        `force` (a finished or rolled-back rollout is replaced; the audit log keeps growing)."""
+        for name, v in (("candidate", candidate), ("stable", stable)):
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(name, "must be a non-empty config hash")
+        if candidate == stable:
+            raise ConfigError("candidate", "is the stable config; nothing to roll out")
+        config = config or RolloutConfig()
+        if state_dir is not None and (Path(state_dir) / STATE_FILE).exists() and not force:
+            old = cls.load(state_dir)
+            if old.state.stage not in ("full", ROLLED_BACK):
+                raise ConfigError("state", f"rollout {old.state.rollout_id} is active at stage "
+                                           f"{old.state.stage}; roll it back or pass --force")
+        if code_commit is None:
+            from rl.tracking import code_commit as _commit
+
+            code_commit = _commit()
+        st = RolloutState(uuid.uuid4().hex[:12], candidate, stable, manifest_id, code_commit,
+                          config=config.model_dump(mode="json"))
+        sm = cls(st, config, state_dir)
+        sm._record("start", "none", "candidate", "rollout started", {})
+        return sm
+
+    @classmethod
+    def load(cls, state_dir: str | Path) -> PromotionStateMachine:
+        p = Path(state_dir) / STATE_FILE
+        if not p.exists():
+            raise ConfigError("state", f"no rollout state in {state_dir} (run `ragpilot rollout "
+                                       "start` first)")
+        try:
+            data = json.loads(p.read_text())
+            st = RolloutState(**data)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ConfigError("state", f"{p} is not a rollout state file: {exc}") from None
+        return cls(st, RolloutConfig.from_dict(st.config), state_dir)
+
+    def save(self) -> None:
+        if self.dir is None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(asdict(self.state), indent=1, default=float))
+        os.replace(tmp, self.dir / STATE_FILE)
+
+    @property
+    def stage(self) -> str:
+        return self.state.stage
+
+    @property
+    def done(self) -> bool:
+        return self.stage in ("full", ROLLED_BACK)
+
+    def traffic(self) -> dict[str, float]:
+        """Router split for the current stage (`serving.router.Router.set_traffic` keys)."""
+        return {"canary_percent": CANARY_PERCENT[self.stage],
+                "shadow_percent": self.config.shadow_percent if self.stage == "shadow" else 0.0}
+
+    # ---- evidence -------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Evidence numbers of the current stage: n, diff, se, z, boundaries, burn rates."""
+        e, c = self.state.evidence, self.config
+        out: dict[str, Any] = {"stage": self.stage, "batches": e["batches"],
+                               "clean_streak": e["clean_streak"], "n": e["n"]}
+        if self.stage == "candidate":
+            out["offline"] = e["offline"]
+        elif self.stage in TESTED:
+            plan = getattr(c.stages, self.stage)
+            out.update(self._test_stats())
+            out.update({"looks_taken": len(e["looks"]), "looks_planned": plan.looks,
+                        "max_n": plan.max_n, "efficacy": e["efficacy"],
+                        "last_look": e["looks"][-1] if e["looks"] else None})
+        out.update(self._burn())
+        return out
+
+    def _test_stats(self) -> dict[str, float | None]:
+        e = self.state.evidence
+        n = e["n"]
+        if n < 2:
+            return {"diff": None, "se": None, "z": None}
+        if self.stage == "shadow":  # paired differences
+            mean = e["sum"] / n
+            var = max(0.0, (e["sumsq"] - n * mean * mean) / (n - 1))
+            se = math.sqrt(var / n)
+        else:
+            sn = e["s_n"]
+            if sn < 2:
+                return {"diff": None, "se": None, "z": None}
+            mc, ms = e["sum"] / n, e["s_sum"] / sn
+            vc = max(0.0, (e["sumsq"] - n * mc * mc) / (n - 1))
+            vs = max(0.0, (e["s_sumsq"] - sn * ms * ms) / (sn - 1))
+            mean, se = mc - ms, math.sqrt(vc / n + vs / sn)
+        z = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
+        return {"diff": mean, "se": se, "z": z}
+
+    def _burn(self) -> dict[str, float | None]:
+        e, slo = self.state.evidence, self.config.slo
+        out: dict[str, float | None] = {"error_burn": None, "error_burn_low": None,
+                                        "latency_burn": None, "latency_burn_low": None}
+        if e["err_n"]:
+            out["error_burn"] = e["errors"] / e["err_n"] / slo.error_budget
+            out["error_burn_low"] = wilson_lower(e["errors"], e["err_n"]) / slo.error_budget
+        if e["lat_n"]:
+            out["latency_burn"] = e["slow"] / e["lat_n"] / slo.latency_budget
+            out["latency_burn_low"] = wilson_lower(e["slow"], e["lat_n"]) / slo.latency_budget
+        return out
+
+    def _accumulate(self, r: EvaluationReport) -> None:
+        e = self.state.evidence
+        e["batches"] += 1
+        e["clean_streak"] = e["clean_streak"] + 1 if r.gates_passed else 0
+        c, s = r.candidate, r.stable
+        if c.errors is not None:
+            e["errors"] += c.errors
+            e["err_n"] += c.n
+        if c.slow is not None:
+            e["slow"] += c.slow
+            e["lat_n"] += c.n
+        if self.stage == "candidate":
+            e["n"] = c.n
+            e["offline"] = {"diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                            "ci": r.ci, "n": c.n, "method": r.ci_method}
+            return
+        if self.stage == "shadow":
+            sd = r.diff_sd if r.diff_sd is not None else 0.0
+            e["n"] += c.n
+            e["sum"] += c.n * r.diff
+            e["sumsq"] += (c.n - 1) * sd * sd + c.n * r.diff * r.diff
+            return
+        e["n"] += c.n
+        e["sum"] += c.n * c.reward
+        e["sumsq"] += (c.n - 1) * c.reward_sd ** 2 + c.n * c.reward ** 2
+        e["s_n"] += s.n
+        e["s_sum"] += s.n * s.reward
+        e["s_sumsq"] += (s.n - 1) * s.reward_sd ** 2 + s.n * s.reward ** 2
+
+    def observe(self, report: EvaluationReport) -> Decision:
+        """Add one batch report to the current stage's evidence; take a planned look when one
+        is due; roll back automatically on a breach. With `auto_advance`, also advance."""
+        if self.stage == ROLLED_BACK:
+            raise ConfigError("state", "the rollout was rolled back; start a new one")
+        expected = KIND.get(self.stage)
+        if expected is not None and report.kind != expected:
+            raise ConfigError("report.kind", f"stage {self.stage} takes {expected} reports, "
+                                             f"got {report.kind}")
+        self._accumulate(report)
+        ev = {"batch_n": report.n, "batch_diff": report.diff, "gates": report.gates}
+        if not report.gates_passed:
+            return self.rollback(f"hard gate breach: {', '.join(report.failed_gates)}", ev)
+        burn, slo = self._burn(), self.config.slo
+        for key in ("error_burn_low", "latency_burn_low"):
+            if burn[key] is not None and burn[key] > slo.max_burn_rate:
+                what = key.split("_")[0]
+                return self.rollback(f"{what} budget burning at >= {burn[key]:.2f}x "
+                                     f"(limit {slo.max_burn_rate}x)", {**ev, **burn})
+        if self.stage == "candidate":
+            off = self.state.evidence["offline"]
+            if off["ci_high"] < 0:
+                return self.rollback("offline reward significantly worse (CI below 0)", off)
+        elif self.stage in TESTED and not self.state.evidence["efficacy"]:
+            d = self._look()
+            if d is not None:
+                return d
+        if self.stage == "full":
+            self.save()
+            return Decision("hold", "full", "full", "monitoring at full traffic", ev)
+        ok, why = self.ready()
+        if ok and self.config.auto_advance:
+            return self.advance()
+        self.save()
+        return Decision("ready" if ok else "hold", self.stage, self.stage, why, self.summary())
+
+    def _look(self) -> Decision | None:
+        e, c = self.state.evidence, self.config
+        plan = getattr(c.stages, self.stage)
+        due = min(plan.looks, int(e["n"] * plan.looks // plan.max_n))
+        if due <= len(e["looks"]):
+            return None
+        t = self._test_stats()
+        if t["z"] is None:
+            return None
+        k = due - 1
+        b = boundaries(plan.looks, c.alpha, c.spending)[k]
+        h = boundaries(plan.looks, c.harm_alpha, c.harm_spending)[k]
+        look = {"look": due, "n": e["n"], "diff": t["diff"], "se": t["se"], "z": t["z"],
+                "boundary": b, "harm_boundary": -h,
+                "rci_low": t["diff"] - b * t["se"] if math.isfinite(b) else None}
+        e["looks"].append(look)
+        if t["z"] >= b:
+            e["efficacy"] = True
+            return None
+        if t["z"] <= -h:
+            return self.rollback("reward significantly worse than stable", look)
+        if due == plan.looks:
+            if c.on_inconclusive == "rollback":
+                return self.rollback("inconclusive: no significant gain after the final look",
+                                     look)
+            e["efficacy"] = None  # hold: spent, waiting for an operator
+        return None
+
+    def ready(self) -> tuple[bool, str]:
+        """Whether the current stage's evidence suffices to advance, and what is missing."""
+        e, c = self.state.evidence, self.config
+        if self.done:
+            return False, f"rollout is {self.stage}"
+        missing = []
+        if self.stage == "candidate":
+            off = e["offline"]
+            if off is None:
+                return False, "needs an offline report (ragpilot rollout advance --evidence)"
+            if off["ci"] < c.offline_ci - 1e-9:
+                missing.append(f"an offline CI at level >= {c.offline_ci} (got {off['ci']})")
+            if not off["ci_low"] > 0:
+                missing.append(f"offline {off['ci']:.0%} CI lower bound {off['ci_low']:.4f} "
+                               "above 0")
+            return not missing, "needs: " + "; ".join(missing) if missing else "offline CI > 0"
+        if e["efficacy"] is None:
+            missing.append("sequential test ended inconclusive (hold): roll back or restart")
+        elif not e["efficacy"]:
+            last = e["looks"][-1] if e["looks"] else None
+            plan = getattr(c.stages, self.stage)
+            where = (f"look {last['look']}/{plan.looks}: z={last['z']:.2f} < {last['boundary']:.2f}"
+                     if last else f"no look yet: {e['n']}/{plan.max_n // plan.looks} requests")
+            missing.append(f"reward gain not yet significant ({where})")
+        if e["clean_streak"] < c.min_clean_batches:
+            missing.append(f"{c.min_clean_batches} consecutive gate-clean batches "
+                           f"(have {e['clean_streak']})")
+        burn = self._burn()
+        for key in ("error_burn", "latency_burn"):
+            if burn[key] is not None and burn[key] > c.slo.advance_max_burn_rate:
+                missing.append(f"{key} {burn[key]:.2f} > {c.slo.advance_max_burn_rate}")
+        if not missing:
+            return True, "evidence suffices"
+        return False, "needs: " + "; ".join(missing)
+
+    def advance(self) -> Decision:
+        """Move one stage up when `ready()`; otherwise refuse (state unchanged)."""
+        if self.stage == ROLLED_BACK:
+            return Decision("refused", self.stage, self.stage, "the rollout was rolled back")
+        ok, why = self.ready()
+        if not ok:
+            return Decision("refused", self.stage, self.stage, why, self.summary())
+        frm, to = self.stage, STAGES[STAGES.index(self.stage) + 1]
+        ev = self.summary()
+        self._record("advance", frm, to, why, ev)
+        return Decision("advance", frm, to, why, ev)
+
+    def rollback(self, reason: str, evidence: dict[str, Any] | None = None) -> Decision:
+        if self.stage == ROLLED_BACK:
+            return Decision("refused", ROLLED_BACK, ROLLED_BACK, "already rolled back")
+        if not reason or not reason.strip():
+            raise ConfigError("reason", "a rollback needs a reason")
+        frm, ev = self.stage, {**self.summary(), **(evidence or {})}
+        self._record("rollback", frm, ROLLED_BACK, reason, ev)
+        return Decision("rollback", frm, ROLLED_BACK, reason, ev)
+
+    def _record(self, action: str, frm: str, to: str, reason: str, evidence: dict) -> None:
+        st = self.state
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ts": time.time(),
+               "rollout_id": st.rollout_id, "action": action, "from": frm, "to": to,
+               "reason": reason, "config_hash": st.candidate, "stable_hash": st.stable,
+               "dataset_manifest_id": st.manifest_id, "code_commit": st.code_commit,
+               "traffic_canary_percent": CANARY_PERCENT[to],
+               "evidence": _jsonable(evidence)}
+        st.stage, st.row_cursor = to, rec["ts"]
+        st.evidence = _fresh_evidence()
+        st.history.append({k: rec[k] for k in ("time", "action", "from", "to", "reason")})
+        self.audit.append(rec)
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with (self.dir / AUDIT_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        self.save()
+        if self.config.mlflow:
+            _log_mlflow(self.config, rec)

@@ -1,0 +1,154 @@
+"""Rollout policy (`RolloutConfig`, documented in configs/rl/rollout.yaml), the sequential
+boundaries and burn-rate bound the promotion state machine (`rl.rollout`) uses, and its audit
+log helpers (JSONL reader, MLflow logging)."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rag.config import _to_config_error
+from rag.errors import ConfigError
+from rl.policy import REPO, Thresholds
+from rl.stats import SequentialTest
+
+DEFAULTS_PATH = REPO / "configs" / "rl" / "rollout.yaml"
+AUDIT_FILE = "audit.jsonl"
+
+# --------------------------------------------------------------------------- config
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StagePlan(_Strict):
+    looks: int = Field(5, ge=1, le=20)
+    """Planned interim analyses (the last one is final)."""
+    max_n: int = Field(..., ge=10)
+    """Candidate requests (shadow: request pairs) at the final look."""
+
+
+class SLO(_Strict):
+    error_budget: float = Field(0.005, gt=0.0, lt=1.0)
+    """Allowed fraction of failed requests (availability SLO 99.5%)."""
+    latency_ms: float = Field(500.0, gt=0.0)
+    latency_budget: float = Field(0.05, gt=0.0, lt=1.0)
+    """Allowed fraction of requests slower than latency_ms (a p95 latency SLO)."""
+    max_burn_rate: float = Field(2.0, gt=0.0)
+    """Rollback when a burn rate's 95% lower bound exceeds this (fast burn)."""
+    advance_max_burn_rate: float = Field(1.0, gt=0.0)
+    """Advancing needs observed burn rates at most this (not eating the budget)."""
+
+
+class Stages(_Strict):
+    shadow: StagePlan = StagePlan(looks=5, max_n=1500)
+    canary_5: StagePlan = StagePlan(looks=5, max_n=1600)
+    canary_25: StagePlan = StagePlan(looks=5, max_n=2000)
+
+
+class RolloutConfig(_Strict):
+    alpha: float = Field(0.05, gt=0.0, lt=0.5)
+    """One-sided type-I error per tested stage (promoting a candidate that is not better)."""
+    spending: Literal["obrien_fleming", "pocock"] = "obrien_fleming"
+    harm_alpha: float = Field(0.05, gt=0.0, lt=0.5)
+    harm_spending: Literal["obrien_fleming", "pocock"] = "pocock"
+    offline_ci: float = Field(0.95, gt=0.0, lt=1.0)
+    min_clean_batches: int = Field(3, ge=1)
+    on_inconclusive: Literal["rollback", "hold"] = "rollback"
+    auto_advance: bool = False
+    """Advance inside `observe` as soon as the evidence suffices (the CLI advances explicitly)."""
+    shadow_percent: float = Field(100.0, gt=0.0, le=100.0)
+    """Share of stable traffic mirrored to the candidate during shadow."""
+    stages: Stages = Stages()
+    thresholds: Thresholds = Thresholds()
+    slo: SLO = SLO()
+    mlflow: bool = False
+    mlflow_experiment: str = "rl_rollout"
+    mlflow_dir: str = "runs/mlflow"
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RolloutConfig:
+        if isinstance(data, dict) and set(data) == {"rollout"}:
+            data = data["rollout"]
+        if not isinstance(data, dict):
+            raise ConfigError("rollout", "must be a mapping")
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            raise _to_config_error(exc, "rollout") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RolloutConfig:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("rollout", f"file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("rollout", f"{p} is not valid YAML: {exc}") from None
+        return cls.from_dict(data)
+
+
+# --------------------------------------------------------------------------- boundaries
+
+
+@lru_cache(maxsize=64)
+def boundaries(looks: int, alpha: float, kind: str) -> tuple[float, ...]:
+    """One-sided z boundaries of `looks` equally spaced looks (SequentialTest's plan)."""
+    return SequentialTest(looks, alpha=alpha, kind=kind, alternative="greater").plan.z  # type: ignore[arg-type]
+
+
+def wilson_lower(k: int, n: int, z: float = 1.6448536) -> float:
+    """One-sided Wilson lower bound of a binomial proportion k/n."""
+    if n <= 0:
+        return 0.0
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if hasattr(x, "item"):
+        return _jsonable(x.item())
+    return x
+
+
+def read_audit(state_dir: str | Path) -> list[dict[str, Any]]:
+    """Every audit record of `state_dir`, oldest first."""
+    p = Path(state_dir) / AUDIT_FILE
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def _log_mlflow(config: RolloutConfig, rec: dict[str, Any]) -> None:
+    import mlflow
+
+    from rl.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(config.mlflow_dir))
+    mlflow.set_experiment(config.mlflow_experiment)
+    with mlflow.start_run(run_name=f"{rec['rollout_id']}-{rec['from']}-to-{rec['to']}"):
+        mlflow.set_tags({k: str(rec[k]) for k in ("rollout_id", "action", "from", "to",
+                                                  "config_hash", "stable_hash",
+                                                  "dataset_manifest_id", "code_commit")})
+        mlflow.log_params({"reason": rec["reason"][:250]})
+        nums = {k: float(v) for k, v in rec["evidence"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if nums:
+            mlflow.log_metrics(nums)
+        mlflow.log_text(json.dumps(rec, indent=2, sort_keys=True), "transition.json")

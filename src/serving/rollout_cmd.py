@@ -1,0 +1,292 @@
+"""`ragpilot rollout status|start|advance|rollback`: evidence-gated promotion from the shell.
+
+    ragpilot rollout start --candidate runs/tune-hotpot/best_config.yaml --stable 9c1d2e3f4a5b \\
+        --manifest configs/splits/hotpotqa.json [--config configs/rl/rollout.yaml]
+    ragpilot rollout status [--json]
+    ragpilot rollout advance --evidence runs/offline_report.json      # candidate -> shadow
+    ragpilot rollout advance --evidence runs/serve/interactions.jsonl # shadow / canary batches
+    ragpilot rollout rollback --reason "p95 regression seen on the dashboard"
+
+State lives in `--state-dir` (default runs/rollout): `state.json` (resumable) and `audit.jsonl`
+(append-only, one line per transition). `--evidence` takes EvaluationReport JSON
+(`rl.evaluators`; one object, a list, or JSONL of them) or an interaction export
+(`ragpilot export-interactions`, JSONL rows), which is turned into one report of the stage's
+kind: offline (IPS over the whole log), shadow (paired mirrored rows) or canary (split rows).
+Shadow/canary use only rows newer than the state's `row_cursor` (the newest row already
+counted, reset at every transition), so a cumulative export can be passed again safely.
+Exit codes: 0 advanced (or, for status/start/rollback, done); 1 evidence did not suffice or
+the rollout was rolled back (the message says why); 2 bad input, naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+
+DEFAULT_DIR = "runs/rollout"
+_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+
+
+def _config_id(flag: str, value: str) -> str:
+    """A RAG config YAML path -> its config hash; otherwise the value must be a variant id."""
+    p = Path(value)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        from rag.config import RAGConfig
+
+        if not p.exists():
+            raise ConfigError(flag, f"file {p} does not exist")
+        return RAGConfig.from_yaml(p).config_hash
+    if not _ID.match(value):
+        raise ConfigError(flag, f"must be a config hash / variant id or a config YAML, got "
+                                f"{value!r}")
+    return value
+
+
+def _manifest_id(value: str | None) -> str:
+    if not value:
+        return "unknown"
+    p = Path(value)
+    if p.exists():
+        return f"{p.stem}@{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
+    if not _ID.match(value):
+        raise ConfigError("--manifest", f"must be a manifest file or an id, got {value!r}")
+    return value
+
+
+def router_settings(sm: Any) -> dict[str, Any]:
+    """Body for `Router.set_traffic` / `POST /admin/traffic` at the rollout's stage."""
+    t = sm.traffic()
+    stage = sm.stage
+    return {"mode": "split", "canary_percent": t["canary_percent"],
+            "shadow_percent": t["shadow_percent"],
+            "canary": sm.state.candidate if stage in ("canary_5", "canary_25") else None,
+            "shadow": sm.state.candidate if stage == "shadow" else None,
+            "stable": sm.state.candidate if stage == "full" else sm.state.stable}
+
+
+# --------------------------------------------------------------------------- evidence files
+
+
+def _read_json_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise ConfigError("--evidence", f"file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".jsonl":
+            out = []
+            for i, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ConfigError("--evidence", f"{path}:{i}: not JSON ({exc.msg})"
+                                          ) from None
+            return out
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("--evidence", f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    records = data if isinstance(data, list) else [data]
+    if not all(isinstance(r, dict) for r in records):
+        raise ConfigError("--evidence", f"{path}: expected JSON objects")
+    return records
+
+
+def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
+                      thresholds: Any = None) -> list[Any]:
+    """EvaluationReports from an evidence file, for the rollout's current stage."""
+    from rl.evaluators import (
+        CanaryEvaluator,
+        EvaluationReport,
+        ShadowEvaluator,
+    )
+    from rl.evaluators_log import arms_from_rows, offline_from_log
+    from rl.rollout import KIND
+
+    recs = _read_json_records(Path(path))
+    if not recs:
+        raise ConfigError("--evidence", f"{path} is empty")
+    if all("kind" in r and "candidate" in r for r in recs):
+        return [EvaluationReport.from_dict(r) for r in recs]
+    if not all("variant_id" in r for r in recs):
+        raise ConfigError("--evidence", f"{path}: neither evaluation reports nor interaction "
+                                        "rows (need 'kind'+'candidate' or 'variant_id')")
+    cfg, st = sm.config, sm.state
+    kind = KIND.get(sm.stage, "canary")
+    if kind == "offline":  # the logged history before the rollout is what IPS replays
+        return [offline_from_log(recs, st.stable, st.candidate, thresholds=cfg.thresholds,
+                                 latency_slo_ms=cfg.slo.latency_ms)]
+    fresh = [r for r in recs if float(r.get("ts") or 0.0) > st.row_cursor]
+    if not fresh:
+        print(f"{path}: no interaction rows newer than the last batch counted "
+              f"(ts > {st.row_cursor:.3f}); nothing added")
+        return []
+    recs = fresh
+    st.row_cursor = max(float(r["ts"]) for r in recs)  # saved by the next observe
+    ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
+    ev = ev_cls(thresholds or cfg.thresholds, latency_slo_ms=cfg.slo.latency_ms)
+    stable, cand = arms_from_rows(recs, st.stable, st.candidate, kind, reward_key)
+    return [ev.evaluate(stable, cand, source=str(path))]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return Path(getattr(args, "state_dir", None) or DEFAULT_DIR)
+
+
+def _print_decision(d: Any) -> None:
+    print(f"{d.action}: {d.from_stage} -> {d.to_stage}: {d.reason}")
+
+
+def status_dict(state_dir: str | Path) -> dict[str, Any]:
+    from rl.rollout import PromotionStateMachine
+
+    sm = PromotionStateMachine.load(state_dir)
+    ok, why = sm.ready()
+    return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
+            "candidate": sm.state.candidate, "stable": sm.state.stable,
+            "dataset_manifest_id": sm.state.manifest_id, "code_commit": sm.state.code_commit,
+            "traffic": router_settings(sm), "ready": ok, "why": why,
+            "evidence": sm.summary(), "history": sm.state.history,
+            "audit_log": str(Path(state_dir) / "audit.jsonl")}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = status_dict(_state_dir(args))
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+        return 0
+    t = st["traffic"]
+    print(f"rollout {st['rollout_id']}: {st['candidate']} (candidate) vs {st['stable']} "
+          f"(stable), manifest {st['dataset_manifest_id']}, commit {st['code_commit'][:10]}")
+    print(f"stage {st['stage']}: canary {t['canary_percent']:g}% ({t['canary']}), shadow "
+          f"{t['shadow_percent']:g}% ({t['shadow']}), stable {t['stable']}")
+    ev = st["evidence"]
+    nums = {k: v for k, v in ev.items() if isinstance(v, (int, float)) and v is not None
+            and not isinstance(v, bool)}
+    print("evidence: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in nums.items()))
+    print(f"{'ready to advance' if st['ready'] else 'not ready'}: {st['why']}")
+    for h in st["history"][-5:]:
+        print(f"  {h['time']} {h['action']}: {h['from']} -> {h['to']} ({h['reason']})")
+    print(f"audit log: {st['audit_log']}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+
+    cfg = RolloutConfig.from_yaml(args.config or DEFAULTS_PATH)
+    if args.mlflow:
+        cfg = cfg.model_copy(update={"mlflow": True})
+    sm = PromotionStateMachine.start(_state_dir(args), _config_id("--candidate", args.candidate),
+                                     _config_id("--stable", args.stable),
+                                     _manifest_id(args.manifest), cfg, force=args.force)
+    print(f"started rollout {sm.state.rollout_id}: {sm.state.candidate} vs {sm.state.stable} "
+          f"at stage candidate; state and audit log in {_state_dir(args)}")
+    print("next: ragpilot rollout advance --evidence <offline report JSON>")
+    return 0
+
+
+def cmd_advance(args: argparse.Namespace) -> int:
+    from rl.rollout import PromotionStateMachine
+
+    sm = PromotionStateMachine.load(_state_dir(args))
+    if sm.done:
+        print(f"refused: rollout is {sm.stage}; start a new one")
+        return 1
+    reports = [r for path in args.evidence for r in reports_from_file(path, sm, args.reward_key)]
+    for rep in reports:
+        d = sm.observe(rep)
+        if d.action == "rollback":
+            _print_decision(d)
+            print("rolled back: set the router to stable only (ragpilot rollout status shows "
+                  "the traffic split); see runbooks/canary_promotion.md")
+            return 1
+        if d.action == "advance":  # auto_advance configured
+            _print_decision(d)
+            return 0
+    d = sm.advance()
+    _print_decision(d)
+    if d.action == "advance":
+        t = router_settings(sm)
+        print(f"apply traffic: canary {t['canary_percent']:g}%, shadow {t['shadow_percent']:g}%"
+              f" (canary={t['canary']}, shadow={t['shadow']})")
+        return 0
+    return 1
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from rl.rollout import PromotionStateMachine
+
+    if not args.reason or not args.reason.strip():
+        raise ConfigError("--reason", "a rollback needs a reason")
+    sm = PromotionStateMachine.load(_state_dir(args))
+    d = sm.rollback(f"manual: {args.reason}")
+    _print_decision(d)
+    return 0 if d.action == "rollback" else 1
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("rollout", help="evidence-gated promotion: status | start | advance | "
+                                       "rollback")
+    rs = p.add_subparsers(dest="rollout_cmd", required=True)
+
+    def common(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--state-dir", default=DEFAULT_DIR,
+                       help="state.json and audit.jsonl (default runs/rollout)")
+
+    s = rs.add_parser("status", help="stage, traffic split, evidence, what is missing")
+    common(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    s = rs.add_parser("start", help="begin a rollout of a candidate config at stage candidate")
+    common(s)
+    s.add_argument("--candidate", required=True, help="config hash or RAG config YAML")
+    s.add_argument("--stable", required=True, help="config hash or RAG config YAML")
+    s.add_argument("--manifest", help="dataset split manifest file (hashed) or an id")
+    s.add_argument("--config", help="rollout policy YAML (configs/rl/rollout.yaml)")
+    s.add_argument("--mlflow", action="store_true", help="also log transitions to MLflow")
+    s.add_argument("--force", action="store_true", help="replace an active rollout")
+    s.set_defaults(func=cmd_start)
+
+    s = rs.add_parser("advance", help="add evidence, then move one stage up if it suffices")
+    common(s)
+    s.add_argument("--evidence", action="append", default=[], metavar="FILE",
+                   help="EvaluationReport JSON/JSONL or an interaction export (repeatable)")
+    s.add_argument("--reward-key", help="take the reward from scores[KEY] (shadow rows)")
+    s.set_defaults(func=cmd_advance)
+
+    s = rs.add_parser("rollback", help="roll the candidate back now (recorded in the audit log)")
+    common(s)
+    s.add_argument("--reason", required=True)
+    s.set_defaults(func=cmd_rollback)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serving.rollout_cmd rollout ...`: the same commands without the full CLI
+    (bad input -> `error: <field>: <message>` on stderr and exit code 2, like `ragpilot`)."""
+    import sys
+
+    from rag.errors import RagError
+
+    parser = argparse.ArgumentParser(prog="ragpilot")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RagError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
