@@ -12,16 +12,21 @@ lexical          share of the claim's content tokens (lower-cased, stop words re
 cosine           MiniLM cosine of claim and "title: sentence", clipped to [0, 1]
 answer_in_context  1 when the normalised answer span occurs verbatim in the passage (title +
                  text), else the share of its content tokens found there
-gate             share of the claim's entity/number tokens found anywhere in the contexts
+gate             missing_entity_penalty (0.5) ** the number of the claim's entity/number stems
+                 found nowhere in the contexts (one invented name or number -> score <= 0.5)
 
-and the claim is *supported* when that score is >= `SupportConfig.threshold` (0.6). Sentences
+A sentence claim found verbatim (normalised) in a passage scores 1 there. The claim is
+*supported* when its score is >= `SupportConfig.threshold` (0.6). Sentences
 whose score cannot reach the threshold even at cosine 1 are not embedded (exact pruning: the
 supported / not-supported decision is the same as without it; only the reported maximum of an
 unsupported claim may be a lower bound).
 
 Embeddings are batch-invariant: texts are grouped by exact token length, so no text is ever
-padded, and encoded in chunks of at least two (a lone text is paired with itself); on CPU torch
-this gives bit-identical vectors whatever else is in the batch (checked in tests/test_quality.py).
+padded, and every encoder call has the same shape (`chunk` = 2 texts of one length; a lone text
+is paired with itself). Row results of a fixed-shape call do not depend on the other rows, so a
+text gets bit-identical vectors whatever else is in the batch (checked in tests/test_quality.py;
+on CPU torch, batches of different sizes differ in the last bits for short texts, and larger
+fixed chunks were no faster on 1-2 threads).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import numpy as np
 from rag.metrics.qa import normalize_answer
 from rag.types import Context
 
-STOPWORDS = frozenset("""
+_STOP_TEXT = """
 a about above after again against all am an and any are aren't as at be because been before being
 below between both but by can cannot could couldn't did didn't do does doesn't doing don't down
 during each few for from further had hadn't has hasn't have haven't having he he'd he'll he's her
@@ -51,19 +56,26 @@ that that's the their theirs them themselves then there there's these they they'
 they've this those through to too under until up very was wasn't we we'd we'll we're we've were
 weren't what what's when when's where where's which while who who's whom why why's with won't
 would wouldn't you you'd you'll you're you've your yours yourself yourselves also s t d ll m re ve
-whose does did yes
-""".split())
+whose does did yes don doesn didn isn wasn aren weren hasn haven hadn couldn wouldn shouldn
+"""
+STOPWORDS = frozenset(_STOP_TEXT.split())
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CITE = re.compile(r"\s*\[\d+(?:\s*[,;\-]\s*\d+)*\]")
-_AUX = frozenset("is are was were be been being am has have had do does did will would shall "
-                 "should can could may might must".split())
-_PRONOUNS = frozenset("he she it they we i you there this these those".split())
-_VERBS = frozenset("became become won wrote made took went began led ran grew gave held sold "
-                   "left met saw built became moved lives live lived plays works worked".split())
-_ABBREV = frozenset("mr mrs ms dr prof st jr sr vs etc inc ltd co corp no fig jan feb mar apr "
-                    "jun jul aug sep sept oct nov dec mt ft gen col lt sgt rev hon gov sen rep "
-                    "e.g i.e u.s u.k approx".split())
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_AUX = _words("is are was were be been being am has have had do does did will would shall "
+              "should can could may might must")
+_PRONOUNS = _words("he she it they we i you there this these those")
+_VERBS = _words("became become won wrote made took went began led ran grew gave held sold "
+                "left met saw built moved lives live lived plays works worked")
+_ABBREV = _words("mr mrs ms dr prof st jr sr vs etc inc ltd co corp no fig jan feb mar apr "
+                 "jun jul aug sep sept oct nov dec mt ft gen col lt sgt rev hon gov sen rep "
+                 "e.g i.e u.s u.k approx")
 _SENT_END = re.compile(r"([.!?])([\"')\]]*)\s+(?=[\"'(\[]?[A-Z0-9])")
 _COMMA_CONJ = re.compile(r",\s+(?:and|but|while|whereas|yet|although|though)\s+", re.I)
 _BUT = re.compile(r"\s+(?:but|whereas)\s+", re.I)
@@ -153,9 +165,16 @@ def _subject(clause: str) -> str:
     return ""
 
 
+def _has_object(clause: str) -> bool:
+    """Words follow the clause's first verb ("designed" in "X designed and built Y" has none,
+    so the verbs share an object and are not split)."""
+    words = clause.split()
+    return any(_verbish(w) and j < len(words) - 1 for j, w in enumerate(words[:7]))
+
+
 def _split_and(clause: str, subject: str) -> list[str]:
     """Split "A and B" when B is a clause: it starts with a pronoun subject (3+ words) or with a
-    verb (2+ words; then A's subject is prepended)."""
+    verb (2+ words) after a complete A (then A's subject is prepended)."""
     for m in _AND.finditer(clause):
         left, right = clause[:m.start()].strip(), clause[m.end():].strip()
         rw = right.split()
@@ -164,7 +183,7 @@ def _split_and(clause: str, subject: str) -> list[str]:
         first = rw[0].lower()
         if first in _PRONOUNS and len(rw) >= 3:
             return [left, *_split_and(right, _subject(right) or subject)]
-        if _verbish(rw[0]) and len(rw) >= 2 and subject:
+        if _verbish(rw[0]) and len(rw) >= 2 and subject and _has_object(left):
             return [left, *_split_and(f"{subject} {right}", subject)]
     return [clause]
 
@@ -182,9 +201,7 @@ def split_clauses(sentence: str) -> list[str]:
                     pieces.extend(_split_and(b, _subject(b) or _subject(sentence)))
     merged: list[str] = []
     for p in pieces:
-        if merged and len(set(content_tokens(p))) < 2:
-            merged[-1] = f"{merged[-1]} {p}"
-        elif merged and len(set(content_tokens(merged[-1]))) < 2:
+        if merged and min(len(set(content_tokens(x))) for x in (p, merged[-1])) < 2:
             merged[-1] = f"{merged[-1]} {p}"
         else:
             merged.append(p)
@@ -193,7 +210,8 @@ def split_clauses(sentence: str) -> list[str]:
 
 def is_noncommittal(text: str) -> bool:
     """An abstention: rag.generation.prompts.INSUFFICIENT, "I don't know", "the passages do not
-    say", "cannot be determined", "unknown", ... (a fixed pattern list, not a model)."""
+    say", "cannot be determined", "unknown", ... (a fixed pattern list, not a model), found at
+    the start of the answer or anywhere in an answer of at most 15 words."""
     from rag.generation.prompts import INSUFFICIENT
 
     norm = normalize_answer(strip_citations(text))
@@ -201,7 +219,9 @@ def is_noncommittal(text: str) -> bool:
         return True
     if norm.startswith(normalize_answer(INSUFFICIENT)) or norm in _NONCOMMITTAL_EXACT:
         return True
-    return bool(_NONCOMMITTAL.search(norm.replace("'", "")))
+    m = _NONCOMMITTAL.search(norm)
+    # a long answer that says what it cannot answer but answers the rest is not an abstention
+    return bool(m) and (m.start() == 0 or len(norm.split()) <= 15)
 
 
 def is_yes_no(text: str) -> bool:
@@ -258,7 +278,7 @@ class Embedder:
     special tokens included) encoded for it, and `cache_hits`.
     """
 
-    def __init__(self, encoder=None, encoder_name: str = "minilm", chunk: int = 32,
+    def __init__(self, encoder=None, encoder_name: str = "minilm", chunk: int = 2,
                  max_cache: int = 200_000):
         self._encoder = encoder
         self.encoder_name = encoder_name
@@ -277,11 +297,6 @@ class Embedder:
 
             self._encoder = Encoder.from_registry(self.encoder_name)
         return self._encoder
-
-    @property
-    def fingerprint(self) -> str:
-        enc = self._encoder
-        return getattr(enc, "fingerprint", "") if enc is not None else self.encoder_name
 
     def _lengths(self, texts: list[str]) -> list[int]:
         model = getattr(self.encoder, "model", None)
@@ -323,8 +338,8 @@ class Embedder:
                 for j in range(0, len(idx), self.chunk):
                     part = idx[j:j + self.chunk]
                     batch = [texts[i] for i in part]
-                    vecs = self.encoder.encode(batch * 2 if len(batch) == 1 else batch,
-                                               batch_size=max(2, len(batch)))
+                    batch += [batch[0]] * (self.chunk - len(batch))  # every call is (chunk, n)
+                    vecs = self.encoder.encode(batch, batch_size=self.chunk)
                     for metric in {owner[keys[i]] for i in part}:
                         self.usage[metric]["encoder_calls"] += 1
                     for r, i in enumerate(part):
@@ -358,7 +373,7 @@ class SupportConfig:
     threshold: float = 0.6
     lexical_weight: float = 0.5
     span_weight: float = 0.5
-    entity_gate: bool = True
+    missing_entity_penalty: float = 0.5  # gate = penalty ** (entity/number stems not found)
 
 
 @dataclass(frozen=True)
@@ -435,11 +450,15 @@ class SupportJob:
                 self.base[i] = ws * span + (1 - ws) * wl * lex
                 self.cos_w[i] = (1 - ws) * (1 - wl)
             else:
-                gate = 1.0
-                if cfg.entity_gate and cl.key:
-                    gate = sum(_covered(k, pool) for k in cl.key) / len(cl.key)
+                missing = sum(not _covered(k, pool) for k in cl.key)
+                gate = cfg.missing_entity_penalty ** missing
                 self.base[i] = gate * wl * lex
                 self.cos_w[i] = gate * (1 - wl)
+                norm = normalize_answer(cl.text)
+                verbatim = np.array([bool(norm) and f" {norm} " in p.norm for p in ps])
+                if n_u and verbatim.any():  # copied from a context: supported outright
+                    hit = verbatim[self.unit_ctx]
+                    self.base[i, hit], self.cos_w[i, hit] = 1.0, 0.0
         self.need = (self.base + self.cos_w) >= cfg.threshold - 1e-12
 
     def texts(self) -> list[str]:
