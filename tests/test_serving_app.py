@@ -8,6 +8,7 @@ Variants: stable = the default hybrid config, canary = bm25, shadow = bm25 with 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +46,7 @@ def served(tmp_path_factory):
             "traffic": {"canary_percent": 25.0, "shadow_percent": 0.0},
             "limits": {"max_inflight": 8, "rate_per_s": 5.0, "burst": 20.0},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
-            "max_variants": 4}
+            "max_variants": 4, "rollout_dir": str(store.parent / "rollout")}
     t0 = time.perf_counter()
     url = start_local(args, port=netns.free_port())
     print(f"serve app ready in {time.perf_counter() - t0:.1f} s "
@@ -252,3 +253,38 @@ def test_stats_leaderboard_and_metrics(served):
                  "ragpilot_shadow_delta", "ragpilot_gate_status", "ragpilot_traffic_percent"):
         assert name in text, name
     assert f'variant="{STABLE_ID}"' in text
+
+
+OFFLINE_WIN = {"kind": "offline", "paired": True, "diff": 0.05, "diff_se": 0.01,
+               "ci_low": 0.03, "ci_high": 0.07,
+               "gates": {"faithfulness": True, "relevancy": True, "p95_latency_ms": True},
+               "candidate": {"n": 500, "reward": 0.6, "reward_sd": 0.2},
+               "stable": {"n": 500, "reward": 0.55, "reward_sd": 0.2}}
+
+
+def test_rollout_admin_api_drives_the_router(served):
+    """start -> offline evidence -> shadow (router mirrors the candidate) -> rollback (router
+    back to stable only), with every transition in the audit log. Runs last: it moves traffic."""
+    client, store = served
+    assert client.get("/admin/rollout").status_code == 404
+    bad = client.post("/admin/rollout/start", json={"candidate": "nope"})
+    assert bad.status_code == 404 and "candidate" in bad.text
+    r = client.post("/admin/rollout/start", json={"candidate": CANARY_ID, "manifest_id": "t"})
+    assert r.status_code == 200, r.text
+    assert r.json()["stage"] == "candidate" and r.json()["traffic"]["canary_percent"] == 0
+    junk = client.post("/admin/rollout/advance", json={"reports": [{"kind": "offline"}]})
+    assert junk.status_code == 422 and "reports.0" in junk.text
+    adv = client.post("/admin/rollout/advance", json={"reports": [OFFLINE_WIN]}).json()
+    assert adv["decision"]["action"] == "advance" and adv["stage"] == "shadow"
+    assert adv["traffic"]["shadow"] == CANARY_ID and adv["traffic"]["shadow_percent"] > 0
+    assert client.get("/admin/traffic").json()["shadow"] == CANARY_ID
+    st = client.get("/admin/rollout").json()
+    assert st["stage"] == "shadow" and st["candidate"] == CANARY_ID
+    rb = client.post("/admin/rollout/rollback", json={"reason": "test"}).json()
+    assert rb["stage"] == "rolled_back"
+    t = client.get("/admin/traffic").json()
+    assert t["shadow"] is None and t["canary"] is None and t["canary_percent"] == 0
+    audit = (store.parent / "rollout" / "audit.jsonl").read_text().splitlines()
+    assert [json.loads(x)["to"] for x in audit][-2:] == ["shadow", "rolled_back"]
+    assert client.post("/admin/rollout/advance", json={}).status_code == 409
+    client.post("/admin/traffic", json={"canary_config": CANARY_ID, "canary_percent": 25.0})

@@ -46,6 +46,9 @@ from serving.schemas import (
     FeedbackRequest,
     QueryRequest,
     QueryResponse,
+    RolloutAdvanceRequest,
+    RolloutRollbackRequest,
+    RolloutStartRequest,
     ServeSettings,
     TrafficRequest,
 )
@@ -254,6 +257,91 @@ class Ingress:
     @api.get("/admin/traffic")
     async def get_traffic(self) -> dict[str, Any]:
         return self.router.state()
+
+    # ---- evidence-gated promotion (rl.rollout; same state as `ragpilot rollout`) -----------
+    def _rollout(self):
+        from rl.rollout import PromotionStateMachine
+
+        d = Path(self.settings.rollout_dir)
+        if not (d / "state.json").exists():
+            raise ApiError("rollout", f"no rollout in {d}; POST /admin/rollout/start", 404)
+        return PromotionStateMachine.load(d)
+
+    def _apply_rollout_traffic(self, sm) -> dict[str, Any]:
+        """Point the router at the split the rollout's stage asks for."""
+        from serving.rollout_cmd import router_settings
+
+        t = router_settings(sm)
+        if sm.stage == "full":
+            self.router.stable = sm.state.candidate
+        state = self.router.set_traffic("split", t["canary_percent"], t["shadow_percent"],
+                                        t["canary"], t["shadow"])
+        self.metrics.set_traffic(self.router.traffic.canary_percent,
+                                 self.router.traffic.shadow_percent)
+        return state
+
+    @api.get("/admin/rollout")
+    async def rollout_status(self) -> dict[str, Any]:
+        from serving.rollout_cmd import status_dict
+
+        self._rollout()
+        return jsonable_encoder(status_dict(self.settings.rollout_dir))
+
+    @api.post("/admin/rollout/start")
+    async def rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
+        from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+
+        for name, vid in (("candidate", body.candidate), ("stable", body.stable)):
+            if vid is not None and vid not in self.handles:
+                raise ApiError(name, f"no deployed variant {vid!r} (have: "
+                                     f"{', '.join(sorted(self.handles))})", 404)
+        sm = PromotionStateMachine.start(self.settings.rollout_dir, body.candidate,
+                                         body.stable or self.router.stable, body.manifest_id,
+                                         RolloutConfig.from_yaml(DEFAULTS_PATH),
+                                         force=body.force)
+        return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
+                "traffic": self._apply_rollout_traffic(sm)}
+
+    @api.post("/admin/rollout/advance")
+    async def rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
+        from rl.evaluators import EvaluationReport
+        from serving.rollout_cmd import reports_from_file
+
+        sm = self._rollout()
+        if sm.done:
+            raise ApiError("rollout", f"rollout is {sm.stage}; start a new one", 409)
+        reports = []
+        for i, r in enumerate(body.reports):
+            try:
+                reports.append(EvaluationReport.from_dict(r))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ApiError(f"reports.{i}", f"not an EvaluationReport: {exc}") from None
+        if body.from_log:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "interactions.jsonl"
+                await asyncio.to_thread(self.store.export_jsonl, path)
+                if path.stat().st_size:
+                    reports += reports_from_file(path, sm)
+        decision = None
+        for rep in reports:
+            decision = sm.observe(rep)
+            if decision.action in ("rollback", "advance"):
+                break
+        if decision is None or decision.action not in ("rollback", "advance"):
+            decision = sm.advance()
+        return {"decision": {"action": decision.action, "from": decision.from_stage,
+                             "to": decision.to_stage, "reason": decision.reason},
+                "stage": sm.stage, "traffic": self._apply_rollout_traffic(sm)}
+
+    @api.post("/admin/rollout/rollback")
+    async def rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
+        sm = self._rollout()
+        d = sm.rollback(f"manual (API): {body.reason}")
+        return {"decision": {"action": d.action, "from": d.from_stage, "to": d.to_stage,
+                             "reason": d.reason}, "stage": sm.stage,
+                "traffic": self._apply_rollout_traffic(sm)}
 
     @api.post("/admin/traffic")
     async def set_traffic(self, body: TrafficRequest) -> dict[str, Any]:

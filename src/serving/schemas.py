@@ -116,6 +116,9 @@ class ServeSettings(_Strict):
     """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
     max_jobs: int = Field(256, ge=1)
     """Finished tuner jobs kept in memory (oldest forgotten first)."""
+    rollout_dir: str = "runs/rollout"
+    """State and audit log of the promotion state machine (`/admin/rollout/*`, the same
+    directory `ragpilot rollout --state-dir` uses)."""
 
     @model_validator(mode="after")
     def _configs_valid(self) -> ServeSettings:
@@ -192,6 +195,28 @@ class TrafficRequest(_Strict):
     shadow_percent: float | None = Field(None, ge=0.0, le=100.0)
     canary_config: dict[str, Any] | str | None = None
     shadow_config: dict[str, Any] | str | None = None
+
+
+class RolloutStartRequest(_Strict):
+    candidate: str = Field(min_length=1, max_length=64)
+    """Variant id (config hash) of a deployed pipeline to promote."""
+    stable: str | None = Field(None, max_length=64)
+    """Variant id it is compared with (default: the router's stable)."""
+    manifest_id: str = Field("unknown", max_length=128)
+    force: bool = False
+    """Replace an unfinished rollout."""
+
+
+class RolloutAdvanceRequest(_Strict):
+    reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+    """EvaluationReport objects (rl.evaluators) to observe before trying to advance."""
+    from_log: bool = False
+    """Also build the stage's report from this app's interaction log (rows since the last
+    batch counted)."""
+
+
+class RolloutRollbackRequest(_Strict):
+    reason: str = Field(min_length=1, max_length=500)
 
 
 class EvaluateRequest(_Strict):
