@@ -105,3 +105,24 @@ def test_grid_is_the_ceiling_and_baselines_keep_budget(ev, small_policy):
         assert res.evaluations == 12 == len(res.curve), res.method
         # no static config on the full split beats the grid's best
         assert ev.evaluate(res.best_config).reward <= max(rewards.values()) + 1e-9
+
+
+def test_offline_evaluator_replays_real_tables(ev, small_policy):
+    """The rollout's offline gate on the real stack: paired per-query rewards from the tuner's
+    tables; a config compared with itself has Δ = 0 exactly, and the report's Δ is the mean of
+    the per-query reward differences."""
+    from rl.evaluators import OfflineEvaluator
+
+    off = OfflineEvaluator(ev, ci_method="normal")
+    space = ConfigSpace(small_policy)
+    stable = space.make("bm25", 3, "off", 0.5, "cite_concise")
+    cand = space.make("hybrid", 8, "off", 0.5, "cite_concise")
+    same = off.compare(stable, stable)
+    assert same.kind == "offline" and same.paired and same.diff == 0.0
+    rep = off.compare(stable, cand)
+    split = ev.slice.tune_split
+    want = (ev.per_query_reward(ev.table(cand, split))
+            - ev.per_query_reward(ev.table(stable, split))).mean()
+    assert rep.n == len(ev.data.examples(split)) and rep.diff == pytest.approx(want)
+    assert rep.ci_low <= rep.diff <= rep.ci_high
+    assert rep.meta["candidate_hash"] == cand.config_hash
