@@ -126,3 +126,20 @@ def test_offline_evaluator_replays_real_tables(ev, small_policy):
     assert rep.n == len(ev.data.examples(split)) and rep.diff == pytest.approx(want)
     assert rep.ci_low <= rep.diff <= rep.ci_high
     assert rep.meta["candidate_hash"] == cand.config_hash
+
+
+def test_quality_scorer_metrics_can_play_f_and_r(data, small_policy, ev, tmp_path):
+    """`q_` metrics come from the local RAGAS-compatible QualityScorer; its context recall is
+    gold passages among the contexts, i.e. the gold-based recall@k of the same table."""
+    pol = small_policy.with_overrides(datasets={"synthetic": {
+        "faithfulness": "q_faithfulness", "relevancy": "q_answer_relevancy"}})
+    qev = TunerEvaluator(data, pol, cache_root=tmp_path)
+    assert qev.uses_quality and not ev.uses_quality
+    cfg = ConfigSpace(pol).make("hybrid", 5, "off", 0.5, "cite_concise")
+    rep = qev.evaluate(cfg)
+    tab = qev.table(cfg, "valid")
+    assert rep.faithfulness == pytest.approx(np.nanmean(tab["q_faithfulness"]))
+    assert 0 < rep.faithfulness <= 1 and 0 < rep.relevancy <= 1
+    np.testing.assert_allclose(tab["q_context_recall"], tab["recall@k"], atol=1e-9)
+    # gold-only tables are keyed apart: the plain evaluator never sees q_ columns
+    assert "q_faithfulness" not in ev.table(cfg, "valid")

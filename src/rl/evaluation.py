@@ -15,7 +15,10 @@ machine, not a fresh wall-clock: the same config always gets the same latency.
 
 Which per-query metrics play F and R is per dataset (`PolicyConfig.datasets`): e.g. HotpotQA
 F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact (no answers)
-F = `recall@k` (context recall), R = `ndcg@10` of the reranked list.
+F = `recall@k` (context recall), R = `ndcg@10` of the reranked list. Naming a `q_` metric
+(`q_faithfulness`, `q_answer_relevancy`, `q_context_precision`, `q_context_recall`) scores every
+answer with `rag.metrics.quality.QualityScorer` (the local RAGAS-compatible metrics) as well; its
+tables are keyed apart from gold-only ones.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from rl.reward import StepMetrics, reward
 
 ROWS_VERSION = "rows-v1"
 STAGES = ("retrieve", "rerank", "select", "generate")
+QUALITY_PREFIX = "q_"
+"""Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
+QUALITY_VERSION = "quality-v1"
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -145,11 +151,25 @@ class TunerEvaluator:
         self.counters = {"evaluations": 0, "tables_computed": 0, "queries_computed": 0}
         self.seen: dict[str, RAGConfig] = {}
         """Every config evaluated, by hash (reports value incumbents named by hash)."""
+        self.uses_quality = any(m.startswith(QUALITY_PREFIX)
+                                for m in (self.slice.faithfulness, self.slice.relevancy))
+        self._quality = None
+
+    @property
+    def quality_scorer(self):
+        """The local RAGAS-compatible scorer, loaded on first use (only when F or R names a
+        `q_` metric)."""
+        if self._quality is None:
+            from rag.metrics.quality import QualityScorer
+
+            self._quality = QualityScorer()
+        return self._quality
 
     # ---- tables ---------------------------------------------------------------------------
     def _key(self, config: RAGConfig, split: str) -> str:
         ex = self.data.examples(split)
-        return f"{ROWS_VERSION}:{self.data.name}:{split}:{_ids_fingerprint(ex)}:" \
+        tag = f":{QUALITY_VERSION}" if self.uses_quality else ""
+        return f"{ROWS_VERSION}{tag}:{self.data.name}:{split}:{_ids_fingerprint(ex)}:" \
                f"{config.config_hash}"
 
     def table(self, config: RAGConfig, split: str) -> QueryTable:
@@ -181,6 +201,7 @@ class TunerEvaluator:
         pipe = Pipeline(self.memo, config, self.resources)  # type: ignore[arg-type]
         gen = self.resources.generator(config.generator, config.device)
         rows: list[dict[str, float]] = []
+        answers: list[Answer] = []
         for e in examples:
             q = e.question
             lat: dict[str, float] = {}
@@ -208,6 +229,11 @@ class TunerEvaluator:
             row["latency_ms"] = sum(lat.values())
             row["tokens"] = float(g.tokens_in + g.tokens_out)
             rows.append(row)
+            answers.append(ans)
+        if self.uses_quality:
+            scored = self.quality_scorer.score_batch(answers, list(examples))
+            for row, q in zip(rows, scored, strict=True):
+                row.update({QUALITY_PREFIX + m: v for m, v in q.items()})
         self.counters["tables_computed"] += 1
         self.counters["queries_computed"] += len(examples)
         keys = sorted({k for r in rows for k in r})
