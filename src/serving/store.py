@@ -57,7 +57,7 @@ _PG_DDL = [
                   .replace(" REAL", " DOUBLE PRECISION"),
     _SQLITE_DDL[2],
     """CREATE OR REPLACE FUNCTION ragpilot_append_only() RETURNS trigger AS $$
-       BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END $$ LANGUAGE plpgsql""",
+       BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$ LANGUAGE plpgsql""",
     *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}
           FOR EACH ROW EXECUTE FUNCTION ragpilot_append_only()"""
       for t in ("interactions", "feedback")],
