@@ -13,7 +13,10 @@ cosine           MiniLM cosine of claim and "title: sentence", clipped to [0, 1]
 answer_in_context  1 when the normalised answer span occurs verbatim in the passage (title +
                  text), else the share of its content tokens found there
 gate             missing_entity_penalty (0.5) ** the number of the claim's entity/number stems
-                 found nowhere in the contexts (one invented name or number -> score <= 0.5)
+                 found nowhere in the contexts (one invented name or number -> score <= 0.5),
+                 times negation_penalty (0.5) on a sentence without a negation cue when the
+                 claim has one ("was not", "never", "cannot", ...: a negated fact scores
+                 <= 0.5 against the positive sentence it was taken from)
 
 A sentence claim found verbatim (normalised) in a passage scores 1 there. The claim is
 *supported* when its score is >= `SupportConfig.threshold` (0.6). Sentences
@@ -119,14 +122,34 @@ def content_tokens(text: str) -> list[str]:
     return [stem(w) for w in (m.lower() for m in _WORD.findall(text)) if w not in STOPWORDS]
 
 
+_OPENERS = _words("additionally also although another as because but by currently during each "
+                  "even finally first firstly for from furthermore generally here however if "
+                  "in instead it many moreover most no note on once one other overall please "
+                  "second since so some still such that the then there therefore these this "
+                  "though thus to today typically unfortunately unlike usually when while with "
+                  "yes yet you according based both either for many several")
+_NEGATION = re.compile(r"\b(?:not|never|cannot|neither|nor|no longer|no|none|nobody|nothing)\b"
+                       r"(?![.\s]*\d)|n't\b", re.I)
+
+
+def has_negation(text: str) -> bool:
+    """A negation cue: not, n't, never, cannot, neither/nor, no (not "No. 5"), none, ..."""
+    return bool(_NEGATION.search(text))
+
+
 def key_tokens(text: str) -> frozenset[str]:
     """Stems of the words that name things: tokens with a digit, and capitalised words that are
-    not stop words (the first word of the text only when it has a digit)."""
+    not stop words. The first word counts too unless it is a common sentence opener
+    ("However", "Yes", "The", an -ly adverb): an invented subject ("Minsk is a cocktail") is
+    the commonest swapped entity."""
     out = set()
     for i, w in enumerate(_WORD.findall(text)):
-        if any(ch.isdigit() for ch in w) or (i > 0 and w[0].isupper()
-                                             and w.lower() not in STOPWORDS):
-            out.add(stem(w.lower()))
+        low = w.lower()
+        digit = any(ch.isdigit() for ch in w)
+        name = w[0].isupper() and low not in STOPWORDS and (
+            i > 0 or (low not in _OPENERS and not low.endswith("ly") and len(low) > 2))
+        if digit or name:
+            out.add(stem(low))
     return frozenset(out)
 
 
@@ -374,12 +397,14 @@ class SupportConfig:
     lexical_weight: float = 0.5
     span_weight: float = 0.5
     missing_entity_penalty: float = 0.5  # gate = penalty ** (entity/number stems not found)
+    negation_penalty: float = 0.5  # claim negated, sentence not
 
 
 @dataclass(frozen=True)
 class _Passage:
     units: tuple[str, ...]            # "title: sentence" (embedded)
     unit_tokens: tuple[frozenset, ...]  # sentence + title content stems
+    unit_negated: tuple[bool, ...]      # sentence has a negation cue
     norm: str                         # normalised title + text (for verbatim spans)
     tokens: frozenset                 # all content stems of title + text
 
@@ -390,7 +415,8 @@ def _passage(title: str, text: str) -> _Passage:
     ttoks = frozenset(content_tokens(title))
     units = tuple(f"{title}: {s}" if title else s for s in sents)
     utoks = tuple(frozenset(content_tokens(s)) | ttoks for s in sents)
-    return _Passage(units, utoks, f" {normalize_answer(f'{title} {text}')} ",
+    return _Passage(units, utoks, tuple(has_negation(s) for s in sents),
+                    f" {normalize_answer(f'{title} {text}')} ",
                     frozenset().union(*utoks) if utoks else ttoks)
 
 
@@ -441,6 +467,7 @@ class SupportJob:
         self.cos_w = np.zeros((n_c, n_u))  # weight of the cosine term
         wl, ws = cfg.lexical_weight, cfg.span_weight
         unit_toks = [t for p in ps for t in p.unit_tokens]
+        unit_neg = np.array([g for p in ps for g in p.unit_negated], dtype=bool)
         for i, cl in enumerate(self.claims):
             toks = set(content_tokens(cl.text))
             lex = np.array([len(toks & ut) / len(toks) if toks else 0.0 for ut in unit_toks])
@@ -452,6 +479,8 @@ class SupportJob:
             else:
                 missing = sum(not _covered(k, pool) for k in cl.key)
                 gate = cfg.missing_entity_penalty ** missing
+                if n_u and has_negation(cl.text):  # a negated claim needs a negated sentence
+                    gate = gate * np.where(unit_neg, 1.0, cfg.negation_penalty)
                 self.base[i] = gate * wl * lex
                 self.cos_w[i] = gate * (1 - wl)
                 norm = normalize_answer(cl.text)
