@@ -1,0 +1,273 @@
+"""The whole comparison in one call: `run(cfg, sizes)` -> rows + info, used by
+`python bench/selection.py` and `ragpilot select ablate`.
+
+Systems (same passage budget B = `env.max_steps` for all):
+    rerank       retrieve-then-rerank: the top B of the candidate list in the reranker's order
+    mmr@λ        MMR re-selection of B passages (relevance = cosine, λ in {0.2, 0.4, 0.6, 0.8})
+    bc           behaviour cloning of the expert selections
+    bc_raft      BC then RAFT rounds
+    bc_raft_ppo  BC + RAFT then RLlib PPO (skipped when `ppo.enabled` is false or ppo_iterations=0)
+Training uses the train split, model selection (early stopping, best RAFT round) the valid
+split; every reported number is on the test split (the holdout). Runs in-process; PPO runs on a
+local Ray runtime (RLlib needs one).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rag.fusion import mmr_select
+from rl.selection.bc import train_bc
+from rl.selection.config import SelectionConfig
+from rl.selection.data import SelectionData, registered_cross_encoder
+from rl.selection.features import Pool
+from rl.selection.policy import SelectionNet, rollout
+from rl.selection.raft import train_raft
+from rl.selection.rewards import SelectionReward, selection_metrics
+from rl.stats import paired_bootstrap
+
+LAMBDAS = (0.2, 0.4, 0.6, 0.8)
+KS = (20, 50, 100)
+
+
+@dataclass
+class Sizes:
+    """Queries per split (None = all) and what to run."""
+
+    train: int | None = None
+    valid: int | None = None
+    test: int | None = None
+    ks: tuple[int, ...] = KS
+    lambdas: tuple[float, ...] = LAMBDAS
+    ppo_iterations: int | None = None
+    raft_rounds_ablation: int = 1
+    faithfulness: bool = True
+
+
+@dataclass
+class SystemResult:
+    rows: list[dict[str, float]]
+    ms: list[float] = field(default_factory=list)
+
+
+def rerank_selection(pool: Pool, budget: int) -> list[int]:
+    return pool.rerank_order[:budget]
+
+
+def mmr_selection(pool: Pool, budget: int, lam: float) -> list[int]:
+    ids = [str(i) for i in range(pool.n)]
+    return [int(i) for i in mmr_select(pool.qemb, ids, pool.emb, pool.rel.tolist(), budget,
+                                       lam)]
+
+
+def evaluate(pools: Sequence[Pool], select: Callable[[Pool], list[int]],
+             reward: SelectionReward, faithfulness: bool = False) -> SystemResult:
+    rows, ms = [], []
+    for p in pools:
+        t0 = time.perf_counter()
+        sel = select(p)
+        ms.append((time.perf_counter() - t0) * 1000.0)
+        rows.append(selection_metrics(reward, p, sel, with_faithfulness=faithfulness))
+    return SystemResult(rows, ms)
+
+
+def policy_selector(net: SelectionNet, k: int, budget: int) -> Callable[[Pool], list[int]]:
+    return lambda p: rollout(net, p, k, budget).selected
+
+
+def _vals(res: SystemResult, metric: str) -> np.ndarray:
+    return np.array([r.get(metric, np.nan) for r in res.rows], dtype=np.float64)
+
+
+def metric_rows(dataset: str, system: str, res: SystemResult, metrics: Sequence[str],
+                seed: int = 0) -> list[dict[str, Any]]:
+    from rl.stats import bootstrap_mean_ci
+
+    out = []
+    for m in metrics:
+        v = _vals(res, m)
+        v = v[~np.isnan(v)]
+        if v.size == 0:
+            continue
+        b = bootstrap_mean_ci(v, seed=seed) if v.size > 1 else None
+        out.append({"dataset": dataset, "system": system, "metric": m,
+                    "value": float(v.mean()), "ci_low": b.ci_low if b else None,
+                    "ci_high": b.ci_high if b else None, "n": int(v.size)})
+    if res.ms:
+        out.append({"dataset": dataset, "system": system, "metric": "selection_ms_p50",
+                    "value": float(np.median(res.ms)), "ci_low": None, "ci_high": None,
+                    "n": len(res.ms)})
+    return out
+
+
+def paired_rows(dataset: str, base: str, cand: str, a: SystemResult, b: SystemResult,
+                metrics: Sequence[str], seed: int = 0) -> list[dict[str, Any]]:
+    """`<cand> - <base>` paired bootstrap 95% CI per metric (pairs where both are defined)."""
+    out = []
+    for m in metrics:
+        va, vb = _vals(a, m), _vals(b, m)
+        ok = ~(np.isnan(va) | np.isnan(vb))
+        if ok.sum() < 2:
+            continue
+        r = paired_bootstrap(va[ok], vb[ok], seed=seed)
+        out.append({"dataset": dataset, "system": f"{cand} - {base}", "metric": f"delta_{m}",
+                    "value": r.mean_diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                    "n": r.n, "p_value": r.p_value})
+    return out
+
+
+def train_stack(cfg: SelectionConfig, train: Sequence[Pool], valid: Sequence[Pool],
+                reward: SelectionReward, ppo_iterations: int | None = None,
+                raft_rounds: int | None = None, bc_net: SelectionNet | None = None
+                ) -> tuple[dict[str, SelectionNet], dict[str, Any]]:
+    """BC -> RAFT (-> PPO): the nets by system name and the training info."""
+    e = cfg.env
+    info: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    if bc_net is None:
+        bc_net, bc_info = train_bc(train, reward, cfg.bc, e.k, e.max_steps, cfg.seed,
+                                   val_pools=valid)
+        info["bc"] = {k: v for k, v in bc_info.items() if k != "history"}
+        info["bc"]["seconds"] = time.perf_counter() - t0
+    nets = {"bc": bc_net}
+    raft_cfg = cfg.raft if raft_rounds is None else cfg.raft.model_copy(
+        update={"rounds": raft_rounds})
+    t0 = time.perf_counter()
+    nets["bc_raft"], info["raft"] = train_raft(bc_net, train, reward, raft_cfg, e.k, e.max_steps,
+                                               batch_size=cfg.bc.batch_size, seed=cfg.seed,
+                                               val_pools=valid)
+    info["raft"]["seconds"] = time.perf_counter() - t0
+    iters = cfg.ppo.iterations if ppo_iterations is None else ppo_iterations
+    if cfg.ppo.enabled and iters > 0:
+        from rl.selection.ppo import SelectionPPO, warm_value
+
+        t0 = time.perf_counter()
+        import copy
+
+        init = copy.deepcopy(nets["bc_raft"])
+        info["ppo_value_warm_mse"] = warm_value(init, train, reward, e.k, e.max_steps,
+                                                seed=cfg.seed)
+        ppo = SelectionPPO(cfg, train, reward, init=init)
+        try:
+            nets["bc_raft_ppo"], info["ppo"] = ppo.train(iters)
+        finally:
+            ppo.stop()
+        info["ppo"]["seconds"] = time.perf_counter() - t0
+    return nets, info
+
+
+HOTPOT_METRICS = ("support_f1", "support_prec", "support_recall", "answer_f1", "answer_em",
+                  "redundancy", "max_pair_cosine", "n_passages")
+MTRAG_METRICS = ("answer_f1", "faithfulness", "support_f1", "support_recall", "redundancy",
+                 "n_passages")
+
+
+def run_dataset(name: str, cfg: SelectionConfig, sizes: Sizes, log=print,
+                ablations: bool = True) -> tuple[list[dict], dict]:
+    """Main comparison (+ ablations for HotpotQA) on one dataset."""
+    rows: list[dict] = []
+    info: dict[str, Any] = {}
+    faith = sizes.faithfulness and name == "mtrag"
+    metrics = MTRAG_METRICS if name == "mtrag" else HOTPOT_METRICS
+    data = SelectionData(name, cfg)
+    t0 = time.perf_counter()
+    train, valid, test = (data.pools(s, n) for s, n in (("train", sizes.train),
+                                                        ("valid", sizes.valid),
+                                                        ("test", sizes.test)))
+    info["pool_build_ms_p50"] = float(np.median(data.build_ms))
+    info["pools_seconds"] = time.perf_counter() - t0
+    info["n"] = {"train": len(train), "valid": len(valid), "test": len(test)}
+    log(f"[{name}] pools {info['n']} in {info['pools_seconds']:.0f} s")
+    reward = SelectionReward(cfg.reward)
+    info["reward_model_used"] = reward.has_reward_model and cfg.reward.reward_model > 0
+    B = cfg.env.max_steps
+    nets, info["training"] = train_stack(cfg, train, valid, reward, sizes.ppo_iterations)
+    log(f"[{name}] trained {sorted(nets)}")
+    res = {"rerank": evaluate(test, lambda p: rerank_selection(p, B), reward, faith)}
+    for sys_name, net in nets.items():
+        res[sys_name] = evaluate(test, policy_selector(net, cfg.env.k, B), reward, faith)
+    for sys_name, r in res.items():
+        rows += metric_rows(name, sys_name, r, metrics)
+    for cand in nets:
+        rows += paired_rows(name, "rerank", cand, res["rerank"], res[cand], metrics)
+    if name == "mtrag":
+        other = "last_turn" if cfg.mtrag.rewrite != "last_turn" else "concat"
+        alt = SelectionData(name, cfg.replace(**{"mtrag.rewrite": other}), data=data.data)
+        alt_test = alt.pools("test", sizes.test)
+        r = evaluate(alt_test, lambda p: rerank_selection(p, B), reward, False)
+        rows += metric_rows(name, f"rerank [rewrite={other}]", r, ("support_recall",
+                                                                    "answer_f1"))
+        rows += metric_rows(name, f"rerank [rewrite={cfg.mtrag.rewrite}]", res["rerank"],
+                            ("support_recall",))
+    if ablations:
+        rows += ablation_rows(name, cfg, data, train, valid, test, reward, nets["bc"], sizes,
+                              log)
+    return rows, info
+
+
+def ablation_rows(name: str, cfg: SelectionConfig, data: SelectionData, train, valid, test,
+                  reward: SelectionReward, bc_net: SelectionNet, sizes: Sizes, log
+                  ) -> list[dict]:
+    """Rows with system names `ablation:<what>=<value> <system>` (test split, same budget)."""
+    rows: list[dict] = []
+    B = cfg.env.max_steps
+    keep = ("support_f1", "answer_f1", "redundancy", "n_passages")
+
+    def add(label: str, r: SystemResult) -> None:
+        rows.extend(metric_rows(name, f"ablation:{label}", r, keep))
+
+    rounds = sizes.raft_rounds_ablation
+    # MMR lambda: as a selection rule, and as the shaping lambda of BC+RAFT
+    for lam in sizes.lambdas:
+        add(f"mmr_lambda={lam} mmr", evaluate(test, lambda p, lam=lam: mmr_selection(p, B, lam),
+                                              reward))
+        c = cfg.replace(**{"reward.mmr_lambda": lam, "reward.shaping": "stepwise"})
+        rw = SelectionReward(c.reward, reward_model=reward.reward_model)
+        nets, _ = train_stack(c, train, valid, rw, 0, rounds, bc_net=bc_net)
+        add(f"mmr_lambda={lam} bc_raft", evaluate(test, policy_selector(nets["bc_raft"],
+                                                                        c.env.k, B), reward))
+    log(f"[{name}] ablation: mmr lambda done")
+    # shaping: final-only vs step-wise
+    for shaping in ("final_only", "stepwise"):
+        c = cfg.replace(**{"reward.shaping": shaping})
+        rw = SelectionReward(c.reward, reward_model=reward.reward_model)
+        nets, _ = train_stack(c, train, valid, rw, 0, rounds, bc_net=bc_net)
+        add(f"shaping={shaping} bc_raft", evaluate(test, policy_selector(nets["bc_raft"],
+                                                                         c.env.k, B), reward))
+    log(f"[{name}] ablation: shaping done")
+    # reranker: none / cosine / cross-encoder (when one is registered)
+    rerankers = ["none", "cosine"]
+    if registered_cross_encoder(cfg.env.reranker_model):
+        rerankers.append("cross_encoder")
+    for rr in rerankers:
+        c = cfg.replace(**{"env.reranker": rr})
+        tst = test if rr == cfg.env.reranker else data.pools("test", sizes.test, c)
+        add(f"reranker={rr} rerank", evaluate(tst, lambda p: rerank_selection(p, B), reward))
+        if rr != cfg.env.reranker:
+            tr, va = data.pools("train", sizes.train, c), data.pools("valid", sizes.valid, c)
+            nets, _ = train_stack(c, tr, va, reward, 0, rounds)
+        else:
+            nets, _ = train_stack(c, train, valid, reward, 0, rounds, bc_net=bc_net)
+        add(f"reranker={rr} bc_raft", evaluate(tst, policy_selector(nets["bc_raft"], c.env.k, B),
+                                               reward))
+    log(f"[{name}] ablation: reranker done")
+    # K: candidate set size
+    for k in sizes.ks:
+        c = cfg.replace(**{"env.k": k})
+        if k == cfg.env.k:
+            tr, va, tst, bc = train, valid, test, bc_net
+        else:
+            tr, va, tst = (data.pools(s, n, c) for s, n in (("train", sizes.train),
+                                                            ("valid", sizes.valid),
+                                                            ("test", sizes.test)))
+            bc = None
+        add(f"k={k} rerank", evaluate(tst, lambda p: rerank_selection(p, B), reward))
+        nets, _ = train_stack(c, tr, va, reward, 0, rounds, bc_net=bc)
+        add(f"k={k} bc_raft", evaluate(tst, policy_selector(nets["bc_raft"], k, B), reward))
+        log(f"[{name}] ablation: k={k} done")
+    return rows

@@ -1,0 +1,106 @@
+"""`ragpilot select run|ablate`: episode-level context selection from the shell.
+
+    ragpilot select run --dataset hotpotqa --split test --limit 50 [--ppo] [--config Y]
+                        [--set reward.mmr_lambda=0.4] [--out runs/select.json]
+        trains BC -> RAFT (-> PPO) on the train split (model selection on valid) and compares
+        the policy with retrieve-then-rerank on `--split` (same passage budget).
+    ragpilot select ablate [--quick] [--dataset hotpotqa]
+        the ablation table of bench/selection.py (K, MMR lambda, reranker, shaping) as JSON rows.
+Bad input (unknown config key, bad value, unknown split) exits 2 naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag.errors import ConfigError
+
+
+def _config(args: argparse.Namespace):
+    from rl.selection.config import SelectionConfig
+
+    cfg = SelectionConfig.load(args.config)
+    changes: dict[str, Any] = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        changes[key.strip()] = yaml.safe_load(value)
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _limit(value: int | None, flag: str) -> int | None:
+    if value is not None and value < 1:
+        raise ConfigError(flag, "must be >= 1")
+    return value
+
+
+def cmd_select_run(args: argparse.Namespace) -> int:
+    from rag.env import configure_runtime_env
+
+    configure_runtime_env()
+    cfg = _config(args)
+    if args.split != "test":
+        raise ConfigError("--split", "only test (the holdout) is reported: train trains the "
+                                     "policy and valid selects the model")
+    from rl.selection.ablate import Sizes, run_dataset
+
+    n = _limit(args.limit, "--limit")
+    sizes = Sizes(train=_limit(args.train_limit, "--train-limit"), valid=n, test=n,
+                  ppo_iterations=None if args.ppo else 0, faithfulness=args.faithfulness)
+    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=False)
+    _emit(rows, info, args.out)
+    return 0
+
+
+def cmd_select_ablate(args: argparse.Namespace) -> int:
+    from rag.env import configure_runtime_env
+
+    configure_runtime_env()
+    cfg = _config(args)
+    from rl.selection.ablate import Sizes, run_dataset
+
+    sizes = Sizes(train=60, valid=30, test=40, ks=(20, 50), lambdas=(0.2, 0.8),
+                  ppo_iterations=0) if args.quick else Sizes(valid=150, ppo_iterations=0)
+    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=True)
+    _emit(rows, info, args.out)
+    return 0
+
+
+def _emit(rows: list[dict], info: dict, out: str | None) -> None:
+    for r in rows:
+        lo, hi = r.get("ci_low"), r.get("ci_high")
+        ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
+        print(f"{r['system']:<40} {r['metric']:<20} {r['value']:.4f}{ci} n={r['n']}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"rows": rows, "info": info}, indent=1, default=str))
+        print(f"wrote {out}")
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("select", help="episode-level context selection (BC -> RAFT -> PPO)")
+    ss = s.add_subparsers(dest="select_command", required=True)
+    for name, func, hlp in (("run", cmd_select_run, "train and compare with retrieve-then-rerank"),
+                            ("ablate", cmd_select_ablate, "K / MMR lambda / reranker / shaping")):
+        p = ss.add_parser(name, help=hlp)
+        p.add_argument("--dataset", default="hotpotqa", choices=("hotpotqa", "mtrag"))
+        p.add_argument("--config", help="selection YAML (default configs/rl/selection.yaml)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="dotted override, e.g. env.k=50")
+        p.add_argument("--out", help="write rows + info as JSON here")
+        if name == "run":
+            p.add_argument("--split", default="test")
+            p.add_argument("--limit", type=int, help="evaluation queries (default all)")
+            p.add_argument("--train-limit", type=int, help="training queries (default all)")
+            p.add_argument("--ppo", action="store_true", help="also run RLlib PPO from BC+RAFT")
+            p.add_argument("--faithfulness", action="store_true",
+                           help="score faithfulness (MTRAG; ~10 answers/s)")
+        else:
+            p.add_argument("--quick", action="store_true")
+        p.set_defaults(func=func)
