@@ -130,10 +130,28 @@ class ModelRegistry:
 _default: ModelRegistry | None = None
 
 
+def local_registry_path() -> Path:
+    """The registry file that locally trained models add themselves to (`ragpilot
+    train-reranker` writes `<name>`, `<name>@v<N>`, `<name>@best`); same layout as
+    configs/rag/models.yaml, under the cache dir because the weights live there too."""
+    return cache_dir() / "models" / "registry.yaml"
+
+
+def reset_default_registry() -> None:
+    """Forget the cached default registry (after a training run registered a new model)."""
+    global _default
+    _default = None
+
+
 def default_registry() -> ModelRegistry:
-    """The built-in registry, extended by the YAML file named in $RAGPILOT_MODELS if set."""
+    """The built-in registry, extended by the local registry of trained models (if any) and
+    then by the YAML file named in $RAGPILOT_MODELS (which wins on equal names)."""
     global _default
     if _default is None:
+        reg = ModelRegistry()
+        local = local_registry_path()
+        if local.exists():
+            reg = ModelRegistry.from_yaml(local, base=reg)
         extra = os.environ.get("RAGPILOT_MODELS")
-        _default = ModelRegistry.from_yaml(extra) if extra else ModelRegistry()
+        _default = ModelRegistry.from_yaml(extra, base=reg) if extra else reg
     return _default

@@ -1,0 +1,246 @@
+"""Supervised fine-tuning data for the generator, in the project's citation answer format.
+
+A target is exactly what `rag.generation.parse` reads back: `<short answer> [i][j]`, with i, j the
+1-based positions of the supporting passages in the prompt. Three sources:
+
+* HotpotQA (train split of configs/splits/hotpotqa.json only; valid/test ids are refused):
+  question + the two gold paragraphs (+ distractors from the same record), shuffled, each trimmed
+  to `max_context_chars` around its supporting sentences so prompts stay short (CPU cost is
+  linear in tokens), target = gold answer + citations of the gold paragraphs.
+* The interaction log: `ragpilot export-interactions` JSONL (serving.store.export_jsonl layout:
+  question, context_ids, citations, answer, reward, shadow, ...). Rows rated >= `min_reward`
+  become examples; context ids are resolved against a passage lookup (the index's corpus).
+  Read from the file, never through serving (rl must not import serving).
+* Teacher distillation: any `rag.generation.base.Generator` (an OpenAI-compatible endpoint via
+  `rag.generation.openai_compat.OpenAIChatGenerator`) answers the prompts; answers that cite
+  nothing, abstain, or (when gold exists) score F1 below `min_f1` are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.corpus.loaders import iter_jsonl
+from rag.errors import ConfigError, DataError
+from rag.generation.base import Generator
+from rag.generation.prompts import INSUFFICIENT
+from rag.metrics.qa import best_em_f1
+from rag.types import Context, Passage
+
+TRAIN_SPLITS = ("train",)
+"""The only split ids SFT may read (valid picks the `best` checkpoint, test reports)."""
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One prompt (question + numbered contexts) and the completion to learn."""
+
+    id: str
+    question: str
+    contexts: tuple[Context, ...]
+    target: str
+    source: str = "hotpotqa"
+    answers: tuple[str, ...] = ()
+    gold_positions: tuple[int, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "question": self.question, "target": self.target,
+                "source": self.source, "answers": list(self.answers),
+                "gold_positions": list(self.gold_positions),
+                "contexts": [c.to_dict() for c in self.contexts], "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SFTExample:
+        return cls(id=str(d["id"]), question=d["question"], target=d["target"],
+                   source=d.get("source", "hotpotqa"), answers=tuple(d.get("answers") or ()),
+                   gold_positions=tuple(int(i) for i in d.get("gold_positions") or ()),
+                   contexts=tuple(Context(**c) for c in d["contexts"]),
+                   meta=dict(d.get("meta") or {}))
+
+
+def format_target(answer: str, citations: Iterable[int]) -> str:
+    """`Paris [1][2]`: the completion format `rag.generation.parse.parse_output` reads back."""
+    cites = "".join(f"[{i}]" for i in dict.fromkeys(citations))
+    return f"{answer.strip()} {cites}".strip()
+
+
+def trim_sentences(sentences: Sequence[str], keep: Iterable[int], max_chars: int) -> str:
+    """The paragraph with its `keep` (supporting) sentences always included, then the other
+    sentences nearest to them, in original order, while the text fits `max_chars` (exceeded only
+    when the supporting sentences alone are longer: they are never cut)."""
+    sents = [s.strip() for s in sentences]
+    keep_set = {i for i in keep if 0 <= i < len(sents)}
+    if not keep_set:
+        keep_set = {0} if sents else set()
+    chosen = set(keep_set)
+    size = sum(len(sents[i]) + 1 for i in chosen)
+    anchors = sorted(keep_set)
+    others = sorted((i for i in range(len(sents)) if i not in chosen),
+                    key=lambda i: (min(abs(i - a) for a in anchors), i))
+    for i in others:
+        if size + len(sents[i]) + 1 > max_chars:
+            break
+        chosen.add(i)
+        size += len(sents[i]) + 1
+    return " ".join(sents[i] for i in sorted(chosen) if sents[i])
+
+
+def _check_split(ids: Iterable[str], allowed: set[str], what: str) -> None:
+    bad = [i for i in ids if i not in allowed]
+    if bad:
+        raise ConfigError(what, f"{len(bad)} id(s) are not in the train split (e.g. {bad[0]!r}); "
+                                "SFT never trains on valid/test questions")
+
+
+def hotpot_sft_examples(path: str | Path, train_ids: Iterable[str], *, n_distractors: int = 1,
+                        max_context_chars: int = 600, seed: int = 0,
+                        limit: int | None = None, split_ids: Mapping[str, Iterable[str]]
+                        | None = None, trim: bool = True) -> list[SFTExample]:
+    """SFT examples from HotpotQA records whose id is in `train_ids` (HF or official layout).
+
+    `split_ids` (the manifest's splits) makes the train-only rule explicit: every requested id
+    must belong to its "train" split, else ConfigError("train_ids"). Evaluation sets are built
+    with the same function, `split_ids=None` and `trim=False` (whole paragraphs: trimming around
+    supporting sentences would leak gold information into a test prompt)."""
+    wanted = list(dict.fromkeys(train_ids))
+    if split_ids is not None:
+        _check_split(wanted, set(split_ids.get("train", ())), "train_ids")
+    order = {qid: k for k, qid in enumerate(wanted)}
+    rng = random.Random(seed)
+    out: list[tuple[int, SFTExample]] = []
+    for n, rec in iter_jsonl(path):
+        qid = str(rec.get("id") or rec.get("_id") or "")
+        if qid not in order:
+            continue
+        try:
+            ctx, sf = rec["context"], rec["supporting_facts"]
+            if isinstance(ctx, dict):
+                paras = list(zip(ctx["title"], ctx["sentences"], strict=True))
+                facts = list(zip(sf["title"], sf["sent_id"], strict=True))
+            else:
+                paras = [(t, s) for t, s in ctx]
+                facts = [(t, int(i)) for t, i in sf]
+            question, answer = rec["question"], str(rec["answer"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(str(path), f"bad HotpotQA record ({exc})", line=n) from None
+        keep: dict[str, list[int]] = {}
+        for t, i in facts:
+            keep.setdefault(t, []).append(int(i))
+        gold = [(t, s) for t, s in paras if t in keep]
+        distract = [(t, s) for t, s in paras if t not in keep]
+        rng.shuffle(distract)
+        chosen = gold + distract[:n_distractors]
+        rng.shuffle(chosen)
+        contexts = tuple(Context(f"{qid}:{k}", t,
+                                 trim_sentences(s, keep.get(t, [0]), max_context_chars) if trim
+                                 else " ".join(x.strip() for x in s))
+                         for k, (t, s) in enumerate(chosen))
+        gold_pos = tuple(k + 1 for k, (t, _) in enumerate(chosen) if t in keep)
+        out.append((order[qid], SFTExample(qid, question, contexts,
+                                           format_target(answer, gold_pos), "hotpotqa",
+                                           (answer,), gold_pos, {"type": rec.get("type")})))
+    out.sort(key=lambda t: t[0])
+    examples = [e for _, e in out]
+    return examples[:limit] if limit is not None else examples
+
+
+def hotpot_path() -> Path:
+    from rag.corpus.loaders import data_root
+
+    return data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
+
+
+def hotpot_split(split: str, n: int | None = None, *, n_distractors: int = 0,
+                 max_context_chars: int = 600, seed: int = 0) -> list[SFTExample]:
+    """Examples of one split of configs/splits/hotpotqa.json. "train": trimmed contexts with
+    distractors (training); any other split: whole gold paragraphs only (evaluation)."""
+    from rag.corpus.hygiene import load_split
+
+    manifest = load_split("hotpotqa")
+    ids = manifest.ids(split)[:n]
+    if split in TRAIN_SPLITS:
+        return hotpot_sft_examples(hotpot_path(), ids, n_distractors=n_distractors,
+                                   max_context_chars=max_context_chars, seed=seed,
+                                   split_ids=manifest.splits)
+    return hotpot_sft_examples(hotpot_path(), ids, n_distractors=n_distractors, seed=seed,
+                               trim=False)
+
+
+def log_sft_examples(path: str | Path, passages: Mapping[str, Passage], *,
+                     min_reward: float = 0.7, include_shadow: bool = False,
+                     max_context_chars: int = 600) -> list[SFTExample]:
+    """Positively rated interactions of an exported log (one JSON object per line).
+
+    Skipped: unrated rows, rewards below `min_reward`, shadow rows (never shown to a user),
+    abstentions, and rows whose context ids are not all in `passages`. A row missing a
+    required field raises DataError(path, line)."""
+    if not 0.0 <= min_reward <= 1.0:
+        raise ConfigError("min_reward", "must lie in [0, 1]")
+    out: list[SFTExample] = []
+    for n, rec in iter_jsonl(path):
+        for key in ("id", "question", "answer", "context_ids"):
+            if key not in rec:
+                raise DataError(str(path), f"missing field {key!r}", line=n)
+        reward = rec.get("reward")
+        if reward is None or float(reward) < min_reward:
+            continue
+        if rec.get("shadow") and not include_shadow:
+            continue
+        answer = str(rec["answer"]).strip()
+        if not answer or answer.lower() == INSUFFICIENT:
+            continue
+        ids = list(rec["context_ids"] or [])
+        if not ids or any(i not in passages for i in ids):
+            continue
+        ctxs = tuple(Context(i, passages[i].title, passages[i].text[:max_context_chars])
+                     for i in ids)
+        cites = [int(c) for c in rec.get("citations") or [] if 1 <= int(c) <= len(ids)]
+        out.append(SFTExample(str(rec["id"]), rec["question"], ctxs,
+                              format_target(answer, cites), "log", (), tuple(cites),
+                              {"reward": float(reward), "variant_id": rec.get("variant_id")}))
+    return out
+
+
+def teacher_sft_examples(examples: Sequence[SFTExample], teacher: Generator, *,
+                         prompt_id: str = "cite_concise", min_f1: float = 0.5,
+                         max_new_tokens: int = 48) -> list[SFTExample]:
+    """Distillation: the teacher answers each example's prompt; its answer (with its own
+    citations) replaces the target. Dropped: abstentions, answers without a citation, and,
+    where gold answers exist, answers with F1 < `min_f1` (a wrong teacher teaches nothing)."""
+    gens = teacher.generate_batch([e.question for e in examples],
+                                  [list(e.contexts) for e in examples], prompt_id,
+                                  max_new_tokens=max_new_tokens)
+    out = []
+    for e, g in zip(examples, gens, strict=True):
+        if not g.text or g.text == INSUFFICIENT or not g.citations:
+            continue
+        if e.answers and best_em_f1(g.text, e.answers)[1] < min_f1:
+            continue
+        out.append(SFTExample(e.id, e.question, e.contexts, format_target(g.text, g.citations),
+                              "teacher", e.answers, tuple(g.citations),
+                              {**e.meta, "teacher": teacher.name}))
+    return out
+
+
+def save_examples(examples: Sequence[SFTExample], path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", encoding="utf-8") as f:
+        for e in examples:
+            f.write(json.dumps(e.to_dict(), ensure_ascii=False) + "\n")
+
+
+def load_examples(path: str | Path) -> list[SFTExample]:
+    out = []
+    for n, rec in iter_jsonl(path):
+        try:
+            out.append(SFTExample.from_dict(rec))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(str(path), f"bad SFT example ({exc})", line=n) from None
+    return out

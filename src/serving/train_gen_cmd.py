@@ -1,0 +1,156 @@
+"""`ragpilot train-generator sft|dpo|ipo|orpo`: adapt the generator and register the result.
+
+    ragpilot train-generator sft --out runs/gen-sft                       # HotpotQA train split
+    ragpilot train-generator dpo --out runs/gen-dpo --policy runs/gen-sft/merged
+    RAGPILOT_MODELS=runs/gen-sft/models.yaml ragpilot eval ... --set generator=gen-sft-gen-sft
+
+Each run writes <out>/merged (a plain HF folder: base + LoRA merged) and <out>/models.yaml with a
+`format: hf` generator entry, so the trained model is selectable by name in any RAG config, the
+tuner's search space and the bandit's arms. SFT keeps `checkpoints/latest` and `checkpoints/best`
+(valid-split F1) and resumes from `latest` when re-run with the same --out.
+Bad config keys/values exit with code 2 naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rag.errors import ConfigError
+
+DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
+
+
+def _config(args: argparse.Namespace):
+    from rl.alignment.sft import DEFAULTS_PATH, GeneratorSFTConfig
+
+    path = Path(args.config) if args.config else DEFAULTS_PATH
+    cfg = GeneratorSFTConfig.from_yaml(path)
+    changes: dict[str, Any] = {}
+    for item in args.set or []:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        changes[key.strip()] = yaml.safe_load(value)
+    return cfg.replace(**changes) if changes else cfg
+
+
+def build_train_examples(cfg, train_jsonl: str | None) -> list:
+    """--train-jsonl, else HotpotQA train split (+ positive log rows, + teacher answers)."""
+    from rl.alignment import sft_data as sd
+
+    if train_jsonl:
+        return sd.load_examples(train_jsonl)
+    d = cfg.data
+    exs = sd.hotpot_split("train", d.n_train, n_distractors=d.n_distractors,
+                          max_context_chars=d.max_context_chars, seed=cfg.train.seed)
+    if d.log_jsonl:
+        if not d.log_index:
+            raise ConfigError("generator_sft.data.log_index", "needed to resolve the log's "
+                                                              "context ids")
+        from rag.corpus.store import Corpus
+
+        corpus = Corpus.load(Path(d.log_index) / "corpus.jsonl")
+        lookup = {p.id: p for p in corpus}
+        exs += sd.log_sft_examples(d.log_jsonl, lookup, min_reward=d.log_min_reward,
+                                   max_context_chars=d.max_context_chars)
+    if d.teacher:
+        from rag.generation.factory import make_generator
+
+        teacher = make_generator(d.teacher)
+        exs += sd.teacher_sft_examples(exs, teacher, prompt_id=cfg.prompt_id,
+                                       min_f1=d.teacher_min_f1)
+    return exs
+
+
+def _eval_examples(cfg, eval_jsonl: str | None) -> list:
+    from rl.alignment import sft_data as sd
+
+    if eval_jsonl:
+        return sd.load_examples(eval_jsonl)[: cfg.eval.n or None]
+    return sd.hotpot_split("valid", cfg.eval.n) if cfg.eval.n else []
+
+
+def _register(out: Path, name: str, merged: Path) -> Path:
+    from rl.alignment.sft import write_registry_entry
+
+    reg = write_registry_entry(out / "models.yaml", name, merged)
+    print(f"registered generator {name!r} -> {merged}")
+    print(f"  select it: RAGPILOT_MODELS={reg} ... --set generator={name}")
+    return reg
+
+
+def cmd_train_generator(args: argparse.Namespace) -> int:
+    from rag.env import configure_runtime_env
+
+    configure_runtime_env()
+    cfg = _config(args)
+    from rl.alignment.sft import check_qlora
+
+    check_qlora(cfg)  # fail before any data or model work
+    out = Path(args.out)
+    name = args.name or f"gen-{args.method}-{out.name}"
+    train = build_train_examples(cfg, args.train_jsonl)
+    if not train:
+        raise ConfigError("generator_sft.data", "no training examples")
+    from rl.alignment.sft_data import save_examples
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_examples(train, out / "train.jsonl")
+    if args.method == "sft":
+        from rl.alignment.sft import SFTRun, alias_path, merge_adapter
+
+        run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl))
+        s = run.train()
+        print(json.dumps({k: s[k] for k in ("steps_done", "tokens_per_s", "best_step",
+                                            "best_eval_f1", "final_loss", "resumed_from")},
+                         default=str))
+        if args.no_merge:
+            return 0
+        ck = alias_path(out, "best") or alias_path(out, "latest")
+        merged = merge_adapter(ck, out / "merged")
+    else:
+        from rl.alignment.prefs import build_pairs, make_ranker, save_pairs, train_preferences
+        from rl.alignment.sft import (
+            load_base_model,
+            load_tokenizer,
+            merge_adapter,
+            resolve_base,
+        )
+
+        policy = Path(args.policy) if args.policy else resolve_base(cfg.base_model)
+        ranker_name, ranker = make_ranker(cfg.prefs.ranker)
+        tok = load_tokenizer(policy)
+        model = load_base_model(policy, cfg)
+        pairs = build_pairs(model, tok, train[: cfg.prefs.n_pairs], cfg, ranker)
+        del model
+        save_pairs(pairs, out / "pairs.jsonl")
+        print(f"{len(pairs)} preference pairs (ranker {ranker_name})")
+        m = train_preferences(args.method, policy, pairs, cfg, out)
+        print(json.dumps(m, default=str))
+        if args.no_merge:
+            return 0
+        merged = merge_adapter(out / "adapter", out / "merged", base_path=policy)
+    _register(out, name, merged)
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("train-generator", help="LoRA SFT / DPO / IPO / ORPO of the generator")
+    s.add_argument("method", choices=["sft", "dpo", "ipo", "orpo"])
+    s.add_argument("--config", help=f"YAML with a `generator_sft:` mapping ({DEFAULT_CONFIG})")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. train.max_steps=20")
+    s.add_argument("--out", required=True, help="run directory (re-run to resume)")
+    s.add_argument("--train-jsonl", help="SFT examples (rl.alignment.sft_data JSONL) instead of "
+                                         "the configured datasets")
+    s.add_argument("--eval-jsonl", help="evaluation examples (default: HotpotQA valid split)")
+    s.add_argument("--policy", help="dpo/ipo/orpo: the model to align (default: base_model); "
+                                    "normally an SFT run's merged folder")
+    s.add_argument("--name", help="registry name of the trained generator")
+    s.add_argument("--no-merge", action="store_true", help="keep only the adapter")
+    s.set_defaults(func=cmd_train_generator)
