@@ -96,3 +96,53 @@ def test_sqlite_is_wal_and_open_store_dispatches(tmp_path):
     assert e.value.field == "store_url"
     with pytest.raises(ConfigError, match="store_url"):
         open_store("")
+
+
+def test_error_flag_round_trips_and_is_exported(store, tmp_path):
+    store.log_interaction(_it(1))
+    store.log_interaction(_it(2, answer="", error=True))
+    assert store.get_interaction("i1")["error"] is False
+    assert store.get_interaction("i2")["error"] is True
+    store.export_jsonl(tmp_path / "e.jsonl")
+    rows = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["error"]) for r in rows] == [("i1", False), ("i2", True)]
+    (summary,) = store.variant_summary()
+    assert summary["errors"] == 1 and summary["requests"] == 2
+
+
+OLD_SCHEMA = [  # the interactions table as written before the `error` column existed
+    """CREATE TABLE interactions (
+        id TEXT PRIMARY KEY, ts REAL NOT NULL, question TEXT NOT NULL, category TEXT NOT NULL,
+        variant_id TEXT NOT NULL, route TEXT NOT NULL, propensity REAL NOT NULL,
+        features TEXT NOT NULL, context_ids TEXT NOT NULL, citations TEXT NOT NULL,
+        answer TEXT NOT NULL, latency_ms TEXT NOT NULL, tokens_in INTEGER NOT NULL,
+        tokens_out INTEGER NOT NULL, shadow INTEGER NOT NULL, parent_id TEXT, scores TEXT)""",
+    """CREATE TRIGGER interactions_no_update BEFORE UPDATE ON interactions
+       BEGIN SELECT RAISE(ABORT, 'interactions is append-only'); END""",
+    """INSERT INTO interactions VALUES ('old', 1.0, 'q?', 'single', 'v1', 'stable', 1.0, '{}',
+       '[]', '[]', 'a', '{}', 1, 1, 0, NULL, NULL)""",
+]
+
+
+@pytest.mark.parametrize("backend", ["sqlite3", "sqlalchemy"])
+def test_old_log_is_migrated_and_stays_append_only(tmp_path, backend):
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        for stmt in OLD_SCHEMA:
+            db.execute(stmt)
+    s = SQLiteStore(path) if backend == "sqlite3" else SQLAlchemyStore(f"sqlite:///{path}")
+    try:
+        assert s.get_interaction("old")["error"] is False  # existing rows read as 0
+        s.log_interaction(_it(9, error=True))
+        assert s.get_interaction("i9")["error"] is True
+        s.add_feedback("old", 0.5)
+    finally:
+        s.close()
+    with sqlite3.connect(path) as db:
+        cols = [r[1] for r in db.execute("PRAGMA table_info(interactions)")]
+        assert cols.count("error") == 1
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            db.execute("UPDATE interactions SET error = 1")
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            db.execute("DELETE FROM interactions")
+    SQLiteStore(path).close()  # opening again does not add the column twice

@@ -12,7 +12,11 @@ HTTP ─► Ingress ─► Router ── stable ─► Pipeline_<hash>   (deploy
 
 Endpoints: POST /query, POST /feedback, GET /rl/stats, GET /rl/leaderboard,
 POST /tuner/evaluate, GET /tuner/jobs/{id}, POST|GET /admin/traffic, GET /metrics, GET /healthz,
-OpenAPI at /docs. The ingress runs one replica: routing state, bandits, jobs and metrics live in
+OpenAPI at /docs. Hardening (docs/serving.md): /admin/*, /tuner/* need an `admin` API key
+(serving.auth; /rl/* a `read` key when `auth.protect_reads`), bodies over
+`limits.max_body_bytes` get 413 before parsing, PII is redacted from logs (serving.pii), and a
+failed pipeline call is logged as an interaction with `error=1`. `local_app` runs the same
+ingress in-process without Ray (ASGI: the fuzz and crash tests). The ingress runs one replica: routing state, bandits, jobs and metrics live in
 it (the interaction log is the durable record and is replayed into the bandits at start-up).
 """
 
@@ -35,9 +39,18 @@ from ray import serve
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
 from rag.errors import ConfigError
+from serving.auth import AuthMiddleware, Guard, KeyFile, current_guard, install_guard
 from serving.jobs import Job, TunerJobs, run_evaluation
-from serving.limits import InflightGate, TokenBucketLimiter, retry_after_header
-from serving.metrics import ServeMetrics
+from serving.limits import (
+    BodyLimitMiddleware,
+    InflightGate,
+    TokenBucketLimiter,
+    current_body_limit,
+    retry_after_header,
+    set_body_limit,
+)
+from serving.metrics import ServeMetrics, current_metrics, install_metrics
+from serving.pii import RedactingFilter, leak_count, redact
 from serving.pipelines import bind_pipeline, deployment_options
 from serving.router import Decision, Router
 from serving.schemas import (
@@ -73,6 +86,8 @@ def _error(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
 async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
     err = exc.errors()[0]
     field = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+    if err.get("type") == "json_invalid":
+        field = "body"
     return _error(422, field, err.get("msg", "invalid"), detail=jsonable_encoder(exc.errors()))
 
 
@@ -86,10 +101,17 @@ async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
     return _error(422, exc.field, exc.message)
 
 
+# Outer to inner: request counting (below) -> API keys -> body size -> FastAPI. Starlette puts
+# the last-added middleware outermost, so these two are added before the counter.
+# State reaches them through functions of serving.limits/serving.auth (see install_guard).
+api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
+api.add_middleware(AuthMiddleware, guard=current_guard)
+
+
 @api.middleware("http")
 async def _count_requests(request: Request, call_next):
     response = await call_next(request)
-    metrics: ServeMetrics | None = _STATE.get("metrics")
+    metrics: ServeMetrics | None = current_metrics()  # not _STATE: see install_metrics
     if metrics is not None:
         metrics.request(_ENDPOINTS.get(request.url.path, "other"), response.status_code)
     return response
@@ -126,6 +148,11 @@ class Ingress:
         self.store = open_store(s.store_url)
         self.metrics = ServeMetrics(max_variants=s.max_variants)
         _STATE["metrics"] = self.metrics
+        install_metrics(self.metrics)
+        set_body_limit(s.limits.max_body_bytes)
+        install_guard(Guard(KeyFile(s.auth.keys_file), s.auth.enabled, s.auth.protect_reads))
+        if s.pii.redact_logs and not any(isinstance(f, RedactingFilter) for f in log.filters):
+            log.addFilter(RedactingFilter(s.pii.kinds))
         explicit = [s.config(a).config_hash for a in s.bandit.arms]
         self.router = Router(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
                              shadow=roles["shadow"], arms=explicit or list(self.handles))
@@ -144,6 +171,10 @@ class Ingress:
     # ---- serving ------------------------------------------------------------------------------
     @api.post("/query", response_model=QueryResponse)
     async def query(self, body: QueryRequest, request: Request) -> QueryResponse:
+        cap = self.settings.limits.max_question_chars
+        if len(body.question) > cap:
+            raise ApiError("question", f"is {len(body.question)} characters; the limit is "
+                                       f"{cap} (limits.max_question_chars)")
         client = f"u:{body.user_id}" if body.user_id else \
             f"ip:{request.client.host if request.client else 'unknown'}"
         wait = self.limiter.acquire(client)
@@ -175,19 +206,24 @@ class Ingress:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, ConfigError):
                 raise ApiError(cause.field, cause.message) from None
-            raise
+            await self._log_failure(iid, body, d.variant, d.route, d.propensity, category,
+                                    features=query_features(body, d), exc=exc, t0=t0)
+            raise ApiError("pipeline", f"variant {d.variant} failed ({type(exc).__name__}); "
+                                       f"logged as interaction {iid} with error=1", 502) from None
+        scores = self._scores(res, body.question)
         lat = dict(res["latency_ms"])
         lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
         if d.shadow is not None:
             task = asyncio.create_task(self._mirror(d, iid, body, category, res, lat))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        row = Interaction(id=iid, question=body.question, variant_id=d.variant, route=d.route,
-                          propensity=d.propensity, answer=res["answer"], category=category,
+        row = Interaction(id=iid, question=self._stored(body.question), variant_id=d.variant,
+                          route=d.route, propensity=d.propensity,
+                          answer=self._stored(res["answer"]), category=category,
                           features=query_features(body, d), context_ids=res["context_ids"],
                           citations=res["citations"], latency_ms=lat,
                           tokens_in=res["tokens_in"], tokens_out=res["tokens_out"],
-                          scores=res["scores"])
+                          scores=scores)
         t1 = time.perf_counter()
         await asyncio.to_thread(self.store.log_interaction, row)  # ack only once committed
         lat["store"] = (time.perf_counter() - t1) * 1000.0
@@ -201,22 +237,62 @@ class Ingress:
                              propensity=d.propensity, latency_ms=lat,
                              tokens_in=res["tokens_in"], tokens_out=res["tokens_out"])
 
+    def _stored(self, text: str) -> str:
+        """What the interaction log keeps of a question/answer (`pii.redact_store`)."""
+        return redact(text, self.settings.pii.kinds) if self.settings.pii.redact_store else text
+
+    def _scores(self, res: dict[str, Any], question: str) -> dict[str, float] | None:
+        """The replica's scores plus `pii_leaks` (serving.pii.leak_count of the answer against
+        the question: the replica does not return context texts) unless detection is off."""
+        mode = self.settings.pii.leak_detection
+        if mode == "off":
+            return res["scores"]
+        return {**(res["scores"] or {}), "pii_leaks": float(leak_count(
+            res["answer"], question, mode=mode, kinds=self.settings.pii.kinds))}
+
+    async def _log_failure(self, iid: str, body: QueryRequest, variant: str, route: str,
+                           propensity: float, category: str, features: dict[str, Any],
+                           exc: BaseException, t0: float, shadow: bool = False,
+                           parent_id: str | None = None) -> None:
+        """Record a failed pipeline call as an interaction with error=1 (empty answer), so
+        exports and the rollout's burn-rate check see it. Never raises."""
+        log.error("pipeline %s failed for interaction %s: %s: %s", variant, iid,
+                  type(exc).__name__, exc)
+        row = Interaction(id=iid, question=self._stored(body.question), variant_id=variant,
+                          route=route, propensity=propensity, answer="", category=category,
+                          features={**features, "error_type": type(exc).__name__},
+                          latency_ms={"pipeline": (time.perf_counter() - t0) * 1000.0},
+                          shadow=shadow, parent_id=parent_id, error=True)
+        try:
+            await asyncio.to_thread(self.store.log_interaction, row)
+        except Exception:
+            log.exception("could not log the failed interaction %s", iid)
+
     async def _mirror(self, d: Decision, parent: str, body: QueryRequest, category: str,
                       served: dict[str, Any], served_lat: dict[str, float]) -> None:
         """Answer the same question with the shadow variant; log and score, never return."""
         sid = uuid.uuid4().hex
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
-            res = await self.handles[d.shadow].answer.remote(body.question, sid)
+            try:
+                res = await self.handles[d.shadow].answer.remote(body.question, sid)
+            except Exception as exc:
+                await self._log_failure(sid, body, str(d.shadow), "shadow",
+                                        self.router.traffic.shadow_percent / 100, category,
+                                        query_features(body, d), exc, t0, shadow=True,
+                                        parent_id=parent)
+                raise
             lat = dict(res["latency_ms"])
             lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
-            row = Interaction(id=sid, question=body.question, variant_id=str(d.shadow),
-                              route="shadow", propensity=self.router.traffic.shadow_percent / 100,
-                              answer=res["answer"], category=category,
+            row = Interaction(id=sid, question=self._stored(body.question),
+                              variant_id=str(d.shadow), route="shadow",
+                              propensity=self.router.traffic.shadow_percent / 100,
+                              answer=self._stored(res["answer"]), category=category,
                               features=query_features(body, d), context_ids=res["context_ids"],
                               citations=res["citations"], latency_ms=lat,
                               tokens_in=res["tokens_in"], tokens_out=res["tokens_out"],
-                              shadow=True, parent_id=parent, scores=res["scores"])
+                              shadow=True, parent_id=parent,
+                              scores=self._scores(res, body.question))
             await asyncio.to_thread(self.store.log_interaction, row)
             f1 = (res["scores"] or {}).get("f1")
             self.metrics.observe_answer(str(d.shadow), "shadow", lat, res["tokens_in"],
@@ -367,7 +443,7 @@ class Ingress:
                 raise ConfigError(field, f"no deployed variant {spec!r} (have: "
                                          f"{', '.join(sorted(self.handles))})")
             return spec
-        cfg = self.settings.config(spec, where=field)
+        cfg = self._limited_config(spec, field)
         h = cfg.config_hash
         async with self._deploy_lock:
             if h in self.handles:
@@ -391,6 +467,14 @@ class Ingress:
         return serve.run(bound, name=f"ragpilot-{cfg.config_hash}", route_prefix=None,
                          blocking=False)
 
+    def _limited_config(self, overrides: dict[str, Any], field: str) -> RAGConfig:
+        """`base` + overrides, validated, with `k` within `limits.max_k`."""
+        cfg = self.settings.config(overrides, where=field)
+        cap = self.settings.limits.max_k
+        if cfg.k > cap:
+            raise ApiError(f"{field}.k", f"is {cfg.k}; the limit is {cap} (limits.max_k)")
+        return cfg
+
     # ---- tuner ----------------------------------------------------------------------------------
     def _submit_eval(self, request: dict[str, Any]):
         import ray
@@ -407,7 +491,11 @@ class Ingress:
 
     @api.post("/tuner/evaluate", status_code=202)
     async def tuner_evaluate(self, body: EvaluateRequest) -> dict[str, Any]:
-        cfg = self.settings.config(body.config, where="config")
+        cap = self.settings.limits.max_batch_size
+        if body.batch_size is not None and body.batch_size > cap:
+            raise ApiError("batch_size", f"is {body.batch_size}; the limit is {cap} "
+                                         "(limits.max_batch_size)")
+        cfg = self._limited_config(body.config, "config")
         job = self.jobs.submit({"config": cfg.model_dump(mode="json"), "dataset": body.dataset,
                                 "split": body.split, "batch_size": body.batch_size,
                                 "seed": body.seed})
@@ -444,12 +532,32 @@ class Ingress:
             "store": self.store.url})
 
 
+def _resolved(s: ServeSettings) -> ServeSettings:
+    """Relative store and key-file paths resolved against the current directory (replicas
+    run elsewhere)."""
+    if "://" not in s.store_url:
+        s = s.model_copy(update={"store_url": str(Path(s.store_url).resolve())})
+    keys = str(Path(s.auth.keys_file).resolve())
+    return s.model_copy(update={"auth": s.auth.model_copy(update={"keys_file": keys})})
+
+
 def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
     A relative `store_url` path is resolved against the current directory."""
-    s = ServeSettings.from_args(args)
-    if "://" not in s.store_url:
-        s = s.model_copy(update={"store_url": str(Path(s.store_url).resolve())})
+    s = _resolved(ServeSettings.from_args(args))
+    roles, configs = _variants(s)
+    p = s.pipelines
+    opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
+                              p.autoscaling)
+    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts) for h, c in configs.items()}
+    return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
+                           max_ongoing_requests=s.limits.max_inflight + 64).bind(
+        s.model_dump(mode="json"), handles, roles,
+        {h: c.model_dump(mode="json") for h, c in configs.items()})
+
+
+def _variants(s: ServeSettings) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:
+    """(role -> variant id, variant id -> config) of the configs the settings deploy."""
     roles: dict[str, str | None] = {"stable": None, "canary": None, "shadow": None}
     configs: dict[str, RAGConfig] = {}
     for role in ("stable", "canary", "shadow"):
@@ -464,14 +572,76 @@ def build_app(args: dict[str, Any] | None = None):
     if len(configs) > s.max_variants:
         raise ConfigError("serve.max_variants", f"{len(configs)} distinct configs to deploy; "
                                                 f"the limit is {s.max_variants}")
-    p = s.pipelines
-    opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
-                              p.autoscaling)
-    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts) for h, c in configs.items()}
-    return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
-                           max_ongoing_requests=s.limits.max_inflight + 64).bind(
-        s.model_dump(mode="json"), handles, roles,
-        {h: c.model_dump(mode="json") for h, c in configs.items()})
+    return roles, configs
+
+
+# ---- in-process (no Ray): the same ingress as a plain ASGI app ----------------------------------
+class _LocalMethod:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args: Any):
+        return asyncio.to_thread(self.fn, *args)
+
+
+class LocalHandle:
+    """Stands in for a deployment handle: `await h.answer.remote(q, iid)` runs
+    `service.answer(q, iid)` in a thread (any object with `answer` and `info`)."""
+
+    def __init__(self, service: Any):
+        self.service = service
+        self.answer = _LocalMethod(service.answer)
+        self.info = _LocalMethod(service.info)
+
+
+def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | None = None,
+              submit: Any = None, deploy: Any = None) -> FastAPI:
+    """The ingress of `build_app(args)` in this process, without Ray or Serve: the FastAPI
+    app with every route, middleware (API keys, body limit) and the real store, for ASGI test
+    clients and `uvicorn`. `services`: variant id -> object with `answer`/`info` (default:
+    a `PipelineService` per config, built here); `submit`: tuner-job submitter (default: a
+    thread running `run_evaluation`); `deploy`: RAGConfig -> handle for run-time variants
+    (default: a new PipelineService). One local app per process (routes are module-global)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serving.pipelines import PipelineService
+
+    s = _resolved(ServeSettings.from_args(args))
+    roles, configs = _variants(s)
+    services = dict(services or {})
+
+    def make(cfg: RAGConfig) -> LocalHandle:
+        return LocalHandle(PipelineService(cfg.model_dump(mode="json"), s.dataset, s.index_dir))
+
+    handles = {h: LocalHandle(services[h]) if h in services else make(c)
+               for h, c in configs.items()}
+    cls = next(b for b in Ingress.func_or_class.__mro__ if "query" in b.__dict__)
+    inst = cls.__new__(cls)
+    cls.__init__(inst, s.model_dump(mode="json"), handles, roles,
+                 {h: c.model_dump(mode="json") for h, c in configs.items()})
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tuner-job")
+    inst.jobs = TunerJobs(submit or (lambda req: pool.submit(run_evaluation, req)),
+                          s.max_jobs, on_done=inst._job_done)
+    inst._deploy = deploy or make
+    api.dependency_overrides[_servable_dependency()] = lambda: inst
+    return api
+
+
+def _servable_dependency():
+    """The dependency Ray's class-based view injects `self` with (overridden locally)."""
+    import inspect
+
+    def walk(router):  # FastAPI >= 0.137 nests included routers (`original_router`)
+        for route in router.routes:
+            yield route
+            if hasattr(route, "original_router"):
+                yield from walk(route.original_router)
+
+    for route in walk(api):
+        if getattr(getattr(route, "endpoint", None), "_serve_cls", None) is not None:
+            first = next(iter(inspect.signature(route.endpoint).parameters.values()))
+            return first.default.dependency
+    raise RuntimeError("no class-based routes found on the ragpilot API")
 
 
 app = build_app()

@@ -3,6 +3,7 @@
 Both answer "no" instantly with the number of seconds after which a retry can succeed, which
 the ingress returns as `429 Too Many Requests` with a `Retry-After` header (whole seconds,
 rounded up, at least 1). Thread-safe; time comes from an injectable clock (seconds) for tests.
+`BodyLimitMiddleware` refuses oversized request bodies (413) before anything parses them.
 """
 
 from __future__ import annotations
@@ -86,3 +87,80 @@ class InflightGate:
 def retry_after_header(seconds: float) -> str:
     """HTTP Retry-After value: whole seconds, rounded up, at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+_BODY_LIMIT = {"bytes": 1_048_576}
+
+
+def set_body_limit(n: int) -> None:
+    """The limit `current_body_limit` returns (set by the ingress from `limits.max_body_bytes`;
+    a function of this module so Ray's by-value pickling of the app shares it: see
+    serving.auth.install_guard)."""
+    _BODY_LIMIT["bytes"] = int(n)
+
+
+def current_body_limit() -> int:
+    return _BODY_LIMIT["bytes"]
+
+
+class BodyLimitMiddleware:
+    """ASGI middleware: refuse a request body larger than `limit()` bytes with 413, before
+    the app parses it. A declared `Content-Length` above the limit is refused without reading
+    a byte; a chunked body is read up to the limit (never more) and then replayed to the app.
+    `limit` is a callable so the ingress can set it from its settings after import."""
+
+    def __init__(self, app, limit: Callable[[], int]):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit()
+        declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), None)
+        if declared is not None:
+            if not declared.strip().isdigit():
+                await _json(send, 400, "content-length", "must be a whole number of bytes")
+                return
+            if int(declared) > limit:
+                await _too_large(send, int(declared), limit)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # client went away: let the app see it
+                break
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await _too_large(send, size, limit, at_least=True)
+                return
+            if not msg.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _json(send, status: int, field: str, message: str) -> None:
+    import json
+
+    payload = json.dumps({"error": f"{field}: {message}", "field": field}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _too_large(send, size: int, limit: int, at_least: bool = False) -> None:
+    more = "more than " if at_least else ""
+    await _json(send, 413, "body", f"request body is {more}{size} bytes; the limit is {limit} "
+                                   "(limits.max_body_bytes)")

@@ -198,3 +198,20 @@ class ServeMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+# ---- the ingress's metrics, reachable from middleware -------------------------------------------
+# Ray Serve pickles the Ingress class by value (serve.ingress rebinds its module name), so a
+# module global of serving.app assigned in Ingress.__init__ is a copy the request middleware
+# never sees: ragpilot_requests_total stayed empty under Serve. Like serving.auth's
+# install_guard, the holder lives in an importable module that both sides reach by reference.
+_CURRENT: list[ServeMetrics] = []
+
+
+def install_metrics(metrics: ServeMetrics) -> None:
+    """Make `metrics` the one `current_metrics()` returns (called by Ingress.__init__)."""
+    _CURRENT[:] = [metrics]
+
+
+def current_metrics() -> ServeMetrics | None:
+    return _CURRENT[0] if _CURRENT else None

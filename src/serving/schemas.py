@@ -78,6 +78,43 @@ class LimitSettings(_Strict):
     """Token-bucket capacity per client (requests)."""
     max_clients: int = Field(10_000, ge=1)
     """Clients tracked by the rate limiter (least recently seen are forgotten)."""
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=64 * 2**20)
+    """Request bodies above this are refused with 413 before they are parsed."""
+    max_question_chars: int = Field(4000, ge=1, le=4000)
+    """/query `question` length (the schema's hard cap is 4,000; this can only lower it)."""
+    max_batch_size: int = Field(2000, ge=1, le=100_000)
+    """/tuner/evaluate `batch_size` at most (one job's examples)."""
+    max_k: int = Field(32, ge=1, le=32)
+    """`k` of any config sent to /tuner/evaluate or /admin/traffic at most."""
+
+
+class AuthSettings(_Strict):
+    """API keys for the admin endpoints (serving.auth): `ragpilot keys create --role admin`."""
+
+    enabled: bool = True
+    """Off only for local experiments: every admin endpoint is then open."""
+    keys_file: str = "runs/serve/api_keys.json"
+    """Hashed keys (sha256 with a per-key salt); re-read when it changes."""
+    protect_reads: bool = False
+    """Also require a `read` (or `admin`) key for /rl/stats and /rl/leaderboard."""
+
+
+PII_KINDS = Literal["email", "iban", "credit_card", "ssn", "phone"]
+
+
+class PIISettings(_Strict):
+    """PII handling (serving.pii)."""
+
+    redact_logs: bool = True
+    """Redact PII from the ingress's log records (messages and tracebacks)."""
+    redact_store: bool = False
+    """Store questions and answers redacted in the interaction log (features and the
+    leak count are computed from the raw text first)."""
+    kinds: list[PII_KINDS] = Field(
+        default_factory=lambda: ["email", "iban", "credit_card", "ssn", "phone"])
+    leak_detection: Literal["off", "leak", "any"] = "leak"
+    """Count PII in each answer into `scores.pii_leaks`: `leak` = not present in the question,
+    `any` = every match."""
 
 
 class DeploymentSettings(_Strict):
@@ -108,6 +145,8 @@ class ServeSettings(_Strict):
     traffic: TrafficSettings = TrafficSettings()
     bandit: BanditSettings = BanditSettings()
     limits: LimitSettings = LimitSettings()
+    auth: AuthSettings = AuthSettings()
+    pii: PIISettings = PIISettings()
     pipelines: DeploymentSettings = DeploymentSettings()
     max_variants: int = Field(8, ge=1, le=64)
     """Pipeline deployments (config hashes) at most; also bounds the Prometheus variant label."""
