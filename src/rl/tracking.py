@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rag.config import RAGConfig
+from rag.provenance import provenance_tags
 
 
 def code_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit (rag.provenance.code_commit: `+dirty` when tracked files changed)."""
+    from rag.provenance import code_commit as commit
+
+    return commit()
 
 
 def tracking_uri(default_dir: str | Path) -> str:
@@ -44,7 +43,7 @@ def log_eval_run(experiment: str, run_name: str, config: RAGConfig,
         mlflow.log_params({**config.model_dump(mode="json"), "config_hash": config.config_hash})
         mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in summary.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        mlflow.set_tags({"code_commit": code_commit(),
+        mlflow.set_tags({**provenance_tags(manifest), "code_commit": code_commit(),
                          "dataset": str(manifest.get("dataset", "unknown"))})
         mlflow.log_text(json.dumps(dict(manifest), indent=2, sort_keys=True),
                         "dataset_manifest.json")
@@ -77,7 +76,8 @@ def log_tuning_run(uri: str, dataset: str, method: str, seed: int, best: RAGConf
                                 "cost": float(s["cost"]), "reward": float(s["reward"])},
                                step=i)
         mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in summary.items()})
-        mlflow.set_tags({"code_commit": code_commit(), "dataset": dataset})
+        mlflow.set_tags({**provenance_tags(manifest), "code_commit": code_commit(),
+                         "dataset": dataset})
         mlflow.log_text(json.dumps(dict(policy), indent=2, sort_keys=True), "policy.json")
         mlflow.log_text(json.dumps(dict(manifest), indent=2, sort_keys=True),
                         "dataset_manifest.json")

@@ -94,6 +94,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = _load_config(args.config, args.set)
     ds, examples = _examples_for(args.dataset, args.split, args.limit)
+    if args.dry_run:
+        return _eval_dry_run(cfg, ds, examples)
+    if not args.out:
+        raise ConfigError("--out", "required unless --dry-run")
     if args.index:
         indexes = IndexSet.open(args.index, show_progress=True)
     else:
@@ -106,6 +110,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
         v = result.summary[k]
         print(f"{k:<28} {v:.4f}" if isinstance(v, float) else f"{k:<28} {v}")
     print(f"wrote {out}/predictions.jsonl, contexts.jsonl, summary.json, summary.csv")
+    return 0
+
+
+def _eval_dry_run(cfg, ds, examples) -> int:
+    """Print the projected generator and judge bill of the run (rag.metrics.cost); nothing is
+    retrieved, generated, scored or written."""
+    from rag.metrics.cost import format_projection, project_eval
+    from rag.metrics.ragas_adapter import RagasConfig
+
+    if not examples:
+        raise ConfigError("--split", f"no examples of {ds.name} in this split")
+    rc = RagasConfig.load() if RagasConfig.configured() else None
+    proj = project_eval(cfg, examples, ds.corpus, strictness=rc.strictness if rc else 3,
+                        dedupe=rc.cache if rc else True)
+    print(f"dry run: {len(examples)} examples of {ds.name}, config {cfg.config_hash}, "
+          f"k={cfg.k}; contexts = gold passages + seeded random fill-ins, answers = gold "
+          f"answers (nothing was retrieved, generated or scored)")
+    print(format_projection(proj))
     return 0
 
 
@@ -199,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--limit", type=int)
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", help="output directory (required unless --dry-run)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the projected generator/judge calls and tokens, run nothing")
     s.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("demo", help="the main job: index a generated corpus, compare configs")
@@ -237,6 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     from serving.rollout_cmd import add_parsers as add_rollout_parsers
 
     add_rollout_parsers(sub)  # rollout status | start | advance | rollback
+    from serving.keys_cmd import add_parsers as add_keys_parsers
+
+    add_keys_parsers(sub)  # keys create | list | revoke
+    from serving.train_cmd import add_parsers as add_train_parsers
+
+    add_train_parsers(sub)  # train-reranker
+    from serving.train_gen_cmd import add_parsers as add_train_gen_parsers
+
+    add_train_gen_parsers(sub)  # train-generator sft | dpo | ipo | orpo
+    from serving.selection_cmd import add_parsers as add_selection_parsers
+
+    add_selection_parsers(sub)  # select run | ablate
     return p
 
 

@@ -45,6 +45,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ev = TunerEvaluator(TuningData.open(args.dataset), policy)
     budget = args.budget or 5 * policy.ppo.train_batch_size
+    from rl.prom import for_tune_run  # Prometheus export of the run (docs/operations.md)
+
+    prom = for_tune_run(policy, ev.thresholds, args.metrics_port, args.metrics_textfile)
     if args.method == "ppo":
         from rl.ppo import PPOTuner
 
@@ -55,9 +58,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tuner.restore(args.resume)
         # the budget covers training steps and one greedy read-out episode
         iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
-        res = tuner.train(iters, log=lambda it, m: print(
-            f"iteration {it + 1}/{iters}: " + " ".join(f"{k}={v:.4g}" for k, v in m.items()
-                                                       if "/" not in k), flush=True))
+        def log(it: int, m: dict) -> None:
+            print(f"iteration {it + 1}/{iters}: " + " ".join(
+                f"{k}={v:.4g}" for k, v in m.items() if "/" not in k), flush=True)
+            if prom is not None:
+                prom.consume(tuner.env.history)
+                prom.flush()
+
+        res = tuner.train(iters, log=log)
         steps = tuner.env.history
         if args.checkpoint:
             print("checkpoint:", tuner.save(out / "checkpoint"))
@@ -77,6 +85,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             steps.append({"faithfulness": rep.faithfulness, "relevancy": rep.relevancy,
                           "p95_latency_ms": rep.p95_latency_ms, "cost": rep.cost,
                           "reward": c["reward"], "config_hash": c["config_hash"]})
+    if prom is not None:
+        prom.consume(steps, resolve=ev.seen.get)
+        prom.flush()
     best = res.best_config
     valid = ev.evaluate(best)
     test = ev.evaluate(best, ev.slice.holdout_split)
@@ -186,6 +197,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--resume", help="PPO checkpoint directory to continue from")
     s.add_argument("--mlflow-dir", default="runs/mlflow")
     s.add_argument("--no-mlflow", action="store_true")
+    s.add_argument("--metrics-port", type=int, help="export tuner metrics on 127.0.0.1:PORT")
+    s.add_argument("--metrics-textfile", help="write tuner metrics to this .prom file")
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("report", help="holdout comparison, CIs and Pareto plots of a tune run")

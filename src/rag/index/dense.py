@@ -4,11 +4,15 @@ on unit vectors (= cosine).
 Corpus embeddings are cached on disk by (corpus fingerprint, encoder fingerprint), so rebuilding
 an index for the same corpus and model encodes nothing. `device="cuda"` moves the index to the
 GPU with faiss-gpu (the `gpu` extra); without it that is an error, never a silent fallback.
+The FAISS device can also be chosen on its own, leaving the encoder where it is:
+`faiss_device="gpu"` or, for every index a process loads (IndexSet, Serve replicas, the tuner),
+the setting RAGPILOT_FAISS_DEVICE=cpu|gpu. Errors name the key that asked for the GPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -64,15 +68,42 @@ def _make_index(vecs: np.ndarray, kind: str):
     return index
 
 
-def _to_device(index, device: str):
-    if device == "cpu":
+FAISS_DEVICE_ENV = "RAGPILOT_FAISS_DEVICE"
+_DEVICES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
+
+
+def faiss_gpu_available() -> bool:
+    """True when the installed faiss is a GPU build and sees at least one GPU."""
+    faiss = _faiss()
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def resolve_faiss_device(device: str, faiss_device: str | None = None) -> tuple[str, str]:
+    """(cpu | cuda, the key that chose it): `faiss_device`, else $RAGPILOT_FAISS_DEVICE,
+    else the retriever's `device`."""
+    for key, value in (("faiss_device", faiss_device),
+                       (FAISS_DEVICE_ENV, os.environ.get(FAISS_DEVICE_ENV) or None),
+                       ("device", device)):
+        if value is not None:
+            if value not in _DEVICES:
+                raise ConfigError(key, f"unknown device {value!r} (cpu | gpu | cuda)")
+            return _DEVICES[value], key
+    return "cpu", "device"
+
+
+def _to_device(index, device: str, key: str = "device", kind: str = "flat"):
+    if _DEVICES.get(device, device) == "cpu":
         return index
     faiss = _faiss()
-    if device != "cuda":
-        raise ConfigError("device", f"unknown device {device!r} (cpu | cuda)")
-    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ConfigError("device", "cuda requested but this faiss has no GPU support or sees "
-                                    "no GPU; install the gpu extra (faiss-gpu-cu12)")
+    if device not in _DEVICES:
+        raise ConfigError(key, f"unknown device {device!r} (cpu | gpu | cuda)")
+    if kind == "hnsw":
+        raise ConfigError(key, "faiss has no GPU HNSW index: use dense_index flat on the GPU "
+                               "(exact search, fast there) or this key = cpu")
+    if not faiss_gpu_available():
+        raise ConfigError(key, f"{device} requested but this faiss has no GPU support or sees "
+                               "no GPU; install the gpu extra (faiss-gpu-cu12) or set "
+                               f"{key} to cpu")
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
 
@@ -82,16 +113,17 @@ class DenseRetriever(Retriever):
     kind = "dense"
 
     def __init__(self, index, vecs: np.ndarray, ids: list[str], encoder, index_kind: str,
-                 device: str = "cpu"):
+                 device: str = "cpu", faiss_device: str | None = None):
         self._cpu_index = index
-        self._index = _to_device(index, device)
+        self.faiss_device, key = resolve_faiss_device(device, faiss_device)
+        self._index = _to_device(index, self.faiss_device, key, index_kind)
         self._vecs = vecs
         self._ids = ids
         self._row = {pid: i for i, pid in enumerate(ids)}
         self.encoder = encoder
         self.index_kind = index_kind
         self.device = device
-        if index_kind == "hnsw" and device == "cpu":
+        if index_kind == "hnsw" and self.faiss_device == "cpu":
             self._index.hnsw.efSearch = HNSW_EF_SEARCH
 
     @classmethod
