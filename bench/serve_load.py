@@ -16,6 +16,11 @@ replicas open gRPC on every interface). Phases, each bounded in requests:
   5. shadow: p95 at 4 clients with shadow 0% / 10% / 100%, interleaved rounds so background
      load drifts hit all three alike (target: 10% adds ≤ 10% to the user path's p95).
 Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests.
+
+API keys stay on (the default, `auth.enabled: true`): the benchmark creates an `admin` key in
+the key file the app reads (`auth.keys_file`, here in the run's temporary directory) through
+`serving.auth.KeyFile.create` (what `ragpilot keys create --role admin` does) and sends it on
+the /admin/traffic calls.
 """
 
 from __future__ import annotations
@@ -85,10 +90,21 @@ def wait_idle(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def set_traffic(url: str, **body) -> dict:
+def admin_key(keys_file: str | Path) -> dict[str, str]:
+    """Create an `admin` key in `keys_file` (the app's `auth.keys_file`) as `ragpilot keys
+    create --role admin` does; the request headers that send it."""
+    from serving.auth import KeyFile
+
+    token, rec = KeyFile(keys_file).create("admin", name="bench/serve_load")
+    print(f"admin key {rec.id} created in {keys_file}", flush=True)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def set_traffic(url: str, headers: dict[str, str], **body) -> dict:
+    """POST /admin/traffic with the admin key's `headers`."""
     import httpx
 
-    r = httpx.post(f"{url}/admin/traffic", json=body, timeout=120)
+    r = httpx.post(f"{url}/admin/traffic", json=body, headers=headers, timeout=120)
     r.raise_for_status()
     return r.json()
 
@@ -132,8 +148,11 @@ def main() -> None:
     # 2. Serve
     isolated = netns.enter_private_netns()
     store = Path(tempfile.mkdtemp(prefix="serve-load-")) / "interactions.sqlite"
+    keys_file = store.parent / "api_keys.json"
+    admin = admin_key(keys_file)
     port = netns.free_port()
     settings = {"store_url": str(store), "canary": CANARY, "shadow": SHADOW,
+                "auth": {"enabled": True, "keys_file": str(keys_file)},
                 "traffic": {"canary_percent": 0.0, "shadow_percent": 0.0},
                 "limits": {"max_inflight": 512, "rate_per_s": 1e6, "burst": 1e6},
                 "pipelines": {"num_replicas": args.replicas, "autoscaling": None,
@@ -185,7 +204,7 @@ def main() -> None:
                               len(c1)))
 
         # 3. canary share over distinct users
-        set_traffic(url, canary_percent=10.0)
+        set_traffic(url, admin, canary_percent=10.0)
         res, _ = asyncio.run(load(url, payloads(n_canary, users=True), 16))
         ok = [r for r in res if r[0] == 200]
         on = np.array([r[2]["route"] == "canary" for r in ok], dtype=float)
@@ -215,17 +234,17 @@ def main() -> None:
         rows.append(plain_row(DS, "feedback", "missing", len(acked) - in_store, len(acked)))
         print(f"feedback acknowledged {len(acked)}, in store {in_store}, interactions "
               f"{rows_q}", flush=True)
-        set_traffic(url, canary_percent=0.0)
+        set_traffic(url, admin, canary_percent=0.0)
 
         # 5. shadow's effect on the user path (interleaved rounds at 4 clients)
         shadow_ms: dict[float, list[float]] = {0.0: [], 10.0: [], 100.0: []}
         for _ in range(shadow_rounds):
             for pct in shadow_ms:
-                set_traffic(url, shadow_percent=pct)
+                set_traffic(url, admin, shadow_percent=pct)
                 res, _ = asyncio.run(load(url, payloads(n_shadow), 4))
                 shadow_ms[pct] += [r[1] for r in res if r[0] == 200]
                 wait_idle(url)
-        set_traffic(url, shadow_percent=0.0)
+        set_traffic(url, admin, shadow_percent=0.0)
         p95 = {k: float(np.percentile(v, 95)) for k, v in shadow_ms.items()}
         base = np.asarray(shadow_ms[0.0])
         for pct, ms in shadow_ms.items():

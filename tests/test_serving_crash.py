@@ -42,7 +42,9 @@ class Stub:
 
 store, keys, port, stable = sys.argv[1:5]
 app = local_app({"store_url": store, "base": {"generator": "extractive"},
-                 "auth": {"keys_file": keys}}, services={stable: Stub()})
+                 "auth": {"keys_file": keys},
+                 # /feedback is rate-limited per client address: all 4 streams are 127.0.0.1
+                 "limits": {"rate_per_s": 1e6, "burst": 1e6}}, services={stable: Stub()})
 uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning")
 """
 

@@ -170,3 +170,63 @@ def test_cli_exports_interactions(tmp_path, capsys):
     assert len(lines) == 1 and '"reward": 0.5' in lines[0]
     assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_pii_leak_penalty_of_the_reward_by_hand():
+    """rl.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
+    (clipped to [0, 1]); no leaks change nothing."""
+    from rl.policy import PolicyConfig
+    from rl.reward import PII_LEAK_WEIGHT, StepMetrics, feedback_reward, gates, penalty, reward
+
+    p = PolicyConfig()
+    t = p.thresholds.model_copy(update={"relevancy": 0.5})
+    m = StepMetrics(faithfulness=0.8, relevancy=0.6, p95_latency_ms=250, cost=500)
+    assert PII_LEAK_WEIGHT == 1.0
+    assert reward(m, p.reward_weights, t, 1000, 0.05)[0] == pytest.approx(0.5)  # as before
+    leaky = StepMetrics(0.8, 0.6, 250, 500, pii_leaks=0.2)
+    # 0.5*0.8 + 0.5*0.6 - 0.2*0.5 - 0.2*0.5 - 1.0*(0 gates + 1.0*0.2) = 0.3
+    assert reward(leaky, p.reward_weights, t, 1000, 0.05)[0] == pytest.approx(0.3)
+    assert reward(leaky, p.reward_weights, t, 1000, 0.05, pii_weight=0.5)[0] == \
+        pytest.approx(0.4)
+    v = gates(m, p.thresholds, 0.05)  # relevancy fails: 1
+    assert penalty(v) == 1.0 and penalty(v, 2.0) == 3.0 and penalty(v, 2.0, 0.25) == 1.5
+    assert feedback_reward(0.9) == 0.9 and feedback_reward(0.9, 0) == 0.9
+    assert feedback_reward(0.9, 1) == 0.0 and feedback_reward(0.9, 1, 0.25) == pytest.approx(0.65)
+    assert feedback_reward(0.3, 2, 0.25) == 0.0  # clipped at 0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="pii_leaks"):
+            feedback_reward(0.5, bad)
+
+
+def test_rollout_log_evidence_carries_the_pii_penalty():
+    """Interaction rows used as rollout evidence: reward (and scores[reward_key]) lose the
+    penalty per leak; rows without leaks are untouched."""
+    from serving.rollout_cmd import penalize_pii
+
+    rows = [{"id": "a", "reward": 0.8, "scores": {"f1": 0.9, "pii_leaks": 0.0}},
+            {"id": "b", "reward": 0.8, "scores": {"f1": 0.9, "pii_leaks": 2.0}},
+            {"id": "c", "reward": None, "scores": {"f1": 0.9, "pii_leaks": 1.0}},
+            {"id": "d", "reward": 0.7, "scores": None}]
+    out = penalize_pii(rows, reward_key="f1", weight=0.25)
+    assert out[0] is rows[0] and out[3] is rows[3]
+    assert out[1]["reward"] == pytest.approx(0.3) and out[1]["scores"]["f1"] == pytest.approx(0.4)
+    assert out[2]["reward"] is None and out[2]["scores"]["f1"] == pytest.approx(0.65)
+    assert rows[1]["reward"] == 0.8  # the input is not modified
+    assert penalize_pii(rows)[1]["reward"] == 0.0  # default weight 1.0
+    assert penalize_pii(rows, weight=0)[1] is rows[1]
+    with pytest.raises(ConfigError, match="--pii-penalty"):
+        penalize_pii(rows, weight=-1)
+
+
+def test_serving_ops_files_name_tests_that_exist():
+    """Comments in the Prometheus config, the runbooks and docs/serving.md point at tests that
+    exist (deploy/prometheus/prometheus.yml once named a test file that never did)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    files = [repo / "deploy/prometheus/prometheus.yml", repo / "docs/serving.md",
+             *sorted((repo / "runbooks").glob("*.md"))]
+    named = {m for f in files for m in re.findall(r"tests/test_\w+\.py", f.read_text())}
+    assert "tests/test_serving_prometheus.py" in named
+    assert sorted(n for n in named if not (repo / n).exists()) == []

@@ -150,15 +150,16 @@ class Ingress:
         _STATE["metrics"] = self.metrics
         install_metrics(self.metrics)
         set_body_limit(s.limits.max_body_bytes)
-        install_guard(Guard(KeyFile(s.auth.keys_file), s.auth.enabled, s.auth.protect_reads))
+        self.guard = Guard(KeyFile(s.auth.keys_file), s.auth.enabled, s.auth.protect_reads)
+        install_guard(self.guard)
         if s.pii.redact_logs and not any(isinstance(f, RedactingFilter) for f in log.filters):
             log.addFilter(RedactingFilter(s.pii.kinds))
         explicit = [s.config(a).config_hash for a in s.bandit.arms]
         self.router = Router(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
                              shadow=roles["shadow"], arms=explicit or list(self.handles))
         self._explicit_arms = bool(explicit)
-        for cat, variant, reward in self.store.bandit_history():
-            self.router.update(cat, variant, reward)
+        for cat, variant, reward, leaks in self.store.bandit_history(pii_leaks=True):
+            self.router.update(cat, variant, self._policy_reward(reward, leaks))
         self.limiter = TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
                                           s.limits.max_clients)
         self.gate = InflightGate(s.limits.max_inflight)
@@ -175,14 +176,7 @@ class Ingress:
         if len(body.question) > cap:
             raise ApiError("question", f"is {len(body.question)} characters; the limit is "
                                        f"{cap} (limits.max_question_chars)")
-        client = f"u:{body.user_id}" if body.user_id else \
-            f"ip:{request.client.host if request.client else 'unknown'}"
-        wait = self.limiter.acquire(client)
-        if wait > 0:
-            self.metrics.rejected.labels("rate_limit").inc()
-            raise HTTPException(429, detail=f"rate limit: {self.settings.limits.rate_per_s:g} "
-                                f"requests/s per client", headers={
-                                    "Retry-After": retry_after_header(wait)})
+        self._rate_limit(request)
         if not self.gate.try_enter():
             self.metrics.rejected.labels("queue_full").inc()
             raise HTTPException(429, detail=f"server busy: {self.gate.limit} requests in flight",
@@ -194,6 +188,30 @@ class Ingress:
         finally:
             self.gate.leave()
             self.metrics.inflight.set(self.gate.inflight)
+
+    def client_id(self, request: Request) -> str:
+        """Who a request is for the rate limiter: `key:<id>` when it carries a valid API key
+        (any role; a made-up or revoked token does not count), else `ip:<address>` of the
+        connection. Never a body field: `user_id` is the client's to choose per request."""
+        token = Guard.token_from({k.lower(): v for k, v in request.headers.items()})
+        if token and self.guard.keys is not None:
+            try:
+                rec = self.guard.keys.verify(token)
+            except ConfigError:  # unreadable key file: fall back to the address
+                rec = None
+            if rec is not None:
+                return f"key:{rec.id}"
+        return f"ip:{request.client.host if request.client else 'unknown'}"
+
+    def _rate_limit(self, request: Request) -> None:
+        """429 with Retry-After when this client's token bucket (shared by /query and
+        /feedback) is empty."""
+        wait = self.limiter.acquire(self.client_id(request))
+        if wait > 0:
+            self.metrics.rejected.labels("rate_limit").inc()
+            raise HTTPException(429, detail=f"rate limit: {self.settings.limits.rate_per_s:g} "
+                                f"requests/s per client", headers={
+                                    "Retry-After": retry_after_header(wait)})
 
     async def _answer(self, body: QueryRequest) -> QueryResponse:
         t0 = time.perf_counter()
@@ -304,13 +322,24 @@ class Ingress:
             log.exception("shadow request %s (parent %s) failed", sid, parent)
 
     @api.post("/feedback")
-    async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+    async def feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
+        """Store the user's reward. The bandit learns `policy_reward`: the reward minus
+        `pii.leak_penalty` per PII leak the answer had (`rl.reward.feedback_reward`)."""
+        self._rate_limit(request)
         ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
+        learned = self._policy_reward(ack.reward, ack.pii_leaks)
         if ack.route == "bandit":
-            self.router.update(ack.category, ack.variant_id, ack.reward)
+            self.router.update(ack.category, ack.variant_id, learned)
         self.metrics.observe_feedback(ack.variant_id, ack.route, ack.reward)
         return {"stored": True, "interaction_id": ack.interaction_id, "reward": ack.reward,
-                "variant_id": ack.variant_id, "route": ack.route}
+                "variant_id": ack.variant_id, "route": ack.route, "pii_leaks": ack.pii_leaks,
+                "policy_reward": learned}
+
+    def _policy_reward(self, reward: float, pii_leaks: float) -> float:
+        """What the policy learns from a logged reward (issue 10: PII leaks feed penalty P)."""
+        from rl.reward import feedback_reward
+
+        return feedback_reward(reward, pii_leaks, self.settings.pii.leak_penalty)
 
     # ---- control plane ------------------------------------------------------------------------
     @api.get("/rl/stats")
@@ -344,17 +373,24 @@ class Ingress:
         return PromotionStateMachine.load(d)
 
     def _apply_rollout_traffic(self, sm) -> dict[str, Any]:
-        """Point the router at the split the rollout's stage asks for."""
+        """Point the router at the split the rollout's stage asks for, stable included: the
+        candidate at `full`, else the rollout's `stable` (kept in its state.json), so a
+        rollback from any stage, `full` included, serves the old stable again."""
         from serving.rollout_cmd import router_settings
 
         t = router_settings(sm)
-        if sm.stage == "full":
-            self.router.stable = sm.state.candidate
+        stable: Any = t["stable"]
+        warning = None
+        if stable not in self.handles:  # a state written elsewhere: never route to nothing
+            warning = (f"rollout stable {stable!r} is not deployed here; the router keeps "
+                       f"{self.router.stable!r} (set it with POST /admin/traffic `stable`)")
+            log.warning(warning)
+            stable = False
         state = self.router.set_traffic("split", t["canary_percent"], t["shadow_percent"],
-                                        t["canary"], t["shadow"])
+                                        t["canary"], t["shadow"], stable=stable)
         self.metrics.set_traffic(self.router.traffic.canary_percent,
                                  self.router.traffic.shadow_percent)
-        return state
+        return {**state, "warning": warning} if warning else state
 
     @api.get("/admin/rollout")
     async def rollout_status(self) -> dict[str, Any]:
@@ -399,7 +435,8 @@ class Ingress:
                 path = Path(tmp) / "interactions.jsonl"
                 await asyncio.to_thread(self.store.export_jsonl, path)
                 if path.stat().st_size:
-                    reports += reports_from_file(path, sm)
+                    reports += reports_from_file(path, sm,
+                                                 pii_penalty=self.settings.pii.leak_penalty)
         decision = None
         for rep in reports:
             decision = sm.observe(rep)
@@ -424,12 +461,18 @@ class Ingress:
         given = body.model_fields_set
         canary: Any = False
         shadow: Any = False
+        stable: Any = False
+        if "stable" in given:
+            if body.stable is None:
+                raise ApiError("stable", "cannot be removed (something must serve); send a "
+                                         "variant id or config overrides")
+            stable = await self._variant_for(body.stable, "stable")
         if "canary_config" in given:
             canary = await self._variant_for(body.canary_config, "canary_config")
         if "shadow_config" in given:
             shadow = await self._variant_for(body.shadow_config, "shadow_config")
         state = self.router.set_traffic(body.mode, body.canary_percent, body.shadow_percent,
-                                        canary, shadow)
+                                        canary, shadow, stable=stable)
         self.metrics.set_traffic(self.router.traffic.canary_percent,
                                  self.router.traffic.shadow_percent)
         return state
@@ -518,18 +561,47 @@ class Ingress:
     @api.get("/healthz")
     async def healthz(self) -> JSONResponse:
         """Readiness: 200 once the store answers and every pipeline has a warm replica (each is
-        asked for its info, 5 s at most), else 503 with `status: starting`."""
-        await asyncio.to_thread(self.store.counts)
+        asked for its info, 5 s at most). Otherwise 503 (never a 500), JSON with `status`
+        `starting` (no answer within 5 s) or `unavailable` (the store or a replica failed),
+        `error` saying what failed and `failed`: variant id -> exception type and message."""
         variants = sorted(self.handles)
+        body: dict[str, Any] = {"variants": variants, "stable": self.router.stable,
+                                "store": self.store.url}
         try:
-            await asyncio.wait_for(asyncio.gather(
-                *(self.handles[v].info.remote() for v in variants)), timeout=5.0)
-            status, code = "ok", 200
-        except TimeoutError:
-            status, code = "starting", 503
-        return JSONResponse(status_code=code, content={
-            "status": status, "variants": variants, "stable": self.router.stable,
-            "store": self.store.url})
+            await asyncio.to_thread(self.store.counts)
+        except Exception as exc:  # noqa: BLE001 - any store failure means "not ready"
+            log.error("healthz: store %s failed: %s: %s", self.store.url,
+                      type(exc).__name__, exc)
+            return JSONResponse(status_code=503, content={
+                **body, "status": "unavailable",
+                "error": f"store: {type(exc).__name__}: {exc}", "failed": {}})
+
+        async def probe(v: str) -> BaseException | None:
+            try:
+                await self.handles[v].info.remote()
+            except Exception as exc:  # noqa: BLE001 - a dead replica, an actor error, ...
+                return exc
+            return None
+
+        tasks = {v: asyncio.ensure_future(probe(v)) for v in variants}
+        done, pending = await asyncio.wait(tasks.values(), timeout=5.0) if tasks else \
+            (set(), set())
+        for t in pending:
+            t.cancel()
+        failed = {v: f"{type(t.result()).__name__}: {t.result()}" for v, t in tasks.items()
+                  if t in done and t.result() is not None}
+        slow = sorted(v for v, t in tasks.items() if t in pending)
+        if failed:
+            log.error("healthz: pipeline replicas failed: %s", failed)
+            return JSONResponse(status_code=503, content={
+                **body, "status": "unavailable", "failed": failed, "starting": slow,
+                "error": f"pipeline replica failed for {len(failed)} of {len(variants)} "
+                         f"variant(s): {', '.join(sorted(failed))}"})
+        if slow:
+            return JSONResponse(status_code=503, content={
+                **body, "status": "starting", "failed": {}, "starting": slow,
+                "error": f"no answer within 5 s from {', '.join(slow)}"})
+        return JSONResponse(status_code=200, content={**body, "status": "ok"})
 
 
 def _resolved(s: ServeSettings) -> ServeSettings:

@@ -12,6 +12,8 @@ State lives in `--state-dir` (default runs/rollout): `state.json` (resumable) an
 (`rl.evaluators`; one object, a list, or JSONL of them) or an interaction export
 (`ragpilot export-interactions`, JSONL rows), which is turned into one report of the stage's
 kind: offline (IPS over the whole log), shadow (paired mirrored rows) or canary (split rows).
+A row's reward (and `scores[--reward-key]`) loses `--pii-penalty` (default 1.0) per PII leak
+of its answer (`scores.pii_leaks`, `rl.reward.feedback_reward`), as the serving bandit does.
 Shadow/canary use only rows newer than the state's `row_cursor` (the newest row already
 counted, reset at every transition), so a cumulative export can be passed again safely.
 Exit codes: 0 advanced (or, for status/start/rollback, done); 1 evidence did not suffice or
@@ -70,6 +72,21 @@ def router_settings(sm: Any) -> dict[str, Any]:
             "stable": sm.state.candidate if stage == "full" else sm.state.stable}
 
 
+def traffic_body(sm: Any) -> dict[str, Any]:
+    """The `POST /admin/traffic` body that applies the stage's split (stable included: after a
+    rollback, from `full` too, it names the rollout's old stable)."""
+    t = router_settings(sm)
+    return {"mode": "split", "canary_percent": t["canary_percent"],
+            "shadow_percent": t["shadow_percent"], "canary_config": t["canary"],
+            "shadow_config": t["shadow"], "stable": t["stable"]}
+
+
+def _print_apply(sm: Any) -> None:
+    print("apply on the Serve app: curl -s -XPOST 127.0.0.1:8000/admin/traffic "
+          "-H \"Authorization: Bearer $RAGPILOT_ADMIN_KEY\" -H 'content-type: application/json' "
+          f"-d '{json.dumps(traffic_body(sm))}'")
+
+
 # --------------------------------------------------------------------------- evidence files
 
 
@@ -97,9 +114,35 @@ def _read_json_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def penalize_pii(rows: list[dict[str, Any]], reward_key: str | None = None,
+                 weight: float | None = None) -> list[dict[str, Any]]:
+    """Rows whose `reward` (and `scores[reward_key]`) carry the PII-leak penalty
+    (`rl.reward.feedback_reward`); rows without leaks are returned as they are."""
+    from rl.reward import PII_LEAK_WEIGHT, feedback_reward
+    from serving.store import pii_leaks_of
+
+    w = PII_LEAK_WEIGHT if weight is None else float(weight)
+    if not w >= 0:
+        raise ConfigError("--pii-penalty", f"must be >= 0, got {weight!r}")
+    out = []
+    for r in rows:
+        leaks = pii_leaks_of(r.get("scores"))
+        if leaks > 0 and w > 0:
+            r = dict(r)
+            if r.get("reward") is not None:
+                r["reward"] = feedback_reward(float(r["reward"]), leaks, w)
+            sc = r.get("scores")
+            if reward_key and isinstance(sc, dict) and sc.get(reward_key) is not None:
+                r["scores"] = {**sc, reward_key: feedback_reward(float(sc[reward_key]), leaks,
+                                                                 w)}
+        out.append(r)
+    return out
+
+
 def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
-                      thresholds: Any = None) -> list[Any]:
-    """EvaluationReports from an evidence file, for the rollout's current stage."""
+                      thresholds: Any = None, pii_penalty: float | None = None) -> list[Any]:
+    """EvaluationReports from an evidence file, for the rollout's current stage (interaction
+    rows: rewards penalised for PII leaks, `penalize_pii`)."""
     from rl.evaluators import (
         CanaryEvaluator,
         EvaluationReport,
@@ -116,6 +159,7 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
     if not all("variant_id" in r for r in recs):
         raise ConfigError("--evidence", f"{path}: neither evaluation reports nor interaction "
                                         "rows (need 'kind'+'candidate' or 'variant_id')")
+    recs = penalize_pii(recs, reward_key, pii_penalty)
     cfg, st = sm.config, sm.state
     kind = KIND.get(sm.stage, "canary")
     if kind == "offline":  # the logged history before the rollout is what IPS replays
@@ -202,13 +246,16 @@ def cmd_advance(args: argparse.Namespace) -> int:
     if sm.done:
         print(f"refused: rollout is {sm.stage}; start a new one")
         return 1
-    reports = [r for path in args.evidence for r in reports_from_file(path, sm, args.reward_key)]
+    reports = [r for path in args.evidence
+               for r in reports_from_file(path, sm, args.reward_key,
+                                          pii_penalty=getattr(args, "pii_penalty", None))]
     for rep in reports:
         d = sm.observe(rep)
         if d.action == "rollback":
             _print_decision(d)
-            print("rolled back: set the router to stable only (ragpilot rollout status shows "
-                  "the traffic split); see runbooks/canary_promotion.md")
+            print("rolled back: set the router to stable only (see "
+                  "runbooks/canary_promotion.md)")
+            _print_apply(sm)
             return 1
         if d.action == "advance":  # auto_advance configured
             _print_decision(d)
@@ -218,7 +265,8 @@ def cmd_advance(args: argparse.Namespace) -> int:
     if d.action == "advance":
         t = router_settings(sm)
         print(f"apply traffic: canary {t['canary_percent']:g}%, shadow {t['shadow_percent']:g}%"
-              f" (canary={t['canary']}, shadow={t['shadow']})")
+              f" (canary={t['canary']}, shadow={t['shadow']}, stable={t['stable']})")
+        _print_apply(sm)
         return 0
     return 1
 
@@ -231,6 +279,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     sm = PromotionStateMachine.load(_state_dir(args))
     d = sm.rollback(f"manual: {args.reason}")
     _print_decision(d)
+    if d.action == "rollback":
+        print(f"stable {sm.state.stable} serves everything again once applied"
+              + (" (the rollout was at full: the router's stable must be set back)"
+                 if d.from_stage == "full" else ""))
+        _print_apply(sm)
     return 0 if d.action == "rollback" else 1
 
 
@@ -263,6 +316,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--evidence", action="append", default=[], metavar="FILE",
                    help="EvaluationReport JSON/JSONL or an interaction export (repeatable)")
     s.add_argument("--reward-key", help="take the reward from scores[KEY] (shadow rows)")
+    s.add_argument("--pii-penalty", type=float, default=None, metavar="W",
+                   help="reward lost per PII leak of a row's answer (default 1.0, "
+                        "rl.reward.PII_LEAK_WEIGHT; 0: off)")
     s.set_defaults(func=cmd_advance)
 
     s = rs.add_parser("rollback", help="roll the candidate back now (recorded in the audit log)")

@@ -102,9 +102,13 @@ class Router:
     # ---- configuration ----------------------------------------------------------------------
     def set_traffic(self, mode: str | None = None, canary_percent: float | None = None,
                     shadow_percent: float | None = None, canary: str | None | bool = False,
-                    shadow: str | None | bool = False) -> dict[str, object]:
+                    shadow: str | None | bool = False,
+                    stable: str | bool = False) -> dict[str, object]:
         """Change the split at run time. For `canary`/`shadow`, False keeps the current value
-        and None removes it. Returns the new state."""
+        and None removes it; `stable`: False keeps it, a variant id replaces it (it cannot be
+        removed). Returns the new state."""
+        if stable is not False and (not isinstance(stable, str) or not stable):
+            raise ConfigError("stable", f"must be a variant id, got {stable!r}")
         with self._lock:
             changes: dict[str, object] = {}
             if mode is not None:
@@ -118,6 +122,8 @@ class Router:
                 self.canary = canary  # type: ignore[assignment]
             if shadow is not False:
                 self.shadow = shadow  # type: ignore[assignment]
+            if stable is not False:
+                self.stable = stable  # type: ignore[assignment]
             return self.state()
 
     def state(self) -> dict[str, object]:

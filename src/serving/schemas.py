@@ -24,6 +24,7 @@ from pydantic import (
 
 from rag.config import RAGConfig, _to_config_error
 from rag.errors import ConfigError, RagError
+from rl.reward import PII_LEAK_WEIGHT
 
 
 class ApiError(RagError):
@@ -73,7 +74,9 @@ class LimitSettings(_Strict):
     max_inflight: int = Field(64, ge=1)
     """Requests on /query being answered at once; one more gets 429 (bounded queue)."""
     rate_per_s: float = Field(50.0, gt=0.0)
-    """Token-bucket refill per client (user_id, else the client address), requests/s."""
+    """Token-bucket refill per client, requests/s, shared by /query and /feedback. A client is
+    the API key's id when the request carries a valid key, else the connection's address; never
+    a body field (a client could change `user_id` per request)."""
     burst: float = Field(100.0, ge=1.0)
     """Token-bucket capacity per client (requests)."""
     max_clients: int = Field(10_000, ge=1)
@@ -115,6 +118,10 @@ class PIISettings(_Strict):
     leak_detection: Literal["off", "leak", "any"] = "leak"
     """Count PII in each answer into `scores.pii_leaks`: `leak` = not present in the question,
     `any` = every match."""
+    leak_penalty: float = Field(PII_LEAK_WEIGHT, ge=0.0)
+    """Reward units subtracted per leak (`rl.reward.feedback_reward`) from a /feedback reward
+    before the bandit learns from it, and from logged rewards used as rollout evidence
+    (`from_log`); 0 turns the penalty off."""
 
 
 class DeploymentSettings(_Strict):
@@ -227,13 +234,17 @@ class FeedbackRequest(_Strict):
 
 class TrafficRequest(_Strict):
     """Any field left out keeps its current value; a config is RAGConfig overrides on top of
-    `base` or the variant id (config hash) of a deployed pipeline; null removes it."""
+    `base` or the variant id (config hash) of a deployed pipeline; null removes it (not for
+    `stable`: something must serve)."""
 
     mode: Literal["split", "bandit"] | None = None
     canary_percent: float | None = Field(None, ge=0.0, le=100.0)
     shadow_percent: float | None = Field(None, ge=0.0, le=100.0)
     canary_config: dict[str, Any] | str | None = None
     shadow_config: dict[str, Any] | str | None = None
+    stable: dict[str, Any] | str | None = None
+    """The config answering every request not sent to the canary (e.g. the old stable after a
+    rollback from `full`); validated and deployed like `canary_config`."""
 
 
 class RolloutStartRequest(_Strict):

@@ -126,6 +126,23 @@ class FeedbackAck:
     variant_id: str
     route: str
     category: str
+    pii_leaks: float = 0.0
+    """`scores.pii_leaks` of the rated interaction (0 when not measured)."""
+
+
+def pii_leaks_of(scores: str | dict | None) -> float:
+    """`pii_leaks` of a stored `scores` value (JSON text or dict); 0 when absent or invalid."""
+    if isinstance(scores, str):
+        try:
+            scores = json.loads(scores)
+        except ValueError:
+            return 0.0
+    v = scores.get("pii_leaks") if isinstance(scores, dict) else None
+    try:
+        x = float(v) if v is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) and x > 0 else 0.0
 
 
 class InteractionStore:
@@ -168,11 +185,11 @@ class InteractionStore:
         if not isinstance(reward, int | float) or not math.isfinite(reward) \
                 or not 0.0 <= reward <= 1.0:
             raise StoreError("reward", f"must be a number in [0, 1], got {reward!r}")
-        rows = self._read("SELECT variant_id, route, category, shadow FROM interactions "
-                          "WHERE id = :id", {"id": interaction_id})
+        rows = self._read("SELECT variant_id, route, category, shadow, scores FROM "
+                          "interactions WHERE id = :id", {"id": interaction_id})
         if not rows:
             raise StoreError("interaction_id", f"unknown interaction {interaction_id!r}", 404)
-        variant, route, category, shadow = rows[0]
+        variant, route, category, shadow, scores = rows[0]
         if shadow:
             raise StoreError("interaction_id", "is a shadow interaction (never shown to a "
                                                "user); rate the served one", 422)
@@ -185,7 +202,8 @@ class InteractionStore:
                 raise StoreError("interaction_id", f"feedback for {interaction_id!r} was "
                                                    "already recorded", 409) from None
             raise
-        return FeedbackAck(interaction_id, float(reward), variant, route, category)
+        return FeedbackAck(interaction_id, float(reward), variant, route, category,
+                           pii_leaks_of(scores))
 
     def counts(self) -> dict[str, int]:
         (n, ns), = self._read("SELECT COUNT(*), COALESCE(SUM(shadow), 0) FROM interactions")
@@ -213,11 +231,15 @@ class InteractionStore:
                         "ci_low": lo, "ci_high": hi, "errors": int(errors or 0)})
         return out
 
-    def bandit_history(self) -> list[tuple[str, str, float]]:
-        """(category, variant, reward) of every rewarded bandit-routed request, in order."""
-        return [(c, v, float(r)) for c, v, r in self._read(
-            "SELECT i.category, i.variant_id, f.reward FROM feedback f JOIN interactions i"
-            " ON i.id = f.interaction_id WHERE i.route = 'bandit' ORDER BY f.seq")]
+    def bandit_history(self, pii_leaks: bool = False) -> list[tuple]:
+        """(category, variant, reward) of every rewarded bandit-routed request, in order;
+        with `pii_leaks`, (category, variant, reward, scores.pii_leaks) (0 when absent)."""
+        rows = self._read(
+            "SELECT i.category, i.variant_id, f.reward, i.scores FROM feedback f JOIN "
+            "interactions i ON i.id = f.interaction_id WHERE i.route = 'bandit' ORDER BY f.seq")
+        if pii_leaks:
+            return [(c, v, float(r), pii_leaks_of(sc)) for c, v, r, sc in rows]
+        return [(c, v, float(r)) for c, v, r, _ in rows]
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and

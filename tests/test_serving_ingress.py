@@ -1,0 +1,272 @@
+"""The Serve ingress in-process (`serving.app.local_app`, no Ray): per-client rate limits on
+/query and /feedback, /healthz on failures, rollback from `full` restoring the old stable,
+PII leaks feeding the reward the bandit learns, and the load benchmark's admin key.
+
+Pipelines are stand-ins (the real replica is exercised over HTTP in test_serving_app.py).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rag.config import RAGConfig
+from serving.auth import KeyFile
+
+BASE = {"generator": "extractive"}
+CANDIDATE = {"variant": "bm25"}
+STABLE_ID = RAGConfig(**BASE).config_hash
+CAND_ID = RAGConfig(**BASE, **CANDIDATE).config_hash
+GATES = {"faithfulness": True, "relevancy": True, "p95_latency_ms": True}
+
+
+class Stub:
+    """Answers with a fixed text; `info` can be made to fail like a dead replica."""
+
+    def __init__(self, variant: str, answer: str = "Paris [1]"):
+        self.variant, self.text, self.dead = variant, answer, False
+
+    def answer(self, question: str, query_id: str = "q") -> dict:
+        return {"answer": self.text, "citations": [1], "cited_ids": ["p1"],
+                "context_ids": ["p1", "p2"], "latency_ms": {"retrieve": 1.0, "generate": 0.5},
+                "tokens_in": 10, "tokens_out": 2, "variant_id": self.variant,
+                "scores": {"f1": 1.0}, "gold_category": None}
+
+    def info(self) -> dict:
+        if self.dead:
+            raise RuntimeError("ActorDiedError: the replica's worker process died")
+        return {"variant_id": self.variant}
+
+
+def _no_jobs(request: dict) -> Future:
+    fut: Future = Future()
+    fut.set_exception(RuntimeError("tuner jobs are not run in this test"))
+    return fut
+
+
+def make_app(tmp_path, answer: str = "Paris [1]", **extra):
+    """(TestClient, admin headers, read headers, stubs by variant id, the Ingress object).
+    A config deployed at run time gets a stub too (its id lands in `stubs`)."""
+    from serving.app import LocalHandle, _servable_dependency, api, local_app
+
+    kf = KeyFile(tmp_path / "keys.json")
+    admin, read = (kf.create(role, name=f"test-{role}")[0] for role in ("admin", "read"))
+    stubs = {STABLE_ID: Stub(STABLE_ID, answer), CAND_ID: Stub(CAND_ID, answer)}
+    args = {"store_url": str(tmp_path / "log.sqlite"), "base": BASE, "canary": CANDIDATE,
+            "auth": {"keys_file": str(kf.path)}, "rollout_dir": str(tmp_path / "rollout"),
+            **extra}
+
+    def deploy(cfg: RAGConfig) -> LocalHandle:
+        stubs[cfg.config_hash] = Stub(cfg.config_hash, answer)
+        return LocalHandle(stubs[cfg.config_hash])
+
+    app = local_app(args, services=dict(stubs), submit=_no_jobs, deploy=deploy)
+    inst = api.dependency_overrides[_servable_dependency()]()
+    return (TestClient(app), {"X-API-Key": admin}, {"Authorization": f"Bearer {read}"}, stubs,
+            inst)
+
+
+# --------------------------------------------------------------------------- rate limits
+
+
+def test_changing_user_id_does_not_escape_the_rate_limit(tmp_path):
+    c, _, read, _, _ = make_app(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
+    with c:
+        codes = [c.post("/query", json={"question": "Who?", "user_id": f"u{i}",
+                                        "session_id": f"s{i}"}).status_code for i in range(3)]
+        assert codes == [200, 200, 200]
+        r = c.post("/query", json={"question": "Who?", "user_id": "brand-new-user"})
+        assert r.status_code == 429 and "rate limit" in r.json()["detail"]
+        assert int(r.headers["Retry-After"]) >= 1
+        # a made-up API key is not an identity: still the address's (empty) bucket
+        fake = c.post("/query", json={"question": "Who?"},
+                      headers={"Authorization": "Bearer rpk_00000000_made-up"})
+        assert fake.status_code == 429
+        # a valid key is its own client (its own bucket), whatever the address
+        assert c.post("/query", json={"question": "Who?"}, headers=read).status_code == 200
+        text = c.get("/metrics").text
+        assert 'ragpilot_rejected_total{reason="rate_limit"} 2.0' in text
+
+
+def test_feedback_is_rate_limited_with_retry_after(tmp_path):
+    c, _, _, _, _ = make_app(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
+    with c:
+        ids = [c.post("/query", json={"question": f"Who {i}?"}).json()["interaction_id"]
+               for i in range(2)]
+        assert c.post("/feedback", json={"interaction_id": ids[0], "reward": 1.0}
+                      ).status_code == 200
+        r = c.post("/feedback", json={"interaction_id": ids[1], "reward": 0.5})
+        assert r.status_code == 429, r.text
+        assert int(r.headers["Retry-After"]) >= 1 and "rate limit" in r.json()["detail"]
+        assert c.get("/rl/stats").json()["store"]["feedback"] == 1  # refused before the write
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_healthz_answers_503_json_when_a_replica_or_the_store_fails(tmp_path):
+    c, _, _, stubs, inst = make_app(tmp_path)
+    with c:
+        assert c.get("/healthz").json()["status"] == "ok"
+        stubs[CAND_ID].dead = True
+        r = c.get("/healthz")
+        assert r.status_code == 503, r.text
+        body = r.json()
+        assert body["status"] == "unavailable" and list(body["failed"]) == [CAND_ID]
+        assert "ActorDiedError" in body["failed"][CAND_ID] and CAND_ID in body["error"]
+        stubs[CAND_ID].dead = False
+
+        def broken() -> dict:
+            raise OSError("disk I/O error")
+
+        inst.store.counts = broken
+        r = c.get("/healthz")
+        assert r.status_code == 503 and r.json()["status"] == "unavailable"
+        assert r.json()["error"].startswith("store: OSError")
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def _report(kind: str, n_c: int, n_s: int) -> dict:
+    """A clean batch whose candidate is far better than stable (any look succeeds)."""
+    return {"kind": kind, "paired": kind != "canary", "diff": 0.05, "diff_se": 0.001,
+            "diff_sd": 0.02, "ci_low": 0.048, "ci_high": 0.052, "gates": GATES,
+            "candidate": {"n": n_c, "reward": 0.65, "reward_sd": 0.05, "errors": 0, "slow": 0},
+            "stable": {"n": n_s, "reward": 0.6, "reward_sd": 0.05}}
+
+
+def drive_to_full(c: TestClient, admin: dict) -> None:
+    r = c.post("/admin/rollout/start", json={"candidate": CAND_ID, "stable": STABLE_ID,
+                                             "force": True}, headers=admin)
+    assert r.status_code == 200, r.text
+    steps = [[_report("offline", 500, 500)], [_report("shadow", 1500, 1500)] * 3,
+             [_report("canary", 1600, 30_000)] * 3, [_report("canary", 2000, 6000)] * 3]
+    for reports, to in zip(steps, ["shadow", "canary_5", "canary_25", "full"], strict=True):
+        r = c.post("/admin/rollout/advance", json={"reports": reports}, headers=admin)
+        assert r.status_code == 200 and r.json()["stage"] == to, r.text
+    assert c.get("/admin/traffic", headers=admin).json()["stable"] == CAND_ID
+    assert c.post("/query", json={"question": "Who?"}).json()["variant_id"] == CAND_ID
+
+
+def test_rollback_from_full_restores_the_old_stable(tmp_path):
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        drive_to_full(c, admin)
+        # evidence is refused at full (runbooks/canary_promotion.md says so)
+        assert c.post("/admin/rollout/advance", json={}, headers=admin).status_code == 409
+        rb = c.post("/admin/rollout/rollback", json={"reason": "p95 at full"}, headers=admin)
+        assert rb.status_code == 200 and rb.json()["stage"] == "rolled_back"
+        t = rb.json()["traffic"]
+        assert t["stable"] == STABLE_ID and t["canary"] is None and t["canary_percent"] == 0
+        assert c.get("/admin/traffic", headers=admin).json()["stable"] == STABLE_ID
+        assert c.post("/query", json={"question": "Who?"}).json()["variant_id"] == STABLE_ID
+        audit = [json.loads(x) for x in
+                 (tmp_path / "rollout" / "audit.jsonl").read_text().splitlines()]
+        assert (audit[-1]["from"], audit[-1]["to"], audit[-1]["stable_hash"]) == (
+            "full", "rolled_back", STABLE_ID)
+
+
+def test_cli_rollback_from_full_prints_the_traffic_body_that_restores_stable(tmp_path, capsys):
+    from serving import rollout_cmd
+
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        drive_to_full(c, admin)
+        assert rollout_cmd.main(["rollout", "rollback", "--state-dir", str(tmp_path / "rollout"),
+                                 "--reason", "incident at full"]) == 0
+        out = capsys.readouterr().out
+        body = json.loads(out.split("-d '")[1].split("'")[0])
+        assert body == {"mode": "split", "canary_percent": 0.0, "shadow_percent": 0.0,
+                        "canary_config": None, "shadow_config": None, "stable": STABLE_ID}
+        assert c.post("/admin/traffic", json=body).status_code == 401  # admin key required
+        r = c.post("/admin/traffic", json=body, headers=admin)
+        assert r.status_code == 200 and r.json()["stable"] == STABLE_ID, r.text
+        assert c.post("/query", json={"question": "Who?"}).json()["variant_id"] == STABLE_ID
+
+
+def test_traffic_stable_field_is_validated(tmp_path):
+    c, admin, _, stubs, _ = make_app(tmp_path, limits={"max_k": 10})
+    with c:
+        cases = [({"stable": None}, "stable"), ({"stable": "deadbeef0000"}, "stable"),
+                 ({"stable": {"k": 11}}, "stable.k"), ({"stable": {"nope": 1}}, "stable.nope")]
+        for body, field in cases:
+            r = c.post("/admin/traffic", json=body, headers=admin)
+            assert r.status_code == 422 and r.json()["field"] == field, (body, r.text)
+        r = c.post("/admin/traffic", json={"stable": CAND_ID}, headers=admin)
+        assert r.status_code == 200 and r.json()["stable"] == CAND_ID
+        r = c.post("/admin/traffic", json={"stable": {"k": 4}}, headers=admin)  # deployed
+        new = RAGConfig(**BASE, k=4).config_hash
+        assert r.status_code == 200 and r.json()["stable"] == new and new in stubs
+        assert c.post("/query", json={"question": "Who?"}).json()["variant_id"] == new
+
+
+# --------------------------------------------------------------------------- PII -> reward
+
+
+def test_pii_leaks_lower_the_reward_the_bandit_learns(tmp_path):
+    leaky = "Mail jane.doe@corp.example [1]"  # an address the question does not contain
+    c, admin, _, _, _ = make_app(tmp_path, leaky, pii={"leak_penalty": 0.25})
+    with c:
+        assert c.post("/admin/traffic", json={"mode": "bandit"}, headers=admin).status_code == 200
+        b = c.post("/query", json={"question": "Who is the contact?", "category": "c"}).json()
+        f = c.post("/feedback", json={"interaction_id": b["interaction_id"], "reward": 0.9})
+        assert f.status_code == 200, f.text
+        assert f.json()["pii_leaks"] == 1.0 and f.json()["reward"] == 0.9  # stored as given
+        assert f.json()["policy_reward"] == pytest.approx(0.65)
+        rows = {r["arm"]: r for r in c.get("/rl/leaderboard", params={"category": "c"}
+                                           ).json()["bandit"]["c"]}
+        assert rows[b["variant_id"]]["mean_reward"] == pytest.approx(0.65)
+    # a restart replays the log into the bandits with the same penalty
+    c2, _, _, _, _ = make_app(tmp_path, leaky, pii={"leak_penalty": 0.25})
+    with c2:
+        rows = {r["arm"]: r for r in c2.get("/rl/leaderboard", params={"category": "c"}
+                                            ).json()["bandit"]["c"]}
+        assert rows[b["variant_id"]]["pulls"] == 1
+        assert rows[b["variant_id"]]["mean_reward"] == pytest.approx(0.65)
+
+
+def test_no_leak_means_the_feedback_reward_is_learned_unchanged(tmp_path):
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        c.post("/admin/traffic", json={"mode": "bandit"}, headers=admin)
+        b = c.post("/query", json={"question": "Who?", "category": "c"}).json()
+        f = c.post("/feedback", json={"interaction_id": b["interaction_id"], "reward": 0.9})
+        assert f.json()["pii_leaks"] == 0.0 and f.json()["policy_reward"] == 0.9
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def test_serve_load_benchmark_sends_an_admin_key(tmp_path, monkeypatch):
+    """bench/serve_load.py creates an admin key in the app's key file and sends it, so its
+    /admin/traffic phases pass with auth on (the default)."""
+    import httpx
+    from bench import serve_load
+
+    headers = serve_load.admin_key(tmp_path / "keys.json")
+    assert KeyFile(tmp_path / "keys.json").verify(
+        headers["Authorization"].removeprefix("Bearer ")).role == "admin"
+    from serving.app import local_app
+
+    app = local_app({"store_url": str(tmp_path / "log.sqlite"), "base": BASE,
+                     "canary": CANDIDATE, "auth": {"enabled": True,
+                                                   "keys_file": str(tmp_path / "keys.json")},
+                     "rollout_dir": str(tmp_path / "rollout")},
+                    services={STABLE_ID: Stub(STABLE_ID), CAND_ID: Stub(CAND_ID)},
+                    submit=_no_jobs)
+    with TestClient(app) as c:
+        sent = []
+
+        def post(url: str, *, timeout: float, **kw):  # httpx.post, answered by the app
+            sent.append(kw["headers"])
+            return c.post(url, **kw)
+
+        monkeypatch.setattr(httpx, "post", post)
+        assert serve_load.set_traffic("", headers, canary_percent=10.0)["canary_percent"] == 10
+        assert sent == [headers]
+        with pytest.raises(Exception, match="401"):  # what the benchmark died of before
+            serve_load.set_traffic("", {}, canary_percent=0.0)
