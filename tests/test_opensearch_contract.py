@@ -234,3 +234,38 @@ def test_contract_same_top_k_as_local_backends(server_url, world, world_indexes)
         assert means["hybrid"] >= 0.7
     finally:
         remote.client.indices.delete(index=name)
+
+
+def test_contract_backends_selected_by_config(server_url, world, world_indexes,
+                                              tmp_path) -> None:
+    """OpenSearch chosen by the `indexes:` settings (what tests/test_index_backends.py drives
+    against a FAKE server) on the real cluster: IndexSet.create -> manifest -> open ->
+    Pipeline, with the same overlap bars as above."""
+    from rag.config import RAGConfig
+    from rag.indexset import IndexSet
+    from rag.pipeline import Pipeline
+
+    prefix = f"ragpilot-contract-{uuid.uuid4().hex[:8]}"
+    settings = {"lexical": "opensearch", "dense": "opensearch",
+                "opensearch": {"url": server_url, "index_prefix": prefix}}
+    idx = IndexSet.create(world.corpus, tmp_path / "ix", indexes=settings, show_progress=False)
+    name = f"{prefix}-{world.corpus.fingerprint()}"
+    try:
+        bm25, knn = idx.bm25("tantivy"), idx.dense("flat")
+        assert (bm25.index, knn.index) == (name, name)
+        qs = [e.question for e in world.examples[:25]]
+        ov_b = float(np.mean([_overlap(bm25.search(q, 10),
+                                       world_indexes.bm25("tantivy").search(q, 10)) for q in qs]))
+        ov_k = float(np.mean([_overlap(knn.search(q, 10),
+                                       world_indexes.dense("flat").search(q, 10)) for q in qs]))
+        print(f"by config: top-10 overlap bm25 {ov_b:.3f}, knn {ov_k:.3f}")
+        assert ov_k >= 0.9 and ov_b >= 0.7
+        back = IndexSet.open(tmp_path / "ix")
+        assert (back.settings.lexical, back.settings.dense) == ("opensearch", "opensearch")
+        cfg = RAGConfig(mmr_lambda=0.7)  # hybrid fusion + MMR over the OpenSearch lists
+        remote = Pipeline(back, cfg).run(qs[0])
+        local = Pipeline(world_indexes, cfg).run(qs[0])
+        assert len(remote.contexts) == cfg.k
+        assert len(set(remote.context_ids) & set(local.context_ids)) >= cfg.k // 2
+    finally:
+        idx.opensearch_client().indices.delete(index=name, ignore=[404])

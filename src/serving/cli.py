@@ -39,6 +39,13 @@ def _load_config(path: str | None, overrides: list[str]):
     return base.replace(**changes) if changes else base
 
 
+def _index_settings(path: str | None):
+    """The `indexes:` section of a config file (index backends; None when it has none)."""
+    from rag.index.settings import IndexSettings
+
+    return IndexSettings.section_from_yaml(path) if path else None
+
+
 def _examples_for(dataset: str, split: str | None, limit: int | None):
     from rag.corpus.loaders import load_dataset
 
@@ -60,12 +67,17 @@ def cmd_index(args: argparse.Namespace) -> int:
     from rag.corpus.loaders import load_dataset
     from rag.indexset import IndexSet
 
+    settings = _index_settings(args.config)
     ds = load_dataset(args.dataset)
     idx = IndexSet.create(ds.corpus, args.out, encoder=args.encoder,
-                          manifest=ds.manifest_dict() if hasattr(ds, "manifest_dict") else None)
-    secs = idx.build_all(bm25=tuple(args.bm25.split(",")), dense=tuple(args.dense.split(",")),
-                         graph=not args.no_graph)
-    print(f"indexed {len(ds.corpus)} passages from {ds.name} into {args.out}")
+                          manifest=ds.manifest_dict() if hasattr(ds, "manifest_dict") else None,
+                          indexes=settings)
+    secs = idx.build_all(bm25=tuple(args.bm25.split(",")) if args.bm25 else None,
+                         dense=tuple(args.dense.split(",")), graph=not args.no_graph)
+    st = idx.settings
+    print(f"indexed {len(ds.corpus)} passages from {ds.name} into {args.out} (lexical: "
+          f"{st.lexical or 'per config'}, dense: {st.dense}, faiss_device: "
+          f"{st.faiss_device or 'default'})")
     for name, s in secs.items():
         print(f"  {name:<14} {s:8.2f} s")
     return 0
@@ -76,7 +88,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     from rag.pipeline import Pipeline
 
     cfg = _load_config(args.config, args.set)
-    answer = Pipeline(IndexSet.open(args.index), cfg).run(args.question)
+    indexes = IndexSet.open(args.index, indexes=_index_settings(args.config))
+    answer = Pipeline(indexes, cfg).run(args.question)
     print(f"Q: {answer.question}")
     print(f"A: {answer.text}")
     print(f"   config {answer.config_hash} · " + " · ".join(
@@ -98,11 +111,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _eval_dry_run(cfg, ds, examples)
     if not args.out:
         raise ConfigError("--out", "required unless --dry-run")
+    settings = _index_settings(args.config)
     if args.index:
-        indexes = IndexSet.open(args.index, show_progress=True)
+        indexes = IndexSet.open(args.index, show_progress=True, indexes=settings)
     else:
         root = Path(args.out) / "index"
-        indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder)
+        indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder, indexes=settings)
     result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
     out = result.write(args.out)
     keys = [k for k in result.summary if not k.endswith("_p50_ms")]
@@ -202,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synthetic | hotpotqa | scifact | mtrag | path to a corpus/dataset")
     s.add_argument("--out", required=True, help="index directory")
     s.add_argument("--encoder", default="minilm")
-    s.add_argument("--bm25", default="tantivy", help="comma list: tantivy,bm25s")
+    s.add_argument("--config", help="YAML whose `indexes:` section picks the index backends "
+                                    "(configs/rag/indexes.yaml); stored in the manifest")
+    s.add_argument("--bm25", help="comma list: tantivy,bm25s (default: the config's lexical "
+                                  "backend, else tantivy)")
     s.add_argument("--dense", default="flat", help="comma list: flat,hnsw")
     s.add_argument("--no-graph", action="store_true")
     s.set_defaults(func=cmd_index)
@@ -210,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("query", help="answer one question, with citations")
     s.add_argument("question")
     s.add_argument("--index", required=True)
-    s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml)")
+    s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml) "
+                                    "and optionally `indexes:` (configs/rag/indexes.yaml)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     s.set_defaults(func=cmd_query)
 

@@ -7,7 +7,9 @@
 `ragpilot serve --config configs/serve/default.yaml` does what `serve run <yaml>` does (same
 YAML; `args` validated by ServeSettings), with HTTP forced onto 127.0.0.1 unless --host says
 otherwise, optionally inside a private network namespace (--private-netns), and stops cleanly
-on SIGINT or SIGTERM.
+on SIGINT or SIGTERM. The first application's `runtime_env.env_vars` reach every replica as they
+do under `serve run` (e.g. RAGPILOT_FAISS_DEVICE, RAGPILOT_OPENSEARCH_URL: the index settings a
+deployment overrides, docs/operations.md); other runtime_env keys are left to `serve run`.
 """
 
 from __future__ import annotations
@@ -45,11 +47,25 @@ def read_serve_yaml(path: str | Path) -> tuple[dict[str, Any], list[dict[str, An
     return dict(data.get("http_options") or {}), apps
 
 
+def app_env_vars(app: dict[str, Any], i: int = 0) -> dict[str, str]:
+    """`runtime_env.env_vars` of one application of a Serve YAML (strings; errors name the key)."""
+    env = app.get("runtime_env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"applications.{i}.runtime_env", "must be a mapping")
+    env_vars = env.get("env_vars") or {}
+    if not isinstance(env_vars, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()):
+        raise ConfigError(f"applications.{i}.runtime_env.env_vars",
+                          "must map names to strings (quote numbers and booleans)")
+    return dict(env_vars)
+
+
 def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
                 name: str = "ragpilot", route_prefix: str = "/", private_netns: bool = False,
-                log_to_driver: bool = False) -> str:
+                log_to_driver: bool = False, env_vars: dict[str, str] | None = None) -> str:
     """Start Ray + Serve in this process and deploy the app; returns its base URL once ready.
-    With `private_netns`, first move into a private network namespace (if permitted)."""
+    With `private_netns`, first move into a private network namespace (if permitted).
+    `env_vars` go into the job's runtime_env, which every replica inherits."""
     import ray
     from ray import serve
 
@@ -59,7 +75,8 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     if private_netns and not ray.is_initialized() and not netns.enter_private_netns():
         print(f"note: not isolated ({netns.last_error}); HTTP stays on {host}")
     if not ray.is_initialized():
-        ray.init(**RAY_INIT, log_to_driver=log_to_driver)
+        extra = {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
+        ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(args), name=name, route_prefix=route_prefix)
     return f"http://{host}:{port}"
@@ -77,13 +94,15 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
                private_netns: bool = False) -> int:
     """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM."""
     http, apps = read_serve_yaml(config)
+    env_vars = app_env_vars(apps[0])
     host = host or http.get("host") or "127.0.0.1"
     port = int(port or http.get("port") or 8000)
     url = ""
     for i, a in enumerate(apps):
         if i == 0:
             url = start_local(a.get("args"), host, port, a.get("name", "ragpilot"),
-                              a.get("route_prefix", "/"), private_netns, log_to_driver=True)
+                              a.get("route_prefix", "/"), private_netns, log_to_driver=True,
+                              env_vars=env_vars)
         else:
             from ray import serve
 

@@ -3,8 +3,11 @@
 Each replica opens the served dataset's indexes (built once, under a file lock, so replicas
 starting together never build the same index twice), builds `rag.pipeline.Pipeline` for its
 RAGConfig and answers one warm-up question before it reports ready (so the first user does not
-pay the ~8 s model load). When the question is one of the dataset's own (gold known), the answer
-is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses.
+pay the ~8 s model load). The index backends are those stored in the index directory's
+manifest (`ragpilot index --config`; rag.index.settings), adjusted per deployment by
+RAGPILOT_FAISS_DEVICE / RAGPILOT_OPENSEARCH_URL in the application's `runtime_env.env_vars`, or
+by `indexes` overrides passed here. When the question is one of the dataset's own (gold known),
+the answer is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses.
 """
 
 from __future__ import annotations
@@ -41,18 +44,22 @@ def _file_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def open_served_data(dataset: str, index_dir: str | None = None):
-    """(IndexSet, {normalised question: Example}) for the served dataset or index dir."""
+def open_served_data(dataset: str, index_dir: str | None = None,
+                     indexes: dict[str, Any] | None = None):
+    """(IndexSet, {normalised question: Example}) for the served dataset or index dir.
+    `indexes`: overrides of the directory's stored index settings (IndexSet.open)."""
     from rag.indexset import IndexSet
     from rag.models import cache_dir
 
     with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
         if index_dir:
-            return IndexSet.open(index_dir), {}
+            return IndexSet.open(index_dir, indexes=indexes), {}
         from rl.evaluation import TuningData
 
         data = TuningData.open(dataset)
         gold = {normalise_question(e.question): e for e in data.dataset.examples}
+        if indexes is not None:
+            return IndexSet.open(data.indexes.root, indexes=indexes), gold
         return data.indexes, gold
 
 
@@ -60,12 +67,13 @@ class PipelineService:
     """The replica body, usable without Ray (tests, the benchmark's in-process baseline)."""
 
     def __init__(self, config: dict[str, Any], dataset: str = "synthetic",
-                 index_dir: str | None = None, warmup: bool = True):
+                 index_dir: str | None = None, warmup: bool = True,
+                 indexes: dict[str, Any] | None = None):
         configure_runtime_env()
         from rag.pipeline import Pipeline
 
         self.config = RAGConfig.from_dict(config)
-        indexes, self.gold = open_served_data(dataset, index_dir)
+        indexes, self.gold = open_served_data(dataset, index_dir, indexes)
         self.pipeline = Pipeline(indexes, self.config)
         self.variant_id = self.config.config_hash
         if warmup:
@@ -113,7 +121,9 @@ def deployment_options(num_cpus: float, max_ongoing_requests: int, num_replicas:
 
 
 def bind_pipeline(config: RAGConfig, dataset: str, index_dir: str | None,
-                  options: dict[str, Any]):
-    """The bound deployment of `config` (its name carries the config hash)."""
+                  options: dict[str, Any], indexes: dict[str, Any] | None = None):
+    """The bound deployment of `config` (its name carries the config hash); `indexes`:
+    index-setting overrides every replica applies (rag.index.settings)."""
+    extra = {"indexes": indexes} if indexes is not None else {}
     return PipelineDeployment.options(name=f"Pipeline_{config.config_hash}", **options).bind(
-        config.model_dump(mode="json"), dataset, index_dir)
+        config.model_dump(mode="json"), dataset, index_dir, **extra)

@@ -5,8 +5,10 @@ Corpus embeddings are cached on disk by (corpus fingerprint, encoder fingerprint
 an index for the same corpus and model encodes nothing. `device="cuda"` moves the index to the
 GPU with faiss-gpu (the `gpu` extra); without it that is an error, never a silent fallback.
 The FAISS device can also be chosen on its own, leaving the encoder where it is:
-`faiss_device="gpu"` or, for every index a process loads (IndexSet, Serve replicas, the tuner),
-the setting RAGPILOT_FAISS_DEVICE=cpu|gpu. Errors name the key that asked for the GPU.
+`faiss_device="gpu"`, the `indexes.faiss_device` setting of an IndexSet (rag.index.settings;
+config files, the CLI, Serve index directories), or, for every index a process loads (IndexSet,
+Serve replicas, the tuner) when neither is set, RAGPILOT_FAISS_DEVICE=cpu|gpu. Errors name the
+key that asked for the GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from rag.corpus import Corpus
 from rag.errors import ConfigError
 from rag.index.base import Retriever, check_top_n
+from rag.index.settings import FAISS_DEVICE_ENV
 from rag.models import cache_dir
 from rag.types import Hit
 
@@ -68,7 +71,6 @@ def _make_index(vecs: np.ndarray, kind: str):
     return index
 
 
-FAISS_DEVICE_ENV = "RAGPILOT_FAISS_DEVICE"
 _DEVICES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
 
 
@@ -78,10 +80,11 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def resolve_faiss_device(device: str, faiss_device: str | None = None) -> tuple[str, str]:
-    """(cpu | cuda, the key that chose it): `faiss_device`, else $RAGPILOT_FAISS_DEVICE,
-    else the retriever's `device`."""
-    for key, value in (("faiss_device", faiss_device),
+def resolve_faiss_device(device: str, faiss_device: str | None = None,
+                         faiss_key: str = "faiss_device") -> tuple[str, str]:
+    """(cpu | cuda, the key that chose it): `faiss_device` (reported as `faiss_key`), else
+    $RAGPILOT_FAISS_DEVICE, else the retriever's `device`."""
+    for key, value in ((faiss_key, faiss_device),
                        (FAISS_DEVICE_ENV, os.environ.get(FAISS_DEVICE_ENV) or None),
                        ("device", device)):
         if value is not None:
@@ -113,9 +116,10 @@ class DenseRetriever(Retriever):
     kind = "dense"
 
     def __init__(self, index, vecs: np.ndarray, ids: list[str], encoder, index_kind: str,
-                 device: str = "cpu", faiss_device: str | None = None):
+                 device: str = "cpu", faiss_device: str | None = None,
+                 faiss_key: str = "faiss_device"):
         self._cpu_index = index
-        self.faiss_device, key = resolve_faiss_device(device, faiss_device)
+        self.faiss_device, key = resolve_faiss_device(device, faiss_device, faiss_key)
         self._index = _to_device(index, self.faiss_device, key, index_kind)
         self._vecs = vecs
         self._ids = ids
@@ -129,9 +133,11 @@ class DenseRetriever(Retriever):
     @classmethod
     def build(cls, corpus: Corpus, encoder, index: str = "flat",
               directory: str | Path | None = None, batch_size: int = 64,
-              show_progress: bool = True, device: str = "cpu") -> DenseRetriever:
+              show_progress: bool = True, device: str = "cpu", faiss_device: str | None = None,
+              faiss_key: str = "faiss_device") -> DenseRetriever:
         vecs = embed_corpus(corpus, encoder, batch_size=batch_size, show_progress=show_progress)
-        r = cls(_make_index(vecs, index), vecs, corpus.ids, encoder, index, device=device)
+        r = cls(_make_index(vecs, index), vecs, corpus.ids, encoder, index, device=device,
+                faiss_device=faiss_device, faiss_key=faiss_key)
         if directory:
             r.save(directory)
         return r
@@ -149,7 +155,9 @@ class DenseRetriever(Retriever):
                                                      self.encoder.fingerprint}))
 
     @classmethod
-    def load(cls, directory: str | Path, encoder=None, device: str = "cpu") -> DenseRetriever:
+    def load(cls, directory: str | Path, encoder=None, device: str = "cpu",
+             faiss_device: str | None = None, faiss_key: str = "faiss_device"
+             ) -> DenseRetriever:
         d = Path(directory)
         if not (d / "meta.json").exists():
             raise ConfigError("dense", f"{d} holds no dense index (meta.json missing)")
@@ -163,7 +171,7 @@ class DenseRetriever(Retriever):
                                          f"({meta['encoder']}); rebuild it")
         index = _faiss().read_index(str(d / "index.faiss"))
         return cls(index, np.load(d / "embeddings.npy"), meta["ids"], encoder, meta["index"],
-                   device=device)
+                   device=device, faiss_device=faiss_device, faiss_key=faiss_key)
 
     # ---- queries ------------------------------------------------------------------------
     def embed_query(self, query: str) -> np.ndarray:

@@ -13,6 +13,11 @@ normalisation, exactly what the local hybrid pipeline does, so results are compa
 backends. `hybrid="server"` sends one `hybrid` query through a search pipeline with the
 normalization processor (needs the neural-search plugin; `search_pipeline_body`).
 
+Selected by configuration with `indexes: {lexical: opensearch, dense: opensearch, opensearch:
+{url: ...}}` (rag.index.settings): the IndexSet then checks the cluster answers when it is created
+or opened (`check_reachable`: OpenSearchUnreachable naming the key otherwise), builds one index
+`<index_prefix>-<corpus fingerprint>` on first use and queries it in bm25 and knn mode.
+
 Needs the `opensearch` extra (opensearch-py). The server is never started here:
 tests/test_opensearch_contract.py compares this backend with the local ones against the server
 in $RAGPILOT_OPENSEARCH_URL (docs/operations.md).
@@ -25,7 +30,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -33,9 +38,10 @@ from rag.corpus import Corpus
 from rag.errors import ConfigError, DataError
 from rag.index.base import Retriever, check_top_n
 from rag.index.bm25 import query_terms
+from rag.index.settings import OPENSEARCH_URL_ENV, check_url, public_url
 from rag.types import Hit
 
-URL_ENV = "RAGPILOT_OPENSEARCH_URL"
+URL_ENV = OPENSEARCH_URL_ENV
 MODES = ("bm25", "knn", "hybrid")
 ANALYZER = "ragpilot_en"
 VECTOR_FIELD = "embedding"
@@ -120,34 +126,58 @@ def hits_from_response(resp: dict[str, Any]) -> list[Hit]:
     return hits
 
 
-def connect(url: str | None = None, timeout: float = 30.0):
-    """An opensearch-py client for `url` (else $RAGPILOT_OPENSEARCH_URL). Credentials may sit
-    in the URL (https://user:pass@host:9200); RAGPILOT_OPENSEARCH_VERIFY=0 skips TLS checks."""
-    url = url or os.environ.get(URL_ENV)
+class OpenSearchUnreachable(ConfigError):
+    """The configured OpenSearch cluster did not answer (down, wrong URL, refused credentials).
+    `field` names the setting that supplied the URL."""
+
+
+def connect(url: str | None = None, timeout: float = 30.0, verify: bool | None = None,
+            key: str = URL_ENV):
+    """An opensearch-py client for `url` (else $RAGPILOT_OPENSEARCH_URL); no request is sent.
+    Credentials may sit in the URL (https://user:pass@host:9200). `verify=None`: TLS checks
+    unless RAGPILOT_OPENSEARCH_VERIFY=0. Errors name `key`, the setting the URL came from."""
+    if not url and os.environ.get(URL_ENV):
+        url, key = os.environ[URL_ENV], URL_ENV
     if not url:
-        raise ConfigError(URL_ENV, "no OpenSearch URL: pass url= or set RAGPILOT_OPENSEARCH_URL")
+        raise ConfigError(key, "no OpenSearch URL: set it or RAGPILOT_OPENSEARCH_URL")
     try:
         from opensearchpy import OpenSearch
     except ImportError:
         raise ConfigError("opensearch", "opensearch-py is not installed: pip install "
                                         "'ragpilot[opensearch]'") from None
+    try:
+        check_url(url)
+    except ValueError as exc:
+        raise ConfigError(key, str(exc)) from None
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(URL_ENV, f"must be an http(s)://host:port URL, got {url!r}")
     auth = (parts.username, parts.password or "") if parts.username else None
-    verify = os.environ.get("RAGPILOT_OPENSEARCH_VERIFY", "1") != "0"
+    if verify is None:
+        verify = os.environ.get("RAGPILOT_OPENSEARCH_VERIFY", "1") != "0"
     return OpenSearch(hosts=[{"host": parts.hostname, "port": parts.port or 9200,
                               "scheme": parts.scheme}], http_auth=auth,
                       use_ssl=parts.scheme == "https", verify_certs=verify,
                       ssl_show_warn=verify, timeout=timeout)
 
 
-def _public(url: str) -> str:
-    """`url` without credentials (what meta.json stores)."""
-    p = urlsplit(url)
-    host = p.hostname or ""
-    netloc = f"{host}:{p.port}" if p.port else host
-    return urlunsplit((p.scheme, netloc, p.path, "", ""))
+def check_reachable(client, url: str, key: str = URL_ENV, timeout: float = 10.0
+                    ) -> dict[str, Any]:
+    """The cluster's info (`GET /`), or OpenSearchUnreachable naming `key` and the URL (without
+    credentials). Called when an IndexSet that uses OpenSearch is created or opened."""
+    try:
+        info = client.info(request_timeout=timeout)
+    except Exception as exc:  # connection refused, timeout, 401/403, TLS: all mean unusable
+        detail = str(exc)[:300]
+        if not detail.startswith(type(exc).__name__):
+            detail = f"{type(exc).__name__}: {detail}"
+        raise OpenSearchUnreachable(key, f"OpenSearch at {_public(url)} is not reachable: "
+                                         f"{detail}") from None
+    if not isinstance(info, dict) or "version" not in info:
+        raise OpenSearchUnreachable(key, f"{_public(url)} answered GET / without a version: "
+                                         "not an OpenSearch cluster")
+    return info
+
+
+_public = public_url  # `url` without credentials (what meta.json stores)
 
 
 class OpenSearchRetriever(Retriever):
@@ -170,6 +200,23 @@ class OpenSearchRetriever(Retriever):
         self.fusion_weight, self.normalisation, self.hybrid = fusion_weight, normalisation, hybrid
         self.url = url
         self.pipeline = f"{index}-hybrid"
+        self._vecs: np.ndarray | None = None
+        self._row: dict[str, int] = {}
+
+    def with_mode(self, mode: str) -> OpenSearchRetriever:
+        """The same index and connection, queried in another mode (bm25 | knn | hybrid)."""
+        r = OpenSearchRetriever(self.client, self.index, mode, self.encoder, self.fusion_weight,
+                                self.normalisation, self.hybrid, url=self.url)
+        r._vecs, r._row = self._vecs, self._row
+        return r
+
+    def attach_embeddings(self, vecs: np.ndarray, ids: Sequence[str]) -> None:
+        """Local copies of the indexed passage vectors, so that cosine rerank and MMR (which
+        need `passage_embeddings`) work on this backend like on FAISS."""
+        if vecs.shape[0] != len(ids):
+            raise ConfigError("opensearch.embeddings", f"{vecs.shape[0]} vectors for "
+                                                       f"{len(ids)} passages")
+        self._vecs, self._row = vecs, {pid: i for i, pid in enumerate(ids)}
 
     # ---- construction -----------------------------------------------------------------------
     @classmethod
@@ -244,6 +291,26 @@ class OpenSearchRetriever(Retriever):
 
     def search_knn(self, vector: np.ndarray, top_n: int) -> list[Hit]:
         return self._search(knn_body(vector, top_n))
+
+    def embed_query(self, query: str) -> np.ndarray:
+        """The query's unit vector (the DenseRetriever method MMR uses)."""
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigError("query", "must be a non-empty string")
+        if self.encoder is None:
+            raise ConfigError("encoder", "this OpenSearch retriever has no bi-encoder")
+        return self.encoder.encode([query])[0]
+
+    def passage_embeddings(self, ids: list[str]) -> np.ndarray:
+        """Stored unit vectors of the given passage ids (see `attach_embeddings`)."""
+        if self._vecs is None:
+            raise ConfigError("opensearch.embeddings", "no local passage vectors attached "
+                                                       "(IndexSet attaches them)")
+        return self._vecs[[self._row[i] for i in ids]]
+
+    def search_vectors(self, qvecs: np.ndarray, top_n: int) -> list[list[Hit]]:
+        """kNN hits for each query vector (the DenseRetriever method)."""
+        top_n = check_top_n(top_n)
+        return [self.search_knn(v, top_n) for v in np.asarray(qvecs, dtype=np.float32)]
 
     def search(self, query: str, top_n: int = 10) -> list[Hit]:
         top_n = check_top_n(top_n)
