@@ -381,6 +381,42 @@ def test_mlflow_aliases_and_metadata(tiny, tmp_path):
     assert "eval_f1" in best.tags
     arts = {a.path for a in client.list_artifacts(s["mlflow_run_id"], "checkpoints")}
     assert "checkpoints/step-000004" in arts
+    # provenance (issue 9): the commit and the manifest of the examples actually trained on
+    from rag.provenance import code_commit, manifest_sha256
+    from rl.alignment.sft_data import examples_manifest
+
+    man = examples_manifest(ex)
+    assert man["dataset"] == "hotpotqa" and man["examples"] == len(ex)
+    assert man["inputs"] == []  # toy ids are not HotpotQA train ids: no input files claimed
+    assert run.data.tags["code_commit"] == code_commit()
+    assert run.data.tags["dataset"] == "hotpotqa"
+    assert run.data.tags["dataset_manifest_sha256"] == manifest_sha256(man)
+    assert json.loads((tmp_path / "run" / "dataset_manifest.json").read_text()) == man
+    (tmp_path / "dl").mkdir()
+    logged = client.download_artifacts(s["mlflow_run_id"], "dataset_manifest.json",
+                                       str(tmp_path / "dl"))
+    assert json.loads(Path(logged).read_text()) == man
+    # another subset of examples -> another manifest id
+    assert manifest_sha256(examples_manifest(ex[:3])) != manifest_sha256(man)
+
+
+def test_examples_manifest_of_the_hotpotqa_train_split():
+    from rl.alignment.sft_data import examples_manifest, hotpot_split
+
+    ex = hotpot_split("train", 3)
+    man = examples_manifest(ex)
+    assert (man["dataset"], man["split"], man["examples"]) == ("hotpotqa", "train", 3)
+    paths = {i["path"]: i["sha256"] for i in man["inputs"]}
+    assert set(paths) == {"configs/splits/hotpotqa.json",
+                          "hotpotqa/hotpot_dev_distractor_1100.jsonl"}
+    split = json.loads((REPO / "configs/splits/hotpotqa.json").read_text())
+    assert paths["hotpotqa/hotpot_dev_distractor_1100.jsonl"] == \
+        split["source_sha256"]["hotpot_dev_distractor_1100.jsonl"]
+    from rag.provenance import provenance_tags
+
+    tags = provenance_tags(man)
+    assert tags["dataset_sha256/configs/splits/hotpotqa.json"] == \
+        paths["configs/splits/hotpotqa.json"]
 
 
 def test_merged_model_is_a_selectable_generator(tiny, tmp_path, monkeypatch):
@@ -427,6 +463,65 @@ def test_preference_training_runs(tiny, tmp_path, method):
     assert (tmp_path / method / "adapter" / "adapter_model.safetensors").exists()
     with pytest.raises(ConfigError, match="method"):
         train_preferences("ppo", tiny, pairs, cfg, tmp_path / "x")
+
+
+def test_preference_run_logs_provenance_and_ranker(tiny, tmp_path):
+    import mlflow
+
+    from rag.provenance import code_commit, manifest_sha256
+    from rl.alignment.prefs import build_pairs, make_ranker, pairs_manifest, train_preferences
+    from rl.alignment.sft import load_tokenizer
+    from rl.alignment.sft_data import examples_manifest
+
+    ex = _toy_examples()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(tiny, prefs={"steps": 1, "batch_size": 2},
+               mlflow={"enabled": True, "experiment": "gen_pref_test"})
+    name, ranker = make_ranker("f1")
+    pairs = build_pairs(load_base_model(tiny, cfg), load_tokenizer(tiny), ex, cfg, ranker,
+                        n_samples=1)
+    assert pairs and {p["ranker"] for p in pairs} == {"f1"}
+    man = pairs_manifest(pairs, examples_manifest(ex))
+    assert man["pairs"] == len(pairs) and man["ranker"] == "f1" and man["examples"] == len(ex)
+    m = train_preferences("dpo", tiny, pairs, cfg, tmp_path / "dpo", data_manifest=man,
+                          mlflow_uri=uri)
+    assert m["ranker"] == "f1"
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.MlflowClient().get_run(m["mlflow_run_id"])
+    assert run.data.tags["code_commit"] == code_commit()
+    assert run.data.tags["dataset"] == "hotpotqa" and run.data.tags["ranker"] == "f1"
+    assert run.data.tags["dataset_manifest_sha256"] == manifest_sha256(man)
+    assert run.data.params["method"] == "dpo" and "train_loss" in run.data.metrics
+    saved = json.loads((tmp_path / "dpo" / "dataset_manifest.json").read_text())
+    assert saved == json.loads(json.dumps(man))
+    # without an explicit manifest one is derived from the pair rows
+    derived = pairs_manifest(pairs)
+    assert derived["dataset"] == "hotpotqa" and derived["pairs_sha256"] == man["pairs_sha256"]
+
+
+def test_auto_ranker_loads_the_installed_reward_model(tmp_path, monkeypatch):
+    """`ranker: auto` = the committed quality-rm (found without RAGPILOT_REWARD_MODELS), named
+    in the result; f1 only when no reward model is installed anywhere."""
+    import rag.metrics.reward_model as rmod
+    from rl.alignment.prefs import f1_ranker, make_ranker
+
+    monkeypatch.delenv("RAGPILOT_REWARD_MODELS", raising=False)
+    monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
+    ex = _toy_examples()[0]
+    name, rank = make_ranker("auto")
+    assert name == "reward_model:quality-rm/v1" and rank.ranker_name == name
+    rm = rmod.load_default()
+    town = ex.answers[0]
+    # scored by the reward model against the cited context (all contexts without citations)
+    assert rank(ex, town, [2]) == pytest.approx(rm.score(ex.question, [ex.contexts[1]], town))
+    assert rank(ex, town, []) == pytest.approx(rm.score(ex.question, list(ex.contexts), town))
+    assert rank(ex, town, [2]) > rank(ex, "Napoleon Bonaparte in 1925", [2])
+    # nothing installed: f1
+    monkeypatch.setattr(rmod, "BUNDLED_ROOT", tmp_path / "none")
+    name, rank = make_ranker("auto")
+    assert name == "f1" and rank(ex, town, [2]) == f1_ranker(ex, town, [2])
+    with pytest.raises(ConfigError, match="prefs.ranker"):
+        make_ranker("bleu")
 
 
 # --------------------------------------------------------------------------- quantisation

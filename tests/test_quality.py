@@ -120,6 +120,76 @@ def test_insufficient_and_yes_no(scorer):
     assert "faithfulness" not in row and row["answer_relevancy"] > 0.5
 
 
+# ---- QA-consistency (optional signal, off by default) -------------------------------------------
+ADA = Context("ada", "Ada Quill", "Ada Quill was born in Tulsa. She moved to Chicago in 1931.")
+ADA_Q = "Where was Ada Quill born?"
+
+
+class _BornInReader:
+    """A stub generator: reads "born in X" from the one passage it is given, else abstains.
+    Records the (question, passages, prompt) it was asked."""
+
+    name, fingerprint = "stub-born-in", "stub-born-in"
+
+    def __init__(self):
+        self.asked = []
+
+    def generate_batch(self, questions, contexts_list, prompt_id, max_new_tokens=48,
+                       temperature=0.0):
+        import re
+
+        from rag.types import Generation
+
+        out = []
+        for q, ctxs in zip(questions, contexts_list, strict=True):
+            self.asked.append((q, tuple((c.title, c.text) for c in ctxs), prompt_id))
+            m = re.search(r"born in (\w+)", ctxs[0].text)
+            text = m.group(1) if m else INSUFFICIENT
+            out.append(Generation(text, text, (), 10, 1))
+        return out
+
+
+def test_qa_consistency_is_off_by_default_and_catches_a_wrong_entity_from_the_passage(encoder):
+    from rag.metrics.support import QAConsistency, SupportConfig
+
+    # off by default: the config (part of every cache key) reads exactly as before
+    assert repr(SupportConfig()) == (
+        "SupportConfig(threshold=0.6, lexical_weight=0.5, span_weight=0.5, "
+        "missing_entity_penalty=0.5, negation_penalty=0.5)")
+    plain = QualityScorer(encoder)
+    ada = lambda text: answer(text, contexts=(ADA,), question=ADA_Q)  # noqa: E731
+    # the documented limitation: a wrong entity taken from the right passage is "supported"
+    assert plain.score(ada("Chicago"))["faithfulness"] == 1.0
+    assert plain.score(ada("Ada Quill was born in Chicago."))["faithfulness"] == 1.0
+    assert "qa_consistency_calls" not in plain.usage
+    reader = _BornInReader()
+    qa = QualityScorer(encoder, support=SupportConfig(qa=QAConsistency(reader)))
+    assert qa.score(ada("Tulsa"))["faithfulness"] == 1.0
+    # the generator answered from the best-supporting sentence alone, with the QA prompt
+    assert reader.asked == [(ADA_Q, (("Ada Quill", "Ada Quill was born in Tulsa."),), "plain")]
+    assert qa.score(ada("Chicago"))["faithfulness"] == 0.0
+    det = qa.faithfulness_details(ada("Chicago"))
+    assert det.qa_agreement == (0.0,) and det.supported == (False,)
+    assert det.scores[0] == pytest.approx(0.5 * plain.faithfulness_details(
+        ada("Chicago")).scores[0])
+    assert qa.score(ada("Ada Quill was born in Chicago."))["faithfulness"] == 0.0
+    # a side claim whose sentence does not answer the question keeps its support (the
+    # generator abstains there: not applicable)
+    both = qa.faithfulness_details(ada("Ada Quill was born in Tulsa. She moved to Chicago in "
+                                       "1931."))
+    assert both.supported == (True, True) and both.qa_agreement == (1.0, None)
+    # a claim that cannot reach the threshold is not asked about; answers are cached
+    calls = qa.usage["qa_consistency_calls"]
+    assert qa.score(ada("Paris"))["faithfulness"] == 0.0
+    qa.faithfulness_details(ada("Tulsa"))
+    assert qa.usage["qa_consistency_calls"] == calls
+    # default scores do not move when the option exists; the cache keys tell the two apart
+    assert QualityScorer(encoder).score(ada("Chicago")) == plain.score(ada("Chicago"))
+    assert qa._key(ada("Chicago"), None) != plain._key(ada("Chicago"), None)
+    with pytest.raises(ValueError, match="weight"):
+        QAConsistency(reader, weight=0.0)
+
+
 # ---- answer relevancy ------------------------------------------------------------------------
 def test_answer_relevancy_on_topic_beats_off_topic(scorer):
     on = scorer.score(answer("The Eiffel Tower was completed in 1889."))["answer_relevancy"]

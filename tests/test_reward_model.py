@@ -111,6 +111,45 @@ def test_save_load_versions_and_integrity(tmp_path):
         rm.save(tmp_path, "../evil")
 
 
+def test_name_lookup_search_path_committed_model_and_env_override(tmp_path, monkeypatch):
+    """`quality-rm` resolves from a clean checkout (the committed model under
+    bench/results/reward_models), a model in the cache comes first, and
+    $RAGPILOT_REWARD_MODELS wins over both."""
+    from pathlib import Path
+
+    import rag.metrics.reward_model as rmod
+
+    monkeypatch.delenv("RAGPILOT_REWARD_MODELS", raising=False)
+    monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
+    committed = Path(__file__).resolve().parents[1] / "bench/results/reward_models/quality-rm"
+    assert committed.parent == rmod.BUNDLED_ROOT and (committed / "v1/manifest.json").exists()
+    assert rmod.search_roots() == [tmp_path / "cache/reward_models", rmod.BUNDLED_ROOT]
+    default = load_reward_model("quality-rm")
+    assert default.path == committed / "v1" and default.manifest["name"] == "quality-rm"
+    assert rmod.load_default().path == default.path
+    assert load_reward_model("quality-rm/v1").path == committed / "v1"
+    # a model saved to the cache (the default save root) shadows the committed one
+    cached = _trained().save(name="quality-rm")
+    assert cached == tmp_path / "cache/reward_models/quality-rm/v1"
+    assert load_reward_model("quality-rm").path == cached
+    # the environment variable wins
+    env_root = tmp_path / "env"
+    mine = _trained().save(env_root, "quality-rm")
+    _trained().save(env_root, "quality-rm")
+    monkeypatch.setenv("RAGPILOT_REWARD_MODELS", str(env_root))
+    assert rmod.search_roots()[0] == env_root
+    assert load_reward_model("quality-rm").path == env_root / "quality-rm/v2"
+    assert load_reward_model("quality-rm/v1").path == mine
+    assert rmod.find_reward_model("quality-rm") == env_root / "quality-rm"
+    # nothing installed anywhere: find -> None, load_default -> DataError naming the places
+    monkeypatch.setattr(rmod, "BUNDLED_ROOT", tmp_path / "no-bundle")
+    monkeypatch.setenv("RAGPILOT_REWARD_MODELS", str(tmp_path / "empty"))
+    monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "empty-cache"))
+    assert rmod.find_reward_model() is None
+    with pytest.raises(DataError, match="no saved reward model"):
+        rmod.load_default()
+
+
 def test_scores_over_500_answers_per_cpu_second():
     """Acceptance: >= 500 answers/s. 200 questions x 5 answers over fresh passages, so passage
     parsing is included (cold), measured in CPU time of this process (the machine is shared)."""

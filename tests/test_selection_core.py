@@ -176,12 +176,93 @@ def test_query_rewrite_modes():
         "does it have a camera what about its price?"
     assert QueryRewriter("concat", history_turns=2).rewrite(ex).startswith("tell me about")
     calls = []
-    rw = QueryRewriter("generator", generate=lambda p: calls.append(p) or
+    rw = QueryRewriter("generator", generate=lambda m: calls.append(m) or
                        "What is the price of the Acme phone?\nextra")
     assert rw.rewrite(ex) == "What is the price of the Acme phone?"
     rw.rewrite(ex)
-    assert len(calls) == 1 and "Acme phone" in calls[0]  # cached, history in the prompt
+    assert len(calls) == 1 and "Acme phone" in calls[0][1]["content"]  # cached; history shown
     empty = QueryRewriter("generator", generate=lambda p: "  ")
     assert empty.rewrite(ex) == QueryRewriter("concat").rewrite(ex)  # falls back
     with pytest.raises(ConfigError, match="selection.mtrag.rewrite"):
         QueryRewriter("summarise")
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+class _StubModel:
+    """Records the prompt ids and 'generates' a fixed continuation."""
+
+    device = "cpu"
+
+    def __init__(self, reply_ids):
+        self.reply_ids, self.inputs = reply_ids, []
+
+    def generate(self, input_ids, attention_mask=None, **kw):
+        self.inputs.append(input_ids[0].tolist())
+        self.kwargs = kw
+        return torch.cat([input_ids, torch.tensor([self.reply_ids])], dim=1)
+
+
+def _stub_generator(chat_template: str | None):
+    """A stand-in for rag.generation.local.TransformersGenerator: a real word-level tokenizer
+    (with or without a chat template) and a stub model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rag.generation.base import Generator
+
+    words = ["<pad>", "<unk>", "What", "is", "the", "price", "of", "Acme", "phone", "?"]
+    tk = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)},
+                                    unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>")
+    if chat_template:
+        tok.chat_template = chat_template
+
+    class Stub(Generator):
+        name = "stub-gen"
+        fingerprint = "stub"
+        cache = None
+
+        def __init__(self):
+            self.tokenizer = tok
+            self.model = _StubModel(tok("What is the price of Acme phone ?")["input_ids"])
+
+        def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0):
+            raise AssertionError("a rewrite must not go through a QA prompt template")
+
+    return Stub()
+
+
+def test_generator_rewrite_prompt_is_rendered_through_the_chat_template():
+    """The rewrite has its own prompt (no QA template around it, no empty passage list),
+    rendered once through the generator's chat template."""
+    from rl.selection.rewrite import render_rewrite_prompt, rewrite_messages
+
+    ex = Example("m1", "what about its price?", history=(
+        {"role": "user", "text": "tell me about the Acme phone"},
+        {"role": "agent", "text": "It is a phone."}))
+    gen = _stub_generator(CHAT_TEMPLATE)
+    rw = QueryRewriter("generator", generator=gen)
+    assert rw.rewrite(ex) == "What is the price of Acme phone ?"
+    expected = (
+        "<|system|>You rewrite the last user question of a conversation as a standalone "
+        "question.<|end|>\n"
+        "<|user|>Conversation:\nuser: tell me about the Acme phone\nagent: It is a phone.\n\n"
+        "Last user question: what about its price?\n\n"
+        "Rewrite the last user question so that it can be understood without the "
+        "conversation. Answer with the rewritten question only.<|end|>\n<|assistant|>")
+    assert render_rewrite_prompt(gen.tokenizer, rewrite_messages(ex, 2)) == expected
+    assert gen.model.inputs == [gen.tokenizer(expected, add_special_tokens=False)["input_ids"]]
+    assert gen.model.kwargs["do_sample"] is False and gen.model.kwargs["max_new_tokens"] == 48
+    assert "Passages" not in expected and "Answer in a few words" not in expected
+    # a model without a chat template gets the plain rendering
+    plain = _stub_generator(None)
+    assert render_rewrite_prompt(plain.tokenizer, rewrite_messages(ex, 2)) == (
+        "You rewrite the last user question of a conversation as a standalone question.\n\n"
+        "Conversation:\nuser: tell me about the Acme phone\nagent: It is a phone.\n\n"
+        "Last user question: what about its price?\n\nRewrite the last user question so "
+        "that it can be understood without the conversation. Answer with the rewritten "
+        "question only.\nRewritten question:")

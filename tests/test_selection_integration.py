@@ -117,3 +117,78 @@ def test_pluggable_final_reward(sel, tmp_path):
         "reward_model": 1.0, "reward_model_name": str(tmp_path / "nope")}))
     assert not missing.has_reward_model
     assert missing.final(pool, chosen)[0] == pytest.approx(p_total)
+
+
+@pytest.fixture
+def local_registry(tmp_path, monkeypatch):
+    """An empty local model registry under a temporary cache (reset before and after)."""
+    from rag.models import local_registry_path, reset_default_registry
+
+    monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RAGPILOT_MODELS", raising=False)
+    reset_default_registry()
+    yield local_registry_path()
+    reset_default_registry()
+
+
+def _register_tiny_cross_encoder(registry_file, tmp_path, name: str) -> None:
+    """A 1-layer randomly initialised BERT cross-encoder (MiniLM's tokenizer), registered the
+    way `ragpilot train-reranker` registers `<name>@best`."""
+    import yaml
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from rag.models import default_registry, reset_default_registry
+
+    tok = AutoTokenizer.from_pretrained(str(default_registry().get("minilm").resolve()))
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=64, num_labels=1)
+    path = tmp_path / "tiny-ce"
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    registry_file.parent.mkdir(parents=True, exist_ok=True)
+    registry_file.write_text(yaml.safe_dump({"models": {name: {
+        "kind": "cross_encoder", "format": "hf", "path": str(path)}}}))
+    reset_default_registry()
+
+
+def test_reranker_ablation_runs_the_registered_cross_encoder_or_says_why_not(
+        sel, local_registry, tmp_path):
+    from rag.rerank import make_reranker
+    from rl.selection.ablate import Sizes, ablation_rows
+    from rl.selection.data import cross_encoder_status
+
+    cfg = sel.cfg.replace(**{"raft.rounds": 0})
+    assert cfg.env.reranker_model == "reranker-minilm@best"  # the shipped config
+    sizes = Sizes(train=8, valid=4, test=4, ks=(), lambdas=(), raft_rounds_ablation=0)
+    train, valid, test = (sel.pools(s, n) for s, n in (("train", 8), ("valid", 4),
+                                                       ("test", 4)))
+    rw = SelectionReward(cfg.reward)
+    bc, _ = train_bc(train, rw, cfg.bc, cfg.env.k, cfg.env.max_steps)
+    # nothing registered: the arm is reported as not run, never silently dropped
+    notes: dict = {}
+    rows = ablation_rows("synthetic", cfg, sel, train, valid, test, rw, bc, sizes,
+                         lambda m: None, notes)
+    assert notes["reranker=cross_encoder"].startswith("not run: no cross-encoder registered")
+    systems = {r["system"] for r in rows}
+    assert "ablation:reranker=cosine rerank" in systems
+    assert not any("cross_encoder" in s for s in systems)
+    assert cross_encoder_status("minilm") == (
+        None, "not run: no cross-encoder registered ('minilm' is a encoder)")
+    # a registered cross-encoder: the arm runs, its pools are ordered by that model
+    _register_tiny_cross_encoder(local_registry, tmp_path, "reranker-minilm@best")
+    assert cross_encoder_status("reranker-minilm@best") == ("reranker-minilm@best", "")
+    notes = {}
+    rows = ablation_rows("synthetic", cfg, sel, train, valid, test, rw, bc, sizes,
+                         lambda m: None, notes)
+    assert notes == {}
+    systems = {r["system"] for r in rows}
+    assert {"ablation:reranker=cross_encoder rerank",
+            "ablation:reranker=cross_encoder bc_raft"} <= systems
+    ce_cfg = cfg.replace(**{"env.reranker": "cross_encoder"})
+    pool = sel.pools("test", 1, ce_cfg)[0]
+    ce = make_reranker("cross_encoder", "reranker-minilm@best")
+    passages = [sel.data.indexes.corpus[i] for i in pool.ids]
+    scores = ce.scores(pool.query, passages)
+    assert [pool.ids[i] for i in pool.rerank_order] == \
+        [pool.ids[i] for i in sorted(range(pool.n), key=lambda i: (-scores[i], i))]

@@ -77,6 +77,8 @@ def _emit(rows: list[dict], info: dict, out: str | None) -> None:
         lo, hi = r.get("ci_low"), r.get("ci_high")
         ci = f" [{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else ""
         print(f"{r['system']:<40} {r['metric']:<20} {r['value']:.4f}{ci} n={r['n']}")
+    for what, why in (info.get("ablation_notes") or {}).items():
+        print(f"ablation:{what:<31} {why}")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"rows": rows, "info": info}, indent=1, default=str))

@@ -67,6 +67,24 @@ def build_train_examples(cfg, train_jsonl: str | None) -> list:
     return exs
 
 
+def train_manifest(cfg, train_jsonl: str | None, examples: list) -> dict:
+    """The dataset manifest of the examples this run trains on (rag.provenance tags): the
+    --train-jsonl file, or the HotpotQA split manifest + records (+ the interaction log), each
+    with its sha256."""
+    from rag.corpus.loaders import sha256_file
+    from rl.alignment import sft_data as sd
+
+    if train_jsonl:
+        inputs = [{"path": str(train_jsonl), "sha256": sha256_file(train_jsonl)}]
+        return sd.examples_manifest(examples, inputs=inputs)
+    d = cfg.data
+    inputs = sd.hotpot_inputs()
+    if d.log_jsonl:
+        inputs.append({"path": str(d.log_jsonl), "sha256": sha256_file(d.log_jsonl)})
+    extra = {"teacher": d.teacher} if d.teacher else {}
+    return sd.examples_manifest(examples, inputs=inputs, **extra)
+
+
 def _eval_examples(cfg, eval_jsonl: str | None) -> list:
     from rl.alignment import sft_data as sd
 
@@ -104,7 +122,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     if args.method == "sft":
         from rl.alignment.sft import SFTRun, alias_path, merge_adapter
 
-        run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl))
+        run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl),
+                     data_manifest=train_manifest(cfg, args.train_jsonl, train))
         s = run.train()
         print(json.dumps({k: s[k] for k in ("steps_done", "tokens_per_s", "best_step",
                                             "best_eval_f1", "final_loss", "resumed_from")},
@@ -114,7 +133,13 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         ck = alias_path(out, "best") or alias_path(out, "latest")
         merged = merge_adapter(ck, out / "merged")
     else:
-        from rl.alignment.prefs import build_pairs, make_ranker, save_pairs, train_preferences
+        from rl.alignment.prefs import (
+            build_pairs,
+            make_ranker,
+            pairs_manifest,
+            save_pairs,
+            train_preferences,
+        )
         from rl.alignment.sft import (
             load_base_model,
             load_tokenizer,
@@ -126,11 +151,13 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         ranker_name, ranker = make_ranker(cfg.prefs.ranker)
         tok = load_tokenizer(policy)
         model = load_base_model(policy, cfg)
-        pairs = build_pairs(model, tok, train[: cfg.prefs.n_pairs], cfg, ranker)
+        used = train[: cfg.prefs.n_pairs]
+        pairs = build_pairs(model, tok, used, cfg, ranker)
         del model
         save_pairs(pairs, out / "pairs.jsonl")
         print(f"{len(pairs)} preference pairs (ranker {ranker_name})")
-        m = train_preferences(args.method, policy, pairs, cfg, out)
+        m = train_preferences(args.method, policy, pairs, cfg, out, data_manifest=pairs_manifest(
+            pairs, train_manifest(cfg, args.train_jsonl, used)))
         print(json.dumps(m, default=str))
         if args.no_merge:
             return 0

@@ -114,6 +114,9 @@ class QualityScorer:
     "question+answer".
     `metrics`: compute only these of METRICS (default all; the others are left out of every
     row and cost nothing), e.g. to time one metric.
+    `support=SupportConfig(qa=QAConsistency(generator))` adds the optional QA-consistency
+    signal to faithfulness (rag.metrics.support.QAConsistency; off by default, the default
+    scores and cache keys are unchanged); context precision/recall never use it.
     """
 
     def __init__(self, encoder=None, *, encoder_name: str = "minilm",
@@ -179,7 +182,7 @@ class QualityScorer:
         claims = extract_claims(answer.text, answer.question)
         if not claims:
             return None
-        job = SupportJob(claims, self._used_contexts(answer), self.support)
+        job = SupportJob(claims, self._used_contexts(answer), self.support, answer.question)
         self.embedder.ensure({"faithfulness": job.texts()})
         return job.finish(self.embedder.get)
 
@@ -194,7 +197,8 @@ class QualityScorer:
         total = {k: sum(u[k] for u in per.values())
                  for k in ("encoder_calls", "texts", "tokens", "cache_hits")}
         total["seconds"] = round(self.embedder.seconds, 6)
-        return {**per, "total": total, **self._counts}
+        extra = {"qa_consistency_calls": self.support.qa.calls} if self.support.qa else {}
+        return {**per, "total": total, **self._counts, **extra}
 
     def clear_cache(self) -> None:
         with self._lock:
@@ -224,7 +228,7 @@ class QualityScorer:
         claims = extract_claims(text, question)
         want = self.metrics
         if claims and "faithfulness" in want:
-            plan.faith = SupportJob(claims, self._used_contexts(answer), self.support)
+            plan.faith = SupportJob(claims, self._used_contexts(answer), self.support, question)
         # answer relevancy
         if "answer_relevancy" not in want:
             pass

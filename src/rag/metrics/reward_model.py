@@ -12,6 +12,12 @@ per passage, so scoring runs at thousands of answers/s, and the model is a dot p
 between answers to the same question are meaningful), `score_batch(items)`,
 `RewardModel.fit(X_winner, X_loser)`, `save(root, name)` -> `<root>/<name>/v<k>/`
 {manifest.json, weights.npz}, and `load_reward_model(path_or_name)`.
+
+Loading by name searches `search_roots()` in order: $RAGPILOT_REWARD_MODELS (when set: it wins),
+<ragpilot cache>/reward_models (where `save()` writes by default), then the model committed with
+the code (bench/results/reward_models: a few hundred bytes of weights), so `quality-rm` resolves
+in a clean checkout. `load_default()` is the project's installed model (DEFAULT_NAME), used by
+the generator's preference ranker `auto` (rl.alignment.prefs).
 """
 
 from __future__ import annotations
@@ -44,10 +50,15 @@ from rag.metrics.support import (
 )
 from rag.types import Answer, Context
 
-__all__ = ["FEATURES", "FORMAT_VERSION", "RewardModel", "answer_features", "load_reward_model",
-           "default_root"]
+__all__ = ["BUNDLED_ROOT", "DEFAULT_NAME", "FEATURES", "FORMAT_VERSION", "RewardModel",
+           "answer_features", "default_root", "find_reward_model", "load_default",
+           "load_reward_model", "search_roots"]
 
 FORMAT_VERSION = 1
+DEFAULT_NAME = "quality-rm"
+BUNDLED_ROOT = Path(__file__).resolve().parents[3] / "bench" / "results" / "reward_models"
+"""The reward models committed with the code (written by `python bench/quality.py`); absent in
+an installed wheel, which then relies on $RAGPILOT_REWARD_MODELS or the cache."""
 FEATURES = (
     "abstain",             # an abstention ("insufficient context", "I don't know", ...)
     "yes_no",              # a bare yes/no
@@ -119,6 +130,7 @@ class RewardModel:
     scale: np.ndarray
     features: tuple[str, ...] = FEATURES
     manifest: dict = field(default_factory=dict)
+    path: Path | None = field(default=None, compare=False)  # version folder, once saved/loaded
 
     def __post_init__(self):
         if tuple(self.features) != FEATURES:
@@ -215,12 +227,12 @@ class RewardModel:
                    "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / "manifest.json").write_text(json.dumps(man, indent=1) + "\n")
         tmp.rename(out)
-        self.manifest = man
+        self.manifest, self.path = man, out
         return out
 
 
 def default_root() -> Path:
-    """Where models are saved and looked up by name: $RAGPILOT_REWARD_MODELS, else
+    """Where models are saved by default: $RAGPILOT_REWARD_MODELS, else
     <ragpilot cache>/reward_models."""
     env = os.environ.get("RAGPILOT_REWARD_MODELS")
     if env:
@@ -230,13 +242,55 @@ def default_root() -> Path:
     return cache_dir() / "reward_models"
 
 
+def search_roots() -> list[Path]:
+    """Where a name is looked up, first match wins: $RAGPILOT_REWARD_MODELS (when set),
+    <ragpilot cache>/reward_models, BUNDLED_ROOT (the committed models, when present)."""
+    from rag.models import cache_dir
+
+    roots = []
+    env = os.environ.get("RAGPILOT_REWARD_MODELS")
+    if env:
+        roots.append(Path(env))
+    roots.append(cache_dir() / "reward_models")
+    if BUNDLED_ROOT.is_dir():
+        roots.append(BUNDLED_ROOT)
+    return list(dict.fromkeys(roots))
+
+
+def _is_model(p: Path) -> bool:
+    """A version folder (manifest.json) or a model folder holding v<k>/manifest.json."""
+    return (p / "manifest.json").exists() or (p.is_dir() and any(
+        v.name[1:].isdigit() and (v / "manifest.json").exists() for v in p.glob("v*")))
+
+
+def find_reward_model(name: str = DEFAULT_NAME, root: str | Path | None = None) -> Path | None:
+    """The folder a name (optionally "name/v3") resolves to: under `root` when given, else the
+    first of `search_roots()` holding it; None when no root does."""
+    for r in [Path(root)] if root else search_roots():
+        if _is_model(r / name):
+            return r / name
+    return None
+
+
+def load_default(name: str = DEFAULT_NAME) -> RewardModel:
+    """The installed reward model `name` (see `search_roots()`); DataError naming the places
+    searched when there is none."""
+    p = find_reward_model(name)
+    if p is None:
+        raise DataError(name, "no saved reward model under " +
+                        ", ".join(str(r) for r in search_roots()))
+    return load_reward_model(p)
+
+
 def load_reward_model(path_or_name: str | Path, root: str | Path | None = None) -> RewardModel:
     """A saved model: a version folder (holding manifest.json), a model folder (its highest
-    v<k> is taken), or a name looked up under `root` (default `default_root()`), optionally
-    "name/v3". Checks the format version, the feature list and the weights' sha256."""
+    v<k> is taken), or a name looked up under `root` (default: `search_roots()`, first match),
+    optionally "name/v3". Checks the format version, the feature list and the weights' sha256.
+    The loaded model's `path` is the version folder it came from."""
     p = Path(path_or_name)
     if not (p / "manifest.json").exists() and not p.is_dir():
-        p = Path(root or default_root()) / str(path_or_name)
+        p = find_reward_model(str(path_or_name), root) or \
+            Path(root or default_root()) / str(path_or_name)
     if p.is_dir() and not (p / "manifest.json").exists():
         versions = sorted((int(v.name[1:]), v) for v in p.glob("v*")
                           if v.name[1:].isdigit() and (v / "manifest.json").exists())
@@ -258,4 +312,6 @@ def load_reward_model(path_or_name: str | Path, root: str | Path | None = None) 
     if hashlib.sha256(raw).hexdigest() != man.get("weights_sha256"):
         raise DataError(str(p / "weights.npz"), "sha256 does not match the manifest")
     with np.load(p / "weights.npz") as z:
-        return RewardModel(z["weights"], z["mean"], z["scale"], FEATURES, man)
+        rm = RewardModel(z["weights"], z["mean"], z["scale"], FEATURES, man)
+    rm.path = p
+    return rm

@@ -6,15 +6,18 @@ from the train split only); `rejected` is what the policy itself produces when s
 when the ranker scores it below the chosen one, so each pair teaches a mistake the model actually
 makes. Rankers: `f1` (answer F1 vs gold + citation precision, HotpotQA definitions), `quality`
 (f1 + `rag.metrics.quality.QualityScorer` faithfulness of the cited contexts), `auto` = the
-project's learned reward model (`rag.metrics.reward_model`) when it is installed, else `f1`.
+project's learned reward model (`rag.metrics.reward_model.load_default`: quality-rm, found in
+$RAGPILOT_REWARD_MODELS, the cache, or the copy committed under bench/results/reward_models)
+scoring the answer against its cited contexts, else `f1` when none is installed. Each pair row
+and the run's summary name the ranker actually used.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +32,7 @@ from rl.alignment.sft import (
     load_tokenizer,
     render_prompt,
 )
-from rl.alignment.sft_data import SFTExample
+from rl.alignment.sft_data import SFTExample, hotpot_inputs_if_train
 
 Method = Literal["dpo", "ipo", "orpo"]
 METHODS: tuple[str, ...] = ("dpo", "ipo", "orpo")
@@ -61,27 +64,54 @@ def quality_ranker(scorer=None) -> Ranker:
     return rank
 
 
+def reward_model_ranker(rm) -> Ranker:
+    """The learned reward model's score of the answer against the contexts it cites (all of
+    them when it cites none), like the faithfulness of `quality_ranker`. Only differences
+    between answers to one question mean anything, which is all `build_pairs` uses."""
+
+    def rank(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
+        n = len(ex.contexts)
+        cited = sorted({i for i in citations if 1 <= i <= n})
+        ctx = [ex.contexts[i - 1] for i in cited] if cited else list(ex.contexts)
+        return float(rm.score(ex.question, ctx, text))
+
+    return rank
+
+
 def make_ranker(kind: str) -> tuple[str, Ranker]:
-    """(name actually used, ranker). `auto` prefers the learned reward model when present."""
+    """(name actually used, ranker). `auto` = the installed reward model
+    (`rag.metrics.reward_model.find_reward_model(DEFAULT_NAME)`: $RAGPILOT_REWARD_MODELS, the
+    cache, then the model committed under bench/results/reward_models), named
+    `reward_model:<name>/v<k>`; `f1` only when no reward model is installed. An installed model
+    that cannot be read raises (DataError) instead of silently changing the ranker."""
     if kind == "auto":
-        if importlib.util.find_spec("rag.metrics.reward_model") is not None:
-            try:
-                from rag.metrics import reward_model  # type: ignore[attr-defined]
+        from rag.metrics.reward_model import DEFAULT_NAME, find_reward_model, load_reward_model
 
-                rm = reward_model.load_default()  # type: ignore[attr-defined]
-
-                def rank(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
-                    return float(rm.score(ex.question, [c.text for c in ex.contexts], text))
-
-                return "reward_model", rank
-            except Exception:  # not trained yet / different API: fall back honestly
-                pass
-        return "f1", f1_ranker
+        path = find_reward_model(DEFAULT_NAME)
+        if path is None:
+            return _named("f1", f1_ranker)
+        rm = load_reward_model(path)
+        name = f"reward_model:{rm.manifest.get('name', DEFAULT_NAME)}/v{rm.manifest.get('version')}"
+        return _named(name, reward_model_ranker(rm))
     if kind == "f1":
-        return "f1", f1_ranker
+        return _named("f1", f1_ranker)
     if kind == "quality":
-        return "quality", quality_ranker()
+        return _named("quality", quality_ranker())
     raise ConfigError("generator_sft.prefs.ranker", f"unknown ranker {kind!r}")
+
+
+def _named(name: str, ranker: Ranker) -> tuple[str, Ranker]:
+    """Tag the ranker with its name, so the pairs (and the run's summary) record it."""
+
+    def rank(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
+        return ranker(ex, text, citations)
+
+    rank.ranker_name = name  # type: ignore[attr-defined]
+    return name, rank
+
+
+def ranker_name(ranker: Ranker) -> str:
+    return str(getattr(ranker, "ranker_name", None) or getattr(ranker, "__name__", "custom"))
 
 
 def build_pairs(model, tokenizer, examples: Sequence[SFTExample], cfg: GeneratorSFTConfig,
@@ -99,6 +129,7 @@ def build_pairs(model, tokenizer, examples: Sequence[SFTExample], cfg: Generator
                                       cfg.eval.max_new_tokens, cfg.eval.batch_size,
                                       temperature=cfg.prefs.temperature))
     rows = []
+    rname = ranker_name(ranker)
     for i, ex in enumerate(examples):
         chosen_score = ranker(ex, ex.answers[0] if ex.answers else ex.target,
                               ex.gold_positions)
@@ -110,7 +141,8 @@ def build_pairs(model, tokenizer, examples: Sequence[SFTExample], cfg: Generator
         s_rej, rejected = min(worse)
         rows.append({"prompt": render_prompt(tokenizer, ex.question, ex.contexts, cfg.prompt_id),
                      "chosen": ex.target, "rejected": rejected, "id": ex.id,
-                     "chosen_score": chosen_score, "rejected_score": s_rej})
+                     "source": ex.source, "chosen_score": chosen_score,
+                     "rejected_score": s_rej, "ranker": rname})
     return rows
 
 
@@ -120,11 +152,65 @@ def save_pairs(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
+def pairs_manifest(pairs: Sequence[dict[str, Any]],
+                   base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The dataset manifest of a preference run: the manifest of the examples the pairs were
+    built from (`base`, e.g. `sft_data.examples_manifest(train[:n_pairs])`; by default one
+    derived from the pair rows: their ids and sources, the HotpotQA input files when every row
+    comes from HotpotQA) plus the pair count, the sha256 of the pair rows and the ranker."""
+    if base is None:
+        sources = sorted({str(r.get("source", "unknown")) for r in pairs})
+        ids = list(dict.fromkeys(str(r.get("id")) for r in pairs))
+        inputs = hotpot_inputs_if_train(ids) if sources == ["hotpotqa"] else []
+        ids_sha = hashlib.sha256("".join(f"{i}\n" for i in ids).encode()).hexdigest()
+        base = {"dataset": "+".join(sources) or "none", "split": "train", "examples": len(ids),
+                "ids_sha256": ids_sha, "inputs": inputs}
+    blob = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+                   for r in pairs)
+    rankers = sorted({str(r["ranker"]) for r in pairs if r.get("ranker")})
+    return {**dict(base), "pairs": len(pairs),
+            "pairs_sha256": hashlib.sha256(blob.encode()).hexdigest(),
+            "ranker": "+".join(rankers) or "unknown"}
+
+
+def _log_run(cfg: GeneratorSFTConfig, out: Path, meta: dict[str, Any],
+             manifest: Mapping[str, Any], mlflow_uri: str | None) -> str:
+    """One MLflow run of a preference training (experiment `mlflow.experiment`): params, the
+    loss/reward metrics, provenance tags (rag.provenance: commit, dataset manifest, input
+    sha256s) + the ranker, the manifest and summary as artifacts. Returns the run id."""
+    import mlflow
+
+    from rag.provenance import provenance_tags
+    from rl.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(mlflow_uri or tracking_uri(cfg.mlflow.dir))
+    mlflow.set_experiment(cfg.mlflow.experiment)
+    with mlflow.start_run(run_name=f"{meta['method']}-{out.name}") as run:
+        mlflow.log_params({k: str(meta[k]) for k in ("method", "base_path", "base_model",
+                                                     "lora_r", "max_len", "beta", "steps",
+                                                     "n_pairs", "ranker") if k in meta})
+        mlflow.log_params({"lr": str(cfg.prefs.lr), "batch_size": str(cfg.prefs.batch_size)})
+        mlflow.log_metrics({k: float(v) for k, v in meta.items()
+                            if k in ("seconds", "train_loss", "first_loss", "last_loss",
+                                     "rewards_accuracies", "rewards_margins", "log_odds_ratio")
+                            and isinstance(v, (int, float))})
+        mlflow.set_tags({**provenance_tags(manifest), "ranker": str(meta.get("ranker"))})
+        mlflow.log_text(json.dumps(dict(manifest), indent=2, sort_keys=True, default=str),
+                        "dataset_manifest.json")
+        mlflow.log_text(json.dumps(meta, indent=1, default=str), "summary.json")
+        return run.info.run_id
+
+
 def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict[str, Any]],
-                      cfg: GeneratorSFTConfig, out_dir: str | Path) -> dict[str, Any]:
+                      cfg: GeneratorSFTConfig, out_dir: str | Path, *,
+                      data_manifest: Mapping[str, Any] | None = None,
+                      mlflow_uri: str | None = None) -> dict[str, Any]:
     """A LoRA adapter trained on `pairs` with TRL; saved to out_dir/adapter (+ meta.json so
     `rl.alignment.sft.merge_adapter` can merge it onto the policy). Returns train metrics:
-    loss, reward accuracy/margin where TRL logs them, seconds, steps."""
+    loss, reward accuracy/margin where TRL logs them, seconds, steps, the ranker that built the
+    pairs. `data_manifest` (default `pairs_manifest(pairs)`) goes to out_dir/dataset_manifest.json
+    and, when `mlflow.enabled`, to an MLflow run's provenance tags (`mlflow_run_id` in the
+    result)."""
     if method not in METHODS:
         raise ConfigError("method", f"unknown preference method {method!r} (known: "
                                     f"{', '.join(METHODS)})")
@@ -184,6 +270,13 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
         if vals:
             tail = vals[-max(1, len(vals) // 3):]
             meta[key.replace("/", "_")] = float(sum(tail) / len(tail))
+    meta["ranker"] = "+".join(sorted({str(r["ranker"]) for r in pairs if r.get("ranker")})) \
+        or "unknown"
+    manifest = dict(data_manifest) if data_manifest is not None else pairs_manifest(pairs)
+    (out / "dataset_manifest.json").write_text(
+        json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
+    if cfg.mlflow.enabled:
+        meta["mlflow_run_id"] = _log_run(cfg, out, meta, manifest, mlflow_uri)
     (adapter / "meta.json").write_text(json.dumps(meta, indent=1))
     (out / "summary.json").write_text(json.dumps(meta, indent=1))
     return meta

@@ -24,7 +24,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from rag.errors import ConfigError
 from rag.generation.parse import parse_output
 from rag.generation.prompts import get_prompt
 from rag.metrics.qa import best_em_f1
-from rl.alignment.sft_data import SFTExample
+from rl.alignment.sft_data import SFTExample, examples_manifest
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULTS_PATH = REPO / "configs" / "rl" / "generator_sft.yaml"
@@ -382,12 +382,16 @@ class SFTRun:
     """One training run in `out_dir`: checkpoints/, metrics.jsonl, meta.json, mlflow run.
 
     `train()` resumes from `checkpoints/latest` when present. `stop_after` (steps done in this
-    call) lets tests stop a run mid-way, like a kill after a checkpoint."""
+    call) lets tests stop a run mid-way, like a kill after a checkpoint. `data_manifest`: the
+    dataset manifest of the training examples (default `examples_manifest(train_examples)`),
+    written to `<out>/dataset_manifest.json` and, with `rag.provenance.provenance_tags`, to the
+    MLflow run's tags (code commit, dataset, manifest sha256, input files' sha256)."""
 
     def __init__(self, cfg: GeneratorSFTConfig, out_dir: str | Path,
                  train_examples: Sequence[SFTExample], eval_examples: Sequence[SFTExample] = (),
                  base_path: str | Path | None = None, mlflow_uri: str | None = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print,
+                 data_manifest: Mapping[str, Any] | None = None):
         if not train_examples:
             raise ConfigError("generator_sft.data", "no training examples")
         self.cfg, self.out = cfg, Path(out_dir)
@@ -396,6 +400,8 @@ class SFTRun:
         self.mlflow_uri = mlflow_uri
         self.log = log
         self.ckpt_root = self.out / CKPT_DIR
+        self.data_manifest = dict(data_manifest) if data_manifest is not None else \
+            examples_manifest(self.train_examples)
 
     # -- helpers ----------------------------------------------------------------------------
     def steps_per_epoch(self) -> int:
@@ -435,6 +441,8 @@ class SFTRun:
         random.seed(cfg.train.seed)
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_root.mkdir(exist_ok=True)
+        (self.out / "dataset_manifest.json").write_text(
+            json.dumps(self.data_manifest, indent=1, sort_keys=True, default=str) + "\n")
         tok = load_tokenizer(self.base_path)
         model = add_lora(load_base_model(self.base_path, cfg), cfg)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -614,7 +622,8 @@ class _Tracker:
     def __init__(self, run: SFTRun, state: dict[str, Any]):
         import mlflow
 
-        from rl.tracking import code_commit, tracking_uri
+        from rag.provenance import provenance_tags
+        from rl.tracking import tracking_uri
 
         self.mlflow, self.run = mlflow, run
         uri = run.mlflow_uri or tracking_uri(run.cfg.mlflow.dir)
@@ -630,7 +639,11 @@ class _Tracker:
             state["mlflow_run_id"] = self.run_id
             for k, v in run.meta().items():
                 self.client.log_param(self.run_id, k, str(v))
-            self.client.set_tag(self.run_id, "code_commit", code_commit())
+            for k, v in provenance_tags(run.data_manifest).items():
+                self.client.set_tag(self.run_id, k, v)
+            self.client.log_text(self.run_id, json.dumps(run.data_manifest, indent=2,
+                                                         sort_keys=True, default=str),
+                                 "dataset_manifest.json")
         self.model_name = f"{run.cfg.mlflow.experiment}-{run.out.name}"
         self.aliases_in_registry = False
 

@@ -14,10 +14,14 @@ A target is exactly what `rag.generation.parse` reads back: `<short answer> [i][
 * Teacher distillation: any `rag.generation.base.Generator` (an OpenAI-compatible endpoint via
   `rag.generation.openai_compat.OpenAIChatGenerator`) answers the prompts; answers that cite
   nothing, abstain, or (when gold exists) score F1 below `min_f1` are dropped.
+
+`examples_manifest(examples)` describes the examples a run actually used (dataset, split, count,
+hashes of their ids and contents, the input files with sha256) for `rag.provenance` tags.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -244,3 +248,60 @@ def load_examples(path: str | Path) -> list[SFTExample]:
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(str(path), f"bad SFT example ({exc})", line=n) from None
     return out
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def _sha256_lines(lines: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def hotpot_inputs() -> list[dict[str, str]]:
+    """The files HotpotQA examples come from: the split manifest (which ids are train) and the
+    records, each with its sha256 (paths relative to the repo / the dataset root)."""
+    from rag.corpus.hygiene import SPLITS_DIR
+    from rag.corpus.loaders import sha256_file
+
+    split = SPLITS_DIR / "hotpotqa.json"
+    data = hotpot_path()
+    return [{"path": "configs/splits/hotpotqa.json", "sha256": sha256_file(split)},
+            {"path": f"hotpotqa/{data.name}", "sha256": sha256_file(data)}]
+
+
+def hotpot_inputs_if_train(ids: Sequence[str]) -> list[dict[str, str]]:
+    """`hotpot_inputs()` when every id is in the train split of configs/splits/hotpotqa.json
+    (so the examples did come from those files), else [] (also when the data is absent)."""
+    from rag.corpus.hygiene import load_split
+
+    try:
+        train = set(load_split("hotpotqa").ids("train"))
+        return hotpot_inputs() if ids and set(ids) <= train else []
+    except (DataError, ConfigError, OSError):
+        return []
+
+
+def examples_manifest(examples: Sequence[SFTExample], split: str = "train",
+                      inputs: Sequence[Mapping[str, str]] | None = None,
+                      dataset: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The dataset manifest of the examples a run used (the `manifest` of
+    `rag.provenance.provenance_tags`): dataset (the sources joined with '+', unless given),
+    split, example count per source, sha256 of the ordered ids and of the examples' full
+    content (prompt contexts and targets), and the input files (`inputs`; by default the
+    HotpotQA files when every example is a HotpotQA train-split question, else none)."""
+    by_source: dict[str, int] = {}
+    for e in examples:
+        by_source[e.source] = by_source.get(e.source, 0) + 1
+    if inputs is None:
+        inputs = hotpot_inputs_if_train([e.id for e in examples]) \
+            if by_source and set(by_source) == {"hotpotqa"} else []
+    return {"dataset": dataset or "+".join(sorted(by_source)) or "none", "split": split,
+            "examples": len(examples), "sources": dict(sorted(by_source.items())),
+            "ids_sha256": _sha256_lines(e.id for e in examples),
+            "examples_sha256": _sha256_lines(json.dumps(e.to_dict(), sort_keys=True,
+                                                        ensure_ascii=False) for e in examples),
+            "inputs": [dict(i) for i in inputs], **extra}

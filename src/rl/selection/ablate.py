@@ -24,7 +24,7 @@ import numpy as np
 from rag.fusion import mmr_select
 from rl.selection.bc import train_bc
 from rl.selection.config import SelectionConfig
-from rl.selection.data import SelectionData, registered_cross_encoder
+from rl.selection.data import SelectionData, cross_encoder_status
 from rl.selection.features import Pool
 from rl.selection.policy import SelectionNet, rollout
 from rl.selection.raft import train_raft
@@ -206,14 +206,17 @@ def run_dataset(name: str, cfg: SelectionConfig, sizes: Sizes, log=print,
                             ("support_recall",))
     if ablations:
         rows += ablation_rows(name, cfg, data, train, valid, test, reward, nets["bc"], sizes,
-                              log)
+                              log, info.setdefault("ablation_notes", {}))
     return rows, info
 
 
 def ablation_rows(name: str, cfg: SelectionConfig, data: SelectionData, train, valid, test,
-                  reward: SelectionReward, bc_net: SelectionNet, sizes: Sizes, log
-                  ) -> list[dict]:
-    """Rows with system names `ablation:<what>=<value> <system>` (test split, same budget)."""
+                  reward: SelectionReward, bc_net: SelectionNet, sizes: Sizes, log,
+                  notes: dict[str, str] | None = None) -> list[dict]:
+    """Rows with system names `ablation:<what>=<value> <system>` (test split, same budget).
+    An arm that cannot run is never skipped silently: `notes[<what>=<value>]` says why (e.g.
+    "not run: no cross-encoder registered ...") and the log says it too."""
+    notes = {} if notes is None else notes
     rows: list[dict] = []
     B = cfg.env.max_steps
     keep = ("support_f1", "answer_f1", "redundancy", "n_passages")
@@ -240,11 +243,14 @@ def ablation_rows(name: str, cfg: SelectionConfig, data: SelectionData, train, v
         add(f"shaping={shaping} bc_raft", evaluate(test, policy_selector(nets["bc_raft"],
                                                                          c.env.k, B), reward))
     log(f"[{name}] ablation: shaping done")
-    # reranker: none / cosine / cross-encoder (when one is registered)
-    rerankers = ["none", "cosine"]
-    if registered_cross_encoder(cfg.env.reranker_model):
-        rerankers.append("cross_encoder")
-    for rr in rerankers:
+    # reranker: none / cosine / the trained cross-encoder `env.reranker_model` (when registered;
+    # otherwise the arm is reported as not run, with the reason, in `notes`)
+    ce_model, why = cross_encoder_status(cfg.env.reranker_model)
+    for rr in ("none", "cosine", "cross_encoder"):
+        if rr == "cross_encoder" and ce_model is None:
+            notes["reranker=cross_encoder"] = why
+            log(f"[{name}] ablation: reranker=cross_encoder {why}")
+            continue
         c = cfg.replace(**{"env.reranker": rr})
         tst = test if rr == cfg.env.reranker else data.pools("test", sizes.test, c)
         add(f"reranker={rr} rerank", evaluate(tst, lambda p: rerank_selection(p, B), reward))

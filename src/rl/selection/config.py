@@ -28,7 +28,7 @@ class EnvConfig(_Strict):
     candidates_from: Literal["bm25", "dense", "graph", "hybrid"] = "hybrid"
     fusion_weight: float = Field(0.5, ge=0.0, le=1.0)
     reranker: Literal["none", "cosine", "cross_encoder"] = "cosine"
-    reranker_model: str = "minilm"
+    reranker_model: str = "reranker-minilm@best"  # the cross-encoder (registry name or folder)
 
     @model_validator(mode="after")
     def _sources(self) -> EnvConfig:

@@ -22,14 +22,31 @@ from rl.selection.features import Pool, build_pool, retrieve_lists
 from rl.selection.rewrite import QueryRewriter
 
 
-def registered_cross_encoder(name: str) -> bool:
-    """Whether `name` is a registered cross-encoder (a colleague trains one)."""
-    try:
-        from rag.models import default_registry
+def cross_encoder_status(name: str) -> tuple[str | None, str]:
+    """(the model to load, "") when `name` is a registered cross-encoder
+    (`rag.models.default_registry()`, which includes `ragpilot train-reranker`'s local registry)
+    whose weights exist, or a local model folder; else (None, "not run: <why>")."""
+    from rag.models import default_registry
 
-        return default_registry().get(name).kind == "cross_encoder"
-    except Exception:  # noqa: BLE001 - unknown name / registry problems mean "not available"
-        return False
+    if name and (Path(name).expanduser() / "config.json").exists():
+        return name, ""
+    try:
+        spec = default_registry().get(name)
+    except Exception:  # noqa: BLE001 - unknown name / unreadable registry: not available
+        return None, f"not run: no cross-encoder registered as {name!r} (train one: ragpilot " \
+                     "train-reranker)"
+    if spec.kind != "cross_encoder":
+        return None, f"not run: no cross-encoder registered ({name!r} is a {spec.kind})"
+    try:
+        spec.resolve()
+    except Exception as exc:  # noqa: BLE001 - registered, but its weights are gone
+        return None, f"not run: cross-encoder {name!r} is registered but unusable ({exc})"
+    return name, ""
+
+
+def registered_cross_encoder(name: str) -> bool:
+    """Whether `name` is a usable cross-encoder (cross_encoder_status)."""
+    return cross_encoder_status(name)[0] is not None
 
 
 class SelectionData:
@@ -43,23 +60,23 @@ class SelectionData:
         self.memo = MemoIndexSet(self.data.indexes, Path(root) if root else cache_dir() / "tuner")
         m = cfg.mtrag
         self.rewriter = QueryRewriter(m.rewrite, m.history_turns, m.generator)
-        self._ce = None
+        self._ce: dict = {}
         self.build_ms: list[float] = []
 
     def examples(self, split: str, limit: int | None = None) -> list[Example]:
         ex = self.data.examples(split)
         return ex[:limit] if limit else ex
 
-    def _ce_scores(self):
-        if self._ce is None:
-            name = self.cfg.env.reranker_model
-            if not registered_cross_encoder(name):
-                raise ConfigError("selection.env.reranker_model",
-                                  f"{name!r} is not a registered cross-encoder")
+    def _ce_scores(self, name: str):
+        """`scores(query, passages)` of the cross-encoder `name` (loaded once per name)."""
+        if name not in self._ce:
+            model, why = cross_encoder_status(name)
+            if model is None:
+                raise ConfigError("selection.env.reranker_model", why.removeprefix("not run: "))
             from rag.rerank import make_reranker
 
-            self._ce = make_reranker("cross_encoder", name)
-        return self._ce.scores
+            self._ce[name] = make_reranker("cross_encoder", model)
+        return self._ce[name].scores
 
     def pool(self, example: Example, cfg: SelectionConfig | None = None) -> Pool:
         cfg = cfg or self.cfg
@@ -71,7 +88,8 @@ class SelectionData:
         pool = build_pool(example, query, lists, self.data.indexes.corpus,
                           dense.embed_query(query), dense.passage_embeddings, e.k,
                           e.candidates_from, e.reranker,
-                          self._ce_scores() if e.reranker == "cross_encoder" else None)
+                          self._ce_scores(e.reranker_model) if e.reranker == "cross_encoder"
+                          else None)
         self.build_ms.append((time.perf_counter() - t0) * 1000.0)
         return pool
 
