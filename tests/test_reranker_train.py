@@ -68,7 +68,7 @@ def _cfg(base, **kw) -> RerankerTrainConfig:
 # ---- config -------------------------------------------------------------------------------------
 def test_shipped_config_loads_and_bad_keys_are_named(tmp_path):
     cfg = RerankerTrainConfig.from_yaml("configs/rl/reranker.yaml")
-    assert cfg.max_length == 256 and set(cfg.data.sources) == {"scifact", "hotpotqa", "mtrag"}
+    assert cfg.max_length == 192 and set(cfg.data.sources) == {"scifact", "hotpotqa", "mtrag"}
     bad = tmp_path / "r.yaml"
     bad.write_text("reranker:\n  data:\n    depht: 30\n")
     with pytest.raises(ConfigError, match=r"reranker\.data\.depht"):
@@ -268,10 +268,42 @@ def test_real_minilm_cross_encoder_trains_saves_and_serves(tmp_path):
     save_model(res, cfg, d, {}, {})
     passages = [Passage("a", "Statins lower LDL cholesterol in adults.", ""),
                 Passage("b", "Paris is in France.", "")]
-    served = CrossEncoderReranker(d, max_length=64).scores("do statins lower cholesterol?",
-                                                           passages)
+    rr = CrossEncoderReranker(d)
+    assert rr.max_length == 64  # served with the training cut, read from manifest.json
+    served = rr.scores("do statins lower cholesterol?", passages)
     enc = res.tokenizer(["do statins lower cholesterol?"] * 2, [p.text for p in passages],
                         padding=True, truncation=True, max_length=64, return_tensors="pt")
     with torch.inference_mode():
         ref = res.model(**enc).logits[:, 0].numpy()
     assert np.allclose(served, ref, atol=1e-4)
+
+
+def test_mlflow_run_carries_commit_and_every_source_manifest(tiny_base, tmp_path, monkeypatch):
+    """Issue 9: every MLflow run carries the code commit and the dataset manifest; a reranker
+    mined from several datasets tags each source's input files."""
+    import mlflow
+
+    from rl.alignment.reranker import log_mlflow, training_manifest
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    sources = {"scifact": {"split": "train", "items": 3, "manifest": {
+                   "dataset": "scifact", "inputs": [{"path": "scifact/qrels/train.tsv",
+                                                     "sha256": "ab" * 32}]}},
+               "hotpotqa": {"split": "train", "items": 2, "manifest": {
+                   "dataset": "hotpotqa", "inputs": [{"path": "hotpotqa/dev.jsonl",
+                                                      "sha256": "cd" * 32}]}}}
+    merged = training_manifest(sources)
+    assert merged["dataset"] == "hotpotqa/train+scifact/train"
+    assert {i["sha256"] for i in merged["inputs"]} == {"ab" * 32, "cd" * 32}
+    cfg = _cfg(tiny_base, mlflow_dir=str(tmp_path / "mlflow"))
+    d = tmp_path / "v1"
+    d.mkdir()
+    manifest = {"eval": {}, "pairs_per_s": 1.0, "tokens_per_s": 2.0, "steps": 1,
+                "data_hash": "x", "data_sources": sources}
+    out = log_mlflow(cfg, manifest, d, {"latest": str(d), "best": str(d)})
+    run = mlflow.MlflowClient(out["tracking_uri"]).get_run(out["run_id"])
+    tags = run.data.tags
+    assert tags["code_commit"] and tags["code_commit"] != "unknown"
+    assert tags["dataset"] == "hotpotqa/train+scifact/train"
+    assert len(tags["dataset_manifest_sha256"]) == 64
+    assert tags["dataset_sha256/scifact/qrels/train.tsv"] == "ab" * 32

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -64,12 +65,16 @@ class CosineReranker(Reranker):
 
 
 class CrossEncoderReranker(Reranker):
-    """A local (query, passage) -> relevance logit model, batched."""
+    """A local (query, passage) -> relevance logit model, batched.
+
+    `max_length` (query + passage tokens) defaults to the length the model was trained with when
+    its directory has a `manifest.json` from `ragpilot train-reranker` (`config.max_length`),
+    else 256: serving must cut inputs where training did."""
 
     name = "cross_encoder"
 
     def __init__(self, path: str | Path, device: str = "cpu", batch_size: int = 32,
-                 max_length: int = 256):
+                 max_length: int | None = None):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -79,6 +84,8 @@ class CrossEncoderReranker(Reranker):
                                                 "missing)")
         self.tokenizer = AutoTokenizer.from_pretrained(str(p))
         self.model = AutoModelForSequenceClassification.from_pretrained(str(p)).to(device).eval()
+        if max_length is None:
+            max_length = _trained_max_length(p) or 256
         self.device, self.batch_size, self.max_length = device, batch_size, max_length
         self._torch = torch
 
@@ -95,6 +102,18 @@ class CrossEncoderReranker(Reranker):
                 out.append((logits[:, -1] if logits.shape[-1] > 1 else logits[:, 0]).float()
                            .cpu().numpy())
         return np.concatenate(out)
+
+
+def _trained_max_length(model_dir: Path) -> int | None:
+    """`config.max_length` of a `ragpilot train-reranker` manifest, if there is one."""
+    man = model_dir / "manifest.json"
+    if not man.exists():
+        return None
+    try:
+        value = json.loads(man.read_text()).get("config", {}).get("max_length")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def make_reranker(kind: str, model: str = "minilm", device: str = "cpu",

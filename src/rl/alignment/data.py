@@ -109,9 +109,11 @@ def items_hash(items: Sequence[TrainItem]) -> str:
 
 
 def mine_from_dataset(name: str, split: str, retriever: str, depth: int, n_hard: int,
-                      n_easy: int, max_queries: int | None, seed: int) -> list[TrainItem]:
+                      n_easy: int, max_queries: int | None, seed: int,
+                      info: dict | None = None) -> list[TrainItem]:
     """Mine `name`'s `split` (must be a train split) with the project's own retrieval over the
-    dataset's cached indexes (`rl.evaluation.TuningData`: corpus, indexes, split manifest)."""
+    dataset's cached indexes (`rl.evaluation.TuningData`: corpus, indexes, split manifest).
+    `info`, when given, receives the dataset manifest (`info["manifest"]`) for provenance."""
     from rag.config import RAGConfig
     from rag.pipeline import Pipeline
     from rl.evaluation import TuningData
@@ -120,6 +122,8 @@ def mine_from_dataset(name: str, split: str, retriever: str, depth: int, n_hard:
         raise ConfigError(f"reranker.data.sources.{name}.split",
                           f"{split!r} is not a training split (allowed: {TRAIN_SPLITS})")
     data = TuningData.open(name)
+    if info is not None:
+        info["manifest"] = data.dataset.manifest_dict()
     examples = split_examples(data, split)
     pipe = Pipeline(data.indexes, RAGConfig(variant=retriever, n_candidates=depth, k=1))
     return mine_items(name, examples, data.indexes.corpus, [e.id for e in examples],

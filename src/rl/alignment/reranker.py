@@ -481,6 +481,16 @@ def register_local(name: str, version_dir: Path, best_metric: str | None,
     return {"latest": str(version_dir), "best": str(best)}
 
 
+def training_manifest(data_sources: dict[str, Any]) -> dict[str, Any]:
+    """One dataset manifest for a run that mined several datasets: the names joined with '+',
+    every source's input files (path, sha256), so `rag.provenance.provenance_tags` can tag it."""
+    names, inputs = [], []
+    for name, src in sorted(data_sources.items()):
+        names.append(f"{name}/{src.get('split', '?')}")
+        inputs.extend((src.get("manifest") or {}).get("inputs") or [])
+    return {"dataset": "+".join(names), "inputs": inputs}
+
+
 def log_mlflow(cfg: RerankerTrainConfig, manifest: dict[str, Any], version_dir: Path,
                aliases: dict[str, str]) -> dict[str, Any]:
     """A run (params, metrics, manifest artifact) and, when the registry works on this store, a
@@ -489,6 +499,7 @@ def log_mlflow(cfg: RerankerTrainConfig, manifest: dict[str, Any], version_dir: 
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from rag.provenance import provenance_tags
     from rl.tracking import code_commit, tracking_uri
 
     uri = tracking_uri(cfg.mlflow_dir)
@@ -503,7 +514,8 @@ def log_mlflow(cfg: RerankerTrainConfig, manifest: dict[str, Any], version_dir: 
                              "tokens_per_s": manifest["tokens_per_s"],
                              "steps": manifest["steps"]}.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        mlflow.set_tags({"code_commit": code_commit(), "base_model": cfg.base_model,
+        mlflow.set_tags({**provenance_tags(training_manifest(manifest.get("data_sources", {}))),
+                         "code_commit": code_commit(), "base_model": cfg.base_model,
                          "model_dir": str(version_dir), "version": version_dir.name,
                          "data_hash": manifest["data_hash"],
                          "alias_latest": aliases["latest"], "alias_best": aliases["best"]})
@@ -543,11 +555,13 @@ def mine_all(cfg: RerankerTrainConfig, log: Callable[[str], None] | None = None
     sources: dict[str, Any] = {}
     for name, spec in cfg.data.sources.items():
         t0 = time.perf_counter()
+        info: dict[str, Any] = {}
         got = mine_from_dataset(name, spec.split, cfg.data.retriever, cfg.data.depth,
-                                cfg.data.n_hard, cfg.data.n_easy, spec.max_queries, cfg.seed)
+                                cfg.data.n_hard, cfg.data.n_easy, spec.max_queries, cfg.seed,
+                                info=info)
         sources[name] = {"split": spec.split, "items": len(got),
                          "queries": len({i.query_id for i in got}),
-                         "data_hash": items_hash(got)}
+                         "data_hash": items_hash(got), "manifest": info.get("manifest")}
         if log:
             log(f"mined {len(got)} items from {name}/{spec.split} "
                 f"({time.perf_counter() - t0:.1f} s)")
