@@ -122,10 +122,43 @@ def test_settings_validate_and_name_the_key():
     for args, field in [({"colour": 1}, "serve.colour"),
                         ({"canary": {"k": 0}}, "serve.canary.k"),
                         ({"traffic": {"canary_percent": 101}}, "serve.traffic.canary_percent"),
-                        ({"bandit": {"arms": [{"nope": 1}]}}, "serve.bandit.arms.0.nope")]:
+                        ({"bandit": {"arms": [{"nope": 1}]}}, "serve.bandit.arms.0.nope"),
+                        ({"indexes": {"faiss_device": "tpu"}}, "serve.indexes.faiss_device"),
+                        ({"indexes": {"dense": "faiss", "bogus": 1}}, "serve.indexes.bogus")]:
         with pytest.raises(ConfigError) as e:
             ServeSettings.from_args(args)
         assert e.value.field == field, (args, e.value)
+
+
+def test_serve_indexes_section_reaches_every_replica(tmp_path, monkeypatch):
+    """`args.indexes` (where index backends run) is validated at load and passed to every
+    pipeline the app builds, the local in-process path included."""
+    import serving.app as app_mod
+    import serving.pipelines as pipelines_mod
+
+    seen = []
+
+    class FakeService:  # stands in for PipelineService: records what a replica would open
+        def __init__(self, config, dataset, index_dir, indexes=None):
+            seen.append(indexes)
+
+        def answer(self, question, query_id="q"):
+            return {}
+
+        def info(self):
+            return {}
+
+    monkeypatch.setattr(pipelines_mod, "PipelineService", FakeService)
+    args = {"store_url": str(tmp_path / "x.sqlite"), "indexes": {"faiss_device": "cpu"},
+            "canary": {"variant": "bm25"}}
+    assert ServeSettings.from_args(args).indexes == {"faiss_device": "cpu"}
+    app_mod.local_app(args)
+    assert len(seen) == 2 and all(i == {"faiss_device": "cpu"} for i in seen)
+    bound = []
+    monkeypatch.setattr(app_mod, "bind_pipeline",
+                        lambda cfg, ds, idx, opts, indexes=None: bound.append(indexes))
+    app_mod.build_app(args)  # the Ray Serve graph: every Pipeline_<hash> gets the overrides
+    assert len(bound) == 2 and all(i == {"faiss_device": "cpu"} for i in bound)
 
 
 def test_build_app_checks_the_variant_budget(tmp_path):

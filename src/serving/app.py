@@ -505,7 +505,7 @@ class Ingress:
         s = self.settings
         p = s.pipelines
         bound = bind_pipeline(cfg, s.dataset, s.index_dir, deployment_options(
-            p.num_cpus, p.max_ongoing_requests, p.num_replicas, p.autoscaling))
+            p.num_cpus, p.max_ongoing_requests, p.num_replicas, p.autoscaling), s.indexes)
         log.info("deploying variant %s", cfg.config_hash)
         return serve.run(bound, name=f"ragpilot-{cfg.config_hash}", route_prefix=None,
                          blocking=False)
@@ -621,7 +621,8 @@ def build_app(args: dict[str, Any] | None = None):
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
-    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts) for h, c in configs.items()}
+    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts, s.indexes)
+               for h, c in configs.items()}
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
                            max_ongoing_requests=s.limits.max_inflight + 64).bind(
         s.model_dump(mode="json"), handles, roles,
@@ -683,7 +684,8 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
     services = dict(services or {})
 
     def make(cfg: RAGConfig) -> LocalHandle:
-        return LocalHandle(PipelineService(cfg.model_dump(mode="json"), s.dataset, s.index_dir))
+        return LocalHandle(PipelineService(cfg.model_dump(mode="json"), s.dataset, s.index_dir,
+                                           indexes=s.indexes))
 
     handles = {h: LocalHandle(services[h]) if h in services else make(c)
                for h, c in configs.items()}

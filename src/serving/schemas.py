@@ -143,6 +143,10 @@ class ServeSettings(_Strict):
     """Dataset whose indexes the pipelines serve (and whose gold answers score shadows)."""
     index_dir: str | None = None
     """Serve an existing IndexSet directory instead (no gold: shadows are logged, not scored)."""
+    indexes: dict[str, Any] | None = None
+    """Index-backend overrides every replica applies (`rag.index.settings.IndexSettings`: where
+    a backend runs, e.g. `faiss_device: gpu` or the OpenSearch URL; the backend itself is
+    pinned by the index directory's manifest). Validated at load, keys named `indexes.*`."""
     store_url: str = "runs/serve/interactions.sqlite"
     """SQLite path (WAL) or an SQLAlchemy URL (postgresql://...)."""
     base: dict[str, Any] = Field(default_factory=lambda: {"generator": "extractive"})
@@ -183,6 +187,10 @@ class ServeSettings(_Strict):
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> ServeSettings:
         """Validate the application args; errors are ConfigError naming `serve.<key>`."""
+        from rag.index.settings import IndexSettings
+
+        if isinstance(args, dict) and args.get("indexes") is not None:
+            IndexSettings.from_dict(args["indexes"], where="serve.indexes")
         try:
             return cls(**(args or {}))
         except ValidationError as exc:
