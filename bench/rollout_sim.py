@@ -37,6 +37,7 @@ from bench.common import make_meta, metric_row, plain_row, write_results  # noqa
 from rl.evaluators import Arm, CanaryEvaluator, ShadowEvaluator  # noqa: E402
 from rl.ope import estimate_all  # noqa: E402
 from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig  # noqa: E402
+from rl.rollout_config import stage_power  # noqa: E402
 from rl.simulate import BanditSimulator  # noqa: E402
 from rl.stats import SequentialTest  # noqa: E402
 
@@ -128,7 +129,20 @@ def promotion(cfg: RolloutConfig, runs: int, rows: list, md: list) -> dict:
            f"{BATCHES_PER_LOOK} batches per look. Per-request reward sd {SD}. With the "
            "optimistic replay every candidate enters shadow, so the online sequential stages "
            "alone decide: the acceptance checks use that (harder) variant.", ""]
+    md += power_table(cfg)
     return out
+
+
+def power_table(cfg: RolloutConfig) -> list[str]:
+    """Per-stage power of the configured plan for the simulated gain (+0.03, sd SD, paired
+    correlation RHO), `rl.rollout_config.stage_power`: what configs/rl/rollout.yaml claims."""
+    got = stage_power(cfg, 0.03, SD, RHO)
+    return ["", f"Power per stage to detect +0.03 (per-request sd {SD}, shadow pairs correlated "
+            f"{RHO}; normal approximation, `rl.rollout_config.stage_power`):", "",
+            "| stage | candidate n at last look | effective n | fixed-sample power | "
+            "sequential power (its looks and boundaries) |", "|---|---|---|---|---|",
+            *[f"| {k} | {v['n']:.0f} | {v['n_effective']:.0f} | {v['fixed']:.4f} | "
+              f"{v['sequential']:.4f} |" for k, v in got.items()], ""]
 
 
 def _promotion(cfg: RolloutConfig, runs: int, rows: list, md: list, honest: bool) -> dict:
@@ -269,7 +283,8 @@ def main() -> None:
           *[f"| {k} | {'pass' if v else 'FAIL'} |" for k, v in checks.items()], "", *md,
           f"Wall time {time.perf_counter() - t0:.0f} s."]
     meta = make_meta(SEED, {}, {"quick": args.quick, "runs": runs, "checks": checks,
-                                "config": cfg.model_dump(mode="json")})
+                                "config": cfg.model_dump(mode="json"),
+                                "stage_power": stage_power(cfg, 0.03, SD, RHO)})
     write_results("rollout_sim", rows, meta, "Rollout simulation: promotion, OPE, sequential "
                   "test", "\n".join(md))
 

@@ -2,6 +2,7 @@
 small policy file), MLflow logging to a temporary SQLite store, and exit code 2 on bad input."""
 
 import json
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -22,7 +23,10 @@ def policy_file(tmp_path):
     return f
 
 
-def test_tune_and_report(tmp_path, policy_file, capsys):
+def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
+    # mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI: keep it from leaking between tests
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
     out = tmp_path / "run"
     rc = main(["tune", "--method", "random", "--budget", "5", "--policy", str(policy_file),
                "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")])
@@ -39,11 +43,31 @@ def test_tune_and_report(tmp_path, policy_file, capsys):
     assert runs.iloc[0]["params.dataset_id"] == "synthetic"
     assert runs.iloc[0]["params.k"] == str(best["k"])
     assert "metrics.reward" in runs.columns and runs.iloc[0]["tags.code_commit"]
+    # the reward-curve plot is an artifact of the run, in the local store beside mlflow.db
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}")
+    run_id = runs.iloc[0]["run_id"]
+    assert summary["mlflow"]["run_id"] == run_id  # summary.json was rewritten after logging
+    assert json.loads((out / "summary.json").read_text())["mlflow"]["run_id"] == run_id
+
+    def plots():
+        return {a.path: a.file_size for a in client.list_artifacts(run_id, "plots")}
+
+    assert plots()["plots/reward-curve.png"] > 1000
+    local = client.download_artifacts(run_id, "plots/reward-curve.png", str(tmp_path / "dl"))
+    assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "ml" / "artifacts").rglob("reward-curve.png"))
 
     assert main(["report", "--run", str(out), "--policy", str(policy_file), "--grid"]) == 0
     report = (out / "report.md").read_text()
     assert "chosen − static default" in report and "chosen − grid best" in report
     assert (out / "pareto-cost.png").stat().st_size > 1000
+    # Δ is the continuous reward's; gates are reported apart, per config, with evidence
+    assert "Δ C (relative)" in report and "static default `" in report
+    assert "faithfulness" in report and "relevancy" in report
+    assert "To detect Δ = 0.03 faithfulness at 80% power" in report
+    # report's plots join the tune run in MLflow
+    got = plots()
+    assert {"plots/pareto-cost.png", "plots/pareto-p95_latency_ms.png"} <= set(got)
 
 
 def test_tuner_eval_prints_report(capsys):

@@ -55,7 +55,8 @@ def test_ppo_trains_within_budget_and_checkpoints(tuner, tmp_path):
 
 def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):
     """Two arms; arm 1 pays only when feature 0 is positive. PPO as a contextual bandit must
-    learn the rule, and its propensities must be a distribution per query."""
+    learn the rule, its propensities must be a distribution per query, and its logged
+    decisions must feed off-policy evaluation."""
     from rl.adaptive import AdaptivePolicy, QueryBandit
 
     rng = np.random.default_rng(0)
@@ -70,5 +71,12 @@ def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):
         agree = np.mean(acts == (X[:, 0] > 0))
         assert agree > 0.85, agree
         assert R[np.arange(400), acts].mean() > 0.7  # both static arms give 0.5 on average
+        # its decisions, sampled from its propensities, logged and evaluated off-policy
+        log = pol.log_decisions(pol.train_data, tmp_path / "decisions.jsonl", seed=0)
+        assert len((tmp_path / "decisions.jsonl").read_text().splitlines()) == 400
+        assert np.allclose(log.p, P[np.arange(400), log.a], atol=1e-6)
+        for name, e in log.estimate(np.eye(2)[acts]).items():  # the greedy policy
+            assert np.isfinite([e.value, e.ci_low, e.ci_high]).all(), name
+            assert e.ci_low <= e.value <= e.ci_high
     finally:
         pol.stop()

@@ -73,6 +73,24 @@ def test_documented_yaml_equals_code_defaults():
     assert RolloutConfig.from_yaml(DEFAULTS_PATH) == RolloutConfig()
 
 
+def test_default_stages_have_the_documented_power():
+    """configs/rl/rollout.yaml claims power >= 0.998 per stage for +0.03 at per-request sd 0.25
+    (shadow pairs correlated 0.5): computed here from the configured sample sizes, looks and
+    boundaries. With one look the sequential figure is the fixed-sample z-test's."""
+    from rl.rollout_config import stage_power
+
+    got = stage_power(RolloutConfig.from_yaml(DEFAULTS_PATH), 0.03, 0.25, rho=0.5)
+    assert set(got) == {"shadow", "canary_5", "canary_25"}
+    for name, p in got.items():
+        assert p["sequential"] >= 0.997 and p["fixed"] >= 0.998, (name, p)
+        assert p["sequential"] <= p["fixed"] + 0.002  # interim looks cost a little power
+    assert got["canary_5"]["n_effective"] == pytest.approx(1 / (1 / 1600 + 1 / 30400))
+    one = RolloutConfig.from_dict({"stages": {s: {"looks": 1, "max_n": 400} for s in got}})
+    for name, p in stage_power(one, 0.03, 0.25).items():
+        assert p["sequential"] == pytest.approx(p["fixed"], abs=0.005), name
+        assert 0.6 < p["fixed"] < 0.8
+
+
 @pytest.mark.parametrize("data,field", [
     ({"stages": {"shadow": {"looks": 2, "max_n": 40, "bogus": 1}}}, "rollout.stages.shadow.bogus"),
     ({"alpha": 0.7}, "rollout.alpha"),

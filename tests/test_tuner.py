@@ -1,6 +1,8 @@
 """The tuner's evaluation path on the synthetic world with the real stack (tantivy, FAISS,
 MiniLM, graph, extractive reader): cached per-query tables, the env, the baselines."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -143,3 +145,181 @@ def test_quality_scorer_metrics_can_play_f_and_r(data, small_policy, ev, tmp_pat
     np.testing.assert_allclose(tab["q_context_recall"], tab["recall@k"], atol=1e-9)
     # gold-only tables are keyed apart: the plain evaluator never sees q_ columns
     assert "q_faithfulness" not in ev.table(cfg, "valid")
+
+
+# ---- holdout comparisons (rl.report) on hand-made tables: no dataset needed --------------------
+class _TableEvaluator:
+    """What rl.report reads of a TunerEvaluator: policy, thresholds, quality(table)."""
+
+    def __init__(self, thresholds=None):
+        from rl.policy import Thresholds
+
+        self.policy = PolicyConfig.defaults()
+        self.thresholds = thresholds or Thresholds(faithfulness=0.75, relevancy=0.3,
+                                                   p95_latency_ms=500)
+        self.slice = self.policy.slice_for("synthetic")
+        self.data = type("D", (), {"name": "synthetic"})()
+
+    def quality(self, tab):
+        return tab["support"], tab["f1"]
+
+
+def _table(F, R, lat=100.0, tokens=300.0):
+    F, R = np.asarray(F, dtype=float), np.asarray(R, dtype=float)
+    return {"support": F, "f1": R, "latency_ms": np.full(F.size, lat),
+            "tokens": np.full(F.size, tokens)}
+
+
+def test_batch_rewards_equal_evaluate_with_missing_gold():
+    """The report's vectorised reward is `evaluate`'s: F and R are NaN-aware means (a query
+    without gold of a metric is left out, not scored 0), gates and penalties included."""
+    from rl.report import batch_rewards
+
+    stub = _TableEvaluator()
+    rng = np.random.default_rng(0)
+    R = rng.uniform(0.2, 0.9, 60)
+    R[::4] = np.nan  # a quarter of the queries have no gold answer
+    tab = _table(rng.uniform(0.6, 1.0, 60), R, lat=rng.uniform(50, 400, 60))
+    m = TunerEvaluator.summarize(stub, tab)
+    want, _ = reward(m, stub.policy.reward_weights, stub.thresholds,
+                     stub.policy.cost_ref_tokens, stub.policy.instability_band)
+    assert batch_rewards(stub, tab, np.arange(60)[None, :])[0] == pytest.approx(want)
+    assert m.relevancy == pytest.approx(np.nanmean(R))
+
+
+def test_compare_bootstraps_the_continuous_reward_and_reports_gates_apart():
+    """A baseline whose F sits on its gate (0.76 vs 0.75): with the gate penalty inside the
+    bootstrap, resamples where it fails add λ = 1 to Δ and the 'CI' spans ~[-0.2, +0.8]. The
+    report's CI is the continuous part's (narrow, below 0) and the gate is reported apart, as a
+    marginal pass with its own interval."""
+    from rl.report import compare_tables
+
+    stub = _TableEvaluator()
+    n = 150
+    rng = np.random.default_rng(1)
+    f_base = np.r_[np.ones(114), np.zeros(36)]               # mean 0.76, on the 0.75 gate
+    base = _table(f_base, np.full(n, 0.9))
+    cand = _table(np.full(n, 0.95), 0.35 + rng.normal(0, 0.02, n))  # far from every gate
+    c = compare_tables(stub, cand, base, "cand", "base", n_resamples=4000, seed=0)
+    assert c.diff == pytest.approx(0.5 * (0.95 - 0.76) + 0.5 * (cand["f1"].mean() - 0.9))
+    assert c.ci_low <= c.diff <= c.ci_high < 0
+    assert c.ci_high - c.ci_low < 0.1
+    # both pass every gate on the full split, so the full-reward Δ is the continuous Δ
+    assert c.reward_diff == pytest.approx(c.diff)
+    bf = {g.gate: g for g in c.baseline_gates}["faithfulness"]
+    assert bf.passed and not bf.clear and bf.verdict == "pass (marginal)"
+    assert bf.ci_low < 0.75 < bf.ci_high
+    assert all(g.passed and g.clear for g in c.candidate_gates)
+    assert c.gates_text(c.candidate_gates) == "pass"
+    assert c.gates_text(c.baseline_gates).startswith("faithfulness 0.76")
+
+
+def test_power_plan_from_per_query_faithfulness():
+    from rl.report import power_plan
+    from rl.stats import required_sample_size
+
+    stub = _TableEvaluator()
+    rng = np.random.default_rng(2)
+    fb = rng.uniform(0.5, 1.0, 200)
+    fa = np.clip(fb + rng.normal(0.02, 0.1, 200), 0, 1)
+    plan = power_plan(stub, _table(fa, fb), _table(fb, fb), delta=0.03)
+    assert plan.n == 200
+    assert plan.n_paired == required_sample_size(0.03, float(np.std(fa - fb, ddof=1)))
+    assert plan.n_per_arm == required_sample_size(0.03, float(np.std(fb, ddof=1)),
+                                                  paired=False)
+    assert "paired queries" in plan.describe()
+
+
+# ---- the table cache key follows the scoring code ------------------------------------------------
+def _copy_sources(tmp_path):
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    for pkg in ("rag", "rl"):
+        shutil.copytree(src / pkg, tmp_path / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return {"rag": tmp_path / "rag", "rl": tmp_path / "rl"}
+
+
+def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
+    from rl.evaluation import ROWS_SOURCES, ROWS_STOP
+    from rl.memo import code_fingerprint, module_closure
+
+    pk = _copy_sources(tmp_path)
+    closure = module_closure(ROWS_SOURCES, ROWS_STOP, pk)
+    assert {"rag.metrics.qa", "rag.metrics.citation", "rag.pipeline", "rag.fusion",
+            "rag.generation.extractive", "rag.generation.prompts"} <= set(closure)
+    assert not any(m.startswith("rag.index") for m in closure)  # retrieval: memoised apart
+    before = code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk)
+    qa = pk["rag"] / "metrics" / "qa.py"
+    text = qa.read_text()
+    # documentation only: same version
+    qa.write_text(text.replace('"""(em, f1, precision, recall) against',
+                               '"""(em, f1, precision, recall) — reworded — against')
+                  + "\n# a comment\n")
+    assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) == before
+    # a changed scorer: a new version
+    qa.write_text(text.replace("em = max(exact_match(prediction, a) for a in answers)",
+                               "em = min(exact_match(prediction, a) for a in answers)"))
+    assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) != before
+    # a module the rows do not depend on: same version
+    qa.write_text(text)
+    (pk["rl"] / "ope.py").write_text((pk["rl"] / "ope.py").read_text() + "\nX = 1\n")
+    assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) == before
+
+
+def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, monkeypatch):
+    import rl.evaluation as evaluation
+
+    cfg = ConfigSpace(small_policy).base
+    first = ev.evaluate(cfg)
+    fresh = TunerEvaluator(data, small_policy, cache_root=ev.root)
+    assert fresh.is_cached(cfg, "valid")
+    monkeypatch.setattr(evaluation, "rows_version",
+                        lambda quality=False: "rows-v1-0123456789ab")  # as if qa.py changed
+    bumped = TunerEvaluator(data, small_policy, cache_root=ev.root)
+    assert not bumped.is_cached(cfg, "valid")
+    rep = bumped.evaluate(cfg)
+    assert not rep.cached and bumped.counters["tables_computed"] == 1
+    # same code underneath: the same quality (latency is re-measured, so the reward may move)
+    assert (rep.faithfulness, rep.relevancy) == pytest.approx((first.faithfulness,
+                                                               first.relevancy))
+
+
+# ---- adaptive policy: decision log for off-policy evaluation -----------------------------------
+def test_adaptive_decision_log_feeds_ope(tmp_path):
+    """The per-query policy's decisions (sampled from its propensities) go to a JSONL log of
+    (query id, features, config hash, propensity, reward) that rl.ope consumes: finite IPS,
+    SNIPS and DR estimates with CIs; evaluating the logging policy itself, IPS is exactly the
+    mean logged reward (every weight is 1)."""
+    import json
+
+    from rag.config import RAGConfig
+    from rl.adaptive import DecisionLog, QueryBandit, write_decision_log
+
+    rng = np.random.default_rng(0)
+    n = 300
+    X = rng.normal(size=(n, 3)).astype(np.float32)
+    R = np.stack([np.full(n, 0.5), np.where(X[:, 0] > 0, 1.0, 0.0)], axis=1)
+    arms = [RAGConfig(k=3), RAGConfig(k=5)]
+    data = QueryBandit(arms, X, R, [f"q{i}" for i in range(n)])
+    logits = np.stack([np.zeros(n), 2.0 * X[:, 0]], axis=1)
+    P = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    log = write_decision_log(tmp_path / "decisions.jsonl", data, P, seed=1)
+    lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert len(lines) == n and lines[0]["query_id"] == "q0" and len(lines[0]["features"]) == 3
+    for rec, a in zip(lines, log.a, strict=True):
+        assert rec["config_hash"] == arms[a].config_hash
+        i = int(rec["query_id"][1:])
+        assert rec["propensity"] == pytest.approx(P[i, a]) and rec["reward"] == R[i, a]
+    again = DecisionLog.read(tmp_path / "decisions.jsonl", [a.config_hash for a in arms])
+    np.testing.assert_array_equal(again.a, log.a)
+    est = log.estimate(P)
+    assert est["ips"].value == pytest.approx(log.r.mean())
+    greedy = np.eye(2)[P.argmax(axis=1)]
+    truth = R[np.arange(n), P.argmax(axis=1)].mean()
+    for name, e in log.estimate(greedy).items():
+        assert np.isfinite([e.value, e.ci_low, e.ci_high]).all(), name
+        assert e.ci_low <= e.value <= e.ci_high and e.n == n
+    dr = log.estimate(greedy)["dr"]
+    assert abs(dr.value - truth) < 4 * dr.se + 1e-9

@@ -9,11 +9,22 @@ reward of a (query, arm) pair is the per-query reward (`TunerEvaluator.per_query
 Query features (all cached through the memoised retrievers, no extra model calls):
     category one-hot, question length, top-1 BM25 score (log), top-1 dense cosine,
     BM25/dense top-5 agreement (Jaccard), top-1 minus top-5 score gaps for both retrievers.
+
+Decision log for off-policy evaluation (`write_decision_log`, `DecisionLog`): the policy serves
+each query of a split *stochastically*, drawing the arm from its own action probabilities, and
+one JSONL line per query records the query id, its features, the chosen arm and config hash,
+the propensity of that choice and the reward it got. `DecisionLog.read(path).estimate(pi)` runs
+`rl.ope` (IPS, SNIPS, DM, DR) for any target policy `pi` over the same arms. (A greedy log, the
+argmax with propensity 1, could only ever evaluate itself.)
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -60,6 +71,8 @@ class QueryBandit:
     arms: list[RAGConfig]
     X: np.ndarray          # n × d features
     R: np.ndarray          # n × M per-query rewards
+    ids: list[str] | None = None
+    """Query ids, one per row (None: the row numbers)."""
 
     @classmethod
     def build(cls, ev: TunerEvaluator, arms: list[RAGConfig], split: str,
@@ -67,7 +80,12 @@ class QueryBandit:
         ex = ev.data.examples(split)
         X = np.stack([features(e) for e in ex])
         R = np.stack([ev.per_query_reward(ev.table(a, split)) for a in arms], axis=1)
-        return cls(arms, X, R)
+        return cls(arms, X, R, [e.id for e in ex])
+
+    @property
+    def arm_ids(self) -> list[str]:
+        """The arms' config hashes (`arm<k>` for an arm that is not a RAGConfig)."""
+        return [getattr(a, "config_hash", None) or f"arm{k}" for k, a in enumerate(self.arms)]
 
 
 class ContextualEnv(gym.Env):
@@ -142,6 +160,13 @@ class AdaptivePolicy:
     def act(self, X: np.ndarray) -> np.ndarray:
         return self.probabilities(X).argmax(axis=1)
 
+    def log_decisions(self, data: QueryBandit, path: str | Path, seed: int = 0,
+                      policy: str = "adaptive-ppo") -> DecisionLog:
+        """Serve every query of `data` by sampling from this policy's probabilities and write
+        the decision log (`write_decision_log`)."""
+        return write_decision_log(path, data, self.probabilities(data.X), seed=seed,
+                                  policy=policy)
+
     def stop(self) -> None:
         if self.algo is not None:
             self.algo.stop()
@@ -152,3 +177,77 @@ class AdaptivePolicy:
 def top_arms(ev: TunerEvaluator, configs: list[RAGConfig], m: int) -> list[RAGConfig]:
     """The m configs with the best full tuning-split reward."""
     return sorted(configs, key=lambda c: -ev.evaluate(c).reward)[:m]
+
+
+# ---- decision log for off-policy evaluation ----------------------------------------------------
+def write_decision_log(path: str | Path, data: QueryBandit, probs: np.ndarray, seed: int = 0,
+                       policy: str = "adaptive-ppo") -> DecisionLog:
+    """Serve each query i of `data` with an arm drawn from `probs[i]` (the policy's action
+    probabilities, n × M; seeded) and write one JSONL line per query:
+    {"query_id", "features": [...], "arm": index, "config_hash", "n_arms", "propensity":
+    probs[i, arm] (the logging probability), "reward": data.R[i, arm], "policy", "seed"}.
+    Returns the log as read back."""
+    P = np.asarray(probs, dtype=np.float64)
+    if P.shape != data.R.shape:
+        raise ValueError(f"probs must be n × M = {data.R.shape}, got {P.shape}")
+    P = P / P.sum(axis=1, keepdims=True)
+    rng = np.random.default_rng(seed)
+    arms = data.arm_ids
+    ids = data.ids or [str(i) for i in range(len(P))]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for i, row in enumerate(P):
+            a = int(rng.choice(len(row), p=row))
+            f.write(json.dumps({"query_id": ids[i], "features": [float(v) for v in data.X[i]],
+                                "arm": a, "config_hash": arms[a], "n_arms": len(arms),
+                                "propensity": float(row[a]), "reward": float(data.R[i, a]),
+                                "policy": policy, "seed": seed}) + "\n")
+    return DecisionLog.read(path, arms)
+
+
+@dataclass(frozen=True)
+class DecisionLog:
+    """A decision log as arrays for `rl.ope`: ids (n), contexts `x` (n × d), actions `a` (n,
+    indices into `arms`), propensities `p`, rewards `r`, and `arms` (config hashes)."""
+
+    ids: list[str]
+    x: np.ndarray
+    a: np.ndarray
+    p: np.ndarray
+    r: np.ndarray
+    arms: list[str]
+
+    @classmethod
+    def read(cls, path: str | Path, arms: Sequence[str] | None = None) -> DecisionLog:
+        """Read a JSONL log. With `arms` (config hashes in action order) each line's
+        `config_hash` is mapped onto it; otherwise the logged `arm` indices are kept."""
+        recs: list[dict[str, Any]] = [json.loads(line) for line in
+                                      Path(path).read_text().splitlines() if line.strip()]
+        if not recs:
+            raise ValueError(f"{path}: empty decision log")
+        if arms is None:
+            k = max(max(int(r["n_arms"]) for r in recs), 1 + max(int(r["arm"]) for r in recs))
+            names = [f"arm{j}" for j in range(k)]
+            for r in recs:
+                names[int(r["arm"])] = r["config_hash"]
+            a = [int(r["arm"]) for r in recs]
+        else:
+            names = list(arms)
+            pos = {h: j for j, h in enumerate(names)}
+            unknown = sorted({r["config_hash"] for r in recs} - set(pos))
+            if unknown:
+                raise ValueError(f"{path}: config hashes not among the arms: {unknown}")
+            a = [pos[r["config_hash"]] for r in recs]
+        return cls([str(r["query_id"]) for r in recs],
+                   np.array([r["features"] for r in recs], dtype=np.float64),
+                   np.array(a, dtype=np.int64),
+                   np.array([r["propensity"] for r in recs], dtype=np.float64),
+                   np.array([r["reward"] for r in recs], dtype=np.float64), names)
+
+    def estimate(self, pi: np.ndarray, **kw: Any) -> dict[str, Any]:
+        """IPS, SNIPS, DM and DR estimates (`rl.ope.estimate_all`, each an `OPEEstimate` with
+        a CI) of the target policy `pi` (n × len(arms) action probabilities per logged query)."""
+        from rl.ope import estimate_all
+
+        return estimate_all(self.x, self.a, self.p, self.r, pi, **kw)

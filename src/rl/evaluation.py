@@ -7,7 +7,9 @@ How a step stays cheap (`TunerEvaluator`):
   2. the first evaluation of a config on a split runs the real pipeline stages on the memoised
      candidates (fusion, rerank, selection, generation, scoring) and stores one row of metrics
      per query — a `QueryTable`, in memory and on disk (SQLite), keyed by corpus fingerprint,
-     split ids, config hash and scorer version;
+     split ids, config hash and scorer version (`rows_version`: a fingerprint of the code
+     that computes rows, so edited metric or stage code recomputes tables instead of reusing
+     stale ones);
   3. every later evaluation (any batch of that split) is a numpy reduction over the table.
 Latency in a table row = the stored cold cost of every retrieval/encoding the query needed +
 the measured time of the stages that ran for real. It is a per-stage cost model measured on this
@@ -23,7 +25,9 @@ tables are keyed apart from gold-only ones.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import pickle
 import sqlite3
@@ -49,10 +53,36 @@ from rl.policy import PolicyConfig
 from rl.reward import StepMetrics, reward
 
 ROWS_VERSION = "rows-v1"
+"""Manual part of the table key: bump it when rows change for a reason the code fingerprint
+cannot see (new model weights behind the same generator name, a changed data file)."""
+ROWS_SOURCES = ("rag.metrics", "rag.pipeline", "rag.fusion", "rag.rerank", "rag.generation",
+                "rl.memo")
+"""Modules whose code computes a table row (scoring, fusion, rerank, selection, generation,
+the memoised candidates); with everything of the project they import they make the automatic
+part of the table key (`rows_version`)."""
+ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
+"""Not followed: retrieval and its encoders reach the rows only through `rl.memo`, whose store
+is keyed by corpus, encoder and retriever."""
 STAGES = ("retrieve", "rerank", "select", "generate")
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
 QUALITY_VERSION = "quality-v1"
+QUALITY_SOURCES = ("rag.metrics.quality",)
+
+
+@functools.cache
+def rows_version(quality: bool = False) -> str:
+    """The scorer version in a table's key: `ROWS_VERSION` + a fingerprint of the code of
+    `ROWS_SOURCES` (transitively; docstrings and comments do not count) and of
+    `TunerEvaluator._compute`; with `quality`, also `QUALITY_VERSION` + the fingerprint of the
+    QualityScorer's code. A change to any of it makes every table miss the cache once."""
+    from rl.memo import code_fingerprint
+
+    compute = inspect.getsource(TunerEvaluator._compute)
+    v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, [compute])}"
+    if quality:
+        v += f":{QUALITY_VERSION}-{code_fingerprint(QUALITY_SOURCES, ROWS_STOP)}"
+    return v
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -168,9 +198,8 @@ class TunerEvaluator:
     # ---- tables ---------------------------------------------------------------------------
     def _key(self, config: RAGConfig, split: str) -> str:
         ex = self.data.examples(split)
-        tag = f":{QUALITY_VERSION}" if self.uses_quality else ""
-        return f"{ROWS_VERSION}{tag}:{self.data.name}:{split}:{_ids_fingerprint(ex)}:" \
-               f"{config.config_hash}"
+        return f"{rows_version(self.uses_quality)}:{self.data.name}:{split}:" \
+               f"{_ids_fingerprint(ex)}:{config.config_hash}"
 
     def table(self, config: RAGConfig, split: str) -> QueryTable:
         """Per-query metrics of `config` on every query of `split` (computed once)."""

@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -103,6 +104,42 @@ class RolloutConfig(_Strict):
 def boundaries(looks: int, alpha: float, kind: str) -> tuple[float, ...]:
     """One-sided z boundaries of `looks` equally spaced looks (SequentialTest's plan)."""
     return SequentialTest(looks, alpha=alpha, kind=kind, alternative="greater").plan.z  # type: ignore[arg-type]
+
+
+def stage_power(config: RolloutConfig, delta: float, sd: float, rho: float = 0.5,
+                n_sim: int = 200_000, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Power of each tested stage's test to detect a per-request reward gain `delta`, with
+    per-request reward sd `sd` and, in shadow, correlation `rho` between the two configs'
+    rewards for the same request (paired difference sd = sd·sqrt(2(1 − rho))). Canary stages
+    are unpaired: `max_n` candidate requests against the stable requests of the same traffic
+    split (5% → 19× as many), effective n = 1 / (1/n_c + 1/n_s).
+
+    Per stage: `n` (candidate requests or pairs at the last look), `n_effective`, `fixed` (the
+    one-sided z-test at `config.alpha` with all of `n`, `rl.stats.power`) and `sequential` (the
+    stage's group-sequential test: its `looks` equally spaced looks and efficacy boundaries,
+    power by Monte Carlo over `n_sim` seeded Brownian paths, ± ~0.001). A normal
+    approximation: the evaluators' t/Welch statistics behave alike at these sample sizes."""
+    from rl.stats import power
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, float]] = {}
+    for name in ("shadow", "canary_5", "canary_25"):
+        plan = getattr(config.stages, name)
+        if name == "shadow":
+            s, n_eff = sd * math.sqrt(2 * (1 - rho)), float(plan.max_n)
+        else:
+            pct = float(name.split("_")[1])
+            s, n_eff = sd, 1.0 / (1.0 / plan.max_n + pct / (plan.max_n * (100.0 - pct)))
+        theta = delta / s * math.sqrt(n_eff)  # mean of the final look's z
+        t = np.arange(1, plan.looks + 1) / plan.looks
+        b = np.asarray(boundaries(plan.looks, config.alpha, config.spending))
+        walk = np.cumsum(rng.standard_normal((n_sim, plan.looks)), axis=1) / math.sqrt(
+            plan.looks)
+        z = (walk + theta * t) / np.sqrt(t)
+        out[name] = {"n": float(plan.max_n), "n_effective": n_eff,
+                     "fixed": power(max(1, int(n_eff)), delta, s, config.alpha, sided=1),
+                     "sequential": float(np.mean(np.any(z >= b, axis=1)))}
+    return out
 
 
 def wilson_lower(k: int, n: int, z: float = 1.6448536) -> float:

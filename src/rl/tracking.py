@@ -1,12 +1,17 @@
 """MLflow tracking with the local default (SQLite file under the run directory) or any
 tracking URI (`MLFLOW_TRACKING_URI`, e.g. an `mlflow server`). Every run records the code
-commit and the dataset manifest, so a number in MLflow can be traced to code and data."""
+commit and the dataset manifest, so a number in MLflow can be traced to code and data.
+
+With a local SQLite store, an experiment this module creates keeps its artifacts beside the
+database (`<dir>/artifacts/`), not in `./mlruns` of whatever directory the process ran in.
+Plots (PNG) go under the run's `plots/` artifact folder (`log_tuning_run(plots=...)`,
+`log_plots` for plots made later, e.g. by `ragpilot report`)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,34 @@ def tracking_uri(default_dir: str | Path) -> str:
     return f"sqlite:///{d / 'mlflow.db'}"
 
 
+def set_experiment(experiment: str, uri: str) -> str:
+    """Point mlflow at `uri` and `experiment`, creating it when missing (artifacts beside a
+    local SQLite store: `<dir of mlflow.db>/artifacts`). Returns the experiment id."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None and uri.startswith("sqlite:///"):
+        art = Path(uri[len("sqlite:///"):]).resolve().parent / "artifacts"
+        mlflow.create_experiment(experiment, artifact_location=art.as_uri())
+    return mlflow.set_experiment(experiment).experiment_id
+
+
+def log_plots(uri: str, run_id: str, paths: Sequence[str | Path],
+              artifact_path: str = "plots") -> list[str]:
+    """Add the files `paths` (PNG plots) to an existing run under `artifact_path`; returns the
+    artifact paths written (files that do not exist are skipped)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    out = []
+    for p in paths:
+        if Path(p).is_file():
+            client.log_artifact(run_id, str(p), artifact_path)
+            out.append(f"{artifact_path}/{Path(p).name}")
+    return out
+
+
 def log_eval_run(experiment: str, run_name: str, config: RAGConfig,
                  summary: Mapping[str, Any], manifest: Mapping[str, Any], uri: str,
                  artifacts: str | Path | None = None) -> str:
@@ -37,8 +70,7 @@ def log_eval_run(experiment: str, run_name: str, config: RAGConfig,
     tags = commit and dataset; the manifest and the run's files as artifacts. Returns run id."""
     import mlflow
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
+    set_experiment(experiment, uri)
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({**config.model_dump(mode="json"), "config_hash": config.config_hash})
         mlflow.log_metrics({k.replace("@", "_at_"): float(v) for k, v in summary.items()
@@ -56,14 +88,15 @@ def log_tuning_run(uri: str, dataset: str, method: str, seed: int, best: RAGConf
                    policy: Mapping[str, Any], steps: list[Mapping[str, Any]],
                    summary: Mapping[str, float], manifest: Mapping[str, Any],
                    artifacts: str | Path | None = None,
-                   experiment: str = "rl_autotuner") -> str:
+                   experiment: str = "rl_autotuner",
+                   plots: Sequence[str | Path] = ()) -> str:
     """One MLflow run of the tuner: params = the chosen config's action fields + dataset and
     seed; metrics per evaluation step (faithfulness, relevancy, p95_latency, cost, reward);
-    the summary; the policy and dataset manifest; the run directory as artifacts."""
+    the summary; the policy and dataset manifest; the run directory as artifacts; `plots`
+    (PNG files, e.g. the reward curve) under `plots/`."""
     import mlflow
 
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
+    set_experiment(experiment, uri)
     with mlflow.start_run(run_name=f"{dataset}-{method}-seed{seed}") as run:
         mlflow.log_params({"variant": best.variant, "k": best.k, "rerank": best.rerank,
                            "fusion_weight": best.fusion_weight, "prompt_id": best.prompt_id,
@@ -83,4 +116,6 @@ def log_tuning_run(uri: str, dataset: str, method: str, seed: int, best: RAGConf
                         "dataset_manifest.json")
         if artifacts:
             mlflow.log_artifacts(str(artifacts))
+        for p in plots:
+            mlflow.log_artifact(str(p), "plots")
         return run.info.run_id

@@ -5,11 +5,15 @@
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
 
 `tune` writes best_config.yaml (a `rag:` file `ragpilot eval --config` accepts), curve.jsonl
-(one line per evaluation), summary.json, the holdout run of the chosen config
-(holdout/predictions.jsonl, contexts.jsonl, summary.csv) and logs it all to the MLflow
-experiment `rl_autotuner` (local SQLite under runs/ unless MLFLOW_TRACKING_URI is set).
+(one line per evaluation), plots/reward-curve.png, summary.json, the holdout run of the chosen
+config (holdout/predictions.jsonl, contexts.jsonl, summary.csv) and logs it all to the MLflow
+experiment `rl_autotuner` (local SQLite under runs/ unless MLFLOW_TRACKING_URI is set; the
+curve plot under the run's `plots/`).
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
-`--grid`) on the holdout split with paired bootstrap CIs and draws the Pareto frontier.
+`--grid`) on the holdout split — Δ of the continuous reward with a paired bootstrap CI, gate
+verdicts apart with their own evidence (rl.report) — prints the queries needed to detect a
+faithfulness change of 0.03 at 80% power from the measured per-query faithfulness, draws the
+Pareto frontier and reward curve, and adds those PNGs to the tune run's MLflow run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rag.pipeline import Pipeline
     from rl import baselines
     from rl.evaluation import TunerEvaluator, TuningData
+    from rl.report import plot_run_curve
     from rl.tracking import log_tuning_run, tracking_uri
 
     if args.method not in METHODS:
@@ -103,14 +108,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
                "best_config_hash": best.config_hash, "valid": valid.to_dict(),
                "holdout": test.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    curve_png = plot_run_curve([float(s["reward"]) for s in steps],
+                               out / "plots" / "reward-curve.png",
+                               f"{args.dataset} / {args.method}: reward per evaluation") \
+        if steps else None
     if not args.no_mlflow:
         uri = tracking_uri(Path(args.mlflow_dir))
         run_id = log_tuning_run(uri, args.dataset, args.method, args.seed, best,
                                 policy.model_dump(mode="json", by_alias=True), steps,
                                 {"valid_reward": valid.reward, "test_reward": test.reward,
                                  "evaluations": res.evaluations},
-                                ev.data.dataset.manifest_dict(), out)
+                                ev.data.dataset.manifest_dict(), out,
+                                plots=[curve_png] if curve_png else [])
         print(f"mlflow run {run_id} ({uri})")
+        # `ragpilot report` adds its plots to this run
+        summary["mlflow"] = {"uri": uri, "run_id": run_id}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"best config {best.config_hash}: {best.variant} k={best.k} rerank={best.rerank} "
           f"w={best.fusion_weight} prompt={best.prompt_id}")
     print(f"valid reward {valid.reward:.4f}; holdout reward {test.reward:.4f} "
@@ -123,7 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rag.config import RAGConfig
     from rl.baselines import grid_search
     from rl.evaluation import TunerEvaluator, TuningData
-    from rl.report import compare, plot_curves, plot_pareto
+    from rl.report import compare, plot_pareto, plot_run_curve, power_plan
     from rl.space import ConfigSpace
 
     run = Path(args.run)
@@ -135,41 +148,65 @@ def cmd_report(args: argparse.Namespace) -> int:
     best = RAGConfig.from_yaml(run / "best_config.yaml")
     default = ConfigSpace(policy).base
     hold = ev.slice.holdout_split
-    lines = [f"# Tuning report: {summary['dataset']} / {summary['method']} "
-             f"(seed {summary['seed']})", "",
-             f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations.",
-             "", "| comparison on holdout | Δ reward | 95% CI (paired bootstrap, 10k) |",
-             "|---|---|---|"]
     rows = [("chosen − static default", compare(ev, best, default, hold))]
+    configs = {"chosen": (best, rows[0][1].candidate_reward, rows[0][1].candidate_gates),
+               "static default": (default, rows[0][1].baseline_reward,
+                                  rows[0][1].baseline_gates)}
     q = policy.reward_weights
-    marked = {}
+    plots, figures = [], []
     if args.grid:
         grid = grid_search(ev)
-        rows.append(("chosen − grid best", compare(ev, best, grid.best_config, hold)))
-        reps = [ev.evaluate(c) for c in grid.extra["configs"].values()]
+        c = compare(ev, best, grid.best_config, hold)
+        rows.append(("chosen − grid best", c))
+        configs["grid best"] = (grid.best_config, c.baseline_reward, c.baseline_gates)
+        reps = [ev.evaluate(cfg) for cfg in grid.extra["configs"].values()]
         pts = [{"quality": q.alpha * r.faithfulness + q.beta * r.relevancy,
                 "p95_latency_ms": r.p95_latency_ms, "cost": r.cost} for r in reps]
+        marked = {}
         for name, cfg in (("static default", default), ("grid best", grid.best_config),
                           ("chosen", best)):
             r = ev.evaluate(cfg)
             marked[name] = {"quality": q.alpha * r.faithfulness + q.beta * r.relevancy,
                             "p95_latency_ms": r.p95_latency_ms, "cost": r.cost}
         for key in ("p95_latency_ms", "cost"):
-            plot_pareto(pts, marked, run / f"pareto-{key}.png", key, summary["dataset"])
-            lines.append(f"\n![quality vs {key}](pareto-{key}.png)")
-    table = [f"| {name} | {c.diff:+.4f} ({c.relative:+.1%}) | "
-             f"[{c.ci_low:+.4f}, {c.ci_high:+.4f}] |" for name, c in rows]
-    lines[6:6] = table
+            plots.append(plot_pareto(pts, marked, run / f"pareto-{key}.png", key,
+                                     summary["dataset"]))
+            figures.append(f"\n![quality vs {key}](pareto-{key}.png)")
+    n = rows[0][1].n
+    lines = [f"# Tuning report: {summary['dataset']} / {summary['method']} "
+             f"(seed {summary['seed']})", "",
+             f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations.",
+             "", f"Holdout `{hold}`, n = {n} queries. Δ is the continuous part of the reward, "
+             "C = αF + βR − γ·min(p95/T,2) − δ·min(cost/C_ref,2), with a paired bootstrap CI "
+             "(10k resamples of queries). The gate penalty λ·P is a step function, so it is "
+             "not bootstrapped: each config's gates are listed below with their own evidence, "
+             "and the full reward C − λ·P is given as a point value.", "",
+             "| comparison on holdout | Δ C (relative) | 95% CI (paired bootstrap, 10k) "
+             "| Δ full reward (point) |", "|---|---|---|---|"]
+    lines += [f"| {name} | {c.diff:+.4f} ({c.relative:+.1%}) | "
+              f"[{c.ci_low:+.4f}, {c.ci_high:+.4f}] | {c.reward_diff:+.4f} |"
+              for name, c in rows]
+    lines += ["", "| config | full reward | gates: verdict, value [95% CI] vs threshold |",
+              "|---|---|---|"]
+    lines += [f"| {name} `{cfg.config_hash}` | {r:.4f} | "
+              + "; ".join(g.describe() for g in gates) + " |"
+              for name, (cfg, r, gates) in configs.items()]
+    plan = power_plan(ev, ev.table(best, hold), ev.table(default, hold))
+    lines += ["", f"Power (chosen vs static default on `{hold}`): {plan.describe()}"]
+    lines += figures
     curve = [json.loads(x) for x in (run / "curve.jsonl").read_text().splitlines() if x]
     if curve:
-        best_so_far, ys = float("-inf"), []
-        for c in curve:
-            best_so_far = max(best_so_far, c["reward"])
-            ys.append(best_so_far)
-        plot_curves({summary["method"]: ys}, max(ys), run / "reward-curve.png",
-                    "best batch reward so far")
+        plots.append(plot_run_curve([c["reward"] for c in curve], run / "reward-curve.png",
+                                    f"{summary['dataset']} / {summary['method']}: reward "
+                                    "per evaluation"))
         lines.append("\n![reward curve](reward-curve.png)")
     (run / "report.md").write_text("\n".join(lines) + "\n")
+    ml = summary.get("mlflow")
+    if ml and plots and not args.no_mlflow:
+        from rl.tracking import log_plots
+
+        logged = log_plots(ml["uri"], ml["run_id"], plots)
+        print(f"logged {', '.join(logged)} to mlflow run {ml['run_id']}")
     print((run / "report.md").read_text())
     return 0
 
@@ -205,6 +242,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--run", required=True)
     s.add_argument("--policy")
     s.add_argument("--grid", action="store_true", help="also evaluate the exhaustive grid")
+    s.add_argument("--no-mlflow", action="store_true",
+                   help="do not add the plots to the tune run's MLflow run")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("tuner-eval", help="evaluate(config, slice): F, R, latency, reward")
