@@ -168,6 +168,19 @@ def test_log_adapters_pair_shadow_rows_and_ips():
     assert exc.value.field == "rows[0].propensity"
 
 
+def test_logged_latency_is_end_to_end_not_stages_plus_total():
+    """The Serve ingress logs stage times and the whole replica call as `pipeline`; an arm's
+    latency is that total, not its sum with the stages (which counted them twice)."""
+    from rl.evaluators_log import row_latency_ms
+
+    served = _row(1, "S", 0.5)
+    served["latency_ms"] = {"retrieve": 50.0, "generate": 40.0, "pipeline": 95.0}
+    assert row_latency_ms(served) == 95.0
+    assert row_latency_ms(_row(2, "S", 0.5)) == 100.0  # no total logged: the stage sum
+    s, _ = arms_from_rows([served, _row(2, "C", 0.4)], "S", "C", "canary")
+    assert list(s.latency_ms) == [95.0]
+
+
 # --------------------------------------------------------------------------- state machine
 
 

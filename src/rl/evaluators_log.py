@@ -63,12 +63,22 @@ def _row_reward(r: Mapping[str, Any], reward_key: str | None) -> float:
     return float("nan") if r.get("reward") is None else float(r["reward"])
 
 
+def row_latency_ms(r: Mapping[str, Any]) -> float:
+    """End-to-end latency of a logged row: the ingress's `pipeline` time (the replica call as
+    the user waited for it, stages included) when present, else the sum of the stage times.
+    Summing everything would count the stages twice."""
+    lat = r.get("latency_ms") or {}
+    if "pipeline" in lat:
+        return float(lat["pipeline"])
+    return float(sum(lat.values()))
+
+
 def _row_arm(rows: list[Mapping[str, Any]], reward_key: str | None = None) -> Arm:
     def score(key: str) -> list[float]:
         return [float((r.get("scores") or {}).get(key, np.nan)) for r in rows]
 
     return Arm([_row_reward(r, reward_key) for r in rows],
-               [float(sum((r.get("latency_ms") or {}).values())) for r in rows],
+               [row_latency_ms(r) for r in rows],
                [bool(r.get("error", False)) for r in rows], score("faithfulness"),
                score("relevancy"),
                [float(r.get("tokens_in", 0) + r.get("tokens_out", 0)) for r in rows])

@@ -1,8 +1,10 @@
-"""`ragpilot rollout status|start|advance|rollback`: evidence-gated promotion from the shell.
+"""`ragpilot rollout status|start|replay|advance|rollback`: evidence-gated promotion from the shell.
 
     ragpilot rollout start --candidate runs/tune-hotpot/best_config.yaml --stable 9c1d2e3f4a5b \\
         --manifest configs/splits/hotpotqa.json [--config configs/rl/rollout.yaml]
     ragpilot rollout status [--json]
+    ragpilot rollout replay --log runs/serve/interactions.jsonl --index runs/index \\
+        --candidate runs/tune-hotpot/best_config.yaml      # -> runs/rollout/replay_report.json
     ragpilot rollout advance --evidence runs/offline_report.json      # candidate -> shadow
     ragpilot rollout advance --evidence runs/serve/interactions.jsonl # shadow / canary batches
     ragpilot rollout rollback --reason "p95 regression seen on the dashboard"
@@ -14,9 +16,13 @@ State lives in `--state-dir` (default runs/rollout): `state.json` (resumable) an
 kind: offline (IPS over the whole log), shadow (paired mirrored rows) or canary (split rows).
 A row's reward (and `scores[--reward-key]`) loses `--pii-penalty` (default 1.0) per PII leak
 of its answer (`scores.pii_leaks`, `rl.reward.feedback_reward`), as the serving bandit does.
+`replay` re-asks every logged, served question of the stable config of the candidate config
+over the served index (`rl.replay.ReplayEvaluator`: paired, both answers scored alike) and
+writes an offline report for `advance --evidence`; it defaults `--stable`, the gates and the
+SLO to the active rollout's and refuses a candidate or stable that is not the rollout's.
 Shadow/canary use only rows newer than the state's `row_cursor` (the newest row already
 counted, reset at every transition), so a cumulative export can be passed again safely.
-Exit codes: 0 advanced (or, for status/start/rollback, done); 1 evidence did not suffice or
+Exit codes: 0 advanced (or, for status/start/replay/rollback, done); 1 evidence did not suffice or
 the rollout was rolled back (the message says why); 2 bad input, naming the field.
 """
 
@@ -287,9 +293,113 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0 if d.action == "rollback" else 1
 
 
+def _active_rollout(state_dir: Path) -> Any:
+    """The rollout in `state_dir` when one is active (not full / rolled back), else None."""
+    from rl.rollout import STATE_FILE, PromotionStateMachine
+
+    if not (state_dir / STATE_FILE).exists():
+        return None
+    sm = PromotionStateMachine.load(state_dir)
+    return None if sm.done else sm
+
+
+_REPLAY_FLAGS = {"stable": "--stable", "rows": "--log", "relevancy": "--relevancy",
+                 "limit": "--limit", "pii_weight": "--pii-penalty"}
+
+
+def replay_report(args: argparse.Namespace) -> Any:
+    """The offline EvaluationReport of `ragpilot rollout replay` (`rl.replay`)."""
+    from rag.config import RAGConfig
+    from rl.policy import PolicyConfig
+    from rl.replay import ReplayEvaluator, normalise_question, read_log
+    from rl.reward import PII_LEAK_WEIGHT
+    from rl.rollout import DEFAULTS_PATH, RolloutConfig
+
+    state_dir = _state_dir(args)
+    sm = _active_rollout(state_dir)
+    cand_path = Path(args.candidate)
+    if not cand_path.is_file():
+        raise ConfigError("--candidate", f"replay needs the candidate's RAG config YAML; "
+                                         f"{args.candidate!r} is not a file")
+    candidate = RAGConfig.from_yaml(cand_path)
+    if args.stable:
+        stable = _config_id("--stable", args.stable)
+    elif sm is not None:
+        stable = sm.state.stable
+    else:
+        raise ConfigError("--stable", f"required: no active rollout in {state_dir} to take "
+                                      "the stable config hash from")
+    if sm is not None and sm.stage == "candidate":
+        for flag, got, want in (("--candidate", candidate.config_hash, sm.state.candidate),
+                                ("--stable", stable, sm.state.stable)):
+            if got != want:
+                raise ConfigError(flag, f"config hash {got} is not the {flag[2:]} {want} of "
+                                        f"the rollout in {state_dir} (another --state-dir "
+                                        "replays outside it)")
+    cfg = (RolloutConfig.from_yaml(args.config) if args.config
+           else sm.config if sm is not None else RolloutConfig.from_yaml(DEFAULTS_PATH))
+    policy = PolicyConfig.from_yaml(args.policy) if args.policy else PolicyConfig.defaults()
+    if not args.index and not args.dataset:
+        raise ConfigError("--index", "give the served index directory (--index DIR) or the "
+                                     "served dataset (--dataset NAME)")
+    gold: dict[str, Any] = {}
+    if args.index:
+        from rag.indexset import IndexSet
+
+        indexes = IndexSet.open(args.index)
+        if args.dataset:
+            from rag.corpus.loaders import load_dataset
+
+            examples = load_dataset(args.dataset).examples
+    else:
+        from rl.evaluation import TuningData
+
+        data = TuningData.open(args.dataset)
+        indexes, examples = data.indexes, data.dataset.examples
+    if args.dataset:
+        gold = {normalise_question(e.question): e for e in examples}
+    hook = None
+    weight = PII_LEAK_WEIGHT if args.pii_penalty is None else args.pii_penalty
+    if weight:
+        from serving.pii import leak_count
+
+        def hook(answer: str, question: str, contexts: Any) -> float:
+            return float(leak_count(answer, question, contexts))
+
+    rows, lines = read_log(args.log)
+    try:
+        ev = ReplayEvaluator(indexes, gold=gold, relevancy=args.relevancy, policy=policy,
+                             pii_leaks=hook, pii_weight=weight, thresholds=cfg.thresholds,
+                             latency_slo_ms=cfg.slo.latency_ms, ci=cfg.offline_ci)
+        return ev.compare(rows, stable, candidate, source=str(args.log), lines=lines,
+                          limit=args.limit)
+    except ConfigError as exc:
+        if exc.field in _REPLAY_FLAGS:
+            raise ConfigError(_REPLAY_FLAGS[exc.field], exc.message) from None
+        raise
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import sys
+
+    rep = replay_report(args)
+    out = Path(args.out) if args.out else _state_dir(args) / "replay_report.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
+    print(json.dumps(rep.to_dict(), indent=2, default=str))
+    gates = ", ".join(f"{k}={'n/a' if v is None else 'pass' if v else 'FAIL'}"
+                      for k, v in rep.gates.items())
+    print(f"replayed {rep.n} logged requests of {rep.meta['stable_hash']} through "
+          f"{rep.meta['candidate_hash']}: reward diff {rep.diff:+.4f}, {rep.ci:.0%} CI "
+          f"[{rep.ci_low:+.4f}, {rep.ci_high:+.4f}]; gates {gates}", file=sys.stderr)
+    print(f"wrote {out}; next: ragpilot rollout advance --state-dir {_state_dir(args)} "
+          f"--evidence {out}", file=sys.stderr)
+    return 0
+
+
 def add_parsers(sub) -> None:
-    p = sub.add_parser("rollout", help="evidence-gated promotion: status | start | advance | "
-                                       "rollback")
+    p = sub.add_parser("rollout", help="evidence-gated promotion: status | start | replay | "
+                                       "advance | rollback")
     rs = p.add_subparsers(dest="rollout_cmd", required=True)
 
     def common(s: argparse.ArgumentParser) -> None:
@@ -320,6 +430,31 @@ def add_parsers(sub) -> None:
                    help="reward lost per PII leak of a row's answer (default 1.0, "
                         "rl.reward.PII_LEAK_WEIGHT; 0: off)")
     s.set_defaults(func=cmd_advance)
+
+    s = rs.add_parser("replay", help="offline evidence: replay the logged stable requests "
+                                     "through the candidate config; prints the report JSON")
+    common(s)
+    s.add_argument("--log", required=True, metavar="FILE",
+                   help="interaction export (ragpilot export-interactions --out FILE)")
+    s.add_argument("--candidate", required=True, help="the candidate's RAG config YAML")
+    s.add_argument("--stable", help="stable config hash or YAML (default: the active "
+                                    "rollout's)")
+    s.add_argument("--index", metavar="DIR", help="the served index directory (context ids "
+                                                  "of the log are resolved in it)")
+    s.add_argument("--dataset", help="the served dataset: its indexes (without --index) and "
+                                     "gold answers (EM/F1 in the report)")
+    s.add_argument("--relevancy", default="answer_relevancy",
+                   help="R of the reward: answer_relevancy (RAGAS, default) | f1 (gold; "
+                        "needs --dataset, replays only questions with gold)")
+    s.add_argument("--limit", type=int, help="replay only the newest N replayable rows")
+    s.add_argument("--config", help="rollout policy YAML for the gates and SLO (default: the "
+                                    "active rollout's, else configs/rl/rollout.yaml)")
+    s.add_argument("--policy", help="tuner policy YAML for the reward weights (default "
+                                    "configs/rl/policy.defaults.yaml)")
+    s.add_argument("--pii-penalty", type=float, default=None, metavar="W",
+                   help="reward lost per PII leak of an answer (default 1.0; 0: off)")
+    s.add_argument("--out", help="report JSON (default <state-dir>/replay_report.json)")
+    s.set_defaults(func=cmd_replay)
 
     s = rs.add_parser("rollback", help="roll the candidate back now (recorded in the audit log)")
     common(s)
