@@ -72,16 +72,28 @@ def markdown(rows: list[dict], info: dict) -> str:
                 out.append(f"| {r['system']} | {r['metric']} | {r['value']:.4f} | "
                            f"{_fmt(r['ci_low'])} | {_fmt(r['ci_high'])} | {r['n']} |")
         abl = [r for r in dr if r["system"].startswith("ablation:")]
-        if abl:
+        i = info.get(ds, {})
+        # arms that could not run (e.g. no cross-encoder registered) are listed, never dropped
+        notes = i.get("ablation_notes") or {}
+        if abl or notes:
             out.append("\nAblations (test split):\n")
-            am = list(dict.fromkeys(r["metric"] for r in abl))
-            out.append("| ablation | " + " | ".join(am) + " |")
-            out.append("|---|" + "---|" * len(am))
+            am = list(dict.fromkeys(r["metric"] for r in abl)) or ["value"]
+            lines: list[tuple[str, list[str]]] = []
             for s in dict.fromkeys(r["system"] for r in abl):
                 vals = {r["metric"]: r for r in abl if r["system"] == s}
-                out.append(f"| {s.removeprefix('ablation:')} | " + " | ".join(
-                    f"{vals[m]['value']:.3f}" if m in vals else "" for m in am) + " |")
-        i = info.get(ds, {})
+                lines.append((s.removeprefix("ablation:"),
+                              [f"{vals[m]['value']:.3f}" if m in vals else "" for m in am]))
+            for what in notes:  # after the rows of the same ablation (`reranker=...`)
+                group = what.split("=")[0] + "="
+                at = max((n + 1 for n, (k, _) in enumerate(lines) if k.startswith(group)),
+                         default=len(lines))
+                lines.insert(at, (what, ["not run"] + [""] * (len(am) - 1)))
+            out.append("| ablation | " + " | ".join(am) + " |")
+            out.append("|---|" + "---|" * len(am))
+            out += [f"| {k} | " + " | ".join(v) + " |" for k, v in lines]
+            if notes:
+                out.append("")
+                out += [f"- `{what}`: {why}" for what, why in notes.items()]
         out.append(f"\nn = {i.get('n')}; pool build p50 {i.get('pool_build_ms_p50', 0):.1f} ms "
                    f"(features from memoised retrieval); reward model used: "
                    f"{i.get('reward_model_used')}\n")

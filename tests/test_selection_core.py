@@ -266,3 +266,21 @@ def test_generator_rewrite_prompt_is_rendered_through_the_chat_template():
         "Last user question: what about its price?\n\nRewrite the last user question so "
         "that it can be understood without the conversation. Answer with the rewritten "
         "question only.\nRewritten question:")
+
+
+def test_bench_markdown_lists_ablation_arms_not_run():
+    """bench/selection.py's table says which arm did not run and why (run info
+    `ablation_notes`), next to the rows of the same ablation, instead of leaving it out."""
+    from bench.selection import markdown
+
+    why = "not run: no cross-encoder registered as 'reranker-minilm@best' (train one: ...)"
+    rows = [{"dataset": "hotpotqa", "system": f"ablation:{s}", "metric": m, "value": 0.5,
+             "ci_low": None, "ci_high": None, "n": 3}
+            for s in ("reranker=none rerank", "reranker=cosine bc_raft", "k=20 rerank")
+            for m in ("support_f1", "answer_f1")]
+    md = markdown(rows, {"hotpotqa": {"ablation_notes": {"reranker=cross_encoder": why}}})
+    lines = md.splitlines()
+    at = lines.index("| reranker=cross_encoder | not run |  |")
+    assert lines[at - 1].startswith("| reranker=cosine bc_raft |")
+    assert lines[at + 1].startswith("| k=20 rerank |")
+    assert f"- `reranker=cross_encoder`: {why}" in lines

@@ -89,6 +89,9 @@ def test_cli_bad_input_exits_2(capsys, tmp_path):
     bad.write_text("selection:\n  raft:\n    samplez: 3\n")
     assert main(["select", "ablate", "--config", str(bad)]) == 2
     assert "selection.raft.samplez" in capsys.readouterr().err
+    # checked before any Ray runtime starts
+    assert main(["select", "ablate", "--parallel", "0"]) == 2
+    assert "--parallel" in capsys.readouterr().err
 
 
 def test_pluggable_final_reward(sel, tmp_path):

@@ -6,6 +6,12 @@
         the policy with retrieve-then-rerank on `--split` (same passage budget).
     ragpilot select ablate [--quick] [--dataset hotpotqa]
         the ablation table of bench/selection.py (K, MMR lambda, reranker, shaping) as JSON rows.
+Training runs as Ray tasks (rl.selection.runner): BC, then RAFT (-> PPO) and one task per
+ablation arm, num_cpus=1 each, at most `--parallel` (default 2) at a time, on a local Ray
+runtime started the project's way (rl.ppo.init_ray: the machine's CPUs, dashboard off,
+loopback) or, when RAY_ADDRESS is set (`ray job submit -- ragpilot select ablate ...` sets it),
+on that cluster. `--local` trains in this process instead (debugging; same numbers for the same
+seed). Pools (memoised retrieval) are built by this process either way.
 Bad input (unknown config key, bad value, unknown split) exits 2 naming the field.
 """
 
@@ -34,6 +40,15 @@ def _config(args: argparse.Namespace):
     return cfg.replace(**changes) if changes else cfg
 
 
+def _runner(args: argparse.Namespace):
+    """Ray tasks by default, in-process with --local (after the config is validated)."""
+    if args.parallel < 1:
+        raise ConfigError("--parallel", "must be >= 1")
+    from rl.selection.runner import make_runner
+
+    return make_runner(local=args.local, parallel=args.parallel)
+
+
 def _limit(value: int | None, flag: str) -> int | None:
     if value is not None and value < 1:
         raise ConfigError(flag, "must be >= 1")
@@ -53,7 +68,7 @@ def cmd_select_run(args: argparse.Namespace) -> int:
     n = _limit(args.limit, "--limit")
     sizes = Sizes(train=_limit(args.train_limit, "--train-limit"), valid=n, test=n,
                   ppo_iterations=None if args.ppo else 0, faithfulness=args.faithfulness)
-    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=False)
+    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=False, runner=_runner(args))
     _emit(rows, info, args.out)
     return 0
 
@@ -67,7 +82,7 @@ def cmd_select_ablate(args: argparse.Namespace) -> int:
 
     sizes = Sizes(train=60, valid=30, test=40, ks=(20, 50), lambdas=(0.2, 0.8),
                   ppo_iterations=0) if args.quick else Sizes(valid=150, ppo_iterations=0)
-    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=True)
+    rows, info = run_dataset(args.dataset, cfg, sizes, ablations=True, runner=_runner(args))
     _emit(rows, info, args.out)
     return 0
 
@@ -79,6 +94,8 @@ def _emit(rows: list[dict], info: dict, out: str | None) -> None:
         print(f"{r['system']:<40} {r['metric']:<20} {r['value']:.4f}{ci} n={r['n']}")
     for what, why in (info.get("ablation_notes") or {}).items():
         print(f"ablation:{what:<31} {why}")
+    if info.get("runner"):
+        print(f"training: {info['runner']}")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"rows": rows, "info": info}, indent=1, default=str))
@@ -96,6 +113,10 @@ def add_parsers(sub) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="dotted override, e.g. env.k=50")
         p.add_argument("--out", help="write rows + info as JSON here")
+        p.add_argument("--local", "--no-ray", dest="local", action="store_true",
+                       help="train in this process instead of as Ray tasks (debugging)")
+        p.add_argument("--parallel", type=int, default=2, metavar="N",
+                       help="Ray tasks in flight at most (default 2; raise it on a cluster)")
         if name == "run":
             p.add_argument("--split", default="test")
             p.add_argument("--limit", type=int, help="evaluation queries (default all)")

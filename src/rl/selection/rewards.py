@@ -63,11 +63,21 @@ class SelectionReward:
         self.cfg = cfg
         self.reader = reader or ExtractiveReader()
         self._quality = quality
+        self._own_quality = quality is None  # built lazily here (not pickled: rebuilt)
         if reward_model is None and load_reward_model and cfg.reward_model > 0:
             reward_model = load_optional_reward_model(cfg.reward_model_name)
         self.reward_model = reward_model
         self._cache: dict[tuple[str, tuple[int, ...]], tuple[float, dict[str, float]]] = {}
         self._answers: dict[tuple[str, tuple[int, ...]], Generation] = {}
+
+    def __getstate__(self) -> dict:
+        """Pickled (e.g. as a Ray task argument) without the memo caches and a QualityScorer this
+        object built itself: the copy recomputes them, with the same values."""
+        state = dict(self.__dict__)
+        state.update(_cache={}, _answers={})
+        if state.get("_own_quality", True):
+            state["_quality"] = None
+        return state
 
     @property
     def has_reward_model(self) -> bool:
