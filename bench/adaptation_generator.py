@@ -1,14 +1,14 @@
 """Generator adaptation benchmark: LoRA SFT and DPO of SmolLM2-135M-Instruct vs the base model,
 and fp32 vs int8 inference of the SFT model, on CPU.
 
-    python bench/adaptation_generator.py           # full: ~40-60 min on 2 busy shared cores
+    python bench/adaptation_generator.py           # full: ~1-2 h on 2 busy shared cores
     python bench/adaptation_generator.py --quick   # < 2 min: tiny train/eval, shows it runs
 
 Protocol (HotpotQA distractor, configs/splits/hotpotqa.json):
   * SFT data: the first --n-train questions of the TRAIN split: 2 gold paragraphs + 1 distractor,
     shuffled, each trimmed to --ctx-chars around its supporting sentences; target `<answer> [i][j]`.
   * LoRA r=8 on q/k/v/o (configs/rl/generator_sft.yaml), one epoch; `best` checkpoint by answer F1
-    on 20 VALID questions; tokens/s = real tokens through forward+backward / training seconds.
+    on 16 VALID questions; tokens/s = real tokens through forward+backward / training seconds.
   * DPO (TRL, sigmoid loss) on the merged SFT model: pairs for --dpo-pairs train questions,
     chosen = gold-format answer, rejected = the SFT model's own worse answer (ranker: F1 +
     citation precision, or the learned reward model when present).
@@ -94,26 +94,128 @@ def evaluate_generator(name: str, registry: ModelRegistry, examples, prompt_id: 
     return score(examples, gens, scorer), secs, [g.raw for g in gens]
 
 
+E2E_MARK = "## End to end: hybrid retrieval (k = 5) + each generator"
+
+
+def e2e_examples(test, k: int = 5):
+    """The same test questions with the contexts the default retrieval returns (hybrid, top-k
+    of the pooled HotpotQA corpus) instead of the gold paragraphs; `gold_positions` = the
+    positions of gold paragraphs among them (what citation precision/recall compare with)."""
+    from dataclasses import replace
+
+    from rag.config import RAGConfig
+    from rag.pipeline import Pipeline
+    from rl.evaluation import TuningData
+
+    data = TuningData.open("hotpotqa")
+    gold = {e.id: set(e.gold_passage_ids) for e in data.dataset.examples}
+    pipe = Pipeline(data.indexes, RAGConfig(variant="hybrid", k=k, generator="extractive"))
+    out, recall = [], []
+    for e in test:
+        hits, ctxs, _ = pipe.retrieve(e.question)
+        ids = [h.id for h in hits]
+        g = gold.get(e.id, set())
+        pos = tuple(i + 1 for i, pid in enumerate(ids) if pid in g)
+        recall.append(len(set(ids) & g) / len(g) if g else 0.0)
+        out.append(replace(e, contexts=tuple(ctxs), gold_positions=pos))
+    return out, recall
+
+
+def section_e2e(test, registry, systems, args, scorer, prompt_id: str):
+    """(rows, markdown lines): every generator on retrieved contexts, paired vs base."""
+    ex, recall = e2e_examples(test)
+    ds = f"hotpotqa/test[:{len(ex)}] hybrid k=5"
+    rows = [metric_row(ds, "hybrid", "recall@5", recall, seed=args.seed)]
+    per: dict[str, list[dict[str, float]]] = {}
+    for name, label in systems:
+        res, secs, _ = evaluate_generator(name, registry, ex, prompt_id, args.max_new_tokens,
+                                          scorer)
+        per[label] = res
+        for met in METRICS:
+            vals = [r[met] for r in res if met in r]
+            if vals:
+                rows.append(metric_row(ds, label, met, vals, seed=args.seed))
+        rows.append(plain_row(ds, label, "generate_ms_per_q", 1000 * secs / len(ex), len(ex)))
+        print(f"[bench] e2e {label}: f1 {np.mean([r['f1'] for r in res]):.3f}", flush=True)
+    md = [E2E_MARK, "", f"The same {len(ex)} test questions, contexts retrieved by the default "
+          f"hybrid retrieval over all ~10.8k pooled paragraphs (gold-paragraph recall@5 "
+          f"{np.mean(recall):.3f}); citations are scored against the gold paragraphs among "
+          "them.", "", "| system | " + " | ".join(METRICS) + " |",
+          "|---" * (len(METRICS) + 1) + "|"]
+    ci = {(r["system"], r["metric"]): r for r in rows}
+    for _, label in systems:
+        cells = [f"{ci[(label, m)]['value']:.3f} [{ci[(label, m)]['ci_low']:.3f}, "
+                 f"{ci[(label, m)]['ci_high']:.3f}]" if (label, m) in ci else "—"
+                 for m in METRICS]
+        md.append(f"| {label} | " + " | ".join(cells) + " |")
+    md += ["", "| comparison | metric | Δ | 95% CI | p |", "|---|---|---|---|---|"]
+    for label in per:
+        if label == "base":
+            continue
+        for met in ("f1", "citation_precision"):
+            bs = paired_bootstrap([r[met] for r in per["base"]], [r[met] for r in per[label]],
+                                  seed=args.seed)
+            rows.append({"dataset": ds, "system": f"{label} - base", "metric": f"{met}_delta",
+                         "value": bs.mean_diff, "ci_low": bs.ci_low, "ci_high": bs.ci_high,
+                         "n": bs.n})
+            md.append(f"| {label} − base | {met} | {bs.mean_diff:+.3f} | [{bs.ci_low:+.3f}, "
+                      f"{bs.ci_high:+.3f}] | {bs.p_value:.4f} |")
+    return rows, md
+
+
+def only_e2e(args, out: Path) -> None:
+    """Add the end-to-end section to the committed results, reusing the models a full run
+    trained (they stay under the cache dir); refuses when there are none."""
+    from rag.metrics.quality import QualityScorer
+
+    reg_file = out / "models.yaml"
+    res_json = Path(__file__).resolve().parent / "results" / "adaptation_generator.json"
+    res_md = res_json.with_suffix(".md")
+    if not reg_file.exists() or not res_json.exists():
+        sys.exit(f"--only-e2e needs a full run first ({reg_file} and {res_json})")
+    registry = ModelRegistry.from_yaml(reg_file)
+    systems = [(BASE, "base")] + [(n, lbl) for n, lbl in (("smollm2-sft", "sft-lora-r8"),
+                                                           ("smollm2-sft-dpo", "sft+dpo"))
+                                  if n in registry.names("generator")]
+    test = hotpot_split("test", args.n_eval)
+    rows, md = section_e2e(test, registry, systems, args, QualityScorer(),
+                           GeneratorSFTConfig.from_yaml().prompt_id)
+    doc = json.loads(res_json.read_text())
+    doc["rows"] = [r for r in doc["rows"] if "hybrid k=5" not in r["dataset"]] + rows
+    from rag.provenance import code_commit
+
+    doc["meta"]["e2e"] = {"commit": code_commit(), "note": "section added by --only-e2e with "
+                          "the models of the full run above"}
+    res_json.write_text(json.dumps(doc, indent=1) + "\n")
+    text = res_md.read_text().split(E2E_MARK)[0].rstrip() + "\n\n" + "\n".join(md) + "\n"
+    res_md.write_text(text)
+    print(f"wrote {res_json} and {res_md}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-train", type=int, default=160)
-    ap.add_argument("--ctx-chars", type=int, default=200)
+    ap.add_argument("--n-train", type=int, default=500)
+    ap.add_argument("--ctx-chars", type=int, default=600)
     ap.add_argument("--lr", type=float, default=4e-4)
-    ap.add_argument("--n-eval", type=int, default=60)
-    ap.add_argument("--dpo-pairs", type=int, default=16)
-    ap.add_argument("--dpo-steps", type=int, default=6)
+    ap.add_argument("--n-eval", type=int, default=100)
+    ap.add_argument("--dpo-pairs", type=int, default=64)
+    ap.add_argument("--dpo-steps", type=int, default=32)
     ap.add_argument("--quant-n", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads; 2 on a busy 2-core machine measured 5.7 tokens/s "
                          "(OpenMP threads wait on each other) vs ~40 with 1")
     ap.add_argument("--max-new-tokens", type=int, default=20)
+    ap.add_argument("--only-e2e", action="store_true",
+                    help="add the end-to-end section using the models of the last full run")
     args = ap.parse_args()
     if args.quick:
         args.n_train, args.n_eval, args.dpo_pairs, args.dpo_steps, args.quant_n = 8, 8, 4, 1, 3
 
     out = cache_dir() / "bench" / ("adaptation_generator" + (".quick" if args.quick else ""))
+    if args.only_e2e:
+        return only_e2e(args, out)
     if out.exists():
         shutil.rmtree(out)  # a benchmark starts clean (no resume from an older run)
     out.mkdir(parents=True)
@@ -227,6 +329,10 @@ def main() -> None:
                      "n": bs.n})
         deltas.append(("sft+dpo vs sft", "f1", bs))
 
+    # ---- end to end: retrieved contexts -----------------------------------------------------
+    e2e_rows, e2e_md = section_e2e(test, registry, systems, args, scorer, cfg.prompt_id)
+    rows += e2e_rows
+
     # ---- quantised inference ---------------------------------------------------------------
     import torch
 
@@ -292,7 +398,7 @@ def main() -> None:
                   f"{q['rss_loaded_mb']:.0f} | {q['peak_rss_mb']:.0f} | "
                   f"{np.mean(q['f1']):.3f} |")
     md += ["", f"int8 gives the same answer string as fp32 on {agree:.0%} of the questions. "
-           f"bitsandbytes 8/4-bit (GPU): {notes['bitsandbytes']}."]
+           f"bitsandbytes 8/4-bit (GPU): {notes['bitsandbytes']}.", ""] + e2e_md
     write_results("adaptation_generator", rows, make_meta(args.seed, {
         "hotpotqa": data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"}, extra={
         "quick": args.quick, "base_model": BASE, "n_train": len(train), "n_eval": len(test),
