@@ -60,3 +60,15 @@ def test_yaml_round_trip(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(cfg.to_yaml())
     assert RAGConfig.from_yaml(p) == cfg
+
+
+def test_rerank_mix_is_optional_in_the_identity():
+    """A field added after configs were hashed leaves every existing hash as it was while unset
+    (committed results, tuner tables and Serve deployments are keyed by these hashes)."""
+    assert RAGConfig().config_hash == "76f8ced5e221"
+    assert RAGConfig(variant="bm25", k=3, rerank="cosine").config_hash == "4d42f5adeb94"
+    assert RAGConfig(rerank_mix=0.5).config_hash != RAGConfig().config_hash
+    assert RAGConfig(rerank_mix=0.5).config_hash != RAGConfig(rerank_mix=0.25).config_hash
+    with pytest.raises(ConfigError) as exc:
+        RAGConfig.from_dict({"rerank_mix": 1.5})
+    assert exc.value.field == "rag.rerank_mix"

@@ -70,3 +70,28 @@ def test_bad_questions(world_indexes):
             pipe.run(q)
     with pytest.raises(ConfigError, match="query_ids"):
         pipe.run_batch(["a?", "b?"], ["1"])
+
+
+def test_rerank_mix_interpolates_between_retrieval_and_reranker_order(world, world_indexes):
+    """rerank_mix 0 keeps the fused retrieval order, 1 is the reranker's own order, and in
+    between the mixed score is w*minmax(rerank) + (1-w)*minmax(-rank), computed by hand."""
+    import numpy as np
+
+    from rag.fusion import normalise
+    from rag.rerank import CosineReranker
+
+    q = world.examples[0].question
+    base = Pipeline(world_indexes, RAGConfig(variant="hybrid", rerank="cosine", rerank_depth=10))
+    head = base.candidates(q)[:10]
+    pure = [h.id for h in base.rerank(q, head)]
+    retrieval = [h.id for h in head]
+    at = lambda w: [h.id for h in base.with_config(  # noqa: E731
+        base.config.replace(rerank_mix=w)).rerank(q, head)]
+    assert pure != retrieval  # the two orders differ, so the interpolation is visible
+    assert at(1.0) == pure and at(0.0) == retrieval
+    dense = world_indexes.dense("flat")
+    s = CosineReranker(dense.encoder, dense.passage_embeddings).scores(
+        q, [world_indexes.corpus[h.id] for h in head])
+    mixed = 0.5 * normalise(s) + 0.5 * normalise(-np.arange(10.0))
+    expect = [retrieval[i] for i in sorted(range(10), key=lambda i: (-mixed[i], retrieval[i]))]
+    assert at(0.5) == expect

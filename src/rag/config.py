@@ -24,6 +24,10 @@ Normalisation = Literal["minmax", "zscore", "rrf"]
 MAX_CANDIDATES = 100
 
 
+HASH_OPTIONAL = frozenset({"rerank_mix"})
+"""Fields left out of a config's identity while unset (None)."""
+
+
 class RAGConfig(BaseModel):
     """One pipeline configuration. Field bounds are checked at construction."""
 
@@ -45,6 +49,11 @@ class RAGConfig(BaseModel):
     """Registry name of the encoder (cosine) or cross-encoder used to rerank."""
     rerank_depth: int = Field(30, ge=1, le=MAX_CANDIDATES)
     """How many fused candidates the reranker rescores."""
+    rerank_mix: float | None = Field(None, ge=0.0, le=1.0)
+    """None: order the reranked head by the reranker's score alone. w in [0, 1]: by
+    w * minmax(reranker score) + (1 - w) * minmax(-retrieval rank), so a reranker that is
+    weaker than the retrieval alone can still add what the retrieval misses (the trained
+    cross-encoder at w = 0.5: bench/results/adaptation.md)."""
     mmr_lambda: float = Field(1.0, ge=0.0, le=1.0)
     """MMR trade-off: 1.0 keeps the ranking (no diversity), lower values penalise redundancy."""
     graph_damping: float = Field(0.5, gt=0.0, lt=1.0)
@@ -72,7 +81,11 @@ class RAGConfig(BaseModel):
 
     # ---- identity -----------------------------------------------------------------------
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Sorted-key JSON of every field, except optional fields added after configs were
+        first hashed (`HASH_OPTIONAL`) while they are None: their old hashes stay valid."""
+        d = {k: v for k, v in self.model_dump(mode="json").items()
+             if not (k in HASH_OPTIONAL and v is None)}
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @property
     def config_hash(self) -> str:

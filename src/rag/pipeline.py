@@ -51,6 +51,20 @@ class Resources:
                          lambda: make_reranker(kind, model, device=device, registry=self.registry))
 
 
+def mix_with_retrieval_rank(scores, head: Sequence[Hit], weight: float) -> list[Hit]:
+    """`head` (retrieval order) re-sorted by weight * minmax(scores) + (1 - weight) *
+    minmax(-rank); ties broken by id. weight 1 = the reranker's order, 0 = retrieval order."""
+    import numpy as np
+
+    from rag.fusion import normalise
+
+    s = np.asarray(scores, dtype=np.float64)
+    mixed = weight * normalise(s) + (1.0 - weight) * normalise(-np.arange(len(head),
+                                                                          dtype=np.float64))
+    order = sorted(range(len(head)), key=lambda i: (-mixed[i], head[i].id))
+    return [Hit(float(mixed[i]), head[i].id) for i in order]
+
+
 def check_question(question: str) -> str:
     if not isinstance(question, str) or not question.strip():
         raise ConfigError("question", "must be a non-empty string")
@@ -103,10 +117,12 @@ class Pipeline:
             from rag.rerank import CosineReranker
 
             dense = self.indexes.dense(c.dense_index)
-            return CosineReranker(dense.encoder, dense.passage_embeddings).rerank(
-                question, passages)
-        reranker = self.resources.reranker(c.rerank, c.reranker_model, c.device)
-        return reranker.rerank(question, passages)
+            reranker = CosineReranker(dense.encoder, dense.passage_embeddings)
+        else:
+            reranker = self.resources.reranker(c.rerank, c.reranker_model, c.device)
+        if c.rerank_mix is None:
+            return reranker.rerank(question, passages)
+        return mix_with_retrieval_rank(reranker.scores(question, passages), head, c.rerank_mix)
 
     def select(self, question: str, hits: list[Hit]) -> list[Hit]:
         """Top-k, or MMR re-selection when mmr_lambda < 1."""
