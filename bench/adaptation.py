@@ -143,7 +143,7 @@ def section_reranker(args) -> tuple[list[dict], str, dict]:
 
     t_start = time.perf_counter()
     model_dir, info = _trained_reranker(args)
-    ce = CrossEncoderReranker(model_dir, max_length=256)
+    ce = CrossEncoderReranker(model_dir)  # max_length from the training manifest
     rows: list[dict] = []
     lat: dict[str, Any] = {}
     depth = 10 if args.quick else args.depth
