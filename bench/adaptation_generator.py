@@ -112,8 +112,8 @@ def e2e_examples(test, k: int = 5):
     pipe = Pipeline(data.indexes, RAGConfig(variant="hybrid", k=k, generator="extractive"))
     out, recall = [], []
     for e in test:
-        hits, ctxs, _ = pipe.retrieve(e.question)
-        ids = [h.id for h in hits]
+        _, ctxs, _ = pipe.retrieve(e.question)  # (all candidates, the k contexts, latency)
+        ids = [c.id for c in ctxs]
         g = gold.get(e.id, set())
         pos = tuple(i + 1 for i, pid in enumerate(ids) if pid in g)
         recall.append(len(set(ids) & g) / len(g) if g else 0.0)
