@@ -19,7 +19,10 @@ Evidence, per stage (the stage's reports must be of the stage's kind):
              planned look without efficacy is inconclusive: rollback (or hold, `on_inconclusive`).
   every stage after candidate also needs `min_clean_batches` consecutive batches without a
              hard-gate violation, and error-budget burn rates at most `advance_max_burn_rate`.
-Automatic rollback, at any stage (full included): a batch with a hard-gate violation; a
+Automatic rollback, at every stage before `full` (the state machine would judge evidence at
+`full` too, but `ragpilot rollout advance` and the admin API refuse it there: at full, rollback
+is the operator's `ragpilot rollout rollback`, runbooks/canary_promotion.md): a batch with a
+hard-gate violation; a
 significantly worse reward (harm boundary; offline: CI entirely below 0); a fast error-budget
 burn: the one-sided 95% Wilson lower bound of the stage's candidate error rate (or of its
 fraction of requests slower than `slo.latency_ms`) exceeds `slo.max_burn_rate` × the budget.
