@@ -1,6 +1,7 @@
 """The Serve ingress in-process (`serving.app.local_app`, no Ray): per-client rate limits on
 /query and /feedback, /healthz on failures, rollback from `full` restoring the old stable,
-PII leaks feeding the reward the bandit learns, and the load benchmark's admin key.
+routing that survives a restart, PII leaks feeding the reward the bandit learns, and the load
+benchmark's admin key.
 
 Pipelines are stand-ins (the real replica is exercised over HTTP in test_serving_app.py).
 """
@@ -47,14 +48,15 @@ def _no_jobs(request: dict) -> Future:
     return fut
 
 
-def make_app(tmp_path, answer: str = "Paris [1]", **extra):
+def make_app(tmp_path, answer: str = "Paris [1]", more_ids: tuple[str, ...] = (), **extra):
     """(TestClient, admin headers, read headers, stubs by variant id, the Ingress object).
-    A config deployed at run time gets a stub too (its id lands in `stubs`)."""
+    A config deployed at run time gets a stub too (its id lands in `stubs`); `more_ids` get
+    stubs up front (variants a restarted app deploys from the stored routing)."""
     from serving.app import LocalHandle, _servable_dependency, api, local_app
 
     kf = KeyFile(tmp_path / "keys.json")
     admin, read = (kf.create(role, name=f"test-{role}")[0] for role in ("admin", "read"))
-    stubs = {STABLE_ID: Stub(STABLE_ID, answer), CAND_ID: Stub(CAND_ID, answer)}
+    stubs = {v: Stub(v, answer) for v in (STABLE_ID, CAND_ID, *more_ids)}
     args = {"store_url": str(tmp_path / "log.sqlite"), "base": BASE, "canary": CANDIDATE,
             "auth": {"keys_file": str(kf.path)}, "rollout_dir": str(tmp_path / "rollout"),
             **extra}
@@ -202,6 +204,80 @@ def test_traffic_stable_field_is_validated(tmp_path):
         new = RAGConfig(**BASE, k=4).config_hash
         assert r.status_code == 200 and r.json()["stable"] == new and new in stubs
         assert c.post("/query", json={"question": "Who?"}).json()["variant_id"] == new
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+def test_a_promotion_to_full_survives_a_restart(tmp_path):
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        drive_to_full(c, admin)
+    c2, admin2, _, _, ing = make_app(tmp_path)  # same args, same store: a restarted app
+    with c2:
+        t = c2.get("/admin/traffic", headers=admin2).json()
+        assert t["stable"] == CAND_ID and t["canary"] is None and t["canary_percent"] == 0
+        assert t["restored"]["action"] == "rollout/advance"
+        assert c2.post("/query", json={"question": "Who?"}).json()["variant_id"] == CAND_ID
+        # and a rollback after the restart still puts the rollout's old stable back
+        rb = c2.post("/admin/rollout/rollback", json={"reason": "after restart"},
+                     headers=admin2)
+        assert rb.status_code == 200 and rb.json()["traffic"]["stable"] == STABLE_ID
+    c3, admin3, _, _, _ = make_app(tmp_path)
+    with c3:
+        assert c3.get("/admin/traffic", headers=admin3).json()["stable"] == STABLE_ID
+
+
+def test_a_variant_deployed_at_run_time_is_deployed_again_after_a_restart(tmp_path):
+    new = RAGConfig(**BASE, k=4).config_hash
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        r = c.post("/admin/traffic", json={"canary_config": {"k": 4}, "canary_percent": 30,
+                                           "shadow_percent": 5}, headers=admin)
+        assert r.status_code == 200 and r.json()["canary"] == new
+    c2, admin2, _, stubs, ing = make_app(tmp_path, more_ids=(new,))
+    with c2:
+        t = c2.get("/admin/traffic", headers=admin2).json()
+        assert (t["stable"], t["canary"], t["canary_percent"], t["shadow_percent"]) == (
+            STABLE_ID, new, 30.0, 5.0)
+        assert new in ing.handles and ing.configs[new]["k"] == 4
+        seen = {c2.post("/query", json={"question": "Who?", "user_id": f"u{i}"}).json()[
+            "variant_id"] for i in range(40)}
+        assert seen == {STABLE_ID, new}
+
+
+def test_changed_args_routing_wins_over_the_stored_split(tmp_path):
+    c, admin, _, _, _ = make_app(tmp_path)
+    with c:
+        assert c.post("/admin/traffic", json={"stable": CAND_ID},
+                      headers=admin).status_code == 200
+    # the operator edits the YAML (another canary share): the YAML is the newer intent
+    c2, admin2, _, _, _ = make_app(tmp_path, traffic={"canary_percent": 20})
+    with c2:
+        t = c2.get("/admin/traffic", headers=admin2).json()
+        assert t["stable"] == STABLE_ID and t["canary_percent"] == 20 and t["restored"] is None
+    # and with restoring off the args are served even when unchanged
+    c3, admin3, _, _, _ = make_app(tmp_path, restore_routing=False)
+    with c3:
+        assert c3.get("/admin/traffic", headers=admin3).json()["stable"] == STABLE_ID
+
+
+def test_a_routing_change_the_store_refuses_is_not_made(tmp_path):
+    c, admin, _, _, ing = make_app(tmp_path)
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("database is locked")
+
+    with c:
+        before = c.get("/admin/traffic", headers=admin).json()
+        ing.store.save_routing = refuse
+        r = c.post("/admin/traffic", json={"stable": CAND_ID, "canary_percent": 50},
+                   headers=admin)
+        assert r.status_code == 503 and r.json()["field"] == "store", r.text
+        assert "database is locked" in r.json()["error"]
+        assert c.get("/admin/traffic", headers=admin).json() == before
+        assert before["stable"] == STABLE_ID
+        assert c.post("/query", json={"question": "Who?", "user_id": "u1"}).status_code == 200
 
 
 # --------------------------------------------------------------------------- PII -> reward

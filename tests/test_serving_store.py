@@ -66,6 +66,20 @@ def test_tables_are_append_only(store, tmp_path):
     assert store.get_interaction("i1")["answer"] == "a1"
 
 
+def test_routing_rows_round_trip_newest_first_and_are_append_only(store, tmp_path):
+    assert store.last_routing() is None
+    store.save_routing("fp1", "admin/traffic", {"stable": "a", "canary_percent": 10.0})
+    store.save_routing("fp1", "rollout/advance", {"stable": "b", "canary_percent": 0.0})
+    last = store.last_routing()
+    assert (last["seq"], last["fingerprint"], last["action"]) == (2, "fp1", "rollout/advance")
+    assert last["state"] == {"stable": "b", "canary_percent": 0.0}
+    with sqlite3.connect(tmp_path / "log.sqlite") as db:
+        for sql in ("UPDATE routing SET action = 'x'", "DELETE FROM routing"):
+            with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                db.execute(sql)
+    assert store.last_routing()["state"]["stable"] == "b"
+
+
 def test_summary_history_and_export(store, tmp_path):
     for i in range(6):
         store.log_interaction(_it(i, variant_id="v1" if i < 3 else "v2",

@@ -123,6 +123,11 @@ def test_append_only_trigger_refuses_updates_and_deletes(store):
             c.exec_driver_sql(sql)
     assert store.get_interaction("i1")["answer"] == "a1"
     assert store.counts()["feedback"] == 1
+    store.save_routing("fp", "admin/traffic", {"stable": "a"})
+    for sql in ("UPDATE routing SET action = 'x'", "DELETE FROM routing"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), store._engine.begin() as c:
+            c.exec_driver_sql(sql)
+    assert store.last_routing()["state"] == {"stable": "a"}
 
 
 def test_two_connections_see_each_others_writes_and_export(store, pg_url, tmp_path):

@@ -17,7 +17,8 @@ OpenAPI at /docs. Hardening (docs/serving.md): /admin/*, /tuner/* need an `admin
 `limits.max_body_bytes` get 413 before parsing, PII is redacted from logs (serving.pii), and a
 failed pipeline call is logged as an interaction with `error=1`. `local_app` runs the same
 ingress in-process without Ray (ASGI: the fuzz and crash tests). The ingress runs one replica: routing state, bandits, jobs and metrics live in
-it (the interaction log is the durable record and is replayed into the bandits at start-up).
+it (the interaction log is the durable record: it is replayed into the bandits at start-up, and
+its `routing` rows bring back the last run-time split, serving.routing_state).
 """
 
 # No `from __future__ import annotations` here: FastAPI must see real classes in the route
@@ -53,6 +54,14 @@ from serving.metrics import ServeMetrics, current_metrics, install_metrics
 from serving.pii import RedactingFilter, leak_count, redact
 from serving.pipelines import bind_pipeline, deployment_options
 from serving.router import Decision, Router
+from serving.routing_state import (
+    ROLES,
+    peek,
+    restorable,
+    restored_configs,
+    snapshot,
+    yaml_fingerprint,
+)
 from serving.schemas import (
     ApiError,
     EvaluateRequest,
@@ -158,6 +167,8 @@ class Ingress:
         self.router = Router(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
                              shadow=roles["shadow"], arms=explicit or list(self.handles))
         self._explicit_arms = bool(explicit)
+        self._routing_fp = yaml_fingerprint(s, roles)
+        self.restored = self._restore_routing(restorable(self.store, s, roles))
         for cat, variant, reward, leaks in self.store.bandit_history(pii_leaks=True):
             self.router.update(cat, variant, self._policy_reward(reward, leaks))
         self.limiter = TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
@@ -167,7 +178,52 @@ class Ingress:
         self.gates: dict[str, dict[str, bool]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._deploy_lock = asyncio.Lock()
-        self.metrics.set_traffic(s.traffic.canary_percent, s.traffic.shadow_percent)
+        self.metrics.set_traffic(self.router.traffic.canary_percent,
+                                 self.router.traffic.shadow_percent)
+
+    # ---- routing that survives a restart (serving.routing_state) ----------------------------
+    def _restore_routing(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Serve a stored routing row (the builder deployed its variants); None when there is
+        none to serve. Returns what the restored row was (shown by GET /admin/traffic)."""
+        if row is None:
+            return None
+        st = row["state"]
+        ids = [st[r] for r in ROLES if st.get(r)]
+        if any(v not in self.handles for v in ids):
+            log.warning("routing: stored row %d needs variants %s that are not deployed; "
+                        "serving the args", row["seq"], sorted(set(ids) - set(self.handles)))
+            return None
+        for v in ids:
+            self.configs.setdefault(v, st["configs"][v])
+            if not self._explicit_arms and v not in self.router.arms:
+                self.router.add_arm(v)
+        self.router.set_traffic(st["mode"], st["canary_percent"], st["shadow_percent"],
+                                st["canary"], st["shadow"], stable=st["stable"])
+        log.warning("routing: restored the split set by %s (row %d): stable %s, canary %s "
+                    "%.1f%%, shadow %s %.1f%%", row["action"], row["seq"], st["stable"],
+                    st["canary"], st["canary_percent"], st["shadow"], st["shadow_percent"])
+        return {"seq": row["seq"], "ts": row["ts"], "action": row["action"]}
+
+    def _change_routing(self, action: str, change) -> dict[str, Any]:
+        """Apply `change()` to the router and append the new split to the store; if the store
+        refuses the row, the router goes back to the split it had and the caller gets a 503
+        (a change that would not survive a restart is not made)."""
+        before = self.router.state()
+        state = change()
+        try:
+            self.store.save_routing(self._routing_fp, action,
+                                    snapshot(self.router.state(), self.configs))
+        except Exception as exc:  # noqa: BLE001 - any store failure: undo, say why
+            self.router.set_traffic(before["mode"], before["canary_percent"],
+                                    before["shadow_percent"], before["canary"],
+                                    before["shadow"], stable=before["stable"])
+            log.error("routing: %s not applied, the store refused it: %s: %s", action,
+                      type(exc).__name__, exc)
+            raise ApiError("store", f"routing not changed: the store could not record it "
+                                    f"({type(exc).__name__}: {exc})", 503) from None
+        self.metrics.set_traffic(self.router.traffic.canary_percent,
+                                 self.router.traffic.shadow_percent)
+        return state
 
     # ---- serving ------------------------------------------------------------------------------
     @api.post("/query", response_model=QueryResponse)
@@ -361,7 +417,7 @@ class Ingress:
 
     @api.get("/admin/traffic")
     async def get_traffic(self) -> dict[str, Any]:
-        return self.router.state()
+        return {**self.router.state(), "restored": self.restored}
 
     # ---- evidence-gated promotion (rl.rollout; same state as `ragpilot rollout`) -----------
     def _rollout(self):
@@ -372,7 +428,7 @@ class Ingress:
             raise ApiError("rollout", f"no rollout in {d}; POST /admin/rollout/start", 404)
         return PromotionStateMachine.load(d)
 
-    def _apply_rollout_traffic(self, sm) -> dict[str, Any]:
+    def _apply_rollout_traffic(self, sm, action: str) -> dict[str, Any]:
         """Point the router at the split the rollout's stage asks for, stable included: the
         candidate at `full`, else the rollout's `stable` (kept in its state.json), so a
         rollback from any stage, `full` included, serves the old stable again."""
@@ -386,10 +442,9 @@ class Ingress:
                        f"{self.router.stable!r} (set it with POST /admin/traffic `stable`)")
             log.warning(warning)
             stable = False
-        state = self.router.set_traffic("split", t["canary_percent"], t["shadow_percent"],
-                                        t["canary"], t["shadow"], stable=stable)
-        self.metrics.set_traffic(self.router.traffic.canary_percent,
-                                 self.router.traffic.shadow_percent)
+        state = self._change_routing(action, lambda: self.router.set_traffic(
+            "split", t["canary_percent"], t["shadow_percent"], t["canary"], t["shadow"],
+            stable=stable))
         return {**state, "warning": warning} if warning else state
 
     @api.get("/admin/rollout")
@@ -412,7 +467,7 @@ class Ingress:
                                          RolloutConfig.from_yaml(DEFAULTS_PATH),
                                          force=body.force)
         return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
-                "traffic": self._apply_rollout_traffic(sm)}
+                "traffic": self._apply_rollout_traffic(sm, "rollout/start")}
 
     @api.post("/admin/rollout/advance")
     async def rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
@@ -446,7 +501,8 @@ class Ingress:
             decision = sm.advance()
         return {"decision": {"action": decision.action, "from": decision.from_stage,
                              "to": decision.to_stage, "reason": decision.reason},
-                "stage": sm.stage, "traffic": self._apply_rollout_traffic(sm)}
+                "stage": sm.stage, "traffic": self._apply_rollout_traffic(
+                    sm, f"rollout/{decision.action}")}
 
     @api.post("/admin/rollout/rollback")
     async def rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
@@ -454,7 +510,7 @@ class Ingress:
         d = sm.rollback(f"manual (API): {body.reason}")
         return {"decision": {"action": d.action, "from": d.from_stage, "to": d.to_stage,
                              "reason": d.reason}, "stage": sm.stage,
-                "traffic": self._apply_rollout_traffic(sm)}
+                "traffic": self._apply_rollout_traffic(sm, "rollout/rollback")}
 
     @api.post("/admin/traffic")
     async def set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
@@ -471,11 +527,9 @@ class Ingress:
             canary = await self._variant_for(body.canary_config, "canary_config")
         if "shadow_config" in given:
             shadow = await self._variant_for(body.shadow_config, "shadow_config")
-        state = self.router.set_traffic(body.mode, body.canary_percent, body.shadow_percent,
-                                        canary, shadow, stable=stable)
-        self.metrics.set_traffic(self.router.traffic.canary_percent,
-                                 self.router.traffic.shadow_percent)
-        return state
+        return self._change_routing("admin/traffic", lambda: self.router.set_traffic(
+            body.mode, body.canary_percent, body.shadow_percent, canary, shadow,
+            stable=stable))
 
     async def _variant_for(self, spec: dict[str, Any] | str | None, field: str) -> str | None:
         """A deployed variant id for `spec` (a hash, or overrides deployed on demand)."""
@@ -617,7 +671,7 @@ def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
     A relative `store_url` path is resolved against the current directory."""
     s = _resolved(ServeSettings.from_args(args))
-    roles, configs = _variants(s)
+    roles, configs = _variants(s, restore=True)
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
@@ -629,8 +683,11 @@ def build_app(args: dict[str, Any] | None = None):
         {h: c.model_dump(mode="json") for h, c in configs.items()})
 
 
-def _variants(s: ServeSettings) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:
-    """(role -> variant id, variant id -> config) of the configs the settings deploy."""
+def _variants(s: ServeSettings, restore: bool = False
+              ) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:
+    """(role -> variant id, variant id -> config) of the configs the settings deploy; with
+    `restore`, plus those of the routing stored at run time that the ingress will serve
+    (serving.routing_state). `roles` are always the args' own."""
     roles: dict[str, str | None] = {"stable": None, "canary": None, "shadow": None}
     configs: dict[str, RAGConfig] = {}
     for role in ("stable", "canary", "shadow"):
@@ -645,6 +702,13 @@ def _variants(s: ServeSettings) -> tuple[dict[str, str | None], dict[str, RAGCon
     if len(configs) > s.max_variants:
         raise ConfigError("serve.max_variants", f"{len(configs)} distinct configs to deploy; "
                                                 f"the limit is {s.max_variants}")
+    if restore:
+        extra = {h: c for h, c in restored_configs(peek(s, roles)).items() if h not in configs}
+        if len(configs) + len(extra) > s.max_variants:
+            log.warning("routing: the stored split needs %d more deployments than "
+                        "max_variants allows; serving the args", len(extra))
+        else:
+            configs.update(extra)
     return roles, configs
 
 
@@ -680,7 +744,7 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
     from serving.pipelines import PipelineService
 
     s = _resolved(ServeSettings.from_args(args))
-    roles, configs = _variants(s)
+    roles, configs = _variants(s, restore=True)
     services = dict(services or {})
 
     def make(cfg: RAGConfig) -> LocalHandle:

@@ -68,10 +68,11 @@ def _manifest_id(value: str | None) -> str:
 
 
 def router_settings(sm: Any) -> dict[str, Any]:
-    """Body for `Router.set_traffic` / `POST /admin/traffic` at the rollout's stage."""
+    """Body for `Router.set_traffic` / `POST /admin/traffic` at the rollout's stage. At `full`
+    the candidate *is* the stable (its 100% share), so no canary share is left."""
     t = sm.traffic()
     stage = sm.stage
-    return {"mode": "split", "canary_percent": t["canary_percent"],
+    return {"mode": "split", "canary_percent": 0.0 if stage == "full" else t["canary_percent"],
             "shadow_percent": t["shadow_percent"],
             "canary": sm.state.candidate if stage in ("canary_5", "canary_25") else None,
             "shadow": sm.state.candidate if stage == "shadow" else None,

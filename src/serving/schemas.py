@@ -166,6 +166,10 @@ class ServeSettings(_Strict):
     """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
     max_jobs: int = Field(256, ge=1)
     """Finished tuner jobs kept in memory (oldest forgotten first)."""
+    restore_routing: bool = True
+    """At start-up, serve the split last set at run time (`/admin/traffic`, `/admin/rollout/*`;
+    kept in the store) when these args' stable/canary/shadow/traffic are unchanged since;
+    false: always serve the args (serving.routing_state)."""
     rollout_dir: str = "runs/rollout"
     """State and audit log of the promotion state machine (`/admin/rollout/*`, the same
     directory `ragpilot rollout --state-dir` uses)."""

@@ -11,6 +11,8 @@ Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
                context_ids JSON, citations JSON, answer, latency_ms JSON, tokens_in, tokens_out,
                shadow, parent_id, scores JSON, error)
   feedback(seq, interaction_id UNIQUE -> interactions.id, reward in [0, 1], ts)
+  routing(seq, ts, fingerprint, action, state JSON)   the router's split after every admin or
+               rollout change, so a restarted app serves what it served (serving.routing_state)
 `ts` is Unix time in seconds; latency in ms per stage; `shadow`=1 rows are mirrored answers
 (never returned to the user), `parent_id` names the served interaction they mirror; `error`=1
 rows are requests whose pipeline call failed (the caller got a 5xx; answer empty), so the
@@ -60,20 +62,25 @@ _SQLITE_DDL = [
         interaction_id TEXT NOT NULL UNIQUE REFERENCES interactions(id),
         reward REAL NOT NULL CHECK (reward >= 0 AND reward <= 1), ts REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS interactions_variant ON interactions(variant_id, route)",
+    """CREATE TABLE IF NOT EXISTS routing (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, fingerprint TEXT NOT NULL,
+        action TEXT NOT NULL, state TEXT NOT NULL)""",
     *[f"""CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t}
           BEGIN SELECT RAISE(ABORT, '{t} is append-only'); END"""
-      for t in ("interactions", "feedback") for op in ("update", "delete")],
+      for t in ("interactions", "feedback", "routing") for op in ("update", "delete")],
 ]
 _PG_DDL = [
     _SQLITE_DDL[0].replace(" REAL", " DOUBLE PRECISION"),
     _SQLITE_DDL[1].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
                   .replace(" REAL", " DOUBLE PRECISION"),
     _SQLITE_DDL[2],
+    _SQLITE_DDL[3].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+                  .replace(" REAL", " DOUBLE PRECISION"),
     """CREATE OR REPLACE FUNCTION ragpilot_append_only() RETURNS trigger AS $$
        BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$ LANGUAGE plpgsql""",
     *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}
           FOR EACH ROW EXECUTE FUNCTION ragpilot_append_only()"""
-      for t in ("interactions", "feedback")],
+      for t in ("interactions", "feedback", "routing")],
 ]
 
 _ADD_ERROR = "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NULL DEFAULT 0"
@@ -240,6 +247,24 @@ class InteractionStore:
         if pii_leaks:
             return [(c, v, float(r), pii_leaks_of(sc)) for c, v, r, sc in rows]
         return [(c, v, float(r)) for c, v, r, _ in rows]
+
+    def save_routing(self, fingerprint: str, action: str, state: dict[str, Any]) -> None:
+        """Append the router's state after a change (`action` says which: `admin/traffic`,
+        `rollout/advance`, ...); `fingerprint` identifies the YAML routing it was made on."""
+        self._write([("INSERT INTO routing (ts, fingerprint, action, state) VALUES "
+                      "(:ts, :fp, :action, :state)",
+                      {"ts": time.time(), "fp": fingerprint, "action": action,
+                       "state": json.dumps(state, sort_keys=True)})])
+
+    def last_routing(self) -> dict[str, Any] | None:
+        """The newest routing row as {seq, ts, fingerprint, action, state}, or None."""
+        rows = self._read("SELECT seq, ts, fingerprint, action, state FROM routing "
+                          "ORDER BY seq DESC LIMIT 1")
+        if not rows:
+            return None
+        seq, ts, fp, action, state = rows[0]
+        return {"seq": int(seq), "ts": float(ts), "fingerprint": fp, "action": action,
+                "state": json.loads(state)}
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
