@@ -268,6 +268,36 @@ def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
     assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) == before
 
 
+def test_retrieval_code_versions_the_memo_and_the_rows(tmp_path):
+    from rl.memo import RETRIEVAL_SOURCES, RETRIEVAL_STOP, code_fingerprint, module_closure
+
+    pk = _copy_sources(tmp_path)
+    closure = module_closure(RETRIEVAL_SOURCES, RETRIEVAL_STOP, pk)
+    assert {"rag.index.bm25", "rag.index.dense", "rag.index.graph", "rag.encoders"} <= set(
+        closure)
+    assert "rag.config" not in closure and "rag.metrics.qa" not in closure
+    before = code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP, packages=pk)
+    graph = pk["rag"] / "index" / "graph.py"
+    text = graph.read_text()
+    graph.write_text(text + "\n# a comment\n")  # documentation only: same version
+    assert code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP, packages=pk) == before
+    graph.write_text(text + "\nDAMPING_FLOOR = 0.1\n")  # changed retriever code
+    assert code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP, packages=pk) != before
+    (pk["rag"] / "metrics" / "qa.py").write_text(
+        (pk["rag"] / "metrics" / "qa.py").read_text() + "\nX = 1\n")  # scoring: not retrieval
+    graph.write_text(text)
+    assert code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP, packages=pk) == before
+
+
+def test_the_memo_file_and_the_rows_key_carry_the_retrieval_version(ev):
+    from rl.evaluation import rows_version
+    from rl.memo import retrieval_version
+
+    v = retrieval_version()
+    assert ev.memo.store.path.name.endswith(f"-r{v}.sqlite")
+    assert rows_version().endswith(f"+r{v}")
+
+
 def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, monkeypatch):
     import rl.evaluation as evaluation
 

@@ -61,8 +61,9 @@ ROWS_SOURCES = ("rag.metrics", "rag.pipeline", "rag.fusion", "rag.rerank", "rag.
 the memoised candidates); with everything of the project they import they make the automatic
 part of the table key (`rows_version`)."""
 ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
-"""Not followed: retrieval and its encoders reach the rows only through `rl.memo`, whose store
-is keyed by corpus, encoder and retriever."""
+"""Not followed here: retrieval and its encoders reach the rows only through `rl.memo`, whose
+store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_version`, also
+part of `rows_version`)."""
 STAGES = ("retrieve", "rerank", "select", "generate")
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
@@ -75,11 +76,14 @@ def rows_version(quality: bool = False) -> str:
     """The scorer version in a table's key: `ROWS_VERSION` + a fingerprint of the code of
     `ROWS_SOURCES` (transitively; docstrings and comments do not count) and of
     `TunerEvaluator._compute`; with `quality`, also `QUALITY_VERSION` + the fingerprint of the
-    QualityScorer's code. A change to any of it makes every table miss the cache once."""
-    from rl.memo import code_fingerprint
+    QualityScorer's code; and the retrieval code's version (`rl.memo.retrieval_version`: the
+    candidates a row was computed from). A change to any of it makes every table miss the
+    cache once."""
+    from rl.memo import code_fingerprint, retrieval_version
 
     compute = inspect.getsource(TunerEvaluator._compute)
-    v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, [compute])}"
+    v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, [compute])}" \
+        f"+r{retrieval_version()}"
     if quality:
         v += f":{QUALITY_VERSION}-{code_fingerprint(QUALITY_SOURCES, ROWS_STOP)}"
     return v

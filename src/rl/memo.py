@@ -14,11 +14,14 @@ is a recombination of cached candidate lists.
 `code_fingerprint` versions a cache by the code that fills it (the normalised source of a set
 of modules and everything of the project they import): `rl.evaluation` keys its per-query
 tables with it, so changed scoring or stage code misses the cache instead of reusing stale rows.
+The memo file itself is versioned by `retrieval_version()` (the retrievers' and encoders' code),
+so a changed retriever recomputes its candidate lists (and, through `rows_version`, the rows).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import json
@@ -37,6 +40,11 @@ from rag.indexset import IndexSet
 from rag.types import Hit
 
 DEPTH = 100
+RETRIEVAL_SOURCES = ("rag.index", "rag.indexset", "rag.encoders")
+"""Modules whose code decides a memoised candidate list or query embedding."""
+RETRIEVAL_STOP = ("rag.corpus", "rag.config", "rag.errors")
+"""Not followed: the corpus is keyed by its content fingerprint, retriever parameters by the
+keyword arguments in each memo key, and error messages change no result."""
 
 
 class MemoStore:
@@ -157,7 +165,8 @@ class MemoIndexSet:
         self.corpus = indexes.corpus
         self.encoder_name = indexes.encoder_name
         fp = indexes.corpus.fingerprint()
-        self.store = MemoStore(Path(store_dir) / f"memo-{fp}-{indexes.encoder_name}.sqlite")
+        self.store = MemoStore(Path(store_dir) / f"memo-{fp}-{indexes.encoder_name}-"
+                                                 f"r{retrieval_version()}.sqlite")
         self._cost = _Cost()
         self._wrapped: dict[str, Any] = {}
 
@@ -300,3 +309,10 @@ def code_fingerprint(modules: Sequence[str], stop: Sequence[str] = (),
     for src in extra:
         h.update(f"\0{normalized_code(src)}".encode())
     return h.hexdigest()[:12]
+
+
+@functools.cache
+def retrieval_version() -> str:
+    """Fingerprint of the retrieval code (`RETRIEVAL_SOURCES` and what they import, minus
+    `RETRIEVAL_STOP`): part of the memo file's name and of `rl.evaluation.rows_version`."""
+    return code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP)
