@@ -29,6 +29,17 @@ CANARY_ID = RAGConfig(**BASE, **CANARY).config_hash
 SHADOW_ID = RAGConfig(**BASE, **SHADOW).config_hash
 
 
+def serve_args(store: Path) -> dict:
+    return {"store_url": str(store), "auth": {"keys_file": str(store.parent / "keys.json")},
+            "base": BASE, "canary": CANARY, "shadow": SHADOW,
+            "traffic": {"canary_percent": 25.0, "shadow_percent": 0.0},
+            # every request here comes from 127.0.0.1 (one rate-limit client per address/key):
+            # the token bucket is tested in-process (test_serving_auth.py), the queue here
+            "limits": {"max_inflight": 8, "rate_per_s": 1000.0, "burst": 1000.0},
+            "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
+            "max_variants": 4, "rollout_dir": str(store.parent / "rollout")}
+
+
 @pytest.fixture(scope="session")
 def served(tmp_path_factory):
     import ray
@@ -45,15 +56,8 @@ def served(tmp_path_factory):
 
     store = tmp_path_factory.mktemp("serve") / "interactions.sqlite"
     token, _ = KeyFile(store.parent / "keys.json").create("admin", name="test")
-    args = {"store_url": str(store), "auth": {"keys_file": str(store.parent / "keys.json")}, "base": BASE, "canary": CANARY, "shadow": SHADOW,
-            "traffic": {"canary_percent": 25.0, "shadow_percent": 0.0},
-            # every request here comes from 127.0.0.1 (one rate-limit client per address/key):
-            # the token bucket is tested in-process (test_serving_auth.py), the queue here
-            "limits": {"max_inflight": 8, "rate_per_s": 1000.0, "burst": 1000.0},
-            "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
-            "max_variants": 4, "rollout_dir": str(store.parent / "rollout")}
     t0 = time.perf_counter()
-    url = start_local(args, port=netns.free_port())
+    url = start_local(serve_args(store), port=netns.free_port())
     print(f"serve app ready in {time.perf_counter() - t0:.1f} s "
           f"(private netns: {netns.in_private_netns()})")
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
@@ -330,6 +334,27 @@ def test_rollout_admin_api_drives_the_router(served):
     assert client.get("/admin/traffic").json()["stable"] == STABLE_ID
     assert _ask(client, "Where was person 3 born?").json()["variant_id"] == STABLE_ID
     client.post("/admin/traffic", json={"canary_config": CANARY_ID, "canary_percent": 25.0})
+
+
+def test_a_restarted_app_serves_the_last_split(served):
+    """Last in this file: it restarts Serve. A stable deployed at run time (its own app) is
+    deployed again from the stored routing and serves after the restart."""
+    from serving import netns
+    from serving.launch import start_local, stop_local
+
+    client, store = served
+    new = RAGConfig(**BASE, variant="bm25", k=4).config_hash
+    r = client.post("/admin/traffic", json={"stable": {"variant": "bm25", "k": 4},
+                                            "canary_percent": 0.0})
+    assert r.status_code == 200 and r.json()["stable"] == new, r.text
+    stop_local()
+    url = start_local(serve_args(store), port=netns.free_port())
+    with httpx.Client(base_url=url, timeout=60.0, headers=dict(client.headers)) as c2:
+        t = c2.get("/admin/traffic").json()
+        assert (t["stable"], t["canary_percent"]) == (new, 0.0), t
+        assert t["restored"]["action"] == "admin/traffic"
+        assert _ask(c2, "Where was person 3 born?").json()["variant_id"] == new
+        assert new in c2.get("/healthz").json()["variants"]
 
 
 def _batch(kind: str, n_c: int, n_s: int) -> dict:
