@@ -124,8 +124,10 @@ def test_name_lookup_search_path_committed_model_and_env_override(tmp_path, monk
     committed = Path(__file__).resolve().parents[1] / "bench/results/reward_models/quality-rm"
     assert committed.parent == rmod.BUNDLED_ROOT and (committed / "v1/manifest.json").exists()
     assert rmod.search_roots() == [tmp_path / "cache/reward_models", rmod.BUNDLED_ROOT]
-    default = load_reward_model("quality-rm")
-    assert default.path == committed / "v1" and default.manifest["name"] == "quality-rm"
+    newest = max((d for d in committed.iterdir() if d.name.startswith("v")),
+                 key=lambda d: int(d.name[1:]))
+    default = load_reward_model("quality-rm")  # the newest committed version
+    assert default.path == newest and default.manifest["name"] == "quality-rm"
     assert rmod.load_default().path == default.path
     assert load_reward_model("quality-rm/v1").path == committed / "v1"
     # a model saved to the cache (the default save root) shadows the committed one
