@@ -509,8 +509,9 @@ def test_auto_ranker_loads_the_installed_reward_model(tmp_path, monkeypatch):
     monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
     ex = _toy_examples()[0]
     name, rank = make_ranker("auto")
-    assert name == "reward_model:quality-rm/v1" and rank.ranker_name == name
-    rm = rmod.load_default()
+    rm = rmod.load_default()  # the newest committed version
+    assert rm.path.parent == rmod.BUNDLED_ROOT / "quality-rm"
+    assert name == f"reward_model:quality-rm/{rm.path.name}" and rank.ranker_name == name
     town = ex.answers[0]
     # scored by the reward model against the cited context (all contexts without citations)
     assert rank(ex, town, [2]) == pytest.approx(rm.score(ex.question, [ex.contexts[1]], town))
