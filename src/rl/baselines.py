@@ -9,6 +9,11 @@ space once on the whole tuning split: the ceiling any static config can reach.
     optuna_search   Ray Tune's OptunaSearch (TPE) driven step by step in this process
     bandit_search   UCB1 or Thompson over a seeded subset of the grid (budget / 3 arms)
 A method's answer is its *incumbent*: the config with the best mean observed reward so far.
+
+Budgets count `unit="steps"` (every evaluation, the default) or `unit="configs"` (distinct
+configs evaluated: what a tuning run costs when tables are cached, since a config's first
+evaluation computes its per-query table for the whole split and a revisit reads it in ~1 ms;
+`max_steps`, default 10 × budget, bounds the revisits).
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ class _Budget:
                            "incumbent": inc.config_hash})
         return r
 
+    def more(self, budget: int, unit: str = "steps", max_steps: int | None = None) -> bool:
+        """Whether another evaluation fits: fewer than `budget` steps (unit "steps") or distinct
+        configs (unit "configs", and fewer than `max_steps` steps, default 10 × budget)."""
+        if unit == "steps":
+            return len(self.curve) < budget
+        if unit != "configs":
+            raise ValueError(f"unit: must be steps or configs, got {unit!r}")
+        return len(self.sums) < budget and len(self.curve) < (max_steps or 10 * budget)
+
     def incumbent(self) -> RAGConfig:
         h = max(self.sums, key=lambda k: (np.mean(self.sums[k]), len(self.sums[k])))
         return self.configs[h]
@@ -89,16 +103,18 @@ def random_action(space: ConfigSpace, rng: np.random.Generator) -> RAGConfig:
                       space.prompts[rng.integers(len(space.prompts))])
 
 
-def random_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
+def random_search(ev: TunerEvaluator, budget: int, seed: int = 0,
+                  unit: str = "steps") -> TuneResult:
     t0 = time.perf_counter()
     b = _Budget(ev, seed)
     rng = np.random.default_rng(seed + 1)
-    for _ in range(budget):
+    while b.more(budget, unit):
         b(random_action(b.space, rng))
     return b.result("random", t0)
 
 
-def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
+def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0,
+                  unit: str = "steps") -> TuneResult:
     """TPE through Ray Tune's `OptunaSearch` searcher, asked and told in this process (the
     cached evaluator lives here; Tune's trial actors would each reload the indexes)."""
     import optuna
@@ -115,8 +131,9 @@ def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
                    "prompt": tune.choice(list(sp.prompts))}
     searcher = OptunaSearch(OptunaSearch.convert_search_space(param_space), metric="reward",
                             mode="max", seed=seed)
-    for i in range(budget):
-        tid = f"t{i}"
+    i = 0
+    while b.more(budget, unit):
+        tid, i = f"t{i}", i + 1
         p = searcher.suggest(tid)
         r = b(sp.make(p["variant"], int(p["k"]), p["rerank"], float(p["fusion_weight"]),
                       p["prompt"]))
@@ -125,14 +142,15 @@ def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0) -> TuneResult:
 
 
 def bandit_search(ev: TunerEvaluator, budget: int, seed: int = 0, kind: str = "ucb",
-                  arms_per_pull: float = 1 / 3) -> TuneResult:
+                  arms_per_pull: float = 1 / 3, unit: str = "steps") -> TuneResult:
     """A bandit needs several pulls per arm, so it plays a seeded random subset of the grid
-    (budget × `arms_per_pull` arms, at least 2)."""
+    (budget × `arms_per_pull` arms, at least 2; with unit "configs", `budget` arms: pulls
+    after the first of each arm are revisits)."""
     t0 = time.perf_counter()
     b = _Budget(ev, seed)
     grid = list(b.space.grid())
     rng = np.random.default_rng(seed + 2)
-    n_arms = max(2, min(len(grid), int(budget * arms_per_pull)))
+    n_arms = max(2, min(len(grid), budget if unit == "configs" else int(budget * arms_per_pull)))
     pick = [grid[int(i)] for i in rng.choice(len(grid), size=n_arms, replace=False)]
     # always include the static default: a bandit deployed in practice starts from it
     if b.space.base.config_hash not in {c.config_hash for c in pick}:
@@ -140,7 +158,7 @@ def bandit_search(ev: TunerEvaluator, budget: int, seed: int = 0, kind: str = "u
     by_hash = {c.config_hash: c for c in pick}
     bandit = UCB1(list(by_hash), c=0.5) if kind == "ucb" else Thompson(
         list(by_hash), prior_mean=0.5, prior_sd=0.3, noise_sd=0.05)
-    for _ in range(budget):
+    while b.more(budget, unit):
         arm = bandit.select(rng)
         bandit.update(arm, b(by_hash[arm]))
     return b.result(f"bandit-{kind}", t0, arms=n_arms)

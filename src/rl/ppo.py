@@ -102,13 +102,29 @@ class PPOTuner:
         mean observed reward of the best config PPO evaluated while training (the incumbent);
         otherwise the incumbent. Read-out steps are evaluations and count in the budget.
         """
+        return self._run(lambda it, hist: it < iterations, log)
+
+    def train_configs(self, budget: int, max_steps: int | None = None, log=None) -> TuneResult:
+        """Train until `budget` distinct configs have been evaluated (the read-out episode's
+        worst case, `episode.length` new configs, reserved), or `max_steps` steps (default
+        10 × budget): the budget in what a run costs when revisits read cached tables."""
+        cap = max_steps or 10 * budget
+        room = budget - self.policy.episode.length
+        step = self.policy.ppo.train_batch_size
+        return self._run(lambda it, hist: len({h["config_hash"] for h in hist}) < room
+                         and len(hist) + step <= cap, log)
+
+    def _run(self, go, log=None) -> TuneResult:
         self.build()
         t0 = time.perf_counter()
-        for it in range(iterations):
+        it = 0
+        while go(it, self.env.history):
             res = self.algo.train()
             if log is not None:
                 hist = self.env.history[-self.policy.ppo.train_batch_size:]
                 log(it, _iteration_metrics(res, hist))
+            it += 1
+        iterations = it
         train_hist = list(self.env.history)
         greedy, readout = self.greedy_config()
         inc_hash, inc_mean = incumbent(train_hist)
