@@ -53,6 +53,18 @@ def test_ppo_trains_within_budget_and_checkpoints(tuner, tmp_path):
         assert np.allclose(before[k], after[k]), k
 
 
+def test_ppo_budget_in_distinct_configs(tuner):
+    n_grid = len(list(ConfigSpace(tuner.policy).grid()))
+    start = len(tuner.env.history)
+    res = tuner.train_configs(14, max_steps=40)
+    distinct = {c["config_hash"] for c in res.curve}  # this call's steps and read-out
+    # an iteration (8 steps) runs only while 14 - 4 (read-out) - 8 >= the configs seen, so the
+    # run never passes 14 distinct configs; the step cap bounds the revisits
+    assert len(distinct) <= 14 < n_grid == 24
+    assert res.evaluations == len(res.curve) <= 40 + 4 and res.extra["readout_steps"] == 4
+    assert res.extra["iterations"] >= 1 and len(tuner.env.history) > start
+
+
 def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):
     """Two arms; arm 1 pays only when feature 0 is positive. PPO as a contextual bandit must
     learn the rule, its propensities must be a distribution per query, and its logged

@@ -109,6 +109,21 @@ def test_grid_is_the_ceiling_and_baselines_keep_budget(ev, small_policy):
         assert ev.evaluate(res.best_config).reward <= max(rewards.values()) + 1e-9
 
 
+def test_budget_in_distinct_configs_counts_revisits_as_free(ev, small_policy):
+    n_grid = len(list(ConfigSpace(small_policy).grid()))
+    for res in (random_search(ev, 6, seed=1, unit="configs"),
+                optuna_search(ev, 6, seed=1, unit="configs"),
+                bandit_search(ev, 6, seed=1, kind="ucb", unit="configs")):
+        distinct = {c["config_hash"] for c in res.curve}
+        assert len(distinct) == 6 < n_grid, res.method
+        assert 6 <= res.evaluations <= 60  # revisits are steps, capped at 10x the budget
+    # a bandit plays `budget` arms: done once each was pulled
+    ucb = bandit_search(ev, 6, seed=1, kind="ucb", unit="configs")
+    assert ucb.evaluations == 6 and ucb.extra["arms"] == 6
+    with pytest.raises(ValueError, match="unit"):
+        random_search(ev, 6, seed=1, unit="tokens")
+
+
 def test_offline_evaluator_replays_real_tables(ev, small_policy):
     """The rollout's offline gate on the real stack: paired per-query rewards from the tuner's
     tables; a config compared with itself has Δ = 0 exactly, and the report's Δ is the mean of

@@ -12,8 +12,10 @@ A method's answer is its *incumbent*: the config with the best mean observed rew
 
 Budgets count `unit="steps"` (every evaluation, the default) or `unit="configs"` (distinct
 configs evaluated: what a tuning run costs when tables are cached, since a config's first
-evaluation computes its per-query table for the whole split and a revisit reads it in ~1 ms;
-`max_steps`, default 10 × budget, bounds the revisits).
+evaluation computes its per-query table for the whole split and a revisit reads it in ~1 ms).
+With "configs" a method stops at its `budget`-th distinct config; revisits before that are
+steps that cost nothing (at most 10 × budget steps). A bandit then plays `budget` arms, so it
+stops once each arm was pulled once.
 """
 
 from __future__ import annotations

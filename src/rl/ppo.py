@@ -105,27 +105,32 @@ class PPOTuner:
         return self._run(lambda it, hist: it < iterations, log)
 
     def train_configs(self, budget: int, max_steps: int | None = None, log=None) -> TuneResult:
-        """Train until `budget` distinct configs have been evaluated (the read-out episode's
-        worst case, `episode.length` new configs, reserved), or `max_steps` steps (default
-        10 × budget): the budget in what a run costs when revisits read cached tables."""
+        """Train while another iteration cannot take the run past `budget` distinct configs
+        (an iteration's `train_batch_size` steps and the read-out's `episode.length` are
+        reserved as if every step were new), or `max_steps` steps (default 10 × budget): the
+        budget in what a run costs when revisits read cached tables. Never exceeds `budget`;
+        may stop short of it by up to one iteration's steps."""
         cap = max_steps or 10 * budget
-        room = budget - self.policy.episode.length
         step = self.policy.ppo.train_batch_size
-        return self._run(lambda it, hist: len({h["config_hash"] for h in hist}) < room
+        room = budget - self.policy.episode.length - step
+        return self._run(lambda it, hist: len({h["config_hash"] for h in hist}) <= room
                          and len(hist) + step <= cap, log)
 
     def _run(self, go, log=None) -> TuneResult:
+        """Train while `go(iterations done, this call's steps)`, then read out; the result
+        covers this call's steps (a second call on the same tuner starts a new budget)."""
         self.build()
         t0 = time.perf_counter()
+        start = len(self.env.history)
         it = 0
-        while go(it, self.env.history):
+        while go(it, self.env.history[start:]):
             res = self.algo.train()
             if log is not None:
                 hist = self.env.history[-self.policy.ppo.train_batch_size:]
                 log(it, _iteration_metrics(res, hist))
             it += 1
         iterations = it
-        train_hist = list(self.env.history)
+        train_hist = list(self.env.history[start:])
         greedy, readout = self.greedy_config()
         inc_hash, inc_mean = incumbent(train_hist)
         g_mean = float(np.mean([h["reward"] for h in readout
