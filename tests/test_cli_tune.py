@@ -57,6 +57,7 @@ def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
     assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((tmp_path / "ml" / "artifacts").rglob("reward-curve.png"))
 
+    assert summary["budget_unit"] == "steps" and 1 <= summary["distinct_configs"] <= 5
     assert main(["report", "--run", str(out), "--policy", str(policy_file), "--grid"]) == 0
     report = (out / "report.md").read_text()
     assert "chosen − static default" in report and "chosen − grid best" in report
@@ -70,6 +71,15 @@ def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
     assert {"plots/pareto-cost.png", "plots/pareto-p95_latency_ms.png"} <= set(got)
 
 
+def test_tune_budget_in_distinct_configs(tmp_path, policy_file):
+    out = tmp_path / "run"
+    assert main(["tune", "--method", "random", "--budget", "4", "--budget-unit", "configs",
+                 "--policy", str(policy_file), "--out", str(out), "--no-mlflow"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget_unit"] == "configs" and summary["distinct_configs"] == 4
+    assert summary["evaluations"] >= 4  # revisits of the 8-config space are free steps
+
+
 def test_tuner_eval_prints_report(capsys):
     assert main(["tuner-eval", "--set", "variant=bm25", "--set", "k=3",
                  "--batch-size", "20"]) == 0
@@ -80,6 +90,7 @@ def test_tuner_eval_prints_report(capsys):
 @pytest.mark.parametrize(("argv", "field"), [
     (["tune", "--method", "nope"], "--method"),
     (["tune", "--budget", "0"], "--budget"),
+    (["tune", "--budget-unit", "tokens"], "--budget-unit"),
     (["tuner-eval", "--set", "k=99"], "rag.k"),
     (["tuner-eval", "--split", "nope"], "split"),
     (["report", "--run", "/nonexistent"], "--run"),

@@ -1,6 +1,7 @@
 """`ragpilot tune`, `ragpilot report` and `ragpilot tuner-eval`: the tuner from the shell.
 
     ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-hotpot
+    ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
     ragpilot report --run runs/tune-hotpot [--grid]
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
 
@@ -45,6 +46,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError("--method", f"must be one of {', '.join(METHODS)}")
     if args.budget is not None and args.budget < 1:
         raise ConfigError("--budget", "must be >= 1")
+    if args.budget_unit not in ("steps", "configs"):
+        raise ConfigError("--budget-unit", f"must be steps or configs, got {args.budget_unit!r}")
+    unit = args.budget_unit
     policy = _policy(args.policy)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -63,14 +67,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tuner.restore(args.resume)
         # the budget covers training steps and one greedy read-out episode
         iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
+        of = f"/{iters}" if unit == "steps" else ""
+
         def log(it: int, m: dict) -> None:
-            print(f"iteration {it + 1}/{iters}: " + " ".join(
+            print(f"iteration {it + 1}{of}: " + " ".join(
                 f"{k}={v:.4g}" for k, v in m.items() if "/" not in k), flush=True)
             if prom is not None:
                 prom.consume(tuner.env.history)
                 prom.flush()
 
-        res = tuner.train(iters, log=log)
+        res = tuner.train(iters, log=log) if unit == "steps" else tuner.train_configs(
+            budget, log=log)
         steps = tuner.env.history
         if args.checkpoint:
             print("checkpoint:", tuner.save(out / "checkpoint"))
@@ -81,8 +88,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         fn = {"random": baselines.random_search, "optuna": baselines.optuna_search}.get(
             args.method)
-        res = fn(ev, budget, args.seed) if fn else baselines.bandit_search(
-            ev, budget, args.seed, args.method.split("-")[1])
+        res = fn(ev, budget, args.seed, unit=unit) if fn else baselines.bandit_search(
+            ev, budget, args.seed, args.method.split("-")[1], unit=unit)
         steps = []
     if not steps:  # baselines: re-read each evaluated config's full-split numbers
         for c in res.curve:
@@ -104,7 +111,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            ev.data.examples(ev.slice.holdout_split))
     holdout.write(out / "holdout")
     summary = {"dataset": args.dataset, "method": args.method, "seed": args.seed,
-               "evaluations": res.evaluations, "wall_s": res.wall_s,
+               "evaluations": res.evaluations, "budget_unit": unit,
+               "distinct_configs": len({c["config_hash"] for c in res.curve}),
+               "wall_s": res.wall_s,
                "best_config_hash": best.config_hash, "valid": valid.to_dict(),
                "holdout": test.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -228,6 +237,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--method", default="ppo", help=" | ".join(METHODS))
     s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
     s.add_argument("--budget", type=int, help="evaluations (default 5 PPO iterations)")
+    s.add_argument("--budget-unit", default="steps",
+                   help="steps: every evaluation counts | configs: distinct configs count "
+                        "(a revisit reads the cached table; docs/architecture.md)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/tune")
     s.add_argument("--checkpoint", action="store_true", help="save the PPO checkpoint")
