@@ -70,6 +70,27 @@ def quick_policy() -> PolicyConfig:
         ppo={**PolicyConfig().ppo.model_dump(), "train_batch_size": 10, "minibatch_size": 5})
 
 
+def run_arguments() -> argparse.Namespace:
+    """The command line of the tuning benchmarks (this one and tuning_budget.py)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--budget-frac", type=float, default=0.2)
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite the markdown from the existing JSON; evaluate nothing")
+    return ap.parse_args()
+
+
+def run_plan(quick: bool, datasets: str, n_seeds: int) -> tuple[list[str], PolicyConfig,
+                                                                 list[int]]:
+    """(dataset names, policy, seeds) of a run: --quick = the synthetic world, the small space,
+    seed 0; else the named datasets, the default policy, seeds 0..n-1."""
+    if quick:
+        return ["synthetic"], quick_policy(), [0]
+    return datasets.split(","), PolicyConfig.defaults(), list(range(n_seeds))
+
+
 def value_of(ev: TunerEvaluator, cfgs) -> dict[str, float]:
     return {c.config_hash: ev.evaluate(c).reward for c in cfgs}
 
@@ -569,24 +590,13 @@ def render_only(quick: bool) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--budget-frac", type=float, default=0.2)
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the markdown from the existing JSON; evaluate nothing")
-    args = ap.parse_args()
+    args = run_arguments()
     if args.render_only:
         render_only(args.quick)
         return
     configure_runtime_env()
 
-    if args.quick:
-        names, policy, seeds = ["synthetic"], quick_policy(), [0]
-    else:
-        names, policy, seeds = args.datasets.split(","), PolicyConfig.defaults(), list(
-            range(args.seeds))
+    names, policy, seeds = run_plan(args.quick, args.datasets, args.seeds)
     rows: list = []
     details = {}
     t0 = time.perf_counter()

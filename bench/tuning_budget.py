@@ -17,7 +17,6 @@ is counted. Seeds 0..n-1, as tuning.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, make_meta, plain_row, write_results  # noqa: E402
-from bench.tuning import DATA_FILES, quick_policy  # noqa: E402
+from bench.tuning import DATA_FILES, run_arguments, run_plan  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
@@ -69,7 +68,8 @@ def run_dataset(name: str, policy: PolicyConfig, seeds: list[int], frac: float,
     grid = grid_search(ev)
     rewards = grid.extra["rewards"]
     best = max(rewards.values())
-    budget = max(policy.ppo.train_batch_size, int(frac * len(rewards)))
+    # at least one PPO iteration and its read-out (the --quick space has only 56 configs)
+    budget = max(policy.ppo.train_batch_size + policy.episode.length, int(frac * len(rewards)))
     print(f"[{name}] grid {len(rewards)} configs in {time.perf_counter() - t0:.0f}s, best "
           f"{best:.4f}, budget {budget}", flush=True)
     ds = f"{name}/valid"
@@ -129,14 +129,7 @@ def render(details: dict[str, Any], seeds: list[int]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--budget-frac", type=float, default=0.2)
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the markdown from the existing JSON; evaluate nothing")
-    args = ap.parse_args()
+    args = run_arguments()
     if args.render_only:
         import json
 
@@ -152,11 +145,7 @@ def main() -> None:
             f"{body}\n")
         return
     configure_runtime_env()
-    if args.quick:
-        names, policy, seeds = ["synthetic"], quick_policy(), [0]
-    else:
-        names, policy, seeds = args.datasets.split(","), PolicyConfig.defaults(), list(
-            range(args.seeds))
+    names, policy, seeds = run_plan(args.quick, args.datasets, args.seeds)
     rows: list = []
     details = {}
     t0 = time.perf_counter()

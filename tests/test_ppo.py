@@ -5,6 +5,7 @@ restores to the same greedy policy."""
 import numpy as np
 import pytest
 
+from rag.errors import ConfigError
 from rl.evaluation import TunerEvaluator, TuningData
 from rl.policy import PolicyConfig
 from rl.space import ConfigSpace
@@ -63,6 +64,8 @@ def test_ppo_budget_in_distinct_configs(tuner):
     assert len(distinct) <= 14 < n_grid == 24
     assert res.evaluations == len(res.curve) <= 40 + 4 and res.extra["readout_steps"] == 4
     assert res.extra["iterations"] >= 1 and len(tuner.env.history) > start
+    with pytest.raises(ConfigError, match="budget: 11 distinct configs cannot hold"):
+        tuner.train_configs(11)  # < 8 steps + the 4-step read-out
 
 
 def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rag.errors import ConfigError
 from rl.env import TunerEnv, register_evaluator
 from rl.evaluation import TunerEvaluator
 from rl.policy import PolicyConfig
@@ -113,6 +114,11 @@ class PPOTuner:
         cap = max_steps or 10 * budget
         step = self.policy.ppo.train_batch_size
         room = budget - self.policy.episode.length - step
+        if room < 0:
+            raise ConfigError("budget", f"{budget} distinct configs cannot hold one PPO "
+                                        f"iteration ({step} steps) and the read-out "
+                                        f"({self.policy.episode.length}); give at least "
+                                        f"{step + self.policy.episode.length}")
         return self._run(lambda it, hist: len({h["config_hash"] for h in hist}) <= room
                          and len(hist) + step <= cap, log)
 
