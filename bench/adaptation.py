@@ -40,8 +40,9 @@ configure_runtime_env()
 
 from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rag.fusion import normalise  # noqa: E402
 from rag.metrics.retrieval import mrr_at_k, ndcg_at_k, recall_at_k  # noqa: E402
+from rag.pipeline import mix_with_retrieval_rank  # noqa: E402
+from rag.types import Hit  # noqa: E402
 from rl.stats import paired_bootstrap  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "rl" / "reranker.yaml"
@@ -109,10 +110,10 @@ def _score_systems(data, queries, ce) -> tuple[dict[str, dict[str, list[str]]], 
         lat.append((time.perf_counter() - t0) * 1000)
         out["hybrid+ce"][qid] = [ids[i] for i in sorted(range(len(ids)),
                                                         key=lambda i: (-s[i], ids[i]))]
-        # hybrid order as a score (its fused scores are rank-monotone), min-max with CE
-        fused = 0.5 * normalise(s) + 0.5 * normalise(-np.arange(len(ids), dtype=float))
-        out["hybrid+ce-fused"][qid] = [ids[i] for i in sorted(range(len(ids)),
-                                                              key=lambda i: (-fused[i], ids[i]))]
+        # hybrid order as a score (its fused scores are rank-monotone), min-max with CE: the
+        # pipeline's `rerank_mix: 0.5`
+        out["hybrid+ce-fused"][qid] = [h.id for h in mix_with_retrieval_rank(
+            s, [Hit(0.0, i) for i in ids], 0.5)]
     return out, {"ce_ms_per_query_p50": float(np.median(lat)) if lat else float("nan"),
                  "ce_ms_per_query_mean": float(np.mean(lat)) if lat else float("nan")}
 

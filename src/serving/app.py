@@ -197,8 +197,7 @@ class Ingress:
             self.configs.setdefault(v, st["configs"][v])
             if not self._explicit_arms and v not in self.router.arms:
                 self.router.add_arm(v)
-        self.router.set_traffic(st["mode"], st["canary_percent"], st["shadow_percent"],
-                                st["canary"], st["shadow"], stable=st["stable"])
+        self.router.set_state(st)
         log.warning("routing: restored the split set by %s (row %d): stable %s, canary %s "
                     "%.1f%%, shadow %s %.1f%%", row["action"], row["seq"], st["stable"],
                     st["canary"], st["canary_percent"], st["shadow"], st["shadow_percent"])
@@ -214,9 +213,7 @@ class Ingress:
             self.store.save_routing(self._routing_fp, action,
                                     snapshot(self.router.state(), self.configs))
         except Exception as exc:  # noqa: BLE001 - any store failure: undo, say why
-            self.router.set_traffic(before["mode"], before["canary_percent"],
-                                    before["shadow_percent"], before["canary"],
-                                    before["shadow"], stable=before["stable"])
+            self.router.set_state(before)
             log.error("routing: %s not applied, the store refused it: %s: %s", action,
                       type(exc).__name__, exc)
             raise ApiError("store", f"routing not changed: the store could not record it "
@@ -671,7 +668,7 @@ def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
     A relative `store_url` path is resolved against the current directory."""
     s = _resolved(ServeSettings.from_args(args))
-    roles, configs = _variants(s, restore=True)
+    roles, configs = _variants(s)
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
@@ -683,10 +680,9 @@ def build_app(args: dict[str, Any] | None = None):
         {h: c.model_dump(mode="json") for h, c in configs.items()})
 
 
-def _variants(s: ServeSettings, restore: bool = False
-              ) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:
-    """(role -> variant id, variant id -> config) of the configs the settings deploy; with
-    `restore`, plus those of the routing stored at run time that the ingress will serve
+def _variants(s: ServeSettings) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:
+    """(role -> variant id, variant id -> config) of the configs the settings deploy, plus
+    those of the routing stored at run time that the ingress will serve
     (serving.routing_state). `roles` are always the args' own."""
     roles: dict[str, str | None] = {"stable": None, "canary": None, "shadow": None}
     configs: dict[str, RAGConfig] = {}
@@ -702,13 +698,12 @@ def _variants(s: ServeSettings, restore: bool = False
     if len(configs) > s.max_variants:
         raise ConfigError("serve.max_variants", f"{len(configs)} distinct configs to deploy; "
                                                 f"the limit is {s.max_variants}")
-    if restore:
-        extra = {h: c for h, c in restored_configs(peek(s, roles)).items() if h not in configs}
-        if len(configs) + len(extra) > s.max_variants:
-            log.warning("routing: the stored split needs %d more deployments than "
-                        "max_variants allows; serving the args", len(extra))
-        else:
-            configs.update(extra)
+    extra = {h: c for h, c in restored_configs(peek(s, roles)).items() if h not in configs}
+    if len(configs) + len(extra) > s.max_variants:
+        log.warning("routing: the stored split needs %d more deployments than max_variants "
+                    "allows; serving the args", len(extra))
+    else:
+        configs.update(extra)
     return roles, configs
 
 
@@ -744,7 +739,7 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
     from serving.pipelines import PipelineService
 
     s = _resolved(ServeSettings.from_args(args))
-    roles, configs = _variants(s, restore=True)
+    roles, configs = _variants(s)
     services = dict(services or {})
 
     def make(cfg: RAGConfig) -> LocalHandle:

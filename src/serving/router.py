@@ -25,6 +25,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +126,13 @@ class Router:
             if stable is not False:
                 self.stable = stable  # type: ignore[assignment]
             return self.state()
+
+    def set_state(self, state: dict[str, Any]) -> dict[str, object]:
+        """Set the split from a mapping shaped like `state()` (mode, percentages, stable,
+        canary, shadow): what a stored or remembered split is put back with."""
+        return self.set_traffic(state["mode"], state["canary_percent"],
+                                state["shadow_percent"], state["canary"], state["shadow"],
+                                stable=state["stable"])
 
     def state(self) -> dict[str, object]:
         return {**self.traffic.model_dump(), "stable": self.stable, "canary": self.canary,

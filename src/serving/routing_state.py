@@ -67,11 +67,10 @@ def restorable(store: InteractionStore | None, s: ServeSettings,
         log.warning("routing: stored row %d names variants without configs %s; serving the "
                     "args", row["seq"], missing)
         return None
-    for vid, cfg in state["configs"].items():
-        h = RAGConfig.from_dict(cfg, where=f"routing.configs.{vid}").config_hash
-        if h != vid:  # written by code that hashed configs differently
+    for vid, cfg in restored_configs(row).items():
+        if cfg.config_hash != vid:  # written by code that hashed configs differently
             log.warning("routing: stored config %s hashes to %s with this code; serving the "
-                        "args", vid, h)
+                        "args", vid, cfg.config_hash)
             return None
     return row
 
