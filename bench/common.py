@@ -90,12 +90,37 @@ def write_results(name: str, rows: list[dict], meta: dict, md_title: str, md_bod
     """bench/results/<name>.json + .md; a --quick run writes <name>.quick.* (not committed),
     so it never overwrites the committed full results."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}.quick" if meta.get("quick") else name
-    out = RESULTS / f"{stem}.json"
+    out = RESULTS / f"{_stem(name, meta)}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (RESULTS / f"{stem}.md").write_text(
+    write_markdown(name, meta, md_title, md_body)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return out
+
+
+def _stem(name: str, meta: dict) -> str:
+    return f"{name}.quick" if meta.get("quick") else name
+
+
+def write_markdown(name: str, meta: dict, md_title: str, md_body: str) -> Path:
+    """bench/results/<name>[.quick].md: title, the command, commit, CPUs and seed, the body."""
+    path = RESULTS / f"{_stem(name, meta)}.md"
+    path.write_text(
         f"# {md_title}\n\n`python bench/{name}.py{' --quick' if meta.get('quick') else ''}` · "
         f"commit {meta['commit'][:10]} · {meta['machine']['cpus']} CPUs · seed {meta['seed']}"
         f"\n\n{md_body}\n")
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return path
+
+
+def rerender(name: str, quick: bool, md_title: str, body) -> Path:
+    """Rewrite <name>[.quick].md from its committed JSON with `body(meta, rows)`: a changed
+    table layout without re-running the measurement."""
+    path = RESULTS / (f"{name}.quick.json" if quick else f"{name}.json")
+    data = json.loads(path.read_text())
+    out = write_markdown(name, data["meta"], md_title, body(data["meta"], data["rows"]))
+    print(f"wrote {out} from {path}")
     return out
+
+
+def rerendered_note(name: str, quick: bool) -> str:
+    return (f"Re-rendered from {name}{'.quick' if quick else ''}.json by `python bench/{name}.py "
+            f"--render-only{' --quick' if quick else ''}` (no evaluation rerun).")

@@ -28,7 +28,6 @@ PNGs (reward curves, Pareto fronts) and the adaptive policy's decision logs (JSO
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -41,7 +40,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, make_meta, plain_row, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    make_meta,
+    plain_row,
+    rerender,
+    rerendered_note,
+    write_results,
+)
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
@@ -567,26 +573,30 @@ def _adaptive(a: dict[str, Any], val: dict, hs: str) -> list[str]:
     return out
 
 
-def _write_md(meta: dict[str, Any], body: str) -> Path:
-    """tuning.md (or tuning.quick.md) with write_results' header, from an existing JSON."""
-    stem = "tuning.quick" if meta.get("quick") else "tuning"
-    path = RESULTS / f"{stem}.md"
-    path.write_text(
-        f"# {TITLE}\n\n`python bench/tuning.py{' --quick' if meta.get('quick') else ''}` · "
-        f"commit {meta['commit'][:10]} · {meta['machine']['cpus']} CPUs · seed {meta['seed']}"
-        f"\n\n{body}\n")
-    return path
-
-
 def render_only(quick: bool) -> None:
-    path = RESULTS / ("tuning.quick.json" if quick else "tuning.json")
-    data = json.loads(path.read_text())
-    meta = data["meta"]
-    meta.setdefault("rerendered", f"Re-rendered from {path.name} by `python bench/tuning.py "
-                                  f"--render-only{' --quick' if quick else ''}` (no evaluation "
-                                  "rerun).")
-    out = _write_md(meta, render_markdown(meta, data["rows"]))
-    print(f"wrote {out} from {path}")
+    def body(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+        meta.setdefault("rerendered", rerendered_note("tuning", quick))
+        return render_markdown(meta, rows)
+
+    rerender("tuning", quick, TITLE, body)
+
+
+def run_all(args, run_one) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run_one(name, policy, seeds, rows)` on every dataset of the run plan (`run_plan`):
+    (rows, meta with the policy, seeds, budget fraction, wall time and per-dataset details)."""
+    names, policy, seeds = run_plan(args.quick, args.datasets, args.seeds)
+    rows: list[dict[str, Any]] = []
+    details = {}
+    t0 = time.perf_counter()
+    for name in names:
+        details[name] = run_one(name, policy, seeds, rows)
+    datasets = {n: data_root() / DATA_FILES[n] for n in names if n in DATA_FILES}
+    meta = make_meta(0, datasets, {"quick": args.quick, "seeds": seeds,
+                                   "budget_frac": args.budget_frac,
+                                   "wall_s": time.perf_counter() - t0,
+                                   "policy": policy.model_dump(mode="json", by_alias=True),
+                                   "details": details})
+    return rows, meta
 
 
 def main() -> None:
@@ -595,19 +605,8 @@ def main() -> None:
         render_only(args.quick)
         return
     configure_runtime_env()
-
-    names, policy, seeds = run_plan(args.quick, args.datasets, args.seeds)
-    rows: list = []
-    details = {}
-    t0 = time.perf_counter()
-    for name in names:
-        details[name] = run_dataset(name, policy, seeds, rows, args.budget_frac)
-    datasets = {n: data_root() / DATA_FILES[n] for n in names if n in DATA_FILES}
-    meta = make_meta(0, datasets, {"quick": args.quick, "seeds": seeds,
-                                   "budget_frac": args.budget_frac,
-                                   "wall_s": time.perf_counter() - t0,
-                                   "policy": policy.model_dump(mode="json", by_alias=True),
-                                   "details": details})
+    rows, meta = run_all(args, lambda name, policy, seeds, rows: run_dataset(
+        name, policy, seeds, rows, args.budget_frac))
     write_results("tuning", rows, meta, TITLE, render_markdown(meta, rows))
 
 

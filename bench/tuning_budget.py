@@ -27,9 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, make_meta, plain_row, write_results  # noqa: E402
-from bench.tuning import DATA_FILES, run_arguments, run_plan  # noqa: E402
-from rag.corpus.loaders import data_root  # noqa: E402
+from bench.common import plain_row, rerender, rerendered_note, write_results  # noqa: E402
+from bench.tuning import run_all, run_arguments  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
 from rl.evaluation import TunerEvaluator, TuningData  # noqa: E402
@@ -128,35 +127,21 @@ def render(details: dict[str, Any], seeds: list[int]) -> str:
     return "\n".join(out)
 
 
+def body(meta: dict[str, Any], note: str = "") -> str:
+    return (f"{note}\n\n" if note else "") + render(meta["details"], meta["seeds"]) + \
+        f"\nWall time {meta['wall_s'] / 60:.1f} min."
+
+
 def main() -> None:
     args = run_arguments()
     if args.render_only:
-        import json
-
-        stem = "tuning_budget.quick" if args.quick else "tuning_budget"
-        data = json.loads((RESULTS / f"{stem}.json").read_text())
-        meta = data["meta"]
-        body = render(meta["details"], meta["seeds"]) + \
-            f"\nWall time {meta['wall_s'] / 60:.1f} min."
-        (RESULTS / f"{stem}.md").write_text(
-            f"# {TITLE}\n\n`python bench/tuning_budget.py{' --quick' if args.quick else ''}` · "
-            f"commit {meta['commit'][:10]} · {meta['machine']['cpus']} CPUs · seed "
-            f"{meta['seed']} (markdown re-rendered from the JSON by `--render-only`)\n\n"
-            f"{body}\n")
+        rerender("tuning_budget", args.quick, TITLE,
+                 lambda meta, rows: body(meta, rerendered_note("tuning_budget", args.quick)))
         return
     configure_runtime_env()
-    names, policy, seeds = run_plan(args.quick, args.datasets, args.seeds)
-    rows: list = []
-    details = {}
-    t0 = time.perf_counter()
-    for name in names:
-        details[name] = run_dataset(name, policy, seeds, args.budget_frac, rows)
-    datasets = {n: data_root() / DATA_FILES[n] for n in names if n in DATA_FILES}
-    meta = make_meta(0, datasets, {"quick": args.quick, "seeds": seeds,
-                                   "budget_frac": args.budget_frac,
-                                   "wall_s": time.perf_counter() - t0, "details": details})
-    body = render(details, seeds) + f"\nWall time {(time.perf_counter() - t0) / 60:.1f} min."
-    write_results("tuning_budget", rows, meta, TITLE, body)
+    rows, meta = run_all(args, lambda name, policy, seeds, rows: run_dataset(
+        name, policy, seeds, args.budget_frac, rows))
+    write_results("tuning_budget", rows, meta, TITLE, body(meta))
 
 
 if __name__ == "__main__":
