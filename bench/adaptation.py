@@ -43,7 +43,7 @@ from rag.corpus.loaders import data_root  # noqa: E402
 from rag.metrics.retrieval import mrr_at_k, ndcg_at_k, recall_at_k  # noqa: E402
 from rag.pipeline import mix_with_retrieval_rank  # noqa: E402
 from rag.types import Hit  # noqa: E402
-from rl.stats import paired_bootstrap  # noqa: E402
+from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "rl" / "reranker.yaml"
 
@@ -53,7 +53,7 @@ def _trained_reranker(args) -> tuple[str, dict[str, Any]]:
     """(model directory, training info): `--model`, the registered model of the config, or a
     fresh training run (always fresh and tiny for --quick)."""
     from rag.models import default_registry
-    from rl.alignment.reranker import RerankerTrainConfig, run_training
+    from rl.adaptation.reranker import RerankerTrainConfig, run_training
 
     cfg = RerankerTrainConfig.from_yaml(CONFIG)
     if args.quick:
@@ -82,8 +82,8 @@ def _trained_reranker(args) -> tuple[str, dict[str, Any]]:
 
 
 def _candidates(dataset: str, split: str, depth: int, limit: int | None):
-    from rl.alignment.reranker import candidate_queries, qrels_of
-    from rl.evaluation import TuningData
+    from rl.adaptation.reranker import candidate_queries, qrels_of
+    from rl.common.data import TuningData
 
     data = TuningData.open(dataset)
     examples = [e for e in data.examples(split) if e.gold_passage_ids]

@@ -47,9 +47,9 @@ from rag.generation.factory import make_generator  # noqa: E402
 from rag.metrics.qa import best_em_f1  # noqa: E402
 from rag.models import ModelRegistry, cache_dir  # noqa: E402
 from rag.types import Answer  # noqa: E402
-from rl.alignment.prefs import build_pairs, make_ranker, save_pairs, train_preferences  # noqa: E402
-from rl.alignment.quant import measure_in_subprocess  # noqa: E402
-from rl.alignment.sft import (  # noqa: E402
+from rl.adaptation.prefs import build_pairs, make_ranker, save_pairs, train_preferences  # noqa: E402
+from rl.adaptation.quant import measure_in_subprocess  # noqa: E402
+from rl.adaptation.sft import (  # noqa: E402
     GeneratorSFTConfig,
     SFTRun,
     alias_path,
@@ -59,8 +59,8 @@ from rl.alignment.sft import (  # noqa: E402
     resolve_base,
     write_registry_entry,
 )
-from rl.alignment.sft_data import hotpot_split, save_examples  # noqa: E402
-from rl.stats import paired_bootstrap  # noqa: E402
+from rl.adaptation.sft_data import hotpot_split, save_examples  # noqa: E402
+from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 
 BASE = "smollm2-135m-instruct"
 METRICS = ("f1", "em", "citation_precision", "citation_recall", "faithfulness")
@@ -105,7 +105,7 @@ def e2e_examples(test, k: int = 5):
 
     from rag.config import RAGConfig
     from rag.pipeline import Pipeline
-    from rl.evaluation import TuningData
+    from rl.common.data import TuningData
 
     data = TuningData.open("hotpotqa")
     gold = {e.id: set(e.gold_passage_ids) for e in data.dataset.examples}

@@ -3,19 +3,19 @@
     python bench/rollout_sim.py           # full: 200 runs per scenario (~1 min on 2 cores)
     python bench/rollout_sim.py --quick   # < 2 min: 40 runs per scenario, fewer OPE runs
 
-1. Promotion (`rl.rollout.PromotionStateMachine`, default `configs/rl/rollout.yaml`), seeded,
+1. Promotion (`rl.promotion.state_machine.PromotionStateMachine`, default `configs/rl/rollout.yaml`), seeded,
    200 runs per scenario. Per-request reward ~ N(0.6 + delta, 0.25) with a per-request component
    shared by both configs (correlation 0.5, so a shadow pair's difference also has sd 0.25);
    latency lognormal (median 200 ms, sigma 0.3), error rate 0.1%. Each run goes through the real
-   evaluators (`rl.evaluators`: offline replay of 2,000 queries, paired shadow batches, unpaired
+   evaluators (`rl.promotion.evaluators`: offline replay of 2,000 queries, paired shadow batches, unpaired
    canary batches at the 5% / 25% split) into the state machine with auto_advance.
    Scenarios: better (delta +0.03), worse (−0.03), equal (0), slow (+0.03 but latency x2.5,
    which breaks the p95 gate). Reported: share promoted to full, share rolled back before 25%
    (i.e. never reaching canary_25), mean requests per stage.
-2. OPE: `rl.simulate.BanditSimulator` (5 actions, 5-d contexts, epsilon 0.1) logged data of
+2. OPE: `rl.stats.simulate.BanditSimulator` (5 actions, 5-d contexts, epsilon 0.1) logged data of
    3,000 rounds, target = softmax(true logits / 0.5); 200 seeds; IPS / SNIPS / DM / DR: coverage
    of the 95% CI of the true value, bias, variance, RMSE.
-3. Sequential test: `rl.stats.SequentialTest` (5 equal looks, O'Brien–Fleming, one-sided 0.05)
+3. Sequential test: `rl.stats.sequential.SequentialTest` (5 equal looks, O'Brien–Fleming, one-sided 0.05)
    on null data (per-request differences N(0, 1), 200 per look): empirical type-I error over 200
    runs, and over 20,000 runs (vectorised with the same boundaries) for a tighter estimate.
 """
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
-from rl.evaluators import Arm, CanaryEvaluator, ShadowEvaluator  # noqa: E402
-from rl.ope import estimate_all  # noqa: E402
-from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig  # noqa: E402
-from rl.rollout_config import stage_power  # noqa: E402
-from rl.simulate import BanditSimulator  # noqa: E402
-from rl.stats import SequentialTest  # noqa: E402
+from rl.promotion.evaluators import Arm, CanaryEvaluator, ShadowEvaluator  # noqa: E402
+from rl.promotion.settings import stage_power  # noqa: E402
+from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig  # noqa: E402
+from rl.stats.ope import estimate_all  # noqa: E402
+from rl.stats.sequential import SequentialTest  # noqa: E402
+from rl.stats.simulate import BanditSimulator  # noqa: E402
 
 SEED = 0
 BASE, SD, RHO = 0.6, 0.25, 0.5
@@ -135,10 +135,10 @@ def promotion(cfg: RolloutConfig, runs: int, rows: list, md: list) -> dict:
 
 def power_table(cfg: RolloutConfig) -> list[str]:
     """Per-stage power of the configured plan for the simulated gain (+0.03, sd SD, paired
-    correlation RHO), `rl.rollout_config.stage_power`: what configs/rl/rollout.yaml claims."""
+    correlation RHO), `rl.promotion.settings.stage_power`: what configs/rl/rollout.yaml claims."""
     got = stage_power(cfg, 0.03, SD, RHO)
     return ["", f"Power per stage to detect +0.03 (per-request sd {SD}, shadow pairs correlated "
-            f"{RHO}; normal approximation, `rl.rollout_config.stage_power`):", "",
+            f"{RHO}; normal approximation, `rl.promotion.settings.stage_power`):", "",
             "| stage | candidate n at last look | effective n | fixed-sample power | "
             "sequential power (its looks and boundaries) |", "|---|---|---|---|---|",
             *[f"| {k} | {v['n']:.0f} | {v['n_effective']:.0f} | {v['fixed']:.4f} | "

@@ -7,7 +7,7 @@ HotpotQA (configs/splits/hotpotqa.json): train on `train`, select models on `val
 `test` (the holdout): supporting-passage F1 / precision / recall of the selected set, answer F1
 of the extractive reader on it, redundancy, passages used, selection latency; BC, BC+RAFT and
 BC+RAFT+PPO against retrieve-then-rerank with the same passage budget, paired bootstrap 95% CI
-(rl.stats.paired_bootstrap) of candidate - baseline. MTRAG (configs/splits/mtrag.json): answer
+(rl.stats.bootstrap.paired_bootstrap) of candidate - baseline. MTRAG (configs/splits/mtrag.json): answer
 F1, faithfulness (QualityScorer), support F1, same comparison, plus the rewrite ablation.
 Ablations (HotpotQA): K, MMR lambda (MMR rule and shaping lambda), reranker, shaping.
 Everything runs in-process; PPO uses a local Ray runtime. Writes bench/results/selection.json

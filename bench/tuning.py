@@ -10,12 +10,12 @@ Per dataset (tuning on the `valid` split, reporting on the `test` holdout):
   * PPO (RLlib), random search, Optuna TPE (Ray Tune's searcher), UCB1 and Thompson bandits,
     each with budget = 20% of G evaluations (one evaluation = a config on a 200-query batch);
     a baseline's answer is its incumbent (best mean observed reward); PPO's is its
-    recommendation (greedy config vs incumbent by observed reward, see rl.ppo), and
+    recommendation (greedy config vs incumbent by observed reward, see rl.tuner.ppo), and
     `ppo-greedy` scores the policy's greedy config itself (read out once, after the whole
     budget: it has no evaluations-to-target of its own);
   * evaluations until the incumbent reaches 95% / 99% of the grid best (full valid split);
   * holdout: each chosen config vs the static default and vs the grid-best config
-    (`rl.report.compare`): Δ of the continuous reward part with a paired bootstrap 95% CI (10k
+    (`rl.tuner.report.compare`): Δ of the continuous reward part with a paired bootstrap 95% CI (10k
     resamples over test queries), gate verdicts apart with their own evidence;
   * the shortfall against the targets: ≥ 99% of the grid best, and ≥ +10% over the static
     default on the holdout with a CI excluding 0;
@@ -50,13 +50,14 @@ from bench.common import (  # noqa: E402
 )
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
-from rl.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
-from rl.env import TunerEnv  # noqa: E402
-from rl.evaluation import TunerEvaluator, TuningData  # noqa: E402
-from rl.policy import PolicyConfig  # noqa: E402
-from rl.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
-from rl.results import TuneResult  # noqa: E402
-from rl.space import ConfigSpace  # noqa: E402
+from rl.common.data import TuningData  # noqa: E402
+from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
+from rl.tuner.env import TunerEnv  # noqa: E402
+from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
+from rl.tuner.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
+from rl.tuner.results import TuneResult  # noqa: E402
+from rl.tuner.settings import PolicyConfig  # noqa: E402
+from rl.tuner.space import ConfigSpace  # noqa: E402
 
 DATA_FILES = {"hotpotqa": "hotpotqa", "scifact": "scifact", "mtrag": "mtrag"}
 TITLE = "RL tuning: PPO vs static configs and baselines"
@@ -125,7 +126,7 @@ def _cmp(c: Comparison) -> dict[str, Any]:
 def run_dataset(name: str, policy: PolicyConfig, seeds: list[int], rows: list,
                 frac: float) -> dict[str, Any]:
     """Run everything for one dataset; append rows, return the details the markdown needs."""
-    from rl.ppo import PPOTuner
+    from rl.tuner.ppo import PPOTuner
 
     t_open = time.perf_counter()
     ev = TunerEvaluator(TuningData.open(name), policy)
@@ -292,8 +293,8 @@ def run_adaptive(ev: TunerEvaluator, configs, name: str, rows: list, log_path: P
     its decisions on the holdout, sampled from its propensities, go to a JSONL decision log,
     from which IPS / SNIPS / DR estimate the greedy policy and the best static arm (whose true
     holdout values are known here, so the estimates can be checked)."""
-    from rl.adaptive import AdaptivePolicy, QueryBandit, QueryFeatures, top_arms
-    from rl.stats import paired_bootstrap
+    from rl.stats.bootstrap import paired_bootstrap
+    from rl.tuner.adaptive import AdaptivePolicy, QueryBandit, QueryFeatures, top_arms
 
     arms = top_arms(ev, configs, m)
     feats = QueryFeatures(ev)
@@ -479,7 +480,7 @@ def _holdout(d: dict[str, Any], grid_test: float) -> list[str]:
 
     out = ["Δ = difference of the continuous reward C = αF + βR − γ·min(p95/T,2) − "
            "δ·min(cost/C_ref,2), paired bootstrap 95% CI (10k resamples of test queries); the "
-           "gate penalty λ·P is a step function and is reported apart (`rl.report`): gates of "
+           "gate penalty λ·P is a step function and is reported apart (`rl.tuner.report`): gates of "
            f"the static default: {gates(dg)}; of the grid best: {gates(gg)}. Full rewards "
            "(C − λ·P) are point values.\n",
            "| method/seed | config | test reward | Δ C vs default [95% CI] | Δ/|C default| | "
@@ -498,7 +499,7 @@ def _holdout(d: dict[str, Any], grid_test: float) -> list[str]:
 
 
 def _legacy_note(lam: float) -> str:
-    return (f"\nNote on the holdout tables below: this run predates the current `rl.report`; "
+    return (f"\nNote on the holdout tables below: this run predates the current `rl.tuner.report`; "
             f"its holdout Δs and CIs resampled the whole batch reward, gate penalties included, "
             f"and are kept as measured. A CI narrower than λ/2 = {lam / 2:g} had fewer than "
             f"2.5% of its resamples across a gate step in either tail, so it is close to the "
@@ -511,7 +512,7 @@ def _legacy_note(lam: float) -> str:
 
 def _legacy_holdout(d: dict[str, Any], val: dict, hs: str, def_test: float, grid_test: float,
                     lam: float) -> list[str]:
-    """Holdout rows of a run made before rl.report separated the gates from the bootstrap:
+    """Holdout rows of a run made before rl.tuner.report separated the gates from the bootstrap:
     its CIs resampled the whole batch reward, penalties included."""
     out = ["Holdout Δs and CIs by the earlier method (see the note at the top: † a gate step "
            "inside the CI, ‡ missing R counted as 0).\n",

@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import plain_row, rerender, rerendered_note, write_results  # noqa: E402
 from bench.tuning import run_all, run_arguments  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
-from rl.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
-from rl.evaluation import TunerEvaluator, TuningData  # noqa: E402
-from rl.policy import PolicyConfig  # noqa: E402
-from rl.results import TuneResult  # noqa: E402
+from rl.common.data import TuningData  # noqa: E402
+from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
+from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
+from rl.tuner.results import TuneResult  # noqa: E402
+from rl.tuner.settings import PolicyConfig  # noqa: E402
 
 TITLE = "Tuning budgets: evaluation steps vs distinct configs"
 UNITS = ("steps", "configs")
@@ -43,7 +44,7 @@ METHODS = ("ppo", "random", "optuna", "bandit-ucb")
 def run_method(ev: TunerEvaluator, policy: PolicyConfig, method: str, budget: int, unit: str,
                seed: int) -> TuneResult:
     if method == "ppo":
-        from rl.ppo import PPOTuner
+        from rl.tuner.ppo import PPOTuner
 
         tuner = PPOTuner(ev, policy, seed=seed)
         try:

@@ -1,7 +1,7 @@
 """Dashboards and Prometheus rules only name metrics the code exports; the rules pass promtool.
 
 The exported names come from the prometheus_client registries the code defines
-(serving.metrics.ServeMetrics, rl.prom.TunerMetrics), expanded by metric type the way the text
+(serving.metrics.ServeMetrics, rl.tuner.prometheus.TunerMetrics), expanded by metric type the way the text
 exposition writes them (counter -> NAME_total, histogram -> NAME_bucket/_sum/_count, gauge ->
 NAME), so `ragpilot_requests` (a counter without `_total`) or `ragpilot_inflight_total` (a
 gauge) are caught, not only unknown names. promtool runs when installed; under CI=true it must
@@ -35,7 +35,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",),
 
 def exported_names() -> set[str]:
     """Every sample name the code's registries can expose (label-free, by metric type)."""
-    from rl.prom import TunerMetrics
+    from rl.tuner.prometheus import TunerMetrics
     from serving.metrics import ServeMetrics
 
     names: set[str] = set()

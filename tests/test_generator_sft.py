@@ -20,7 +20,7 @@ from rag.errors import ConfigError, DataError
 from rag.generation.parse import parse_output
 from rag.metrics.qa import best_em_f1
 from rag.types import Context, Passage
-from rl.alignment.sft import (
+from rl.adaptation.sft import (
     GeneratorSFTConfig,
     SFTRun,
     alias_path,
@@ -30,7 +30,7 @@ from rl.alignment.sft import (
     merge_adapter,
     write_registry_entry,
 )
-from rl.alignment.sft_data import (
+from rl.adaptation.sft_data import (
     SFTExample,
     format_target,
     hotpot_sft_examples,
@@ -249,7 +249,7 @@ def test_teacher_distillation_through_an_openai_compatible_stub(tmp_path, monkey
 
 
 def test_encode_masks_prompt_and_fits_max_len(tiny):
-    from rl.alignment.sft import load_tokenizer
+    from rl.adaptation.sft import load_tokenizer
 
     tok = load_tokenizer(tiny)
     ex = _toy_examples()[0]
@@ -282,9 +282,9 @@ _CHILD = """
 import sys, time
 sys.path[:0] = {paths!r}
 from tests.test_generator_sft import _cfg, _toy_examples
-from rl.alignment.sft import SFTRun
+from rl.adaptation.sft import SFTRun
 from pathlib import Path
-import rl.alignment.sft as s
+import rl.adaptation.sft as s
 orig = s.SFTRun._save
 def slow_save(self, *a, **k):
     r = orig(self, *a, **k)
@@ -383,7 +383,7 @@ def test_mlflow_aliases_and_metadata(tiny, tmp_path):
     assert "checkpoints/step-000004" in arts
     # provenance (issue 9): the commit and the manifest of the examples actually trained on
     from rag.provenance import code_commit, manifest_sha256
-    from rl.alignment.sft_data import examples_manifest
+    from rl.adaptation.sft_data import examples_manifest
 
     man = examples_manifest(ex)
     assert man["dataset"] == "hotpotqa" and man["examples"] == len(ex)
@@ -401,7 +401,7 @@ def test_mlflow_aliases_and_metadata(tiny, tmp_path):
 
 
 def test_examples_manifest_of_the_hotpotqa_train_split():
-    from rl.alignment.sft_data import examples_manifest, hotpot_split
+    from rl.adaptation.sft_data import examples_manifest, hotpot_split
 
     ex = hotpot_split("train", 3)
     man = examples_manifest(ex)
@@ -448,8 +448,8 @@ def test_merged_model_is_a_selectable_generator(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("method", ["dpo", "ipo", "orpo"])
 def test_preference_training_runs(tiny, tmp_path, method):
-    from rl.alignment.prefs import build_pairs, f1_ranker, train_preferences
-    from rl.alignment.sft import load_tokenizer
+    from rl.adaptation.prefs import build_pairs, f1_ranker, train_preferences
+    from rl.adaptation.sft import load_tokenizer
 
     ex = _toy_examples()
     cfg = _cfg(tiny, prefs={"steps": 2, "batch_size": 2})
@@ -469,9 +469,9 @@ def test_preference_run_logs_provenance_and_ranker(tiny, tmp_path):
     import mlflow
 
     from rag.provenance import code_commit, manifest_sha256
-    from rl.alignment.prefs import build_pairs, make_ranker, pairs_manifest, train_preferences
-    from rl.alignment.sft import load_tokenizer
-    from rl.alignment.sft_data import examples_manifest
+    from rl.adaptation.prefs import build_pairs, make_ranker, pairs_manifest, train_preferences
+    from rl.adaptation.sft import load_tokenizer
+    from rl.adaptation.sft_data import examples_manifest
 
     ex = _toy_examples()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -503,7 +503,7 @@ def test_auto_ranker_loads_the_installed_reward_model(tmp_path, monkeypatch):
     """`ranker: auto` = the committed quality-rm (found without RAGPILOT_REWARD_MODELS), named
     in the result; f1 only when no reward model is installed anywhere."""
     import rag.metrics.reward_model as rmod
-    from rl.alignment.prefs import f1_ranker, make_ranker
+    from rl.adaptation.prefs import f1_ranker, make_ranker
 
     monkeypatch.delenv("RAGPILOT_REWARD_MODELS", raising=False)
     monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
@@ -531,7 +531,7 @@ def test_auto_ranker_loads_the_installed_reward_model(tmp_path, monkeypatch):
 def test_int8_dynamic_quantisation_and_gpu_modes_refused(tiny, tmp_path):
     import torch
 
-    from rl.alignment.quant import load_for_inference, measure
+    from rl.adaptation.quant import load_for_inference, measure
 
     fp, tok = load_for_inference(tiny, "fp32")
     q8, _ = load_for_inference(tiny, "int8")

@@ -1,5 +1,5 @@
 """Every MLflow run the project logs carries the code commit and the dataset manifest
-(sha256 of each input file, sha256 of the whole manifest): rl.tracking's eval and tuning runs
+(sha256 of each input file, sha256 of the whole manifest): rl.common.tracking's eval and tuning runs
 and the rollout transitions, logged into a temporary SQLite tracking store."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _runs(uri: str, experiment: str):
 
 
 def test_eval_and_tuning_runs_carry_commit_and_manifest(tmp_path, manifest, monkeypatch) -> None:
-    from rl.tracking import log_eval_run, log_tuning_run, tracking_uri
+    from rl.common.tracking import log_eval_run, log_tuning_run, tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tracking_uri(tmp_path / "mlflow")
@@ -76,7 +76,7 @@ def test_eval_and_tuning_runs_carry_commit_and_manifest(tmp_path, manifest, monk
 
 
 def test_rollout_transition_run_carries_commit_and_manifest_id(tmp_path, monkeypatch) -> None:
-    from rl.rollout_config import RolloutConfig, _log_mlflow
+    from rl.promotion.settings import RolloutConfig, _log_mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")

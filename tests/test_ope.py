@@ -1,10 +1,10 @@
-"""rl.ope on the seeded bandit simulator (rl.simulate), where the true policy value is known."""
+"""rl.stats.ope on the seeded bandit simulator (rl.stats.simulate), where the true policy value is known."""
 
 import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.ope import (
+from rl.stats.ope import (
     cross_fit_q,
     direct_method,
     doubly_robust,
@@ -13,7 +13,7 @@ from rl.ope import (
     ips,
     snips,
 )
-from rl.simulate import BanditSimulator
+from rl.stats.simulate import BanditSimulator
 
 
 @pytest.fixture(scope="module")

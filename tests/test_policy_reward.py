@@ -5,9 +5,9 @@ import pytest
 import yaml
 
 from rag.errors import ConfigError
-from rl.policy import DEFAULTS_PATH, PolicyConfig
-from rl.reward import StepMetrics, gates, reward
-from rl.space import ConfigSpace
+from rl.tuner.reward import StepMetrics, gates, reward
+from rl.tuner.settings import DEFAULTS_PATH, PolicyConfig
+from rl.tuner.space import ConfigSpace
 
 ISSUE_EXAMPLE = """
 policy: {bounds: {k: {min: 3, max: 32}, fusion_weight: {min: 0.0, max: 1.0}},
@@ -113,7 +113,7 @@ def test_delta_mode_moves_one_grid_step_and_clips():
 
 
 def test_robust_scaler_centres_scales_and_clips():
-    from rl.features import RobustScaler, StateTracker
+    from rl.tuner.features import RobustScaler, StateTracker
 
     rng = np.random.default_rng(0)
     x = np.column_stack([rng.normal(5, 2, 2001), np.full(2001, 7.0)])

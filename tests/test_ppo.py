@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.evaluation import TunerEvaluator, TuningData
-from rl.policy import PolicyConfig
-from rl.space import ConfigSpace
+from rl.common.data import TuningData
+from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.settings import PolicyConfig
+from rl.tuner.space import ConfigSpace
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def tuner(tmp_path_factory):
-    from rl.ppo import PPOTuner
+    from rl.tuner.ppo import PPOTuner
 
     policy = PolicyConfig.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
@@ -72,7 +73,7 @@ def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):
     """Two arms; arm 1 pays only when feature 0 is positive. PPO as a contextual bandit must
     learn the rule, its propensities must be a distribution per query, and its logged
     decisions must feed off-policy evaluation."""
-    from rl.adaptive import AdaptivePolicy, QueryBandit
+    from rl.tuner.adaptive import AdaptivePolicy, QueryBandit
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 3)).astype(np.float32)

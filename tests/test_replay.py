@@ -1,4 +1,4 @@
-"""Offline replay of the interaction log through a candidate config (rl.replay, `ragpilot
+"""Offline replay of the interaction log through a candidate config (rl.promotion.replay, `ragpilot
 rollout replay`): a log written in the export format from real pipeline answers on the
 synthetic world, replayed through a clearly better and a clearly worse candidate; bad input."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError, DataError
-from rl.policy import Thresholds
-from rl.replay import ReplayEvaluator, normalise_question, read_log, stable_rows
-from rl.rollout import PromotionStateMachine, RolloutConfig
+from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log, stable_rows
+from rl.promotion.state_machine import PromotionStateMachine, RolloutConfig
+from rl.tuner.settings import Thresholds
 from serving import rollout_cmd
 
 N = 30  # questions in the log (bm25 + extractive: ~0.1 s per replay after the scorer loads)

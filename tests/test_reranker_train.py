@@ -11,8 +11,8 @@ import pytest
 
 from rag.errors import ConfigError, DataError
 from rag.types import Example, Hit, Passage
-from rl.alignment.data import TrainItem, load_items, mine_items, save_items
-from rl.alignment.reranker import (
+from rl.adaptation.data import TrainItem, load_items, mine_items, save_items
+from rl.adaptation.reranker import (
     RerankerTrainConfig,
     item_order,
     make_batch,
@@ -115,7 +115,7 @@ def test_mining_on_real_scifact_respects_the_split():
 
     require_shared()
     from rag.corpus.hygiene import load_split
-    from rl.alignment.data import mine_from_dataset
+    from rl.adaptation.data import mine_from_dataset
 
     items = mine_from_dataset("scifact", "train", "bm25", 10, 5, 2, 6, 0)
     train = set(load_split("scifact").ids("train"))
@@ -191,7 +191,7 @@ def test_training_learns_the_toy_task(tiny_base, tmp_path):
 def test_saved_versions_register_and_become_selectable(tiny_base, tmp_path, monkeypatch):
     from rag.models import default_registry, local_registry_path, reset_default_registry
     from rag.rerank import CrossEncoderReranker, make_reranker
-    from rl.alignment.reranker import next_version_dir
+    from rl.adaptation.reranker import next_version_dir
 
     monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RAGPILOT_MODELS", raising=False)
@@ -283,7 +283,7 @@ def test_mlflow_run_carries_commit_and_every_source_manifest(tiny_base, tmp_path
     mined from several datasets tags each source's input files."""
     import mlflow
 
-    from rl.alignment.reranker import log_mlflow, training_manifest
+    from rl.adaptation.reranker import log_mlflow, training_manifest
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     sources = {"scifact": {"split": "train", "items": 3, "manifest": {

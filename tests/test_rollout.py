@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.evaluators import (
+from rl.promotion.evaluators import (
     Arm,
     CanaryEvaluator,
     EvaluationReport,
     OfflineEvaluator,
     ShadowEvaluator,
 )
-from rl.evaluators_log import arms_from_rows, offline_from_log
-from rl.rollout import (
+from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+from rl.promotion.state_machine import (
     DEFAULTS_PATH,
     PromotionStateMachine,
     RolloutConfig,
@@ -77,7 +77,7 @@ def test_default_stages_have_the_documented_power():
     """configs/rl/rollout.yaml claims power >= 0.998 per stage for +0.03 at per-request sd 0.25
     (shadow pairs correlated 0.5): computed here from the configured sample sizes, looks and
     boundaries. With one look the sequential figure is the fixed-sample z-test's."""
-    from rl.rollout_config import stage_power
+    from rl.promotion.settings import stage_power
 
     got = stage_power(RolloutConfig.from_yaml(DEFAULTS_PATH), 0.03, 0.25, rho=0.5)
     assert set(got) == {"shadow", "canary_5", "canary_25"}
@@ -171,7 +171,7 @@ def test_log_adapters_pair_shadow_rows_and_ips():
 def test_logged_latency_is_end_to_end_not_stages_plus_total():
     """The Serve ingress logs stage times and the whole replica call as `pipeline`; an arm's
     latency is that total, not its sum with the stages (which counted them twice)."""
-    from rl.evaluators_log import row_latency_ms
+    from rl.promotion.log_evaluators import row_latency_ms
 
     served = _row(1, "S", 0.5)
     served["latency_ms"] = {"retrieve": 50.0, "generate": 40.0, "pipeline": 95.0}

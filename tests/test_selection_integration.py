@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl.evaluation import TuningData
+from rl.common.data import TuningData
 from rl.selection.bc import train_bc
 from rl.selection.config import SelectionConfig
 from rl.selection.data import SelectionData

@@ -61,8 +61,8 @@ class TinyData:
 @pytest.fixture(scope="module")
 def ray_session():
     """The session's Ray runtime: joined when an earlier module started it, else started the
-    project's way (rl.ppo.init_ray); left up for later modules (one runtime per session)."""
-    from rl.ppo import init_ray
+    project's way (rl.common.runtime.init_ray); left up for later modules (one runtime per session)."""
+    from rl.common.runtime import init_ray
 
     init_ray()
 

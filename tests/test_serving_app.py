@@ -48,7 +48,7 @@ def served(tmp_path_factory):
     from serving.launch import start_local, stop_local
 
     if not netns.in_private_netns():
-        if ray.is_initialized():  # e.g. rl.ppo.init_ray in an earlier module: outside the netns
+        if ray.is_initialized():  # e.g. rl.common.runtime.init_ray in an earlier module: outside the netns
             ray.shutdown()
         if not netns.enter_private_netns():
             print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")

@@ -245,5 +245,5 @@ def test_pipeline_failure_is_an_error_row_in_the_export(tmp_path):
     assert rows[failed]["answer"] == "" and rows[failed]["features"]["error_type"] == "RuntimeError"
     summary = {r["variant_id"]: r for r in store.variant_summary()}
     assert summary[STABLE]["errors"] == 1 and summary[STABLE]["requests"] == 2
-    from rl.evaluators_log import _row_arm
+    from rl.promotion.log_evaluators import _row_arm
     assert list(_row_arm([rows[ok], rows[failed]]).error) == [False, True]

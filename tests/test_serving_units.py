@@ -206,10 +206,17 @@ def test_cli_exports_interactions(tmp_path, capsys):
 
 
 def test_pii_leak_penalty_of_the_reward_by_hand():
-    """rl.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
+    """rl.tuner.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
     (clipped to [0, 1]); no leaks change nothing."""
-    from rl.policy import PolicyConfig
-    from rl.reward import PII_LEAK_WEIGHT, StepMetrics, feedback_reward, gates, penalty, reward
+    from rl.tuner.reward import (
+        PII_LEAK_WEIGHT,
+        StepMetrics,
+        feedback_reward,
+        gates,
+        penalty,
+        reward,
+    )
+    from rl.tuner.settings import PolicyConfig
 
     p = PolicyConfig()
     t = p.thresholds.model_copy(update={"relevancy": 0.5})

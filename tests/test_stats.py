@@ -8,16 +8,13 @@ import pytest
 from scipy.stats import norm
 
 from rag.errors import ConfigError
-from rl.stats import (
+from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap, permutation_test
+from rl.stats.power import power, required_sample_size
+from rl.stats.sequential import (
     SequentialTest,
     alpha_spending,
-    bootstrap_mean_ci,
     classic_bounds,
     group_sequential_bounds,
-    paired_bootstrap,
-    permutation_test,
-    power,
-    required_sample_size,
 )
 
 # ----------------------------------------------------------------------------------- bootstrap

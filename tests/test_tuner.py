@@ -8,12 +8,13 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from rag.errors import ConfigError
-from rl.baselines import bandit_search, grid_search, optuna_search, random_search
-from rl.env import TunerEnv
-from rl.evaluation import TunerEvaluator, TuningData
-from rl.policy import PolicyConfig
-from rl.reward import StepMetrics, reward
-from rl.space import ConfigSpace
+from rl.common.data import TuningData
+from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search
+from rl.tuner.env import TunerEnv
+from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.reward import StepMetrics, reward
+from rl.tuner.settings import PolicyConfig
+from rl.tuner.space import ConfigSpace
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,7 @@ def test_offline_evaluator_replays_real_tables(ev, small_policy):
     """The rollout's offline gate on the real stack: paired per-query rewards from the tuner's
     tables; a config compared with itself has Δ = 0 exactly, and the report's Δ is the mean of
     the per-query reward differences."""
-    from rl.evaluators import OfflineEvaluator
+    from rl.promotion.evaluators import OfflineEvaluator
 
     off = OfflineEvaluator(ev, ci_method="normal")
     space = ConfigSpace(small_policy)
@@ -162,12 +163,12 @@ def test_quality_scorer_metrics_can_play_f_and_r(data, small_policy, ev, tmp_pat
     assert "q_faithfulness" not in ev.table(cfg, "valid")
 
 
-# ---- holdout comparisons (rl.report) on hand-made tables: no dataset needed --------------------
+# ---- holdout comparisons (rl.tuner.report) on hand-made tables: no dataset needed --------------------
 class _TableEvaluator:
-    """What rl.report reads of a TunerEvaluator: policy, thresholds, quality(table)."""
+    """What rl.tuner.report reads of a TunerEvaluator: policy, thresholds, quality(table)."""
 
     def __init__(self, thresholds=None):
-        from rl.policy import Thresholds
+        from rl.tuner.settings import Thresholds
 
         self.policy = PolicyConfig.defaults()
         self.thresholds = thresholds or Thresholds(faithfulness=0.75, relevancy=0.3,
@@ -188,7 +189,7 @@ def _table(F, R, lat=100.0, tokens=300.0):
 def test_batch_rewards_equal_evaluate_with_missing_gold():
     """The report's vectorised reward is `evaluate`'s: F and R are NaN-aware means (a query
     without gold of a metric is left out, not scored 0), gates and penalties included."""
-    from rl.report import batch_rewards
+    from rl.tuner.report import batch_rewards
 
     stub = _TableEvaluator()
     rng = np.random.default_rng(0)
@@ -207,7 +208,7 @@ def test_compare_bootstraps_the_continuous_reward_and_reports_gates_apart():
     bootstrap, resamples where it fails add λ = 1 to Δ and the 'CI' spans ~[-0.2, +0.8]. The
     report's CI is the continuous part's (narrow, below 0) and the gate is reported apart, as a
     marginal pass with its own interval."""
-    from rl.report import compare_tables
+    from rl.tuner.report import compare_tables
 
     stub = _TableEvaluator()
     n = 150
@@ -230,8 +231,8 @@ def test_compare_bootstraps_the_continuous_reward_and_reports_gates_apart():
 
 
 def test_power_plan_from_per_query_faithfulness():
-    from rl.report import power_plan
-    from rl.stats import required_sample_size
+    from rl.stats.power import required_sample_size
+    from rl.tuner.report import power_plan
 
     stub = _TableEvaluator()
     rng = np.random.default_rng(2)
@@ -257,8 +258,8 @@ def _copy_sources(tmp_path):
 
 
 def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
-    from rl.evaluation import ROWS_SOURCES, ROWS_STOP
-    from rl.memo import code_fingerprint, module_closure
+    from rl.common.fingerprint import code_fingerprint, module_closure
+    from rl.tuner.evaluator import ROWS_SOURCES, ROWS_STOP
 
     pk = _copy_sources(tmp_path)
     closure = module_closure(ROWS_SOURCES, ROWS_STOP, pk)
@@ -284,7 +285,8 @@ def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
 
 
 def test_retrieval_code_versions_the_memo_and_the_rows(tmp_path):
-    from rl.memo import RETRIEVAL_SOURCES, RETRIEVAL_STOP, code_fingerprint, module_closure
+    from rl.common.fingerprint import code_fingerprint, module_closure
+    from rl.common.memo import RETRIEVAL_SOURCES, RETRIEVAL_STOP
 
     pk = _copy_sources(tmp_path)
     closure = module_closure(RETRIEVAL_SOURCES, RETRIEVAL_STOP, pk)
@@ -305,8 +307,8 @@ def test_retrieval_code_versions_the_memo_and_the_rows(tmp_path):
 
 
 def test_the_memo_file_and_the_rows_key_carry_the_retrieval_version(ev):
-    from rl.evaluation import rows_version
-    from rl.memo import retrieval_version
+    from rl.common.memo import retrieval_version
+    from rl.tuner.evaluator import rows_version
 
     v = retrieval_version()
     assert ev.memo.store.path.name.endswith(f"-r{v}.sqlite")
@@ -314,7 +316,7 @@ def test_the_memo_file_and_the_rows_key_carry_the_retrieval_version(ev):
 
 
 def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, monkeypatch):
-    import rl.evaluation as evaluation
+    import rl.tuner.evaluator as evaluation
 
     cfg = ConfigSpace(small_policy).base
     first = ev.evaluate(cfg)
@@ -334,13 +336,13 @@ def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, m
 # ---- adaptive policy: decision log for off-policy evaluation -----------------------------------
 def test_adaptive_decision_log_feeds_ope(tmp_path):
     """The per-query policy's decisions (sampled from its propensities) go to a JSONL log of
-    (query id, features, config hash, propensity, reward) that rl.ope consumes: finite IPS,
+    (query id, features, config hash, propensity, reward) that rl.stats.ope consumes: finite IPS,
     SNIPS and DR estimates with CIs; evaluating the logging policy itself, IPS is exactly the
     mean logged reward (every weight is 1)."""
     import json
 
     from rag.config import RAGConfig
-    from rl.adaptive import DecisionLog, QueryBandit, write_decision_log
+    from rl.tuner.adaptive import DecisionLog, QueryBandit, write_decision_log
 
     rng = np.random.default_rng(0)
     n = 300

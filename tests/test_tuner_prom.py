@@ -1,4 +1,4 @@
-"""rl.prom.TunerMetrics: episodes, moving average, gate breaches, variant shares and the
+"""rl.tuner.prometheus.TunerMetrics: episodes, moving average, gate breaches, variant shares and the
 Pareto frontier, exported over HTTP on 127.0.0.1 and as a textfile."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from rag.config import RAGConfig
-from rl.policy import Thresholds
-from rl.prom import TunerMetrics, pareto_front
+from rl.tuner.prometheus import TunerMetrics, pareto_front
+from rl.tuner.settings import Thresholds
 from serving.netns import free_port
 
 

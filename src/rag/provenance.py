@@ -1,7 +1,7 @@
 """Provenance of a logged run: the code commit and the dataset manifest's sha256s, as MLflow
 tags (searchable: `tags.code_commit = '...'`, `tags.dataset_manifest_sha256 = '...'`).
 
-Every MLflow run the project logs (rl.tracking's eval and tuning runs, the demo, the rollout
+Every MLflow run the project logs (rl.common.tracking's eval and tuning runs, the demo, the rollout
 transitions, the trainers) sets these, so a number in MLflow can be traced to the code and the
 exact input files. Lives in rag (not rl) so both layers can use it.
 

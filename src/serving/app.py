@@ -377,7 +377,7 @@ class Ingress:
     @api.post("/feedback")
     async def feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """Store the user's reward. The bandit learns `policy_reward`: the reward minus
-        `pii.leak_penalty` per PII leak the answer had (`rl.reward.feedback_reward`)."""
+        `pii.leak_penalty` per PII leak the answer had (`rl.tuner.reward.feedback_reward`)."""
         self._rate_limit(request)
         ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
         learned = self._policy_reward(ack.reward, ack.pii_leaks)
@@ -390,7 +390,7 @@ class Ingress:
 
     def _policy_reward(self, reward: float, pii_leaks: float) -> float:
         """What the policy learns from a logged reward (issue 10: PII leaks feed penalty P)."""
-        from rl.reward import feedback_reward
+        from rl.tuner.reward import feedback_reward
 
         return feedback_reward(reward, pii_leaks, self.settings.pii.leak_penalty)
 
@@ -416,9 +416,9 @@ class Ingress:
     async def get_traffic(self) -> dict[str, Any]:
         return {**self.router.state(), "restored": self.restored}
 
-    # ---- evidence-gated promotion (rl.rollout; same state as `ragpilot rollout`) -----------
+    # ---- evidence-gated promotion (rl.promotion.state_machine; same state as `ragpilot rollout`) -----------
     def _rollout(self):
-        from rl.rollout import PromotionStateMachine
+        from rl.promotion.state_machine import PromotionStateMachine
 
         d = Path(self.settings.rollout_dir)
         if not (d / "state.json").exists():
@@ -453,7 +453,7 @@ class Ingress:
 
     @api.post("/admin/rollout/start")
     async def rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
-        from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+        from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
 
         for name, vid in (("candidate", body.candidate), ("stable", body.stable)):
             if vid is not None and vid not in self.handles:
@@ -468,7 +468,7 @@ class Ingress:
 
     @api.post("/admin/rollout/advance")
     async def rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
-        from rl.evaluators import EvaluationReport
+        from rl.promotion.evaluators import EvaluationReport
         from serving.rollout_cmd import reports_from_file
 
         sm = self._rollout()

@@ -6,7 +6,7 @@
     demo   -> serving.demo.run_demo(...)
     serve  -> serving.launch.run_server(config)            (the Ray Serve app, until SIGTERM)
     export-interactions -> serving.store.open_store(url).export_jsonl(out)
-    tune / report / tuner-eval -> rl.ppo.PPOTuner, rl.report, rl.evaluation.evaluate
+    tune / report / tuner-eval -> rl.tuner.ppo.PPOTuner, rl.tuner.report, rl.tuner.evaluator.evaluate
 
 Bad input (unknown config key, value out of bounds, missing file, malformed line, empty
 question) prints `error: <field or file:line>: <message>` and exits with code 2.

@@ -64,7 +64,7 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
         res = evaluate(pipe.with_config(cfg), subset)
         run_dir = res.write(out / "runs" / cfg.config_hash)
         if mlflow:
-            from rl.tracking import log_eval_run, tracking_uri
+            from rl.common.tracking import log_eval_run, tracking_uri
 
             log_eval_run("ragpilot_demo", label, cfg, res.summary, indexes.manifest,
                          tracking_uri(out), artifacts=run_dir)
@@ -86,7 +86,7 @@ def run_demo(out: Path = Path("runs/demo"), with_llm: bool = True, quick: bool =
     console.print(f"wrote {out}/summary.json and per-config predictions under {out}/runs/ "
                   f"({time.perf_counter() - t0:.1f} s)")
     if mlflow:
-        from rl.tracking import tracking_uri
+        from rl.common.tracking import tracking_uri
 
         console.print(f"MLflow experiment 'ragpilot_demo' in {tracking_uri(out)} "
                       f"(browse: .venv/bin/mlflow ui --backend-store-uri {tracking_uri(out)})")

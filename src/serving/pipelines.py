@@ -54,7 +54,7 @@ def open_served_data(dataset: str, index_dir: str | None = None,
     with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
         if index_dir:
             return IndexSet.open(index_dir, indexes=indexes), {}
-        from rl.evaluation import TuningData
+        from rl.common.data import TuningData
 
         data = TuningData.open(dataset)
         gold = {normalise_question(e.question): e for e in data.dataset.examples}

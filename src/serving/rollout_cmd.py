@@ -11,13 +11,13 @@
 
 State lives in `--state-dir` (default runs/rollout): `state.json` (resumable) and `audit.jsonl`
 (append-only, one line per transition). `--evidence` takes EvaluationReport JSON
-(`rl.evaluators`; one object, a list, or JSONL of them) or an interaction export
+(`rl.promotion.evaluators`; one object, a list, or JSONL of them) or an interaction export
 (`ragpilot export-interactions`, JSONL rows), which is turned into one report of the stage's
 kind: offline (IPS over the whole log), shadow (paired mirrored rows) or canary (split rows).
 A row's reward (and `scores[--reward-key]`) loses `--pii-penalty` (default 1.0) per PII leak
-of its answer (`scores.pii_leaks`, `rl.reward.feedback_reward`), as the serving bandit does.
+of its answer (`scores.pii_leaks`, `rl.tuner.reward.feedback_reward`), as the serving bandit does.
 `replay` re-asks every logged, served question of the stable config of the candidate config
-over the served index (`rl.replay.ReplayEvaluator`: paired, both answers scored alike) and
+over the served index (`rl.promotion.replay.ReplayEvaluator`: paired, both answers scored alike) and
 writes an offline report for `advance --evidence`; it defaults `--stable`, the gates and the
 SLO to the active rollout's and refuses a candidate or stable that is not the rollout's.
 Shadow/canary use only rows newer than the state's `row_cursor` (the newest row already
@@ -124,8 +124,8 @@ def _read_json_records(path: Path) -> list[dict[str, Any]]:
 def penalize_pii(rows: list[dict[str, Any]], reward_key: str | None = None,
                  weight: float | None = None) -> list[dict[str, Any]]:
     """Rows whose `reward` (and `scores[reward_key]`) carry the PII-leak penalty
-    (`rl.reward.feedback_reward`); rows without leaks are returned as they are."""
-    from rl.reward import PII_LEAK_WEIGHT, feedback_reward
+    (`rl.tuner.reward.feedback_reward`); rows without leaks are returned as they are."""
+    from rl.tuner.reward import PII_LEAK_WEIGHT, feedback_reward
     from serving.store import pii_leaks_of
 
     w = PII_LEAK_WEIGHT if weight is None else float(weight)
@@ -150,13 +150,13 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
                       thresholds: Any = None, pii_penalty: float | None = None) -> list[Any]:
     """EvaluationReports from an evidence file, for the rollout's current stage (interaction
     rows: rewards penalised for PII leaks, `penalize_pii`)."""
-    from rl.evaluators import (
+    from rl.promotion.evaluators import (
         CanaryEvaluator,
         EvaluationReport,
         ShadowEvaluator,
     )
-    from rl.evaluators_log import arms_from_rows, offline_from_log
-    from rl.rollout import KIND
+    from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+    from rl.promotion.state_machine import KIND
 
     recs = _read_json_records(Path(path))
     if not recs:
@@ -197,7 +197,7 @@ def _print_decision(d: Any) -> None:
 
 
 def status_dict(state_dir: str | Path) -> dict[str, Any]:
-    from rl.rollout import PromotionStateMachine
+    from rl.promotion.state_machine import PromotionStateMachine
 
     sm = PromotionStateMachine.load(state_dir)
     ok, why = sm.ready()
@@ -232,7 +232,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from rl.rollout import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+    from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
 
     cfg = RolloutConfig.from_yaml(args.config or DEFAULTS_PATH)
     if args.mlflow:
@@ -247,7 +247,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_advance(args: argparse.Namespace) -> int:
-    from rl.rollout import PromotionStateMachine
+    from rl.promotion.state_machine import PromotionStateMachine
 
     sm = PromotionStateMachine.load(_state_dir(args))
     if sm.done:
@@ -279,7 +279,7 @@ def cmd_advance(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from rl.rollout import PromotionStateMachine
+    from rl.promotion.state_machine import PromotionStateMachine
 
     if not args.reason or not args.reason.strip():
         raise ConfigError("--reason", "a rollback needs a reason")
@@ -296,7 +296,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def _active_rollout(state_dir: Path) -> Any:
     """The rollout in `state_dir` when one is active (not full / rolled back), else None."""
-    from rl.rollout import STATE_FILE, PromotionStateMachine
+    from rl.promotion.state_machine import STATE_FILE, PromotionStateMachine
 
     if not (state_dir / STATE_FILE).exists():
         return None
@@ -309,12 +309,12 @@ _REPLAY_FLAGS = {"stable": "--stable", "rows": "--log", "relevancy": "--relevanc
 
 
 def replay_report(args: argparse.Namespace) -> Any:
-    """The offline EvaluationReport of `ragpilot rollout replay` (`rl.replay`)."""
+    """The offline EvaluationReport of `ragpilot rollout replay` (`rl.promotion.replay`)."""
     from rag.config import RAGConfig
-    from rl.policy import PolicyConfig
-    from rl.replay import ReplayEvaluator, normalise_question, read_log
-    from rl.reward import PII_LEAK_WEIGHT
-    from rl.rollout import DEFAULTS_PATH, RolloutConfig
+    from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log
+    from rl.promotion.state_machine import DEFAULTS_PATH, RolloutConfig
+    from rl.tuner.reward import PII_LEAK_WEIGHT
+    from rl.tuner.settings import PolicyConfig
 
     state_dir = _state_dir(args)
     sm = _active_rollout(state_dir)
@@ -353,7 +353,7 @@ def replay_report(args: argparse.Namespace) -> Any:
 
             examples = load_dataset(args.dataset).examples
     else:
-        from rl.evaluation import TuningData
+        from rl.common.data import TuningData
 
         data = TuningData.open(args.dataset)
         indexes, examples = data.indexes, data.dataset.examples
@@ -429,7 +429,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--reward-key", help="take the reward from scores[KEY] (shadow rows)")
     s.add_argument("--pii-penalty", type=float, default=None, metavar="W",
                    help="reward lost per PII leak of a row's answer (default 1.0, "
-                        "rl.reward.PII_LEAK_WEIGHT; 0: off)")
+                        "rl.tuner.reward.PII_LEAK_WEIGHT; 0: off)")
     s.set_defaults(func=cmd_advance)
 
     s = rs.add_parser("replay", help="offline evidence: replay the logged stable requests "

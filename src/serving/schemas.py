@@ -24,7 +24,7 @@ from pydantic import (
 
 from rag.config import RAGConfig, _to_config_error
 from rag.errors import ConfigError, RagError
-from rl.reward import PII_LEAK_WEIGHT
+from rl.tuner.reward import PII_LEAK_WEIGHT
 
 
 class ApiError(RagError):
@@ -119,7 +119,7 @@ class PIISettings(_Strict):
     """Count PII in each answer into `scores.pii_leaks`: `leak` = not present in the question,
     `any` = every match."""
     leak_penalty: float = Field(PII_LEAK_WEIGHT, ge=0.0)
-    """Reward units subtracted per leak (`rl.reward.feedback_reward`) from a /feedback reward
+    """Reward units subtracted per leak (`rl.tuner.reward.feedback_reward`) from a /feedback reward
     before the bandit learns from it, and from logged rewards used as rollout evidence
     (`from_log`); 0 turns the penalty off."""
 
@@ -271,7 +271,7 @@ class RolloutStartRequest(_Strict):
 
 class RolloutAdvanceRequest(_Strict):
     reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
-    """EvaluationReport objects (rl.evaluators) to observe before trying to advance."""
+    """EvaluationReport objects (rl.promotion.evaluators) to observe before trying to advance."""
     from_log: bool = False
     """Also build the stage's report from this app's interaction log (rows since the last
     batch counted)."""

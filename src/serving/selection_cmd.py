@@ -8,7 +8,7 @@
         the ablation table of bench/selection.py (K, MMR lambda, reranker, shaping) as JSON rows.
 Training runs as Ray tasks (rl.selection.runner): BC, then RAFT (-> PPO) and one task per
 ablation arm, num_cpus=1 each, at most `--parallel` (default 2) at a time, on a local Ray
-runtime started the project's way (rl.ppo.init_ray: the machine's CPUs, dashboard off,
+runtime started the project's way (rl.common.runtime.init_ray: the machine's CPUs, dashboard off,
 loopback) or, when RAY_ADDRESS is set (`ray job submit -- ragpilot select ablate ...` sets it),
 on that cluster. `--local` trains in this process instead (debugging; same numbers for the same
 seed). Pools (memoised retrieval) are built by this process either way.

@@ -26,7 +26,7 @@ DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
 
 
 def _config(args: argparse.Namespace):
-    from rl.alignment.sft import DEFAULTS_PATH, GeneratorSFTConfig
+    from rl.adaptation.sft import DEFAULTS_PATH, GeneratorSFTConfig
 
     path = Path(args.config) if args.config else DEFAULTS_PATH
     cfg = GeneratorSFTConfig.from_yaml(path)
@@ -41,7 +41,7 @@ def _config(args: argparse.Namespace):
 
 def build_train_examples(cfg, train_jsonl: str | None) -> list:
     """--train-jsonl, else HotpotQA train split (+ positive log rows, + teacher answers)."""
-    from rl.alignment import sft_data as sd
+    from rl.adaptation import sft_data as sd
 
     if train_jsonl:
         return sd.load_examples(train_jsonl)
@@ -72,7 +72,7 @@ def train_manifest(cfg, train_jsonl: str | None, examples: list) -> dict:
     --train-jsonl file, or the HotpotQA split manifest + records (+ the interaction log), each
     with its sha256."""
     from rag.corpus.loaders import sha256_file
-    from rl.alignment import sft_data as sd
+    from rl.adaptation import sft_data as sd
 
     if train_jsonl:
         inputs = [{"path": str(train_jsonl), "sha256": sha256_file(train_jsonl)}]
@@ -86,7 +86,7 @@ def train_manifest(cfg, train_jsonl: str | None, examples: list) -> dict:
 
 
 def _eval_examples(cfg, eval_jsonl: str | None) -> list:
-    from rl.alignment import sft_data as sd
+    from rl.adaptation import sft_data as sd
 
     if eval_jsonl:
         return sd.load_examples(eval_jsonl)[: cfg.eval.n or None]
@@ -94,7 +94,7 @@ def _eval_examples(cfg, eval_jsonl: str | None) -> list:
 
 
 def _register(out: Path, name: str, merged: Path) -> Path:
-    from rl.alignment.sft import write_registry_entry
+    from rl.adaptation.sft import write_registry_entry
 
     reg = write_registry_entry(out / "models.yaml", name, merged)
     print(f"registered generator {name!r} -> {merged}")
@@ -107,7 +107,7 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
 
     configure_runtime_env()
     cfg = _config(args)
-    from rl.alignment.sft import check_qlora
+    from rl.adaptation.sft import check_qlora
 
     check_qlora(cfg)  # fail before any data or model work
     out = Path(args.out)
@@ -115,12 +115,12 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     train = build_train_examples(cfg, args.train_jsonl)
     if not train:
         raise ConfigError("generator_sft.data", "no training examples")
-    from rl.alignment.sft_data import save_examples
+    from rl.adaptation.sft_data import save_examples
 
     out.mkdir(parents=True, exist_ok=True)
     save_examples(train, out / "train.jsonl")
     if args.method == "sft":
-        from rl.alignment.sft import SFTRun, alias_path, merge_adapter
+        from rl.adaptation.sft import SFTRun, alias_path, merge_adapter
 
         run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl),
                      data_manifest=train_manifest(cfg, args.train_jsonl, train))
@@ -133,14 +133,14 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         ck = alias_path(out, "best") or alias_path(out, "latest")
         merged = merge_adapter(ck, out / "merged")
     else:
-        from rl.alignment.prefs import (
+        from rl.adaptation.prefs import (
             build_pairs,
             make_ranker,
             pairs_manifest,
             save_pairs,
             train_preferences,
         )
-        from rl.alignment.sft import (
+        from rl.adaptation.sft import (
             load_base_model,
             load_tokenizer,
             merge_adapter,
@@ -173,7 +173,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. train.max_steps=20")
     s.add_argument("--out", required=True, help="run directory (re-run to resume)")
-    s.add_argument("--train-jsonl", help="SFT examples (rl.alignment.sft_data JSONL) instead of "
+    s.add_argument("--train-jsonl", help="SFT examples (rl.adaptation.sft_data JSONL) instead of "
                                          "the configured datasets")
     s.add_argument("--eval-jsonl", help="evaluation examples (default: HotpotQA valid split)")
     s.add_argument("--policy", help="dpo/ipo/orpo: the model to align (default: base_model); "

@@ -12,7 +12,7 @@ experiment `rl_autotuner` (local SQLite under runs/ unless MLFLOW_TRACKING_URI i
 curve plot under the run's `plots/`).
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
 `--grid`) on the holdout split — Δ of the continuous reward with a paired bootstrap CI, gate
-verdicts apart with their own evidence (rl.report) — prints the queries needed to detect a
+verdicts apart with their own evidence (rl.tuner.report) — prints the queries needed to detect a
 faithfulness change of 0.03 at 80% power from the measured per-query faithfulness, draws the
 Pareto frontier and reward curve, and adds those PNGs to the tune run's MLflow run.
 """
@@ -29,7 +29,7 @@ METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid")
 
 
 def _policy(path: str | None):
-    from rl.policy import PolicyConfig
+    from rl.tuner.settings import PolicyConfig
 
     return PolicyConfig.from_yaml(path) if path else PolicyConfig.defaults()
 
@@ -37,10 +37,11 @@ def _policy(path: str | None):
 def cmd_tune(args: argparse.Namespace) -> int:
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
-    from rl import baselines
-    from rl.evaluation import TunerEvaluator, TuningData
-    from rl.report import plot_run_curve
-    from rl.tracking import log_tuning_run, tracking_uri
+    from rl.common.data import TuningData
+    from rl.common.tracking import log_tuning_run, tracking_uri
+    from rl.tuner import baselines
+    from rl.tuner.evaluator import TunerEvaluator
+    from rl.tuner.report import plot_run_curve
 
     if args.method not in METHODS:
         raise ConfigError("--method", f"must be one of {', '.join(METHODS)}")
@@ -54,11 +55,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ev = TunerEvaluator(TuningData.open(args.dataset), policy)
     budget = args.budget or 5 * policy.ppo.train_batch_size
-    from rl.prom import for_tune_run  # Prometheus export of the run (docs/operations.md)
+    from rl.tuner.prometheus import (
+        for_tune_run,  # Prometheus export of the run (docs/operations.md)
+    )
 
     prom = for_tune_run(policy, ev.thresholds, args.metrics_port, args.metrics_textfile)
     if args.method == "ppo":
-        from rl.ppo import PPOTuner
+        from rl.tuner.ppo import PPOTuner
 
         tuner = PPOTuner(ev, policy, seed=args.seed)
         if args.resume:
@@ -143,10 +146,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from rag.config import RAGConfig
-    from rl.baselines import grid_search
-    from rl.evaluation import TunerEvaluator, TuningData
-    from rl.report import compare, plot_pareto, plot_run_curve, power_plan
-    from rl.space import ConfigSpace
+    from rl.common.data import TuningData
+    from rl.tuner.baselines import grid_search
+    from rl.tuner.evaluator import TunerEvaluator
+    from rl.tuner.report import compare, plot_pareto, plot_run_curve, power_plan
+    from rl.tuner.space import ConfigSpace
 
     run = Path(args.run)
     if not (run / "summary.json").exists():
@@ -212,7 +216,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     (run / "report.md").write_text("\n".join(lines) + "\n")
     ml = summary.get("mlflow")
     if ml and plots and not args.no_mlflow:
-        from rl.tracking import log_plots
+        from rl.common.tracking import log_plots
 
         logged = log_plots(ml["uri"], ml["run_id"], plots)
         print(f"logged {', '.join(logged)} to mlflow run {ml['run_id']}")
@@ -221,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tuner_eval(args: argparse.Namespace) -> int:
-    from rl.evaluation import evaluate
+    from rl.tuner.evaluator import evaluate
     from serving.cli import _load_config
 
     cfg = _load_config(args.config, args.set)

@@ -17,7 +17,7 @@ Loading by name searches `search_roots()` in order: $RAGPILOT_REWARD_MODELS (whe
 <ragpilot cache>/reward_models (where `save()` writes by default), then the model committed with
 the code (bench/results/reward_models: a few hundred bytes of weights), so `quality-rm` resolves
 in a clean checkout. `load_default()` is the project's installed model (DEFAULT_NAME), used by
-the generator's preference ranker `auto` (rl.alignment.prefs).
+the generator's preference ranker `auto` (rl.adaptation.prefs).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from rl.selection.policy import SelectionNet, rollout
 from rl.selection.raft import train_raft
 from rl.selection.rewards import SelectionReward, selection_metrics
 from rl.selection.runner import LocalRunner
-from rl.stats import paired_bootstrap
+from rl.stats.bootstrap import paired_bootstrap
 
 LAMBDAS = (0.2, 0.4, 0.6, 0.8)
 KS = (20, 50, 100)
@@ -95,7 +95,7 @@ def _vals(res: SystemResult, metric: str) -> np.ndarray:
 
 def metric_rows(dataset: str, system: str, res: SystemResult, metrics: Sequence[str],
                 seed: int = 0) -> list[dict[str, Any]]:
-    from rl.stats import bootstrap_mean_ci
+    from rl.stats.bootstrap import bootstrap_mean_ci
 
     out = []
     for m in metrics:

@@ -1,4 +1,4 @@
-"""Pools for a dataset split, from the tuner's memoised retrieval (rl.memo, on disk under
+"""Pools for a dataset split, from the tuner's memoised retrieval (rl.common.memo, on disk under
 <cache>/tuner): a question already retrieved by the tuner or an earlier run costs a table
 lookup; a new one runs the real retrievers once and is stored for next time. Query embeddings
 are memoised the same way; passage embeddings come from the dense index's stored vectors.
@@ -15,8 +15,8 @@ from pathlib import Path
 from rag.errors import ConfigError
 from rag.models import cache_dir
 from rag.types import Example
-from rl.evaluation import TuningData
-from rl.memo import MemoIndexSet
+from rl.common.data import TuningData
+from rl.common.memo import MemoIndexSet
 from rl.selection.config import SelectionConfig
 from rl.selection.features import Pool, build_pool, retrieve_lists
 from rl.selection.rewrite import QueryRewriter

@@ -1,7 +1,7 @@
 """Candidate pools and the features a selection policy sees.
 
 A `Pool` is everything about one query that does not change during an episode: the top-K
-candidates (from the memoised retrieval lists of `rl.memo`, so nothing is re-retrieved), their
+candidates (from the memoised retrieval lists of `rl.common.memo`, so nothing is re-retrieved), their
 per-retriever ranks and scores, the rerank score, position, length, title/query overlap, the
 passage embeddings and the query embedding (memoised too). `observe()` adds what depends on the
 passages selected so far: novelty (1 - max cosine to the selected set), mean similarity, bridge

@@ -8,7 +8,7 @@ observation is a Dict with `action_mask`, as in RLlib's action-masking example).
 The critic of a cloned policy is untrained; `warm_value` first regresses the value head on
 Monte-Carlo returns of the policy's own sampled episodes so PPO's first advantages are not noise.
 
-Sized for one CPU: local Ray (rl.ppo.init_ray), num_env_runners=0, num_learners=0, small
+Sized for one CPU: local Ray (rl.common.runtime.init_ray), num_env_runners=0, num_learners=0, small
 batches (`selection.ppo`). Training queries only.
 """
 
@@ -139,7 +139,7 @@ class SelectionPPO:
                 .reporting(metrics_num_episodes_for_smoothing=20))
 
     def build(self) -> None:
-        from rl.ppo import init_ray
+        from rl.common.runtime import init_ray
 
         init_ray()
         if self.algo is None:

@@ -6,7 +6,7 @@
     value = runner.get(out)                         # results are gathered in submission order
 
 `RayRunner` joins the runtime already up (a test session's, or the task's own when this runs
-inside Ray), else `rl.ppo.init_ray`: a local runtime with the machine's CPUs, dashboard off,
+inside Ray), else `rl.common.runtime.init_ray`: a local runtime with the machine's CPUs, dashboard off,
 loopback only — or the cluster named by `RAY_ADDRESS`, which `ray job submit` sets for its
 entrypoint. Object refs passed as top-level arguments are dependencies: a task waits for the
 task that produces them, so the driver never blocks on an intermediate result. At most
@@ -44,7 +44,7 @@ class LocalRunner:
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """The task body: the project's process defaults (OMP/MKL threads, offline Hugging Face,
-    loopback Ray) in the worker too, then `fn`. A PPO stage calls `rl.ppo.init_ray`, which
+    loopback Ray) in the worker too, then `fn`. A PPO stage calls `rl.common.runtime.init_ray`, which
     returns at once here (`ray.is_initialized()` is true inside a task): no second runtime."""
     from rag.env import configure_runtime_env
 
@@ -62,7 +62,7 @@ class RayRunner:
             raise ValueError("parallel must be >= 1")
         import ray
 
-        from rl.ppo import init_ray
+        from rl.common.runtime import init_ray
 
         self.started = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
         init_ray()

@@ -14,7 +14,7 @@ Decision log for off-policy evaluation (`write_decision_log`, `DecisionLog`): th
 each query of a split *stochastically*, drawing the arm from its own action probabilities, and
 one JSONL line per query records the query id, its features, the chosen arm and config hash,
 the propensity of that choice and the reward it got. `DecisionLog.read(path).estimate(pi)` runs
-`rl.ope` (IPS, SNIPS, DM, DR) for any target policy `pi` over the same arms. (A greedy log, the
+`rl.stats.ope` (IPS, SNIPS, DM, DR) for any target policy `pi` over the same arms. (A greedy log, the
 argmax with propensity 1, could only ever evaluate itself.)
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.types import Example
-from rl.evaluation import TunerEvaluator
+from rl.tuner.evaluator import TunerEvaluator
 
 _REGISTRY: dict[str, QueryBandit] = {}
 
@@ -128,7 +128,7 @@ class AdaptivePolicy:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-        from rl.ppo import init_ray
+        from rl.common.runtime import init_ray
 
         init_ray()
         cfg = (PPOConfig().environment(ContextualEnv, env_config={"bandit": self.key,
@@ -208,7 +208,7 @@ def write_decision_log(path: str | Path, data: QueryBandit, probs: np.ndarray, s
 
 @dataclass(frozen=True)
 class DecisionLog:
-    """A decision log as arrays for `rl.ope`: ids (n), contexts `x` (n × d), actions `a` (n,
+    """A decision log as arrays for `rl.stats.ope`: ids (n), contexts `x` (n × d), actions `a` (n,
     indices into `arms`), propensities `p`, rewards `r`, and `arms` (config hashes)."""
 
     ids: list[str]
@@ -246,8 +246,8 @@ class DecisionLog:
                    np.array([r["reward"] for r in recs], dtype=np.float64), names)
 
     def estimate(self, pi: np.ndarray, **kw: Any) -> dict[str, Any]:
-        """IPS, SNIPS, DM and DR estimates (`rl.ope.estimate_all`, each an `OPEEstimate` with
+        """IPS, SNIPS, DM and DR estimates (`rl.stats.ope.estimate_all`, each an `OPEEstimate` with
         a CI) of the target policy `pi` (n × len(arms) action probabilities per logged query)."""
-        from rl.ope import estimate_all
+        from rl.stats.ope import estimate_all
 
         return estimate_all(self.x, self.a, self.p, self.r, pi, **kw)

@@ -2,7 +2,7 @@
 
     sm = PromotionStateMachine.start("runs/rollout", candidate="3f2a…", stable="9c1d…",
                                      manifest_id="hotpotqa@1a2b3c4d5e6f")
-    sm.observe(report)   # an EvaluationReport (rl.evaluators): offline, shadow or canary batch
+    sm.observe(report)   # an EvaluationReport (rl.promotion.evaluators): offline, shadow or canary batch
     sm.advance()         # one stage up when the evidence suffices, else refuses and says why
     sm.rollback("reason"); PromotionStateMachine.load("runs/rollout")  # state.json survives
 
@@ -10,7 +10,7 @@ Evidence, per stage (the stage's reports must be of the stage's kind):
   candidate  one offline report (replay, paired): 95% CI of candidate − stable reward above 0.
   shadow     paired shadow batches;  canary_5 / canary_25: unpaired canary batches.
              A group sequential test (Lan-DeMets spending, O'Brien–Fleming by default, the
-             boundaries of `rl.stats.SequentialTest`) over `looks` planned looks at equal
+             boundaries of `rl.stats.sequential.SequentialTest`) over `looks` planned looks at equal
              fractions of `max_n` candidate requests: look k is taken when the stage has
              accumulated k/looks · max_n requests; efficacy when z >= b_k, i.e. when the
              repeated-confidence lower bound diff − b_k·se is above 0 (that bound, one-sided
@@ -29,7 +29,7 @@ fraction of requests slower than `slo.latency_ms`) exceeds `slo.max_burn_rate` �
 
 Every transition is appended to `audit.jsonl` (time, from, to, reason, config hashes, dataset
 manifest id, code commit, evidence numbers); with `mlflow: true` also an MLflow run. Config,
-boundaries and audit helpers: `rl.rollout_config`."""
+boundaries and audit helpers: `rl.promotion.settings`."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
-from rl.evaluators import EvaluationReport
-from rl.rollout_config import (  # noqa: F401
+from rl.promotion.evaluators import EvaluationReport
+from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
     DEFAULTS_PATH,
     SLO,
@@ -138,7 +138,7 @@ class PromotionStateMachine:
                 raise ConfigError("state", f"rollout {old.state.rollout_id} is active at stage "
                                            f"{old.state.stage}; roll it back or pass --force")
         if code_commit is None:
-            from rl.tracking import code_commit as _commit
+            from rl.common.tracking import code_commit as _commit
 
             code_commit = _commit()
         st = RolloutState(uuid.uuid4().hex[:12], candidate, stable, manifest_id, code_commit,

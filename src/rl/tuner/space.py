@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 
 from rag.config import RAGConfig
-from rl.policy import PolicyConfig
+from rl.tuner.settings import PolicyConfig
 
 DELTA_W = 0.25
 

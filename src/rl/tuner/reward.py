@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.policy import RewardWeights, Thresholds
+from rl.tuner.settings import RewardWeights, Thresholds
 
 PII_LEAK_WEIGHT = 1.0
 """Penalty units per PII leak (per query on average for a batch; per interaction for one row)."""

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.evaluation import QueryTable, TunerEvaluator
+from rl.tuner.evaluator import QueryTable, TunerEvaluator
 
 GATES = ("faithfulness", "relevancy", "p95_latency_ms", "stable")
 
@@ -53,7 +53,7 @@ def batch_components(ev: TunerEvaluator, tab: QueryTable, idx: np.ndarray
     """For every row of `idx` (B × m query indices), what `evaluate` computes for that batch:
     `faithfulness`, `relevancy` (NaN-aware means), `p95_latency_ms`, `cost` (mean tokens),
     `quality_se` (se of the mean of αF+βR per query, NaN as 0 as in `summarize`),
-    `continuous` (C) and `penalty` (P; a NaN statistic fails its gate, as in `rl.reward.gates`).
+    `continuous` (C) and `penalty` (P; a NaN statistic fails its gate, as in `rl.tuner.reward.gates`).
     Each value is an array of length B."""
     p, t = ev.policy, ev.thresholds
     w = p.reward_weights
@@ -223,7 +223,7 @@ def compare(ev: TunerEvaluator, candidate: RAGConfig, baseline: RAGConfig, split
 @dataclass(frozen=True)
 class PowerPlan:
     """Queries needed to detect a faithfulness change `delta` at `power` (two-sided `alpha`,
-    normal approximation, `rl.stats.required_sample_size`), from measured per-query F:
+    normal approximation, `rl.stats.power.required_sample_size`), from measured per-query F:
     `sd_paired` = sd of the per-query difference candidate − baseline (shadow / offline replay:
     both configs answer the same queries), `sd` = sd of the baseline's per-query F (canary:
     different requests per arm, n per arm). `n` = queries with F for both configs."""
@@ -252,7 +252,7 @@ def _fmt_n(n: int | None) -> str:
 def power_plan(ev: TunerEvaluator, ta: QueryTable, tb: QueryTable, delta: float = 0.03,
                power: float = 0.8, alpha: float = 0.05) -> PowerPlan:
     """`PowerPlan` from two per-query tables (candidate `ta`, baseline `tb`) of one split."""
-    from rl.stats import required_sample_size
+    from rl.stats.power import required_sample_size
 
     fa, fb = ev.quality(ta)[0], ev.quality(tb)[0]
     ok = ~(np.isnan(fa) | np.isnan(fb))

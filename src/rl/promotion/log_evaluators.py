@@ -1,5 +1,5 @@
 """Adapters from logged interactions (`serving.store.InteractionStore.export_jsonl` rows, plain
-dicts) to the evaluators of `rl.evaluators`: IPS offline comparison over the log, and the
+dicts) to the evaluators of `rl.promotion.evaluators`: IPS offline comparison over the log, and the
 (stable, candidate) arms of a shadow or canary batch."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 from scipy.special import ndtri
 
 from rag.errors import ConfigError
-from rl.evaluators import Arm, EvaluationReport, Kind, _gates, _summary
-from rl.policy import Thresholds
+from rl.promotion.evaluators import Arm, EvaluationReport, Kind, _gates, _summary
+from rl.tuner.settings import Thresholds
 
 
 def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str, *,

@@ -1,5 +1,5 @@
 """Rollout policy (`RolloutConfig`, documented in configs/rl/rollout.yaml), the sequential
-boundaries and burn-rate bound the promotion state machine (`rl.rollout`) uses, and its audit
+boundaries and burn-rate bound the promotion state machine (`rl.promotion.state_machine`) uses, and its audit
 log helpers (JSONL reader, MLflow logging)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rag.config import _to_config_error
 from rag.errors import ConfigError
-from rl.policy import REPO, Thresholds
-from rl.stats import SequentialTest
+from rl.stats.sequential import SequentialTest
+from rl.tuner.settings import REPO, Thresholds
 
 DEFAULTS_PATH = REPO / "configs" / "rl" / "rollout.yaml"
 AUDIT_FILE = "audit.jsonl"
@@ -115,11 +115,11 @@ def stage_power(config: RolloutConfig, delta: float, sd: float, rho: float = 0.5
     split (5% → 19× as many), effective n = 1 / (1/n_c + 1/n_s).
 
     Per stage: `n` (candidate requests or pairs at the last look), `n_effective`, `fixed` (the
-    one-sided z-test at `config.alpha` with all of `n`, `rl.stats.power`) and `sequential` (the
+    one-sided z-test at `config.alpha` with all of `n`, `rl.stats.power.power`) and `sequential` (the
     stage's group-sequential test: its `looks` equally spaced looks and efficacy boundaries,
     power by Monte Carlo over `n_sim` seeded Brownian paths, ± ~0.001). A normal
     approximation: the evaluators' t/Welch statistics behave alike at these sample sizes."""
-    from rl.stats import power
+    from rl.stats.power import power
 
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, float]] = {}
@@ -175,7 +175,7 @@ def read_audit(state_dir: str | Path) -> list[dict[str, Any]]:
 def _log_mlflow(config: RolloutConfig, rec: dict[str, Any]) -> None:
     import mlflow
 
-    from rl.tracking import tracking_uri
+    from rl.common.tracking import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri(config.mlflow_dir))
     mlflow.set_experiment(config.mlflow_experiment)

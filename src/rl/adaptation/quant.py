@@ -4,7 +4,7 @@ GPU. Latency per generated token, peak memory, and answer quality on the same qu
 CPU int8 is torch dynamic quantisation (`torch.ao.quantization.quantize_dynamic` on every
 `nn.Linear`: int8 weights, activations quantised on the fly) — no calibration data, no GPU.
 bitsandbytes (`bnb8` = LLM.int8, `bnb4` = nf4) needs CUDA and is refused on CPU with a typed
-error. Each mode is measured in its own process (`python -m rl.alignment.quant ...`) so peak RSS
+error. Each mode is measured in its own process (`python -m rl.adaptation.quant ...`) so peak RSS
 (`ru_maxrss`) belongs to that mode alone.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from rag.errors import ConfigError
 from rag.metrics.qa import best_em_f1
-from rl.alignment.sft import generate_answers, load_tokenizer
-from rl.alignment.sft_data import SFTExample, load_examples
+from rl.adaptation.sft import generate_answers, load_tokenizer
+from rl.adaptation.sft_data import SFTExample, load_examples
 
 Mode = Literal["fp32", "int8", "bnb8", "bnb4"]
 MODES: tuple[str, ...] = ("fp32", "int8", "bnb8", "bnb4")
@@ -113,7 +113,7 @@ def measure_in_subprocess(path: str | Path, mode: str, examples_jsonl: str | Pat
                           prompt_id: str, out_json: str | Path, max_new_tokens: int = 24,
                           limit: int | None = None, threads: int = 1) -> dict[str, Any]:
     """`measure` in a fresh interpreter (clean peak RSS); returns its JSON result."""
-    cmd = [sys.executable, "-m", "rl.alignment.quant", "--model", str(path), "--mode", mode,
+    cmd = [sys.executable, "-m", "rl.adaptation.quant", "--model", str(path), "--mode", mode,
            "--examples", str(examples_jsonl), "--prompt-id", prompt_id, "--out", str(out_json),
            "--max-new-tokens", str(max_new_tokens), "--threads", str(threads)]
     if limit:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--mode", choices=MODES, default="fp32")
-    ap.add_argument("--examples", required=True, help="SFT-example JSONL (rl.alignment.sft_data)")
+    ap.add_argument("--examples", required=True, help="SFT-example JSONL (rl.adaptation.sft_data)")
     ap.add_argument("--prompt-id", default="cite_concise")
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--limit", type=int)

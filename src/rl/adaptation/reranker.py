@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rag.config import _to_config_error
 from rag.errors import ConfigError, DataError
-from rl.alignment.data import TRAIN_SPLITS, TrainItem, items_hash
+from rl.adaptation.data import TRAIN_SPLITS, TrainItem, items_hash
 
 DATASETS = ("scifact", "hotpotqa", "mtrag")
 
@@ -398,7 +398,7 @@ def quick_eval(model_dir: str | Path, spec: EvalSpec, retriever: str = "hybrid")
     """The trained model, loaded through the serving path (rag.rerank), on `spec`'s split."""
     from rag.metrics.retrieval import per_query_scores
     from rag.rerank import CrossEncoderReranker
-    from rl.evaluation import TuningData
+    from rl.common.data import TuningData
 
     data = TuningData.open(spec.dataset)
     examples = [e for e in data.examples(spec.split) if e.gold_passage_ids][: spec.queries]
@@ -500,7 +500,7 @@ def log_mlflow(cfg: RerankerTrainConfig, manifest: dict[str, Any], version_dir: 
     from mlflow.tracking import MlflowClient
 
     from rag.provenance import provenance_tags
-    from rl.tracking import code_commit, tracking_uri
+    from rl.common.tracking import code_commit, tracking_uri
 
     uri = tracking_uri(cfg.mlflow_dir)
     mlflow.set_tracking_uri(uri)
@@ -549,7 +549,7 @@ def log_mlflow(cfg: RerankerTrainConfig, manifest: dict[str, Any], version_dir: 
 # ---- the whole job ----------------------------------------------------------------------------
 def mine_all(cfg: RerankerTrainConfig, log: Callable[[str], None] | None = None
              ) -> tuple[list[TrainItem], dict[str, Any]]:
-    from rl.alignment.data import mine_from_dataset
+    from rl.adaptation.data import mine_from_dataset
 
     items: list[TrainItem] = []
     sources: dict[str, Any] = {}
@@ -575,7 +575,7 @@ def run_training(cfg: RerankerTrainConfig, *, run_dir: str | Path | None = None,
                  log: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Mine, train (resuming a matching checkpoint), evaluate, save a new version, register it
     locally and in MLflow. Returns a summary dict (the CLI prints it as JSON)."""
-    from rl.alignment.data import load_items, save_items
+    from rl.adaptation.data import load_items, save_items
 
     run_dir = Path(run_dir) if run_dir else models_root() / cfg.name / "runs" / cfg.fingerprint()
     run_dir.mkdir(parents=True, exist_ok=True)

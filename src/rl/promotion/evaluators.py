@@ -4,7 +4,7 @@ Every evaluator compares a candidate config with the stable one and returns the 
 per arm (an `ArmSummary`) the mean per-request reward, faithfulness F, relevancy R, p95 latency
 (ms), cost (tokens per request), error rate and the count of requests slower than the latency
 SLO; the reward difference candidate − stable with a 95% CI; and the candidate's hard-gate
-verdicts (`rl.policy.Thresholds`: F >= threshold, R >= threshold, p95 <= threshold; a metric that
+verdicts (`rl.tuner.settings.Thresholds`: F >= threshold, R >= threshold, p95 <= threshold; a metric that
 was not measured gives verdict None and does not fail).
 
 - `ShadowEvaluator`: mirrored traffic, so both configs answered the same requests: paired
@@ -12,12 +12,12 @@ was not measured gives verdict None and does not fail).
 - `CanaryEvaluator`: a live split, different requests per arm: unpaired (independent
   bootstraps of both arms, or Welch's normal interval).
 - `OfflineEvaluator`: a dataset split replayed through both configs with the tuner's per-query
-  tables (`TunerEvaluator.table` / `per_query_reward`): paired; `rl.evaluators_log
+  tables (`TunerEvaluator.table` / `per_query_reward`): paired; `rl.promotion.log_evaluators
   .offline_from_log` instead estimates both configs' values from a logged interaction export
   by inverse propensity scoring.
 
 The shadow and canary evaluators are pure functions of arrays (`Arm`), so they are tested and
-simulated without Serve; `rl.evaluators_log.arms_from_rows` is the thin adapter from
+simulated without Serve; `rl.promotion.log_evaluators.arms_from_rows` is the thin adapter from
 `InteractionStore.export_jsonl` rows. Bad input raises `ConfigError` naming the argument.
 """
 
@@ -33,8 +33,8 @@ from numpy.typing import ArrayLike
 from scipy.special import ndtri
 
 from rag.errors import ConfigError
-from rl.policy import Thresholds
-from rl.stats import paired_bootstrap
+from rl.stats.bootstrap import paired_bootstrap
+from rl.tuner.settings import Thresholds
 
 CIMethod = Literal["bootstrap", "normal"]
 Kind = Literal["offline", "shadow", "canary"]
@@ -294,7 +294,7 @@ class CanaryEvaluator(_Evaluator):
 
 
 class OfflineEvaluator(_Evaluator):
-    """Replay of a dataset split through both configs via `rl.evaluation.TunerEvaluator`
+    """Replay of a dataset split through both configs via `rl.tuner.evaluator.TunerEvaluator`
     per-query tables (computed once, cached): paired by query. Per-request reward is
     `TunerEvaluator.per_query_reward`; F, R, latency and tokens come from the same tables."""
 

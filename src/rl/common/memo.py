@@ -11,26 +11,19 @@ is a recombination of cached candidate lists.
 `cold_ms()` accumulates the stored cold costs of the retrievals a pipeline made since the last
 `begin()`: the evaluator adds it to the warm time so simulated latency = measured per-stage cost.
 
-`code_fingerprint` versions a cache by the code that fills it (the normalised source of a set
-of modules and everything of the project they import): `rl.evaluation` keys its per-query
-tables with it, so changed scoring or stage code misses the cache instead of reusing stale rows.
-The memo file itself is versioned by `retrieval_version()` (the retrievers' and encoders' code),
+The memo file is versioned by `retrieval_version()` (a `rl.common.fingerprint.code_fingerprint`
+of the retrievers' and encoders' code),
 so a changed retriever recomputes its candidate lists (and, through `rows_version`, the rows).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import hashlib
-import importlib.util
 import json
 import pickle
 import sqlite3
-import textwrap
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +31,7 @@ import numpy as np
 
 from rag.indexset import IndexSet
 from rag.types import Hit
+from rl.common.fingerprint import code_fingerprint
 
 DEPTH = 100
 RETRIEVAL_SOURCES = ("rag.index", "rag.indexset", "rag.encoders")
@@ -236,83 +230,8 @@ def retime(memo: MemoIndexSet, questions: set[str]) -> dict[tuple[str, str], tup
     return out
 
 
-# ---- code fingerprints: cache keys that change when the code that fills the cache does ----------
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def normalized_code(source: str) -> str:
-    """The code of `source` without comments, docstrings or layout (its AST dump): edits to
-    documentation do not change it, edits to behaviour do."""
-    return ast.dump(_strip_docstrings(ast.parse(textwrap.dedent(source))),
-                    include_attributes=False)
-
-
-def _package_dirs(packages: Sequence[str]) -> dict[str, Path]:
-    out = {}
-    for p in packages:
-        spec = importlib.util.find_spec(p)
-        if spec is not None and spec.submodule_search_locations:
-            out[p] = Path(next(iter(spec.submodule_search_locations)))
-    return out
-
-
-def _module_file(name: str, roots: dict[str, Path]) -> Path | None:
-    top, *rest = name.split(".")
-    if top not in roots:
-        return None
-    p = roots[top].joinpath(*rest)
-    if (p / "__init__.py").is_file():
-        return p / "__init__.py"
-    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
-
-
-def module_closure(modules: Sequence[str], stop: Sequence[str] = (),
-                   packages: dict[str, Path] | None = None) -> dict[str, Path]:
-    """`modules` and every project module they import, transitively (module name → source
-    file), found statically from the sources (imports inside functions included). Only modules
-    of `packages` (default: rag and rl, located by import) are followed; a module named in `stop`,
-    or inside a package named there, is neither included nor followed."""
-    roots = packages if packages is not None else _package_dirs(("rag", "rl"))
-    seen: dict[str, Path] = {}
-    todo = list(modules)
-    while todo:
-        name = todo.pop()
-        if name in seen or any(name == s or name.startswith(s + ".") for s in stop):
-            continue
-        f = _module_file(name, roots)
-        if f is None:
-            continue
-        seen[name] = f
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    return seen
-
-
-def code_fingerprint(modules: Sequence[str], stop: Sequence[str] = (),
-                     extra: Sequence[str] = (), packages: dict[str, Path] | None = None) -> str:
-    """12 hex of sha256 over the normalised code (`normalized_code`) of `module_closure(modules,
-    stop)` and of the `extra` source snippets: a version for caches whose content those modules
-    compute."""
-    h = hashlib.sha256()
-    for name, f in sorted(module_closure(modules, stop, packages).items()):
-        h.update(f"{name}\0{normalized_code(f.read_text(encoding='utf-8'))}\0".encode())
-    for src in extra:
-        h.update(f"\0{normalized_code(src)}".encode())
-    return h.hexdigest()[:12]
-
-
 @functools.cache
 def retrieval_version() -> str:
     """Fingerprint of the retrieval code (`RETRIEVAL_SOURCES` and what they import, minus
-    `RETRIEVAL_STOP`): part of the memo file's name and of `rl.evaluation.rows_version`."""
+    `RETRIEVAL_STOP`): part of the memo file's name and of `rl.tuner.evaluator.rows_version`."""
     return code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP)

@@ -3,7 +3,7 @@ call. It returns faithfulness F, relevancy R, latency p50/p95 (ms), cost (tokens
 the reward and the gate verdicts for one RAGConfig on a slice (a split, or a batch of it).
 
 How a step stays cheap (`TunerEvaluator`):
-  1. retrieval is memoised per question (`rl.memo`, on disk): cold per-retriever costs are stored;
+  1. retrieval is memoised per question (`rl.common.memo`, on disk): cold per-retriever costs are stored;
   2. the first evaluation of a config on a split runs the real pipeline stages on the memoised
      candidates (fusion, rerank, selection, generation, scoring) and stores one row of metrics
      per query — a `QueryTable`, in memory and on disk (SQLite), keyed by corpus fingerprint,
@@ -41,27 +41,26 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
-from rag.corpus.loaders import Dataset, load_dataset
 from rag.errors import ConfigError
-from rag.indexset import IndexSet
 from rag.metrics import score_answer
 from rag.models import cache_dir
 from rag.pipeline import Pipeline, Resources
 from rag.types import Answer, Example
-from rl.memo import MemoIndexSet
-from rl.policy import PolicyConfig
-from rl.reward import StepMetrics, reward
+from rl.common.data import TuningData
+from rl.common.memo import MemoIndexSet
+from rl.tuner.reward import StepMetrics, reward
+from rl.tuner.settings import PolicyConfig
 
 ROWS_VERSION = "rows-v1"
 """Manual part of the table key: bump it when rows change for a reason the code fingerprint
 cannot see (new model weights behind the same generator name, a changed data file)."""
 ROWS_SOURCES = ("rag.metrics", "rag.pipeline", "rag.fusion", "rag.rerank", "rag.generation",
-                "rl.memo")
+                "rl.common.memo")
 """Modules whose code computes a table row (scoring, fusion, rerank, selection, generation,
 the memoised candidates); with everything of the project they import they make the automatic
 part of the table key (`rows_version`)."""
 ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
-"""Not followed here: retrieval and its encoders reach the rows only through `rl.memo`, whose
+"""Not followed here: retrieval and its encoders reach the rows only through `rl.common.memo`, whose
 store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_version`, also
 part of `rows_version`)."""
 STAGES = ("retrieve", "rerank", "select", "generate")
@@ -76,10 +75,11 @@ def rows_version(quality: bool = False) -> str:
     """The scorer version in a table's key: `ROWS_VERSION` + a fingerprint of the code of
     `ROWS_SOURCES` (transitively; docstrings and comments do not count) and of
     `TunerEvaluator._compute`; with `quality`, also `QUALITY_VERSION` + the fingerprint of the
-    QualityScorer's code; and the retrieval code's version (`rl.memo.retrieval_version`: the
+    QualityScorer's code; and the retrieval code's version (`rl.common.memo.retrieval_version`: the
     candidates a row was computed from). A change to any of it makes every table miss the
     cache once."""
-    from rl.memo import code_fingerprint, retrieval_version
+    from rl.common.fingerprint import code_fingerprint
+    from rl.common.memo import retrieval_version
 
     compute = inspect.getsource(TunerEvaluator._compute)
     v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, [compute])}" \
@@ -87,45 +87,6 @@ def rows_version(quality: bool = False) -> str:
     if quality:
         v += f":{QUALITY_VERSION}-{code_fingerprint(QUALITY_SOURCES, ROWS_STOP)}"
     return v
-
-
-# ---- data -----------------------------------------------------------------------------------
-@dataclass
-class TuningData:
-    """A dataset with its indexes and named splits (valid = tune on, test = holdout)."""
-
-    name: str
-    dataset: Dataset
-    indexes: IndexSet
-    splits: dict[str, list[Example]]
-
-    @classmethod
-    def open(cls, name: str, root: str | Path | None = None) -> TuningData:
-        """Load `name` (see `rag.corpus.loaders.load_dataset`), its committed split manifest
-        (configs/splits/<name>.json; the synthetic world splits itself, seed 13), and open or
-        build its indexes under `root` (default: <cache>/indexes/<name>-<fingerprint>)."""
-        from rag.corpus.hygiene import load_split, stratified_split
-
-        ds = load_dataset(name)
-        if name == "synthetic":
-            manifest = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13,
-                                        name=name)
-        else:
-            manifest = load_split(name)
-        by_id = {e.id: e for e in ds.examples}
-        splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.splits.items()}
-        splits = {s: ex for s, ex in splits.items() if ex}
-        base = Path(root) if root else cache_dir() / "indexes"
-        d = base / f"{name}-{ds.corpus.fingerprint()}"
-        idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
-            ds.corpus, d, manifest=ds.manifest_dict(), show_progress=False)
-        return cls(name, ds, idx, splits)
-
-    def examples(self, split: str) -> list[Example]:
-        if split not in self.splits:
-            raise ConfigError("split", f"unknown split {split!r} for {self.name} (have: "
-                                       f"{', '.join(sorted(self.splits))})")
-        return self.splits[split]
 
 
 def _ids_fingerprint(examples: Sequence[Example]) -> str:
@@ -277,7 +238,7 @@ class TunerEvaluator:
         and shift the stored latency of every cached table of `configs` by the change, so
         tables built under load stop carrying its spikes. Fusion, rerank scoring and
         generation times stay as measured. Returns the number of tables updated."""
-        from rl.memo import retime
+        from rl.common.memo import retime
 
         ex = self.data.examples(split)
         changes = retime(self.memo, {e.question for e in ex})

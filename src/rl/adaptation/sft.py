@@ -36,7 +36,7 @@ from rag.errors import ConfigError
 from rag.generation.parse import parse_output
 from rag.generation.prompts import get_prompt
 from rag.metrics.qa import best_em_f1
-from rl.alignment.sft_data import SFTExample, examples_manifest
+from rl.adaptation.sft_data import SFTExample, examples_manifest
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULTS_PATH = REPO / "configs" / "rl" / "generator_sft.yaml"
@@ -623,7 +623,7 @@ class _Tracker:
         import mlflow
 
         from rag.provenance import provenance_tags
-        from rl.tracking import tracking_uri
+        from rl.common.tracking import tracking_uri
 
         self.mlflow, self.run = mlflow, run
         uri = run.mlflow_uri or tracking_uri(run.cfg.mlflow.dir)

@@ -112,11 +112,11 @@ def mine_from_dataset(name: str, split: str, retriever: str, depth: int, n_hard:
                       n_easy: int, max_queries: int | None, seed: int,
                       info: dict | None = None) -> list[TrainItem]:
     """Mine `name`'s `split` (must be a train split) with the project's own retrieval over the
-    dataset's cached indexes (`rl.evaluation.TuningData`: corpus, indexes, split manifest).
+    dataset's cached indexes (`rl.common.data.TuningData`: corpus, indexes, split manifest).
     `info`, when given, receives the dataset manifest (`info["manifest"]`) for provenance."""
     from rag.config import RAGConfig
     from rag.pipeline import Pipeline
-    from rl.evaluation import TuningData
+    from rl.common.data import TuningData
 
     if split not in TRAIN_SPLITS:
         raise ConfigError(f"reranker.data.sources.{name}.split",

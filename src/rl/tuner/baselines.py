@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.bandit import UCB1, Thompson
-from rl.evaluation import TunerEvaluator
-from rl.results import TuneResult
-from rl.space import ConfigSpace
+from rl.tuner.bandit import UCB1, Thompson
+from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.results import TuneResult
+from rl.tuner.space import ConfigSpace
 
 
 class _Budget:

@@ -20,7 +20,6 @@ converged within the budget should not displace the best evidence it gathered.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -31,28 +30,11 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.env import TunerEnv, register_evaluator
-from rl.evaluation import TunerEvaluator
-from rl.policy import PolicyConfig
-from rl.results import TuneResult, curve_from_history
-
-
-def init_ray(num_cpus: int | None = None) -> None:
-    """Local Ray by default (CPU count from the machine, dashboard off, quiet logs); joins an
-    existing cluster when RAY_ADDRESS is set (`ray job submit` sets it)."""
-    import ray
-
-    from rag.env import configure_runtime_env
-
-    configure_runtime_env()
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        return
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR", configure_logging=True,
-             object_store_memory=200 * 1024 * 1024)
+from rl.common.runtime import init_ray
+from rl.tuner.env import TunerEnv, register_evaluator
+from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.results import TuneResult, curve_from_history
+from rl.tuner.settings import PolicyConfig
 
 
 class PPOTuner:

@@ -1,9 +1,9 @@
 """TunerEnv: one step = evaluate a RAGConfig on a batch of the tuning split.
 
-    action  Dict(variant, k, rerank, fusion_weight, prompt)  (see rl.space; absolute or delta)
-    obs     rl.features.StateTracker: rolling quality, latency, cost, current config, category
+    action  Dict(variant, k, rerank, fusion_weight, prompt)  (see rl.tuner.space; absolute or delta)
+    obs     rl.tuner.features.StateTracker: rolling quality, latency, cost, current config, category
             mix of the batch, corpus size, episode progress
-    reward  rl.reward (αF + βR − γ·latency − δ·cost − λ·penalties) of that batch
+    reward  rl.tuner.reward (αF + βR − γ·latency − δ·cost − λ·penalties) of that batch
 An episode is `policy.episode.length` steps; each step samples a fresh batch (without
 replacement within the step) with the env's seeded RNG. Steps are cheap because
 `TunerEvaluator` caches per-query tables; `info["cached"]` says whether the step hit the cache.
@@ -21,10 +21,10 @@ import gymnasium as gym
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.evaluation import TunerEvaluator, get_evaluator
-from rl.features import StateTracker
-from rl.policy import PolicyConfig
-from rl.space import ConfigSpace
+from rl.tuner.evaluator import TunerEvaluator, get_evaluator
+from rl.tuner.features import StateTracker
+from rl.tuner.settings import PolicyConfig
+from rl.tuner.space import ConfigSpace
 
 _REGISTRY: dict[str, TunerEvaluator] = {}
 

@@ -33,8 +33,8 @@ configs (docs/quality.md), gold F1 does.
 
 The result is the project's one report type: `EvaluationReport(kind="offline", paired=True)`
 with a paired bootstrap CI of the reward difference and the candidate's gate verdicts, which
-`rl.rollout.PromotionStateMachine` takes at stage `candidate` exactly like
-`rl.evaluators.OfflineEvaluator`'s. Bad input raises ConfigError (argument) or DataError
+`rl.promotion.state_machine.PromotionStateMachine` takes at stage `candidate` exactly like
+`rl.promotion.evaluators.OfflineEvaluator`'s. Bad input raises ConfigError (argument) or DataError
 (file and line).
 """
 
@@ -54,9 +54,9 @@ import numpy as np
 from rag.config import RAGConfig
 from rag.errors import ConfigError, DataError
 from rag.types import Answer, Context, Example
-from rl.evaluators import Arm, EvaluationReport, _Evaluator
-from rl.policy import PolicyConfig, Thresholds
-from rl.stats import paired_bootstrap
+from rl.promotion.evaluators import Arm, EvaluationReport, _Evaluator
+from rl.stats.bootstrap import paired_bootstrap
+from rl.tuner.settings import PolicyConfig, Thresholds
 
 STAGES = ("retrieve", "rerank", "select", "generate")
 """Pipeline stages whose logged ms are compared with the candidate's measured ones."""
@@ -179,7 +179,7 @@ class ReplayEvaluator(_Evaluator):
     relevancy only); `policy`: reward weights and C_ref (default `PolicyConfig.defaults()`);
     `pii_leaks` / `pii_weight`: the PII term; `resources`: shared models
     (`rag.pipeline.Resources`). Thresholds (default: the policy's), latency SLO and CI settings
-    as for every evaluator (`rl.evaluators`)."""
+    as for every evaluator (`rl.promotion.evaluators`)."""
 
     kind = "offline"
     paired = True

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from rag.errors import ConfigError
 from rag.metrics.qa import best_em_f1
-from rl.alignment.sft import (
+from rl.adaptation.sft import (
     GeneratorSFTConfig,
     check_qlora,
     end_of_turn,
@@ -32,7 +32,7 @@ from rl.alignment.sft import (
     load_tokenizer,
     render_prompt,
 )
-from rl.alignment.sft_data import SFTExample, hotpot_inputs_if_train
+from rl.adaptation.sft_data import SFTExample, hotpot_inputs_if_train
 
 Method = Literal["dpo", "ipo", "orpo"]
 METHODS: tuple[str, ...] = ("dpo", "ipo", "orpo")
@@ -181,7 +181,7 @@ def _log_run(cfg: GeneratorSFTConfig, out: Path, meta: dict[str, Any],
     import mlflow
 
     from rag.provenance import provenance_tags
-    from rl.tracking import tracking_uri
+    from rl.common.tracking import tracking_uri
 
     mlflow.set_tracking_uri(mlflow_uri or tracking_uri(cfg.mlflow.dir))
     mlflow.set_experiment(cfg.mlflow.experiment)
@@ -206,7 +206,7 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
                       data_manifest: Mapping[str, Any] | None = None,
                       mlflow_uri: str | None = None) -> dict[str, Any]:
     """A LoRA adapter trained on `pairs` with TRL; saved to out_dir/adapter (+ meta.json so
-    `rl.alignment.sft.merge_adapter` can merge it onto the policy). Returns train metrics:
+    `rl.adaptation.sft.merge_adapter` can merge it onto the policy). Returns train metrics:
     loss, reward accuracy/margin where TRL logs them, seconds, steps, the ranker that built the
     pairs. `data_manifest` (default `pairs_manifest(pairs)`) goes to out_dir/dataset_manifest.json
     and, when `mlflow.enabled`, to an MLflow run's provenance tags (`mlflow_run_id` in the

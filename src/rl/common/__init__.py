@@ -1,0 +1,2 @@
+"""What every control-plane concern shares: the Ray runtime, memoised retrieval, code
+fingerprints, MLflow tracking and the dataset bundle."""
