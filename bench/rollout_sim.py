@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rl.promotion.evaluators import Arm, CanaryEvaluator, ShadowEvaluator  # noqa: E402
 from rl.promotion.settings import stage_power  # noqa: E402
-from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig  # noqa: E402
+from rl.promotion.state_machine import DEFAULTS_PATH, PromotionSettings, PromotionStateMachine  # noqa: E402
 from rl.stats.ope import estimate_all  # noqa: E402
 from rl.stats.sequential import SequentialTest  # noqa: E402
 from rl.stats.simulate import BanditSimulator  # noqa: E402
@@ -73,7 +73,7 @@ class World:
                           self.lat_factor))
 
 
-def run_once(cfg: RolloutConfig, delta: float, lat_factor: float, seed: int,
+def run_once(cfg: PromotionSettings, delta: float, lat_factor: float, seed: int,
              honest_offline: bool = True) -> dict:
     """One rollout. honest_offline=False: the offline replay shows +0.03 whatever the truth
     (an optimistic replay, e.g. distribution shift), so the online stages must decide alone."""
@@ -109,7 +109,7 @@ def run_once(cfg: RolloutConfig, delta: float, lat_factor: float, seed: int,
             "reason": sm.state.history[-1]["reason"]}
 
 
-def promotion(cfg: RolloutConfig, runs: int, rows: list, md: list) -> dict:
+def promotion(cfg: PromotionSettings, runs: int, rows: list, md: list) -> dict:
     out = {}
     for honest in (False, True):
         label = "honest offline replay" if honest else "optimistic offline replay (+0.03 always)"
@@ -133,7 +133,7 @@ def promotion(cfg: RolloutConfig, runs: int, rows: list, md: list) -> dict:
     return out
 
 
-def power_table(cfg: RolloutConfig) -> list[str]:
+def power_table(cfg: PromotionSettings) -> list[str]:
     """Per-stage power of the configured plan for the simulated gain (+0.03, sd SD, paired
     correlation RHO), `rl.promotion.settings.stage_power`: what configs/rl/rollout.yaml claims."""
     got = stage_power(cfg, 0.03, SD, RHO)
@@ -145,7 +145,7 @@ def power_table(cfg: RolloutConfig) -> list[str]:
               f"{v['sequential']:.4f} |" for k, v in got.items()], ""]
 
 
-def _promotion(cfg: RolloutConfig, runs: int, rows: list, md: list, honest: bool) -> dict:
+def _promotion(cfg: PromotionSettings, runs: int, rows: list, md: list, honest: bool) -> dict:
     out = {}
     tag = "" if honest else "-online"
     for j, (name, (delta, lat)) in enumerate(SCENARIOS.items()):
@@ -263,7 +263,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = 40 if args.quick else 200
     t0 = time.perf_counter()
-    cfg = RolloutConfig.from_yaml(DEFAULTS_PATH).model_copy(update={"auto_advance": True})
+    cfg = PromotionSettings.from_yaml(DEFAULTS_PATH).model_copy(update={"auto_advance": True})
     rows: list[dict] = []
     md: list[str] = []
     prom = promotion(cfg, runs, rows, md)

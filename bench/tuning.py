@@ -56,7 +56,7 @@ from rl.tuner.env import TunerEnv  # noqa: E402
 from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
 from rl.tuner.results import TuneResult  # noqa: E402
-from rl.tuner.settings import PolicyConfig  # noqa: E402
+from rl.tuner.settings import TunerSettings  # noqa: E402
 from rl.tuner.space import ConfigSpace  # noqa: E402
 
 DATA_FILES = {"hotpotqa": "hotpotqa", "scifact": "scifact", "mtrag": "mtrag"}
@@ -69,12 +69,12 @@ SHORTFALL_NOTE = ("\nShortfall vs targets: `99%` compares the test reward with 9
                   "above 0; pts = percentage points; `met` = target reached.")
 
 
-def quick_policy() -> PolicyConfig:
-    return PolicyConfig.defaults().with_overrides(
+def quick_policy() -> TunerSettings:
+    return TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8, 12], fusion_grid=0.25, fusion_step=0.25,
         discrete={"variant": ["bm25", "dense", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
-        ppo={**PolicyConfig().ppo.model_dump(), "train_batch_size": 10, "minibatch_size": 5})
+        ppo={**TunerSettings().ppo.model_dump(), "train_batch_size": 10, "minibatch_size": 5})
 
 
 def run_arguments() -> argparse.Namespace:
@@ -89,13 +89,13 @@ def run_arguments() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def run_plan(quick: bool, datasets: str, n_seeds: int) -> tuple[list[str], PolicyConfig,
+def run_plan(quick: bool, datasets: str, n_seeds: int) -> tuple[list[str], TunerSettings,
                                                                  list[int]]:
     """(dataset names, policy, seeds) of a run: --quick = the synthetic world, the small space,
     seed 0; else the named datasets, the default policy, seeds 0..n-1."""
     if quick:
         return ["synthetic"], quick_policy(), [0]
-    return datasets.split(","), PolicyConfig.defaults(), list(range(n_seeds))
+    return datasets.split(","), TunerSettings.defaults(), list(range(n_seeds))
 
 
 def value_of(ev: TunerEvaluator, cfgs) -> dict[str, float]:
@@ -123,7 +123,7 @@ def _cmp(c: Comparison) -> dict[str, Any]:
             "baseline_gates": [g.as_dict() for g in c.baseline_gates]}
 
 
-def run_dataset(name: str, policy: PolicyConfig, seeds: list[int], rows: list,
+def run_dataset(name: str, policy: TunerSettings, seeds: list[int], rows: list,
                 frac: float) -> dict[str, Any]:
     """Run everything for one dataset; append rows, return the details the markdown needs."""
     from rl.tuner.ppo import PPOTuner

@@ -34,14 +34,14 @@ from rl.common.data import TuningData  # noqa: E402
 from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
 from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.results import TuneResult  # noqa: E402
-from rl.tuner.settings import PolicyConfig  # noqa: E402
+from rl.tuner.settings import TunerSettings  # noqa: E402
 
 TITLE = "Tuning budgets: evaluation steps vs distinct configs"
 UNITS = ("steps", "configs")
 METHODS = ("ppo", "random", "optuna", "bandit-ucb")
 
 
-def run_method(ev: TunerEvaluator, policy: PolicyConfig, method: str, budget: int, unit: str,
+def run_method(ev: TunerEvaluator, policy: TunerSettings, method: str, budget: int, unit: str,
                seed: int) -> TuneResult:
     if method == "ppo":
         from rl.tuner.ppo import PPOTuner
@@ -61,7 +61,7 @@ def run_method(ev: TunerEvaluator, policy: PolicyConfig, method: str, budget: in
     return bandit_search(ev, budget, seed, "ucb", unit=unit)
 
 
-def run_dataset(name: str, policy: PolicyConfig, seeds: list[int], frac: float,
+def run_dataset(name: str, policy: TunerSettings, seeds: list[int], frac: float,
                 rows: list) -> dict[str, Any]:
     ev = TunerEvaluator(TuningData.open(name), policy)
     t0 = time.perf_counter()

@@ -76,11 +76,11 @@ def test_eval_and_tuning_runs_carry_commit_and_manifest(tmp_path, manifest, monk
 
 
 def test_rollout_transition_run_carries_commit_and_manifest_id(tmp_path, monkeypatch) -> None:
-    from rl.promotion.settings import RolloutConfig, _log_mlflow
+    from rl.promotion.settings import PromotionSettings, _log_mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    cfg = RolloutConfig.model_validate({"mlflow": True, "mlflow_dir": str(tmp_path / "ml")})
+    cfg = PromotionSettings.model_validate({"mlflow": True, "mlflow_dir": str(tmp_path / "ml")})
     rec = {"rollout_id": "r1", "action": "advance", "from": "candidate", "to": "shadow",
            "config_hash": "c" * 12, "stable_hash": "s" * 12,
            "dataset_manifest_id": "hotpotqa@1a2b3c4d5e6f", "code_commit": code_commit(),

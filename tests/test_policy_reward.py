@@ -6,7 +6,7 @@ import yaml
 
 from rag.errors import ConfigError
 from rl.tuner.reward import StepMetrics, gates, reward
-from rl.tuner.settings import DEFAULTS_PATH, PolicyConfig
+from rl.tuner.settings import DEFAULTS_PATH, TunerSettings
 from rl.tuner.space import ConfigSpace
 
 ISSUE_EXAMPLE = """
@@ -18,7 +18,7 @@ policy: {bounds: {k: {min: 3, max: 32}, fusion_weight: {min: 0.0, max: 1.0}},
 
 
 def test_issue_example_loads_as_is_and_labels_resolve_through_variants():
-    p = PolicyConfig.from_dict(yaml.safe_load(ISSUE_EXAMPLE))
+    p = TunerSettings.from_dict(yaml.safe_load(ISSUE_EXAMPLE))
     assert p.discrete.variant == ("A", "B") and p.discrete.rerank == ("off", "on")
     assert p.reward_weights.lambda_ == 1.0 and p.thresholds.p95_latency_ms == 500
     with pytest.raises(ConfigError, match="policy.discrete.variant"):
@@ -32,8 +32,8 @@ def test_issue_example_loads_as_is_and_labels_resolve_through_variants():
 
 
 def test_defaults_file_matches_model_defaults():
-    file = PolicyConfig.from_yaml(DEFAULTS_PATH).model_dump()
-    model = PolicyConfig().model_dump()
+    file = TunerSettings.from_yaml(DEFAULTS_PATH).model_dump()
+    model = TunerSettings().model_dump()
     for key in model:
         if key != "datasets":
             assert file[key] == model[key], key
@@ -53,7 +53,7 @@ def test_defaults_file_matches_model_defaults():
 ])
 def test_bad_policy_names_the_key(data, field):
     with pytest.raises(ConfigError) as e:
-        PolicyConfig.from_dict(data)
+        TunerSettings.from_dict(data)
     assert e.value.field.startswith(field)
 
 
@@ -61,11 +61,11 @@ def test_bad_policy_file(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("policy:\n  episode: {length: 5, batch: 3}\n")
     with pytest.raises(ConfigError, match="policy.episode.batch: unknown key"):
-        PolicyConfig.from_yaml(f)
+        TunerSettings.from_yaml(f)
 
 
 def test_reward_by_hand():
-    p = PolicyConfig()
+    p = TunerSettings()
     m = StepMetrics(faithfulness=0.8, relevancy=0.6, p95_latency_ms=250, cost=500)
     r, v = reward(m, p.reward_weights, p.thresholds.model_copy(update={"relevancy": 0.5}),
                   1000, 0.05)
@@ -83,7 +83,7 @@ def test_reward_by_hand():
 
 
 def test_space_grid_and_round_trip():
-    p = PolicyConfig.defaults()
+    p = TunerSettings.defaults()
     space = ConfigSpace(p)
     grid = list(space.grid())
     # bm25/dense/graph: 9 k x 2 rerank x 2 prompts; hybrid also 11 fusion weights
@@ -99,7 +99,7 @@ def test_space_grid_and_round_trip():
 
 
 def test_delta_mode_moves_one_grid_step_and_clips():
-    p = PolicyConfig.defaults().with_overrides(action_mode="delta")
+    p = TunerSettings.defaults().with_overrides(action_mode="delta")
     space = ConfigSpace(p)
     cur = space.make("hybrid", 5, "off", 0.5, "cite_concise")
     up = space.to_config({"variant": 2, "k": 2, "rerank": 0, "fusion_weight": [0.12],

@@ -8,7 +8,7 @@ import pytest
 from rag.errors import ConfigError
 from rl.common.data import TuningData
 from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 from rl.tuner.space import ConfigSpace
 
 pytestmark = pytest.mark.ray
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.ray
 def tuner(tmp_path_factory):
     from rl.tuner.ppo import PPOTuner
 
-    policy = PolicyConfig.defaults().with_overrides(
+    policy = TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},

@@ -12,7 +12,7 @@ import pytest
 from rag.config import RAGConfig
 from rag.errors import ConfigError, DataError
 from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log, stable_rows
-from rl.promotion.state_machine import PromotionStateMachine, RolloutConfig
+from rl.promotion.state_machine import PromotionSettings, PromotionStateMachine
 from rl.tuner.settings import Thresholds
 from serving import rollout_cmd
 
@@ -127,7 +127,7 @@ def test_replay_worse_candidate_ci_below_zero_rolls_back(served, world, scorer, 
     assert rep_f1.n == 20 and rep_f1.diff < 0
     assert rep_f1.meta["metrics"]["relevancy"].startswith("gold answer F1")
     sm = PromotionStateMachine.start(tmp_path / "ro", WORSE.config_hash, TERSE.config_hash,
-                                     "synthetic", RolloutConfig(thresholds=RELAXED))
+                                     "synthetic", PromotionSettings(thresholds=RELAXED))
     d = sm.observe(rep)
     assert d.action == "rollback" and "offline reward significantly worse" in d.reason
 

@@ -20,8 +20,8 @@ from rl.promotion.evaluators import (
 from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
 from rl.promotion.state_machine import (
     DEFAULTS_PATH,
+    PromotionSettings,
     PromotionStateMachine,
-    RolloutConfig,
     read_audit,
     wilson_lower,
 )
@@ -32,12 +32,12 @@ SMALL = {"stages": {"shadow": {"looks": 2, "max_n": 40}, "canary_5": {"looks": 2
          "min_clean_batches": 2}
 
 
-def cfg(**changes) -> RolloutConfig:
-    return RolloutConfig.from_dict({**SMALL, **changes})
+def cfg(**changes) -> PromotionSettings:
+    return PromotionSettings.from_dict({**SMALL, **changes})
 
 
 def fast():
-    return {"thresholds": RolloutConfig().thresholds, "ci_method": "normal"}
+    return {"thresholds": PromotionSettings().thresholds, "ci_method": "normal"}
 
 
 def paired(delta: float, n: int = 20, seed: int = 0, lat: float = 100.0, errors: int = 0):
@@ -70,7 +70,7 @@ def canary_report(delta: float, seed: int = 0) -> EvaluationReport:
 
 
 def test_documented_yaml_equals_code_defaults():
-    assert RolloutConfig.from_yaml(DEFAULTS_PATH) == RolloutConfig()
+    assert PromotionSettings.from_yaml(DEFAULTS_PATH) == PromotionSettings()
 
 
 def test_default_stages_have_the_documented_power():
@@ -79,13 +79,13 @@ def test_default_stages_have_the_documented_power():
     boundaries. With one look the sequential figure is the fixed-sample z-test's."""
     from rl.promotion.settings import stage_power
 
-    got = stage_power(RolloutConfig.from_yaml(DEFAULTS_PATH), 0.03, 0.25, rho=0.5)
+    got = stage_power(PromotionSettings.from_yaml(DEFAULTS_PATH), 0.03, 0.25, rho=0.5)
     assert set(got) == {"shadow", "canary_5", "canary_25"}
     for name, p in got.items():
         assert p["sequential"] >= 0.997 and p["fixed"] >= 0.998, (name, p)
         assert p["sequential"] <= p["fixed"] + 0.002  # interim looks cost a little power
     assert got["canary_5"]["n_effective"] == pytest.approx(1 / (1 / 1600 + 1 / 30400))
-    one = RolloutConfig.from_dict({"stages": {s: {"looks": 1, "max_n": 400} for s in got}})
+    one = PromotionSettings.from_dict({"stages": {s: {"looks": 1, "max_n": 400} for s in got}})
     for name, p in stage_power(one, 0.03, 0.25).items():
         assert p["sequential"] == pytest.approx(p["fixed"], abs=0.005), name
         assert 0.6 < p["fixed"] < 0.8
@@ -99,7 +99,7 @@ def test_default_stages_have_the_documented_power():
 ])
 def test_config_errors_name_the_key(data, field):
     with pytest.raises(ConfigError) as exc:
-        RolloutConfig.from_dict(data)
+        PromotionSettings.from_dict(data)
     assert exc.value.field == field
 
 
@@ -407,7 +407,7 @@ class _FakeTuner:
         name = "fake"
 
     slice, data = _Slice(), _Data()
-    thresholds = RolloutConfig().thresholds
+    thresholds = PromotionSettings().thresholds
 
     def table(self, config, split):
         k = config.k

@@ -216,9 +216,9 @@ def test_pii_leak_penalty_of_the_reward_by_hand():
         penalty,
         reward,
     )
-    from rl.tuner.settings import PolicyConfig
+    from rl.tuner.settings import TunerSettings
 
-    p = PolicyConfig()
+    p = TunerSettings()
     t = p.thresholds.model_copy(update={"relevancy": 0.5})
     m = StepMetrics(faithfulness=0.8, relevancy=0.6, p95_latency_ms=250, cost=500)
     assert PII_LEAK_WEIGHT == 1.0

@@ -13,7 +13,7 @@ from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random
 from rl.tuner.env import TunerEnv
 from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.reward import StepMetrics, reward
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 from rl.tuner.space import ConfigSpace
 
 
@@ -26,7 +26,7 @@ def data():
 def small_policy():
     # a small space keeps the module fast: 2 retrievers x 3 k x rerank x 1 prompt (+3 weights);
     # fusion_step = fusion_grid so every config an action can reach is in the grid
-    return PolicyConfig.defaults().with_overrides(
+    return TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
@@ -170,7 +170,7 @@ class _TableEvaluator:
     def __init__(self, thresholds=None):
         from rl.tuner.settings import Thresholds
 
-        self.policy = PolicyConfig.defaults()
+        self.policy = TunerSettings.defaults()
         self.thresholds = thresholds or Thresholds(faithfulness=0.75, relevancy=0.3,
                                                    p95_latency_ms=500)
         self.slice = self.policy.slice_for("synthetic")

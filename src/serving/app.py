@@ -453,7 +453,11 @@ class Ingress:
 
     @api.post("/admin/rollout/start")
     async def rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
-        from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+        from rl.promotion.state_machine import (
+            DEFAULTS_PATH,
+            PromotionSettings,
+            PromotionStateMachine,
+        )
 
         for name, vid in (("candidate", body.candidate), ("stable", body.stable)):
             if vid is not None and vid not in self.handles:
@@ -461,7 +465,7 @@ class Ingress:
                                      f"{', '.join(sorted(self.handles))})", 404)
         sm = PromotionStateMachine.start(self.settings.rollout_dir, body.candidate,
                                          body.stable or self.router.stable, body.manifest_id,
-                                         RolloutConfig.from_yaml(DEFAULTS_PATH),
+                                         PromotionSettings.from_yaml(DEFAULTS_PATH),
                                          force=body.force)
         return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
                 "traffic": self._apply_rollout_traffic(sm, "rollout/start")}

@@ -232,9 +232,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from rl.promotion.state_machine import DEFAULTS_PATH, PromotionStateMachine, RolloutConfig
+    from rl.promotion.state_machine import DEFAULTS_PATH, PromotionSettings, PromotionStateMachine
 
-    cfg = RolloutConfig.from_yaml(args.config or DEFAULTS_PATH)
+    cfg = PromotionSettings.from_yaml(args.config or DEFAULTS_PATH)
     if args.mlflow:
         cfg = cfg.model_copy(update={"mlflow": True})
     sm = PromotionStateMachine.start(_state_dir(args), _config_id("--candidate", args.candidate),
@@ -312,9 +312,9 @@ def replay_report(args: argparse.Namespace) -> Any:
     """The offline EvaluationReport of `ragpilot rollout replay` (`rl.promotion.replay`)."""
     from rag.config import RAGConfig
     from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log
-    from rl.promotion.state_machine import DEFAULTS_PATH, RolloutConfig
+    from rl.promotion.state_machine import DEFAULTS_PATH, PromotionSettings
     from rl.tuner.reward import PII_LEAK_WEIGHT
-    from rl.tuner.settings import PolicyConfig
+    from rl.tuner.settings import TunerSettings
 
     state_dir = _state_dir(args)
     sm = _active_rollout(state_dir)
@@ -337,9 +337,9 @@ def replay_report(args: argparse.Namespace) -> Any:
                 raise ConfigError(flag, f"config hash {got} is not the {flag[2:]} {want} of "
                                         f"the rollout in {state_dir} (another --state-dir "
                                         "replays outside it)")
-    cfg = (RolloutConfig.from_yaml(args.config) if args.config
-           else sm.config if sm is not None else RolloutConfig.from_yaml(DEFAULTS_PATH))
-    policy = PolicyConfig.from_yaml(args.policy) if args.policy else PolicyConfig.defaults()
+    cfg = (PromotionSettings.from_yaml(args.config) if args.config
+           else sm.config if sm is not None else PromotionSettings.from_yaml(DEFAULTS_PATH))
+    policy = TunerSettings.from_yaml(args.policy) if args.policy else TunerSettings.defaults()
     if not args.index and not args.dataset:
         raise ConfigError("--index", "give the served index directory (--index DIR) or the "
                                      "served dataset (--dataset NAME)")

@@ -29,9 +29,9 @@ METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid")
 
 
 def _policy(path: str | None):
-    from rl.tuner.settings import PolicyConfig
+    from rl.tuner.settings import TunerSettings
 
-    return PolicyConfig.from_yaml(path) if path else PolicyConfig.defaults()
+    return TunerSettings.from_yaml(path) if path else TunerSettings.defaults()
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

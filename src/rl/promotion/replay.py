@@ -17,7 +17,7 @@ candidate's. Per request:
 
 the per-query reward of the tuner (`TunerEvaluator.per_query_reward`) with F = RAGAS
 faithfulness and R = answer relevancy (NaN = not scorable, e.g. an abstention: counts 0 in the
-reward, as in the tuner), weights and C_ref from `PolicyConfig`, T = the latency gate. Latency:
+reward, as in the tuner), weights and C_ref from `TunerSettings`, T = the latency gate. Latency:
 the stable arm's logged per-stage ms (retrieve + rerank + select + generate, else the logged
 `pipeline` ms) against the candidate's stage ms measured here after one warm-up question. So
 run replays on a machine like the serving replicas and not under load, or the latency term is
@@ -56,7 +56,7 @@ from rag.errors import ConfigError, DataError
 from rag.types import Answer, Context, Example
 from rl.promotion.evaluators import Arm, EvaluationReport, _Evaluator
 from rl.stats.bootstrap import paired_bootstrap
-from rl.tuner.settings import PolicyConfig, Thresholds
+from rl.tuner.settings import Thresholds, TunerSettings
 
 STAGES = ("retrieve", "rerank", "select", "generate")
 """Pipeline stages whose logged ms are compared with the candidate's measured ones."""
@@ -176,7 +176,7 @@ class ReplayEvaluator(_Evaluator):
     normalised question -> Example (optional); `relevancy`: what plays R, "answer_relevancy"
     (RAGAS, default) or "f1" (gold answer F1: only the rows whose question has gold are
     replayed); `scorer`: a QualityScorer (default: the local one, faithfulness and answer
-    relevancy only); `policy`: reward weights and C_ref (default `PolicyConfig.defaults()`);
+    relevancy only); `policy`: reward weights and C_ref (default `TunerSettings.defaults()`);
     `pii_leaks` / `pii_weight`: the PII term; `resources`: shared models
     (`rag.pipeline.Resources`). Thresholds (default: the policy's), latency SLO and CI settings
     as for every evaluator (`rl.promotion.evaluators`)."""
@@ -186,10 +186,10 @@ class ReplayEvaluator(_Evaluator):
 
     def __init__(self, indexes: Any, *, gold: Mapping[str, Example] | None = None,
                  relevancy: str = "answer_relevancy", scorer: Any = None,
-                 policy: PolicyConfig | None = None, pii_leaks: PiiHook | None = None,
+                 policy: TunerSettings | None = None, pii_leaks: PiiHook | None = None,
                  pii_weight: float = 1.0, resources: Any = None,
                  thresholds: Thresholds | None = None, **kwargs: Any):
-        self.policy = policy or PolicyConfig.defaults()
+        self.policy = policy or TunerSettings.defaults()
         thresholds = thresholds or self.policy.thresholds
         kwargs.setdefault("latency_slo_ms", thresholds.p95_latency_ms)
         super().__init__(thresholds, **kwargs)

@@ -1,4 +1,4 @@
-"""Rollout policy (`RolloutConfig`, documented in configs/rl/rollout.yaml), the sequential
+"""Rollout policy (`PromotionSettings`, documented in configs/rl/rollout.yaml), the sequential
 boundaries and burn-rate bound the promotion state machine (`rl.promotion.state_machine`) uses, and its audit
 log helpers (JSONL reader, MLflow logging)."""
 
@@ -54,7 +54,7 @@ class Stages(_Strict):
     canary_25: StagePlan = StagePlan(looks=5, max_n=2000)
 
 
-class RolloutConfig(_Strict):
+class PromotionSettings(_Strict):
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
     """One-sided type-I error per tested stage (promoting a candidate that is not better)."""
     spending: Literal["obrien_fleming", "pocock"] = "obrien_fleming"
@@ -75,7 +75,7 @@ class RolloutConfig(_Strict):
     mlflow_dir: str = "runs/mlflow"
 
     @classmethod
-    def from_dict(cls, data: Any) -> RolloutConfig:
+    def from_dict(cls, data: Any) -> PromotionSettings:
         if isinstance(data, dict) and set(data) == {"rollout"}:
             data = data["rollout"]
         if not isinstance(data, dict):
@@ -86,7 +86,7 @@ class RolloutConfig(_Strict):
             raise _to_config_error(exc, "rollout") from None
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> RolloutConfig:
+    def from_yaml(cls, path: str | Path) -> PromotionSettings:
         p = Path(path)
         if not p.exists():
             raise ConfigError("rollout", f"file {p} does not exist")
@@ -106,7 +106,7 @@ def boundaries(looks: int, alpha: float, kind: str) -> tuple[float, ...]:
     return SequentialTest(looks, alpha=alpha, kind=kind, alternative="greater").plan.z  # type: ignore[arg-type]
 
 
-def stage_power(config: RolloutConfig, delta: float, sd: float, rho: float = 0.5,
+def stage_power(config: PromotionSettings, delta: float, sd: float, rho: float = 0.5,
                 n_sim: int = 200_000, seed: int = 0) -> dict[str, dict[str, float]]:
     """Power of each tested stage's test to detect a per-request reward gain `delta`, with
     per-request reward sd `sd` and, in shadow, correlation `rho` between the two configs'
@@ -172,7 +172,7 @@ def read_audit(state_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def _log_mlflow(config: RolloutConfig, rec: dict[str, Any]) -> None:
+def _log_mlflow(config: PromotionSettings, rec: dict[str, Any]) -> None:
     import mlflow
 
     from rl.common.tracking import tracking_uri

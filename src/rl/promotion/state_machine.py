@@ -48,7 +48,7 @@ from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
     DEFAULTS_PATH,
     SLO,
-    RolloutConfig,
+    PromotionSettings,
     _jsonable,
     _log_mlflow,
     boundaries,
@@ -114,7 +114,7 @@ class PromotionStateMachine:
     """See the module doc. `state_dir=None` keeps everything in memory (simulations); the audit
     records are then only in `self.audit`."""
 
-    def __init__(self, state: RolloutState, config: RolloutConfig,
+    def __init__(self, state: RolloutState, config: PromotionSettings,
                  state_dir: str | Path | None = None):
         self.state, self.config = state, config
         self.dir = Path(state_dir) if state_dir is not None else None
@@ -122,7 +122,7 @@ class PromotionStateMachine:
 
     @classmethod
     def start(cls, state_dir: str | Path | None, candidate: str, stable: str,
-              manifest_id: str = "unknown", config: RolloutConfig | None = None,
+              manifest_id: str = "unknown", config: PromotionSettings | None = None,
               code_commit: str | None = None, force: bool = False) -> PromotionStateMachine:
         """A new rollout at stage `candidate`. Refuses to replace an active one unless
         `force` (a finished or rolled-back rollout is replaced; the audit log keeps growing)."""
@@ -131,7 +131,7 @@ class PromotionStateMachine:
                 raise ConfigError(name, "must be a non-empty config hash")
         if candidate == stable:
             raise ConfigError("candidate", "is the stable config; nothing to roll out")
-        config = config or RolloutConfig()
+        config = config or PromotionSettings()
         if state_dir is not None and (Path(state_dir) / STATE_FILE).exists() and not force:
             old = cls.load(state_dir)
             if old.state.stage not in ("full", ROLLED_BACK):
@@ -158,7 +158,7 @@ class PromotionStateMachine:
             st = RolloutState(**data)
         except (json.JSONDecodeError, TypeError) as exc:
             raise ConfigError("state", f"{p} is not a rollout state file: {exc}") from None
-        return cls(st, RolloutConfig.from_dict(st.config), state_dir)
+        return cls(st, PromotionSettings.from_dict(st.config), state_dir)
 
     def save(self) -> None:
         if self.dir is None:

@@ -23,7 +23,7 @@ import numpy as np
 from rag.config import RAGConfig
 from rl.tuner.evaluator import TunerEvaluator, get_evaluator
 from rl.tuner.features import StateTracker
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 from rl.tuner.space import ConfigSpace
 
 _REGISTRY: dict[str, TunerEvaluator] = {}
@@ -37,7 +37,7 @@ def register_evaluator(key: str, evaluator: TunerEvaluator) -> str:
 def _evaluator_from(env_config: dict[str, Any]) -> TunerEvaluator:
     if "evaluator" in env_config:
         return _REGISTRY[env_config["evaluator"]]
-    policy = PolicyConfig.from_dict(env_config.get("policy") or {}) if env_config.get(
+    policy = TunerSettings.from_dict(env_config.get("policy") or {}) if env_config.get(
         "policy") else None
     return get_evaluator(env_config["dataset"], policy)
 

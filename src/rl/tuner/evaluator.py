@@ -15,7 +15,7 @@ Latency in a table row = the stored cold cost of every retrieval/encoding the qu
 the measured time of the stages that ran for real. It is a per-stage cost model measured on this
 machine, not a fresh wall-clock: the same config always gets the same latency.
 
-Which per-query metrics play F and R is per dataset (`PolicyConfig.datasets`): e.g. HotpotQA
+Which per-query metrics play F and R is per dataset (`TunerSettings.datasets`): e.g. HotpotQA
 F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact (no answers)
 F = `recall@k` (context recall), R = `ndcg@10` of the reranked list. Naming a `q_` metric
 (`q_faithfulness`, `q_answer_relevancy`, `q_context_precision`, `q_context_recall`) scores every
@@ -49,7 +49,7 @@ from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
 from rl.tuner.reward import StepMetrics, reward
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 
 ROWS_VERSION = "rows-v1"
 """Manual part of the table key: bump it when rows change for a reason the code fingerprint
@@ -126,10 +126,10 @@ class EvalReport:
 class TunerEvaluator:
     """Evaluates configs on one dataset's splits through cached per-query tables."""
 
-    def __init__(self, data: TuningData, policy: PolicyConfig | None = None,
+    def __init__(self, data: TuningData, policy: TunerSettings | None = None,
                  cache_root: str | Path | None = None, resources: Resources | None = None):
         self.data = data
-        self.policy = policy or PolicyConfig.defaults()
+        self.policy = policy or TunerSettings.defaults()
         self.root = Path(cache_root) if cache_root else cache_dir() / "tuner"
         self.root.mkdir(parents=True, exist_ok=True)
         self.memo = MemoIndexSet(data.indexes, self.root)
@@ -330,9 +330,9 @@ _EVALUATORS: dict[tuple[str, str], TunerEvaluator] = {}
 _EV_LOCK = threading.Lock()
 
 
-def get_evaluator(dataset: str, policy: PolicyConfig | None = None) -> TunerEvaluator:
+def get_evaluator(dataset: str, policy: TunerSettings | None = None) -> TunerEvaluator:
     """A process-wide evaluator per (dataset, policy): tables and models are loaded once."""
-    policy = policy or PolicyConfig.defaults()
+    policy = policy or TunerSettings.defaults()
     key = (dataset, hashlib.sha256(json.dumps(policy.model_dump(mode="json"),
                                               sort_keys=True).encode()).hexdigest())
     with _EV_LOCK:
@@ -342,7 +342,7 @@ def get_evaluator(dataset: str, policy: PolicyConfig | None = None) -> TunerEval
 
 
 def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
-             split: str | None = None, policy: PolicyConfig | None = None,
+             split: str | None = None, policy: TunerSettings | None = None,
              batch_size: int | None = None, seed: int = 0) -> EvalReport:
     """Evaluate one config on a dataset split (a random batch of it when `batch_size`)."""
     if isinstance(config, dict):

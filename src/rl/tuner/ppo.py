@@ -34,11 +34,11 @@ from rl.common.runtime import init_ray
 from rl.tuner.env import TunerEnv, register_evaluator
 from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.results import TuneResult, curve_from_history
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 
 
 class PPOTuner:
-    def __init__(self, evaluator: TunerEvaluator, policy: PolicyConfig | None = None,
+    def __init__(self, evaluator: TunerEvaluator, policy: TunerSettings | None = None,
                  seed: int | None = None):
         self.ev = evaluator
         self.policy = policy or evaluator.policy

@@ -1,6 +1,6 @@
 """The tuner's policy configuration: what it may change, what it must not break, what it wants.
 
-`configs/rl/policy.defaults.yaml` documents every key; `PolicyConfig.from_yaml` validates a file
+`configs/rl/policy.defaults.yaml` documents every key; `TunerSettings.from_yaml` validates a file
 at load time and names the offending key (`policy.bounds.k.min: ...`). A file only needs the
 keys it changes: everything else takes the documented default.
 
@@ -25,7 +25,7 @@ from rag.config import RAGConfig, _to_config_error
 from rag.errors import ConfigError
 
 RETRIEVERS = ("bm25", "dense", "hybrid", "graph")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULTS_PATH = REPO / "configs" / "rl" / "policy.defaults.yaml"
 
 
@@ -150,7 +150,7 @@ class PPOSettings(_Strict):
     hidden: tuple[int, ...] = (32, 32)
 
 
-class PolicyConfig(_Strict):
+class TunerSettings(_Strict):
     bounds: Bounds = Bounds()
     k_grid: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 24, 32)
     """Values the k head chooses from (those outside `bounds.k` are dropped)."""
@@ -177,7 +177,7 @@ class PolicyConfig(_Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> PolicyConfig:
+    def _check(self) -> TunerSettings:
         ks = [k for k in self.k_grid if self.bounds.k.min <= k <= self.bounds.k.max]
         if not ks:
             raise ValueError(f"k_grid has no value inside bounds.k "
@@ -186,7 +186,7 @@ class PolicyConfig(_Strict):
             raise ValueError("k_grid must be strictly increasing")
         return self
 
-    def _check_configs(self) -> PolicyConfig:
+    def _check_configs(self) -> TunerSettings:
         """The base config and every variant label must make valid RAGConfigs."""
         RAGConfig.from_dict(dict(self.base), where="policy.base")
         for label, over in self.variants.items():
@@ -233,7 +233,7 @@ class PolicyConfig(_Strict):
 
     # ---- loading ----------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Any) -> PolicyConfig:
+    def from_dict(cls, data: Any) -> TunerSettings:
         if isinstance(data, dict) and set(data) == {"policy"}:
             data = data["policy"]
         if not isinstance(data, dict):
@@ -245,7 +245,7 @@ class PolicyConfig(_Strict):
         return cfg._check_configs()
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> PolicyConfig:
+    def from_yaml(cls, path: str | Path) -> TunerSettings:
         p = Path(path)
         if not p.exists():
             raise ConfigError("policy", f"file {p} does not exist")
@@ -256,12 +256,12 @@ class PolicyConfig(_Strict):
         return cls.from_dict(data)
 
     @classmethod
-    def defaults(cls) -> PolicyConfig:
+    def defaults(cls) -> TunerSettings:
         """The documented defaults file (its values equal the model defaults plus the
         per-dataset slices)."""
         return cls.from_yaml(DEFAULTS_PATH)
 
-    def with_overrides(self, **changes: Any) -> PolicyConfig:
+    def with_overrides(self, **changes: Any) -> TunerSettings:
         data = self.model_dump(mode="json", by_alias=True)
         data.update(changes)
-        return PolicyConfig.from_dict(data)
+        return TunerSettings.from_dict(data)

@@ -19,13 +19,13 @@ import numpy as np
 from gymnasium import spaces
 
 from rag.config import RAGConfig
-from rl.tuner.settings import PolicyConfig
+from rl.tuner.settings import TunerSettings
 
 DELTA_W = 0.25
 
 
 class ConfigSpace:
-    def __init__(self, policy: PolicyConfig):
+    def __init__(self, policy: TunerSettings):
         policy.check_variants()
         self.policy = policy
         self.variants = policy.discrete.variant
