@@ -280,7 +280,7 @@ def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
     assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) != before
     # a module the rows do not depend on: same version
     qa.write_text(text)
-    (pk["rl"] / "ope.py").write_text((pk["rl"] / "ope.py").read_text() + "\nX = 1\n")
+    (pk["rl"] / "stats" / "ope.py").write_text((pk["rl"] / "stats" / "ope.py").read_text() + "\nX = 1\n")
     assert code_fingerprint(ROWS_SOURCES, ROWS_STOP, packages=pk) == before
 
 
