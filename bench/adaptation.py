@@ -53,7 +53,8 @@ def _trained_reranker(args) -> tuple[str, dict[str, Any]]:
     """(model directory, training info): `--model`, the registered model of the config, or a
     fresh training run (always fresh and tiny for --quick)."""
     from rag.models import default_registry
-    from rl.adaptation.reranker import RerankerTrainConfig, run_training
+    from rl.adaptation.reranker_config import RerankerTrainConfig
+    from rl.adaptation.reranker_trainer import run_training
 
     cfg = RerankerTrainConfig.from_yaml(CONFIG)
     if args.quick:
@@ -82,7 +83,7 @@ def _trained_reranker(args) -> tuple[str, dict[str, Any]]:
 
 
 def _candidates(dataset: str, split: str, depth: int, limit: int | None):
-    from rl.adaptation.reranker import candidate_queries, qrels_of
+    from rl.adaptation.reranker_eval import candidate_queries, qrels_of
     from rl.common.data import TuningData
 
     data = TuningData.open(dataset)

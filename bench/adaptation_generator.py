@@ -47,18 +47,12 @@ from rag.generation.factory import make_generator  # noqa: E402
 from rag.metrics.qa import best_em_f1  # noqa: E402
 from rag.models import ModelRegistry, cache_dir  # noqa: E402
 from rag.types import Answer  # noqa: E402
+from rl.adaptation.generator_config import GeneratorSFTConfig  # noqa: E402
+from rl.adaptation.generator_export import merge_adapter, write_registry_entry  # noqa: E402
+from rl.adaptation.generator_model import load_base_model, load_tokenizer, resolve_base  # noqa: E402
+from rl.adaptation.generator_trainer import SFTRun, alias_path  # noqa: E402
 from rl.adaptation.prefs import build_pairs, make_ranker, save_pairs, train_preferences  # noqa: E402
 from rl.adaptation.quant import measure_in_subprocess  # noqa: E402
-from rl.adaptation.sft import (  # noqa: E402
-    GeneratorSFTConfig,
-    SFTRun,
-    alias_path,
-    load_base_model,
-    load_tokenizer,
-    merge_adapter,
-    resolve_base,
-    write_registry_entry,
-)
 from rl.adaptation.sft_data import hotpot_split, save_examples  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 

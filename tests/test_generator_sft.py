@@ -20,16 +20,10 @@ from rag.errors import ConfigError, DataError
 from rag.generation.parse import parse_output
 from rag.metrics.qa import best_em_f1
 from rag.types import Context, Passage
-from rl.adaptation.sft import (
-    GeneratorSFTConfig,
-    SFTRun,
-    alias_path,
-    check_qlora,
-    encode_example,
-    load_base_model,
-    merge_adapter,
-    write_registry_entry,
-)
+from rl.adaptation.generator_config import GeneratorSFTConfig
+from rl.adaptation.generator_export import merge_adapter, write_registry_entry
+from rl.adaptation.generator_model import check_qlora, encode_example, load_base_model
+from rl.adaptation.generator_trainer import SFTRun, alias_path
 from rl.adaptation.sft_data import (
     SFTExample,
     format_target,
@@ -249,7 +243,7 @@ def test_teacher_distillation_through_an_openai_compatible_stub(tmp_path, monkey
 
 
 def test_encode_masks_prompt_and_fits_max_len(tiny):
-    from rl.adaptation.sft import load_tokenizer
+    from rl.adaptation.generator_model import load_tokenizer
 
     tok = load_tokenizer(tiny)
     ex = _toy_examples()[0]
@@ -282,9 +276,9 @@ _CHILD = """
 import sys, time
 sys.path[:0] = {paths!r}
 from tests.test_generator_sft import _cfg, _toy_examples
-from rl.adaptation.sft import SFTRun
+from rl.adaptation.generator_trainer import SFTRun
 from pathlib import Path
-import rl.adaptation.sft as s
+import rl.adaptation.generator_trainer as s
 orig = s.SFTRun._save
 def slow_save(self, *a, **k):
     r = orig(self, *a, **k)
@@ -448,8 +442,8 @@ def test_merged_model_is_a_selectable_generator(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("method", ["dpo", "ipo", "orpo"])
 def test_preference_training_runs(tiny, tmp_path, method):
+    from rl.adaptation.generator_model import load_tokenizer
     from rl.adaptation.prefs import build_pairs, f1_ranker, train_preferences
-    from rl.adaptation.sft import load_tokenizer
 
     ex = _toy_examples()
     cfg = _cfg(tiny, prefs={"steps": 2, "batch_size": 2})
@@ -469,8 +463,8 @@ def test_preference_run_logs_provenance_and_ranker(tiny, tmp_path):
     import mlflow
 
     from rag.provenance import code_commit, manifest_sha256
+    from rl.adaptation.generator_model import load_tokenizer
     from rl.adaptation.prefs import build_pairs, make_ranker, pairs_manifest, train_preferences
-    from rl.adaptation.sft import load_tokenizer
     from rl.adaptation.sft_data import examples_manifest
 
     ex = _toy_examples()

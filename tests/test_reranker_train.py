@@ -12,14 +12,13 @@ import pytest
 from rag.errors import ConfigError, DataError
 from rag.types import Example, Hit, Passage
 from rl.adaptation.data import TrainItem, load_items, mine_items, save_items
-from rl.adaptation.reranker import (
-    RerankerTrainConfig,
+from rl.adaptation.reranker_config import RerankerTrainConfig
+from rl.adaptation.reranker_export import register_local, save_model
+from rl.adaptation.reranker_trainer import (
     item_order,
     make_batch,
     negatives_for,
     plan_steps,
-    register_local,
-    save_model,
     train_reranker,
 )
 
@@ -191,7 +190,7 @@ def test_training_learns_the_toy_task(tiny_base, tmp_path):
 def test_saved_versions_register_and_become_selectable(tiny_base, tmp_path, monkeypatch):
     from rag.models import default_registry, local_registry_path, reset_default_registry
     from rag.rerank import CrossEncoderReranker, make_reranker
-    from rl.adaptation.reranker import next_version_dir
+    from rl.adaptation.reranker_export import next_version_dir
 
     monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RAGPILOT_MODELS", raising=False)
@@ -283,7 +282,7 @@ def test_mlflow_run_carries_commit_and_every_source_manifest(tiny_base, tmp_path
     mined from several datasets tags each source's input files."""
     import mlflow
 
-    from rl.adaptation.reranker import log_mlflow, training_manifest
+    from rl.adaptation.reranker_export import log_mlflow, training_manifest
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     sources = {"scifact": {"split": "train", "items": 3, "manifest": {

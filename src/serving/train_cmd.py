@@ -21,7 +21,7 @@ from rag.errors import ConfigError
 
 
 def _config(path: str | None, overrides: list[str]):
-    from rl.adaptation.reranker import RerankerTrainConfig
+    from rl.adaptation.reranker_config import RerankerTrainConfig
 
     cfg = RerankerTrainConfig.from_yaml(path) if path else RerankerTrainConfig()
     changes: dict[str, Any] = {}
@@ -35,7 +35,7 @@ def _config(path: str | None, overrides: list[str]):
 
 def cmd_train_reranker(args: argparse.Namespace) -> int:
     from rag.env import configure_runtime_env
-    from rl.adaptation.reranker import run_training
+    from rl.adaptation.reranker_trainer import run_training
 
     configure_runtime_env()
     cfg = _config(args.config, args.set)

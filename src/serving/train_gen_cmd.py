@@ -26,7 +26,7 @@ DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
 
 
 def _config(args: argparse.Namespace):
-    from rl.adaptation.sft import DEFAULTS_PATH, GeneratorSFTConfig
+    from rl.adaptation.generator_config import DEFAULTS_PATH, GeneratorSFTConfig
 
     path = Path(args.config) if args.config else DEFAULTS_PATH
     cfg = GeneratorSFTConfig.from_yaml(path)
@@ -94,7 +94,7 @@ def _eval_examples(cfg, eval_jsonl: str | None) -> list:
 
 
 def _register(out: Path, name: str, merged: Path) -> Path:
-    from rl.adaptation.sft import write_registry_entry
+    from rl.adaptation.generator_export import write_registry_entry
 
     reg = write_registry_entry(out / "models.yaml", name, merged)
     print(f"registered generator {name!r} -> {merged}")
@@ -107,7 +107,7 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
 
     configure_runtime_env()
     cfg = _config(args)
-    from rl.adaptation.sft import check_qlora
+    from rl.adaptation.generator_model import check_qlora
 
     check_qlora(cfg)  # fail before any data or model work
     out = Path(args.out)
@@ -120,7 +120,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     save_examples(train, out / "train.jsonl")
     if args.method == "sft":
-        from rl.adaptation.sft import SFTRun, alias_path, merge_adapter
+        from rl.adaptation.generator_export import merge_adapter
+        from rl.adaptation.generator_trainer import SFTRun, alias_path
 
         run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl),
                      data_manifest=train_manifest(cfg, args.train_jsonl, train))
@@ -133,18 +134,14 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         ck = alias_path(out, "best") or alias_path(out, "latest")
         merged = merge_adapter(ck, out / "merged")
     else:
+        from rl.adaptation.generator_export import merge_adapter
+        from rl.adaptation.generator_model import load_base_model, load_tokenizer, resolve_base
         from rl.adaptation.prefs import (
             build_pairs,
             make_ranker,
             pairs_manifest,
             save_pairs,
             train_preferences,
-        )
-        from rl.adaptation.sft import (
-            load_base_model,
-            load_tokenizer,
-            merge_adapter,
-            resolve_base,
         )
 
         policy = Path(args.policy) if args.policy else resolve_base(cfg.base_model)

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from rag.errors import ConfigError
 from rag.metrics.qa import best_em_f1
-from rl.adaptation.sft import (
-    GeneratorSFTConfig,
+from rl.adaptation.generator_config import GeneratorSFTConfig
+from rl.adaptation.generator_model import (
     check_qlora,
     end_of_turn,
     generate_answers,
@@ -206,7 +206,7 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
                       data_manifest: Mapping[str, Any] | None = None,
                       mlflow_uri: str | None = None) -> dict[str, Any]:
     """A LoRA adapter trained on `pairs` with TRL; saved to out_dir/adapter (+ meta.json so
-    `rl.adaptation.sft.merge_adapter` can merge it onto the policy). Returns train metrics:
+    `rl.adaptation.generator_export.merge_adapter` can merge it onto the policy). Returns train metrics:
     loss, reward accuracy/margin where TRL logs them, seconds, steps, the ranker that built the
     pairs. `data_manifest` (default `pairs_manifest(pairs)`) goes to out_dir/dataset_manifest.json
     and, when `mlflow.enabled`, to an MLflow run's provenance tags (`mlflow_run_id` in the

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from rag.errors import ConfigError
 from rag.metrics.qa import best_em_f1
-from rl.adaptation.sft import generate_answers, load_tokenizer
+from rl.adaptation.generator_model import generate_answers, load_tokenizer
 from rl.adaptation.sft_data import SFTExample, load_examples
 
 Mode = Literal["fp32", "int8", "bnb8", "bnb4"]

@@ -1,4 +1,8 @@
-"""LoRA SFT of the generator (peft, plain torch loop) with exact checkpoint/resume.
+"""Generator SFT trainer: LoRA SFT (peft, plain torch loop) with exact checkpoint/resume.
+
+The config is `rl.adaptation.generator_config.GeneratorSFTConfig`; model loading, encoding and
+evaluation live in `rl.adaptation.generator_model`, merging and registration in
+`rl.adaptation.generator_export`, DPO / IPO / ORPO in `rl.adaptation.prefs`.
 
 Why a plain loop instead of TRL's SFTTrainer: a run killed at any moment must resume and end where
 an uninterrupted run ends. Everything that decides the next step is in the checkpoint: LoRA
@@ -28,314 +32,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
-
-from rag.config import _to_config_error
 from rag.errors import ConfigError
-from rag.generation.parse import parse_output
-from rag.generation.prompts import get_prompt
-from rag.metrics.qa import best_em_f1
+from rl.adaptation.generator_config import GeneratorSFTConfig
+from rl.adaptation.generator_model import (
+    add_lora,
+    encode_example,
+    eval_f1,
+    load_base_model,
+    load_tokenizer,
+    resolve_base,
+)
 from rl.adaptation.sft_data import SFTExample, examples_manifest
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULTS_PATH = REPO / "configs" / "rl" / "generator_sft.yaml"
 CKPT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
-
-# --------------------------------------------------------------------------- config
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class LoraSpec(_Strict):
-    r: int = Field(8, ge=1, le=256)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-class TrainSpec(_Strict):
-    lr: float = Field(3e-4, gt=0.0, lt=1.0)
-    epochs: int = Field(1, ge=1, le=100)
-    max_steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(4, ge=1, le=256)
-    warmup_steps: int = Field(10, ge=0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    seed: int = 0
-
-
-class CheckpointSpec(_Strict):
-    every_steps: int = Field(25, ge=1)
-    keep: int = Field(2, ge=1)
-
-
-class EvalSpec(_Strict):
-    every_steps: int = Field(50, ge=1)
-    n: int = Field(40, ge=0)
-    max_new_tokens: int = Field(24, ge=1, le=512)
-    batch_size: int = Field(8, ge=1)
-
-
-class DataSpec(_Strict):
-    dataset: Literal["hotpotqa"] = "hotpotqa"
-    n_train: int = Field(500, ge=1)
-    n_distractors: int = Field(1, ge=0, le=8)
-    max_context_chars: int = Field(600, ge=50)
-    log_jsonl: str | None = None
-    log_index: str | None = None
-    log_min_reward: float = Field(0.7, ge=0.0, le=1.0)
-    teacher: str | None = None
-    teacher_min_f1: float = Field(0.5, ge=0.0, le=1.0)
-
-
-class PrefSpec(_Strict):
-    beta: float = Field(0.1, gt=0.0)
-    lr: float = Field(5e-5, gt=0.0, lt=1.0)
-    steps: int = Field(30, ge=1)
-    batch_size: int = Field(2, ge=1)
-    n_pairs: int = Field(64, ge=1)
-    ranker: Literal["auto", "f1", "quality"] = "auto"
-    temperature: float = Field(0.8, ge=0.0, le=2.0)
-
-
-class MlflowSpec(_Strict):
-    enabled: bool = True
-    dir: str = "runs/mlflow"
-    experiment: str = "generator_sft"
-    register_model: bool = True
-
-
-class GeneratorSFTConfig(_Strict):
-    base_model: str = "smollm2-135m-instruct"
-    prompt_id: str = "cite_concise"
-    max_len: int = Field(384, ge=32, le=8192)
-    qlora: bool = Field(False, validation_alias=AliasChoices("qlora", "load_in_4bit"))
-    device: Literal["cpu", "cuda"] = "cpu"
-    threads: int = Field(1, ge=1, le=64)
-    lora: LoraSpec = LoraSpec()
-    train: TrainSpec = TrainSpec()
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    eval: EvalSpec = EvalSpec()
-    data: DataSpec = DataSpec()
-    prefs: PrefSpec = PrefSpec()
-    mlflow: MlflowSpec = MlflowSpec()
-
-    @classmethod
-    def from_dict(cls, data: Any) -> GeneratorSFTConfig:
-        if isinstance(data, dict) and set(data) == {"generator_sft"}:
-            data = data["generator_sft"]
-        if not isinstance(data, dict):
-            raise ConfigError("generator_sft", "must be a mapping")
-        if "qlora" in data and "load_in_4bit" in data:
-            raise ConfigError("generator_sft.load_in_4bit", "give qlora or load_in_4bit, not both")
-        try:
-            cfg = cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "generator_sft") from None
-        get_prompt(cfg.prompt_id)  # unknown prompt -> ConfigError("prompt_id")
-        return cfg
-
-    @classmethod
-    def from_yaml(cls, path: str | Path = DEFAULTS_PATH) -> GeneratorSFTConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("generator_sft", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("generator_sft", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
-
-    def replace(self, **changes: Any) -> GeneratorSFTConfig:
-        """Dotted overrides (`train.lr=1e-4`), validated like the file."""
-        data = self.model_dump()
-        for key, value in changes.items():
-            node = data
-            *parents, leaf = key.split(".")
-            for part in parents:
-                if not isinstance(node.get(part), dict):
-                    raise ConfigError(f"generator_sft.{key}", "unknown key")
-                node = node[part]
-            node[leaf] = value
-        return GeneratorSFTConfig.from_dict(data)
-
-
-# --------------------------------------------------------------------------- model
-
-
-def resolve_base(name_or_path: str) -> Path:
-    """A local HF folder as is; else a registry generator (GGUF converted once to the cache)."""
-    p = Path(os.path.expanduser(name_or_path))
-    if (p / "config.json").exists():
-        return p
-    from rag.generation.local import ensure_converted
-
-    return ensure_converted(name_or_path)
-
-
-def check_qlora(cfg: GeneratorSFTConfig) -> None:
-    """QLoRA needs a CUDA GPU (bitsandbytes nf4 kernels): a typed error naming the key."""
-    if not cfg.qlora:
-        return
-    import torch
-
-    if cfg.device != "cuda" or not torch.cuda.is_available():
-        raise ConfigError("generator_sft.qlora", "QLoRA (bitsandbytes nf4, alias load_in_4bit) "
-                                                 "needs device: cuda and a visible CUDA GPU; set "
-                                                 "qlora: false on CPU")
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_base_model(path: str | Path, cfg: GeneratorSFTConfig):
-    """The frozen base: fp32 on CPU, bf16 on CUDA, nf4 with `qlora`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    check_qlora(cfg)
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("generator_sft.device", "cuda requested but no GPU is visible")
-    kwargs: dict[str, Any] = {}
-    if cfg.qlora:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
-            bnb_4bit_use_double_quant=True)
-        kwargs["device_map"] = {"": 0}
-    elif cfg.device == "cuda":
-        kwargs["dtype"] = torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    if cfg.qlora:
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model)
-    elif cfg.device == "cuda":
-        model.to("cuda")
-    return model
-
-
-def add_lora(model, cfg: GeneratorSFTConfig):
-    from peft import LoraConfig, get_peft_model
-
-    lc = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                    target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, lc)
-
-
-# --------------------------------------------------------------------------- data encoding
-
-
-def render_prompt(tokenizer, question: str, contexts, prompt_id: str) -> str:
-    """Exactly the prompt `rag.generation.local.TransformersGenerator` serves with."""
-    tpl = get_prompt(prompt_id)
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(tpl.messages(question, list(contexts)),
-                                             tokenize=False, add_generation_prompt=True)
-    return tpl.text(question, list(contexts)) + " "
-
-
-def end_of_turn(tokenizer) -> str:
-    """What closes an assistant answer: the chat template's end-of-turn (= eos for SmolLM2)."""
-    return tokenizer.eos_token or ""
-
-
-def encode_example(tokenizer, ex: SFTExample, prompt_id: str, max_len: int
-                   ) -> tuple[list[int], list[int]] | None:
-    """(input_ids, labels) with -100 on the prompt; contexts shrink (x0.7) until the example fits
-    `max_len`; None when even 100-char contexts do not fit."""
-    from rag.types import Context
-
-    ctxs = list(ex.contexts)
-    target = ex.target + end_of_turn(tokenizer)
-    t_ids = tokenizer(target, add_special_tokens=False)["input_ids"]
-    chars = max((len(c.text) for c in ctxs), default=0)
-    for _ in range(12):
-        p_ids = tokenizer(render_prompt(tokenizer, ex.question, ctxs, prompt_id),
-                          add_special_tokens=False)["input_ids"]
-        if len(p_ids) + len(t_ids) <= max_len:
-            return p_ids + t_ids, [-100] * len(p_ids) + t_ids
-        chars = int(chars * 0.7)
-        if chars < 100:
-            return None
-        ctxs = [Context(c.id, c.title, c.text[:chars], c.score) for c in ctxs]
-    return None
-
-
-# --------------------------------------------------------------------------- generation/eval
-
-
-def generate_answers(model, tokenizer, questions: Sequence[str], contexts_list, prompt_id: str,
-                     max_new_tokens: int = 24, batch_size: int = 8, temperature: float = 0.0
-                     ) -> list[dict[str, Any]]:
-    """Greedy (or sampled) answers parsed like the served generator: text, citations, raw,
-    tokens_out. Left-padded batches."""
-    import torch
-
-    tpl = get_prompt(prompt_id)
-    prompts = [render_prompt(tokenizer, q, c, prompt_id)
-               for q, c in zip(questions, contexts_list, strict=True)]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    out: list[dict[str, Any]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        for s in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[s:s + batch_size], return_tensors="pt", padding=True,
-                            add_special_tokens=False, return_token_type_ids=False)
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            with torch.inference_mode():
-                gen = model.generate(**enc, max_new_tokens=max_new_tokens,
-                                     do_sample=temperature > 0,
-                                     temperature=temperature if temperature > 0 else None,
-                                     top_p=None, top_k=None,
-                                     pad_token_id=tokenizer.pad_token_id)
-            new = gen[:, enc["input_ids"].shape[1]:]
-            for j in range(new.shape[0]):
-                i = s + j
-                ids = [t for t in new[j].tolist() if t != tokenizer.pad_token_id]
-                raw = tokenizer.decode(ids, skip_special_tokens=True)
-                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise, questions[i])
-                out.append({"text": text, "citations": list(cites if tpl.cites else ()),
-                            "raw": raw, "tokens_out": len(ids)})
-    finally:
-        tokenizer.padding_side = side
-        if was_training:
-            model.train()
-    return out
-
-
-def eval_f1(model, tokenizer, examples: Sequence[SFTExample], cfg: GeneratorSFTConfig
-            ) -> dict[str, float]:
-    """Answer EM/F1 (HotpotQA definitions) and citation hit rate of greedy answers."""
-    if not examples:
-        return {}
-    gens = generate_answers(model, tokenizer, [e.question for e in examples],
-                            [list(e.contexts) for e in examples], cfg.prompt_id,
-                            cfg.eval.max_new_tokens, cfg.eval.batch_size)
-    em = f1 = cite = 0.0
-    for e, g in zip(examples, gens, strict=True):
-        a, b, _, _ = best_em_f1(g["text"], e.answers)
-        em, f1 = em + a, f1 + b
-        gold = set(e.gold_positions)
-        cited = set(g["citations"])
-        cite += len(cited & gold) / len(cited) if cited else 0.0
-    n = len(examples)
-    return {"eval_em": em / n, "eval_f1": f1 / n, "eval_citation_precision": cite / n,
-            "eval_n": float(n)}
-
 
 # --------------------------------------------------------------------------- checkpoints
 
@@ -564,54 +274,6 @@ class SFTRun:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------- export
-
-
-def merge_adapter(adapter_dir: str | Path, out_dir: str | Path,
-                  base_path: str | Path | None = None) -> Path:
-    """Base + LoRA merged into a plain HF folder (safetensors + tokenizer): a `format: hf`
-    generator any part of the stack loads. The base comes from the adapter's meta.json."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    adapter_dir = Path(adapter_dir)
-    meta = json.loads((adapter_dir / "meta.json").read_text()) \
-        if (adapter_dir / "meta.json").exists() else {}
-    base = Path(base_path or meta.get("base_path") or "")
-    if not (base / "config.json").exists():
-        raise ConfigError("base_path", f"no base model at {base!s} for adapter {adapter_dir}")
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)),
-                                      str(adapter_dir))
-    merged = model.merge_and_unload()
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    merged.save_pretrained(str(tmp))
-    load_tokenizer(base).save_pretrained(str(tmp))
-    (tmp / "ragpilot_meta.json").write_text(json.dumps({**meta, "adapter": str(adapter_dir)},
-                                                       indent=1, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
-
-
-def write_registry_entry(models_yaml: str | Path, name: str, model_dir: str | Path) -> Path:
-    """Add (or replace) `name: {kind: generator, format: hf, path: model_dir}` in a registry
-    YAML (configs/rag/models.yaml layout); point RAGPILOT_MODELS at it, then `generator: name`
-    in a RAG config selects the trained model (tuner and bandit included)."""
-    p = Path(models_yaml)
-    data = yaml.safe_load(p.read_text()) if p.exists() else None
-    data = data or {}
-    models = data.get("models") or {}
-    models[name] = {"kind": "generator", "format": "hf", "path": str(Path(model_dir).resolve())}
-    data["models"] = models
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(data, sort_keys=True))
-    return p
-
-
 # --------------------------------------------------------------------------- MLflow
 
 
@@ -691,3 +353,4 @@ class _Tracker:
         self.client.log_text(self.run_id, json.dumps(summary, indent=1, default=str),
                              "summary.json")
         self.client.set_terminated(self.run_id)
+
