@@ -2,26 +2,64 @@
 
     query ─► candidates ─► (fuse) ─► (rerank) ─► select (top-k | MMR) ─► generate ─► Answer
 
-`Pipeline.run` answers one question and times each stage (ms, wall clock on this process);
-`run_batch` answers many, batching the generator and attributing each batch's time evenly to
-its questions. Models and generators are shared between pipelines through `Resources`, so
-evaluating many configs loads each model once.
+`Pipeline.run` answers one question and times each stage (`STAGES`, ms) with a `StageTimer`
+(wall clock on this process by default; the tuner passes `rl.common.memo.MemoStageTimer`, which
+charges memoised retrievals their stored cost); `run_batch` answers many, batching the generator
+and attributing each batch's time evenly to its questions. The stage order lives in one place,
+`_retrieval_stages` + generation in `run_traced`: Serve, offline evaluation and the tuner all go
+through it. Indexes are anything implementing `rag.index.provider.IndexProvider`. Models and
+generators are shared between pipelines through `Resources`, so evaluating many configs loads
+each model once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rag.indexset import IndexSet
+from rag.index.provider import IndexProvider
 from rag.models import ModelRegistry, default_registry
 from rag.types import Answer, Context, Generation, Hit
 
 MAX_QUESTION_CHARS = 4000
+STAGES = ("retrieve", "rerank", "select", "generate")
+"""The stages `run` times, in the order they run (keys of `Answer.latency_ms`)."""
+
+
+class StageTimer:
+    """Latency of each stage of one question, in ms (`latency_ms`, filled in stage order).
+
+    `with timer.stage(name): ...` records the wall time of the block on this process. A
+    subclass decides what else a stage costs (`rl.common.memo.MemoStageTimer` replaces the time
+    spent in memo lookups by the stored cost of the retrievals they stand for). Use one timer
+    per question."""
+
+    def __init__(self) -> None:
+        self.latency_ms: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.latency_ms[name] = (time.perf_counter() - t0) * 1000.0
+
+
+@dataclass(frozen=True)
+class StageTrace:
+    """What each stage produced for one question: `candidates` (retrieval order, fused for
+    hybrid: what `Answer.candidates` holds), `ranked` (after rerank; the candidates when rerank
+    is off) and `chosen` (the k hits whose passages became the contexts)."""
+
+    candidates: list[Hit]
+    ranked: list[Hit]
+    chosen: list[Hit]
 
 
 class Resources:
@@ -77,7 +115,7 @@ def check_question(question: str) -> str:
 class Pipeline:
     """Answers questions over `indexes` with one `config`."""
 
-    def __init__(self, indexes: IndexSet, config: RAGConfig | None = None,
+    def __init__(self, indexes: IndexProvider, config: RAGConfig | None = None,
                  resources: Resources | None = None):
         self.indexes = indexes
         self.config = config or RAGConfig()
@@ -145,26 +183,54 @@ class Pipeline:
                              score=float(h.score)) for h in hits)
 
     # ---- end to end ----------------------------------------------------------------------
-    def retrieve(self, question: str) -> tuple[list[Hit], tuple[Context, ...], dict[str, float]]:
-        """Everything before generation, with per-stage latency in ms."""
-        lat: dict[str, float] = {}
-        with _timed(lat, "retrieve"):
-            cands = self.candidates(question)
-        with _timed(lat, "rerank"):
-            ranked = self.rerank(question, cands)
-        with _timed(lat, "select"):
-            chosen = self.select(question, ranked)
-        return cands, self.contexts(chosen), lat
+    def load_models(self) -> None:
+        """Load the generator and reranker this config uses now (once per `Resources`), so no
+        stage timing includes a model load."""
+        c = self.config
+        self.resources.generator(c.generator, c.device)
+        if c.rerank != "none" and not (c.rerank == "cosine"
+                                       and c.reranker_model == self.indexes.encoder_name):
+            self.resources.reranker(c.rerank, c.reranker_model, c.device)
 
-    def run(self, question: str, query_id: str = "q") -> Answer:
+    def _retrieval_stages(self, question: str, timer: StageTimer
+                          ) -> tuple[list[Hit], list[Hit], list[Hit]]:
+        """retrieve -> rerank -> select, each timed by `timer`: (candidates, ranked, chosen)."""
+        with timer.stage("retrieve"):
+            cands = self.candidates(question)
+        with timer.stage("rerank"):
+            ranked = self.rerank(question, cands)
+        with timer.stage("select"):
+            chosen = self.select(question, ranked)
+        return cands, ranked, chosen
+
+    def retrieve(self, question: str, timer: StageTimer | None = None
+                 ) -> tuple[list[Hit], tuple[Context, ...], dict[str, float]]:
+        """Everything before generation: (candidates, contexts, per-stage latency in ms)."""
+        timer = timer or StageTimer()
+        cands, _, chosen = self._retrieval_stages(question, timer)
+        return cands, self.contexts(chosen), timer.latency_ms
+
+    def run_traced(self, question: str, query_id: str = "q", timer: StageTimer | None = None
+                   ) -> tuple[Answer, StageTrace]:
+        """`run`, and what each stage produced (`StageTrace`)."""
         question = check_question(question)
-        cands, ctxs, lat = self.retrieve(question)
+        timer = timer or StageTimer()
+        cands, ranked, chosen = self._retrieval_stages(question, timer)
+        ctxs = self.contexts(chosen)
         gen = self.resources.generator(self.config.generator, self.config.device)
-        with _timed(lat, "generate"):
+        with timer.stage("generate"):
             g = gen.generate(question, ctxs, self.config.prompt_id,
                              max_new_tokens=self.config.max_new_tokens,
                              temperature=self.config.temperature)
-        return self._answer(query_id, question, cands, ctxs, lat, g)
+        ans = self._answer(query_id, question, cands, ctxs, timer.latency_ms, g)
+        return ans, StageTrace(cands, ranked, chosen)
+
+    def run(self, question: str, query_id: str = "q", timer: StageTimer | None = None
+            ) -> Answer:
+        """Answer one question (stripped; ConfigError when empty or over MAX_QUESTION_CHARS);
+        `Answer.latency_ms` holds each of `STAGES` in ms as `timer` (default: wall clock)
+        measured it."""
+        return self.run_traced(question, query_id, timer)[0]
 
     def run_batch(self, questions: Sequence[str], query_ids: Sequence[str] | None = None,
                   batch_size: int = 8, progress: Callable[[int], None] | None = None
@@ -199,11 +265,3 @@ class Pipeline:
                       tokens_in=g.tokens_in, tokens_out=g.tokens_out,
                       config_hash=self.config.config_hash, raw=g.raw)
 
-
-@contextmanager
-def _timed(lat: dict[str, float], stage: str):
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        lat[stage] = (time.perf_counter() - t0) * 1000.0

@@ -8,8 +8,13 @@ stored list. Query embeddings are memoised the same way, so cosine rerank and MM
 re-encoding. Hybrid fusion, rerank scoring, selection and generation still run for real: a config
 is a recombination of cached candidate lists.
 
-`cold_ms()` accumulates the stored cold costs of the retrievals a pipeline made since the last
-`begin()`: the evaluator adds it to the warm time so simulated latency = measured per-stage cost.
+`MemoIndexSet` implements `rag.index.provider.IndexProvider`, so the tuner runs the real
+`Pipeline`. Its latency comes from `stage_timer()` (`MemoStageTimer`): a stage costs the stored
+cold cost of each memoised call it made (retrieval, query encoding: a median measured once and
+stored) plus the wall time of everything else it ran for real (fusion, rerank scoring, MMR,
+generation). The time spent inside memoised calls — a lookup, or on a miss the three timed runs
+that measure the cost, or opening an index — is never charged, so a config costs the same
+whether its retrievals were already memoised or not.
 
 The memo file is versioned by `retrieval_version()` (a `rl.common.fingerprint.code_fingerprint`
 of the retrievers' and encoders' code),
@@ -24,12 +29,15 @@ import pickle
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rag.indexset import IndexSet
+from rag.pipeline import StageTimer
 from rag.types import Hit
 from rl.common.fingerprint import code_fingerprint
 
@@ -95,10 +103,45 @@ def _timed_median(call, repeats: int = 3) -> tuple[Any, float]:
 
 
 class _Cost:
-    """Accumulates cold milliseconds of memoised calls between `begin()` calls."""
+    """Running totals (ms) of the memoised calls made through one `MemoIndexSet`: `stored` = the
+    stored cold costs they stand for, `spent` = wall time actually spent inside them (lookups,
+    cost measurements, opening indexes). Not thread-safe: one question at a time (the
+    evaluator computes tables under its lock)."""
 
     def __init__(self):
-        self.ms = 0.0
+        self.stored = 0.0
+        self.spent = 0.0
+
+    def charge(self, stored_ms: float, since: float) -> None:
+        """Add one memoised call: its stored cost, and the wall time since `since`
+        (a `time.perf_counter()` taken when the call began)."""
+        self.stored += stored_ms
+        self.spent += (time.perf_counter() - since) * 1000.0
+
+
+class MemoStageTimer(StageTimer):
+    """A `StageTimer` for pipelines over a `MemoIndexSet`: a stage's latency = its wall time
+    minus the time spent inside memoised calls + their stored cold costs (ms). The memoised
+    part is therefore the same number however often (and in which order) configs are
+    evaluated; the rest is the measured time of the work that ran for real."""
+
+    def __init__(self, cost: _Cost):
+        super().__init__()
+        self._cost = cost
+        self.stored_ms: dict[str, float] = {}
+        """The memoised part of each stage's latency (stored cold costs, ms)."""
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        stored0, spent0 = self._cost.stored, self._cost.spent
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            wall = (time.perf_counter() - t0) * 1000.0
+            real = max(wall - (self._cost.spent - spent0), 0.0)
+            self.stored_ms[name] = self._cost.stored - stored0
+            self.latency_ms[name] = real + self.stored_ms[name]
 
 
 class MemoRetriever:
@@ -109,6 +152,7 @@ class MemoRetriever:
         return json.dumps([self.name, self.depth, sorted(kw.items()), query])
 
     def search(self, query: str, top_n: int = 10, **kw: Any) -> list[Hit]:
+        t0 = time.perf_counter()
         key = self._key(query, kw)
         got = self.store.get(key)
         if got is None or (len(got[0]) < top_n and top_n > self.depth):
@@ -116,7 +160,7 @@ class MemoRetriever:
             hits, ms = _timed_median(lambda: self.inner.search(query, n, **kw))
             got = (list(hits), ms)
             self.store.put(key, *got)
-        self.cost.ms += got[1]
+        self.cost.charge(got[1], t0)
         return list(got[0][:top_n])
 
     def __getattr__(self, name: str):
@@ -139,12 +183,13 @@ class MemoDense(MemoRetriever):
         self.encoder = _MemoEncoder(self)
 
     def embed_query(self, query: str) -> np.ndarray:
+        t0 = time.perf_counter()
         key = json.dumps([self.name, "embed", query])
         got = self.store.get(key)
         if got is None:
             got = _timed_median(lambda: self.inner.embed_query(query))
             self.store.put(key, *got)
-        self.cost.ms += got[1]
+        self.cost.charge(got[1], t0)
         return got[0]
 
     def passage_embeddings(self, ids: list[str]) -> np.ndarray:
@@ -152,7 +197,8 @@ class MemoDense(MemoRetriever):
 
 
 class MemoIndexSet:
-    """The parts of `IndexSet` a `Pipeline` uses, with memoised retrievers."""
+    """An `IndexProvider` (`rag.index.provider`) over `indexes` with memoised retrievers: what
+    the tuner's `Pipeline` runs on. Time its stages with `stage_timer()`."""
 
     def __init__(self, indexes: IndexSet, store_dir: str | Path):
         self.inner = indexes
@@ -164,18 +210,18 @@ class MemoIndexSet:
         self._cost = _Cost()
         self._wrapped: dict[str, Any] = {}
 
-    def begin(self) -> None:
-        self._cost.ms = 0.0
-
-    def cold_ms(self) -> float:
-        return self._cost.ms
+    def stage_timer(self) -> MemoStageTimer:
+        """A fresh timer for one question of a `Pipeline` over this set."""
+        return MemoStageTimer(self._cost)
 
     def _wrap(self, name: str, make) -> Any:
         if name not in self._wrapped:
+            t0 = time.perf_counter()
             w = make()
             # load models and page in index files now, so no stored cold cost includes them
             w.inner.search("warm up query", 5)
             self._wrapped[name] = w
+            self._cost.charge(0.0, t0)  # a one-time load is no stage's cost
         return self._wrapped[name]
 
     def bm25(self, backend: str = "tantivy"):
@@ -186,7 +232,8 @@ class MemoIndexSet:
         return self._wrap(f"dense-{kind}", lambda: MemoDense(
             self.inner.dense(kind), f"dense-{kind}", self.store, self._cost))
 
-    def graph(self, bm25_backend: str = "tantivy", dense_kind: str = "flat"):
+    def graph(self, bm25_backend: str | None = None, dense_kind: str = "flat"):
+        bm25_backend = bm25_backend or self.inner.default_bm25_backend()
         name = f"graph@{bm25_backend}+{dense_kind}"
         return self._wrap(name, lambda: MemoRetriever(
             self.inner.graph(bm25_backend, dense_kind), name, self.store, self._cost))

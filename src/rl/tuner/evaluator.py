@@ -4,16 +4,20 @@ the reward and the gate verdicts for one RAGConfig on a slice (a split, or a bat
 
 How a step stays cheap (`TunerEvaluator`):
   1. retrieval is memoised per question (`rl.common.memo`, on disk): cold per-retriever costs are stored;
-  2. the first evaluation of a config on a split runs the real pipeline stages on the memoised
-     candidates (fusion, rerank, selection, generation, scoring) and stores one row of metrics
+  2. the first evaluation of a config on a split answers every query with `Pipeline.run` (the
+     stage code Serve runs) over the memoised indexes (`MemoIndexSet`, a
+     `rag.index.provider.IndexProvider`), scores it and stores one row of metrics
      per query — a `QueryTable`, in memory and on disk (SQLite), keyed by corpus fingerprint,
      split ids, config hash and scorer version (`rows_version`: a fingerprint of the code
      that computes rows, so edited metric or stage code recomputes tables instead of reusing
      stale ones);
   3. every later evaluation (any batch of that split) is a numpy reduction over the table.
-Latency in a table row = the stored cold cost of every retrieval/encoding the query needed +
-the measured time of the stages that ran for real. It is a per-stage cost model measured on this
-machine, not a fresh wall-clock: the same config always gets the same latency.
+Latency in a table row (`MemoStageTimer`) = the stored cold cost of every retrieval/encoding the
+query needed (a median measured once per question and retriever, stored in the memo) + the
+measured time of the work that ran for real (fusion, rerank scoring, MMR, generation). Time
+spent in memo lookups, in measuring a cold cost or in loading models and indexes is charged to
+no stage, so a config's retrieval latency is the same whether it is evaluated first or after
+others; only the warm stages' milliseconds are re-measured when a table is rebuilt.
 
 Which per-query metrics play F and R is per dataset (`TunerSettings.datasets`): e.g. HotpotQA
 F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact (no answers)
@@ -34,7 +38,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,7 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.metrics import score_answer
 from rag.models import cache_dir
-from rag.pipeline import Pipeline, Resources
+from rag.pipeline import STAGES, Pipeline, Resources, check_question
 from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
@@ -63,7 +67,6 @@ ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
 """Not followed here: retrieval and its encoders reach the rows only through `rl.common.memo`, whose
 store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_version`, also
 part of `rows_version`)."""
-STAGES = ("retrieve", "rerank", "select", "generate")
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
 QUALITY_VERSION = "quality-v1"
@@ -192,36 +195,19 @@ class TunerEvaluator:
         return self._db.execute("SELECT 1 FROM rows WHERE key=?", (key,)).fetchone() is not None
 
     def _compute(self, config: RAGConfig, examples: Sequence[Example]) -> QueryTable:
-        pipe = Pipeline(self.memo, config, self.resources)  # type: ignore[arg-type]
-        gen = self.resources.generator(config.generator, config.device)
+        pipe = Pipeline(self.memo, config, self.resources)
+        pipe.load_models()
         rows: list[dict[str, float]] = []
         answers: list[Answer] = []
         for e in examples:
-            q = e.question
-            lat: dict[str, float] = {}
-            self.memo.begin()
-            t0 = time.perf_counter()
-            cands = pipe.candidates(q)
-            lat["retrieve"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
-            self.memo.begin()
-            t0 = time.perf_counter()
-            ranked = pipe.rerank(q, cands)
-            lat["rerank"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
-            self.memo.begin()
-            t0 = time.perf_counter()
-            chosen = pipe.select(q, ranked)
-            lat["select"] = (time.perf_counter() - t0) * 1000 + self.memo.cold_ms()
-            ctxs = pipe.contexts(chosen)
-            t0 = time.perf_counter()
-            g = gen.generate(q, ctxs, config.prompt_id, max_new_tokens=config.max_new_tokens,
-                             temperature=config.temperature)
-            lat["generate"] = (time.perf_counter() - t0) * 1000
-            ans = Answer(e.id, q, g.text, g.citations, ctxs, tuple(ranked), lat, g.tokens_in,
-                         g.tokens_out, config.config_hash, g.raw)
+            ans, trace = pipe.run_traced(e.question, e.id, self.memo.stage_timer())
+            # a row's recall@n / ndcg@10 / mrr@10 read the reranked list: what rerank changes
+            ans = replace(ans, candidates=tuple(trace.ranked))
+            lat = ans.latency_ms
             row = score_answer(ans, e, k=config.k)
             row.update({f"{s}_ms": lat[s] for s in STAGES})
-            row["latency_ms"] = sum(lat.values())
-            row["tokens"] = float(g.tokens_in + g.tokens_out)
+            row["latency_ms"] = sum(lat[s] for s in STAGES)
+            row["tokens"] = float(ans.tokens_in + ans.tokens_out)
             rows.append(row)
             answers.append(ans)
         if self.uses_quality:
@@ -240,15 +226,15 @@ class TunerEvaluator:
         generation times stay as measured. Returns the number of tables updated."""
         from rl.common.memo import retime
 
-        ex = self.data.examples(split)
-        changes = retime(self.memo, {e.question for e in ex})
+        questions = [check_question(e.question) for e in self.data.examples(split)]
+        changes = retime(self.memo, set(questions))
         delta = {}
         for (name, q), (old, new) in changes.items():
             delta.setdefault(name, {})[q] = new - old
 
         def d(name: str) -> np.ndarray:
             m = delta.get(name, {})
-            return np.array([m.get(e.question, 0.0) for e in ex])
+            return np.array([m.get(q, 0.0) for q in questions])
 
         n = 0
         for cfg in configs:
@@ -263,6 +249,8 @@ class TunerEvaluator:
             tab["retrieve_ms"] = tab["retrieve_ms"] + shift
             if cfg.rerank == "cosine" and cfg.reranker_model == self.data.indexes.encoder_name:
                 tab["rerank_ms"] = tab["rerank_ms"] + d(f"{dn}-embed")
+            if cfg.mmr_lambda < 1.0:  # MMR encodes the question (when it has more than k hits)
+                tab["select_ms"] = tab["select_ms"] + d(f"{dn}-embed")
             tab["latency_ms"] = sum(tab[f"{s}_ms"] for s in STAGES)
             self._db.execute("UPDATE rows SET value=? WHERE key=?", (pickle.dumps(tab), key))
             self._tables.pop((split, key), None)
