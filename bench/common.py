@@ -25,19 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def bootstrap_ci(values, n_resamples: int = 10_000, seed: int = 0, ci: float = 0.95
                  ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean (vectorised, chunked to bound memory)."""
+    """Percentile bootstrap CI of the mean (`rl.stats.bootstrap.bootstrap_mean_ci`); a single
+    value is its own interval, none or a non-finite one gives NaN."""
+    from rl.stats.bootstrap import bootstrap_mean_ci
+
     x = np.asarray(values, dtype=np.float64)
     if x.size < 2:
         return (float(x.mean()) if x.size else float("nan"),) * 2
-    rng = np.random.default_rng(seed)
-    means = []
-    chunk = max(1, 2_000_000 // x.size)
-    for start in range(0, n_resamples, chunk):
-        m = min(chunk, n_resamples - start)
-        means.append(x[rng.integers(0, x.size, size=(m, x.size))].mean(axis=1))
-    allm = np.concatenate(means)
-    a = (1 - ci) / 2
-    return float(np.quantile(allm, a)), float(np.quantile(allm, 1 - a))
+    if not np.all(np.isfinite(x)):
+        return float("nan"), float("nan")
+    b = bootstrap_mean_ci(x, n_resamples, seed, ci)
+    return b.ci_low, b.ci_high
 
 
 def metric_row(dataset: str, system: str, metric: str, values, seed: int = 0) -> dict[str, Any]:

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import bootstrap_ci, make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
+from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
 configure_runtime_env()
 DS = "synthetic"
@@ -51,8 +52,8 @@ SHADOW = {"variant": "hybrid", "k": 8}  # as costly as the stable config: the ho
 def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
     """q-th percentile (ms) with a 95% bootstrap CI (2,000 resamples)."""
     x = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    boots = np.percentile(x[rng.integers(0, x.size, size=(2000, x.size))], q, axis=1)
+    boots = bootstrap_statistic(lambda idx: np.percentile(x[idx], q, axis=1), x.size, 2000,
+                                seed)
     return {"dataset": DS, "system": system, "metric": metric, "value": float(np.percentile(x, q)),
             "ci_low": float(np.quantile(boots, 0.025)), "ci_high": float(np.quantile(boots, 0.975)),
             "n": int(x.size)}

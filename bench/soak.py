@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import make_meta, plain_row, write_results  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
+from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
 configure_runtime_env()
 DS = "synthetic"
@@ -56,8 +57,8 @@ def tree_rss_mb() -> float:
 
 def p95_row(metric: str, values, seed: int) -> dict:
     x = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    boots = np.percentile(x[rng.integers(0, x.size, size=(2000, x.size))], 95, axis=1)
+    boots = bootstrap_statistic(lambda idx: np.percentile(x[idx], 95, axis=1), x.size, 2000,
+                                seed)
     return {"dataset": DS, "system": SYSTEM, "metric": metric,
             "value": float(np.percentile(x, 95)), "ci_low": float(np.quantile(boots, 0.025)),
             "ci_high": float(np.quantile(boots, 0.975)), "n": int(x.size)}

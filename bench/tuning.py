@@ -55,7 +55,7 @@ from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random
 from rl.tuner.env import TunerEnv  # noqa: E402
 from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
-from rl.tuner.results import TuneResult  # noqa: E402
+from rl.tuner.results import Incumbent, TuneResult  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 from rl.tuner.space import ConfigSpace  # noqa: E402
 
@@ -103,13 +103,12 @@ def value_of(ev: TunerEvaluator, cfgs) -> dict[str, float]:
 
 
 def incumbent_curve(hist) -> list[dict]:
-    """Incumbent = best mean observed reward so far (the rule baselines use)."""
-    sums: dict[str, list[float]] = {}
-    out = []
+    """Incumbent = best mean observed reward so far (`rl.tuner.results.Incumbent`, the rule
+    baselines use)."""
+    inc, out = Incumbent(), []
     for i, h in enumerate(hist, 1):
-        sums.setdefault(h["config_hash"], []).append(h["reward"])
-        inc = max(sums, key=lambda k: (np.mean(sums[k]), len(sums[k])))
-        out.append({"eval": i, "incumbent": inc})
+        inc.add(h["config_hash"], h["reward"])
+        out.append({"eval": i, "incumbent": inc.best()[0]})
     return out
 
 

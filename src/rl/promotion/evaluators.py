@@ -33,7 +33,8 @@ from numpy.typing import ArrayLike
 from scipy.special import ndtri
 
 from rag.errors import ConfigError
-from rl.stats.bootstrap import paired_bootstrap
+from rl.stats.bootstrap import paired_bootstrap, unpaired_bootstrap
+from rl.tuner.reward import gate_verdicts
 from rl.tuner.settings import Thresholds
 
 CIMethod = Literal["bootstrap", "normal"]
@@ -203,27 +204,10 @@ def _summary(a: dict[str, np.ndarray | None], latency_slo_ms: float) -> ArmSumma
 
 
 def _gates(s: ArmSummary, t: Thresholds) -> dict[str, bool | None]:
-    return {"faithfulness": None if s.faithfulness is None else s.faithfulness >= t.faithfulness,
-            "relevancy": None if s.relevancy is None else s.relevancy >= t.relevancy,
-            "p95_latency_ms": None if s.p95_latency_ms is None
-            else s.p95_latency_ms <= t.p95_latency_ms}
-
-
-def unpaired_bootstrap(a: np.ndarray, b: np.ndarray, n_resamples: int = 10_000, seed: int = 0,
-                       ci: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of mean(b) − mean(a), both arms resampled independently
-    (vectorised, chunked to ~2M values per matrix)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    step = max(1, 2_000_000 // max(a.size, b.size))
-    for start in range(0, n_resamples, step):
-        m = min(step, n_resamples - start)
-        out.append(b[rng.integers(0, b.size, (m, b.size))].mean(axis=1)
-                   - a[rng.integers(0, a.size, (m, a.size))].mean(axis=1))
-    d = np.concatenate(out)
-    tail = (1 - ci) / 2
-    lo, hi = np.quantile(d, [tail, 1 - tail])
-    return float(lo), float(hi)
+    """The candidate's hard-gate verdicts (`rl.tuner.reward.gate_verdicts`: None = not
+    measured)."""
+    return gate_verdicts({"faithfulness": s.faithfulness, "relevancy": s.relevancy,
+                          "p95_latency_ms": s.p95_latency_ms}, t)
 
 
 class _Evaluator:
@@ -269,7 +253,8 @@ class _Evaluator:
             var = sum(float(x.var(ddof=1)) / x.size if x.size > 1 else 0.0 for x in (rs, rc))
             se = math.sqrt(var)
             if self.ci_method == "bootstrap" and min(rs.size, rc.size) > 1:
-                lo, hi = unpaired_bootstrap(rs, rc, self.n_resamples, self.seed, self.ci)
+                b = unpaired_bootstrap(rs, rc, self.n_resamples, self.seed, self.ci)
+                lo, hi = b.ci_low, b.ci_high
             else:
                 lo, hi = diff - z * se, diff + z * se
         cand = _summary(c, self.latency_slo_ms)

@@ -15,9 +15,10 @@ candidate's. Per request:
 
     reward = α·F + β·R − γ·min(latency / T, 2) − δ·min(tokens / C_ref, 2) − λ·w_pii·leaks
 
-the per-query reward of the tuner (`TunerEvaluator.per_query_reward`) with F = RAGAS
-faithfulness and R = answer relevancy (NaN = not scorable, e.g. an abstention: counts 0 in the
-reward, as in the tuner), weights and C_ref from `TunerSettings`, T = the latency gate. Latency:
+the per-query reward of the tuner (`rl.tuner.reward.RewardSpec.per_query`, as
+`TunerEvaluator.per_query_reward`) with F = RAGAS faithfulness and R = answer relevancy (NaN =
+not scorable, e.g. an abstention: counts 0 in the reward, the spec's per-query rule), weights
+and C_ref from `TunerSettings`, T = the latency gate. Latency:
 the stable arm's logged per-stage ms (retrieve + rerank + select + generate, else the logged
 `pipeline` ms) against the candidate's stage ms measured here after one warm-up question. So
 run replays on a machine like the serving replicas and not under load, or the latency term is
@@ -56,6 +57,7 @@ from rag.errors import ConfigError, DataError
 from rag.types import Answer, Context, Example
 from rl.promotion.evaluators import Arm, EvaluationReport, _Evaluator
 from rl.stats.bootstrap import paired_bootstrap
+from rl.tuner.reward import RewardSpec
 from rl.tuner.settings import Thresholds, TunerSettings
 
 STAGES = ("retrieve", "rerank", "select", "generate")
@@ -240,17 +242,14 @@ class ReplayEvaluator(_Evaluator):
              scores: Sequence[Mapping[str, float]], f1: np.ndarray | None
              ) -> tuple[Arm, np.ndarray]:
         """Arm of one config (None answer = a failed request) and its PII leaks."""
-        w, t = self.policy.reward_weights, self.thresholds
         F = np.array([s.get("faithfulness", np.nan) for s in scores], dtype=np.float64)
         R = f1 if f1 is not None else np.array(
             [s.get("answer_relevancy", np.nan) for s in scores], dtype=np.float64)
         tokens = np.array([0.0 if a is None else float(a.tokens_in + a.tokens_out)
                            for a in answers])
         leaks = np.array([0.0 if a is None else self._leaks(a) for a in answers])
-        reward = (w.alpha * np.nan_to_num(F) + w.beta * np.nan_to_num(R)
-                  - w.gamma * np.minimum(latency / t.p95_latency_ms, 2.0)
-                  - w.delta * np.minimum(tokens / self.policy.cost_ref_tokens, 2.0)
-                  - w.lambda_ * self.pii_weight * leaks)
+        spec = RewardSpec.from_settings(self.policy, self.thresholds, self.pii_weight)
+        reward = spec.per_query(F, R, latency, tokens, leaks)
         errors = np.array([a is None for a in answers], dtype=np.float64)
         return Arm(reward, latency, errors, F, R, tokens), leaks
 

@@ -8,8 +8,8 @@ observation is a Dict with `action_mask`, as in RLlib's action-masking example).
 The critic of a cloned policy is untrained; `warm_value` first regresses the value head on
 Monte-Carlo returns of the policy's own sampled episodes so PPO's first advantages are not noise.
 
-Sized for one CPU: local Ray (rl.common.runtime.init_ray), num_env_runners=0, num_learners=0, small
-batches (`selection.ppo`). Training queries only.
+Sized for one CPU by `rl.common.rllib.ppo_config` (num_env_runners=0, num_learners=0, small
+batches from `selection.ppo`) on local Ray (rl.common.runtime.init_ray). Training queries only.
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ class SelectionPPO:
         self._tmp = tempfile.TemporaryDirectory(prefix="selection-ppo-")
 
     def algo_config(self):
-        from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from rl.common.rllib import ppo_config
 
         p = self.cfg.ppo
         mc: dict[str, Any] = {"glob_dim": self.glob_dim, "hidden": self.cfg.bc.hidden,
@@ -120,23 +121,15 @@ class SelectionPPO:
             torch.save(self.init.state_dict(), path)
             mc.update(self.init.config())
             mc["init_path"] = str(path)
-        return (PPOConfig()
-                .environment(SelectionEnv, env_config={"pools": self.key,
-                                                       "seed": self.cfg.seed},
-                             disable_env_checking=True)
-                .framework("torch")
-                .env_runners(num_env_runners=0, num_envs_per_env_runner=1,
-                             rollout_fragment_length=p.train_batch_size)
-                .learners(num_learners=0)
-                .training(lr=p.lr, clip_param=p.clip_param, lambda_=p.lambda_, gamma=p.gamma,
+        return ppo_config(SelectionEnv, {"pools": self.key, "seed": self.cfg.seed},
+                          seed=self.cfg.seed, train_batch_size=p.train_batch_size,
+                          module_spec=RLModuleSpec(module_class=SelectionRLModule,
+                                                   model_config=mc),
+                          smoothing_episodes=20, disable_env_checking=True, lr=p.lr,
+                          clip_param=p.clip_param, lambda_=p.lambda_, gamma=p.gamma,
                           entropy_coeff=p.entropy_coeff, use_kl_loss=False,
-                          train_batch_size_per_learner=p.train_batch_size,
                           minibatch_size=p.minibatch_size, num_epochs=p.num_epochs,
                           vf_loss_coeff=0.5)
-                .rl_module(rl_module_spec=RLModuleSpec(module_class=SelectionRLModule,
-                                                       model_config=mc))
-                .debugging(seed=self.cfg.seed, log_level="ERROR")
-                .reporting(metrics_num_episodes_for_smoothing=20))
 
     def build(self) -> None:
         from rl.common.runtime import init_ray

@@ -7,12 +7,17 @@ difference means the candidate is better. Inputs may be lists or arrays; bad inp
 `np.random.default_rng(seed)`, so the same call gives the same answer.
 
 - `bootstrap_mean_ci`, `paired_bootstrap`: percentile bootstrap of a mean (of `b - a`).
+- `unpaired_bootstrap`: the same for `mean(b) - mean(a)` with the arms resampled independently.
+- `bootstrap_statistic`: the resampling engine under them all, for any vectorised statistic of
+  resampled rows (several paired arrays, quantiles, dicts of statistics).
 - `permutation_test`: two-sided p-value, sign flips (paired) or label shuffles (unpaired).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -31,12 +36,39 @@ def _chunks(total: int, row_len: int):
 
 # --------------------------------------------------------------------------- bootstrap
 
+S = TypeVar("S", np.ndarray, dict)
+
+
+def bootstrap_statistic(statistic: Callable[[np.ndarray], S], n: int,
+                        n_resamples: int = 10_000, seed: int = 0) -> S:
+    """`statistic` of `n_resamples` bootstrap resamples of n rows, vectorised.
+
+    `statistic(idx)` receives a (chunk × n) matrix of row indices drawn with replacement (one
+    resample per row; chunks hold ~2M indices) and returns one value per resample: an array
+    of length chunk, or a dict of such arrays. Indexing several arrays with the same `idx`
+    resamples them as pairs (paired bootstrap). Returns the chunks concatenated (an array of
+    `n_resamples`, or a dict of them). Draws `rng.integers(0, n, (chunk, n))` per chunk from
+    `np.random.default_rng(seed)`, so a seed gives the same resamples to every caller."""
+    n, n_resamples = _count("n", n), _count("n_resamples", n_resamples)
+    rng = np.random.default_rng(seed)
+    parts = [statistic(rng.integers(0, n, size=(m, n))) for m in _chunks(n_resamples, n)]
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
+
+
+def _p_value(stats: np.ndarray) -> float:
+    """Two-sided p-value of H0 "statistic = 0" by inverting the percentile interval."""
+    below, above = np.count_nonzero(stats <= 0.0), np.count_nonzero(stats >= 0.0)
+    return float(min(1.0, 2.0 * (min(below, above) + 1) / (stats.size + 1)))
+
 
 @dataclass(frozen=True)
 class BootstrapResult:
     """`mean_diff`: the observed mean of `b - a` (one-sample: the mean of `x`); `ci_low`,
     `ci_high`: percentile bootstrap interval; `p_value`: two-sided, for H0 mean = 0, the smallest
-    level at which the percentile interval excludes 0; `n`: number of (paired) observations."""
+    level at which the percentile interval excludes 0; `n`: number of (paired) observations
+    (unpaired: of both arms)."""
 
     mean_diff: float
     ci_low: float
@@ -55,14 +87,10 @@ def bootstrap_mean_ci(x: ArrayLike, n_resamples: int = 10_000, seed: int = 0,
     v = _vector("x", x)
     n_resamples = _count("n_resamples", n_resamples)
     ci = _prob("ci", ci)
-    rng = np.random.default_rng(seed)
-    means = np.concatenate([v[rng.integers(0, v.size, size=(m, v.size))].mean(axis=1)
-                            for m in _chunks(n_resamples, v.size)])
+    means = bootstrap_statistic(lambda idx: v[idx].mean(axis=1), v.size, n_resamples, seed)
     tail = (1.0 - ci) / 2.0
     lo, hi = np.quantile(means, [tail, 1.0 - tail])
-    below, above = np.count_nonzero(means <= 0.0), np.count_nonzero(means >= 0.0)
-    p = min(1.0, 2.0 * (min(below, above) + 1) / (n_resamples + 1))
-    return BootstrapResult(float(v.mean()), float(lo), float(hi), float(p), int(v.size))
+    return BootstrapResult(float(v.mean()), float(lo), float(hi), _p_value(means), int(v.size))
 
 
 def paired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 10_000, seed: int = 0,
@@ -71,6 +99,24 @@ def paired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 10_000, seed
     resampled as pairs. Same contract as `bootstrap_mean_ci` applied to `b - a`."""
     va, vb = _pair(a, b)
     return bootstrap_mean_ci(vb - va, n_resamples=n_resamples, seed=seed, ci=ci)
+
+
+def unpaired_bootstrap(a: ArrayLike, b: ArrayLike, n_resamples: int = 10_000, seed: int = 0,
+                       ci: float = 0.95) -> BootstrapResult:
+    """Percentile bootstrap of `mean(b) - mean(a)` with the arms resampled independently (two
+    groups of different requests). Per chunk (~2M indices of the longer arm) `b`'s resamples
+    are drawn before `a`'s. `n` is a.size + b.size; p_value as in `bootstrap_mean_ci`."""
+    va, vb = _vector("a", a), _vector("b", b)
+    n_resamples = _count("n_resamples", n_resamples)
+    ci = _prob("ci", ci)
+    rng = np.random.default_rng(seed)
+    d = np.concatenate([vb[rng.integers(0, vb.size, (m, vb.size))].mean(axis=1)
+                        - va[rng.integers(0, va.size, (m, va.size))].mean(axis=1)
+                        for m in _chunks(n_resamples, max(va.size, vb.size))])
+    tail = (1.0 - ci) / 2.0
+    lo, hi = np.quantile(d, [tail, 1.0 - tail])
+    return BootstrapResult(float(vb.mean() - va.mean()), float(lo), float(hi), _p_value(d),
+                           int(va.size + vb.size))
 
 
 # --------------------------------------------------------------------------- permutation

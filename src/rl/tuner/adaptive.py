@@ -125,21 +125,15 @@ class AdaptivePolicy:
         self.algo = None
 
     def fit(self, iterations: int = 30) -> list[float]:
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
+        from rl.common.rllib import ppo_config
         from rl.common.runtime import init_ray
 
         init_ray()
-        cfg = (PPOConfig().environment(ContextualEnv, env_config={"bandit": self.key,
-                                                                  "seed": self.seed})
-               .framework("torch")
-               .env_runners(num_env_runners=0, rollout_fragment_length=self.batch)
-               .learners(num_learners=0)
-               .training(lr=self.lr, gamma=0.0, lambda_=0.0, train_batch_size_per_learner=
-                         self.batch, minibatch_size=64, num_epochs=6, entropy_coeff=0.003)
-               .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(self.hidden)))
-               .debugging(seed=self.seed, log_level="ERROR"))
+        # one-step episodes: no discounting, no bootstrapping (gamma = GAE lambda = 0)
+        cfg = ppo_config(ContextualEnv, {"bandit": self.key, "seed": self.seed},
+                         seed=self.seed, train_batch_size=self.batch, hidden=self.hidden,
+                         lr=self.lr, gamma=0.0, lambda_=0.0, minibatch_size=64, num_epochs=6,
+                         entropy_coeff=0.003)
         self.algo = cfg.build_algo()
         means = []
         for _ in range(iterations):

@@ -8,7 +8,8 @@ space once on the whole tuning split: the ceiling any static config can reach.
     random_search   uniform over the heads (fusion weight uniform in its bounds)
     optuna_search   Ray Tune's OptunaSearch (TPE) driven step by step in this process
     bandit_search   UCB1 or Thompson over a seeded subset of the grid (budget / 3 arms)
-A method's answer is its *incumbent*: the config with the best mean observed reward so far.
+A method's answer is its *incumbent*: the config with the best mean observed reward so far
+(`rl.tuner.results.Incumbent`, the rule PPO's recommendation is checked against too).
 
 Budgets count `unit="steps"` (every evaluation, the default) or `unit="configs"` (distinct
 configs evaluated: what a tuning run costs when tables are cached, since a config's first
@@ -21,7 +22,6 @@ stops once each arm was pulled once.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from rag.config import RAGConfig
 from rl.tuner.bandit import UCB1, Thompson
 from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.results import TuneResult
+from rl.tuner.results import Incumbent, TuneResult
 from rl.tuner.space import ConfigSpace
 
 
@@ -43,7 +43,7 @@ class _Budget:
         self.n = len(ev.data.examples(self.split))
         self.batch = min(ev.policy.episode.batch_size, self.n)
         self.rng = np.random.default_rng(seed)
-        self.sums: dict[str, list[float]] = defaultdict(list)
+        self.observed = Incumbent()
         self.configs: dict[str, RAGConfig] = {}
         self.curve: list[dict[str, Any]] = []
 
@@ -51,7 +51,7 @@ class _Budget:
         idx = self.rng.choice(self.n, size=self.batch, replace=False)
         r = self.ev.evaluate(cfg, self.split, idx).reward
         h = cfg.config_hash
-        self.sums[h].append(r)
+        self.observed.add(h, r)
         self.configs[h] = cfg
         inc = self.incumbent()
         self.curve.append({"eval": len(self.curve) + 1, "reward": r, "config_hash": h,
@@ -65,11 +65,10 @@ class _Budget:
             return len(self.curve) < budget
         if unit != "configs":
             raise ValueError(f"unit: must be steps or configs, got {unit!r}")
-        return len(self.sums) < budget and len(self.curve) < (max_steps or 10 * budget)
+        return len(self.observed) < budget and len(self.curve) < (max_steps or 10 * budget)
 
     def incumbent(self) -> RAGConfig:
-        h = max(self.sums, key=lambda k: (np.mean(self.sums[k]), len(self.sums[k])))
-        return self.configs[h]
+        return self.configs[self.observed.best()[0]]
 
     def result(self, method: str, t0: float, **extra: Any) -> TuneResult:
         return TuneResult(method, self.incumbent(), len(self.curve), self.curve,
@@ -83,16 +82,17 @@ def grid_search(ev: TunerEvaluator, split: str | None = None, progress=None) -> 
     split = split or ev.slice.tune_split
     rewards: dict[str, float] = {}
     configs: dict[str, RAGConfig] = {}
+    observed = Incumbent()
     curve = []
     for i, cfg in enumerate(space.grid(), 1):
         rewards[cfg.config_hash] = ev.evaluate(cfg, split).reward
         configs[cfg.config_hash] = cfg
-        best = max(rewards, key=rewards.get)
+        observed.add(cfg.config_hash, rewards[cfg.config_hash])
         curve.append({"eval": i, "reward": rewards[cfg.config_hash],
-                      "config_hash": cfg.config_hash, "incumbent": best})
+                      "config_hash": cfg.config_hash, "incumbent": observed.best()[0]})
         if progress:
             progress(i)
-    best = max(rewards, key=rewards.get)
+    best = observed.best()[0]
     return TuneResult("grid", configs[best], len(rewards), curve, time.perf_counter() - t0,
                       {"rewards": rewards, "configs": configs})
 

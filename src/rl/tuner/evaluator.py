@@ -52,7 +52,7 @@ from rag.pipeline import STAGES, Pipeline, Resources, check_question
 from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
-from rl.tuner.reward import StepMetrics, reward
+from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics
 from rl.tuner.settings import TunerSettings
 
 ROWS_VERSION = "rows-v1"
@@ -268,17 +268,19 @@ class TunerEvaluator:
                                   f"{', '.join(sorted(tab))})")
         return tab[self.slice.faithfulness], tab[self.slice.relevancy]
 
+    def reward_spec(self) -> RewardSpec:
+        """The reward this evaluator scores with: the policy's weights, C_ref and band with
+        this dataset's thresholds."""
+        return RewardSpec.from_settings(self.policy, self.thresholds)
+
     def summarize(self, tab: QueryTable, idx: np.ndarray | None = None) -> StepMetrics:
+        """Batch metrics of rows `idx` of `tab` (all rows when None): `RewardSpec.batch`."""
         F, R = self.quality(tab)
-        lat, tok = tab["latency_ms"], tab["tokens"]
+        cols = [F, R, tab["latency_ms"], tab["tokens"], tab.get(PII_COLUMN)]
         if idx is not None:
-            F, R, lat, tok = F[idx], R[idx], lat[idx], tok[idx]
-        w = self.policy.reward_weights
-        q = w.alpha * np.nan_to_num(F) + w.beta * np.nan_to_num(R)
-        se = float(q.std(ddof=1) / np.sqrt(q.size)) if q.size > 1 else 0.0
-        return StepMetrics(faithfulness=float(np.nanmean(F)), relevancy=float(np.nanmean(R)),
-                           p95_latency_ms=float(np.percentile(lat, 95)),
-                           cost=float(tok.mean()), quality_se=se)
+            cols = [None if c is None else c[idx] for c in cols]
+        # through the class: the report's table-only stand-ins have no `reward_spec` of their own
+        return TunerEvaluator.reward_spec(self).batch(*cols)
 
     def evaluate(self, config: RAGConfig, split: str | None = None,
                  idx: np.ndarray | Sequence[int] | None = None) -> EvalReport:
@@ -290,9 +292,7 @@ class TunerEvaluator:
         tab = self.table(config, split)
         sel = None if idx is None else np.asarray(idx, dtype=np.int64)
         m = self.summarize(tab, sel)
-        p = self.policy
-        r, verdicts = reward(m, p.reward_weights, self.thresholds, p.cost_ref_tokens,
-                             p.instability_band)
+        r, verdicts = self.reward_spec().reward(m)
         lat = tab["latency_ms"] if sel is None else tab["latency_ms"][sel]
         extra = {k: float(np.nanmean(v if sel is None else v[sel])) for k, v in tab.items()
                  if not np.all(np.isnan(v))}
@@ -304,13 +304,12 @@ class TunerEvaluator:
                           (time.perf_counter() - t0) * 1000, cached)
 
     def per_query_reward(self, tab: QueryTable) -> np.ndarray:
-        """Reward of each query alone (latency and cost per query, no batch gates): what a
-        per-query policy is trained on and what paired bootstraps resample."""
+        """Reward of each query alone (`RewardSpec.per_query`: latency and cost per query, no
+        batch gates): what a per-query policy is trained on and what paired bootstraps
+        resample."""
         F, R = self.quality(tab)
-        p, t = self.policy.reward_weights, self.thresholds
-        return (p.alpha * np.nan_to_num(F) + p.beta * np.nan_to_num(R)
-                - p.gamma * np.minimum(tab["latency_ms"] / t.p95_latency_ms, 2.0)
-                - p.delta * np.minimum(tab["tokens"] / self.policy.cost_ref_tokens, 2.0))
+        return self.reward_spec().per_query(F, R, tab["latency_ms"], tab["tokens"],
+                                            tab.get(PII_COLUMN))
 
 
 # ---- the one entry point ---------------------------------------------------------------------

@@ -5,17 +5,18 @@
     trainer.save(path) / PPOTuner.restore(path)  # checkpoints (RLlib's own format)
 
 One iteration collects `ppo.train_batch_size` env steps (config evaluations) with the local env
-runner and runs `num_epochs` of minibatch SGD: clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in
-delta mode and 0/0 in absolute mode, the KL penalty optional, all from
-`configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
+runner (RLlib sized by `rl.common.rllib.ppo_config`) and runs `num_epochs` of minibatch SGD:
+clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in delta mode and 0/0 in absolute mode, the KL
+penalty optional, all from `configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
 rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's default module
 for a Dict action space).
 
 The *greedy config* of a run is the deterministic action from the reset state, rolled for one
 read-out episode: the config it settles on most often. The *recommendation* (`best_config`) is
 the greedy config when its read-out reward is at least the incumbent's (the best config PPO
-evaluated while training, by mean observed reward), else the incumbent: a policy that has not
-converged within the budget should not displace the best evidence it gathered.
+evaluated while training, by mean observed reward: `rl.tuner.results.Incumbent`), else the
+incumbent: a policy that has not converged within the budget should not displace the best
+evidence it gathered.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rl.common.rllib import ppo_config
 from rl.common.runtime import init_ray
 from rl.tuner.env import TunerEnv, register_evaluator
 from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.results import TuneResult, curve_from_history
+from rl.tuner.results import TuneResult, curve_from_history, incumbent
 from rl.tuner.settings import TunerSettings
 
 
@@ -47,26 +49,16 @@ class PPOTuner:
         self.algo = None
 
     def config(self):
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
+        """The RLlib PPOConfig (`rl.common.rllib.ppo_config`) with `policy.ppo`'s settings."""
         p = self.policy.ppo
         gamma, gae_lambda = self.policy.ppo_discount()
-        return (PPOConfig()
-                .environment(TunerEnv, env_config={"evaluator": self.key, "seed": self.seed})
-                .framework("torch")
-                .env_runners(num_env_runners=0, num_envs_per_env_runner=1,
-                             rollout_fragment_length=p.train_batch_size)
-                .learners(num_learners=0)
-                .training(lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda,
-                          gamma=gamma, kl_target=p.kl_target, use_kl_loss=p.use_kl_loss,
-                          entropy_coeff=p.entropy_coeff,
-                          train_batch_size_per_learner=p.train_batch_size,
-                          minibatch_size=p.minibatch_size, num_epochs=p.num_epochs)
-                .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(p.hidden),
-                                                           vf_share_layers=False))
-                .debugging(seed=self.seed, log_level="ERROR")
-                .reporting(metrics_num_episodes_for_smoothing=5))
+        return ppo_config(TunerEnv, {"evaluator": self.key, "seed": self.seed}, seed=self.seed,
+                          train_batch_size=p.train_batch_size, hidden=p.hidden,
+                          model={"vf_share_layers": False}, smoothing_episodes=5,
+                          lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
+                          kl_target=p.kl_target, use_kl_loss=p.use_kl_loss,
+                          entropy_coeff=p.entropy_coeff, minibatch_size=p.minibatch_size,
+                          num_epochs=p.num_epochs)
 
     def build(self) -> None:
         init_ray()
@@ -172,15 +164,6 @@ class PPOTuner:
         if self.algo is not None:
             self.algo.stop()
             self.algo = None
-
-
-def incumbent(history: list[dict[str, Any]]) -> tuple[str, float]:
-    """The config hash with the best mean observed reward, and that mean."""
-    sums: dict[str, list[float]] = {}
-    for h in history:
-        sums.setdefault(h["config_hash"], []).append(h["reward"])
-    best = max(sums, key=lambda k: (np.mean(sums[k]), len(sums[k])))
-    return best, float(np.mean(sums[best]))
 
 
 def _iteration_metrics(res: dict[str, Any], hist: list[dict[str, Any]]) -> dict[str, float]:

@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from rl.tuner.reward import HARD_GATES, gate_verdicts
+
 PREFIX = "ragpilot_tuner"
 VARIANTS = ("bm25", "dense", "hybrid", "graph")
-GATES = ("faithfulness", "relevancy", "p95_latency_ms")
+GATES = HARD_GATES
 MA_EPISODES = 10
 
 
@@ -135,14 +137,8 @@ class TunerMetrics:
         t = self.thresholds
         if t is None:  # only the verdict is known: count it against every gate it could be
             return [] if s.get("gates_passed", True) else ["unknown"]
-        out = []
-        if float(s["faithfulness"]) < t.faithfulness:
-            out.append("faithfulness")
-        if float(s["relevancy"]) < t.relevancy:
-            out.append("relevancy")
-        if float(s["p95_latency_ms"]) > t.p95_latency_ms:
-            out.append("p95_latency_ms")
-        return out
+        verdicts = gate_verdicts({g: float(s[g]) for g in GATES}, t)
+        return [g for g, ok in verdicts.items() if ok is False]
 
     def _update_pareto(self) -> None:
         front = pareto_front({h: (c["q"], c["cost"]) for h, c in self._configs.items()})

@@ -4,7 +4,9 @@ frontier, a power plan, and PNG plots.
 How a holdout comparison stays statistically sound (`compare`). The reward of a config on a
 split is r = C − λ·P with
     C = αF + βR − γ·min(p95/T, 2) − δ·min(cost/C_ref, 2)      (the continuous part)
-    P = [F < θ_F] + [R < θ_R] + [p95 > T] + 0.5·[se > band]     (the gate penalty)
+    P = [F < θ_F] + [R < θ_R] + [p95 > T] + 0.5·[se > band] + w_pii·L    (the penalty)
+(`rl.tuner.reward.RewardSpec`, the one definition; L = mean PII leaks per query, 0 unless the
+table has a `pii_leaks` column).
 C is built from means, a quantile and saturating clips: smooth (or Lipschitz) functions of the
 query sample, for which the percentile bootstrap is consistent. P is a sum of step functions; a
 bootstrap of an indicator whose statistic sits near its threshold is not: resamples fall on both
@@ -28,7 +30,6 @@ counted as 0), as in `TunerEvaluator.summarize`.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,40 +38,30 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rl.stats.bootstrap import bootstrap_statistic
 from rl.tuner.evaluator import QueryTable, TunerEvaluator
+from rl.tuner.reward import PII_COLUMN
 
 GATES = ("faithfulness", "relevancy", "p95_latency_ms", "stable")
 
 
-def _nanmean(x: np.ndarray) -> np.ndarray:
-    with warnings.catch_warnings():  # an all-NaN row is NaN, as in `evaluate`
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(x, axis=-1)
-
-
 def batch_components(ev: TunerEvaluator, tab: QueryTable, idx: np.ndarray
                      ) -> dict[str, np.ndarray]:
-    """For every row of `idx` (B × m query indices), what `evaluate` computes for that batch:
-    `faithfulness`, `relevancy` (NaN-aware means), `p95_latency_ms`, `cost` (mean tokens),
-    `quality_se` (se of the mean of αF+βR per query, NaN as 0 as in `summarize`),
-    `continuous` (C) and `penalty` (P; a NaN statistic fails its gate, as in `rl.tuner.reward.gates`).
-    Each value is an array of length B."""
-    p, t = ev.policy, ev.thresholds
-    w = p.reward_weights
+    """For every row of `idx` (B × m query indices), what `evaluate` computes for that batch
+    (`RewardSpec.batch` and `.breakdown`, vectorised): `faithfulness`, `relevancy` (NaN-aware
+    means), `p95_latency_ms`, `cost` (mean tokens), `quality_se`, `pii_leaks` (mean per query,
+    0 when the table has none), `continuous` (C) and `penalty` (P; a NaN statistic fails its
+    gate). Each value is an array of length B."""
+    spec = TunerEvaluator.reward_spec(ev)
     idx = np.atleast_2d(np.asarray(idx, dtype=np.int64))
     F, R = ev.quality(tab)
-    f, r = _nanmean(F[idx]), _nanmean(R[idx])
-    m = idx.shape[1]
-    q = w.alpha * np.nan_to_num(F[idx]) + w.beta * np.nan_to_num(R[idx])
-    se = q.std(axis=1, ddof=1) / np.sqrt(m) if m > 1 else np.zeros(idx.shape[0])
-    p95 = np.percentile(tab["latency_ms"][idx], 95, axis=1)
-    cost = tab["tokens"][idx].mean(axis=1)
-    cont = (w.alpha * f + w.beta * r - w.gamma * np.minimum(p95 / t.p95_latency_ms, 2.0)
-            - w.delta * np.minimum(cost / p.cost_ref_tokens, 2.0))
-    pen = ((~(f >= t.faithfulness)).astype(float) + ~(r >= t.relevancy)
-           + ~(p95 <= t.p95_latency_ms) + 0.5 * ~(se <= p.instability_band))
-    return {"faithfulness": f, "relevancy": r, "p95_latency_ms": p95, "cost": cost,
-            "quality_se": se, "continuous": cont, "penalty": pen}
+    leaks = tab.get(PII_COLUMN)
+    m = spec.batch(F[idx], R[idx], tab["latency_ms"][idx], tab["tokens"][idx],
+                   None if leaks is None else leaks[idx])
+    b = spec.breakdown(m)
+    out = {k: np.broadcast_to(np.asarray(v, dtype=np.float64), idx.shape[:1])
+           for k, v in vars(m).items()}
+    return {**out, "continuous": b.continuous, "penalty": b.penalty}
 
 
 def batch_rewards(ev: TunerEvaluator, tab: QueryTable, idx: np.ndarray) -> np.ndarray:
@@ -164,19 +155,14 @@ class Comparison:
 
 def _gate_evidence(ev: TunerEvaluator, full: dict[str, np.ndarray],
                    boot: dict[str, np.ndarray], level: float) -> tuple[GateEvidence, ...]:
-    t, band = ev.thresholds, ev.policy.instability_band
     a = (1 - level) / 2
-    spec = (("faithfulness", "faithfulness", t.faithfulness, True),
-            ("relevancy", "relevancy", t.relevancy, True),
-            ("p95_latency_ms", "p95_latency_ms", t.p95_latency_ms, False),
-            ("stable", "quality_se", band, False))
     out = []
-    for gate, key, thr, up in spec:
-        v = float(full[key][0])
-        lo, hi = (float(x) for x in np.nanquantile(boot[key], [a, 1 - a])) \
-            if np.isfinite(boot[key]).any() else (math.nan, math.nan)
-        passed = bool(v >= thr) if up else bool(v <= thr)
-        out.append(GateEvidence(gate, passed, v, float(thr), lo, hi, up))
+    for g in TunerEvaluator.reward_spec(ev).gates_spec:
+        v = float(full[g.statistic][0])
+        lo, hi = (float(x) for x in np.nanquantile(boot[g.statistic], [a, 1 - a])) \
+            if np.isfinite(boot[g.statistic]).any() else (math.nan, math.nan)
+        out.append(GateEvidence(g.name, bool(g.passes(v)), v, float(g.threshold), lo, hi,
+                                g.higher_is_better))
     return tuple(out)
 
 
@@ -190,26 +176,23 @@ def compare_tables(ev: TunerEvaluator, ta: QueryTable, tb: QueryTable, candidate
     lam = ev.policy.reward_weights.lambda_
     full = np.arange(n)[None, :]
     fa, fb = batch_components(ev, ta, full), batch_components(ev, tb, full)
-    rng = np.random.default_rng(seed)
     keys = ("faithfulness", "relevancy", "p95_latency_ms", "quality_se")
-    diffs, ba, bb = [], {k: [] for k in keys}, {k: [] for k in keys}
-    chunk = max(1, 2_000_000 // n)
-    for start in range(0, n_resamples, chunk):
-        idx = rng.integers(0, n, size=(min(chunk, n_resamples - start), n))
+
+    def resampled(idx: np.ndarray) -> dict[str, np.ndarray]:
         ca, cb = batch_components(ev, ta, idx), batch_components(ev, tb, idx)
-        diffs.append(ca["continuous"] - cb["continuous"])
-        for k in keys:
-            ba[k].append(ca[k])
-            bb[k].append(cb[k])
-    d = np.concatenate(diffs)
+        return {"diff": ca["continuous"] - cb["continuous"], **{f"a.{k}": ca[k] for k in keys},
+                **{f"b.{k}": cb[k] for k in keys}}
+
+    boot = bootstrap_statistic(resampled, n, n_resamples, seed)
+    d = boot["diff"]
     a = (1 - level) / 2
     lo, hi = np.quantile(d, [a, 1 - a])
     ca_, cb_ = float(fa["continuous"][0]), float(fb["continuous"][0])
     return Comparison(
         candidate, baseline, ca_ - lam * float(fa["penalty"][0]),
         cb_ - lam * float(fb["penalty"][0]), ca_ - cb_, float(lo), float(hi), n, ca_, cb_,
-        _gate_evidence(ev, fa, {k: np.concatenate(v) for k, v in ba.items()}, level),
-        _gate_evidence(ev, fb, {k: np.concatenate(v) for k, v in bb.items()}, level))
+        _gate_evidence(ev, fa, {k: boot[f"a.{k}"] for k in keys}, level),
+        _gate_evidence(ev, fb, {k: boot[f"b.{k}"] for k in keys}, level))
 
 
 def compare(ev: TunerEvaluator, candidate: RAGConfig, baseline: RAGConfig, split: str,

@@ -1,63 +1,149 @@
-"""Reward and hard gates: pure functions of a step's measured summary.
+"""The reward and its hard gates: one specification, `RewardSpec`, for every place that scores
+a config (the tuner's evaluator and env, the holdout report, offline replay, the promotion
+evaluators) and `feedback_reward` for one logged interaction (the serving bandit).
 
-    r = α·F + β·R − γ·min(p95 / T, 2) − δ·min(cost / C_ref, 2) − λ·P
+    r = C − λ·P
+    C = α·F + β·R − γ·min(p95 / T, 2) − δ·min(cost / C_ref, 2)       (the continuous part)
+    P = [F < θ_F] + [R < θ_R] + [p95 > T] + 0.5·[se > band] + w_pii·L   (the penalty)
 
-F (faithfulness) and R (relevancy) are batch means in [0, 1]; p95 is the batch's 95th-percentile
-latency in ms and T the latency gate; cost is mean tokens per query (in + out) and C_ref the
-reference cost. P counts penalties: +1 for every failed hard gate (F, R, p95 latency), +0.5 when
-the batch is unstable (the standard error of its mean quality exceeds the band), and
-+ w_pii·L where L is the mean number of PII leaks per query (`serving.pii.leak_count`: PII in an
-answer that is not in its inputs) and w_pii the per-leak weight (`PII_LEAK_WEIGHT`, 1.0: a
-leak per query costs as much as a failed gate). L defaults to 0, so a batch without leaks gets
-exactly the reward it got before the term existed. The latency and cost terms saturate at 2 so
-one pathological batch cannot swamp the quality signal.
+Units. F (faithfulness) and R (relevancy) are in [0, 1]; p95 is the 95th-percentile latency in
+ms and T the latency gate (`Thresholds.p95_latency_ms`, ms); cost is tokens per query (in +
+out) and C_ref the reference cost (`TunerSettings.cost_ref_tokens`, tokens); se is the standard
+error of the batch's mean quality q = αF + βR per query; L is PII leaks per query
+(`serving.pii.leak_count`: PII in an answer that is not in its inputs) and w_pii the penalty
+per leak (`PII_LEAK_WEIGHT`, 1.0: a leak per query costs as much as a failed gate). The
+latency and cost terms saturate at 2 so one pathological batch cannot swamp the quality
+signal. A batch that measured no leaks has L = 0 and the reward it had before the term existed.
 
-`feedback_reward` is the same penalty for one logged interaction: its [0, 1] reward (user
-feedback or a score) minus w_pii per leak, clipped to [0, 1] (what the serving bandit and the
-rollout's log evidence learn from).
+Gates. Faithfulness, relevancy and p95 latency are hard gates (a config failing one is never
+promoted; each failure adds 1 to P); stability (se <= band) only adds 0.5 to P. A gate on a
+NaN statistic fails (NaN compares false). `Gate.passes` is the one comparison.
+
+Missing values (a query without gold for a metric, or an answer that cannot be scored, is NaN):
+  * batch means (`RewardSpec.batch`) are NaN-aware: such a query is left out of that metric's
+    mean, not counted as 0; a batch where no query has the metric gets NaN, which fails its gate
+    and makes the reward NaN;
+  * a single query's quality (`RewardSpec.quality`: per-query rewards, and the per-query q
+    behind se) scores a missing metric as 0: one query has no other value to average with.
+  * PII leak counts are never missing: absent means 0 (not measured), NaN or < 0 is an error.
+
+Per query (`RewardSpec.per_query`): the same C with one query's latency and tokens in place of
+the batch p95 and mean cost, and P = w_pii·L only (gates are properties of a batch).
+
+Vectorised: every method takes floats or numpy arrays; `RewardSpec.batch` reduces the last axis
+(the queries of a batch), so a (B × m) matrix of resampled queries gives B batch metrics at
+once, and the result is the same number, bit for bit, as B separate one-batch calls.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from rl.tuner.settings import RewardWeights, Thresholds
 
 PII_LEAK_WEIGHT = 1.0
 """Penalty units per PII leak (per query on average for a batch; per interaction for one row)."""
+PII_COLUMN = "pii_leaks"
+"""Per-query leak counts in a tuner table, when it has them (else L = 0)."""
+HARD_GATES = ("faithfulness", "relevancy", "p95_latency_ms")
+SATURATION = 2.0
+"""Cap of the latency and cost ratios."""
+UNSTABLE_PENALTY = 0.5
+
+Value = Any
+"""A float, or a numpy array of them (one element per batch or per query)."""
+
+
+def _out(x: Any) -> Any:
+    """A 0-d result as a Python float (bool for verdicts), an array as it is."""
+    a = np.asarray(x)
+    if a.ndim:
+        return a
+    return bool(a) if a.dtype == bool else float(a)
+
+
+def _leaks(pii_leaks: ArrayLike) -> Value:
+    x = np.asarray(pii_leaks, dtype=np.float64)
+    if not np.all(x >= 0.0):  # also NaN
+        raise ValueError(f"pii_leaks must be a count >= 0, got {pii_leaks!r}")
+    return _out(x)
 
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """What one evaluation of a config on a batch measured."""
+    """What one evaluation of a config on a batch measured (floats; arrays of one value per
+    batch when `RewardSpec.batch` reduced many batches at once)."""
 
-    faithfulness: float
-    relevancy: float
-    p95_latency_ms: float
-    cost: float
+    faithfulness: Value
+    relevancy: Value
+    p95_latency_ms: Value
+    cost: Value
     """Mean tokens per query (in + out)."""
-    quality_se: float = 0.0
+    quality_se: Value = 0.0
     """Standard error of the batch's mean quality (αF+βR per query)."""
-    pii_leaks: float = 0.0
+    pii_leaks: Value = 0.0
     """Mean PII leaks per query (`serving.pii.mean_leaks`); 0 = none measured."""
 
 
 @dataclass(frozen=True)
+class Gate:
+    """One gate: `statistic` (a `StepMetrics` field) must be >= `threshold` when
+    `higher_is_better`, else <= it. NaN fails."""
+
+    name: str
+    statistic: str
+    threshold: float
+    higher_is_better: bool
+
+    def passes(self, value: ArrayLike) -> Value:
+        v = np.asarray(value, dtype=np.float64)
+        return _out(v >= self.threshold if self.higher_is_better else v <= self.threshold)
+
+
+def hard_gates(t: Thresholds) -> tuple[Gate, Gate, Gate]:
+    """The three hard gates of thresholds `t` (F, R: at least; p95 ms: at most)."""
+    return (Gate("faithfulness", "faithfulness", t.faithfulness, True),
+            Gate("relevancy", "relevancy", t.relevancy, True),
+            Gate("p95_latency_ms", "p95_latency_ms", t.p95_latency_ms, False))
+
+
+def gate_verdicts(values: dict[str, float | None], t: Thresholds) -> dict[str, bool | None]:
+    """Hard-gate verdicts of measured statistics (`HARD_GATES` keys); a statistic that was not
+    measured (None or absent) gets verdict None, which does not fail (the promotion reports)."""
+    return {g.name: None if values.get(g.statistic) is None else g.passes(values[g.statistic])
+            for g in hard_gates(t)}
+
+
+@dataclass(frozen=True)
 class GateVerdicts:
-    faithfulness: bool
-    relevancy: bool
-    p95_latency_ms: bool
-    stable: bool
+    """Gate verdicts of one batch (bools) or of many (bool arrays)."""
+
+    faithfulness: Value
+    relevancy: Value
+    p95_latency_ms: Value
+    stable: Value
 
     @property
-    def passed(self) -> bool:
+    def passed(self) -> Value:
         """All hard gates pass (stability is a penalty, not a gate)."""
-        return self.faithfulness and self.relevancy and self.p95_latency_ms
+        return _out(np.logical_and.reduce([self.faithfulness, self.relevancy,
+                                           self.p95_latency_ms]))
+
+    @property
+    def n_failed(self) -> Value:
+        """Failed hard gates (0–3), as a float (array)."""
+        return _out(sum(np.logical_not(getattr(self, n)).astype(np.float64)
+                        for n in HARD_GATES))
 
     @property
     def failed(self) -> list[str]:
-        return [n for n in ("faithfulness", "relevancy", "p95_latency_ms")
-                if not getattr(self, n)]
+        """Names of the failed hard gates (one batch only)."""
+        return [n for n in HARD_GATES if not getattr(self, n)]
 
     def as_dict(self) -> dict[str, bool]:
         return {"faithfulness": self.faithfulness, "relevancy": self.relevancy,
@@ -65,40 +151,143 @@ class GateVerdicts:
                 "passed": self.passed}
 
 
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """C, the gate verdicts, P and r = C − λ·P of one batch (floats) or many (arrays)."""
+
+    continuous: Value
+    gates: GateVerdicts
+    penalty: Value
+    total: Value
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """The reward of the module docstring with its weights, gates, C_ref (tokens per query),
+    stability band (se units) and PII weight (penalty units per leak)."""
+
+    weights: RewardWeights = RewardWeights()
+    thresholds: Thresholds = Thresholds()
+    cost_ref: float = 1000.0
+    instability_band: float = 0.05
+    pii_weight: float = PII_LEAK_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not self.cost_ref > 0:
+            raise ValueError(f"cost_ref must be > 0, got {self.cost_ref!r}")
+        if not self.instability_band >= 0:
+            raise ValueError(f"instability_band must be >= 0, got {self.instability_band!r}")
+        if not self.pii_weight >= 0:
+            raise ValueError(f"pii_weight must be >= 0, got {self.pii_weight!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Any, thresholds: Thresholds | None = None,
+                      pii_weight: float = PII_LEAK_WEIGHT) -> RewardSpec:
+        """The spec of `TunerSettings` `settings` (weights, C_ref, band) with `thresholds`
+        (default: the settings' global ones; pass `settings.thresholds_for(dataset)`)."""
+        return cls(settings.reward_weights, thresholds or settings.thresholds,
+                   settings.cost_ref_tokens, settings.instability_band, pii_weight)
+
+    # ---- parts ------------------------------------------------------------------------------
+    @property
+    def gates_spec(self) -> tuple[Gate, ...]:
+        """The three hard gates, then stability (se at most the band)."""
+        return (*hard_gates(self.thresholds),
+                Gate("stable", "quality_se", self.instability_band, False))
+
+    def quality(self, faithfulness: ArrayLike, relevancy: ArrayLike) -> Value:
+        """Per-query quality αF + βR, a missing (NaN) metric scoring 0."""
+        w = self.weights
+        return _out(w.alpha * np.nan_to_num(np.asarray(faithfulness, dtype=np.float64))
+                    + w.beta * np.nan_to_num(np.asarray(relevancy, dtype=np.float64)))
+
+    def continuous(self, faithfulness: ArrayLike, relevancy: ArrayLike,
+                   p95_latency_ms: ArrayLike, cost: ArrayLike) -> Value:
+        """C = αF + βR − γ·min(p95/T, 2) − δ·min(cost/C_ref, 2) (no missing-value rule: NaN
+        in, NaN out)."""
+        w, T = self.weights, self.thresholds.p95_latency_ms
+        f, r, lat, c = (np.asarray(x, dtype=np.float64)
+                        for x in (faithfulness, relevancy, p95_latency_ms, cost))
+        return _out(w.alpha * f + w.beta * r - w.gamma * np.minimum(lat / T, SATURATION)
+                    - w.delta * np.minimum(c / self.cost_ref, SATURATION))
+
+    def gates(self, m: StepMetrics) -> GateVerdicts:
+        f, r, lat, st = (g.passes(getattr(m, g.statistic)) for g in self.gates_spec)
+        return GateVerdicts(f, r, lat, st)
+
+    def penalty(self, v: GateVerdicts, pii_leaks: ArrayLike = 0.0) -> Value:
+        """P: failed hard gates + 0.5 if unstable + w_pii × `pii_leaks` (mean per query)."""
+        unstable = np.logical_not(v.stable).astype(np.float64) * UNSTABLE_PENALTY
+        return _out(v.n_failed + unstable + self.pii_weight * np.asarray(_leaks(pii_leaks)))
+
+    # ---- one batch, or many -----------------------------------------------------------------
+    def breakdown(self, m: StepMetrics) -> RewardBreakdown:
+        """C, gates, P and r of batch metrics `m` (floats, or arrays of one value per batch)."""
+        v = self.gates(m)
+        c = self.continuous(m.faithfulness, m.relevancy, m.p95_latency_ms, m.cost)
+        p = self.penalty(v, m.pii_leaks)
+        return RewardBreakdown(c, v, p, _out(np.asarray(c) - self.weights.lambda_ * p))
+
+    def reward(self, m: StepMetrics) -> tuple[Value, GateVerdicts]:
+        """The reward r and the gate verdicts it was computed with."""
+        b = self.breakdown(m)
+        return b.total, b.gates
+
+    def batch(self, faithfulness: ArrayLike, relevancy: ArrayLike, latency_ms: ArrayLike,
+              tokens: ArrayLike, pii_leaks: ArrayLike | None = None) -> StepMetrics:
+        """Batch metrics from per-query values, reducing the last axis (the m queries of a
+        batch): NaN-aware mean F and R, p95 latency (ms), mean tokens, se of the mean of the
+        per-query quality (`quality`, ddof 1; 0 for one query) and mean leaks (0 if None).
+        1-d inputs give floats, (B × m) inputs arrays of B."""
+        F, R, lat, tok = (np.asarray(x, dtype=np.float64)
+                          for x in (faithfulness, relevancy, latency_ms, tokens))
+        m = F.shape[-1]
+        with warnings.catch_warnings():  # a metric no query has is NaN: the gate fails
+            warnings.simplefilter("ignore", RuntimeWarning)
+            f, r = np.nanmean(F, axis=-1), np.nanmean(R, axis=-1)
+        q = np.asarray(self.quality(F, R))
+        se = q.std(axis=-1, ddof=1) / np.sqrt(m) if m > 1 else np.zeros(F.shape[:-1])
+        leaks = 0.0 if pii_leaks is None else np.asarray(_leaks(pii_leaks)).mean(axis=-1)
+        return StepMetrics(_out(f), _out(r), _out(np.percentile(lat, 95, axis=-1)),
+                           _out(tok.mean(axis=-1)), _out(se), _out(leaks))
+
+    # ---- one query --------------------------------------------------------------------------
+    def per_query(self, faithfulness: ArrayLike, relevancy: ArrayLike, latency_ms: ArrayLike,
+                  tokens: ArrayLike, pii_leaks: ArrayLike | None = None) -> Value:
+        """Each query's reward alone: quality (a missing metric scores 0) − γ·min(latency/T, 2)
+        − δ·min(tokens/C_ref, 2) − λ·w_pii·leaks; no gates (they belong to a batch)."""
+        w, T = self.weights, self.thresholds.p95_latency_ms
+        lat, tok = (np.asarray(x, dtype=np.float64) for x in (latency_ms, tokens))
+        c = (np.asarray(self.quality(faithfulness, relevancy))
+             - w.gamma * np.minimum(lat / T, SATURATION)
+             - w.delta * np.minimum(tok / self.cost_ref, SATURATION))
+        if pii_leaks is not None:
+            c = c - w.lambda_ * (self.pii_weight * np.asarray(_leaks(pii_leaks)))
+        return _out(c)
+
+
+# ---- the functional interface (one spec built per call) ------------------------------------
 def gates(m: StepMetrics, t: Thresholds, instability_band: float) -> GateVerdicts:
-    return GateVerdicts(faithfulness=m.faithfulness >= t.faithfulness,
-                        relevancy=m.relevancy >= t.relevancy,
-                        p95_latency_ms=m.p95_latency_ms <= t.p95_latency_ms,
-                        stable=m.quality_se <= instability_band)
-
-
-def _leaks(pii_leaks: float) -> float:
-    x = float(pii_leaks)
-    if not x >= 0.0:  # also NaN
-        raise ValueError(f"pii_leaks must be a count >= 0, got {pii_leaks!r}")
-    return x
+    return RewardSpec(thresholds=t, instability_band=instability_band).gates(m)
 
 
 def penalty(v: GateVerdicts, pii_leaks: float = 0.0,
             pii_weight: float = PII_LEAK_WEIGHT) -> float:
     """P: failed hard gates + 0.5 if unstable + `pii_weight` × `pii_leaks` (mean per query)."""
-    return float(len(v.failed)) + (0.0 if v.stable else 0.5) + pii_weight * _leaks(pii_leaks)
+    return RewardSpec(pii_weight=pii_weight).penalty(v, pii_leaks)
 
 
 def reward(m: StepMetrics, w: RewardWeights, t: Thresholds, cost_ref: float,
            instability_band: float, pii_weight: float = PII_LEAK_WEIGHT
            ) -> tuple[float, GateVerdicts]:
-    """The scalar reward and the gate verdicts it was computed with."""
-    v = gates(m, t, instability_band)
-    r = (w.alpha * m.faithfulness + w.beta * m.relevancy
-         - w.gamma * min(m.p95_latency_ms / t.p95_latency_ms, 2.0)
-         - w.delta * min(m.cost / cost_ref, 2.0)
-         - w.lambda_ * penalty(v, m.pii_leaks, pii_weight))
-    return float(r), v
+    """The scalar reward and the gate verdicts it was computed with (`RewardSpec.reward`)."""
+    return RewardSpec(w, t, cost_ref, instability_band, pii_weight).reward(m)
 
 
 def feedback_reward(reward: float, pii_leaks: float = 0.0,
                     pii_weight: float = PII_LEAK_WEIGHT) -> float:
-    """One interaction's reward in [0, 1] with the PII-leak penalty:
-    clip(reward − pii_weight × pii_leaks, 0, 1). No leaks: `reward` unchanged."""
-    return float(min(1.0, max(0.0, float(reward) - pii_weight * _leaks(pii_leaks))))
+    """One logged interaction's reward in [0, 1] (user feedback or a score) with the PII-leak
+    penalty: clip(reward − pii_weight × pii_leaks, 0, 1). No leaks: `reward` unchanged.
+    `pii_weight` is the whole penalty per leak on this [0, 1] scale (serving's
+    `pii.leak_penalty`): serving holds no tuner weights, so λ does not apply here."""
+    return float(min(1.0, max(0.0, float(reward) - pii_weight * float(_leaks(pii_leaks)))))
