@@ -38,21 +38,17 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from rag.config import _to_config_error
 from rag.errors import ConfigError, DataError
+from rag.settings_base import StrictSettings
 from rl.adaptation.data import TRAIN_SPLITS, TrainItem, items_hash
 
 DATASETS = ("scifact", "hotpotqa", "mtrag")
 
 
 # ---- configuration ----------------------------------------------------------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SourceSpec(_Strict):
+class SourceSpec(StrictSettings):
     split: str = "train"
     max_queries: int | None = Field(None, ge=1)
 
@@ -65,7 +61,7 @@ class SourceSpec(_Strict):
         return v
 
 
-class DataSpec(_Strict):
+class DataSpec(StrictSettings):
     sources: dict[Literal["scifact", "hotpotqa", "mtrag"], SourceSpec] = Field(
         default_factory=lambda: {"scifact": SourceSpec()})
     retriever: Literal["bm25", "dense", "hybrid"] = "hybrid"
@@ -75,7 +71,7 @@ class DataSpec(_Strict):
     n_easy: int = Field(10, ge=0, le=100)
 
 
-class EvalSpec(_Strict):
+class EvalSpec(StrictSettings):
     """A small held-out check after training (never the test split: that is for reports)."""
 
     dataset: Literal["scifact", "hotpotqa", "mtrag"] = "scifact"
@@ -85,7 +81,9 @@ class EvalSpec(_Strict):
     metric: str = "ndcg@10"
 
 
-class RerankerTrainConfig(_Strict):
+class RerankerTrainConfig(StrictSettings):
+    SECTION = "reranker"
+
     name: str = Field("reranker-minilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     base_model: str = "minilm"
     """Registry name (or local directory) of the BERT encoder the cross-encoder starts from."""
@@ -123,25 +121,9 @@ class RerankerTrainConfig(_Strict):
 
     @classmethod
     def from_dict(cls, data: Any) -> RerankerTrainConfig:
-        if isinstance(data, dict) and set(data) == {"reranker"}:
-            data = data["reranker"]
-        if not isinstance(data, dict):
-            raise ConfigError("reranker", "must be a mapping")
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "reranker") from None
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> RerankerTrainConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("reranker", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("reranker", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+        """A mapping, bare or as `{reranker: {...}}`; errors name `reranker.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
     def replace(self, **changes: Any) -> RerankerTrainConfig:
         return self.from_dict({**self.model_dump(mode="json"), **changes})

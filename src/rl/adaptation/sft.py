@@ -25,39 +25,36 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, Field
 
-from rag.config import _to_config_error
 from rag.errors import ConfigError
 from rag.generation.parse import parse_output
 from rag.generation.prompts import get_prompt
 from rag.metrics.qa import best_em_f1
+from rag.resources import default_config
+from rag.settings_base import StrictSettings, YamlSource
 from rl.adaptation.sft_data import SFTExample, examples_manifest
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULTS_PATH = REPO / "configs" / "rl" / "generator_sft.yaml"
+DEFAULTS_PATH = default_config("rl/generator_sft.yaml")
 CKPT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 
 # --------------------------------------------------------------------------- config
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class LoraSpec(_Strict):
+class LoraSpec(StrictSettings):
     r: int = Field(8, ge=1, le=256)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-class TrainSpec(_Strict):
+class TrainSpec(StrictSettings):
     lr: float = Field(3e-4, gt=0.0, lt=1.0)
     epochs: int = Field(1, ge=1, le=100)
     max_steps: int | None = Field(None, ge=1)
@@ -68,19 +65,19 @@ class TrainSpec(_Strict):
     seed: int = 0
 
 
-class CheckpointSpec(_Strict):
+class CheckpointSpec(StrictSettings):
     every_steps: int = Field(25, ge=1)
     keep: int = Field(2, ge=1)
 
 
-class EvalSpec(_Strict):
+class EvalSpec(StrictSettings):
     every_steps: int = Field(50, ge=1)
     n: int = Field(40, ge=0)
     max_new_tokens: int = Field(24, ge=1, le=512)
     batch_size: int = Field(8, ge=1)
 
 
-class DataSpec(_Strict):
+class DataSpec(StrictSettings):
     dataset: Literal["hotpotqa"] = "hotpotqa"
     n_train: int = Field(500, ge=1)
     n_distractors: int = Field(1, ge=0, le=8)
@@ -92,7 +89,7 @@ class DataSpec(_Strict):
     teacher_min_f1: float = Field(0.5, ge=0.0, le=1.0)
 
 
-class PrefSpec(_Strict):
+class PrefSpec(StrictSettings):
     beta: float = Field(0.1, gt=0.0)
     lr: float = Field(5e-5, gt=0.0, lt=1.0)
     steps: int = Field(30, ge=1)
@@ -102,14 +99,16 @@ class PrefSpec(_Strict):
     temperature: float = Field(0.8, ge=0.0, le=2.0)
 
 
-class MlflowSpec(_Strict):
+class MlflowSpec(StrictSettings):
     enabled: bool = True
     dir: str = "runs/mlflow"
     experiment: str = "generator_sft"
     register_model: bool = True
 
 
-class GeneratorSFTConfig(_Strict):
+class GeneratorSFTConfig(StrictSettings):
+    SECTION = "generator_sft"
+
     base_model: str = "smollm2-135m-instruct"
     prompt_id: str = "cite_concise"
     max_len: int = Field(384, ge=32, le=8192)
@@ -126,29 +125,26 @@ class GeneratorSFTConfig(_Strict):
 
     @classmethod
     def from_dict(cls, data: Any) -> GeneratorSFTConfig:
-        if isinstance(data, dict) and set(data) == {"generator_sft"}:
-            data = data["generator_sft"]
-        if not isinstance(data, dict):
-            raise ConfigError("generator_sft", "must be a mapping")
-        if "qlora" in data and "load_in_4bit" in data:
-            raise ConfigError("generator_sft.load_in_4bit", "give qlora or load_in_4bit, not both")
-        try:
-            cfg = cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "generator_sft") from None
-        get_prompt(cfg.prompt_id)  # unknown prompt -> ConfigError("prompt_id")
-        return cfg
+        """A mapping, bare or as `{generator_sft: {...}}`; errors name `generator_sft.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
     @classmethod
-    def from_yaml(cls, path: str | Path = DEFAULTS_PATH) -> GeneratorSFTConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("generator_sft", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("generator_sft", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+    def from_mapping(cls, data: Any, where: str | None = None,
+                     source: YamlSource | None = None) -> GeneratorSFTConfig:
+        if isinstance(data, dict) and "qlora" in data and "load_in_4bit" in data:
+            raise ConfigError(f"{where or cls.SECTION}.load_in_4bit",
+                              "give qlora or load_in_4bit, not both")
+        return super().from_mapping(data, where, source)
+
+    def _after_load(self, where: str, source: YamlSource | None) -> GeneratorSFTConfig:
+        get_prompt(self.prompt_id)  # unknown prompt -> ConfigError("prompt_id")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str] | Traversable = DEFAULTS_PATH
+                  ) -> GeneratorSFTConfig:
+        return super().from_yaml(path)
 
     def replace(self, **changes: Any) -> GeneratorSFTConfig:
         """Dotted overrides (`train.lr=1e-4`), validated like the file."""

@@ -113,6 +113,7 @@ class SelectionPPO:
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
         p = self.cfg.ppo
+        gamma, gae_lambda = p.discount(1.0, 0.95)
         mc: dict[str, Any] = {"glob_dim": self.glob_dim, "hidden": self.cfg.bc.hidden,
                               "glob_proj": 16}
         if self.init is not None:
@@ -128,8 +129,9 @@ class SelectionPPO:
                 .env_runners(num_env_runners=0, num_envs_per_env_runner=1,
                              rollout_fragment_length=p.train_batch_size)
                 .learners(num_learners=0)
-                .training(lr=p.lr, clip_param=p.clip_param, lambda_=p.lambda_, gamma=p.gamma,
-                          entropy_coeff=p.entropy_coeff, use_kl_loss=False,
+                .training(lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
+                          entropy_coeff=p.entropy_coeff, use_kl_loss=p.use_kl_loss,
+                          kl_target=p.kl_target,
                           train_batch_size_per_learner=p.train_batch_size,
                           minibatch_size=p.minibatch_size, num_epochs=p.num_epochs,
                           vf_loss_coeff=0.5)
