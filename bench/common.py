@@ -19,6 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from rag.env import configure_runtime_env
+
+# every benchmark imports this module first: the process-wide defaults (threads, offline HF,
+# Ray) are set here, once, for all of them (`import rag` itself sets nothing)
+configure_runtime_env()
+
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ Sections (rows of bench/results/quality.json):
   5. cost: answers/s per metric (cold caches), for the reward model and the metric judge.
   6. reward model: trained on metric-judge preferences over answers to TRAIN questions
      (pipeline configs + perturbations + abstentions); pairwise agreement on VALID questions;
-     saved (versioned) under bench/results/reward_models/ (quick: the cache).
+     saved (versioned) under src/rag/bundled/reward_models/, shipped with the code (quick: the
+     cache).
   7. pairwise judge with order swap: metric backend and SmolLM2 log-likelihood backend on
      held-out (gold answer vs perturbed answer) pairs: accuracy, ties, position-bias rate.
 """
@@ -67,7 +68,12 @@ from rag.metrics.perturb import (  # noqa: E402
     run_suite,
 )
 from rag.metrics.quality import METRICS, QualityScorer  # noqa: E402
-from rag.metrics.reward_model import RewardModel, answer_features, default_root  # noqa: E402
+from rag.metrics.reward_model import (  # noqa: E402
+    BUNDLED_ROOT,
+    RewardModel,
+    answer_features,
+    default_root,
+)
 from rag.metrics.support import _passage  # noqa: E402
 from rag.models import cache_dir  # noqa: E402
 from rag.pipeline import Pipeline  # noqa: E402
@@ -317,7 +323,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
             h = [0.5 if sc[i] == sc[j] else float(sc[i] > sc[j]) for i, j in gold_pairs]
             rows.append(metric_row("hotpotqa+mtrag/valid", name, "pairwise_agreement_vs_gold_f1",
                                    h, seed=args.seed))
-    model_root = (RESULTS / "reward_models") if not q else default_root()
+    # a full run refreshes the model shipped with the code (package data); quick runs: the cache
+    model_root = BUNDLED_ROOT if not q else default_root()
     rm.manifest = {
         "teacher": "MetricJudgeBackend(faithfulness_weight=0.5): reward = 0.5*faithfulness + "
                    "0.5*answer_relevancy (missing faithfulness = 0.5)",

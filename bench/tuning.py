@@ -74,7 +74,7 @@ def quick_policy() -> TunerSettings:
         k_grid=[3, 5, 8, 12], fusion_grid=0.25, fusion_step=0.25,
         discrete={"variant": ["bm25", "dense", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
-        ppo={**TunerSettings().ppo.model_dump(), "train_batch_size": 10, "minibatch_size": 5})
+        ppo={"train_batch_size": 10, "minibatch_size": 5})  # the rest: TUNER_PPO
 
 
 def run_arguments() -> argparse.Namespace:

@@ -10,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rag.corpus.hygiene import SPLITS_DIR, stratified_split  # noqa: E402
 from rag.corpus.loaders import data_root, load_beir, load_hotpotqa, load_mtrag  # noqa: E402
+from rag.env import configure_runtime_env  # noqa: E402
+
+configure_runtime_env()
 
 SEED = 13
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+import os
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from rag.errors import ConfigError
+from rag.settings_base import StrictSettings
 
 Variant = Literal["bm25", "dense", "hybrid", "graph"]
 Rerank = Literal["none", "cosine", "cross_encoder"]
@@ -28,10 +29,10 @@ HASH_OPTIONAL = frozenset({"rerank_mix"})
 """Fields left out of a config's identity while unset (None)."""
 
 
-class RAGConfig(BaseModel):
+class RAGConfig(StrictSettings):
     """One pipeline configuration. Field bounds are checked at construction."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    SECTION = "rag"
 
     variant: Variant = "hybrid"
     """Candidate source: bm25, dense, hybrid (fusion of bm25 + dense) or graph (PPR)."""
@@ -99,38 +100,21 @@ class RAGConfig(BaseModel):
     # ---- (de)serialisation --------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "rag") -> RAGConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(where, "must be a mapping")
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, where) from None
+        """`from_mapping` under its historical name (errors name `<where>.<key>`)."""
+        return cls.from_mapping(data, where)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> RAGConfig:
-        """Load `rag: {...}` (or a bare mapping) from YAML; errors name the offending key."""
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("config", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+    def from_yaml(cls, path: str | os.PathLike[str] | Traversable) -> RAGConfig:
+        """Load `rag: {...}` (or a bare mapping) from YAML; errors name the offending key, the
+        file and the line."""
+        return super().from_yaml(path)
+
+    @classmethod
+    def _section_of(cls, data: Any, name: str) -> tuple[Any, tuple[str, ...]]:
+        # a config file may hold other sections (`indexes:`) beside `rag:`
         if isinstance(data, dict) and "rag" in data:
-            return cls.from_dict(data["rag"], where="rag")
-        return cls.from_dict(data, where="rag")
+            return data["rag"], ("rag",)
+        return data, ()
 
     def to_yaml(self) -> str:
         return yaml.safe_dump({"rag": self.model_dump(mode="json")}, sort_keys=False)
-
-
-def _to_config_error(exc: ValidationError, where: str) -> ConfigError:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ()))
-    field = f"{where}.{loc}" if loc else where
-    if err.get("type") == "extra_forbidden":
-        return ConfigError(field, "unknown key")
-    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
-    if not loc:  # model-level validator: name the first field it mentions
-        field = f"{where}.{msg.split(' ', 1)[0]}"
-    return ConfigError(field, msg)

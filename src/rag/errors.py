@@ -9,12 +9,19 @@ class RagError(Exception):
 
 
 class ConfigError(RagError, ValueError):
-    """A config value or key is invalid. `field` is the dotted path of the offending key."""
+    """A config value or key is invalid. `field` is the dotted path of the offending key;
+    `source` and `line` (1-based) say where it was written when it came from a file."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, source: str | None = None,
+                 line: int | None = None):
         self.field = field
         self.message = message
-        super().__init__(f"{field}: {message}")
+        self.source = source
+        self.line = line
+        where = ""
+        if source is not None:
+            where = f" (at {source}:{line})" if line is not None else f" (in {source})"
+        super().__init__(f"{field}: {message}{where}")
 
 
 class DataError(RagError, ValueError):

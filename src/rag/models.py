@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from rag.errors import ConfigError, ModelNotFoundError
+from rag.settings_base import YamlSource
 
 ModelKind = Literal["encoder", "generator", "cross_encoder"]
 ModelFormat = Literal["sentence_transformers", "hf", "gguf", "openai"]
@@ -107,22 +106,25 @@ class ModelRegistry:
     def from_yaml(cls, path: str | Path, base: ModelRegistry | None = None) -> ModelRegistry:
         """Load `models: {name: {kind, format, path|package|url, options}}` on top of `base`."""
         reg = cls(list((base or cls())._specs.values()))
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError("models", f"file {path} does not exist") from None
-        models = data.get("models", {})
+        src = YamlSource.read(path, "models")  # errors name the file and the key's line
+
+        def error(*loc: str, message: str) -> ConfigError:
+            return ConfigError(".".join(("models", *loc)), message, source=src.name,
+                               line=src.line_of(("models", *loc)))
+
+        data = src.data or {}
+        models = data.get("models", {}) if isinstance(data, dict) else None
         if not isinstance(models, dict):
-            raise ConfigError("models", "must be a mapping of name -> spec")
+            raise error(message="must be a mapping of name -> spec")
         for name, entry in models.items():
             if not isinstance(entry, dict):
-                raise ConfigError(f"models.{name}", "must be a mapping")
+                raise error(str(name), message="must be a mapping")
             unknown = set(entry) - _KEYS
             if unknown:
-                raise ConfigError(f"models.{name}.{sorted(unknown)[0]}", "unknown key")
+                raise error(str(name), sorted(unknown)[0], message="unknown key")
             for req in ("kind", "format"):
                 if req not in entry:
-                    raise ConfigError(f"models.{name}.{req}", "is required")
+                    raise error(str(name), req, message="is required")
             reg.register(ModelSpec(name=name, **entry))
         return reg
 

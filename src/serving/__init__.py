@@ -1,5 +1,5 @@
-"""Serving: the Ray Serve app, router, feedback store, metrics and the `ragpilot` CLI."""
+"""Serving: the Ray Serve app, router, feedback store, metrics and the `ragpilot` CLI.
 
-from rag.env import configure_runtime_env
-
-configure_runtime_env()
+Importing it sets nothing: the CLI's `main` and `serving.app.build_app` call
+`rag.env.configure_runtime_env()`.
+"""

@@ -76,7 +76,6 @@ from serving.schemas import (
 )
 from serving.store import Interaction, open_store
 
-configure_runtime_env()
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="ragpilot", version="0.1.0",
               description="RAG serving with canary/shadow routing, a bandit router, feedback "
@@ -671,6 +670,7 @@ def _resolved(s: ServeSettings) -> ServeSettings:
 def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
     A relative `store_url` path is resolved against the current directory."""
+    configure_runtime_env()
     s = _resolved(ServeSettings.from_args(args))
     roles, configs = _variants(s)
     p = s.pipelines

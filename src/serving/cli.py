@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from rag.env import configure_runtime_env
 from rag.errors import ConfigError, RagError
 
 EXIT_BAD_INPUT = 2
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_runtime_env()  # before any command imports torch/numpy (rag.env)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -13,17 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from rag.config import RAGConfig, _to_config_error
-from rag.errors import ConfigError, RagError
+from rag.config import RAGConfig
+from rag.errors import RagError
+from rag.settings_base import StrictSettings
 from rl.tuner.reward import PII_LEAK_WEIGHT
 
 
@@ -36,12 +30,8 @@ class ApiError(RagError):
         super().__init__(f"{field}: {message}")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ---- settings ---------------------------------------------------------------------------------
-class TrafficSettings(_Strict):
+class TrafficSettings(StrictSettings):
     """How requests are split. `split`: stable/canary by percentage (+ shadow mirroring);
     `bandit`: every request picks an arm with a per-category UCB1 or Thompson bandit."""
 
@@ -55,7 +45,7 @@ class TrafficSettings(_Strict):
     """Changing the salt reshuffles which users land on the canary."""
 
 
-class BanditSettings(_Strict):
+class BanditSettings(StrictSettings):
     algorithm: Literal["ucb1", "thompson"] = "ucb1"
     c: float = Field(1.41421356, ge=0.0)
     """UCB1 exploration constant."""
@@ -70,7 +60,7 @@ class BanditSettings(_Strict):
     seed: int = 0
 
 
-class LimitSettings(_Strict):
+class LimitSettings(StrictSettings):
     max_inflight: int = Field(64, ge=1)
     """Requests on /query being answered at once; one more gets 429 (bounded queue)."""
     rate_per_s: float = Field(50.0, gt=0.0)
@@ -91,7 +81,7 @@ class LimitSettings(_Strict):
     """`k` of any config sent to /tuner/evaluate or /admin/traffic at most."""
 
 
-class AuthSettings(_Strict):
+class AuthSettings(StrictSettings):
     """API keys for the admin endpoints (serving.auth): `ragpilot keys create --role admin`."""
 
     enabled: bool = True
@@ -105,7 +95,7 @@ class AuthSettings(_Strict):
 PII_KINDS = Literal["email", "iban", "credit_card", "ssn", "phone"]
 
 
-class PIISettings(_Strict):
+class PIISettings(StrictSettings):
     """PII handling (serving.pii)."""
 
     redact_logs: bool = True
@@ -124,7 +114,7 @@ class PIISettings(_Strict):
     (`from_log`); 0 turns the penalty off."""
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(StrictSettings):
     """Ray Serve options of every pipeline deployment (one per config hash)."""
 
     num_cpus: float = Field(0.25, ge=0.0)
@@ -138,7 +128,9 @@ class DeploymentSettings(_Strict):
     upscale_delay_s, downscale_delay_s, ...)."""
 
 
-class ServeSettings(_Strict):
+class ServeSettings(StrictSettings):
+    SECTION = "serve"
+
     dataset: str = "synthetic"
     """Dataset whose indexes the pipelines serve (and whose gold answers score shadows)."""
     index_dir: str | None = None
@@ -195,17 +187,11 @@ class ServeSettings(_Strict):
 
         if isinstance(args, dict) and args.get("indexes") is not None:
             IndexSettings.from_dict(args["indexes"], where="serve.indexes")
-        try:
-            return cls(**(args or {}))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            if isinstance(err.get("ctx", {}).get("error"), ConfigError):
-                raise err["ctx"]["error"] from None
-            raise _to_config_error(exc, "serve") from None
+        return cls.from_mapping(args or {})
 
 
 # ---- request / response bodies ------------------------------------------------------------------
-class QueryRequest(_Strict):
+class QueryRequest(StrictSettings):
     question: str = Field(min_length=1, max_length=4000)
     user_id: str | None = Field(None, max_length=200)
     session_id: str | None = Field(None, max_length=200)
@@ -238,13 +224,13 @@ class QueryResponse(BaseModel):
     tokens_out: int
 
 
-class FeedbackRequest(_Strict):
+class FeedbackRequest(StrictSettings):
     interaction_id: str = Field(min_length=1, max_length=64)
     reward: float = Field(ge=0.0, le=1.0)
     """User-perceived quality in [0, 1]."""
 
 
-class TrafficRequest(_Strict):
+class TrafficRequest(StrictSettings):
     """Any field left out keeps its current value; a config is RAGConfig overrides on top of
     `base` or the variant id (config hash) of a deployed pipeline; null removes it (not for
     `stable`: something must serve)."""
@@ -259,7 +245,7 @@ class TrafficRequest(_Strict):
     rollback from `full`); validated and deployed like `canary_config`."""
 
 
-class RolloutStartRequest(_Strict):
+class RolloutStartRequest(StrictSettings):
     candidate: str = Field(min_length=1, max_length=64)
     """Variant id (config hash) of a deployed pipeline to promote."""
     stable: str | None = Field(None, max_length=64)
@@ -269,7 +255,7 @@ class RolloutStartRequest(_Strict):
     """Replace an unfinished rollout."""
 
 
-class RolloutAdvanceRequest(_Strict):
+class RolloutAdvanceRequest(StrictSettings):
     reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
     """EvaluationReport objects (rl.promotion.evaluators) to observe before trying to advance."""
     from_log: bool = False
@@ -277,11 +263,11 @@ class RolloutAdvanceRequest(_Strict):
     batch counted)."""
 
 
-class RolloutRollbackRequest(_Strict):
+class RolloutRollbackRequest(StrictSettings):
     reason: str = Field(min_length=1, max_length=500)
 
 
-class EvaluateRequest(_Strict):
+class EvaluateRequest(StrictSettings):
     config: dict[str, Any] = Field(default_factory=dict)
     """RAGConfig overrides on top of the app's `base`."""
     dataset: str = "synthetic"

@@ -17,9 +17,11 @@ from pathlib import Path
 
 from rag.errors import ConfigError, DataError
 from rag.metrics.qa import normalize_answer
+from rag.resources import default_config
 from rag.types import Example, Passage
 
-SPLITS_DIR = Path(__file__).resolve().parents[3] / "configs" / "splits"
+SPLITS_DIR = default_config("splits")
+"""The committed split manifests (shipped with the code, `rag.resources`)."""
 
 
 def dedupe(passages: Iterable[Passage]) -> tuple[list[Passage], list[tuple[str, str]]]:

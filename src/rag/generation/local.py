@@ -139,6 +139,9 @@ class TransformersGenerator(Generator):
 
 
 def main() -> None:
+    from rag.env import configure_runtime_env
+
+    configure_runtime_env()  # `python -m rag.generation.local` is an entry point (setup.sh)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ensure", default="smollm2-135m-instruct")
     args = ap.parse_args()

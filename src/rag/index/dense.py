@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,27 @@ def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: b
     return vecs
 
 
+@cache
 def _faiss():
-    import faiss
+    """The faiss module, from exactly one of the `cpu` (faiss-cpu) or `gpu` (faiss-gpu-cu12)
+    extras: both share the files of the `faiss` package, so having both is refused."""
+    from importlib import metadata
+
+    builds = []
+    for dist in ("faiss-cpu", "faiss-gpu-cu12"):
+        try:
+            metadata.distribution(dist)
+            builds.append(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    if len(builds) > 1:
+        raise ConfigError("indexes.dense", "faiss-cpu and faiss-gpu-cu12 are both installed and "
+                          "overwrite each other's files; keep one (docs/operations.md)")
+    try:
+        import faiss
+    except ModuleNotFoundError:
+        raise ConfigError("indexes.dense", "FAISS is not installed: pip install 'ragpilot[cpu]' "
+                          "(or 'ragpilot[gpu]' on a GPU machine)") from None
 
     faiss.omp_set_num_threads(1)  # single-query serving: threads only add overhead here
     return faiss

@@ -19,16 +19,16 @@ checked when an IndexSet is created or opened with them (`rag.indexset`), never 
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rag.config import _to_config_error
 from rag.errors import ConfigError
+from rag.settings_base import StrictSettings, YamlSource
 
 SECTION = "indexes"
 OPENSEARCH_URL_ENV = "RAGPILOT_OPENSEARCH_URL"
@@ -61,11 +61,7 @@ def check_url(url: str) -> str:
     return url
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class OpenSearchSettings(_Strict):
+class OpenSearchSettings(StrictSettings):
     """How to reach the OpenSearch cluster (used when lexical or dense is `opensearch`)."""
 
     url: str | None = None
@@ -94,8 +90,10 @@ class OpenSearchSettings(_Strict):
         return f"{self.index_prefix}-{corpus_fingerprint[:16]}"
 
 
-class IndexSettings(_Strict):
+class IndexSettings(StrictSettings):
     """The `indexes:` section. Defaults reproduce the local stack (tantivy/bm25s + FAISS)."""
+
+    SECTION = SECTION
 
     lexical: Literal["tantivy", "bm25s", "opensearch"] | None = None
     """null: the local backend the rag config's `bm25_backend` names. tantivy | bm25s: only that
@@ -123,32 +121,23 @@ class IndexSettings(_Strict):
     # ---- (de)serialisation ------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None, where: str = SECTION) -> IndexSettings:
-        if data is None:
-            return cls()
-        if not isinstance(data, dict):
-            raise ConfigError(where, "must be a mapping")
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, where) from None
+        """`from_mapping`, None reading as the defaults."""
+        return cls() if data is None else cls.from_mapping(data, where)
 
     @classmethod
-    def section_from_yaml(cls, path: str | Path) -> IndexSettings | None:
+    def section_from_yaml(cls, path: str | os.PathLike[str] | Traversable
+                          ) -> IndexSettings | None:
         """The `indexes:` section of a YAML file (e.g. next to `rag:`), validated; None when
         the file has no such section."""
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("config", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+        src = YamlSource.read(path)
+        data = src.data
         if not isinstance(data, dict) or SECTION not in data:
             return None
-        return cls.from_dict(data[SECTION] if data[SECTION] is not None else {}, SECTION)
+        section = data[SECTION] if data[SECTION] is not None else {}
+        return cls.from_mapping(section, SECTION, src.under(SECTION))
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> IndexSettings:
+    def from_yaml(cls, path: str | os.PathLike[str] | Traversable) -> IndexSettings:
         """The `indexes:` section of a YAML file; the defaults when it has none."""
         return cls.section_from_yaml(path) or cls()
 

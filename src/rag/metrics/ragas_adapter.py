@@ -41,12 +41,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from rag.errors import ConfigError, RagError
 from rag.generation.openai_compat import EndpointError
 from rag.metrics.cost import METRICS, JudgeInputs, UsageMeter, count_tokens, judge_inputs
 from rag.metrics.judge_cache import JudgeCache, content_key
+from rag.settings_base import StrictSettings
 from rag.types import Answer, Example
 
 __all__ = ["RagasConfig", "RagasScorer", "RagasNotInstalled", "JudgeOutputError",
@@ -67,10 +68,10 @@ class JudgeOutputError(RagError):
     """The endpoint's reply did not parse into ragas' output schema, after retries."""
 
 
-class RagasConfig(BaseModel):
+class RagasConfig(StrictSettings):
     """Where the judge is and how to call it. `base_url` and `model` are required."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    SECTION = "ragas"
 
     base_url: str
     """OpenAI-compatible endpoint, e.g. http://127.0.0.1:8011/v1 (the /v1 is optional)."""
@@ -112,13 +113,7 @@ class RagasConfig(BaseModel):
         url = str(merged["base_url"])
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}.base_url", f"must be an http(s) URL, got {url!r}")
-        try:
-            return cls(**merged)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            msg = "unknown key" if err.get("type") == "extra_forbidden" else err.get("msg")
-            raise ConfigError(f"{where}.{loc}" if loc else where, str(msg)) from None
+        return cls.from_mapping(merged, where)
 
     @staticmethod
     def configured(env: Mapping[str, str] | None = None) -> bool:

@@ -14,9 +14,9 @@ between answers to the same question are meaningful), `score_batch(items)`,
 {manifest.json, weights.npz}, and `load_reward_model(path_or_name)`.
 
 Loading by name searches `search_roots()` in order: $RAGPILOT_REWARD_MODELS (when set: it wins),
-<ragpilot cache>/reward_models (where `save()` writes by default), then the model committed with
-the code (bench/results/reward_models: a few hundred bytes of weights), so `quality-rm` resolves
-in a clean checkout. `load_default()` is the project's installed model (DEFAULT_NAME), used by
+<ragpilot cache>/reward_models (where `save()` writes by default), then the models shipped with
+the code (package data `rag/bundled/reward_models`: a few hundred bytes of weights, written by
+`python bench/quality.py`), so `quality-rm` resolves in a clean checkout and an installed wheel. `load_default()` is the project's installed model (DEFAULT_NAME), used by
 the generator's preference ranker `auto` (rl.adaptation.prefs).
 """
 
@@ -48,6 +48,7 @@ from rag.metrics.support import (
     split_sentences,
     strip_citations,
 )
+from rag.resources import bundled
 from rag.types import Answer, Context
 
 __all__ = ["BUNDLED_ROOT", "DEFAULT_NAME", "FEATURES", "FORMAT_VERSION", "RewardModel",
@@ -56,9 +57,8 @@ __all__ = ["BUNDLED_ROOT", "DEFAULT_NAME", "FEATURES", "FORMAT_VERSION", "Reward
 
 FORMAT_VERSION = 1
 DEFAULT_NAME = "quality-rm"
-BUNDLED_ROOT = Path(__file__).resolve().parents[3] / "bench" / "results" / "reward_models"
-"""The reward models committed with the code (written by `python bench/quality.py`); absent in
-an installed wheel, which then relies on $RAGPILOT_REWARD_MODELS or the cache."""
+BUNDLED_ROOT = bundled("reward_models").resolve()
+"""The reward models shipped with the code (package data, written by `python bench/quality.py`)."""
 FEATURES = (
     "abstain",             # an abstention ("insufficient context", "I don't know", ...)
     "yes_no",              # a bare yes/no
@@ -244,7 +244,7 @@ def default_root() -> Path:
 
 def search_roots() -> list[Path]:
     """Where a name is looked up, first match wins: $RAGPILOT_REWARD_MODELS (when set),
-    <ragpilot cache>/reward_models, BUNDLED_ROOT (the committed models, when present)."""
+    <ragpilot cache>/reward_models, BUNDLED_ROOT (the shipped models, when present)."""
     from rag.models import cache_dir
 
     roots = []

@@ -20,25 +20,21 @@ Field groups (the YAML keys):
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 
-import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, Field
 
-from rag.config import _to_config_error
 from rag.errors import ConfigError
 from rag.generation.prompts import get_prompt
+from rag.resources import default_config
+from rag.settings_base import StrictSettings, YamlSource
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULTS_PATH = REPO / "configs" / "rl" / "generator_sft.yaml"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+DEFAULTS_PATH = default_config("rl/generator_sft.yaml")
 
 
-class LoraSpec(_Strict):
+class LoraSpec(StrictSettings):
     """The LoRA adapter trained over the frozen base."""
 
     r: int = Field(8, ge=1, le=256)
@@ -47,7 +43,7 @@ class LoraSpec(_Strict):
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-class TrainSpec(_Strict):
+class TrainSpec(StrictSettings):
     """SFT optimisation (AdamW, linear warm-up then linear decay)."""
 
     lr: float = Field(3e-4, gt=0.0, lt=1.0)
@@ -62,13 +58,13 @@ class TrainSpec(_Strict):
     seed: int = 0
 
 
-class CheckpointSpec(_Strict):
+class CheckpointSpec(StrictSettings):
     every_steps: int = Field(25, ge=1)
     keep: int = Field(2, ge=1)
     """Checkpoints kept besides those `latest` and `best` point at (never deleted)."""
 
 
-class EvalSpec(_Strict):
+class EvalSpec(StrictSettings):
     """Greedy answers on the valid split; the answer F1 (`eval_f1`, higher is better) picks the
     `best` checkpoint and the registry's `@best`."""
 
@@ -79,7 +75,7 @@ class EvalSpec(_Strict):
     batch_size: int = Field(8, ge=1)
 
 
-class DataSpec(_Strict):
+class DataSpec(StrictSettings):
     """SFT examples: a HotpotQA train split, plus positive log rows, plus teacher answers."""
 
     dataset: Literal["hotpotqa"] = "hotpotqa"
@@ -97,7 +93,7 @@ class DataSpec(_Strict):
     teacher_min_f1: float = Field(0.5, ge=0.0, le=1.0)
 
 
-class PrefSpec(_Strict):
+class PrefSpec(StrictSettings):
     """DPO / IPO (DPO with loss_type ipo) / ORPO with TRL."""
 
     beta: float = Field(0.1, gt=0.0)
@@ -111,14 +107,16 @@ class PrefSpec(_Strict):
     """Sampling temperature of the rejected candidates."""
 
 
-class MlflowSpec(_Strict):
+class MlflowSpec(StrictSettings):
     enabled: bool = True
     dir: str = "runs/mlflow"
     experiment: str = "generator_sft"
     register_model: bool = True
 
 
-class GeneratorSFTConfig(_Strict):
+class GeneratorSFTConfig(StrictSettings):
+    SECTION = "generator_sft"
+
     # -- model ----------------------------------------------------------------------------------
     base_model: str = "smollm2-135m-instruct"
     """Registry name (GGUF converted once) or a local HF folder."""
@@ -142,29 +140,26 @@ class GeneratorSFTConfig(_Strict):
 
     @classmethod
     def from_dict(cls, data: Any) -> GeneratorSFTConfig:
-        if isinstance(data, dict) and set(data) == {"generator_sft"}:
-            data = data["generator_sft"]
-        if not isinstance(data, dict):
-            raise ConfigError("generator_sft", "must be a mapping")
-        if "qlora" in data and "load_in_4bit" in data:
-            raise ConfigError("generator_sft.load_in_4bit", "give qlora or load_in_4bit, not both")
-        try:
-            cfg = cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "generator_sft") from None
-        get_prompt(cfg.prompt_id)  # unknown prompt -> ConfigError("prompt_id")
-        return cfg
+        """A mapping, bare or as `{generator_sft: {...}}`; errors name `generator_sft.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
     @classmethod
-    def from_yaml(cls, path: str | Path = DEFAULTS_PATH) -> GeneratorSFTConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("generator_sft", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("generator_sft", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+    def from_mapping(cls, data: Any, where: str | None = None,
+                     source: YamlSource | None = None) -> GeneratorSFTConfig:
+        if isinstance(data, dict) and "qlora" in data and "load_in_4bit" in data:
+            raise ConfigError(f"{where or cls.SECTION}.load_in_4bit",
+                              "give qlora or load_in_4bit, not both")
+        return super().from_mapping(data, where, source)
+
+    def _after_load(self, where: str, source: YamlSource | None) -> GeneratorSFTConfig:
+        get_prompt(self.prompt_id)  # unknown prompt -> ConfigError("prompt_id")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str] | Traversable = DEFAULTS_PATH
+                  ) -> GeneratorSFTConfig:
+        return super().from_yaml(path)
 
     def replace(self, **changes: Any) -> GeneratorSFTConfig:
         """Dotted overrides (`train.lr=1e-4`), validated like the file."""

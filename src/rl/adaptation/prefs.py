@@ -7,7 +7,7 @@ when the ranker scores it below the chosen one, so each pair teaches a mistake t
 makes. Rankers: `f1` (answer F1 vs gold + citation precision, HotpotQA definitions), `quality`
 (f1 + `rag.metrics.quality.QualityScorer` faithfulness of the cited contexts), `auto` = the
 project's learned reward model (`rag.metrics.reward_model.load_default`: quality-rm, found in
-$RAGPILOT_REWARD_MODELS, the cache, or the copy committed under bench/results/reward_models)
+$RAGPILOT_REWARD_MODELS, the cache, or the copy shipped under rag/bundled/reward_models)
 scoring the answer against its cited contexts, else `f1` when none is installed. Each pair row
 and the run's summary name the ranker actually used.
 """
@@ -81,7 +81,7 @@ def reward_model_ranker(rm) -> Ranker:
 def make_ranker(kind: str) -> tuple[str, Ranker]:
     """(name actually used, ranker). `auto` = the installed reward model
     (`rag.metrics.reward_model.find_reward_model(DEFAULT_NAME)`: $RAGPILOT_REWARD_MODELS, the
-    cache, then the model committed under bench/results/reward_models), named
+    cache, then the model shipped under rag/bundled/reward_models), named
     `reward_model:<name>/v<k>`; `f1` only when no reward model is installed. An installed model
     that cannot be read raises (DataError) instead of silently changing the ranker."""
     if kind == "auto":

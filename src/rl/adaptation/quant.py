@@ -118,8 +118,11 @@ def measure_in_subprocess(path: str | Path, mode: str, examples_jsonl: str | Pat
            "--max-new-tokens", str(max_new_tokens), "--threads", str(threads)]
     if limit:
         cmd += ["--limit", str(limit)]
-    src = str(Path(__file__).resolve().parents[2])
     import os
+
+    import rl
+
+    src = str(Path(next(iter(rl.__path__))).resolve().parent)  # where the child finds `rl`
 
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

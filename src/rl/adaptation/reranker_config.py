@@ -20,24 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from rag.config import _to_config_error
-from rag.errors import ConfigError
+from rag.settings_base import StrictSettings
 from rl.adaptation.data import TRAIN_SPLITS
 
 DATASETS = ("scifact", "hotpotqa", "mtrag")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SourceSpec(_Strict):
+class SourceSpec(StrictSettings):
     """One dataset the training items are mined from."""
 
     split: str = "train"
@@ -54,7 +47,7 @@ class SourceSpec(_Strict):
         return v
 
 
-class DataSpec(_Strict):
+class DataSpec(StrictSettings):
     """Mining of (query, gold passage, hard/easy negatives) items."""
 
     sources: dict[Literal["scifact", "hotpotqa", "mtrag"], SourceSpec] = Field(
@@ -69,7 +62,7 @@ class DataSpec(_Strict):
     """Random corpus passages kept per item."""
 
 
-class EvalSpec(_Strict):
+class EvalSpec(StrictSettings):
     """A small held-out check after training (never the test split: that is for reports)."""
 
     dataset: Literal["scifact", "hotpotqa", "mtrag"] = "scifact"
@@ -81,7 +74,9 @@ class EvalSpec(_Strict):
     """Reported as `<dataset>_<split>_<metric>`; higher is better and decides `@best`."""
 
 
-class RerankerTrainConfig(_Strict):
+class RerankerTrainConfig(StrictSettings):
+    SECTION = "reranker"
+
     # -- identity -------------------------------------------------------------------------------
     name: str = Field("reranker-minilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Registry name of the trained model (versions are `<name>@v<N>`, best `<name>@best`)."""
@@ -142,25 +137,9 @@ class RerankerTrainConfig(_Strict):
 
     @classmethod
     def from_dict(cls, data: Any) -> RerankerTrainConfig:
-        if isinstance(data, dict) and set(data) == {"reranker"}:
-            data = data["reranker"]
-        if not isinstance(data, dict):
-            raise ConfigError("reranker", "must be a mapping")
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "reranker") from None
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> RerankerTrainConfig:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("reranker", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("reranker", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+        """A mapping, bare or as `{reranker: {...}}`; errors name `reranker.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
     def replace(self, **changes: Any) -> RerankerTrainConfig:
         return self.from_dict({**self.model_dump(mode="json"), **changes})

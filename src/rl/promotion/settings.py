@@ -11,32 +11,27 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from rag.config import _to_config_error
-from rag.errors import ConfigError
+from rag.resources import default_config
+from rag.settings_base import StrictSettings
 from rl.stats.sequential import SequentialTest
-from rl.tuner.settings import REPO, Thresholds
+from rl.tuner.settings import Thresholds
 
-DEFAULTS_PATH = REPO / "configs" / "rl" / "rollout.yaml"
+DEFAULTS_PATH = default_config("rl/rollout.yaml")
 AUDIT_FILE = "audit.jsonl"
 
 # --------------------------------------------------------------------------- config
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StagePlan(_Strict):
+class StagePlan(StrictSettings):
     looks: int = Field(5, ge=1, le=20)
     """Planned interim analyses (the last one is final)."""
     max_n: int = Field(..., ge=10)
     """Candidate requests (shadow: request pairs) at the final look."""
 
 
-class SLO(_Strict):
+class SLO(StrictSettings):
     error_budget: float = Field(0.005, gt=0.0, lt=1.0)
     """Allowed fraction of failed requests (availability SLO 99.5%)."""
     latency_ms: float = Field(500.0, gt=0.0)
@@ -48,13 +43,15 @@ class SLO(_Strict):
     """Advancing needs observed burn rates at most this (not eating the budget)."""
 
 
-class Stages(_Strict):
+class Stages(StrictSettings):
     shadow: StagePlan = StagePlan(looks=5, max_n=1500)
     canary_5: StagePlan = StagePlan(looks=5, max_n=1600)
     canary_25: StagePlan = StagePlan(looks=5, max_n=2000)
 
 
-class PromotionSettings(_Strict):
+class PromotionSettings(StrictSettings):
+    SECTION = "rollout"
+
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
     """One-sided type-I error per tested stage (promoting a candidate that is not better)."""
     spending: Literal["obrien_fleming", "pocock"] = "obrien_fleming"
@@ -76,25 +73,9 @@ class PromotionSettings(_Strict):
 
     @classmethod
     def from_dict(cls, data: Any) -> PromotionSettings:
-        if isinstance(data, dict) and set(data) == {"rollout"}:
-            data = data["rollout"]
-        if not isinstance(data, dict):
-            raise ConfigError("rollout", "must be a mapping")
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "rollout") from None
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> PromotionSettings:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("rollout", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("rollout", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+        """A mapping, bare or as `{rollout: {...}}`; errors name `rollout.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
 
 # --------------------------------------------------------------------------- boundaries

@@ -3,25 +3,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from importlib.resources.abc import Traversable
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, SerializationInfo, field_serializer, field_validator, model_validator
 
-from rag.config import _to_config_error
 from rag.errors import ConfigError
+from rag.resources import default_config
+from rag.settings_base import StrictSettings
+from rl.common.ppo_settings import SELECTION_PPO, PPOSettings
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_PATH = REPO / "configs" / "rl" / "selection.yaml"
+DEFAULT_PATH = default_config("rl/selection.yaml")
 RETRIEVERS = ("bm25", "dense", "graph", "hybrid")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EnvConfig(_Strict):
+class EnvConfig(StrictSettings):
     k: Literal[20, 50, 100] = 20
     max_steps: int = Field(4, ge=3, le=5)
     retrievers: tuple[Literal["bm25", "dense", "graph"], ...] = ("bm25", "dense", "graph")
@@ -39,7 +36,7 @@ class EnvConfig(_Strict):
         return self
 
 
-class RewardConfig(_Strict):
+class RewardConfig(StrictSettings):
     answer_f1: float = Field(1.0, ge=0.0)
     support_f1: float = Field(0.5, ge=0.0)
     faithfulness: float = Field(0.0, ge=0.0)
@@ -51,7 +48,7 @@ class RewardConfig(_Strict):
     mmr_lambda: float = Field(0.6, ge=0.0, le=1.0)
 
 
-class BCConfig(_Strict):
+class BCConfig(StrictSettings):
     hidden: int = Field(64, ge=4, le=1024)
     lr: float = Field(3e-3, gt=0.0, le=1.0)
     weight_decay: float = Field(1e-4, ge=0.0)
@@ -61,7 +58,7 @@ class BCConfig(_Strict):
     val_fraction: float = Field(0.15, gt=0.0, lt=1.0)
 
 
-class RaftConfig(_Strict):
+class RaftConfig(StrictSettings):
     rounds: int = Field(3, ge=0, le=100)
     samples: int = Field(8, ge=1, le=256)
     temperature: float = Field(1.0, gt=0.0, le=10.0)
@@ -70,64 +67,52 @@ class RaftConfig(_Strict):
     keep_expert: bool = True
 
 
-class PPOConfig(_Strict):
-    enabled: bool = True
-    iterations: int = Field(6, ge=0, le=10_000)
-    train_batch_size: int = Field(256, ge=8)
-    minibatch_size: int = Field(64, ge=4)
-    num_epochs: int = Field(4, ge=1, le=100)
-    lr: float = Field(1e-4, gt=0.0, le=1.0)
-    clip_param: float = Field(0.2, gt=0.0, le=1.0)
-    entropy_coeff: float = Field(0.005, ge=0.0)
-    gamma: float = Field(1.0, gt=0.0, le=1.0)
-    lambda_: float = Field(0.95, ge=0.0, le=1.0)
-
-    @model_validator(mode="after")
-    def _batches(self) -> PPOConfig:
-        if self.minibatch_size > self.train_batch_size:
-            raise ValueError("minibatch_size must be <= train_batch_size")
-        return self
-
-
-class MtragConfig(_Strict):
+class MtragConfig(StrictSettings):
     rewrite: Literal["last_turn", "concat", "generator"] = "concat"
     history_turns: int = Field(2, ge=0, le=50)
     generator: str = "smollm2-135m-instruct"
 
 
-class SelectionConfig(_Strict):
+class SelectionConfig(StrictSettings):
+    SECTION = "selection"
+
     seed: int = 0
     env: EnvConfig = EnvConfig()
     reward: RewardConfig = RewardConfig()
     bc: BCConfig = BCConfig()
     raft: RaftConfig = RaftConfig()
-    ppo: PPOConfig = PPOConfig()
+    ppo: PPOSettings = SELECTION_PPO.settings
+    """PPO fine-tuning (`rl.common.ppo_settings`); unset keys take `SELECTION_PPO`'s values."""
     mtrag: MtragConfig = MtragConfig()
+
+    @field_validator("ppo", mode="before")
+    @classmethod
+    def _ppo_defaults(cls, v: Any) -> Any:
+        return SELECTION_PPO.fill(v)
+
+    @field_serializer("ppo")
+    def _ppo_keys(self, ppo: PPOSettings, info: SerializationInfo) -> dict[str, Any]:
+        return SELECTION_PPO.dump(ppo, info)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "selection") -> SelectionConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(where, f"expected a mapping, got {type(data).__name__}")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, where) from None
+        return cls.from_mapping(data, where)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> SelectionConfig:
+    def load(cls, path: str | os.PathLike[str] | Traversable | None = None
+             ) -> SelectionConfig:
         """Read `selection: {...}` from YAML (default configs/rl/selection.yaml)."""
-        p = Path(path) if path else DEFAULT_PATH
-        if not p.exists():
-            raise ConfigError("config", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+        return cls.from_yaml(path if path else DEFAULT_PATH)
+
+    @classmethod
+    def _section_of(cls, data: Any, name: str) -> tuple[Any, tuple[str, ...]]:
+        # the file must hold exactly `selection:` (other tools' sections are typos here)
         if not isinstance(data, dict) or set(data) != {"selection"}:
             extra = sorted(set(data) - {"selection"}) if isinstance(data, dict) else []
             raise ConfigError(extra[0] if extra else "selection",
-                              "unknown top-level key" if extra else "missing `selection:`")
-        return cls.from_dict(data["selection"] or {})
+                              "unknown top-level key" if extra else "missing `selection:`",
+                              source=name, line=None)
+        return data["selection"] or {}, ("selection",)
 
     def replace(self, **changes: Any) -> SelectionConfig:
         """A copy with dotted-path overrides, e.g. replace(**{"env.k": 50}), validated."""

@@ -114,6 +114,7 @@ class SelectionPPO:
         from rl.common.rllib import ppo_config
 
         p = self.cfg.ppo
+        gamma, gae_lambda = p.discount(1.0, 0.95)
         mc: dict[str, Any] = {"glob_dim": self.glob_dim, "hidden": self.cfg.bc.hidden,
                               "glob_proj": 16}
         if self.init is not None:
@@ -126,8 +127,9 @@ class SelectionPPO:
                           module_spec=RLModuleSpec(module_class=SelectionRLModule,
                                                    model_config=mc),
                           smoothing_episodes=20, disable_env_checking=True, lr=p.lr,
-                          clip_param=p.clip_param, lambda_=p.lambda_, gamma=p.gamma,
-                          entropy_coeff=p.entropy_coeff, use_kl_loss=False,
+                          clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
+                          entropy_coeff=p.entropy_coeff, use_kl_loss=p.use_kl_loss,
+                          kl_target=p.kl_target,
                           minibatch_size=p.minibatch_size, num_epochs=p.num_epochs,
                           vf_loss_coeff=0.5)
 

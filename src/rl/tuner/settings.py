@@ -15,25 +15,29 @@ The action heads:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
-from rag.config import RAGConfig, _to_config_error
+from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rag.resources import default_config
+from rag.settings_base import StrictSettings, YamlSource
+from rl.common.ppo_settings import TUNER_PPO, PPOSettings
 
 RETRIEVERS = ("bm25", "dense", "hybrid", "graph")
-REPO = Path(__file__).resolve().parents[3]
-DEFAULTS_PATH = REPO / "configs" / "rl" / "policy.defaults.yaml"
+DEFAULTS_PATH = default_config("rl/policy.defaults.yaml")
+"""The documented defaults, shipped in the wheel (`rag.resources`)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class IntRange(_Strict):
+class IntRange(StrictSettings):
     min: int
     max: int
 
@@ -44,7 +48,7 @@ class IntRange(_Strict):
         return self
 
 
-class FloatRange(_Strict):
+class FloatRange(StrictSettings):
     min: float
     max: float
 
@@ -55,7 +59,7 @@ class FloatRange(_Strict):
         return self
 
 
-class Bounds(_Strict):
+class Bounds(StrictSettings):
     k: IntRange = IntRange(min=3, max=32)
     fusion_weight: FloatRange = FloatRange(min=0.0, max=1.0)
 
@@ -68,7 +72,7 @@ class Bounds(_Strict):
         return self
 
 
-class Discrete(_Strict):
+class Discrete(StrictSettings):
     variant: tuple[str, ...] = RETRIEVERS
     rerank: tuple[Literal["off", "on"], ...] = ("off", "on")
     prompt_id: tuple[str, ...] = ("cite_concise", "cite_concise_abstain")
@@ -92,7 +96,7 @@ class Discrete(_Strict):
         return self
 
 
-class Thresholds(_Strict):
+class Thresholds(StrictSettings):
     """Hard gates: a config is never promoted when one fails."""
 
     faithfulness: float = Field(0.75, ge=0.0, le=1.0)
@@ -100,7 +104,7 @@ class Thresholds(_Strict):
     p95_latency_ms: float = Field(500.0, gt=0.0)
 
 
-class RewardWeights(_Strict):
+class RewardWeights(StrictSettings):
     """r = αF + βR − γ·min(p95/T, 2) − δ·min(cost/C_ref, 2) − λ·P."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -112,14 +116,14 @@ class RewardWeights(_Strict):
     lambda_: float = Field(1.0, ge=0.0, alias="lambda")
 
 
-class Episode(_Strict):
+class Episode(StrictSettings):
     length: int = Field(10, ge=1, le=1000)
     """Steps (config evaluations) per episode."""
     batch_size: int = Field(200, ge=1, le=100_000)
     """Validation queries per step (sampled without replacement; capped at the slice size)."""
 
 
-class DatasetSlice(_Strict):
+class DatasetSlice(StrictSettings):
     """Which split the tuner optimises on, which it reports on, and which per-query metrics
     play faithfulness (F) and relevancy (R) for this dataset."""
 
@@ -131,26 +135,9 @@ class DatasetSlice(_Strict):
     """Dataset-specific gates; the global `thresholds` when absent."""
 
 
-class PPOSettings(_Strict):
-    lr: float = Field(0.01, gt=0.0)
-    clip_param: float = Field(0.2, gt=0.0, le=1.0)
-    gae_lambda: float | None = Field(None, ge=0.0, le=1.0)
-    """None: 0.95 in delta mode, 0 in absolute mode (see `gamma`)."""
-    gamma: float | None = Field(None, ge=0.0, le=1.0)
-    """None: 0.99 in delta mode; 0 in absolute mode, where a step's reward does not depend on
-    earlier actions (a fresh config on a fresh batch), so discounting only adds variance."""
-    kl_target: float = Field(0.01, gt=0.0)
-    use_kl_loss: bool = False
-    """Adaptive KL penalty towards `kl_target`; off = clipped objective only (CleanRL-style)."""
-    entropy_coeff: float = Field(0.01, ge=0.0)
-    train_batch_size: int = Field(10, ge=2)
-    """Env steps (config evaluations) per PPO iteration."""
-    minibatch_size: int = Field(10, ge=1)
-    num_epochs: int = Field(16, ge=1)
-    hidden: tuple[int, ...] = (32, 32)
+class TunerSettings(StrictSettings):
+    SECTION = "policy"
 
-
-class TunerSettings(_Strict):
     bounds: Bounds = Bounds()
     k_grid: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 24, 32)
     """Values the k head chooses from (those outside `bounds.k` are dropped)."""
@@ -173,8 +160,18 @@ class TunerSettings(_Strict):
                                                           "n_candidates": 50})
     """RAGConfig fields every action starts from (the static default config)."""
     datasets: dict[str, DatasetSlice] = Field(default_factory=dict)
-    ppo: PPOSettings = PPOSettings()
+    ppo: PPOSettings = TUNER_PPO.settings
+    """PPO hyperparameters (`rl.common.ppo_settings`); unset keys take `TUNER_PPO`'s values."""
     seed: int = 0
+
+    @field_validator("ppo", mode="before")
+    @classmethod
+    def _ppo_defaults(cls, v: Any) -> Any:
+        return TUNER_PPO.fill(v)
+
+    @field_serializer("ppo")
+    def _ppo_keys(self, ppo: PPOSettings, info: SerializationInfo) -> dict[str, Any]:
+        return TUNER_PPO.dump(ppo, info)
 
     @model_validator(mode="after")
     def _check(self) -> TunerSettings:
@@ -186,23 +183,22 @@ class TunerSettings(_Strict):
             raise ValueError("k_grid must be strictly increasing")
         return self
 
-    def _check_configs(self) -> TunerSettings:
+    def _after_load(self, where: str, source: YamlSource | None) -> TunerSettings:
         """The base config and every variant label must make valid RAGConfigs."""
-        RAGConfig.from_dict(dict(self.base), where="policy.base")
+        at = source.under if source is not None else (lambda *_: None)
+        RAGConfig.from_mapping(dict(self.base), f"{where}.base", at("base"))
         for label, over in self.variants.items():
             if not isinstance(over, dict):
-                raise ConfigError(f"policy.variants.{label}", "must be a mapping")
-            RAGConfig.from_dict({**self.base, **over}, where=f"policy.variants.{label}")
+                raise ConfigError(f"{where}.variants.{label}", "must be a mapping")
+            RAGConfig.from_mapping({**self.base, **over}, f"{where}.variants.{label}",
+                                   at("variants", label))
         return self
 
     # ---- derived ----------------------------------------------------------------------------
     def ppo_discount(self) -> tuple[float, float]:
         """(γ, GAE λ) with the mode-dependent defaults resolved."""
         delta = self.action_mode == "delta"
-        g = self.ppo.gamma if self.ppo.gamma is not None else (0.99 if delta else 0.0)
-        lam = self.ppo.gae_lambda if self.ppo.gae_lambda is not None else (
-            0.95 if delta else 0.0)
-        return g, lam
+        return self.ppo.discount(0.99 if delta else 0.0, 0.95 if delta else 0.0)
 
     @property
     def ks(self) -> tuple[int, ...]:
@@ -231,29 +227,12 @@ class TunerSettings(_Strict):
     def thresholds_for(self, dataset: str) -> Thresholds:
         return self.slice_for(dataset).thresholds or self.thresholds
 
-    # ---- loading ----------------------------------------------------------------------------
+    # ---- loading (`from_mapping`, `from_yaml`: rag.settings_base) ---------------------------
     @classmethod
     def from_dict(cls, data: Any) -> TunerSettings:
-        if isinstance(data, dict) and set(data) == {"policy"}:
-            data = data["policy"]
-        if not isinstance(data, dict):
-            raise ConfigError("policy", "must be a mapping")
-        try:
-            cfg = cls(**data)
-        except ValidationError as exc:
-            raise _to_config_error(exc, "policy") from None
-        return cfg._check_configs()
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> TunerSettings:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("policy", f"file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("policy", f"{p} is not valid YAML: {exc}") from None
-        return cls.from_dict(data)
+        """A mapping, bare or as `{policy: {...}}`; errors name `policy.<key>`."""
+        data, _ = cls._section_of(data, "")
+        return cls.from_mapping(data)
 
     @classmethod
     def defaults(cls) -> TunerSettings:
