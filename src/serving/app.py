@@ -194,7 +194,8 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
 
     handles = {h: LocalHandle(services[h]) if h in services else make(c)
                for h, c in configs.items()}
-    cls = next(b for b in Ingress.func_or_class.__mro__ if "query" in b.__dict__)
+    # the class defined above: the first base of Serve's ASGI wrapper with its own __init__
+    cls = next(b for b in Ingress.func_or_class.__mro__[1:] if "__init__" in b.__dict__)
     inst = cls.__new__(cls)
     cls.__init__(inst, s.model_dump(mode="json"), handles, roles,
                  {h: c.model_dump(mode="json") for h, c in configs.items()})
