@@ -2,8 +2,8 @@
 bodies (`{"error": "<field>: <message>", "field": ...}`: 422 for validation and ConfigError,
 ApiError's own status), request counting, API keys and the body-size limit.
 
-The route modules (serving.routes_query, routes_admin, routes_tuner, routes_ops) add their
-class-based routes to `api`; serving.app composes them into the `Ingress` deployment.
+serving.app declares the routes on `api` (class-based, on `Ingress`); their handlers live in
+serving.routes_query, routes_admin, routes_tuner and routes_ops.
 """
 
 # No `from __future__ import annotations`: FastAPI must see real classes in route signatures.

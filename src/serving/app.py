@@ -32,7 +32,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from rag.config import RAGConfig
@@ -51,7 +52,17 @@ from serving.routes_ops import OpsRoutes
 from serving.routes_query import QueryRoutes, query_features  # noqa: F401 - re-exported
 from serving.routes_tuner import TunerRoutes
 from serving.routing_state import peek, restorable, restored_configs, yaml_fingerprint
-from serving.schemas import ServeSettings
+from serving.schemas import (
+    EvaluateRequest,
+    FeedbackRequest,
+    QueryRequest,
+    QueryResponse,
+    RolloutAdvanceRequest,
+    RolloutRollbackRequest,
+    RolloutStartRequest,
+    ServeSettings,
+    TrafficRequest,
+)
 from serving.store import open_store
 
 configure_runtime_env()
@@ -98,6 +109,73 @@ class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
         self._deploy_lock = asyncio.Lock()
         self.metrics.set_traffic(self.router.traffic.canary_percent,
                                  self.router.traffic.shadow_percent)
+
+    # ---- routes: declared here, handled by the mixins -------------------------------------------
+    # Ray Serve pickles this class by value into the replica together with the FastAPI app; an
+    # endpoint defined in an importable mixin would be pickled by reference and lose the `self`
+    # injection Serve adds to its signature (FastAPI then asks for `self` as a query parameter).
+    @api.post("/query", response_model=QueryResponse)
+    async def query(self, body: QueryRequest, request: Request) -> QueryResponse:
+        """Route, answer, log and measure one question (serving.routes_query)."""
+        return await self._query(body, request)
+
+    @api.post("/feedback")
+    async def feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
+        """Store the user's reward; the bandit learns it minus the PII-leak penalty."""
+        return await self._feedback(body, request)
+
+    @api.get("/rl/stats")
+    async def stats(self) -> dict[str, Any]:
+        return await self._stats()
+
+    @api.get("/rl/leaderboard")
+    async def leaderboard(self, category: str | None = None) -> dict[str, Any]:
+        return await self._leaderboard(category)
+
+    @api.get("/admin/traffic")
+    async def get_traffic(self) -> dict[str, Any]:
+        return await self._get_traffic()
+
+    @api.get("/admin/rollout")
+    async def rollout_status(self) -> dict[str, Any]:
+        return await self._rollout_status()
+
+    @api.post("/admin/rollout/start")
+    async def rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
+        return await self._rollout_start(body)
+
+    @api.post("/admin/rollout/advance")
+    async def rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
+        """Add evidence (reports, or the interaction log), then try one stage up."""
+        return await self._rollout_advance(body)
+
+    @api.post("/admin/rollout/rollback")
+    async def rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
+        return await self._rollout_rollback(body)
+
+    @api.post("/admin/traffic")
+    async def set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
+        return await self._set_traffic(body)
+
+    @api.post("/tuner/evaluate", status_code=202)
+    async def tuner_evaluate(self, body: EvaluateRequest) -> dict[str, Any]:
+        return await self._tuner_evaluate(body)
+
+    @api.get("/tuner/jobs/{job_id}")
+    async def tuner_job(self, job_id: str) -> dict[str, Any]:
+        return await self._tuner_job(job_id)
+
+    @api.get("/metrics")
+    async def metrics_endpoint(self) -> Response:
+        return await self._metrics_endpoint()
+
+    @api.get("/healthz")
+    async def healthz(self) -> JSONResponse:
+        """Readiness: 200 once the store answers and every pipeline has a warm replica (each is
+        asked for its info, 5 s at most). Otherwise 503 (never a 500), JSON with `status`
+        `starting` (no answer within 5 s) or `unavailable` (the store or a replica failed),
+        `error` saying what failed and `failed`: variant id -> exception type and message."""
+        return await self._healthz()
 
 
 

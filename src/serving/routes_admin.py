@@ -1,14 +1,15 @@
-"""The control-plane routes of the ingress: `GET /rl/stats`, `GET /rl/leaderboard`,
-`GET|POST /admin/traffic` (the run-time split, stored so it survives a restart:
-serving.routing_state) and `/admin/rollout*` (evidence-gated promotion through
-`rl.promotion.service`, the same operations and state as `ragpilot rollout`).
+"""Handlers of the ingress's control-plane routes (declared on serving.app.Ingress): `GET
+/rl/stats`, `GET /rl/leaderboard`, `GET|POST /admin/traffic` (the run-time split, stored so it
+survives a restart: serving.routing_state) and `/admin/rollout*` (evidence-gated promotion
+through `rl.promotion.service`, the same operations and state as `ragpilot rollout`).
 
 `AdminRoutes` is a mixin of `serving.app.Ingress` and uses its state: settings, handles,
 configs, router, store, metrics, gate, jobs, gates, `_tasks`, `_explicit_arms`, `_routing_fp`,
 `_deploy_lock` and `restored`.
 """
 
-# No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
+from __future__ import annotations
+
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ray import serve
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.promotion import service as rollouts
-from serving.api import api, log
+from serving.api import log
 from serving.pipelines import bind_pipeline, deployment_options
 from serving.routing_state import ROLES, snapshot
 from serving.schemas import (
@@ -76,8 +77,7 @@ class AdminRoutes:
         return state
 
     # ---- control plane ------------------------------------------------------------------------
-    @api.get("/rl/stats")
-    async def stats(self) -> dict[str, Any]:
+    async def _stats(self) -> dict[str, Any]:
         counts = await asyncio.to_thread(self.store.counts)
         by_variant = await asyncio.to_thread(self.store.variant_summary)
         return {"traffic": self.router.state(), "variants": self.configs, "store": counts,
@@ -86,15 +86,13 @@ class AdminRoutes:
                 "jobs": self.jobs.counts(), "gates": self.gates,
                 "shadow_tasks_pending": len(self._tasks)}
 
-    @api.get("/rl/leaderboard")
-    async def leaderboard(self, category: str | None = None) -> dict[str, Any]:
+    async def _leaderboard(self, category: str | None = None) -> dict[str, Any]:
         rows = await asyncio.to_thread(self.store.variant_summary)
         return {"mode": self.router.traffic.mode,
                 "bandit": self.router.leaderboard(category),
                 "variants": [r for r in rows if r["route"] != "shadow"]}
 
-    @api.get("/admin/traffic")
-    async def get_traffic(self) -> dict[str, Any]:
+    async def _get_traffic(self) -> dict[str, Any]:
         return {**self.router.state(), "restored": self.restored}
 
     # ---- evidence-gated promotion (rl.promotion.service; same state as `ragpilot rollout`) ---
@@ -123,13 +121,11 @@ class AdminRoutes:
             stable=stable))
         return {**state, "warning": warning} if warning else state
 
-    @api.get("/admin/rollout")
-    async def rollout_status(self) -> dict[str, Any]:
+    async def _rollout_status(self) -> dict[str, Any]:
         self._rollout()
         return jsonable_encoder(rollouts.status(self.settings.rollout_dir))
 
-    @api.post("/admin/rollout/start")
-    async def rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
+    async def _rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
         for name, vid in (("candidate", body.candidate), ("stable", body.stable)):
             if vid is not None and vid not in self.handles:
                 raise ApiError(name, f"no deployed variant {vid!r} (have: "
@@ -140,8 +136,7 @@ class AdminRoutes:
         return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
                 "traffic": self._apply_rollout_traffic(sm, "rollout/start")}
 
-    @api.post("/admin/rollout/advance")
-    async def rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
+    async def _rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
         """Observe the body's reports (then, with `from_log`, the interaction log as
         evidence of the stage's kind), then try one stage up; 409 once the rollout ended."""
         from rl.promotion.evaluators import EvaluationReport
@@ -170,15 +165,13 @@ class AdminRoutes:
                "traffic": self._apply_rollout_traffic(sm, f"rollout/{decision.action}")}
         return {**out, "notes": evidence.notes} if evidence.notes else out
 
-    @api.post("/admin/rollout/rollback")
-    async def rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
+    async def _rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
         sm = self._rollout()
         d = rollouts.rollback(sm, f"manual (API): {body.reason}")
         return {"decision": rollouts.decision_record(d), "stage": sm.stage,
                 "traffic": self._apply_rollout_traffic(sm, "rollout/rollback")}
 
-    @api.post("/admin/traffic")
-    async def set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
+    async def _set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
         given = body.model_fields_set
         canary: Any = False
         shadow: Any = False

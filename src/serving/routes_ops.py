@@ -1,28 +1,27 @@
-"""The operations routes of the ingress: `GET /metrics` (Prometheus text) and `GET /healthz`
-(readiness: the store and every pipeline replica).
+"""Handlers of the ingress's operations routes (declared on serving.app.Ingress): `GET /metrics`
+(Prometheus text) and `GET /healthz` (readiness: the store and every pipeline replica).
 
 `OpsRoutes` is a mixin of `serving.app.Ingress` and uses its handles, router, store and metrics.
 """
 
-# No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
+from __future__ import annotations
+
 import asyncio
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from serving.api import api, log
+from serving.api import log
 
 
 class OpsRoutes:
     """/metrics and /healthz (a mixin of serving.app.Ingress)."""
 
-    @api.get("/metrics")
-    async def metrics_endpoint(self) -> Response:
+    async def _metrics_endpoint(self) -> Response:
         body, ctype = self.metrics.render()
         return Response(content=body, media_type=ctype)
 
-    @api.get("/healthz")
-    async def healthz(self) -> JSONResponse:
+    async def _healthz(self) -> JSONResponse:
         """Readiness: 200 once the store answers and every pipeline has a warm replica (each is
         asked for its info, 5 s at most). Otherwise 503 (never a 500), JSON with `status`
         `starting` (no answer within 5 s) or `unavailable` (the store or a replica failed),

@@ -1,11 +1,13 @@
-"""The serving routes of the ingress: `POST /query` (route, answer, log, measure; mirror to the
-shadow variant) and `POST /feedback` (store the user's reward; the bandit learns from it).
+"""Handlers of the ingress's serving routes (declared on serving.app.Ingress): `POST /query`
+(route, answer, log, measure; mirror to the shadow variant) and `POST /feedback` (store the
+user's reward; the bandit learns from it).
 
 `QueryRoutes` is a mixin of `serving.app.Ingress` and uses its state: settings, handles,
 router, store, metrics, limiter, gate, guard and the set of pending shadow tasks `_tasks`.
 """
 
-# No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
+from __future__ import annotations
+
 import asyncio
 import hashlib
 import time
@@ -15,7 +17,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from rag.errors import ConfigError
-from serving.api import api, log
+from serving.api import log
 from serving.auth import Guard
 from serving.limits import retry_after_header
 from serving.pii import leak_count, redact
@@ -42,8 +44,7 @@ def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:
 class QueryRoutes:
     """/query and /feedback (a mixin of serving.app.Ingress)."""
 
-    @api.post("/query", response_model=QueryResponse)
-    async def query(self, body: QueryRequest, request: Request) -> QueryResponse:
+    async def _query(self, body: QueryRequest, request: Request) -> QueryResponse:
         cap = self.settings.limits.max_question_chars
         if len(body.question) > cap:
             raise ApiError("question", f"is {len(body.question)} characters; the limit is "
@@ -193,8 +194,7 @@ class QueryRoutes:
             self.metrics.shadow_requests.labels("error").inc()
             log.exception("shadow request %s (parent %s) failed", sid, parent)
 
-    @api.post("/feedback")
-    async def feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
+    async def _feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """Store the user's reward. The bandit learns `policy_reward`: the reward minus
         `pii.leak_penalty` per PII leak the answer had (`rl.tuner.reward.feedback_reward`)."""
         self._rate_limit(request)

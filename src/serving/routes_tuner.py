@@ -1,13 +1,14 @@
-"""The tuner routes of the ingress: `POST /tuner/evaluate` submits an evaluation job
-(`rl.tuner.run.evaluate_request` in a Ray task: serving.jobs) and `GET /tuner/jobs/{id}` polls it.
+"""Handlers of the ingress's tuner routes (declared on serving.app.Ingress): `POST
+/tuner/evaluate` submits an evaluation job (`rl.tuner.run.evaluate_request` in a Ray task:
+serving.jobs) and `GET /tuner/jobs/{id}` polls it.
 
 `TunerRoutes` is a mixin of `serving.app.Ingress` and uses its settings, jobs, gates and metrics.
 """
 
-# No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
+from __future__ import annotations
+
 from typing import Any
 
-from serving.api import api
 from serving.jobs import Job, run_evaluation
 from serving.schemas import ApiError, EvaluateRequest
 
@@ -28,8 +29,7 @@ class TunerRoutes:
             self.gates[job.result["config_hash"]] = job.result["gates"]
             self.metrics.set_gates(job.result["config_hash"], job.result["gates"])
 
-    @api.post("/tuner/evaluate", status_code=202)
-    async def tuner_evaluate(self, body: EvaluateRequest) -> dict[str, Any]:
+    async def _tuner_evaluate(self, body: EvaluateRequest) -> dict[str, Any]:
         cap = self.settings.limits.max_batch_size
         if body.batch_size is not None and body.batch_size > cap:
             raise ApiError("batch_size", f"is {body.batch_size}; the limit is {cap} "
@@ -41,8 +41,7 @@ class TunerRoutes:
         return {"job_id": job.id, "status": job.status, "variant_id": cfg.config_hash,
                 "poll": f"/tuner/jobs/{job.id}"}
 
-    @api.get("/tuner/jobs/{job_id}")
-    async def tuner_job(self, job_id: str) -> dict[str, Any]:
+    async def _tuner_job(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
         if job is None:
             raise ApiError("job_id", f"unknown job {job_id!r}", 404)
