@@ -51,11 +51,12 @@ from bench.common import (  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
-from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
+from rl.tuner.baselines import grid_search  # noqa: E402
 from rl.tuner.env import TunerEnv  # noqa: E402
 from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
 from rl.tuner.results import Incumbent, TuneResult  # noqa: E402
+from rl.tuner.run import search  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 from rl.tuner.space import ConfigSpace  # noqa: E402
 
@@ -124,9 +125,9 @@ def _cmp(c: Comparison) -> dict[str, Any]:
 
 def run_dataset(name: str, policy: TunerSettings, seeds: list[int], rows: list,
                 frac: float) -> dict[str, Any]:
-    """Run everything for one dataset; append rows, return the details the markdown needs."""
-    from rl.tuner.ppo import PPOTuner
-
+    """Run everything for one dataset; append rows, return the details the markdown needs.
+    Every method is `rl.tuner.run.search` (the tuning run `ragpilot tune` makes) on one shared
+    evaluator, budget in steps."""
     t_open = time.perf_counter()
     ev = TunerEvaluator(TuningData.open(name), policy)
     space = ConfigSpace(policy)
@@ -140,9 +141,8 @@ def run_dataset(name: str, policy: TunerSettings, seeds: list[int], rows: list,
     rewards = grid.extra["rewards"]
     G = len(rewards)
     best_valid = max(rewards.values())
-    budget = max(policy.ppo.train_batch_size, int(frac * G))
     # PPO spends its budget on training steps plus one greedy read-out episode
-    iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
+    budget = max(policy.ppo.train_batch_size, int(frac * G))
     default = space.base
     def_valid = rewards.get(default.config_hash, ev.evaluate(default).reward)
     print(f"[{name}] grid {G} configs in {grid_wall:.0f}s; best {best_valid:.4f} "
@@ -167,8 +167,7 @@ def run_dataset(name: str, policy: TunerSettings, seeds: list[int], rows: list,
     ppo_wall = []
     for seed in seeds:
         t0 = time.perf_counter()
-        tuner = PPOTuner(ev, policy, seed=seed)
-        res = tuner.train(iters)
+        res = search(ev, policy, "ppo", budget, "steps", seed).result
         res.curve = [{**c, **inc} for c, inc in zip(res.curve, incumbent_curve(res.curve),
                                                       strict=True)]
         ppo_wall.append(time.perf_counter() - t0)
@@ -182,15 +181,12 @@ def run_dataset(name: str, policy: TunerSettings, seeds: list[int], rows: list,
                 env.step(space.to_action(grid_cfgs[(7 * j) % len(grid_cfgs)]))
                 warm.append((time.perf_counter() - t1) * 1000)
             assert all(h["cached"] for h in env.history)
-        tuner.stop()
         results["ppo"].append(res)
         # the policy's own greedy config, whether or not the recommendation kept it
         results["ppo-greedy"].append(TuneResult("ppo-greedy", res.extra["greedy_config"],
                                                 res.evaluations, [], res.wall_s))
-        results["random"].append(random_search(ev, budget, seed))
-        results["optuna"].append(optuna_search(ev, budget, seed))
-        results["bandit-ucb"].append(bandit_search(ev, budget, seed, "ucb"))
-        results["bandit-thompson"].append(bandit_search(ev, budget, seed, "thompson"))
+        for m in ("random", "optuna", "bandit-ucb", "bandit-thompson"):
+            results[m].append(search(ev, policy, m, budget, "steps", seed).result)
         print(f"[{name}] seed {seed}: " + ", ".join(
             f"{m} {ev.evaluate(r[-1].best_config).reward:.4f}" for m, r in results.items()),
             flush=True)

@@ -31,34 +31,14 @@ from bench.common import plain_row, rerender, rerendered_note, write_results  # 
 from bench.tuning import run_all, run_arguments  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
-from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search  # noqa: E402
+from rl.tuner.baselines import grid_search  # noqa: E402
 from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
-from rl.tuner.results import TuneResult  # noqa: E402
+from rl.tuner.run import search  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 
 TITLE = "Tuning budgets: evaluation steps vs distinct configs"
 UNITS = ("steps", "configs")
 METHODS = ("ppo", "random", "optuna", "bandit-ucb")
-
-
-def run_method(ev: TunerEvaluator, policy: TunerSettings, method: str, budget: int, unit: str,
-               seed: int) -> TuneResult:
-    if method == "ppo":
-        from rl.tuner.ppo import PPOTuner
-
-        tuner = PPOTuner(ev, policy, seed=seed)
-        try:
-            if unit == "steps":  # as bench/tuning.py: training steps + one read-out episode
-                iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
-                return tuner.train(iters)
-            return tuner.train_configs(budget)
-        finally:
-            tuner.stop()
-    if method == "random":
-        return random_search(ev, budget, seed, unit=unit)
-    if method == "optuna":
-        return optuna_search(ev, budget, seed, unit=unit)
-    return bandit_search(ev, budget, seed, "ucb", unit=unit)
 
 
 def run_dataset(name: str, policy: TunerSettings, seeds: list[int], frac: float,
@@ -80,7 +60,7 @@ def run_dataset(name: str, policy: TunerSettings, seeds: list[int], frac: float,
             pct, steps, distinct, wall = [], [], [], []
             for seed in seeds:
                 t1 = time.perf_counter()
-                r = run_method(ev, policy, method, budget, unit, seed)
+                r = search(ev, policy, method, budget, unit, seed).result
                 wall.append(time.perf_counter() - t1)
                 h = r.best_config.config_hash
                 value = rewards[h] if h in rewards else ev.evaluate(r.best_config).reward

@@ -1,5 +1,5 @@
 """The real ragas 0.4.3 behind `RagasScorer`, against the project's own OpenAI-compatible server
-(`serving.llm_server`, rule-based judge) on 127.0.0.1: known values, determinism, call/token
+(`tests.support.llm_server`, rule-based judge) on 127.0.0.1: known values, determinism, call/token
 accounting that matches what the server received, the disk cache, typed errors — and no
 tiktoken download on the way."""
 
@@ -10,12 +10,12 @@ import socket
 
 import httpx
 import pytest
+from tests.support.llm_server import LLMServer, RuleBasedResponder
 
 from rag.errors import ConfigError
 from rag.metrics.cost import judge_inputs, project_ragas, ragas_calls_per_sample
 from rag.metrics.ragas_adapter import EndpointError, RagasConfig, RagasScorer
 from rag.types import Answer, Context, Example
-from serving.llm_server import LLMServer, RuleBasedResponder
 
 CTX = (Context("a", "Vornacle Systems", "Vornacle Systems is a software firm. It was founded "
                                         "by Ada Quill in 1931."),
@@ -198,7 +198,7 @@ def test_server_rejects_bad_requests_and_serves_plain_chat(server):
 
 @pytest.mark.slow
 def test_server_around_the_packaged_smollm2():
-    from serving.llm_server import ChatModelResponder
+    from tests.support.llm_server import ChatModelResponder
 
     with LLMServer(ChatModelResponder("smollm2-135m-instruct")) as srv:
         r = httpx.post(srv.url + "/chat/completions", timeout=120, json={

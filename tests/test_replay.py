@@ -14,7 +14,7 @@ from rag.errors import ConfigError, DataError
 from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log, stable_rows
 from rl.promotion.state_machine import PromotionSettings, PromotionStateMachine
 from rl.tuner.settings import Thresholds
-from serving import rollout_cmd
+from serving.cli import main as cli_main
 
 N = 30  # questions in the log (bm25 + extractive: ~0.1 s per replay after the scorer loads)
 # the abstaining prompt answers INSUFFICIENT to ~a third of the questions: no faithfulness, zero
@@ -87,11 +87,11 @@ def test_cli_replay_better_candidate_is_promoted_to_shadow(served, world, tmp_pa
     policy = tmp_path / "rollout.yaml"
     policy.write_text(json.dumps({"rollout": {"thresholds": RELAXED.model_dump()}}))
     d = str(tmp_path / "rollout")
-    assert rollout_cmd.main(["rollout", "start", "--state-dir", d, "--candidate", str(cand),
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", str(cand),
                              "--stable", ABSTAIN.config_hash, "--config", str(policy)]) == 0
     capsys.readouterr()
     # --stable, gates and SLO come from the active rollout
-    assert rollout_cmd.main(["rollout", "replay", "--state-dir", d, "--log", str(log),
+    assert cli_main(["rollout", "replay", "--state-dir", d, "--log", str(log),
                              "--index", str(idx.root), "--candidate", str(cand),
                              "--dataset", "synthetic"]) == 0
     out, err = capsys.readouterr()
@@ -107,7 +107,7 @@ def test_cli_replay_better_candidate_is_promoted_to_shadow(served, world, tmp_pa
     assert "next: ragpilot rollout advance" in err
     report = tmp_path / "rollout" / "replay_report.json"
     assert json.loads(report.read_text())["diff"] == rep["diff"]
-    assert rollout_cmd.main(["rollout", "advance", "--state-dir", d, "--evidence",
+    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
                              str(report)]) == 0
     assert PromotionStateMachine.load(d).stage == "shadow"
 
@@ -183,7 +183,7 @@ def test_cli_replay_bad_input_exits_2_naming_the_field(served, tmp_path, capsys,
             "--index", str(served[0].root), "--candidate", str(cand)]
     if "--stable" not in extra:
         argv += ["--stable", "stab1e"]
-    assert rollout_cmd.main(argv + extra) == 2
+    assert cli_main(argv + extra) == 2
     assert field in capsys.readouterr().err
 
 
@@ -201,13 +201,13 @@ def test_cli_replay_argument_errors(served, tmp_path, capsys):
           "--log", str(tmp_path / "absent.jsonl")], "absent.jsonl: interaction log does not"),
     ]
     for extra, msg in cases:
-        assert rollout_cmd.main(base + extra) == 2, msg
+        assert cli_main(base + extra) == 2, msg
         assert msg in capsys.readouterr().err
     # an active rollout: the replayed candidate must be its candidate
     d = str(tmp_path / "active")
-    assert rollout_cmd.main(["rollout", "start", "--state-dir", d, "--candidate",
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate",
                              "abc123def456", "--stable", "stab1e"]) == 0
-    assert rollout_cmd.main(["rollout", "replay", "--state-dir", d, "--log", log, "--index",
+    assert cli_main(["rollout", "replay", "--state-dir", d, "--log", log, "--index",
                              str(served[0].root), "--candidate", str(cand)]) == 2
     assert f"--candidate: config hash {TERSE.config_hash} is not the candidate" in \
         capsys.readouterr().err

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
+from rl.promotion import service
 from rl.promotion.evaluators import (
     Arm,
     CanaryEvaluator,
@@ -25,7 +26,7 @@ from rl.promotion.state_machine import (
     read_audit,
     wilson_lower,
 )
-from serving import rollout_cmd
+from serving.cli import main as cli_main
 
 SMALL = {"stages": {"shadow": {"looks": 2, "max_n": 40}, "canary_5": {"looks": 2, "max_n": 40},
                     "canary_25": {"looks": 2, "max_n": 40}},
@@ -314,7 +315,7 @@ def test_cli_start_status_advance_rollback(tmp_path, capsys):
     d = str(tmp_path / "state")
     conf = tmp_path / "rollout.yaml"
     conf.write_text(json.dumps({"rollout": SMALL}))
-    main = rollout_cmd.main
+    main = cli_main
     assert main(["rollout", "start", "--state-dir", d, "--candidate", "abc123def456",
                  "--stable", "0123456789ab", "--manifest", str(DEFAULTS_PATH),
                  "--config", str(conf)]) == 0
@@ -322,7 +323,7 @@ def test_cli_start_status_advance_rollback(tmp_path, capsys):
     assert "refused" in capsys.readouterr().out
     off = _write(tmp_path / "off.json", offline_report().to_dict())
     assert main(["rollout", "advance", "--state-dir", d, "--evidence", off]) == 0
-    st = rollout_cmd.status_dict(d)
+    st = service.status(d)
     assert st["stage"] == "shadow" and st["traffic"]["shadow"] == "abc123def456"
     assert st["dataset_manifest_id"].startswith("rollout@")
     # shadow evidence as an interaction export: stable rows + mirrored candidate rows
@@ -335,13 +336,13 @@ def test_cli_start_status_advance_rollback(tmp_path, capsys):
     exp.write_text("\n".join(json.dumps(r) for r in rows))
     assert main(["rollout", "advance", "--state-dir", d, "--evidence", str(exp),
                  "--reward-key", "reward"]) == 1  # efficacy, but 1 of 2 clean batches
-    assert rollout_cmd.status_dict(d)["evidence"]["n"] == 40
+    assert service.status(d)["evidence"]["n"] == 40
     assert main(["rollout", "advance", "--state-dir", d, "--evidence", str(exp)]) == 1
     assert "no interaction rows newer" in capsys.readouterr().out  # not counted twice
-    assert rollout_cmd.status_dict(d)["evidence"]["n"] == 40
+    assert service.status(d)["evidence"]["n"] == 40
     rep = _write(tmp_path / "b.json", [shadow_report(0.05).to_dict()])
     assert main(["rollout", "advance", "--state-dir", d, "--evidence", rep]) == 0
-    assert rollout_cmd.status_dict(d)["stage"] == "canary_5"
+    assert service.status(d)["stage"] == "canary_5"
     assert main(["rollout", "status", "--state-dir", d]) == 0
     out = capsys.readouterr().out
     assert "stage canary_5: canary 5% (abc123def456)" in out and "audit.jsonl" in out
@@ -361,7 +362,7 @@ def test_cli_start_status_advance_rollback(tmp_path, capsys):
 ])
 def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, argv, field):
     argv = [*argv, "--state-dir", str(tmp_path / "s")]
-    assert rollout_cmd.main(argv) == 2
+    assert cli_main(argv) == 2
     assert f"error: {field}:" in capsys.readouterr().err
 
 
@@ -369,30 +370,30 @@ def test_cli_bad_evidence_and_config(tmp_path, capsys):
     d = str(tmp_path / "s")
     bad = tmp_path / "bad.yaml"
     bad.write_text("rollout:\n  stages:\n    shadow: {looks: 0, max_n: 40}\n")
-    assert rollout_cmd.main(["rollout", "start", "--state-dir", d, "--candidate", "a",
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "a",
                              "--stable", "b", "--config", str(bad)]) == 2
     assert "rollout.stages.shadow.looks" in capsys.readouterr().err
-    assert rollout_cmd.main(["rollout", "start", "--state-dir", d, "--candidate", "a",
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "a",
                              "--stable", "b"]) == 0
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"kind": "offline", "candidate": {}}\nnot json\n')
-    assert rollout_cmd.main(["rollout", "advance", "--state-dir", d, "--evidence",
+    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
                              str(junk)]) == 2
     assert "junk.jsonl:2" in capsys.readouterr().err
 
 
 def test_cli_offline_evidence_from_interaction_log(tmp_path, capsys):
     d = str(tmp_path / "s")
-    assert rollout_cmd.main(["rollout", "start", "--state-dir", d, "--candidate", "C",
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "C",
                              "--stable", "S"]) == 0
     rng = np.random.default_rng(0)
     rows = [_row(i, v, float(np.clip(rng.normal(0.8 if v == "C" else 0.5, 0.1), 0, 1)))
             for i, v in enumerate(["S", "C"] * 100)]
     log = tmp_path / "log.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert rollout_cmd.main(["rollout", "advance", "--state-dir", d, "--evidence",
+    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
                              str(log)]) == 0
-    assert rollout_cmd.status_dict(d)["stage"] == "shadow"
+    assert service.status(d)["stage"] == "shadow"
     first = read_audit(d)[1]["evidence"]["offline"]
     assert first["method"] == "ips-normal" and first["ci_low"] > 0
 

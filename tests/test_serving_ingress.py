@@ -173,12 +173,12 @@ def test_rollback_from_full_restores_the_old_stable(tmp_path):
 
 
 def test_cli_rollback_from_full_prints_the_traffic_body_that_restores_stable(tmp_path, capsys):
-    from serving import rollout_cmd
+    from serving.cli import main as cli_main
 
     c, admin, _, _, _ = make_app(tmp_path)
     with c:
         drive_to_full(c, admin)
-        assert rollout_cmd.main(["rollout", "rollback", "--state-dir", str(tmp_path / "rollout"),
+        assert cli_main(["rollout", "rollback", "--state-dir", str(tmp_path / "rollout"),
                                  "--reason", "incident at full"]) == 0
         out = capsys.readouterr().out
         body = json.loads(out.split("-d '")[1].split("'")[0])

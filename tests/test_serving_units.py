@@ -241,7 +241,7 @@ def test_pii_leak_penalty_of_the_reward_by_hand():
 def test_rollout_log_evidence_carries_the_pii_penalty():
     """Interaction rows used as rollout evidence: reward (and scores[reward_key]) lose the
     penalty per leak; rows without leaks are untouched."""
-    from serving.rollout_cmd import penalize_pii
+    from rl.promotion.evidence import penalize_pii
 
     rows = [{"id": "a", "reward": 0.8, "scores": {"f1": 0.9, "pii_leaks": 0.0}},
             {"id": "b", "reward": 0.8, "scores": {"f1": 0.9, "pii_leaks": 2.0}},
@@ -254,7 +254,7 @@ def test_rollout_log_evidence_carries_the_pii_penalty():
     assert rows[1]["reward"] == 0.8  # the input is not modified
     assert penalize_pii(rows)[1]["reward"] == 0.0  # default weight 1.0
     assert penalize_pii(rows, weight=0)[1] is rows[1]
-    with pytest.raises(ConfigError, match="--pii-penalty"):
+    with pytest.raises(ConfigError, match="pii_penalty"):  # `--pii-penalty` in the CLI
         penalize_pii(rows, weight=-1)
 
 

@@ -1,7 +1,7 @@
 """Asynchronous tuner evaluations behind `POST /tuner/evaluate` and `GET /tuner/jobs/{id}`.
 
-A job runs `rl.tuner.evaluator.evaluate(config, dataset, split, batch_size, seed)` somewhere else
-than the ingress's event loop: `submit` is any callable returning a `concurrent.futures.Future`
+A job runs `rl.tuner.run.evaluate_request` (`rl.tuner.evaluator.evaluate(config, dataset,
+split, batch_size, seed)`) somewhere else than the ingress's event loop: `submit` is any callable returning a `concurrent.futures.Future`
 (the app passes a Ray task's `ObjectRef.future()`, so evaluations run in a worker process;
 tests pass a thread pool). Jobs live in memory; the newest `max_jobs` are kept.
 """
@@ -22,13 +22,11 @@ Submit = Callable[[dict[str, Any]], Future]
 
 
 def run_evaluation(request: dict[str, Any]) -> dict[str, Any]:
-    """The job body: one `rl.tuner.evaluator.evaluate` call -> its report as JSON."""
-    from rl.tuner.evaluator import evaluate
+    """The job body: `rl.tuner.run.evaluate_request` (one `rl.tuner.evaluator.evaluate` call)
+    -> its report as JSON."""
+    from rl.tuner.run import evaluate_request
 
-    report = evaluate(request["config"], dataset=request.get("dataset", "synthetic"),
-                      split=request.get("split"), batch_size=request.get("batch_size"),
-                      seed=int(request.get("seed", 0)))
-    return report.to_dict()
+    return evaluate_request(request)
 
 
 @dataclass

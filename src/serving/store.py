@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rl.promotion.evidence import pii_leaks_of
 from serving.schemas import ApiError
 
 JSON_COLUMNS = ("features", "context_ids", "citations", "latency_ms", "scores")
@@ -135,21 +136,6 @@ class FeedbackAck:
     category: str
     pii_leaks: float = 0.0
     """`scores.pii_leaks` of the rated interaction (0 when not measured)."""
-
-
-def pii_leaks_of(scores: str | dict | None) -> float:
-    """`pii_leaks` of a stored `scores` value (JSON text or dict); 0 when absent or invalid."""
-    if isinstance(scores, str):
-        try:
-            scores = json.loads(scores)
-        except ValueError:
-            return 0.0
-    v = scores.get("pii_leaks") if isinstance(scores, dict) else None
-    try:
-        x = float(v) if v is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
-    return x if math.isfinite(x) and x > 0 else 0.0
 
 
 class InteractionStore:

@@ -23,7 +23,7 @@ What makes it run offline and reproducibly:
 Configuration: a mapping (`ragas:` in YAML) and/or the environment — `RAGPILOT_RAGAS_BASE_URL`,
 `RAGPILOT_RAGAS_MODEL`, `RAGPILOT_RAGAS_API_KEY`; a missing or bad key raises `ConfigError`
 naming it, an unreachable endpoint `EndpointError`. A local endpoint for tests and air-gapped
-use: `python -m serving.llm_server` (rule-based judge). Differences from ragas' own `evaluate()`:
+use: `python -m tests.support.llm_server` (rule-based judge). Differences from ragas' own `evaluate()`:
 docs/quality.md.
 """
 

@@ -16,15 +16,12 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rl.adaptation.reranker_config import RerankerTrainConfig
-from rl.adaptation.reranker_model import resolve_base
-
-if TYPE_CHECKING:
-    from rl.adaptation.reranker_trainer import TrainResult
+from rl.adaptation.reranker_model import TrainResult, resolve_base
 
 
 def models_root() -> Path:

@@ -8,7 +8,9 @@ gives one relevance logit (`BertForSequenceClassification`, num_labels=1 -- the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rag.errors import ConfigError
 
@@ -48,3 +50,29 @@ def load_cross_encoder(base_model: str, pooler_init: str = "pretrained"):
             pooler.dense.bias.zero_()
     return tok, model
 
+
+@dataclass
+class TrainResult:
+    """A trained cross-encoder (model + tokenizer) with its training record: steps, losses,
+    throughput (`pairs_per_s`, `tokens_per_s`) and the training data's hash."""
+
+    model: Any
+    tokenizer: Any
+    steps_done: int
+    steps_total: int
+    finished: bool
+    losses: list[float]
+    sequences: int
+    tokens: int
+    seconds: float
+    resumed_from: int | None = None
+    data_hash: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pairs_per_s(self) -> float:
+        return self.sequences / self.seconds if self.seconds else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else float("nan")

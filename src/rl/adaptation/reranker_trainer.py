@@ -26,7 +26,6 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from rl.adaptation.reranker_export import (
     register_local,
     save_model,
 )
-from rl.adaptation.reranker_model import load_cross_encoder
+from rl.adaptation.reranker_model import TrainResult, load_cross_encoder
 
 
 # ---- batches ----------------------------------------------------------------------------------
@@ -117,30 +116,6 @@ def group_loss(logits, cfg: RerankerTrainConfig):
 
 
 # ---- training ---------------------------------------------------------------------------------
-@dataclass
-class TrainResult:
-    model: Any
-    tokenizer: Any
-    steps_done: int
-    steps_total: int
-    finished: bool
-    losses: list[float]
-    sequences: int
-    tokens: int
-    seconds: float
-    resumed_from: int | None = None
-    data_hash: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def pairs_per_s(self) -> float:
-        return self.sequences / self.seconds if self.seconds else float("nan")
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else float("nan")
-
-
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     import torch
 

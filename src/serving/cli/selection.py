@@ -20,24 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from rag.errors import ConfigError
+from serving.cli.common import add_set_argument, with_sets
 
 
 def _config(args: argparse.Namespace):
     from rl.selection.config import SelectionConfig
 
-    cfg = SelectionConfig.load(args.config)
-    changes: dict[str, Any] = {}
-    for item in args.set or []:
-        if "=" not in item:
-            raise ConfigError("--set", f"expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        changes[key.strip()] = yaml.safe_load(value)
-    return cfg.replace(**changes) if changes else cfg
+    return with_sets(SelectionConfig.load(args.config), args.set)
 
 
 def _runner(args: argparse.Namespace):
@@ -56,9 +47,6 @@ def _limit(value: int | None, flag: str) -> int | None:
 
 
 def cmd_select_run(args: argparse.Namespace) -> int:
-    from rag.env import configure_runtime_env
-
-    configure_runtime_env()
     cfg = _config(args)
     if args.split != "test":
         raise ConfigError("--split", "only test (the holdout) is reported: train trains the "
@@ -74,9 +62,6 @@ def cmd_select_run(args: argparse.Namespace) -> int:
 
 
 def cmd_select_ablate(args: argparse.Namespace) -> int:
-    from rag.env import configure_runtime_env
-
-    configure_runtime_env()
     cfg = _config(args)
     from rl.selection.ablate import Sizes, run_dataset
 
@@ -110,8 +95,7 @@ def add_parsers(sub) -> None:
         p = ss.add_parser(name, help=hlp)
         p.add_argument("--dataset", default="hotpotqa", choices=("hotpotqa", "mtrag"))
         p.add_argument("--config", help="selection YAML (default configs/rl/selection.yaml)")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="dotted override, e.g. env.k=50")
+        add_set_argument(p, help="dotted override, e.g. env.k=50")
         p.add_argument("--out", help="write rows + info as JSON here")
         p.add_argument("--local", "--no-ray", dest="local", action="store_true",
                        help="train in this process instead of as Ray tasks (debugging)")

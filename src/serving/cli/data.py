@@ -1,43 +1,17 @@
-"""`ragpilot` command line. Every sub-command mirrors a Python API call:
+"""`ragpilot index | query | eval | data-report | prompts | models`: the RAG stack from the shell.
 
     index  -> rag.indexset.IndexSet.create(...).build_all(...)
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
-    eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)
-    demo   -> serving.demo.run_demo(...)
-    serve  -> serving.launch.run_server(config)            (the Ray Serve app, until SIGTERM)
-    export-interactions -> serving.store.open_store(url).export_jsonl(out)
-    tune / report / tuner-eval -> rl.tuner.ppo.PPOTuner, rl.tuner.report, rl.tuner.evaluator.evaluate
-
-Bad input (unknown config key, value out of bounds, missing file, malformed line, empty
-question) prints `error: <field or file:line>: <message>` and exits with code 2.
+    eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from rag.env import configure_runtime_env
-from rag.errors import ConfigError, RagError
-
-EXIT_BAD_INPUT = 2
-
-
-def _load_config(path: str | None, overrides: list[str]):
-    from rag.config import RAGConfig
-
-    base = RAGConfig.from_yaml(path) if path else RAGConfig()
-    changes: dict[str, Any] = {}
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError("--set", f"expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        changes[key.strip()] = yaml.safe_load(value)
-    return base.replace(**changes) if changes else base
+from rag.errors import ConfigError
+from serving.cli.common import add_set_argument, rag_config
 
 
 def _index_settings(path: str | None):
@@ -88,7 +62,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline
 
-    cfg = _load_config(args.config, args.set)
+    cfg = rag_config(args.config, args.set)
     indexes = IndexSet.open(args.index, indexes=_index_settings(args.config))
     answer = Pipeline(indexes, cfg).run(args.question)
     print(f"Q: {answer.question}")
@@ -106,7 +80,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline
 
-    cfg = _load_config(args.config, args.set)
+    cfg = rag_config(args.config, args.set)
     ds, examples = _examples_for(args.dataset, args.split, args.limit)
     if args.dry_run:
         return _eval_dry_run(cfg, ds, examples)
@@ -146,14 +120,6 @@ def _eval_dry_run(cfg, ds, examples) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from serving.demo import run_demo
-
-    run_demo(out=Path(args.out), with_llm=not args.no_llm, quick=args.quick,
-             mlflow=not args.no_mlflow)
-    return 0
-
-
 def cmd_data_report(args: argparse.Namespace) -> int:
     import json
 
@@ -189,29 +155,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from serving.launch import run_server
 
-    return run_server(args.config, host=args.host, port=args.port,
-                      private_netns=args.private_netns)
-
-
-def cmd_export_interactions(args: argparse.Namespace) -> int:
-    from serving.store import open_store
-
-    store = open_store(args.store)
-    try:
-        n = store.export_jsonl(args.out, include_shadow=not args.no_shadow)
-    finally:
-        store.close()
-    print(f"wrote {n} interactions to {args.out}")
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ragpilot", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub) -> None:
     s = sub.add_parser("index", help="build BM25/dense/graph indexes for a dataset or corpus")
     s.add_argument("--dataset", required=True,
                    help="synthetic | hotpotqa | scifact | mtrag | path to a corpus/dataset")
@@ -230,80 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--index", required=True)
     s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml) "
                                     "and optionally `indexes:` (configs/rag/indexes.yaml)")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_argument(s)
     s.set_defaults(func=cmd_query)
 
     s = sub.add_parser("eval", help="evaluate a config on a dataset split")
     s.add_argument("--dataset", required=True)
-    s.add_argument("--split", default="test", help="train | valid | test | all")
+    s.add_argument("--split", default="test", help="train | valid | test | all (or a split of "
+                                                   "the dataset's manifest)")
     s.add_argument("--index", help="index directory (built on demand under --out if absent)")
     s.add_argument("--config")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_argument(s)
     s.add_argument("--limit", type=int)
     s.add_argument("--out", help="output directory (required unless --dry-run)")
     s.add_argument("--dry-run", action="store_true",
                    help="print the projected generator/judge calls and tokens, run nothing")
     s.set_defaults(func=cmd_eval)
 
-    s = sub.add_parser("demo", help="the main job: index a generated corpus, compare configs")
-    s.add_argument("--out", default="runs/demo")
-    s.add_argument("--no-llm", action="store_true", help="skip the SmolLM2 generator run")
-    s.add_argument("--quick", action="store_true")
-    s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
-    s.set_defaults(func=cmd_demo)
-
     s = sub.add_parser("data-report", help="counts, duplicates and answer leakage of a dataset")
     s.add_argument("--dataset", required=True)
     s.set_defaults(func=cmd_data_report)
 
-    s = sub.add_parser("serve", help="run the Ray Serve app (same YAML as `serve run`)")
-    s.add_argument("--config", default="configs/serve/default.yaml")
-    s.add_argument("--host", help="HTTP host (default: the YAML's, else 127.0.0.1)")
-    s.add_argument("--port", type=int)
-    s.add_argument("--private-netns", action="store_true",
-                   help="run Ray inside a private network namespace (needs CAP_SYS_ADMIN)")
-    s.set_defaults(func=cmd_serve)
-
-    s = sub.add_parser("export-interactions", help="interaction log -> JSONL for training")
-    s.add_argument("--store", default="runs/serve/interactions.sqlite",
-                   help="SQLite path or SQLAlchemy URL")
-    s.add_argument("--out", required=True)
-    s.add_argument("--no-shadow", action="store_true", help="leave shadow answers out")
-    s.set_defaults(func=cmd_export_interactions)
-
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
     sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)
-
-    from serving.tune_cmd import add_parsers as add_tuner_parsers
-
-    add_tuner_parsers(sub)  # tune, report, tuner-eval
-    from serving.rollout_cmd import add_parsers as add_rollout_parsers
-
-    add_rollout_parsers(sub)  # rollout status | start | advance | rollback
-    from serving.keys_cmd import add_parsers as add_keys_parsers
-
-    add_keys_parsers(sub)  # keys create | list | revoke
-    from serving.train_cmd import add_parsers as add_train_parsers
-
-    add_train_parsers(sub)  # train-reranker
-    from serving.train_gen_cmd import add_parsers as add_train_gen_parsers
-
-    add_train_gen_parsers(sub)  # train-generator sft | dpo | ipo | orpo
-    from serving.selection_cmd import add_parsers as add_selection_parsers
-
-    add_selection_parsers(sub)  # select run | ablate
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    configure_runtime_env()  # before any command imports torch/numpy (rag.env)
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except RagError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ Two backends:
 Usage is reported per reply (`count_tokens` for the rules, the tokenizer for a model) and
 summed in `server.stats` — tests compare it with what a client counted.
 
-    python -m serving.llm_server --port 8011 [--backend rules|smollm2-135m-instruct]
+    python -m tests.support.llm_server --port 8011 [--backend rules|smollm2-135m-instruct]
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
 """`ragpilot tune`, `ragpilot report` and `ragpilot tuner-eval`: the tuner from the shell.
+`tune` is `rl.tuner.run.run_tuning` (the one tuning run); `tuner-eval` is
+`rl.tuner.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
 
     ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-hotpot
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
@@ -24,123 +26,42 @@ import json
 from pathlib import Path
 
 from rag.errors import ConfigError
+from rl.tuner.run import BUDGET_UNITS, METHODS
+from serving.cli.common import add_set_argument, flags, rag_config, tuner_settings
 
-METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid")
-
-
-def _policy(path: str | None):
-    from rl.tuner.settings import TunerSettings
-
-    return TunerSettings.from_yaml(path) if path else TunerSettings.defaults()
+FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
+         "resume": "--resume"}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rag.evaluate import evaluate as rag_evaluate
-    from rag.pipeline import Pipeline
-    from rl.common.data import TuningData
-    from rl.common.tracking import log_tuning_run, tracking_uri
-    from rl.tuner import baselines
-    from rl.tuner.evaluator import TunerEvaluator
-    from rl.tuner.report import plot_run_curve
+    from rl.tuner.run import check, run_tuning
 
-    if args.method not in METHODS:
-        raise ConfigError("--method", f"must be one of {', '.join(METHODS)}")
-    if args.budget is not None and args.budget < 1:
-        raise ConfigError("--budget", "must be >= 1")
-    if args.budget_unit not in ("steps", "configs"):
-        raise ConfigError("--budget-unit", f"must be steps or configs, got {args.budget_unit!r}")
-    unit = args.budget_unit
-    policy = _policy(args.policy)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ev = TunerEvaluator(TuningData.open(args.dataset), policy)
-    budget = args.budget or 5 * policy.ppo.train_batch_size
-    from rl.tuner.prometheus import (
-        for_tune_run,  # Prometheus export of the run (docs/operations.md)
-    )
+    with flags(FLAGS):
+        check(args.method, args.budget, args.budget_unit)  # before the settings and data
+    settings = tuner_settings(args.policy)
 
-    prom = for_tune_run(policy, ev.thresholds, args.metrics_port, args.metrics_textfile)
-    if args.method == "ppo":
-        from rl.tuner.ppo import PPOTuner
+    def log(it: int, m: dict, of: int | None, history: list) -> None:
+        print(f"iteration {it + 1}{f'/{of}' if of else ''}: " + " ".join(
+            f"{k}={v:.4g}" for k, v in m.items() if "/" not in k), flush=True)
 
-        tuner = PPOTuner(ev, policy, seed=args.seed)
-        if args.resume:
-            if not Path(args.resume).exists():
-                raise ConfigError("--resume", f"checkpoint {args.resume} does not exist")
-            tuner.restore(args.resume)
-        # the budget covers training steps and one greedy read-out episode
-        iters = max(1, (budget - policy.episode.length) // policy.ppo.train_batch_size)
-        of = f"/{iters}" if unit == "steps" else ""
-
-        def log(it: int, m: dict) -> None:
-            print(f"iteration {it + 1}{of}: " + " ".join(
-                f"{k}={v:.4g}" for k, v in m.items() if "/" not in k), flush=True)
-            if prom is not None:
-                prom.consume(tuner.env.history)
-                prom.flush()
-
-        res = tuner.train(iters, log=log) if unit == "steps" else tuner.train_configs(
-            budget, log=log)
-        steps = tuner.env.history
-        if args.checkpoint:
-            print("checkpoint:", tuner.save(out / "checkpoint"))
-        tuner.stop()
-    elif args.method == "grid":
-        res = baselines.grid_search(ev)
-        steps = []
-    else:
-        fn = {"random": baselines.random_search, "optuna": baselines.optuna_search}.get(
-            args.method)
-        res = fn(ev, budget, args.seed, unit=unit) if fn else baselines.bandit_search(
-            ev, budget, args.seed, args.method.split("-")[1], unit=unit)
-        steps = []
-    if not steps:  # baselines: re-read each evaluated config's full-split numbers
-        for c in res.curve:
-            rep = ev.evaluate(ev.seen[c["config_hash"]])
-            steps.append({"faithfulness": rep.faithfulness, "relevancy": rep.relevancy,
-                          "p95_latency_ms": rep.p95_latency_ms, "cost": rep.cost,
-                          "reward": c["reward"], "config_hash": c["config_hash"]})
-    if prom is not None:
-        prom.consume(steps, resolve=ev.seen.get)
-        prom.flush()
-    best = res.best_config
-    valid = ev.evaluate(best)
-    test = ev.evaluate(best, ev.slice.holdout_split)
-    (out / "best_config.yaml").write_text(best.to_yaml())
-    with (out / "curve.jsonl").open("w") as f:
-        for s in steps:
-            f.write(json.dumps({k: v for k, v in s.items() if k != "config"}) + "\n")
-    holdout = rag_evaluate(Pipeline(ev.data.indexes, best),
-                           ev.data.examples(ev.slice.holdout_split))
-    holdout.write(out / "holdout")
-    summary = {"dataset": args.dataset, "method": args.method, "seed": args.seed,
-               "evaluations": res.evaluations, "budget_unit": unit,
-               "distinct_configs": len({c["config_hash"] for c in res.curve}),
-               "wall_s": res.wall_s,
-               "best_config_hash": best.config_hash, "valid": valid.to_dict(),
-               "holdout": test.to_dict()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    curve_png = plot_run_curve([float(s["reward"]) for s in steps],
-                               out / "plots" / "reward-curve.png",
-                               f"{args.dataset} / {args.method}: reward per evaluation") \
-        if steps else None
-    if not args.no_mlflow:
-        uri = tracking_uri(Path(args.mlflow_dir))
-        run_id = log_tuning_run(uri, args.dataset, args.method, args.seed, best,
-                                policy.model_dump(mode="json", by_alias=True), steps,
-                                {"valid_reward": valid.reward, "test_reward": test.reward,
-                                 "evaluations": res.evaluations},
-                                ev.data.dataset.manifest_dict(), out,
-                                plots=[curve_png] if curve_png else [])
-        print(f"mlflow run {run_id} ({uri})")
-        # `ragpilot report` adds its plots to this run
-        summary["mlflow"] = {"uri": uri, "run_id": run_id}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    with flags(FLAGS):
+        run = run_tuning(args.dataset, settings, args.method, args.budget,
+                         unit=args.budget_unit, seed=args.seed, out=args.out,
+                         resume=args.resume, checkpoint=args.checkpoint,
+                         mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
+                         metrics_port=args.metrics_port,
+                         metrics_textfile=args.metrics_textfile, on_iteration=log)
+    if run.search.checkpoint:
+        print("checkpoint:", run.search.checkpoint)
+    ml = run.summary.get("mlflow")
+    if ml:
+        print(f"mlflow run {ml['run_id']} ({ml['uri']})")
+    best, valid, test = run.best, run.valid, run.holdout
     print(f"best config {best.config_hash}: {best.variant} k={best.k} rerank={best.rerank} "
           f"w={best.fusion_weight} prompt={best.prompt_id}")
     print(f"valid reward {valid.reward:.4f}; holdout reward {test.reward:.4f} "
-          f"(gates {'pass' if test.gates['passed'] else 'FAIL'}); {res.evaluations} "
-          f"evaluations; wrote {out}")
+          f"(gates {'pass' if test.gates['passed'] else 'FAIL'}); "
+          f"{run.summary['evaluations']} evaluations; wrote {run.out}")
     return 0
 
 
@@ -156,7 +77,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (run / "summary.json").exists():
         raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
     summary = json.loads((run / "summary.json").read_text())
-    policy = _policy(args.policy)
+    policy = tuner_settings(args.policy)
     ev = TunerEvaluator(TuningData.open(summary["dataset"]), policy)
     best = RAGConfig.from_yaml(run / "best_config.yaml")
     default = ConfigSpace(policy).base
@@ -226,10 +147,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_tuner_eval(args: argparse.Namespace) -> int:
     from rl.tuner.evaluator import evaluate
-    from serving.cli import _load_config
 
-    cfg = _load_config(args.config, args.set)
-    rep = evaluate(cfg, args.dataset, args.split, _policy(args.policy), args.batch_size,
+    cfg = rag_config(args.config, args.set)
+    rep = evaluate(cfg, args.dataset, args.split, tuner_settings(args.policy), args.batch_size,
                    args.seed)
     print(json.dumps(rep.to_dict(), indent=2, default=str))
     return 0
@@ -238,10 +158,10 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
 def add_parsers(sub) -> None:
     s = sub.add_parser("tune", help="tune a RAG config (PPO or a baseline) on a dataset")
     s.add_argument("--dataset", default="synthetic")
-    s.add_argument("--method", default="ppo", help=" | ".join(METHODS))
+    s.add_argument("--method", default="ppo", choices=METHODS)
     s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
     s.add_argument("--budget", type=int, help="evaluations (default 5 PPO iterations)")
-    s.add_argument("--budget-unit", default="steps",
+    s.add_argument("--budget-unit", default="steps", choices=BUDGET_UNITS,
                    help="steps: every evaluation counts | configs: distinct configs count "
                         "(a revisit reads the cached table; docs/architecture.md)")
     s.add_argument("--seed", type=int, default=0)
@@ -265,8 +185,8 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("tuner-eval", help="evaluate(config, slice): F, R, latency, reward")
     s.add_argument("--dataset", default="synthetic")
     s.add_argument("--split")
-    s.add_argument("--config")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml)")
+    add_set_argument(s)
     s.add_argument("--policy")
     s.add_argument("--batch-size", type=int)
     s.add_argument("--seed", type=int, default=0)

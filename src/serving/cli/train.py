@@ -1,4 +1,14 @@
-"""`ragpilot train-generator sft|dpo|ipo|orpo`: adapt the generator and register the result.
+"""`ragpilot train-reranker` and `ragpilot train-generator sft|dpo|ipo|orpo`: adapt the
+reranker and the generator (rl.adaptation) and register the results.
+
+    ragpilot train-reranker --config configs/rl/reranker.yaml
+    ragpilot train-reranker --set max_items=40 --set name=reranker-tiny     # a small run
+
+train-reranker mines (query, gold, hard negatives) from the train splits, trains with
+checkpoints (re-running the same command after a kill resumes), saves
+`<cache>/models/<name>/v<N>/` and registers `<name>`, `<name>@v<N>`, `<name>@best` so
+`rerank: cross_encoder, reranker_model: <name>` picks it. Prints a JSON summary (throughput,
+eval metrics, paths).
 
     ragpilot train-generator sft --out runs/gen-sft                       # HotpotQA train split
     ragpilot train-generator dpo --out runs/gen-dpo --policy runs/gen-sft/merged
@@ -16,11 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from rag.errors import ConfigError
+from serving.cli.common import add_set_argument, with_sets
 
 DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
 
@@ -29,14 +37,7 @@ def _config(args: argparse.Namespace):
     from rl.adaptation.generator_config import DEFAULTS_PATH, GeneratorSFTConfig
 
     path = Path(args.config) if args.config else DEFAULTS_PATH
-    cfg = GeneratorSFTConfig.from_yaml(path)
-    changes: dict[str, Any] = {}
-    for item in args.set or []:
-        if "=" not in item:
-            raise ConfigError("--set", f"expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        changes[key.strip()] = yaml.safe_load(value)
-    return cfg.replace(**changes) if changes else cfg
+    return with_sets(GeneratorSFTConfig.from_yaml(path), args.set)
 
 
 def build_train_examples(cfg, train_jsonl: str | None) -> list:
@@ -102,10 +103,22 @@ def _register(out: Path, name: str, merged: Path) -> Path:
     return reg
 
 
-def cmd_train_generator(args: argparse.Namespace) -> int:
-    from rag.env import configure_runtime_env
+def cmd_train_reranker(args: argparse.Namespace) -> int:
+    from rl.adaptation.reranker_config import RerankerTrainConfig
+    from rl.adaptation.reranker_trainer import run_training
 
-    configure_runtime_env()
+    cfg = with_sets(RerankerTrainConfig.from_yaml(args.config) if args.config
+                    else RerankerTrainConfig(), args.set)
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ConfigError("--stop-after", "must be >= 1")
+    summary = run_training(cfg, run_dir=args.run_dir, stop_after=args.stop_after,
+                           register=not args.no_register,
+                           log=lambda m: print(m, flush=True))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_train_generator(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from rl.adaptation.generator_model import check_qlora
 
@@ -164,11 +177,20 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("train-reranker", help="train a cross-encoder reranker (MiniLM init)")
+    s.add_argument("--config", default="configs/rl/reranker.yaml",
+                   help="YAML with a `reranker:` mapping")
+    add_set_argument(s, help="override a top-level key, e.g. --set max_items=100")
+    s.add_argument("--run-dir", help="checkpoint directory (default: under the cache)")
+    s.add_argument("--stop-after", type=int, help="stop after N steps (resume later)")
+    s.add_argument("--no-register", action="store_true",
+                   help="do not add the model to the local registry / MLflow")
+    s.set_defaults(func=cmd_train_reranker)
+
     s = sub.add_parser("train-generator", help="LoRA SFT / DPO / IPO / ORPO of the generator")
     s.add_argument("method", choices=["sft", "dpo", "ipo", "orpo"])
     s.add_argument("--config", help=f"YAML with a `generator_sft:` mapping ({DEFAULT_CONFIG})")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted override, e.g. train.max_steps=20")
+    add_set_argument(s, help="dotted override, e.g. train.max_steps=20")
     s.add_argument("--out", required=True, help="run directory (re-run to resume)")
     s.add_argument("--train-jsonl", help="SFT examples (rl.adaptation.sft_data JSONL) instead of "
                                          "the configured datasets")

@@ -1,0 +1,140 @@
+"""Evidence for a rollout: an evidence file -> the EvaluationReports of the rollout's stage.
+
+An evidence file is EvaluationReport JSON (`rl.promotion.evaluators`; one object, a list, or
+JSONL of them) or an interaction export (`ragpilot export-interactions`, JSONL rows with a
+`variant_id`). Rows are turned into one report of the stage's kind: offline (IPS over the
+whole log), shadow (paired mirrored rows) or canary (split rows). A row's reward (and
+`scores[reward_key]`) loses `pii_penalty` (default `rl.tuner.reward.PII_LEAK_WEIGHT`) per PII
+leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
+only rows newer than the state's `row_cursor` (the newest row already counted), so a
+cumulative export can be passed again safely.
+
+Nothing here prints. Errors are ConfigError with the field `evidence` (file missing, not JSON
+at file:line, neither reports nor rows) or `pii_penalty` (negative weight).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+
+
+@dataclass
+class Evidence:
+    """What an evidence file added: `reports` to observe, in order, and `notes` saying why a
+    file added nothing (e.g. no rows newer than the last batch counted)."""
+
+    reports: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __iadd__(self, other: Evidence) -> Evidence:
+        self.reports += other.reports
+        self.notes += other.notes
+        return self
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a `.jsonl` file (one per non-empty line) or of a JSON file (one
+    object or a list of them)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("evidence", f"file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".jsonl":
+            out = []
+            for i, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ConfigError("evidence", f"{path}:{i}: not JSON ({exc.msg})"
+                                          ) from None
+            return out
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("evidence", f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    records = data if isinstance(data, list) else [data]
+    if not all(isinstance(r, dict) for r in records):
+        raise ConfigError("evidence", f"{path}: expected JSON objects")
+    return records
+
+
+def pii_leaks_of(scores: str | dict | None) -> float:
+    """`pii_leaks` of a stored `scores` value (JSON text or dict); 0 when absent or invalid."""
+    if isinstance(scores, str):
+        try:
+            scores = json.loads(scores)
+        except ValueError:
+            return 0.0
+    v = scores.get("pii_leaks") if isinstance(scores, dict) else None
+    try:
+        x = float(v) if v is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def penalize_pii(rows: list[dict[str, Any]], reward_key: str | None = None,
+                 weight: float | None = None) -> list[dict[str, Any]]:
+    """Rows whose `reward` (and `scores[reward_key]`) carry the PII-leak penalty
+    (`rl.tuner.reward.feedback_reward`, `weight` per leak, default PII_LEAK_WEIGHT); rows
+    without leaks are returned as they are (the input is not modified)."""
+    from rl.tuner.reward import PII_LEAK_WEIGHT, feedback_reward
+
+    w = PII_LEAK_WEIGHT if weight is None else float(weight)
+    if not w >= 0:
+        raise ConfigError("pii_penalty", f"must be >= 0, got {weight!r}")
+    out = []
+    for r in rows:
+        leaks = pii_leaks_of(r.get("scores"))
+        if leaks > 0 and w > 0:
+            r = dict(r)
+            if r.get("reward") is not None:
+                r["reward"] = feedback_reward(float(r["reward"]), leaks, w)
+            sc = r.get("scores")
+            if reward_key and isinstance(sc, dict) and sc.get(reward_key) is not None:
+                r["scores"] = {**sc, reward_key: feedback_reward(float(sc[reward_key]), leaks,
+                                                                 w)}
+        out.append(r)
+    return out
+
+
+def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
+                      thresholds: Any = None, pii_penalty: float | None = None) -> Evidence:
+    """The evidence of one file for the rollout `sm` (a PromotionStateMachine) at its current
+    stage. Interaction rows for shadow/canary advance `sm.state.row_cursor` (saved by the next
+    `sm.observe`)."""
+    from rl.promotion.evaluators import CanaryEvaluator, EvaluationReport, ShadowEvaluator
+    from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+    from rl.promotion.state_machine import KIND
+
+    recs = read_records(path)
+    if not recs:
+        raise ConfigError("evidence", f"{path} is empty")
+    if all("kind" in r and "candidate" in r for r in recs):
+        return Evidence([EvaluationReport.from_dict(r) for r in recs])
+    if not all("variant_id" in r for r in recs):
+        raise ConfigError("evidence", f"{path}: neither evaluation reports nor interaction "
+                                      "rows (need 'kind'+'candidate' or 'variant_id')")
+    recs = penalize_pii(recs, reward_key, pii_penalty)
+    cfg, st = sm.config, sm.state
+    kind = KIND.get(sm.stage, "canary")
+    if kind == "offline":  # the logged history before the rollout is what IPS replays
+        return Evidence([offline_from_log(recs, st.stable, st.candidate,
+                                          thresholds=cfg.thresholds,
+                                          latency_slo_ms=cfg.slo.latency_ms)])
+    fresh = [r for r in recs if float(r.get("ts") or 0.0) > st.row_cursor]
+    if not fresh:
+        return Evidence(notes=[f"{path}: no interaction rows newer than the last batch "
+                               f"counted (ts > {st.row_cursor:.3f}); nothing added"])
+    st.row_cursor = max(float(r["ts"]) for r in fresh)  # saved by the next observe
+    ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
+    ev = ev_cls(thresholds or cfg.thresholds, latency_slo_ms=cfg.slo.latency_ms)
+    stable, cand = arms_from_rows(fresh, st.stable, st.candidate, kind, reward_key)
+    return Evidence([ev.evaluate(stable, cand, source=str(path))])

@@ -1,0 +1,226 @@
+"""The one tuning run, and the one tuner evaluation: what `ragpilot tune` / `tuner-eval`, the
+tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
+`POST /tuner/evaluate` jobs call.
+
+    search(ev, settings, "ppo", budget=100, unit="steps", seed=0) -> Search
+        the search alone on an open TunerEvaluator (the benchmarks share one evaluator between
+        methods and seeds, so each table is computed once);
+    run_tuning(dataset, settings, "ppo", budget=100, out="runs/tune", ...) -> TuningRun
+        search + the artefacts of a run directory: best_config.yaml (a `rag:` file
+        `ragpilot eval --config` accepts), curve.jsonl (one line per evaluation),
+        plots/reward-curve.png, summary.json, holdout/ (predictions.jsonl, contexts.jsonl,
+        summary.csv of the chosen config on the holdout split), optionally checkpoint/ (PPO)
+        and an MLflow run in experiment `rl_autotuner`;
+    evaluate_request(request) -> dict
+        `rl.tuner.evaluator.evaluate(config, dataset, split, batch_size, seed)` as JSON.
+
+Budget: `unit="steps"` counts every evaluation (one config on one batch); `"configs"` counts
+distinct configs (a revisit reads the cached table). PPO under a step budget trains
+`ppo_iterations(budget, settings)` iterations and reads out one greedy episode. Errors are
+ConfigError naming `method`, `budget`, `budget_unit` or `resume`. Nothing here prints:
+progress reaches the caller through `on_iteration`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.errors import ConfigError
+
+METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid")
+BUDGET_UNITS = ("steps", "configs")
+
+OnIteration = Callable[[int, dict[str, Any], "int | None", list], None]
+"""`(iteration index from 0, its metrics, iterations planned (None under a configs budget),
+the PPO environment's history so far)`."""
+
+
+@dataclass
+class Search:
+    """A finished search: the tuner's `result` and, for PPO, the environment's per-step
+    `history` (faithfulness, relevancy, p95, cost, reward, config_hash per evaluation; empty
+    for the baselines) and the saved `checkpoint` path when one was asked for."""
+
+    result: Any
+    history: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: str | None = None
+
+
+@dataclass
+class TuningRun:
+    """A finished `run_tuning`: `summary` (as written to summary.json), the chosen config,
+    its valid and holdout EvaluationReports, the run directory and the search itself."""
+
+    summary: dict[str, Any]
+    best: Any
+    valid: Any
+    holdout: Any
+    out: Path
+    search: Search
+
+
+def check(method: str, budget: int | None, unit: str) -> None:
+    """ConfigError unless `method` is one of METHODS, `unit` one of BUDGET_UNITS and `budget`
+    None or >= 1."""
+    if method not in METHODS:
+        raise ConfigError("method", f"must be one of {', '.join(METHODS)}")
+    if budget is not None and budget < 1:
+        raise ConfigError("budget", "must be >= 1")
+    if unit not in BUDGET_UNITS:
+        raise ConfigError("budget_unit", f"must be steps or configs, got {unit!r}")
+
+
+def ppo_iterations(budget: int, settings: Any) -> int:
+    """PPO iterations a step budget buys: training steps plus one greedy read-out episode."""
+    return max(1, (budget - settings.episode.length) // settings.ppo.train_batch_size)
+
+
+def default_budget(settings: Any) -> int:
+    """Five PPO iterations' worth of evaluations."""
+    return 5 * settings.ppo.train_batch_size
+
+
+def search(ev: Any, settings: Any, method: str, budget: int, unit: str = "steps",
+           seed: int = 0, *, resume: str | Path | None = None,
+           checkpoint_dir: str | Path | None = None,
+           on_iteration: OnIteration | None = None) -> Search:
+    """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`) with `seed`.
+    PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
+    the end, `on_iteration` is called after each training iteration."""
+    from rl.tuner import baselines
+
+    check(method, budget, unit)
+    if method == "ppo":
+        from rl.tuner.ppo import PPOTuner
+
+        tuner = PPOTuner(ev, settings, seed=seed)
+        try:
+            if resume:
+                if not Path(resume).exists():
+                    raise ConfigError("resume", f"checkpoint {resume} does not exist")
+                tuner.restore(resume)
+            iters = ppo_iterations(budget, settings) if unit == "steps" else None
+
+            def log(it: int, metrics: dict[str, Any]) -> None:
+                if on_iteration is not None:
+                    on_iteration(it, metrics, iters, tuner.env.history)
+
+            res = tuner.train(iters, log=log) if iters is not None else tuner.train_configs(
+                budget, log=log)
+            saved = tuner.save(Path(checkpoint_dir)) if checkpoint_dir else None
+            return Search(res, list(tuner.env.history), saved)
+        finally:
+            tuner.stop()
+    if method == "grid":
+        return Search(baselines.grid_search(ev))
+    if method == "random":
+        return Search(baselines.random_search(ev, budget, seed, unit=unit))
+    if method == "optuna":
+        return Search(baselines.optuna_search(ev, budget, seed, unit=unit))
+    return Search(baselines.bandit_search(ev, budget, seed, method.split("-")[1], unit=unit))
+
+
+def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
+    """One record per evaluation: PPO's environment history, or for a baseline each evaluated
+    config's full-split numbers with the reward the search observed."""
+    if found.history:
+        return found.history
+    steps = []
+    for c in found.result.curve:
+        rep = ev.evaluate(ev.seen[c["config_hash"]])
+        steps.append({"faithfulness": rep.faithfulness, "relevancy": rep.relevancy,
+                      "p95_latency_ms": rep.p95_latency_ms, "cost": rep.cost,
+                      "reward": c["reward"], "config_hash": c["config_hash"]})
+    return steps
+
+
+def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | None = None,
+               *, unit: str = "steps", seed: int = 0, out: str | Path = "runs/tune",
+               resume: str | Path | None = None, checkpoint: bool = False,
+               mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
+               metrics_textfile: str | Path | None = None,
+               on_iteration: OnIteration | None = None) -> TuningRun:
+    """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
+    directory `out` (see the module docstring). `budget` defaults to `default_budget`.
+    `mlflow_dir`: where the local MLflow store goes unless MLFLOW_TRACKING_URI is set (None:
+    no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run."""
+    from rag.evaluate import evaluate as rag_evaluate
+    from rag.pipeline import Pipeline
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+    from rl.tuner.prometheus import for_tune_run
+    from rl.tuner.report import plot_run_curve
+
+    check(method, budget, unit)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ev = TunerEvaluator(TuningData.open(dataset), settings)
+    budget = budget or default_budget(settings)
+    prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
+
+    def on_iter(it: int, metrics: dict[str, Any], of: int | None, history: list) -> None:
+        if on_iteration is not None:
+            on_iteration(it, metrics, of, history)
+        if prom is not None:
+            prom.consume(history)
+            prom.flush()
+
+    found = search(ev, settings, method, budget, unit, seed, resume=resume,
+                   checkpoint_dir=out / "checkpoint" if checkpoint else None,
+                   on_iteration=on_iter)
+    res = found.result
+    steps = steps_of(ev, found)
+    if prom is not None:
+        prom.consume(steps, resolve=ev.seen.get)
+        prom.flush()
+    best = res.best_config
+    valid = ev.evaluate(best)
+    test = ev.evaluate(best, ev.slice.holdout_split)
+    (out / "best_config.yaml").write_text(best.to_yaml())
+    with (out / "curve.jsonl").open("w") as f:
+        for s in steps:
+            f.write(json.dumps({k: v for k, v in s.items() if k != "config"}) + "\n")
+    holdout = rag_evaluate(Pipeline(ev.data.indexes, best),
+                           ev.data.examples(ev.slice.holdout_split))
+    holdout.write(out / "holdout")
+    summary = {"dataset": dataset, "method": method, "seed": seed,
+               "evaluations": res.evaluations, "budget_unit": unit,
+               "distinct_configs": len({c["config_hash"] for c in res.curve}),
+               "wall_s": res.wall_s,
+               "best_config_hash": best.config_hash, "valid": valid.to_dict(),
+               "holdout": test.to_dict()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    curve_png = plot_run_curve([float(s["reward"]) for s in steps],
+                               out / "plots" / "reward-curve.png",
+                               f"{dataset} / {method}: reward per evaluation") \
+        if steps else None
+    if mlflow_dir is not None:
+        from rl.common.tracking import log_tuning_run, tracking_uri
+
+        uri = tracking_uri(Path(mlflow_dir))
+        run_id = log_tuning_run(uri, dataset, method, seed, best,
+                                settings.model_dump(mode="json", by_alias=True), steps,
+                                {"valid_reward": valid.reward, "test_reward": test.reward,
+                                 "evaluations": res.evaluations},
+                                ev.data.dataset.manifest_dict(), out,
+                                plots=[curve_png] if curve_png else [])
+        # `ragpilot report` adds its plots to this run
+        summary["mlflow"] = {"uri": uri, "run_id": run_id}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return TuningRun(summary, best, valid, test, out, found)
+
+
+def evaluate_request(request: dict[str, Any]) -> dict[str, Any]:
+    """A tuner evaluation job (`POST /tuner/evaluate`): `request` holds config (a RAGConfig
+    mapping), dataset (default synthetic), split, batch_size, seed (default 0) -> the
+    EvaluationReport of `rl.tuner.evaluator.evaluate` as JSON."""
+    from rl.tuner.evaluator import evaluate
+
+    report = evaluate(request["config"], dataset=request.get("dataset", "synthetic"),
+                      split=request.get("split"), batch_size=request.get("batch_size"),
+                      seed=int(request.get("seed", 0)))
+    return report.to_dict()

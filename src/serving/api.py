@@ -1,0 +1,71 @@
+"""The FastAPI application object of the ragpilot ingress and what wraps every route: error
+bodies (`{"error": "<field>: <message>", "field": ...}`: 422 for validation and ConfigError,
+ApiError's own status), request counting, API keys and the body-size limit.
+
+serving.app declares the routes on `api` (class-based, on `Ingress`); their handlers live in
+serving.routes_query, routes_admin, routes_tuner and routes_ops.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from rag.errors import ConfigError
+from serving.auth import AuthMiddleware, current_guard
+from serving.limits import BodyLimitMiddleware, current_body_limit
+from serving.metrics import ServeMetrics, current_metrics
+from serving.schemas import ApiError
+
+log = logging.getLogger("ray.serve")
+api = FastAPI(title="ragpilot", version="0.1.0",
+              description="RAG serving with canary/shadow routing, a bandit router, feedback "
+                          "logging and asynchronous tuner evaluations.")
+_ENDPOINTS = {"/query": "query", "/feedback": "feedback", "/tuner/evaluate": "tuner_evaluate",
+              "/admin/traffic": "admin_traffic"}
+
+
+def _error(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(status_code=status,
+                        content={"error": f"{field}: {message}", "field": field, **extra})
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    err = exc.errors()[0]
+    field = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+    if err.get("type") == "json_invalid":
+        field = "body"
+    return _error(422, field, err.get("msg", "invalid"), detail=jsonable_encoder(exc.errors()))
+
+
+@api.exception_handler(ApiError)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return _error(exc.status, exc.field, exc.message)
+
+
+@api.exception_handler(ConfigError)
+async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
+    return _error(422, exc.field, exc.message)
+
+
+# Outer to inner: request counting (below) -> API keys -> body size -> FastAPI. Starlette puts
+# the last-added middleware outermost, so these two are added before the counter.
+# State reaches them through functions of serving.limits/serving.auth (see install_guard).
+api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
+api.add_middleware(AuthMiddleware, guard=current_guard)
+
+
+@api.middleware("http")
+async def _count_requests(request: Request, call_next):
+    response = await call_next(request)
+    metrics: ServeMetrics | None = current_metrics()  # see install_metrics
+    if metrics is not None:
+        metrics.request(_ENDPOINTS.get(request.url.path, "other"), response.status_code)
+    return response
+
+

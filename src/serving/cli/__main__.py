@@ -1,0 +1,7 @@
+"""`python -m serving.cli ...` = `ragpilot ...`."""
+
+import sys
+
+from serving.cli import main
+
+sys.exit(main())

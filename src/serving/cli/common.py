@@ -1,0 +1,74 @@
+"""What every `ragpilot` command shares: the one `--set KEY=VALUE` parser, config loaders, and
+the translation of library field names into the flags a user typed.
+
+Contract of a command function: `cmd_x(args) -> int` (the exit code); bad input raises a
+`rag.errors.RagError`, which `serving.cli.main` prints as `error: <field>: <message>` and turns
+into exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+
+from rag.errors import ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def add_set_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The `--set KEY=VALUE` option (repeatable; parsed by `parse_sets`)."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=help or "override a config key (dotted for nested keys); the "
+                                     "value is read as YAML, e.g. --set k=5")
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """`["k=5", "variant=bm25"]` -> `{"k": 5, "variant": "bm25"}`: the key is stripped, the
+    value parsed as YAML (so `5` is an int, `on` a bool, `[1, 2]` a list). An item without
+    `=` raises ConfigError naming `--set`. Later items win over earlier ones."""
+    changes: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        changes[key.strip()] = yaml.safe_load(value)
+    return changes
+
+
+def with_sets(config: Any, items: list[str] | None) -> Any:
+    """`config.replace(**parse_sets(items))` (the config itself when there is nothing to set):
+    every config class the CLI loads (RAGConfig, RerankerTrainConfig, GeneratorSFTConfig,
+    SelectionConfig) validates its overrides in `replace`."""
+    changes = parse_sets(items)
+    return config.replace(**changes) if changes else config
+
+
+def rag_config(path: str | None, overrides: list[str] | None):
+    """The RAG config of `--config PATH` (default RAGConfig()) with `--set` overrides."""
+    from rag.config import RAGConfig
+
+    return with_sets(RAGConfig.from_yaml(path) if path else RAGConfig(), overrides)
+
+
+def tuner_settings(path: str | None):
+    """The tuner settings of `--policy PATH` (default configs/rl/policy.defaults.yaml)."""
+    from rl.tuner.settings import TunerSettings
+
+    return TunerSettings.from_yaml(path) if path else TunerSettings.defaults()
+
+
+@contextmanager
+def flags(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise a ConfigError whose field is a library name in `names` (e.g. `budget`) under
+    the flag the user typed (`--budget`), so the message points at the command line."""
+    try:
+        yield
+    except ConfigError as exc:
+        if exc.field in names:
+            raise ConfigError(names[exc.field], exc.message) from None
+        raise

@@ -1,0 +1,45 @@
+"""`ragpilot serve | export-interactions`: the Ray Serve app and its interaction log.
+
+    serve               -> serving.launch.run_server(config)   (the Ray Serve app, until SIGTERM)
+    export-interactions -> serving.store.open_store(url).export_jsonl(out)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from serving.launch import run_server
+
+    return run_server(args.config, host=args.host, port=args.port,
+                      private_netns=args.private_netns)
+
+
+def cmd_export_interactions(args: argparse.Namespace) -> int:
+    from serving.store import open_store
+
+    store = open_store(args.store)
+    try:
+        n = store.export_jsonl(args.out, include_shadow=not args.no_shadow)
+    finally:
+        store.close()
+    print(f"wrote {n} interactions to {args.out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="run the Ray Serve app (same YAML as `serve run`)")
+    s.add_argument("--config", default="configs/serve/default.yaml")
+    s.add_argument("--host", help="HTTP host (default: the YAML's, else 127.0.0.1)")
+    s.add_argument("--port", type=int)
+    s.add_argument("--private-netns", action="store_true",
+                   help="run Ray inside a private network namespace (needs CAP_SYS_ADMIN)")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("export-interactions", help="interaction log -> JSONL for training")
+    s.add_argument("--store", default="runs/serve/interactions.sqlite",
+                   help="SQLite path or SQLAlchemy URL")
+    s.add_argument("--out", required=True)
+    s.add_argument("--no-shadow", action="store_true", help="leave shadow answers out")
+    s.set_defaults(func=cmd_export_interactions)

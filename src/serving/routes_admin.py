@@ -1,0 +1,232 @@
+"""Handlers of the ingress's control-plane routes (declared on serving.app.Ingress): `GET
+/rl/stats`, `GET /rl/leaderboard`, `GET|POST /admin/traffic` (the run-time split, stored so it
+survives a restart: serving.routing_state) and `/admin/rollout*` (evidence-gated promotion
+through `rl.promotion.service`, the same operations and state as `ragpilot rollout`).
+
+`AdminRoutes` is a mixin of `serving.app.Ingress` and uses its state: settings, handles,
+configs, router, store, metrics, gate, jobs, gates, `_tasks`, `_explicit_arms`, `_routing_fp`,
+`_deploy_lock` and `restored`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from fastapi.encoders import jsonable_encoder
+from ray import serve
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+from rl.promotion import service as rollouts
+from serving.api import log
+from serving.pipelines import bind_pipeline, deployment_options
+from serving.routing_state import ROLES, snapshot
+from serving.schemas import (
+    ApiError,
+    RolloutAdvanceRequest,
+    RolloutRollbackRequest,
+    RolloutStartRequest,
+    TrafficRequest,
+)
+
+
+class AdminRoutes:
+    """/rl/*, /admin/traffic and /admin/rollout* (a mixin of serving.app.Ingress)."""
+
+    # ---- routing that survives a restart (serving.routing_state) ----------------------------
+    def _restore_routing(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Serve a stored routing row (the builder deployed its variants); None when there is
+        none to serve. Returns what the restored row was (shown by GET /admin/traffic)."""
+        if row is None:
+            return None
+        st = row["state"]
+        ids = [st[r] for r in ROLES if st.get(r)]
+        if any(v not in self.handles for v in ids):
+            log.warning("routing: stored row %d needs variants %s that are not deployed; "
+                        "serving the args", row["seq"], sorted(set(ids) - set(self.handles)))
+            return None
+        for v in ids:
+            self.configs.setdefault(v, st["configs"][v])
+            if not self._explicit_arms and v not in self.router.arms:
+                self.router.add_arm(v)
+        self.router.set_state(st)
+        log.warning("routing: restored the split set by %s (row %d): stable %s, canary %s "
+                    "%.1f%%, shadow %s %.1f%%", row["action"], row["seq"], st["stable"],
+                    st["canary"], st["canary_percent"], st["shadow"], st["shadow_percent"])
+        return {"seq": row["seq"], "ts": row["ts"], "action": row["action"]}
+
+    def _change_routing(self, action: str, change) -> dict[str, Any]:
+        """Apply `change()` to the router and append the new split to the store; if the store
+        refuses the row, the router goes back to the split it had and the caller gets a 503
+        (a change that would not survive a restart is not made)."""
+        before = self.router.state()
+        state = change()
+        try:
+            self.store.save_routing(self._routing_fp, action,
+                                    snapshot(self.router.state(), self.configs))
+        except Exception as exc:  # noqa: BLE001 - any store failure: undo, say why
+            self.router.set_state(before)
+            log.error("routing: %s not applied, the store refused it: %s: %s", action,
+                      type(exc).__name__, exc)
+            raise ApiError("store", f"routing not changed: the store could not record it "
+                                    f"({type(exc).__name__}: {exc})", 503) from None
+        self.metrics.set_traffic(self.router.traffic.canary_percent,
+                                 self.router.traffic.shadow_percent)
+        return state
+
+    # ---- control plane ------------------------------------------------------------------------
+    async def _stats(self) -> dict[str, Any]:
+        counts = await asyncio.to_thread(self.store.counts)
+        by_variant = await asyncio.to_thread(self.store.variant_summary)
+        return {"traffic": self.router.state(), "variants": self.configs, "store": counts,
+                "by_variant": by_variant, "deltas": self.metrics.deltas(),
+                "inflight": self.gate.inflight, "peak_inflight": self.gate.peak,
+                "jobs": self.jobs.counts(), "gates": self.gates,
+                "shadow_tasks_pending": len(self._tasks)}
+
+    async def _leaderboard(self, category: str | None = None) -> dict[str, Any]:
+        rows = await asyncio.to_thread(self.store.variant_summary)
+        return {"mode": self.router.traffic.mode,
+                "bandit": self.router.leaderboard(category),
+                "variants": [r for r in rows if r["route"] != "shadow"]}
+
+    async def _get_traffic(self) -> dict[str, Any]:
+        return {**self.router.state(), "restored": self.restored}
+
+    # ---- evidence-gated promotion (rl.promotion.service; same state as `ragpilot rollout`) ---
+    def _rollout(self):
+        from rl.promotion.state_machine import STATE_FILE
+
+        d = Path(self.settings.rollout_dir)
+        if not (d / STATE_FILE).exists():
+            raise ApiError("rollout", f"no rollout in {d}; POST /admin/rollout/start", 404)
+        return rollouts.load(d)
+
+    def _apply_rollout_traffic(self, sm, action: str) -> dict[str, Any]:
+        """Point the router at the split the rollout's stage asks for, stable included: the
+        candidate at `full`, else the rollout's `stable` (kept in its state.json), so a
+        rollback from any stage, `full` included, serves the old stable again."""
+        t = rollouts.router_settings(sm)
+        stable: Any = t["stable"]
+        warning = None
+        if stable not in self.handles:  # a state written elsewhere: never route to nothing
+            warning = (f"rollout stable {stable!r} is not deployed here; the router keeps "
+                       f"{self.router.stable!r} (set it with POST /admin/traffic `stable`)")
+            log.warning(warning)
+            stable = False
+        state = self._change_routing(action, lambda: self.router.set_traffic(
+            "split", t["canary_percent"], t["shadow_percent"], t["canary"], t["shadow"],
+            stable=stable))
+        return {**state, "warning": warning} if warning else state
+
+    async def _rollout_status(self) -> dict[str, Any]:
+        self._rollout()
+        return jsonable_encoder(rollouts.status(self.settings.rollout_dir))
+
+    async def _rollout_start(self, body: RolloutStartRequest) -> dict[str, Any]:
+        for name, vid in (("candidate", body.candidate), ("stable", body.stable)):
+            if vid is not None and vid not in self.handles:
+                raise ApiError(name, f"no deployed variant {vid!r} (have: "
+                                     f"{', '.join(sorted(self.handles))})", 404)
+        sm = rollouts.start(self.settings.rollout_dir, body.candidate,
+                            body.stable or self.router.stable, body.manifest_id,
+                            force=body.force)
+        return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
+                "traffic": self._apply_rollout_traffic(sm, "rollout/start")}
+
+    async def _rollout_advance(self, body: RolloutAdvanceRequest) -> dict[str, Any]:
+        """Observe the body's reports (then, with `from_log`, the interaction log as
+        evidence of the stage's kind), then try one stage up; 409 once the rollout ended."""
+        from rl.promotion.evaluators import EvaluationReport
+        from rl.promotion.evidence import Evidence, reports_from_file
+
+        sm = self._rollout()
+        if sm.done:
+            raise ApiError("rollout", str(rollouts.RolloutClosed(sm.stage)), 409)
+        evidence = Evidence()
+        for i, r in enumerate(body.reports):
+            try:
+                evidence.reports.append(EvaluationReport.from_dict(r))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ApiError(f"reports.{i}", f"not an EvaluationReport: {exc}") from None
+        if body.from_log:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "interactions.jsonl"
+                await asyncio.to_thread(self.store.export_jsonl, path)
+                if path.stat().st_size:
+                    evidence += reports_from_file(path, sm,
+                                                  pii_penalty=self.settings.pii.leak_penalty)
+        decision = rollouts.advance(sm, evidence.reports)
+        out = {"decision": rollouts.decision_record(decision), "stage": sm.stage,
+               "traffic": self._apply_rollout_traffic(sm, f"rollout/{decision.action}")}
+        return {**out, "notes": evidence.notes} if evidence.notes else out
+
+    async def _rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
+        sm = self._rollout()
+        d = rollouts.rollback(sm, f"manual (API): {body.reason}")
+        return {"decision": rollouts.decision_record(d), "stage": sm.stage,
+                "traffic": self._apply_rollout_traffic(sm, "rollout/rollback")}
+
+    async def _set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
+        given = body.model_fields_set
+        canary: Any = False
+        shadow: Any = False
+        stable: Any = False
+        if "stable" in given:
+            if body.stable is None:
+                raise ApiError("stable", "cannot be removed (something must serve); send a "
+                                         "variant id or config overrides")
+            stable = await self._variant_for(body.stable, "stable")
+        if "canary_config" in given:
+            canary = await self._variant_for(body.canary_config, "canary_config")
+        if "shadow_config" in given:
+            shadow = await self._variant_for(body.shadow_config, "shadow_config")
+        return self._change_routing("admin/traffic", lambda: self.router.set_traffic(
+            body.mode, body.canary_percent, body.shadow_percent, canary, shadow,
+            stable=stable))
+
+    async def _variant_for(self, spec: dict[str, Any] | str | None, field: str) -> str | None:
+        """A deployed variant id for `spec` (a hash, or overrides deployed on demand)."""
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            if spec not in self.handles:
+                raise ConfigError(field, f"no deployed variant {spec!r} (have: "
+                                         f"{', '.join(sorted(self.handles))})")
+            return spec
+        cfg = self._limited_config(spec, field)
+        h = cfg.config_hash
+        async with self._deploy_lock:
+            if h in self.handles:
+                return h
+            if len(self.handles) >= self.settings.max_variants:
+                raise ApiError(field, f"already {len(self.handles)} variants deployed "
+                                        f"(max_variants); reuse one by its id", 409)
+            self.handles[h] = await asyncio.to_thread(self._deploy, cfg)
+            self.configs[h] = cfg.model_dump(mode="json")
+            if not self._explicit_arms:
+                self.router.add_arm(h)
+        return h
+
+    def _deploy(self, cfg: RAGConfig):
+        """Deploy `cfg` as its own application (`ragpilot-<hash>`); returns once ready."""
+        s = self.settings
+        p = s.pipelines
+        bound = bind_pipeline(cfg, s.dataset, s.index_dir, deployment_options(
+            p.num_cpus, p.max_ongoing_requests, p.num_replicas, p.autoscaling), s.indexes)
+        log.info("deploying variant %s", cfg.config_hash)
+        return serve.run(bound, name=f"ragpilot-{cfg.config_hash}", route_prefix=None,
+                         blocking=False)
+
+    def _limited_config(self, overrides: dict[str, Any], field: str) -> RAGConfig:
+        """`base` + overrides, validated, with `k` within `limits.max_k`."""
+        cfg = self.settings.config(overrides, where=field)
+        cap = self.settings.limits.max_k
+        if cfg.k > cap:
+            raise ApiError(f"{field}.k", f"is {cfg.k}; the limit is {cap} (limits.max_k)")
+        return cfg
+
