@@ -1,5 +1,5 @@
 # The two entry points of the README. Both do their own set-up (idempotent) first.
-.PHONY: setup demo test lint bench-quick
+.PHONY: setup demo test test-unit lint bench-quick
 
 VENV := .venv
 RUN := $(VENV)/bin
@@ -13,6 +13,10 @@ demo: setup
 test: setup
 	$(RUN)/ruff check src tests bench
 	$(RUN)/python -m pytest -q tests
+
+# The fast tier (tests/unit: no Ray, no model weights, no index builds); `make test` runs it too.
+test-unit: setup
+	$(RUN)/python -m pytest -q tests/unit
 
 lint: setup
 	$(RUN)/ruff check src tests bench

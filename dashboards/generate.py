@@ -2,8 +2,8 @@
 
     .venv/bin/python dashboards/generate.py      # rewrite the JSON files from this source
 
-Edit the panels here, not the JSON: tests/test_dashboards.py checks every PromQL expression in
-the JSON against the metrics the code exports (serving.metrics.ServeMetrics, rl.tuner.prometheus.TunerMetrics)
+Edit the panels here, not the JSON: tests/unit/test_dashboards.py checks every PromQL expression
+in the JSON against the metrics the code exports (serving.metrics.ServeMetrics, rl.tuner.prometheus.TunerMetrics)
 and the recording rules of deploy/prometheus/rules/. Every panel reads the data source variable
 `${datasource}` (a Prometheus data source; dashboards/provisioning/datasources.yaml provides one
 with uid `prometheus`).

@@ -1,5 +1,6 @@
-"""Shared fixtures. The synthetic world's indexes (real MiniLM, tantivy, FAISS, graph) are built
-once per test session."""
+"""Shared fixtures (for tests/ and tests/unit/). The synthetic world's indexes (real MiniLM,
+tantivy, FAISS, graph) are built once per test session. Tests that read the evaluation data call
+`require_dataset`, which skips them, naming the missing path, when the data is absent."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from rag.env import configure_runtime_env
 configure_runtime_env()
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "datasets"
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,22 @@ def tiny_corpus():
     ])
 
 
-def require_shared() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip(f"evaluation data not found at {SHARED} (the ../shared checkout)")
-    return SHARED
+def require_dataset(relpath: str = "") -> Path:
+    """The evaluation data root, resolved as the loaders do (`rag.corpus.loaders.data_root`:
+    $RAGPILOT_DATA, else the nearest `shared/datasets` beside a parent folder), joined with
+    `relpath` (e.g. "hotpotqa/hotpot_dev_distractor_1100.jsonl"). Skips the calling test with
+    a reason naming the missing path when the root or that path does not exist: a clean clone
+    without the data passes with these tests skipped."""
+    from rag.corpus.loaders import data_root
+    from rag.errors import DataError
+
+    hint = "set RAGPILOT_DATA or check out ../shared/datasets beside the repository"
+    try:
+        root = data_root()
+    except DataError:
+        pytest.skip(f"evaluation data not found: no shared/datasets beside {REPO} and "
+                    f"RAGPILOT_DATA unset ({hint})")
+    path = root / relpath if relpath else root
+    if not path.exists():
+        pytest.skip(f"evaluation data not found at {path} ({hint})")
+    return path

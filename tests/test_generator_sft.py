@@ -146,10 +146,10 @@ def test_trim_keeps_supporting_sentences():
 
 
 def test_hotpot_sft_examples_train_split_only():
-    from conftest import require_shared
+    from conftest import require_dataset
     from rag.corpus.hygiene import load_split
 
-    path = require_shared() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
+    path = require_dataset("hotpotqa/hotpot_dev_distractor_1100.jsonl")
     split = load_split("hotpotqa")
     train = split.ids("train")[:20]
     exs = hotpot_sft_examples(path, train, n_distractors=1, max_context_chars=300, seed=1,
@@ -395,7 +395,10 @@ def test_mlflow_aliases_and_metadata(tiny, tmp_path):
 
 
 def test_examples_manifest_of_the_hotpotqa_train_split():
+    from conftest import require_dataset
     from rl.adaptation.sft_data import examples_manifest, hotpot_split
+
+    require_dataset("hotpotqa/hotpot_dev_distractor_1100.jsonl")
 
     ex = hotpot_split("train", 3)
     man = examples_manifest(ex)
@@ -584,10 +587,10 @@ def test_cli_train_generator(tiny, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_real_smollm2_lora_steps(tmp_path):
-    from conftest import require_shared
+    from conftest import require_dataset
     from rag.corpus.hygiene import load_split
 
-    path = require_shared() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
+    path = require_dataset("hotpotqa/hotpot_dev_distractor_1100.jsonl")
     split = load_split("hotpotqa")
     exs = hotpot_sft_examples(path, split.ids("train")[:2], n_distractors=0,
                               max_context_chars=200, split_ids=split.splits)

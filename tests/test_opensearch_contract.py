@@ -238,7 +238,7 @@ def test_contract_same_top_k_as_local_backends(server_url, world, world_indexes)
 
 def test_contract_backends_selected_by_config(server_url, world, world_indexes,
                                               tmp_path) -> None:
-    """OpenSearch chosen by the `indexes:` settings (what tests/test_index_backends.py drives
+    """OpenSearch chosen by the `indexes:` settings (what tests/unit/test_index_backends.py drives
     against a FAKE server) on the real cluster: IndexSet.create -> manifest -> open ->
     Pipeline, with the same overlap bars as above."""
     from rag.config import RAGConfig

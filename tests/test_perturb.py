@@ -90,11 +90,12 @@ def test_faithfulness_drops_on_hand_made_cases(scorer):
 
 
 def test_faithfulness_drops_on_real_hotpotqa_cases(scorer):
+    from tests.conftest import require_dataset
+
     from rag.corpus.hygiene import load_split
-    from rag.corpus.loaders import data_root
 
     ids = load_split("hotpotqa").ids("test")[:12]
-    items = hotpotqa_items(data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl", ids)
+    items = hotpotqa_items(require_dataset("hotpotqa/hotpot_dev_distractor_1100.jsonl"), ids)
     assert len(items) == 12 and all(len(it.contexts) == 2 and it.distractors for it in items)
     res = run_suite(scorer, make_cases(items, n=12, seed=0))
     assert len(res.cases) == 12

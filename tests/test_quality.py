@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 
 from rag.generation.prompts import INSUFFICIENT
-from rag.metrics.quality import (
-    METRICS,
-    QualityScorer,
-    context_precision_from_relevance,
-    context_recall_from_ids,
-)
-from rag.metrics.support import (
-    Embedder,
+from rag.metrics.claims import (
     extract_claims,
     is_factoid,
     is_noncommittal,
     split_clauses,
     split_sentences,
+)
+from rag.metrics.embedding import Embedder
+from rag.metrics.quality import (
+    METRICS,
+    QualityScorer,
+    context_precision_from_relevance,
+    context_recall_from_ids,
 )
 from rag.types import Answer, Context, Example
 
@@ -308,18 +308,13 @@ def test_result_cache_and_usage(encoder):
 
 # ---- real data -----------------------------------------------------------------------------
 def test_hotpotqa_gold_paragraphs_support_gold_answers(scorer):
-    from tests.conftest import SHARED
+    from tests.conftest import require_dataset
 
     from rag.corpus.hygiene import load_split
     from rag.corpus.loaders import load_dataset
-    from rag.errors import DataError
 
-    if not (SHARED / "hotpotqa").is_dir():
-        pytest.skip(f"HotpotQA not found at {SHARED / 'hotpotqa'}")
-    try:
-        ds = load_dataset("hotpotqa")
-    except DataError as exc:
-        pytest.skip(str(exc))
+    require_dataset("hotpotqa/hotpot_dev_distractor_1100.jsonl")
+    ds = load_dataset("hotpotqa")
     valid = set(load_split("hotpotqa").ids("valid"))
     corpus = {p.id: p for p in ds.corpus}
     pool = sorted(corpus)

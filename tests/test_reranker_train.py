@@ -110,9 +110,9 @@ def test_mining_excludes_gold_and_refuses_non_train_queries(tmp_path):
 
 def test_mining_on_real_scifact_respects_the_split():
     """The SciFact train split (qrels/train.tsv) mined with BM25 over the real corpus."""
-    from conftest import require_shared
+    from conftest import require_dataset
 
-    require_shared()
+    require_dataset("scifact")
     from rag.corpus.hygiene import load_split
     from rl.adaptation.data import mine_from_dataset
 

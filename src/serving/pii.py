@@ -15,7 +15,7 @@ answer invents or pulls from outside its inputs. `leak_count(..., mode="any")` c
 (stricter deployments). Leak counts feed the reward penalty P (`rl.tuner.reward`: `StepMetrics.pii_leaks`
 for a batch, `feedback_reward` for one logged interaction; see docs/serving.md, "PII").
 
-No project imports on purpose: `rl` may not import `serving` (tests/test_layering.py), so this
+No project imports on purpose: `rl` may not import `serving` (tests/unit/test_layering.py), so this
 module can be moved to `rag/` verbatim if the reward computation needs it.
 """
 

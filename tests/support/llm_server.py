@@ -33,14 +33,14 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from rag.metrics.cost import count_tokens
-from rag.metrics.support import (
+from rag.metrics.claims import (
     content_tokens,
     is_noncommittal,
     key_tokens,
     split_sentences,
     strip_citations,
 )
+from rag.metrics.cost import count_tokens
 
 __all__ = ["RuleBasedResponder", "ChatModelResponder", "LLMServer", "Responder"]
 

@@ -103,7 +103,7 @@ def judge_inputs(answer: Answer, example: Example | None = None,
     """Answer + example -> ragas inputs: citations stripped from the response, contexts as
     "title: text" (all retrieved ones, or only the cited ones with `contexts="cited"`), the
     first gold answer as the reference."""
-    from rag.metrics.support import strip_citations
+    from rag.metrics.claims import strip_citations
 
     ctx = answer.contexts
     if contexts == "cited":
@@ -192,7 +192,7 @@ def project_ragas(samples: Iterable[JudgeInputs], strictness: int = 3,
     makes one faithfulness call fewer; an abstention is assumed to make none). Prompt tokens render ragas' own prompts; the NLI prompt
     assumes the judge returns one statement per answer sentence. Completion tokens assume one
     ~12-token reason per verdict: an estimate; real judges often write longer reasons."""
-    from rag.metrics.support import is_noncommittal, split_sentences
+    from rag.metrics.claims import is_noncommittal, split_sentences
 
     out = {m: {"calls": 0.0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "samples": 0.0}
            for m in METRICS}
@@ -314,7 +314,7 @@ def stand_in_answers(examples: Sequence[Example], corpus, k: int, seed: int = 0,
     passages first, then passages drawn at random (seeded) from the corpus up to `k`; the
     answer is the first gold answer (the first sentence of the first context when there is
     none), citing the gold passages."""
-    from rag.metrics.support import split_sentences
+    from rag.metrics.claims import split_sentences
     from rag.types import Context
 
     ids = list(corpus.ids)

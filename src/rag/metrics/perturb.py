@@ -27,8 +27,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rag.metrics.claims import STOPWORDS, split_sentences
 from rag.metrics.qa import normalize_answer
-from rag.metrics.support import STOPWORDS, split_sentences
 from rag.types import Answer, Context
 
 __all__ = ["PERTURBATIONS", "SourceItem", "PerturbedCase", "SuiteResult", "negate",
@@ -78,7 +78,7 @@ def grounded_order(sentences: Sequence[str], contexts: Sequence[Context]) -> lis
     in the contexts (lexical only, independent of the support scorer). Perturbing the most
     grounded sentence changes a fact the answer took from the passages, not a sentence that
     was unsupported to begin with ("Yes, you are correct.")."""
-    from rag.metrics.support import content_tokens
+    from rag.metrics.claims import content_tokens
 
     pool = {t for c in contexts for t in content_tokens(f"{c.title} {c.text}")}
 
@@ -93,7 +93,7 @@ def negate(text: str, contexts: Sequence[Context] = ()) -> str | None:
     """Negate one sentence that has an auxiliary verb (or a past-tense verb) and no negation
     yet (a double negation is ambiguous): the most grounded one when `contexts` are given,
     else the first. None when no sentence qualifies."""
-    from rag.metrics.support import has_negation
+    from rag.metrics.claims import has_negation
 
     sents = split_sentences(text)
     order = grounded_order(sents, contexts) if contexts else range(len(sents))
@@ -298,7 +298,7 @@ def mtrag_items(examples, corpus, ids: Sequence[str] | None = None) -> list[Sour
     answer, its gold passages, and as distractors the gold passages of two other answerable
     tasks (seeded by the task id). Tasks without a reference or passages are skipped, and so
     are abstentions and clarifying questions (a reference ending in "?"): not answers."""
-    from rag.metrics.support import is_noncommittal
+    from rag.metrics.claims import is_noncommittal
 
     want = set(ids) if ids is not None else None
     usable = [e for e in examples if e.answers and e.gold_passage_ids

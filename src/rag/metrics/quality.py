@@ -31,17 +31,15 @@ from typing import Literal
 
 import numpy as np
 
-from rag.metrics.support import (
-    Embedder,
-    SupportConfig,
-    SupportJob,
-    SupportResult,
+from rag.metrics.claims import (
     extract_claims,
     is_factoid,
     is_noncommittal,
     is_yes_no,
     strip_citations,
 )
+from rag.metrics.embedding import Embedder
+from rag.metrics.support import SupportConfig, SupportJob, SupportResult
 from rag.types import Answer, Context, Example
 
 __all__ = ["METRICS", "QualityScorer", "context_precision_from_relevance",

@@ -35,10 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.errors import ConfigError, DataError
-from rag.metrics.qa import normalize_answer
-from rag.metrics.support import (
-    _covered,
-    _passage,
+from rag.metrics.claims import (
     content_tokens,
     has_negation,
     is_factoid,
@@ -48,6 +45,8 @@ from rag.metrics.support import (
     split_sentences,
     strip_citations,
 )
+from rag.metrics.qa import normalize_answer
+from rag.metrics.support import _covered, _passage
 from rag.resources import bundled
 from rag.types import Answer, Context
 

@@ -121,7 +121,7 @@ def test_name_lookup_search_path_committed_model_and_env_override(tmp_path, monk
 
     monkeypatch.delenv("RAGPILOT_REWARD_MODELS", raising=False)
     monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))
-    committed = Path(__file__).resolve().parents[1] / "src/rag/bundled/reward_models/quality-rm"
+    committed = Path(__file__).resolve().parents[2] / "src/rag/bundled/reward_models/quality-rm"
     assert committed.parent == rmod.BUNDLED_ROOT and (committed / "v1/manifest.json").exists()
     assert rmod.search_roots() == [tmp_path / "cache/reward_models", rmod.BUNDLED_ROOT]
     newest = max((d for d in committed.iterdir() if d.name.startswith("v")),

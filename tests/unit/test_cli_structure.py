@@ -12,7 +12,7 @@ import pytest
 
 from serving.cli import build_parser, main
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _module_file(name: str) -> Path | None:

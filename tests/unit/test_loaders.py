@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from tests.conftest import require_shared
+from tests.conftest import require_dataset
 
 from rag.corpus.hygiene import dedupe, leakage_report, load_split, stratified_split
 from rag.corpus.loaders import (
@@ -73,7 +73,7 @@ def test_beir_fixture(tmp_path):
 
 
 def test_real_datasets_counts_and_splits():
-    root = require_shared()
+    root = require_dataset()
     sf = load_beir(root / "scifact")
     assert (len(sf.corpus), len(sf.examples)) == (5183, 300)
     hp = load_dataset("hotpotqa")
@@ -95,7 +95,7 @@ def test_real_datasets_counts_and_splits():
 
 
 def test_splits_are_reproducible_from_sources():
-    require_shared()
+    require_dataset()
     from scripts.make_splits import build_all
 
     for name, m in build_all().items():

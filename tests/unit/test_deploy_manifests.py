@@ -10,7 +10,7 @@ import yaml
 
 from rag.errors import ConfigError
 
-KUBERAY = Path(__file__).resolve().parents[1] / "deploy" / "kuberay"
+KUBERAY = Path(__file__).resolve().parents[2] / "deploy" / "kuberay"
 
 
 def test_rayservice_serve_config_validates() -> None:

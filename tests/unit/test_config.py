@@ -9,7 +9,7 @@ from rag.errors import ConfigError
 
 
 def test_default_yaml_loads_and_matches_defaults():
-    cfg = RAGConfig.from_yaml(Path(__file__).resolve().parents[1] / "configs/rag/default.yaml")
+    cfg = RAGConfig.from_yaml(Path(__file__).resolve().parents[2] / "configs/rag/default.yaml")
     assert cfg == RAGConfig()  # the documented file and the code defaults must not drift
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASH = REPO / "dashboards"
 PROM = REPO / "deploy" / "prometheus"
 RULES = PROM / "rules" / "ragpilot.rules.yml"

@@ -18,7 +18,7 @@ from rl.common.ppo_settings import SELECTION_PPO, TUNER_PPO
 from rl.selection.config import SelectionConfig
 from rl.tuner.settings import TunerSettings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_key_named_with_file_and_line_even_beside_a_missing_required_key(tmp_path):

@@ -36,7 +36,7 @@ from rag.index.dense import FAISS_DEVICE_ENV, faiss_gpu_available
 from rag.index.settings import OPENSEARCH_URL_ENV, IndexSettings
 from rag.indexset import IndexSet
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeEncoder:
@@ -301,7 +301,7 @@ class FakeOpenSearch:
         if not parts:
             return 200, {"name": "fake", "cluster_name": "fake",
                          "version": {"distribution": "opensearch", "number": "2.19.1"},
-                         "tagline": "FAKE: tests/test_index_backends.py"}
+                         "tagline": "FAKE: tests/unit/test_index_backends.py"}
         if parts == ["_bulk"]:
             lines = [json.loads(x) for x in raw.splitlines() if x.strip()]
             items = []

@@ -17,7 +17,7 @@ from rag.errors import ConfigError
 from rag.model_registry_writer import read_registry_file, register_version
 from rag.models import ModelRegistry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _models(reg: Path) -> dict:
