@@ -48,10 +48,6 @@ for mod in (rag, rl, serving):
     assert "site-packages" in mod.__file__, mod.__file__
 print("[wheel] defaults from", root)
 EOF
-if "$VENV/bin/ragpilot" --help | grep -q -- "--version"; then
-  "$VENV/bin/ragpilot" --version
-else
-  echo "[wheel] (this ragpilot has no --version yet)"
-fi
+"$VENV/bin/ragpilot" --version
 "$VENV/bin/ragpilot" tuner-eval --dataset synthetic
 echo "[wheel] ok"
