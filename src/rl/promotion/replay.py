@@ -54,13 +54,13 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError, DataError
+from rag.pipeline import STAGES
 from rag.types import Answer, Context, Example
 from rl.promotion.evaluators import Arm, EvaluationReport, _Evaluator
 from rl.stats.bootstrap import paired_bootstrap
 from rl.tuner.reward import RewardSpec
 from rl.tuner.settings import Thresholds, TunerSettings
 
-STAGES = ("retrieve", "rerank", "select", "generate")
 """Pipeline stages whose logged ms are compared with the candidate's measured ones."""
 PiiHook = Callable[[str, str, Sequence[str]], float]
 """(answer, question, context texts) -> PII leaks of the answer."""

@@ -15,9 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
+from rag.resources import default_config
 from serving.auth import ROLES, KeyFile
 
-DEFAULT_CONFIG = "configs/serve/default.yaml"
+DEFAULT_CONFIG = str(default_config("serve/default.yaml"))  # shipped; works from a wheel
 DEFAULT_KEYS = "runs/serve/api_keys.json"
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from rag.resources import default_config
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from serving.launch import run_server
@@ -30,7 +32,8 @@ def cmd_export_interactions(args: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> None:
     s = sub.add_parser("serve", help="run the Ray Serve app (same YAML as `serve run`)")
-    s.add_argument("--config", default="configs/serve/default.yaml")
+    s.add_argument("--config", default=str(default_config("serve/default.yaml")),
+                   help="Serve YAML (default: the shipped configs/serve/default.yaml)")
     s.add_argument("--host", help="HTTP host (default: the YAML's, else 127.0.0.1)")
     s.add_argument("--port", type=int)
     s.add_argument("--private-netns", action="store_true",

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 
 from rag.errors import ConfigError
+from rag.resources import default_config
 from serving.cli.common import add_set_argument, with_sets
 
 DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
@@ -178,8 +179,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("train-reranker", help="train a cross-encoder reranker (MiniLM init)")
-    s.add_argument("--config", default="configs/rl/reranker.yaml",
-                   help="YAML with a `reranker:` mapping")
+    s.add_argument("--config", default=str(default_config("rl/reranker.yaml")),
+                   help="YAML with a `reranker:` mapping (default: the shipped configs/rl/reranker.yaml)")
     add_set_argument(s, help="override a top-level key, e.g. --set max_items=100")
     s.add_argument("--run-dir", help="checkpoint directory (default: under the cache)")
     s.add_argument("--stop-after", type=int, help="stop after N steps (resume later)")
