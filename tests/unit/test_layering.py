@@ -17,8 +17,6 @@ import ast
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGES = ("rag", "rl", "serving")
 
