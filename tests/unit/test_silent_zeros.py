@@ -264,3 +264,15 @@ def test_empty_derived_split_is_an_error_naming_counts():
         == ["e0"]
     with pytest.raises(ConfigError, match=r"split 'test'.*0 ids.*1 examples"):
         resolve_split(ds, "test", derive={"valid": 0.5, "test": 0.5})
+
+
+def test_derived_splits_for_the_tuner_never_redraw_a_builtin_split():
+    from rag.corpus.hygiene import DERIVED_SPLIT_SIZES, split_manifest
+
+    world = load_dataset("synthetic")
+    m = split_manifest(world, seed=13, derive=DERIVED_SPLIT_SIZES)
+    old = stratified_split(world.examples, {"valid": 0.5, "test": 0.5}, seed=13, name="synthetic")
+    assert m.splits == old.splits  # what TuningData drew for the synthetic world before
+    changed = Dataset("hotpotqa", world.corpus, world.examples, {"f": "0" * 64}, builtin=True)
+    with pytest.raises(DataError, match="hotpotqa.json"):
+        split_manifest(changed, derive=DERIVED_SPLIT_SIZES)

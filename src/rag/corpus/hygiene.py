@@ -34,6 +34,9 @@ SPLITS_DIR = default_config("splits")
 """The committed split manifests (shipped with the code, `rag.resources`)."""
 ALL = "all"
 """The split name that selects every example of a dataset."""
+DERIVED_SPLIT_SIZES: dict[str, float | int] = {"valid": 0.5, "test": 0.5}
+"""Split sizes for data without a committed manifest (the synthetic world, a user's own file)
+where a caller derives splits (`split_manifest(..., derive=DERIVED_SPLIT_SIZES)`: the tuner)."""
 
 
 def dedupe(passages: Iterable[Passage]) -> tuple[list[Passage], list[tuple[str, str]]]:
@@ -221,11 +224,13 @@ def split_manifest(dataset: Dataset, *, seed: int = 13,
     """The manifest that splits `dataset`: the committed one made from its content
     (`manifest_for`), else, when `derive` gives split sizes, a stratified split of its
     examples with `seed` (`stratified_split`; the tuner derives valid/test of own data so),
-    else a DataError naming the dataset and suggesting `--split all`."""
+    else a DataError naming the dataset and suggesting `--split all`. A built-in dataset whose
+    files no longer match its committed manifest is a DataError even with `derive` (a silently
+    re-drawn split would mix the test set into tuning)."""
     m = manifest_for(dataset)
     if m is not None:
         return m
-    if derive:
+    if derive and not (dataset.builtin and (Path(SPLITS_DIR) / f"{dataset.name}.json").exists()):
         return stratified_split(dataset.examples, derive, seed, dataset.name,
                                 {Path(p).name: s for p, s in dataset.sources.items()})
     raise _no_manifest(dataset, "")
