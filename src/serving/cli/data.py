@@ -3,6 +3,10 @@
     index  -> rag.indexset.IndexSet.create(...).build_all(...)
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
     eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost)
+
+`eval` picks its questions with rag.corpus.hygiene.resolve_split (a path: all of them unless
+--split), checks their gold is reachable (gold_report) and that --index holds this corpus
+(IndexSet.check_corpus); each refusal exits 2 naming the problem, never a silent 0.0.
 """
 
 from __future__ import annotations
