@@ -221,8 +221,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
 
     encoder = Encoder.from_registry("minilm")
     scorer = QualityScorer(encoder)
-    hp = load_hotpotqa(HOTPOT, pooled=True)
-    mt = load_mtrag(MTRAG)
+    hp = load_hotpotqa(HOTPOT, pooled=True, name="hotpotqa")
+    mt = load_mtrag(MTRAG, name="mtrag")
     hp_split, mt_split = load_split("hotpotqa"), load_split("mtrag")
     hp_by, mt_by = {e.id: e for e in hp.examples}, {e.id: e for e in mt.examples}
 

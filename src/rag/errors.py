@@ -41,3 +41,18 @@ class ModelNotFoundError(RagError, LookupError):
     def __init__(self, name: str, message: str):
         self.name = name
         super().__init__(f"model {name!r}: {message}")
+
+
+class CorpusMismatchError(RagError, ValueError):
+    """An index directory was built from another corpus than the dataset it is asked to serve.
+    Carries both corpus fingerprints (`rag.corpus.Corpus.fingerprint`) and the index root."""
+
+    def __init__(self, root: str, index_fingerprint: str, dataset_fingerprint: str,
+                 dataset: str):
+        self.root = str(root)
+        self.index_fingerprint = index_fingerprint
+        self.dataset_fingerprint = dataset_fingerprint
+        super().__init__(
+            f"{root}: index built from corpus {index_fingerprint}, but {dataset}'s corpus is "
+            f"{dataset_fingerprint}; rebuild it with `ragpilot index --dataset {dataset} --out "
+            f"<dir>`, or pass the --index built from this dataset")

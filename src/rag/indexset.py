@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.corpus import Corpus
-from rag.errors import ConfigError, DataError
+from rag.errors import ConfigError, CorpusMismatchError, DataError
 from rag.index.base import Retriever
 from rag.index.settings import FAISS_DEVICE_ENV, SECTION, IndexSettings, coerce, public_url
 from rag.index.settings import OPENSEARCH_URL_ENV as URL_ENV
@@ -109,6 +109,14 @@ class IndexSet:
             settings = settings.overridden({"opensearch": {"url": None}})
         return cls(root, Corpus.load(root / "corpus.jsonl"), encoder=manifest.get("encoder",
                    "minilm"), device=device, show_progress=show_progress, indexes=settings)
+
+    def check_corpus(self, corpus: Corpus, dataset: str) -> None:
+        """Refuse to serve `dataset` from an index of another corpus: CorpusMismatchError (both
+        fingerprints) unless the fingerprint recorded at build time (or, for directories made
+        before it was recorded, the stored corpus's) equals `corpus.fingerprint()`."""
+        built = self.manifest.get("corpus_fingerprint") or self.corpus.fingerprint()
+        if built != corpus.fingerprint():
+            raise CorpusMismatchError(str(self.root), built, corpus.fingerprint(), dataset)
 
     @property
     def manifest(self) -> dict[str, Any]:

@@ -2,7 +2,13 @@
 generation tasks, plain JSONL, and the generated synthetic world.
 
 Each returns a `Dataset` (corpus + examples + the source files with sha256). Parse errors name
-the file and the 1-based line (DataError); a missing file is a DataError too.
+the file, the 1-based line (or the record's index in a JSON list) and the field (DataError); a
+missing file is a DataError too.
+
+Names: `load_dataset("hotpotqa")` (a built-in name) gives a dataset called "hotpotqa" with
+`builtin=True`; a dataset given by path is called after its file or folder (never a built-in
+name: "hotpotqa.jsonl" becomes "hotpotqa-local"), so the committed split manifests are only
+applied to it when its content hashes match (`rag.corpus.hygiene.manifest_for`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +27,19 @@ from rag.corpus.store import Corpus
 from rag.errors import DataError
 from rag.types import Example, Passage
 
+BUILTIN_DATASETS = ("synthetic", "hotpotqa", "scifact", "mtrag")
+"""Names `load_dataset` resolves under the data root instead of as a path."""
+
 
 @dataclass(frozen=True)
 class Dataset:
+    """`sources`: path -> sha256 of every file read; `builtin`: loaded by a built-in name."""
+
     name: str
     corpus: Corpus
     examples: tuple[Example, ...]
-    sources: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    sources: dict[str, str] = field(default_factory=dict)
+    builtin: bool = False
 
     def manifest_dict(self) -> dict[str, Any]:
         return {"dataset": self.name, "inputs": [{"path": p, "sha256": s}
@@ -55,6 +67,14 @@ def data_root() -> Path:
                 return cand
     raise DataError("RAGPILOT_DATA", "no dataset root found: set RAGPILOT_DATA to the folder "
                                      "holding hotpotqa/, scifact/, mtrag/")
+
+
+def path_name(path: str | Path) -> str:
+    """The name of a dataset given by path: the file's stem or the folder's name, suffixed
+    "-local" when it would be a built-in name."""
+    p = Path(path)
+    stem = (p.name if p.is_dir() else p.stem) or "dataset"
+    return f"{stem}-local" if stem in BUILTIN_DATASETS else stem
 
 
 def _exists(path: Path) -> Path:
@@ -86,7 +106,9 @@ def _field(obj: dict, key: str, path: Path, line: int | None):
 
 
 # ---- BEIR ---------------------------------------------------------------------------------
-def load_beir(directory: str | Path, split: str = "test") -> Dataset:
+def load_beir(directory: str | Path, split: str = "test", name: str | None = None) -> Dataset:
+    """A BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); examples are the judged
+    queries. `name` defaults to `path_name(directory)`."""
     d = Path(directory)
     corpus_path, q_path = d / "corpus.jsonl", d / "queries.jsonl"
     qrels_path = d / "qrels" / f"{split}.tsv"
@@ -101,7 +123,12 @@ def load_beir(directory: str | Path, split: str = "test") -> Dataset:
                 continue  # header
             if len(row) < 3:
                 raise DataError(str(qrels_path), "expected query-id, corpus-id, score", line=n)
-            qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+            try:
+                grade = int(row[2])
+            except ValueError:
+                raise DataError(str(qrels_path), f"score {row[2]!r} is not an integer",
+                                line=n) from None
+            qrels.setdefault(row[0], {})[row[1]] = grade
     examples = []
     for qid, rel in qrels.items():
         if qid not in queries:
@@ -109,7 +136,7 @@ def load_beir(directory: str | Path, split: str = "test") -> Dataset:
         examples.append(Example(id=qid, question=queries[qid], qrels=rel,
                                 gold_passage_ids=tuple(p for p, g in rel.items() if g > 0),
                                 category=split))
-    return Dataset(d.name, Corpus(passages), tuple(examples),
+    return Dataset(name or path_name(d), Corpus(passages), tuple(examples),
                    {str(p): sha256_file(p) for p in (corpus_path, q_path, qrels_path)})
 
 
@@ -118,7 +145,8 @@ def _slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:48] or "p"
 
 
-def _hotpot_records(path: Path) -> Iterator[tuple[int | None, dict]]:
+def _hotpot_records(path: Path) -> Iterator[tuple[int | None, str, dict]]:
+    """(line or None, where-prefix for messages, record) of a JSONL file or a JSON list."""
     with _exists(path).open(encoding="utf-8") as f:
         head = f.read(64).lstrip()
     if head.startswith("["):
@@ -126,30 +154,73 @@ def _hotpot_records(path: Path) -> Iterator[tuple[int | None, dict]]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise DataError(str(path), f"malformed JSON: {exc.msg}", line=exc.lineno) from None
-        for rec in data:
-            yield None, rec
+        for i, rec in enumerate(data):
+            if not isinstance(rec, dict):
+                raise DataError(str(path), f"record {i}: expected a JSON object")
+            yield None, f"record {i}: ", rec
     else:
-        yield from iter_jsonl(path)
+        for n, rec in iter_jsonl(path):
+            yield n, "", rec
 
 
-def load_hotpotqa(path: str | Path, pooled: bool = True) -> Dataset:
+def _hotpot_pairs(rec: dict, path: Path, n: int | None, at: str
+                  ) -> tuple[list[tuple[str, list[str]]], list[tuple[str, int]]]:
+    """(title, sentences) paragraphs and (title, sent_id) facts of one record, either layout;
+    a malformed one raises DataError naming the field."""
+    def bad(fld: str, msg: str) -> DataError:
+        return DataError(str(path), f"{at}field {fld!r}: {msg}", line=n)
+
+    ctx, sf = _field(rec, "context", path, n), _field(rec, "supporting_facts", path, n)
+    if isinstance(ctx, dict):  # Hugging Face layout: parallel lists
+        for key in ("title", "sentences"):
+            if not isinstance(ctx.get(key), list):
+                raise bad(f"context.{key}", "missing or not a list")
+        if len(ctx["title"]) != len(ctx["sentences"]):
+            raise bad("context.sentences", f"{len(ctx['sentences'])} entries for "
+                                           f"{len(ctx['title'])} titles")
+        pairs = list(zip(ctx["title"], ctx["sentences"], strict=True))
+        if not isinstance(sf, dict) or not all(isinstance(sf.get(k), list)
+                                               for k in ("title", "sent_id")):
+            raise bad("supporting_facts", "expected {title: [...], sent_id: [...]}")
+        if len(sf["title"]) != len(sf["sent_id"]):
+            raise bad("supporting_facts.sent_id", f"{len(sf['sent_id'])} entries for "
+                                                  f"{len(sf['title'])} titles")
+        raw_facts = list(zip(sf["title"], sf["sent_id"], strict=True))
+    else:  # official layout: [[title, [sentences]], ...] and [[title, sent_id], ...]
+        if not isinstance(ctx, list) or not all(isinstance(c, list) and len(c) == 2
+                                                for c in ctx):
+            raise bad("context", "expected a list of [title, sentences] pairs")
+        if not isinstance(sf, list) or not all(isinstance(x, list) and len(x) == 2
+                                               for x in sf):
+            raise bad("supporting_facts", "expected a list of [title, sent_id] pairs")
+        pairs = [(t, s) for t, s in ctx]
+        raw_facts = [(t, i) for t, i in sf]
+    for t, sents in pairs:
+        if not isinstance(t, str) or not isinstance(sents, list) or not all(
+                isinstance(x, str) for x in sents):
+            raise bad("context", f"paragraph {t!r}: expected a title and a list of sentences")
+    facts = []
+    for t, i in raw_facts:
+        try:
+            facts.append((str(t), int(i)))
+        except (TypeError, ValueError):
+            raise bad("supporting_facts.sent_id", f"{i!r} is not an integer") from None
+    return pairs, facts
+
+
+def load_hotpotqa(path: str | Path, pooled: bool = True, name: str | None = None) -> Dataset:
     """Paragraphs become passages (title, sentences joined; metadata keeps the sentences).
-    pooled=True: one deduplicated corpus over all examples (ids: title slug + text hash)."""
+    pooled=True: one deduplicated corpus over all examples (ids: title slug + text hash).
+    A supporting-fact title absent from the record's context yields no gold passage (counted
+    by `rag.corpus.hygiene.gold_report`). `name` defaults to `path_name(path)`."""
     path = Path(path)
     passages: dict[str, Passage] = {}
     examples = []
-    for n, rec in _hotpot_records(path):
+    for n, at, rec in _hotpot_records(path):
         qid = str(rec.get("id") or rec.get("_id") or "")
         if not qid:
-            raise DataError(str(path), "missing field 'id'", line=n)
-        ctx = _field(rec, "context", path, n)
-        sf = _field(rec, "supporting_facts", path, n)
-        if isinstance(ctx, dict):  # Hugging Face layout
-            pairs = list(zip(ctx["title"], ctx["sentences"], strict=True))
-            facts = list(zip(sf["title"], sf["sent_id"], strict=True))
-        else:  # official list layout
-            pairs = [(t, s) for t, s in ctx]
-            facts = [(t, int(i)) for t, i in sf]
+            raise DataError(str(path), f"{at}missing field 'id'", line=n)
+        pairs, facts = _hotpot_pairs(rec, path, n, at)
         title_to_id = {}
         for title, sents in pairs:
             text = " ".join(s.strip() for s in sents)
@@ -163,38 +234,50 @@ def load_hotpotqa(path: str | Path, pooled: bool = True) -> Dataset:
         examples.append(Example(
             id=qid, question=_field(rec, "question", path, n),
             answers=(str(_field(rec, "answer", path, n)),),
-            supporting_facts=tuple((t, int(i)) for t, i in facts), gold_titles=gold_titles,
+            supporting_facts=tuple(facts), gold_titles=gold_titles,
             gold_passage_ids=tuple(title_to_id[t] for t in gold_titles if t in title_to_id),
             category=rec.get("type") or "default", metadata={"level": rec.get("level")}))
-    return Dataset("hotpotqa", Corpus(passages.values()), tuple(examples),
+    return Dataset(name or path_name(path), Corpus(passages.values()), tuple(examples),
                    {str(path): sha256_file(path)})
 
 
 # ---- MTRAG ---------------------------------------------------------------------------------
-def load_mtrag(path: str | Path) -> Dataset:
-    """MTRAG generation tasks: gold passages inline; history = previous turns."""
+def load_mtrag(path: str | Path, name: str | None = None) -> Dataset:
+    """MTRAG generation tasks: gold passages inline; history = previous turns. `name` defaults
+    to `path_name(path)`."""
     path = Path(path)
     passages: dict[str, Passage] = {}
     examples = []
     for n, rec in iter_jsonl(path):
         turns = _field(rec, "input", path, n)
-        if not turns:
-            raise DataError(str(path), "empty 'input'", line=n)
+        if not isinstance(turns, list) or not turns:
+            raise DataError(str(path), "field 'input': expected a non-empty list of turns",
+                            line=n)
+        if not all(isinstance(t, dict) and isinstance(t.get("text"), str) for t in turns):
+            raise DataError(str(path), "field 'input': every turn needs a 'text'", line=n)
+        contexts = rec.get("contexts") or []
+        if not isinstance(contexts, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("text"), str) for c in contexts):
+            raise DataError(str(path), "field 'contexts': every context needs a 'text'",
+                            line=n)
+        targets = rec.get("targets") or []
+        if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
+            raise DataError(str(path), "field 'targets': expected a list of objects", line=n)
         ids = []
-        for c in rec.get("contexts") or []:
+        for c in contexts:
             pid = str(c.get("document_id") or hashlib.sha1(c["text"].encode()).hexdigest()[:12])
             passages.setdefault(pid, Passage(pid, c["text"].strip(), c.get("title", "") or ""))
             ids.append(pid)
-        answers = tuple(t["text"] for t in rec.get("targets") or [] if t.get("text"))
+        answers = tuple(t["text"] for t in targets if t.get("text"))
         qtypes = rec.get("Question Type") or ["default"]
         examples.append(Example(
             id=str(_field(rec, "task_id", path, n)), question=turns[-1]["text"],
             answers=answers, gold_passage_ids=tuple(dict.fromkeys(ids)),
-            category=qtypes[0], history=tuple({"role": t.get("speaker", "user"),
-                                               "text": t["text"]} for t in turns[:-1]),
+            category=str(qtypes[0]), history=tuple({"role": t.get("speaker", "user"),
+                                                    "text": t["text"]} for t in turns[:-1]),
             metadata={"answerability": (rec.get("answerability") or [None])[0],
                       "collection": rec.get("Collection"), "turn": rec.get("turn")}))
-    return Dataset("mtrag", Corpus(passages.values()), tuple(examples),
+    return Dataset(name or path_name(path), Corpus(passages.values()), tuple(examples),
                    {str(path): sha256_file(path)})
 
 
@@ -220,20 +303,22 @@ def load_jsonl_examples(path: str | Path) -> list[Example]:
 
 
 def load_dataset(name_or_path: str) -> Dataset:
-    """`synthetic`, `hotpotqa`, `scifact`, `mtrag`, or a path (BEIR dir, HotpotQA file,
-    `{id,title,text}` JSONL corpus)."""
+    """A built-in name (`BUILTIN_DATASETS`: synthetic, hotpotqa, scifact, mtrag, found under
+    `data_root()`) or a path: a BEIR folder, a HotpotQA file (.json list, or JSONL whose first
+    record has `supporting_facts`), else an `{id,title,text}` JSONL corpus (no examples).
+    Path-loaded datasets are named by `path_name` and have `builtin=False`."""
     from rag.corpus.synthetic import make_synthetic_world
 
     if name_or_path == "synthetic":
         w = make_synthetic_world()
-        return Dataset(w.name, w.corpus, w.examples, {})
+        return Dataset(w.name, w.corpus, w.examples, {}, builtin=True)
     named = {"hotpotqa": lambda r: load_hotpotqa(r / "hotpotqa" /
                                                  "hotpot_dev_distractor_1100.jsonl"),
              "scifact": lambda r: load_beir(r / "scifact", "test"),
              "mtrag": lambda r: load_mtrag(r / "mtrag" / "mtragun-human" / "generation_tasks" /
                                            "reference.jsonl")}
     if name_or_path in named:
-        return named[name_or_path](data_root())
+        return replace(named[name_or_path](data_root()), name=name_or_path, builtin=True)
     p = Path(name_or_path)
     if p.is_dir():
         return load_beir(p)
@@ -242,4 +327,4 @@ def load_dataset(name_or_path: str) -> Dataset:
     if p.suffix == ".json" or "supporting_facts" in first:
         return load_hotpotqa(p)
     corpus = load_jsonl_corpus(p)
-    return Dataset(p.stem, corpus, (), {str(p): sha256_file(p)})
+    return Dataset(path_name(p), corpus, (), {str(p): sha256_file(p)})

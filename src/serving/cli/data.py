@@ -3,11 +3,16 @@
     index  -> rag.indexset.IndexSet.create(...).build_all(...)
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
     eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost)
+
+`eval` picks its questions with rag.corpus.hygiene.resolve_split (a path: all of them unless
+--split), checks their gold is reachable (gold_report) and that --index holds this corpus
+(IndexSet.check_corpus); each refusal exits 2 naming the problem, never a silent 0.0.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -22,20 +27,38 @@ def _index_settings(path: str | None):
 
 
 def _examples_for(dataset: str, split: str | None, limit: int | None):
+    """(dataset, split name, examples): `split` None = `default_split` (test for a built-in
+    dataset with a committed manifest, all for a path); see `rag.corpus.hygiene.resolve_split`
+    for what may not be split."""
+    from rag.corpus.hygiene import default_split, resolve_split
     from rag.corpus.loaders import load_dataset
 
+    if limit is not None and limit < 1:
+        raise ConfigError("--limit", "must be >= 1")
     ds = load_dataset(dataset)
-    examples = list(ds.examples)
-    if split and split != "all":
-        from rag.corpus.hygiene import load_split
-
-        ids = set(load_split(ds.name).ids(split))
-        examples = [e for e in examples if e.id in ids]
+    split = split or default_split(ds)
+    examples = resolve_split(ds, split)
     if limit is not None:
-        if limit < 1:
-            raise ConfigError("--limit", "must be >= 1")
         examples = examples[:limit]
-    return ds, examples
+    return ds, split, examples
+
+
+def _check_gold(ds, examples, allow_missing: bool) -> dict:
+    """The gold report of `examples`; its warnings go to stderr. More than half of them with no
+    reachable gold is a DataError (their retrieval scores would be 0 by construction) unless
+    `allow_missing`."""
+    from rag.corpus.hygiene import gold_report, gold_warnings
+    from rag.errors import DataError
+
+    rep = gold_report(examples, ds.corpus)
+    for w in gold_warnings(rep):
+        print(f"warning: {ds.name}: {w}", file=sys.stderr)
+    if rep["no_reachable_gold"] * 2 > len(examples) and not allow_missing:
+        raise DataError(ds.name, f"{rep['no_reachable_gold']} of {len(examples)} questions have "
+                        f"no reachable gold (labels outside the corpus, supporting facts missing "
+                        f"from the context): the scores would be 0 by construction. Fix the "
+                        f"data (see `ragpilot data-report`), or pass --allow-missing-gold")
+    return rep
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -81,7 +104,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rag.pipeline import Pipeline
 
     cfg = rag_config(args.config, args.set)
-    ds, examples = _examples_for(args.dataset, args.split, args.limit)
+    ds, split, examples = _examples_for(args.dataset, args.split, args.limit)
+    gold = _check_gold(ds, examples, args.allow_missing_gold)
     if args.dry_run:
         return _eval_dry_run(cfg, ds, examples)
     if not args.out:
@@ -89,10 +113,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = _index_settings(args.config)
     if args.index:
         indexes = IndexSet.open(args.index, show_progress=True, indexes=settings)
+        indexes.check_corpus(ds.corpus, args.dataset)
     else:
         root = Path(args.out) / "index"
         indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder, indexes=settings)
+    print(f"evaluating {len(examples)} questions of {ds.name} (split {split})", file=sys.stderr)
     result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
+    result.summary.update({"dataset": ds.name, "split": split,
+                           "no_reachable_gold": gold["no_reachable_gold"]})
     out = result.write(args.out)
     keys = [k for k in result.summary if not k.endswith("_p50_ms")]
     for k in keys:
@@ -108,8 +136,6 @@ def _eval_dry_run(cfg, ds, examples) -> int:
     from rag.metrics.cost import format_projection, project_eval
     from rag.metrics.ragas_adapter import RagasConfig
 
-    if not examples:
-        raise ConfigError("--split", f"no examples of {ds.name} in this split")
     rc = RagasConfig.load() if RagasConfig.configured() else None
     proj = project_eval(cfg, examples, ds.corpus, strictness=rc.strictness if rc else 3,
                         dedupe=rc.cache if rc else True)
@@ -123,17 +149,22 @@ def _eval_dry_run(cfg, ds, examples) -> int:
 def cmd_data_report(args: argparse.Namespace) -> int:
     import json
 
-    from rag.corpus.hygiene import dedupe, leakage_report
+    from rag.corpus.hygiene import dedupe, gold_report, gold_warnings, leakage_report
     from rag.corpus.loaders import load_dataset
 
     ds = load_dataset(args.dataset)
     kept, dropped = dedupe(ds.corpus)
+    gold = gold_report(ds.examples, ds.corpus)
+    warnings = gold_warnings(gold)
     report = {**ds.manifest_dict(), "duplicates_dropped": len(dropped),
               "duplicate_examples": dropped[:5],
               "categories": {c: sum(e.category == c for e in ds.examples)
                              for c in sorted({e.category for e in ds.examples})},
+              "gold": gold, "warnings": warnings,
               "leakage": leakage_report(ds.examples, kept, max_examples=5)}
     print(json.dumps(report, indent=2, ensure_ascii=False))
+    for w in warnings:
+        print(f"warning: {ds.name}: {w}", file=sys.stderr)
     return 0
 
 
@@ -180,8 +211,12 @@ def add_parsers(sub) -> None:
 
     s = sub.add_parser("eval", help="evaluate a config on a dataset split")
     s.add_argument("--dataset", required=True)
-    s.add_argument("--split", default="test", help="train | valid | test | all (or a split of "
-                                                   "the dataset's manifest)")
+    s.add_argument("--split", help="train | valid | test | all. Default: test for a built-in "
+                                   "dataset (its committed manifest), all for a dataset given by "
+                                   "path (manifests apply only to the data they were made from)")
+    s.add_argument("--allow-missing-gold", action="store_true",
+                   help="evaluate even when more than half of the questions have no reachable "
+                        "gold (labels outside the corpus)")
     s.add_argument("--index", help="index directory (built on demand under --out if absent)")
     s.add_argument("--config")
     add_set_argument(s)
