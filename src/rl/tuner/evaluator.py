@@ -54,7 +54,7 @@ from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
 from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics, score_abstentions
-from rl.tuner.settings import TunerSettings
+from rl.tuner.settings import DatasetSlice, TunerSettings
 
 ROWS_VERSION = "rows-v1"
 """Manual part of the table key: bump it when rows change for a reason the code fingerprint
@@ -154,8 +154,10 @@ class TunerEvaluator:
         self.root.mkdir(parents=True, exist_ok=True)
         self.memo = MemoIndexSet(data.indexes, self.root)
         self.resources = resources or Resources()
-        self.slice = self.policy.slice_for(data.name)
-        self.thresholds = self.policy.thresholds_for(data.name)
+        # a dataset the policy does not name scores with what gold it has
+        default = DatasetSlice.for_gold(data.gold_kind())
+        self.slice = self.policy.slice_for(data.name, default)
+        self.thresholds = self.policy.thresholds_for(data.name, default)
         self._tables: dict[tuple[str, str], QueryTable] = {}
         self._lock = threading.RLock()
         fp = data.indexes.corpus.fingerprint()
