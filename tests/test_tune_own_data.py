@@ -1,4 +1,4 @@
-"""`ragpilot tune --dataset <a BEIR folder>` end to end (issue 18): data without a committed
+"""`ragpilot tune --dataset <a BEIR folder>` (and `tuner-eval`, `report`) end to end (issue 18): data without a committed
 split manifest gets a seeded split written next to the run and reused by a later run on the
 same bytes; F and R default to what gold the data has (qrels: recall@k / ndcg@10); `report`
 compares the tuned config with the static default on the held-out half."""
@@ -62,6 +62,13 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     assert s1["metrics"] == {"faithfulness": "recall@k", "relevancy": "ndcg@10"}
     assert s1["holdout"]["split"] == "test" and s1["holdout"]["n"] == 10
     assert s1["dataset_name"] == "mybeir"
+
+    # tuner-eval on the same folder: the cached split, the tune half
+    capsys.readouterr()
+    assert main(["tuner-eval", "--dataset", str(data), "--set", "variant=bm25", "--set", "k=3",
+                 "--policy", str(policy)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["split"] == "valid" and rep["n"] == 11 and rep["dataset"] == "mybeir"
 
     # a second run on the same bytes (a copy elsewhere) reuses the split by content hash
     copy = tmp_path / "elsewhere" / "mybeir"
