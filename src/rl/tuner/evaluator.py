@@ -24,7 +24,10 @@ F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact 
 F = `recall@k` (context recall), R = `ndcg@10` of the reranked list. Naming a `q_` metric
 (`q_faithfulness`, `q_answer_relevancy`, `q_context_precision`, `q_context_recall`) scores every
 answer with `rag.metrics.quality.QualityScorer` (the local RAGAS-compatible metrics) as well; its
-tables are keyed apart from gold-only ones.
+tables are keyed apart from gold-only ones. A dataset the policy does not name scores with the gold
+it has (`DatasetSlice.for_gold`). Every row also records whether the answer abstained and whether
+the gold marks the question unanswerable; `quality` scores abstentions by answerability
+(`rl.tuner.reward.score_abstentions`) whatever F and R are.
 """
 
 from __future__ import annotations
