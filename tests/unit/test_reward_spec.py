@@ -98,9 +98,10 @@ def test_missing_value_rule():
     m = SPEC.batch(F, R, lat, tok)
     # batch means leave a missing query out (not 0)
     assert m.faithfulness == pytest.approx(0.75) and m.relevancy == pytest.approx(0.6)
-    # per query, a missing metric scores 0; se is of that per-query quality
+    # per query, a missing metric is left out too (the other stands for both at α+β); a
+    # query with neither has no quality term; se is of that per-query quality
     q = SPEC.quality(F, R)
-    assert list(q) == pytest.approx([0.5, 0.0, 0.45, 0.4])
+    assert list(q) == pytest.approx([1.0, 0.0, 0.45, 0.8])
     assert m.quality_se == pytest.approx(q.std(ddof=1) / 2)
     assert list(SPEC.per_query(F, R, lat, tok)) == pytest.approx(list(q - 0.2 * 0.25 - 0.2 * 0.4))
     # no query has the metric: NaN mean, the gate fails, the reward is NaN

@@ -1,51 +1,154 @@
 """The dataset bundle every learner and tuner opens: a dataset, its indexes and its named splits
-(train feeds learners, valid is what tuners optimise, test only reports)."""
+(train feeds learners, valid is what tuners optimise, test only reports).
+
+Where the splits come from (`split_manifest`):
+  * `synthetic`: the world splits itself (seeded, valid/test halves);
+  * a named dataset with a committed manifest (configs/splits/<name>.json): that manifest;
+  * anything else the loaders read (a BEIR folder, a HotpotQA file, ...): a seeded stratified
+    split into valid/test halves (`OWN_SPLIT_SEED`), keyed by the content hash of the data's
+    source files (`content_hash`). It is looked for, in order, in the run directory
+    (`<run_dir>/split.json`) and in the cache (`<cache>/splits/<name>-<hash>.json`), made when
+    neither holds a manifest for this content, and then written to both: a run directory
+    records the split it was tuned and reported on, and a later run on the same data (same
+    bytes, any path) reuses it.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from rag.corpus.loaders import Dataset, load_dataset
-from rag.errors import ConfigError
+from rag.errors import ConfigError, DataError
 from rag.indexset import IndexSet
 from rag.models import cache_dir
 from rag.types import Example
 
+OWN_SPLIT_SEED = 13
+"""Seed of the split made for data without a committed manifest."""
+OWN_SPLIT_FILE = "split.json"
+"""The split manifest's name in a run directory."""
+GOLD_KINDS = ("answers", "qrels", "passages", "none")
+
 
 @dataclass
 class TuningData:
-    """A dataset with its indexes and named splits (valid = tune on, test = holdout)."""
+    """A dataset with its indexes and named splits (valid = tune on, test = holdout).
+    `split_source`: "synthetic", "committed", "made" or "reused" (`split_manifest`);
+    `split_path`: the manifest file read or written (None for synthetic)."""
 
     name: str
     dataset: Dataset
     indexes: IndexSet
     splits: dict[str, list[Example]]
+    split_source: str = "committed"
+    split_path: Path | None = None
 
     @classmethod
-    def open(cls, name: str, root: str | Path | None = None) -> TuningData:
-        """Load `name` (see `rag.corpus.loaders.load_dataset`), its committed split manifest
-        (configs/splits/<name>.json; the synthetic world splits itself, seed 13), and open or
-        build its indexes under `root` (default: <cache>/indexes/<name>-<fingerprint>)."""
-        from rag.corpus.hygiene import load_split, stratified_split
-
+    def open(cls, name: str, root: str | Path | None = None,
+             run_dir: str | Path | None = None) -> TuningData:
+        """Load `name` (a dataset name or a path: `rag.corpus.loaders.load_dataset`), its
+        splits (`split_manifest`; `run_dir`: where a split of data without a committed
+        manifest is looked for and written), and open or build its indexes under `root`
+        (default: <cache>/indexes/<dataset name>-<fingerprint>). A path's `name` is the
+        loader's dataset name (what `policy.datasets` keys and tables use)."""
         ds = load_dataset(name)
-        if name == "synthetic":
-            manifest = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13,
-                                        name=name)
-        else:
-            manifest = load_split(name)
+        manifest, source, path = split_manifest(ds, name, run_dir)
         by_id = {e.id: e for e in ds.examples}
-        splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.splits.items()}
+        splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.items()}
         splits = {s: ex for s, ex in splits.items() if ex}
+        key = name if _is_named(name) else ds.name
         base = Path(root) if root else cache_dir() / "indexes"
-        d = base / f"{name}-{ds.corpus.fingerprint()}"
+        d = base / f"{key}-{ds.corpus.fingerprint()}"
         idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
             ds.corpus, d, manifest=ds.manifest_dict(), show_progress=False)
-        return cls(name, ds, idx, splits)
+        return cls(key, ds, idx, splits, source, path)
 
     def examples(self, split: str) -> list[Example]:
         if split not in self.splits:
             raise ConfigError("split", f"unknown split {split!r} for {self.name} (have: "
                                        f"{', '.join(sorted(self.splits))})")
         return self.splits[split]
+
+    def gold_kind(self) -> str:
+        """What gold the examples carry, the richest kind any example has: "answers" (QA),
+        "qrels" (graded relevance: retrieval-only), "passages" (gold passage ids, no grades)
+        or "none" (questions only). `DatasetSlice.for_gold` picks F and R from it."""
+        ex = self.dataset.examples
+        if any(e.answers for e in ex):
+            return "answers"
+        if any(e.qrels for e in ex):
+            return "qrels"
+        if any(e.gold_passage_ids for e in ex):
+            return "passages"
+        return "none"
+
+
+def _is_named(name: str) -> bool:
+    """A registered dataset name (no path): only those can have a committed manifest."""
+    return bool(re.fullmatch(r"[\w\-]+", name)) and not Path(name).exists()
+
+
+def content_hash(ds: Dataset) -> str:
+    """16 hex of sha256 over the sha256 of the dataset's source files (their bytes, not their
+    paths) and the own-split recipe: equal for the same data wherever it lies."""
+    h = hashlib.sha256(f"valid/test halves, seed {OWN_SPLIT_SEED}".encode())
+    for digest in sorted(ds.sources.values()):
+        h.update(digest.encode())
+    return h.hexdigest()[:16]
+
+
+def split_manifest(ds: Dataset, name: str, run_dir: str | Path | None = None
+                   ) -> tuple[dict[str, list[str]], str, Path | None]:
+    """(split name -> example ids, where it came from, the manifest file) for dataset `ds`
+    opened as `name` (see the module docstring for the order)."""
+    from rag.corpus.hygiene import SPLITS_DIR, SplitManifest, load_split, stratified_split
+
+    if name == "synthetic":
+        m = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13, name=name)
+        return m.splits, "synthetic", None
+    # after the hygiene split-manifest API lands: `manifest_for(ds)` (committed manifests
+    # apply only to the named dataset whose content hash matches) replaces this check
+    if _is_named(name) and (SPLITS_DIR / f"{name}.json").exists():
+        return load_split(name).splits, "committed", SPLITS_DIR / f"{name}.json"
+    if len(ds.examples) < 2:
+        raise DataError(name, f"{len(ds.examples)} question(s) with gold: tuning needs at "
+                              "least 2 (a valid and a test half)")
+    digest = content_hash(ds)
+    cached = cache_dir() / "splits" / f"{_safe(ds.name)}-{digest}.json"
+    here = Path(run_dir) / OWN_SPLIT_FILE if run_dir is not None else None
+    manifest, source = None, "reused"
+    for cand in (here, cached):
+        if cand is not None and cand.exists():
+            m = SplitManifest.load(cand)
+            if m.source_sha256.get("content") == digest:
+                manifest = m
+                break
+    if manifest is None:
+        n = len(ds.examples)
+        # counts, not fractions: halves of an odd count cannot both round up past n
+        manifest = stratified_split(ds.examples, {"valid": n - n // 2, "test": n // 2},
+                                    seed=OWN_SPLIT_SEED, name=ds.name,
+                                    source_sha256={"content": digest, **ds.sources})
+        source = "made"
+    for dest in (cached, here):
+        if dest is not None and not _same(dest, manifest):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            manifest.save(dest)
+    return manifest.splits, source, here or cached
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w\-]+", "_", name) or "data"
+
+
+def _same(path: Path, manifest) -> bool:
+    if not path.exists():
+        return False
+    try:
+        return json.loads(path.read_text()).get("splits") == manifest.splits
+    except (OSError, json.JSONDecodeError):
+        return False

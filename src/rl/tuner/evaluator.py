@@ -24,7 +24,10 @@ F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact 
 F = `recall@k` (context recall), R = `ndcg@10` of the reranked list. Naming a `q_` metric
 (`q_faithfulness`, `q_answer_relevancy`, `q_context_precision`, `q_context_recall`) scores every
 answer with `rag.metrics.quality.QualityScorer` (the local RAGAS-compatible metrics) as well; its
-tables are keyed apart from gold-only ones.
+tables are keyed apart from gold-only ones. A dataset the policy does not name scores with the gold
+it has (`DatasetSlice.for_gold`). Every row also records whether the answer abstained and whether
+the gold marks the question unanswerable; `quality` scores abstentions by answerability
+(`rl.tuner.reward.score_abstentions`) whatever F and R are.
 """
 
 from __future__ import annotations
@@ -47,13 +50,14 @@ import numpy as np
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.metrics import score_answer
+from rag.metrics.claims import is_noncommittal
 from rag.models import cache_dir
 from rag.pipeline import STAGES, Pipeline, Resources, check_question
 from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
-from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics
-from rl.tuner.settings import TunerSettings
+from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics, score_abstentions
+from rl.tuner.settings import DatasetSlice, TunerSettings
 
 ROWS_VERSION = "rows-v1"
 """Manual part of the table key: bump it when rows change for a reason the code fingerprint
@@ -69,6 +73,14 @@ store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_
 part of `rows_version`)."""
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
+ABSTAINED = "abstained"
+"""Row column: 1 when the answer abstains (`rag.metrics.claims.is_noncommittal`), else 0."""
+UNANSWERABLE = "unanswerable"
+"""Row column: 1 when the gold marks the question unanswerable (`gold_unanswerable`), else 0."""
+UNANSWERABLE_LABELS = frozenset({"unanswerable"})
+"""Answerability labels (`Example.metadata["answerability"]`, lower-cased) that mark a question
+unanswerable. MTRAG's PARTIAL and UNDERSPECIFIED are not: their gold is a partial answer or a
+clarifying question, which an abstention does not give."""
 QUALITY_VERSION = "quality-v1"
 QUALITY_SOURCES = ("rag.metrics.quality",)
 
@@ -77,19 +89,27 @@ QUALITY_SOURCES = ("rag.metrics.quality",)
 def rows_version(quality: bool = False) -> str:
     """The scorer version in a table's key: `ROWS_VERSION` + a fingerprint of the code of
     `ROWS_SOURCES` (transitively; docstrings and comments do not count) and of
-    `TunerEvaluator._compute`; with `quality`, also `QUALITY_VERSION` + the fingerprint of the
+    `TunerEvaluator._compute` (and `gold_unanswerable`); with `quality`, also `QUALITY_VERSION` + the fingerprint of the
     QualityScorer's code; and the retrieval code's version (`rl.common.memo.retrieval_version`: the
     candidates a row was computed from). A change to any of it makes every table miss the
     cache once."""
     from rl.common.fingerprint import code_fingerprint
     from rl.common.memo import retrieval_version
 
-    compute = inspect.getsource(TunerEvaluator._compute)
-    v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, [compute])}" \
+    compute = [inspect.getsource(TunerEvaluator._compute), inspect.getsource(gold_unanswerable),
+               repr(sorted(UNANSWERABLE_LABELS))]
+    v = f"{ROWS_VERSION}-{code_fingerprint(ROWS_SOURCES, ROWS_STOP, compute)}" \
         f"+r{retrieval_version()}"
     if quality:
         v += f":{QUALITY_VERSION}-{code_fingerprint(QUALITY_SOURCES, ROWS_STOP)}"
     return v
+
+
+def gold_unanswerable(example: Example) -> bool:
+    """The gold says the question cannot be answered from the corpus (MTRAG's answerability
+    label UNANSWERABLE; datasets without labels: every question is answerable)."""
+    label = (example.metadata or {}).get("answerability")
+    return isinstance(label, str) and label.strip().lower() in UNANSWERABLE_LABELS
 
 
 def _ids_fingerprint(examples: Sequence[Example]) -> str:
@@ -137,8 +157,10 @@ class TunerEvaluator:
         self.root.mkdir(parents=True, exist_ok=True)
         self.memo = MemoIndexSet(data.indexes, self.root)
         self.resources = resources or Resources()
-        self.slice = self.policy.slice_for(data.name)
-        self.thresholds = self.policy.thresholds_for(data.name)
+        # a dataset the policy does not name scores with what gold it has
+        default = DatasetSlice.for_gold(data.gold_kind())
+        self.slice = self.policy.slice_for(data.name, default)
+        self.thresholds = self.policy.thresholds_for(data.name, default)
         self._tables: dict[tuple[str, str], QueryTable] = {}
         self._lock = threading.RLock()
         fp = data.indexes.corpus.fingerprint()
@@ -205,6 +227,9 @@ class TunerEvaluator:
             ans = replace(ans, candidates=tuple(trace.ranked))
             lat = ans.latency_ms
             row = score_answer(ans, e, k=config.k)
+            # what `quality` scores abstentions by (rl.tuner.reward.score_abstentions)
+            row[ABSTAINED] = float(is_noncommittal(ans.text))
+            row[UNANSWERABLE] = float(gold_unanswerable(e))
             row.update({f"{s}_ms": lat[s] for s in STAGES})
             row["latency_ms"] = sum(lat[s] for s in STAGES)
             row["tokens"] = float(ans.tokens_in + ans.tokens_out)
@@ -260,13 +285,21 @@ class TunerEvaluator:
 
     # ---- evaluation -----------------------------------------------------------------------
     def quality(self, tab: QueryTable) -> tuple[np.ndarray, np.ndarray]:
-        """Per-query F and R arrays (the dataset's chosen metrics)."""
+        """Per-query F and R arrays: the dataset's chosen metrics with abstentions scored by
+        answerability (`rl.tuner.reward.score_abstentions`; one rule for batch and per-query
+        rewards, the report and the promotion evaluators, which all read F and R here)."""
         for name in (self.slice.faithfulness, self.slice.relevancy):
             if name not in tab:
                 raise ConfigError(f"policy.datasets.{self.data.name}",
                                   f"metric {name!r} is not measured on this dataset (have: "
                                   f"{', '.join(sorted(tab))})")
-        return tab[self.slice.faithfulness], tab[self.slice.relevancy]
+        F, R = tab[self.slice.faithfulness], tab[self.slice.relevancy]
+        if ABSTAINED in tab:  # tables of stand-ins (tests, replays) may not record it
+            n = F.shape[-1]
+            F, R = score_abstentions(F, R, tab[ABSTAINED],
+                                     tab.get(UNANSWERABLE, np.zeros(n)))
+            F, R = np.asarray(F, dtype=np.float64), np.asarray(R, dtype=np.float64)
+        return F, R
 
     def reward_spec(self) -> RewardSpec:
         """The reward this evaluator scores with: the policy's weights, C_ref and band with

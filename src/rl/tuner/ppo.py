@@ -12,7 +12,11 @@ rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's
 for a Dict action space).
 
 The *greedy config* of a run is the deterministic action from the reset state, rolled for one
-read-out episode: the config it settles on most often. The *recommendation* (`best_config`) is
+read-out episode, decoded exactly as training decodes it: RLlib's module-to-env pipeline
+unsquashes the Gaussian fusion-weight head from [-1, 1] to its Box bounds
+(`config.normalize_actions`, RLlib's default; `NormalizeAndClipActions`), so the read-out
+passes the raw module output through that same connector piece (`env_action`) before
+`ConfigSpace.to_config`: the config it settles on most often. The *recommendation* (`best_config`) is
 the greedy config when its read-out reward is at least the incumbent's (the best config PPO
 evaluated while training, by mean observed reward: `rl.tuner.results.Incumbent`), else the
 incumbent: a policy that has not converged within the budget should not displace the best
@@ -124,6 +128,8 @@ class PPOTuner:
                            "iterations": iterations, "readout_steps": len(readout)})
 
     def greedy_action(self, obs: np.ndarray) -> dict[str, Any]:
+        """The deterministic action for `obs` as the env receives it: the module's mode (argmax
+        heads, the Gaussian mean) put through the training pipeline's action unsquashing."""
         import torch
 
         module = self.algo.get_module()
@@ -132,7 +138,9 @@ class PPOTuner:
             dist = module.get_inference_action_dist_cls().from_logits(
                 out["action_dist_inputs"]).to_deterministic()
             act = dist.sample()
-        return {k: np.asarray(v[0].cpu().numpy()) for k, v in act.items()}
+        raw = {k: np.asarray(v[0].cpu().numpy()) for k, v in act.items()}
+        # the env runner's own module-to-env pipeline: what every training step went through
+        return env_action(self.algo.env_runner._module_to_env, raw)
 
     def greedy_config(self) -> tuple[RAGConfig, list[dict[str, Any]]]:
         """Roll one episode of greedy actions in a scratch env (same feature scaling); the most
@@ -164,6 +172,22 @@ class PPOTuner:
         if self.algo is not None:
             self.algo.stop()
             self.algo = None
+
+
+def env_action(module_to_env: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (one module output: Box heads in the module's [-1, 1] scale) as the env receives
+    it from `module_to_env`, an RLlib module-to-env pipeline: its `NormalizeAndClipActions`
+    piece unsquashes Box heads to their bounds (`normalize_actions`) or clips them
+    (`clip_actions`); Discrete heads pass unchanged. A pipeline without that piece (default
+    connectors switched off) hands the env the raw action, and so does this."""
+    from ray.rllib.connectors.module_to_env import NormalizeAndClipActions
+    from ray.rllib.core.columns import Columns
+
+    pieces = [c for c in module_to_env.connectors if isinstance(c, NormalizeAndClipActions)]
+    if not pieces:
+        return raw
+    batch = pieces[0](rl_module=None, batch={Columns.ACTIONS: [raw]}, episodes=[])
+    return batch.get(Columns.ACTIONS_FOR_ENV, batch[Columns.ACTIONS])[0]
 
 
 def _iteration_metrics(res: dict[str, Any], hist: list[dict[str, Any]]) -> dict[str, float]:

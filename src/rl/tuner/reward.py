@@ -19,13 +19,24 @@ Gates. Faithfulness, relevancy and p95 latency are hard gates (a config failing 
 promoted; each failure adds 1 to P); stability (se <= band) only adds 0.5 to P. A gate on a
 NaN statistic fails (NaN compares false). `Gate.passes` is the one comparison.
 
-Missing values (a query without gold for a metric, or an answer that cannot be scored, is NaN):
-  * batch means (`RewardSpec.batch`) are NaN-aware: such a query is left out of that metric's
-    mean, not counted as 0; a batch where no query has the metric gets NaN, which fails its gate
-    and makes the reward NaN;
+Missing values (a query without gold for a metric, or an answer that cannot be scored, e.g.
+support of a bare yes/no, is NaN). One rule everywhere: a missing value is left out, never
+scored as 0 (a 0 would punish a correct yes/no answer as an ungrounded one):
+  * batch means (`RewardSpec.batch`) are the mean over the queries that have the metric; a
+    batch where no query has it gets NaN, which fails its gate and makes the reward NaN;
   * a single query's quality (`RewardSpec.quality`: per-query rewards, and the per-query q
-    behind se) scores a missing metric as 0: one query has no other value to average with.
+    behind se) is the weighted mean of the metrics it has, on the same α+β scale: a query
+    without R scores (α+β)·F, one without F (α+β)·R. A query with neither has no quality
+    term (0): there is nothing to leave it out of, and a NaN reward would poison every mean
+    and bootstrap over queries.
   * PII leak counts are never missing: absent means 0 (not measured), NaN or < 0 is an error.
+
+Abstention (`score_abstentions`, applied by the tuner's evaluator to F and R before either
+reduction): an answer that abstains scores F = R = 1 when the gold marks the question
+unanswerable and F = R = 0 when it is answerable (whatever F and R measure: otherwise an
+abstention gets support 1.0 and, where R reads only the retrieval, never costs anything); an
+answer to a question the gold marks unanswerable scores R = 0 (the right response was to
+abstain), its F (grounding) as measured.
 
 Per query (`RewardSpec.per_query`): the same C with one query's latency and tokens in place of
 the batch p95 and mean cost, and P = w_pii·L only (gates are properties of a batch).
@@ -196,10 +207,18 @@ class RewardSpec:
                 Gate("stable", "quality_se", self.instability_band, False))
 
     def quality(self, faithfulness: ArrayLike, relevancy: ArrayLike) -> Value:
-        """Per-query quality αF + βR, a missing (NaN) metric scoring 0."""
+        """Per-query quality αF + βR; a missing (NaN) metric is left out and the other stands
+        for both ((α+β)·F or (α+β)·R); neither present: 0 (module docstring)."""
         w = self.weights
-        return _out(w.alpha * np.nan_to_num(np.asarray(faithfulness, dtype=np.float64))
-                    + w.beta * np.nan_to_num(np.asarray(relevancy, dtype=np.float64)))
+        f, r = (np.asarray(x, dtype=np.float64) for x in (faithfulness, relevancy))
+        hf, hr = ~np.isnan(f), ~np.isnan(r)
+        wf, wr = w.alpha * hf, w.beta * hr
+        total = wf + wr
+        both = np.where(hf, f, 0.0) * wf + np.where(hr, r, 0.0) * wr
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q = np.where(total > 0, both * (w.alpha + w.beta) / np.where(total > 0, total, 1.0),
+                         0.0)
+        return _out(q)
 
     def continuous(self, faithfulness: ArrayLike, relevancy: ArrayLike,
                    p95_latency_ms: ArrayLike, cost: ArrayLike) -> Value:
@@ -254,7 +273,7 @@ class RewardSpec:
     # ---- one query --------------------------------------------------------------------------
     def per_query(self, faithfulness: ArrayLike, relevancy: ArrayLike, latency_ms: ArrayLike,
                   tokens: ArrayLike, pii_leaks: ArrayLike | None = None) -> Value:
-        """Each query's reward alone: quality (a missing metric scores 0) − γ·min(latency/T, 2)
+        """Each query's reward alone: quality (`quality`: a missing metric is left out) − γ·min(latency/T, 2)
         − δ·min(tokens/C_ref, 2) − λ·w_pii·leaks; no gates (they belong to a batch)."""
         w, T = self.weights, self.thresholds.p95_latency_ms
         lat, tok = (np.asarray(x, dtype=np.float64) for x in (latency_ms, tokens))
@@ -264,6 +283,20 @@ class RewardSpec:
         if pii_leaks is not None:
             c = c - w.lambda_ * (self.pii_weight * np.asarray(_leaks(pii_leaks)))
         return _out(c)
+
+
+def score_abstentions(faithfulness: ArrayLike, relevancy: ArrayLike, abstained: ArrayLike,
+                      unanswerable: ArrayLike) -> tuple[Value, Value]:
+    """Per-query F and R with abstention scored by answerability (module docstring):
+    abstained & answerable -> 0, 0; abstained & unanswerable -> 1, 1; answered & unanswerable
+    -> F, 0; answered & answerable -> F, R. `abstained`, `unanswerable`: 0/1 per query (NaN
+    counts as 0: not an abstention / not marked unanswerable)."""
+    f, r = (np.asarray(x, dtype=np.float64) for x in (faithfulness, relevancy))
+    a = np.nan_to_num(np.asarray(abstained, dtype=np.float64)) > 0
+    u = np.nan_to_num(np.asarray(unanswerable, dtype=np.float64)) > 0
+    f = np.where(a, np.where(u, 1.0, 0.0), f)
+    r = np.where(a, np.where(u, 1.0, 0.0), np.where(u, 0.0, r))
+    return _out(f), _out(r)
 
 
 # ---- the functional interface (one spec built per call) ------------------------------------

@@ -6,7 +6,9 @@ tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
         the search alone on an open TunerEvaluator (the benchmarks share one evaluator between
         methods and seeds, so each table is computed once);
     run_tuning(dataset, settings, "ppo", budget=100, out="runs/tune", ...) -> TuningRun
-        search + the artefacts of a run directory: best_config.yaml (a `rag:` file
+        search + the artefacts of a run directory (`dataset`: a name or any path the loaders
+        read; data without a committed split manifest gets a seeded split, written to
+        split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a `rag:` file
         `ragpilot eval --config` accepts), curve.jsonl (one line per evaluation),
         plots/reward-curve.png, summary.json, holdout/ (predictions.jsonl, contexts.jsonl,
         summary.csv of the chosen config on the holdout split), optionally checkpoint/ (PPO)
@@ -158,7 +160,9 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     check(method, budget, unit)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ev = TunerEvaluator(TuningData.open(dataset), settings)
+    if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
+        dataset = str(Path(dataset).resolve())
+    ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
     budget = budget or default_budget(settings)
     prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
 
@@ -187,7 +191,14 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     holdout = rag_evaluate(Pipeline(ev.data.indexes, best),
                            ev.data.examples(ev.slice.holdout_split))
     holdout.write(out / "holdout")
-    summary = {"dataset": dataset, "method": method, "seed": seed,
+    data = ev.data
+    summary = {"dataset": dataset, "dataset_name": data.name, "method": method, "seed": seed,
+               "split": {"source": data.split_source,
+                         "path": None if data.split_path is None else str(data.split_path),
+                         "tune": ev.slice.tune_split, "holdout": ev.slice.holdout_split,
+                         "sizes": {s: len(x) for s, x in data.splits.items()}},
+               "metrics": {"faithfulness": ev.slice.faithfulness,
+                           "relevancy": ev.slice.relevancy},
                "evaluations": res.evaluations, "budget_unit": unit,
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,

@@ -134,6 +134,21 @@ class DatasetSlice(StrictSettings):
     thresholds: Thresholds | None = None
     """Dataset-specific gates; the global `thresholds` when absent."""
 
+    @classmethod
+    def for_gold(cls, kind: str) -> DatasetSlice:
+        """The default F and R for data with gold of `kind` (`rl.common.data.TuningData.
+        gold_kind`), used for a dataset `policy.datasets` does not name: answers (QA) ->
+        support / f1; qrels (retrieval-only) -> recall@k / ndcg@10; gold passage ids only ->
+        recall@k / recall@10; none -> the local RAGAS-compatible q_faithfulness /
+        q_answer_relevancy (no gold needed)."""
+        metrics = {"answers": ("support", "f1"), "qrels": ("recall@k", "ndcg@10"),
+                   "passages": ("recall@k", "recall@10"),
+                   "none": ("q_faithfulness", "q_answer_relevancy")}
+        if kind not in metrics:
+            raise ValueError(f"gold kind must be one of {', '.join(metrics)}, got {kind!r}")
+        f, r = metrics[kind]
+        return cls(faithfulness=f, relevancy=r)
+
 
 class TunerSettings(StrictSettings):
     SECTION = "policy"
@@ -221,11 +236,13 @@ class TunerSettings(StrictSettings):
         for label in self.discrete.variant:
             self.variant_overrides(label)
 
-    def slice_for(self, dataset: str) -> DatasetSlice:
-        return self.datasets.get(dataset, DatasetSlice())
+    def slice_for(self, dataset: str, default: DatasetSlice | None = None) -> DatasetSlice:
+        """`datasets[dataset]`, else `default` (e.g. `DatasetSlice.for_gold` of the data),
+        else `DatasetSlice()`."""
+        return self.datasets.get(dataset, default or DatasetSlice())
 
-    def thresholds_for(self, dataset: str) -> Thresholds:
-        return self.slice_for(dataset).thresholds or self.thresholds
+    def thresholds_for(self, dataset: str, default: DatasetSlice | None = None) -> Thresholds:
+        return self.slice_for(dataset, default).thresholds or self.thresholds
 
     # ---- loading (`from_mapping`, `from_yaml`: rag.settings_base) ---------------------------
     @classmethod

@@ -3,6 +3,7 @@
 `rl.tuner.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
 
     ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-hotpot
+    ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
     ragpilot report --run runs/tune-hotpot [--grid]
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
@@ -12,6 +13,12 @@
 config (holdout/predictions.jsonl, contexts.jsonl, summary.csv) and logs it all to the MLflow
 experiment `rl_autotuner` (local SQLite under runs/ unless MLFLOW_TRACKING_URI is set; the
 curve plot under the run's `plots/`).
+`--dataset` takes a dataset name or anything the loaders read (a BEIR folder, a HotpotQA file):
+data without a committed split manifest is split once (seeded, stratified, valid/test halves)
+and the split is written to the run directory's split.json and reused by later runs on the same
+bytes (`rl.common.data.split_manifest`); F and R default to what gold the data has
+(`DatasetSlice.for_gold`: answers -> support/f1, qrels -> recall@k/ndcg@10, none -> the q_
+metrics) unless the `--policy` file names the dataset under `datasets:`.
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
 `--grid`) on the holdout split — Δ of the continuous reward with a paired bootstrap CI, gate
 verdicts apart with their own evidence (rl.tuner.report) — prints the queries needed to detect a
@@ -78,7 +85,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
     summary = json.loads((run / "summary.json").read_text())
     policy = tuner_settings(args.policy)
-    ev = TunerEvaluator(TuningData.open(summary["dataset"]), policy)
+    # the run's own split.json (data without a committed manifest) is the split it reports on
+    ev = TunerEvaluator(TuningData.open(summary["dataset"], run_dir=run), policy)
     best = RAGConfig.from_yaml(run / "best_config.yaml")
     default = ConfigSpace(policy).base
     hold = ev.slice.holdout_split
@@ -110,6 +118,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     lines = [f"# Tuning report: {summary['dataset']} / {summary['method']} "
              f"(seed {summary['seed']})", "",
              f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations.",
+             "", _split_line(ev),
              "", f"Holdout `{hold}`, n = {n} queries. Δ is the continuous part of the reward, "
              "C = αF + βR − γ·min(p95/T,2) − δ·min(cost/C_ref,2), with a paired bootstrap CI "
              "(10k resamples of queries). The gate penalty λ·P is a step function, so it is "
@@ -145,6 +154,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_line(ev) -> str:
+    """Where the report's splits come from and which metrics play F and R."""
+    d = ev.data
+    sizes = ", ".join(f"{s} n = {len(x)}" for s, x in sorted(d.splits.items()))
+    where = f" (`{d.split_path}`)" if d.split_path else ""
+    return (f"Data `{d.name}`: {d.split_source} split{where}: {sizes}. "
+            f"F = `{ev.slice.faithfulness}`, R = `{ev.slice.relevancy}`.")
+
+
 def cmd_tuner_eval(args: argparse.Namespace) -> int:
     from rl.tuner.evaluator import evaluate
 
@@ -157,7 +175,8 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> None:
     s = sub.add_parser("tune", help="tune a RAG config (PPO or a baseline) on a dataset")
-    s.add_argument("--dataset", default="synthetic")
+    s.add_argument("--dataset", default="synthetic",
+                   help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
     s.add_argument("--method", default="ppo", choices=METHODS)
     s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
     s.add_argument("--budget", type=int, help="evaluations (default 5 PPO iterations)")

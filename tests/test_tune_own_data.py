@@ -1,0 +1,102 @@
+"""`ragpilot tune --dataset <a BEIR folder>` (and `tuner-eval`, `report`) end to end (issue 18): data without a committed
+split manifest gets a seeded split written next to the run and reused by a later run on the
+same bytes; F and R default to what gold the data has (qrels: recall@k / ndcg@10); `report`
+compares the tuned config with the static default on the held-out half."""
+
+import json
+
+import pytest
+import yaml
+
+from serving.cli import main
+
+TOPICS = ["volcano lava eruption magma", "glacier ice melt arctic", "river delta sediment flood",
+          "desert dune sand wind", "coral reef ocean fish", "forest canopy rain tree",
+          "comet orbit tail sun", "battery lithium charge cell", "violin string bow music",
+          "bread yeast flour oven", "bridge steel cable span", "honey bee hive pollen",
+          "chess bishop knight board", "tide moon gravity sea", "cheese milk curd aging",
+          "kite string wind tail", "piano key hammer chord", "lighthouse beam coast ship",
+          "cactus spine water desert", "satellite antenna signal orbit",
+          "glass furnace silica blow"]
+SMALL = {"policy": {"k_grid": [3, 5], "fusion_grid": 0.5, "fusion_step": 0.5,
+                    "discrete": {"variant": ["bm25", "hybrid"], "rerank": ["off"],
+                                 "prompt_id": ["cite_concise"]},
+                    "episode": {"length": 3, "batch_size": 8}}}
+
+
+def _beir(root):
+    """21 queries (an odd count), each with one relevant passage among 42."""
+    root.mkdir()
+    (root / "qrels").mkdir()
+    with (root / "corpus.jsonl").open("w") as f:
+        for i, t in enumerate(TOPICS):
+            f.write(json.dumps({"_id": f"d{i}", "title": t.split()[0],
+                                "text": f"The {t} is described here in plain words."}) + "\n")
+            f.write(json.dumps({"_id": f"x{i}", "title": "note",
+                                "text": f"An unrelated note number {i} about nothing."}) + "\n")
+    with (root / "queries.jsonl").open("w") as f:
+        for i, t in enumerate(TOPICS):
+            f.write(json.dumps({"_id": f"q{i}", "text": f"what about the {t}?"}) + "\n")
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(len(TOPICS))]
+    (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    data = _beir(tmp_path / "mybeir")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(SMALL))
+    out1, out2 = tmp_path / "run1", tmp_path / "run2"
+    args = ["tune", "--dataset", str(data), "--method", "random", "--budget", "3",
+            "--policy", str(policy), "--no-mlflow"]
+    assert main([*args, "--out", str(out1)]) == 0
+    s1 = json.loads((out1 / "summary.json").read_text())
+    # the split: made, stratified halves of 21, written next to the run and to the cache
+    assert s1["split"]["source"] == "made"
+    split1 = json.loads((out1 / "split.json").read_text())
+    assert split1["counts"] == {"valid": 11, "test": 10} == s1["split"]["sizes"]
+    assert not set(split1["splits"]["valid"]) & set(split1["splits"]["test"])
+    assert list((tmp_path / "cache" / "splits").glob("mybeir-*.json"))
+    # retrieval-only gold: F = recall@k, R = nDCG@10
+    assert s1["metrics"] == {"faithfulness": "recall@k", "relevancy": "ndcg@10"}
+    assert s1["holdout"]["split"] == "test" and s1["holdout"]["n"] == 10
+    assert s1["dataset_name"] == "mybeir"
+
+    # tuner-eval on the same folder: the cached split, the tune half
+    capsys.readouterr()
+    assert main(["tuner-eval", "--dataset", str(data), "--set", "variant=bm25", "--set", "k=3",
+                 "--policy", str(policy)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["split"] == "valid" and rep["n"] == 11 and rep["dataset"] == "mybeir"
+
+    # a second run on the same bytes (a copy elsewhere) reuses the split by content hash
+    copy = tmp_path / "elsewhere" / "mybeir"
+    copy.parent.mkdir()
+    import shutil
+
+    shutil.copytree(data, copy)
+    assert main([*args[:2], str(copy), *args[3:], "--out", str(out2)]) == 0
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert s2["split"]["source"] == "reused"
+    assert json.loads((out2 / "split.json").read_text())["splits"] == split1["splits"]
+
+    # the report compares the tuned config with the default on the held-out half
+    capsys.readouterr()
+    assert main(["report", "--run", str(out1), "--policy", str(policy), "--no-mlflow"]) == 0
+    report = (out1 / "report.md").read_text()
+    assert "| chosen − static default |" in report
+    assert "Holdout `test`, n = 10 queries" in report
+    assert "F = `recall@k`, R = `ndcg@10`" in report and "reused split" in report
+
+
+def test_too_few_questions_is_a_data_error(tmp_path, monkeypatch):
+    from rag.corpus.loaders import load_dataset
+    from rag.errors import DataError
+    from rl.common.data import split_manifest
+
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    root = _beir(tmp_path / "tiny")
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
+    with pytest.raises(DataError, match="at least 2"):
+        split_manifest(load_dataset(str(root)), str(root))
