@@ -60,7 +60,7 @@ class TuningData:
         by_id = {e.id: e for e in ds.examples}
         splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.items()}
         splits = {s: ex for s, ex in splits.items() if ex}
-        key = name if _is_named(name) else ds.name
+        key = name if ds.builtin else ds.name  # the name asked for, or a path's loader name
         base = Path(root) if root else cache_dir() / "indexes"
         d = base / f"{key}-{ds.corpus.fingerprint()}"
         idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
@@ -87,11 +87,6 @@ class TuningData:
         return "none"
 
 
-def _is_named(name: str) -> bool:
-    """A registered dataset name (no path): only those can have a committed manifest."""
-    return bool(re.fullmatch(r"[\w\-]+", name)) and not Path(name).exists()
-
-
 def content_hash(ds: Dataset) -> str:
     """16 hex of sha256 over the sha256 of the dataset's source files (their bytes, not their
     paths) and the own-split recipe: equal for the same data wherever it lies."""
@@ -105,15 +100,19 @@ def split_manifest(ds: Dataset, name: str, run_dir: str | Path | None = None
                    ) -> tuple[dict[str, list[str]], str, Path | None]:
     """(split name -> example ids, where it came from, the manifest file) for dataset `ds`
     opened as `name` (see the module docstring for the order)."""
-    from rag.corpus.hygiene import SPLITS_DIR, SplitManifest, load_split, stratified_split
+    from rag.corpus.hygiene import SPLITS_DIR, SplitManifest, manifest_for, stratified_split
 
     if name == "synthetic":
         m = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13, name=name)
         return m.splits, "synthetic", None
-    # after the hygiene split-manifest API lands: `manifest_for(ds)` (committed manifests
-    # apply only to the named dataset whose content hash matches) replaces this check
-    if _is_named(name) and (SPLITS_DIR / f"{name}.json").exists():
-        return load_split(name).splits, "committed", SPLITS_DIR / f"{name}.json"
+    committed = manifest_for(ds)  # only the manifest made from this very content
+    if committed is not None:
+        return committed.splits, "committed", SPLITS_DIR / f"{committed.name}.json"
+    if ds.builtin and (SPLITS_DIR / f"{ds.name}.json").exists():
+        raise DataError(ds.name, f"its files no longer match the committed split manifest "
+                                 f"{SPLITS_DIR / f'{ds.name}.json'}: a re-drawn split would mix "
+                                 f"test questions into tuning; restore the data or run "
+                                 f"scripts/make_splits.py")
     if len(ds.examples) < 2:
         raise DataError(name, f"{len(ds.examples)} question(s) with gold: tuning needs at "
                               "least 2 (a valid and a test half)")
