@@ -65,5 +65,13 @@ def provenance_tags(manifest: Mapping[str, Any] | None) -> dict[str, str]:
     if m.get("corpus_fingerprint"):
         tags["corpus_fingerprint"] = str(m["corpus_fingerprint"])
     for path, sha in input_sha256s(m).items():
-        tags[_TAG_KEY.sub("_", f"dataset_sha256/{path}")[:250]] = sha
+        tags[_TAG_KEY.sub("_", f"dataset_sha256/{_tag_path(path)}")[:250]] = sha
     return tags
+
+
+def _tag_path(path: str) -> str:
+    """`path` as an MLflow tag-name suffix: MLflow refuses names that would resolve to another
+    name as a file path (an absolute path gives `dataset_sha256//tmp/...`), so the root, `.`
+    and `..` segments are dropped: `/data/my set/corpus.jsonl` -> `data/my set/corpus.jsonl`."""
+    parts = [x for x in Path(path).parts if x not in (Path(path).anchor, ".", "..", "")]
+    return "/".join(parts) or "_"

@@ -147,3 +147,19 @@ def test_one_ppo_model_two_readers(tmp_path):
     # dumps load back
     assert TunerSettings.from_dict(t.model_dump(mode="json", by_alias=True)) == t
     assert SelectionConfig.from_dict(s.model_dump(mode="json")) == s
+
+
+def test_provenance_tags_of_absolute_and_relative_paths_are_valid_mlflow_names():
+    """A dataset given by absolute path used to give `dataset_sha256//tmp/...`, which MLflow
+    refuses (the README's own-data path crashed at `tune`)."""
+    from mlflow.utils.validation import _validate_tag_name
+
+    from rag.provenance import provenance_tags
+
+    tags = provenance_tags({"dataset": "mine", "inputs": [
+        {"path": "/tmp/my data/corpus.jsonl", "sha256": "a"},
+        {"path": "hotpotqa/../dev.jsonl", "sha256": "b"}]})
+    keys = [k for k in tags if k.startswith("dataset_sha256/")]
+    assert keys == ["dataset_sha256/tmp/my data/corpus.jsonl", "dataset_sha256/hotpotqa/dev.jsonl"]
+    for k in keys:
+        _validate_tag_name(k)
