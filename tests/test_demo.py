@@ -57,8 +57,7 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
         assert p["stage"] == "full"
     audit = (out / "rollout" / "audit.jsonl").read_text().splitlines()
     assert json.loads(audit[-1])["to"] == p["stage"]  # the state machine's own record agrees
-    assert 0 < p["requests"] <= s["budget"]["max_requests"] or p["timeline"][-1]["from"] == \
-        "candidate"
+    assert 0 <= p["requests"] <= s["budget"]["max_requests"]
 
     page = (out / "report.html").read_text()
     srcs = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)

@@ -130,7 +130,7 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
         r["result"] = (f"best {tuned.config_hash} ({tuned.variant}, k={tuned.k}, rerank="
                        f"{tuned.rerank}, w={tuned.fusion_weight}, {tuned.prompt_id}); valid "
                        f"reward {run.valid.reward:.4f} after {run.summary['evaluations']} "
-                       "evaluations; learned policy: none in this run (searcher only)")
+                       "evaluations")
     with st.stage("holdout", "tuned vs default, paired bootstrap") as r:
         hold = offline.holdout_stage(run, default, out, seed)
         q = next(x for x in hold.rows if x["kind"] == "quality")
@@ -183,7 +183,9 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                 "default: nothing to roll out", "statistic": {}, "deciding": "",
                 "timeline": [], "requests": 0}
     ev = run.evaluator
-    offline_report = OfflineEvaluator(ev).compare(default, tuned, ev.slice.holdout_split)
+    policy = service.settings(default_config("rl/rollout.demo.yaml"))
+    offline_report = OfflineEvaluator(ev, ci=policy.offline_ci).compare(
+        default, tuned, ev.slice.holdout_split)
     with ExitStack() as stack:
         stack.callback(console.print, "  Serve and Ray stopped")  # runs after local_app's exit
         with st.stage("serve", f"Ray Serve on 127.0.0.1:{port}, stable = default, canary = "
@@ -195,8 +197,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
         users = live.SimulatedUsers(url, data.examples(ev.slice.holdout_split), seed,
                                     n_users=budget.users)
         loop = live.PromotionLoop(out / "rollout", url, key,
-                                  out / "serve" / "interactions.sqlite", users,
-                                  service.settings(default_config("rl/rollout.demo.yaml")))
+                                  out / "serve" / "interactions.sqlite", users, policy)
         with st.stage("promotion", "simulated users, evidence, state machine",
                       spinner=False) as r, \
                 Progress(TextColumn("  users"), BarColumn(), MofNCompleteColumn(),
@@ -207,10 +208,12 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
             seen = 0
             while True:
                 for t in loop.timeline[seen:]:
-                    console.print(f"  {t['action']}: {t['from']} → {t['to']} after "
-                                  f"{t['requests']} requests: {t['reason']}")
+                    move = (f"{t['from']} → {t['to']}" if t["to"] != t["from"]
+                            else f"at {t['from']}")
+                    console.print(f"  {t['action']} {move} after {t['requests']} requests: "
+                                  f"{t['reason']}")
                 seen = len(loop.timeline)
-                if loop.sm.done or users.sent + live.BATCH > budget.max_requests:
+                if not loop.more_evidence(budget.max_requests):
                     break
                 loop.step(lambda: bar.advance(task))
                 bar.update(task, description=f"stage {loop.sm.stage}")

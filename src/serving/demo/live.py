@@ -207,9 +207,16 @@ class PromotionLoop:
             self._apply()
         return d
 
+    def more_evidence(self, max_requests: int) -> bool:
+        """Whether another batch of users can move the rollout: not when it is full or rolled
+        back, not at stage candidate (it takes offline reports only, and the demo has one),
+        not past `max_requests`."""
+        return (not self.sm.done and self.sm.stage != "candidate"
+                and self.users.sent + BATCH <= max_requests)
+
     def run(self, max_requests: int, on_done: Callable[[], None] | None = None) -> None:
-        """Batches until the rollout is full or rolled back, or `max_requests` are spent."""
-        while not self.sm.done and self.users.sent + BATCH <= max_requests:
+        """Batches while `more_evidence(max_requests)`."""
+        while self.more_evidence(max_requests):
             self.step(on_done)
 
     def outcome(self) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def holdout_stage(run: Any, default: Any, out: Path, seed: int = 0) -> HoldoutRe
         marked[name] = {"quality": w.alpha * r.faithfulness + w.beta * r.relevancy,
                         "p95_latency_ms": r.p95_latency_ms, "cost": r.cost}
     plots = {f"pareto-{k}": plot_pareto(pts, marked, out / f"pareto-{k}.png", k,
-                                        f"{DATASET}: {len(pts)} configs the search evaluated")
+                                        f"{DATASET} (valid split): {len(pts)} configs evaluated")
              for k in ("cost", "p95_latency_ms")}
     curve = run.out / "plots" / "reward-curve.png"
     if curve.exists():
