@@ -17,9 +17,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from serving.demo import run_demo
 
     try:
-        with flags({"port": "--port"}):
+        with flags({"port": "--port", "policy_checkpoint": "--policy-checkpoint"}):
             run_demo(out=Path(args.out), fast=args.fast, seed=args.seed, port=args.port,
-                     private_netns=args.private_netns, mlflow=not args.no_mlflow)
+                     private_netns=args.private_netns, mlflow=not args.no_mlflow,
+                     policy_checkpoint=args.policy_checkpoint)
     except KeyboardInterrupt:
         print("interrupted: Serve and Ray were stopped", file=sys.stderr)
         return 130
@@ -37,5 +38,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--private-netns", action="store_true",
                    help="run Ray/Serve in a private network namespace (loopback only; needs "
                         "CAP_SYS_ADMIN); the URLs printed are then reachable only from inside")
+    s.add_argument("--policy-checkpoint", metavar="DIR",
+                   help="a learned PPO policy (ragpilot tune --method ppo --checkpoint): its "
+                        "config goes on instead of the searcher's when its valid reward is higher")
     s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
     s.set_defaults(func=cmd_demo)

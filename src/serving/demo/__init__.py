@@ -30,6 +30,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rag.errors import ConfigError
+
 N_STAGES = 6
 
 
@@ -55,10 +57,10 @@ class _Stages:
         self.console, self.records, self.i = console, [], 0
 
     @contextmanager
-    def stage(self, name: str, doing: str, spinner: bool = True):
+    def stage(self, name: str, doing: str, spinner: bool = True, counted: bool = True):
         """`spinner=False` for a stage that shows its own progress bar (rich allows one live
-        display at a time)."""
-        self.i += 1
+        display at a time); `counted=False` for a second step of the same stage."""
+        self.i += counted
         t0 = time.perf_counter()
         box: dict[str, str] = {}
         what = f"[{self.i}/{N_STAGES}] {name}: {doing}"
@@ -91,8 +93,11 @@ def serve_args(out: Path, default: Any, tuned: Any) -> dict[str, Any]:
 
 def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
              port: int = 8000, private_netns: bool = False, mlflow: bool = True,
+             policy_checkpoint: str | Path | None = None,
              console: Console | None = None) -> dict[str, Any]:
-    """Run the loop (module docstring); returns the summary (also out/summary.json)."""
+    """Run the loop (module docstring); returns the summary (also out/summary.json).
+    `policy_checkpoint`: a saved PPO policy; its greedy config replaces the searcher's best
+    when its valid reward is higher."""
     from rl.tuner.settings import TunerSettings
     from rl.tuner.space import ConfigSpace
     from serving.demo import live, offline
@@ -102,7 +107,10 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
         console = Console()
         if not console.is_terminal:
             console = Console(width=120)
-    live.check_port(port)  # before minutes of work, not after
+    live.check_port(port)  # bad input before minutes of work, not after
+    if policy_checkpoint is not None and not Path(policy_checkpoint).is_dir():
+        raise ConfigError("policy_checkpoint", f"{policy_checkpoint} is not a directory (save "
+                                               "one with ragpilot tune --method ppo --checkpoint)")
     t0 = time.perf_counter()
     out = Path(out)
     for old in ("serve", "rollout"):  # a fresh app and rollout every run
@@ -131,8 +139,24 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
                        f"{tuned.rerank}, w={tuned.fusion_weight}, {tuned.prompt_id}); valid "
                        f"reward {run.valid.reward:.4f} after {run.summary['evaluations']} "
                        "evaluations")
+    source, learned = offline.SEARCHER, None
+    if policy_checkpoint is None:
+        console.print("  learned policy: none given (pass --policy-checkpoint DIR, saved by "
+                      "ragpilot tune --method ppo --checkpoint); the searcher's best goes on")
+    else:
+        with st.stage("policy", f"learned policy from {policy_checkpoint}",
+                      counted=False) as r:
+            learned = offline.policy_stage(run, settings, policy_checkpoint, seed)
+            better = learned.reward > run.valid.reward
+            if better:
+                from rag.config import RAGConfig
+
+                tuned, source = RAGConfig.from_dict(learned.config), "ppo policy"
+            r["result"] = (f"policy's config {learned.config_hash}: valid reward "
+                           f"{learned.reward:.4f} vs the searcher's {run.valid.reward:.4f}: "
+                           f"{'the policy' if better else 'the searcher'}'s goes on")
     with st.stage("holdout", "tuned vs default, paired bootstrap") as r:
-        hold = offline.holdout_stage(run, default, out, seed)
+        hold = offline.holdout_stage(run, tuned, default, out, seed)
         q = next(x for x in hold.rows if x["kind"] == "quality")
         c = next(x for x in hold.rows if x["metric"].startswith("cost"))
         r["result"] = (f"Δ reward {hold.reward['delta']:+.4f} [{hold.reward['ci_low']:+.4f}, "
@@ -142,8 +166,10 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
     summary: dict[str, Any] = {
         "seed": seed, "fast": fast, "budget": vars(budget),
         "tuned_config": {"config_hash": tuned.config_hash, "config": tuned.model_dump(
-            mode="json"), "changed": _changed(tuned, default), "searcher": offline.SEARCHER,
-            "valid_reward": run.valid.reward, "holdout_reward": run.holdout.reward,
+            mode="json"), "changed": _changed(tuned, default), "source": source,
+            "searcher": offline.SEARCHER, "searcher_valid_reward": run.valid.reward,
+            "policy_valid_reward": learned.reward if learned is not None else None,
+            "holdout_reward": hold.reward["tuned_reward"],
             "evaluations": run.summary["evaluations"], "run_dir": str(run.out)},
         "default_config": {"config_hash": default.config_hash},
         "holdout_delta": {"split": hold.split, "n": hold.n, **hold.reward, "rows": hold.rows,

@@ -52,6 +52,24 @@ def tune_stage(settings: Any, budget: int, out: Path, seed: int = 0,
                       mlflow_dir=mlflow_dir)
 
 
+def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
+    """The learned PPO policy saved by `ragpilot tune --method ppo --checkpoint`: restored into
+    a tuner on `run.evaluator`, trained one more iteration, its greedy config read out. Returns
+    that config's valid EvalReport (its config in `.config`); Ray is shut down afterwards so
+    Serve starts its own runtime."""
+    import ray
+
+    from rl.tuner.run import search
+
+    budget = settings.episode.length + settings.ppo.train_batch_size  # one iteration
+    try:
+        found = search(run.evaluator, settings, "ppo", budget, "steps", seed, resume=checkpoint)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    return run.evaluator.evaluate(found.result.best_config)
+
+
 def _paired(a: np.ndarray, b: np.ndarray, seed: int) -> tuple[float, float, float]:
     """(mean b − a, CI low, CI high): paired bootstrap over queries, NaN pairs left out."""
     from rl.stats.bootstrap import paired_bootstrap
@@ -63,12 +81,13 @@ def _paired(a: np.ndarray, b: np.ndarray, seed: int) -> tuple[float, float, floa
     return r.mean_diff, r.ci_low, r.ci_high
 
 
-def holdout_stage(run: Any, default: Any, out: Path, seed: int = 0) -> HoldoutReport:
-    """Compare `run.best` (tuned) with `default` on the holdout split of `run.evaluator`, and
+def holdout_stage(run: Any, tuned: Any, default: Any, out: Path, seed: int = 0
+                  ) -> HoldoutReport:
+    """Compare `tuned` with `default` on the holdout split of `run.evaluator`, and
     draw the Pareto fronts (valid split, every config the search evaluated) and reward curve."""
     from rl.tuner.report import compare, plot_pareto
 
-    ev, tuned = run.evaluator, run.best
+    ev = run.evaluator
     hold = ev.slice.holdout_split
     c = compare(ev, tuned, default, hold, n_resamples=4000, seed=seed)
     w = ev.policy.reward_weights
