@@ -105,3 +105,29 @@ def test_report_is_self_contained(tmp_path):
         assert base64.b64decode(src.removeprefix("data:image/png;base64,")).startswith(
             b"\x89PNG")
     assert "curve &lt;1&gt;" in page and "candidate → shadow" in page and "—" in page
+
+
+def test_request_rewards_are_the_tuners_per_query_reward(tmp_path):
+    """Each exported row gets the tuner's per-query reward; R is the user's rating only when
+    asked (canary) and the row has one, the gold metric otherwise (shadow pairs)."""
+    import json
+
+    from rl.tuner.reward import RewardSpec
+    from rl.tuner.settings import TunerSettings
+    from serving.demo.live import REWARD_KEY, add_request_rewards
+
+    s = TunerSettings.defaults()
+    spec = RewardSpec.from_settings(s, s.thresholds_for("synthetic"))
+    rows = [{"id": "a", "variant_id": "x", "reward": 1.0, "tokens_in": 100, "tokens_out": 10,
+             "latency_ms": {"pipeline": 50.0, "retrieve": 20.0},
+             "scores": {"support": 1.0, "f1": 0.2}},
+            {"id": "b", "variant_id": "x", "reward": None, "tokens_in": 0, "tokens_out": 0,
+             "latency_ms": {}, "scores": None}]
+    path = tmp_path / "rows.jsonl"
+    for use_feedback, rel in ((True, 1.0), (False, 0.2)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        add_request_rewards(path, spec, "support", "f1", use_feedback)
+        got = [json.loads(x) for x in path.read_text().splitlines()]
+        want = float(spec.per_query([1.0], [rel], [50.0], [110])[0])
+        assert got[0]["scores"][REWARD_KEY] == pytest.approx(want)
+        assert got[1]["scores"] is None  # no gold scores: no reward, the row is skipped later

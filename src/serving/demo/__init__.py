@@ -222,8 +222,12 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
         console.print(f"  Prometheus: {url}/metrics   API docs: {url}/docs")
         users = live.SimulatedUsers(url, data.examples(ev.slice.holdout_split), seed,
                                     n_users=budget.users)
+        from rl.tuner.reward import RewardSpec
+
+        spec = RewardSpec.from_settings(ev.policy, ev.thresholds)
         loop = live.PromotionLoop(out / "rollout", url, key,
-                                  out / "serve" / "interactions.sqlite", users, policy)
+                                  out / "serve" / "interactions.sqlite", users, policy,
+                                  (spec, ev.slice.faithfulness, ev.slice.relevancy))
         with st.stage("promotion", "simulated users, evidence, state machine",
                       spinner=False) as r, \
                 Progress(TextColumn("  users"), BarColumn(), MofNCompleteColumn(),

@@ -132,6 +132,9 @@ class PromotionLoop:
     store_path: Path
     users: SimulatedUsers
     settings: Any
+    reward: tuple[Any, str, str] | None = None
+    """(RewardSpec, F metric, R metric): judge batches on `add_request_rewards`; None: on the
+    users' ratings alone (shadow rows then have none)."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     sm: Any = None
     last: Any = None
@@ -182,8 +185,7 @@ class PromotionLoop:
 
     def step(self, on_done: Callable[[], None] | None = None) -> Any:
         """One batch of simulated requests, its evidence (the interaction log since the last
-        batch: shadow pairs are compared on the gold F1 score, since users never see a
-        mirrored answer; canary arms on the users' ratings), one advance tried."""
+        batch, each row judged by `add_request_rewards`), one advance tried."""
         from rl.promotion import service
         from rl.promotion.evidence import reports_from_file
         from serving.store import open_store
@@ -193,9 +195,11 @@ class PromotionLoop:
         export = self.state_dir / "interactions.jsonl"
         open_store(str(self.store_path)).export_jsonl(export)
         stage = self.sm.stage
+        if self.reward is not None:
+            add_request_rewards(export, *self.reward, use_feedback=stage != "shadow")
         try:
             reports = reports_from_file(export, self.sm,
-                                        "f1" if stage == "shadow" else None).reports
+                                        REWARD_KEY if self.reward is not None else None).reports
         except ConfigError:  # e.g. no rated row of one arm yet in this batch: no evidence
             reports = []
         d = service.advance(self.sm, reports)
@@ -233,6 +237,38 @@ class PromotionLoop:
                 "stable": self.sm.state.stable, "reason": d.reason if d else "",
                 "statistic": stat, "deciding": deciding_text(stat),
                 "requests": self.users.sent, "audit_log": str(self.state_dir / "audit.jsonl")}
+
+
+REWARD_KEY = "request_reward"
+
+
+def add_request_rewards(path: Path, spec: Any, f_key: str, r_key: str,
+                        use_feedback: bool) -> None:
+    """Give every row of an interaction export `scores[REWARD_KEY]`: the tuner's per-query
+    reward (`RewardSpec.per_query`: αF + βR − γ·min(latency/T, 2) − δ·min(tokens/C_ref, 2))
+    with F = `scores[f_key]`, latency as served (`row_latency_ms`), tokens in + out, and R =
+    the user's rating where `use_feedback` and the row has one, else `scores[r_key]` (gold).
+    So online batches are judged on what the offline report and the tuner judge, cost and
+    latency included. Shadow stages pass use_feedback=False: users never see a mirrored
+    answer, and both arms of a pair must be scored alike. PII leaks are left to
+    `rl.promotion.evidence` (it penalises the reward key)."""
+    import json
+    import math
+
+    from rl.promotion.log_evaluators import row_latency_ms
+
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for r in rows:
+        sc = r.get("scores") or {}
+        if f_key not in sc or r_key not in sc:
+            continue
+        rel = r["reward"] if use_feedback and r.get("reward") is not None else sc[r_key]
+        v = float(spec.per_query([sc[f_key]], [rel], [row_latency_ms(r)],
+                                 [r.get("tokens_in", 0) + r.get("tokens_out", 0)])[0])
+        if math.isfinite(v):
+            r["scores"] = {**sc, REWARD_KEY: v}
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                    encoding="utf-8")
 
 
 def _numbers(ev: dict[str, Any] | None) -> dict[str, Any]:
