@@ -130,7 +130,8 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
     if mlflow_dir is not None:
         from rl.common.tracking import tracking_uri
 
-        console.print(f"  MLflow: mlflow ui --backend-store-uri {tracking_uri(mlflow_dir)}")
+        console.print(f"  MLflow: mlflow ui --backend-store-uri {tracking_uri(mlflow_dir)}",
+                      soft_wrap=True)  # a command to copy: never wrapped
     with st.stage("tune", f"{offline.SEARCHER} over the config space, {budget.tune_configs} "
                           "configs") as r:
         run = offline.tune_stage(settings, budget.tune_configs, out / "tune", seed, mlflow_dir)
@@ -219,7 +220,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
             url, key = stack.enter_context(live.local_app(serve_args(out, default, tuned),
                                                           port, private_netns))
             r["result"] = f"{url} ready"
-        console.print(f"  Prometheus: {url}/metrics   API docs: {url}/docs")
+        console.print(f"  Prometheus: {url}/metrics   API docs: {url}/docs", soft_wrap=True)
         users = live.SimulatedUsers(url, data.examples(ev.slice.holdout_split), seed,
                                     n_users=budget.users)
         from rl.tuner.reward import RewardSpec
