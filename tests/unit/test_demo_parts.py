@@ -131,3 +131,42 @@ def test_request_rewards_are_the_tuners_per_query_reward(tmp_path):
         want = float(spec.per_query([1.0], [rel], [50.0], [110])[0])
         assert got[0]["scores"][REWARD_KEY] == pytest.approx(want)
         assert got[1]["scores"] is None  # no gold scores: no reward, the row is skipped later
+
+
+def _offline(ci_low: float, ci_high: float):
+    from rl.promotion.evaluators import ArmSummary, EvaluationReport
+
+    arm = ArmSummary(n=120, reward=0.7, reward_sd=0.1, p95_latency_ms=100.0, errors=0, slow=0)
+    return EvaluationReport("offline", True, arm, arm, (ci_low + ci_high) / 2, 0.01, ci_low,
+                            ci_high, {"faithfulness": True}, 0.9)
+
+
+@pytest.mark.parametrize(("ci", "stage", "why"), [
+    ((-0.01, 0.03), "candidate", "demo over at candidate"),  # waits for evidence: demo ends it
+    ((-0.05, -0.01), "candidate", "significantly worse"),    # the state machine rolls back
+])
+def test_promotion_loop_always_ends_with_a_decision(tmp_path, monkeypatch, ci, stage, why):
+    """A rollout no more evidence can move is rolled back through rl.promotion (the audit log
+    agrees), and the outcome names the deciding statistic."""
+    import json
+    from types import SimpleNamespace
+
+    from rag.resources import default_config
+    from rl.promotion import service
+    from serving.demo.live import PromotionLoop
+
+    applied = []
+    monkeypatch.setattr(PromotionLoop, "_apply", lambda self: applied.append(self.sm.stage))
+    loop = PromotionLoop(tmp_path / "rollout", "http://127.0.0.1:1", "key", tmp_path / "s.db",
+                         SimpleNamespace(sent=0), service.settings(
+                             default_config("rl/rollout.demo.yaml")))
+    loop.start("a" * 12, "b" * 12, _offline(*ci))
+    assert not loop.more_evidence(300)  # stage candidate takes offline reports only
+    loop.finish()
+    out = loop.outcome()
+    assert out["decision"] == "rolled_back" and out["stage"] == "rolled_back"
+    assert why in out["reason"] and "CI [" in out["deciding"]
+    assert applied[-1] == "rolled_back"
+    audit = (tmp_path / "rollout" / "audit.jsonl").read_text().splitlines()
+    assert json.loads(audit[-1])["from"] == stage and json.loads(audit[-1])["to"] == \
+        "rolled_back"

@@ -236,7 +236,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                          transient=True) as bar:
             task = bar.add_task("stage candidate", total=budget.max_requests)
             loop.start(tuned.config_hash, default.config_hash, offline_report)
-            seen = 0
+            seen, finished = 0, False
             while True:
                 for t in loop.timeline[seen:]:
                     move = (f"{t['from']} → {t['to']}" if t["to"] != t["from"]
@@ -244,8 +244,12 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                     console.print(f"  {t['action']} {move} after {t['requests']} requests: "
                                   f"{t['reason']}")
                 seen = len(loop.timeline)
-                if not loop.more_evidence(budget.max_requests):
+                if finished:
                     break
+                if not loop.more_evidence(budget.max_requests):
+                    loop.finish()  # no more evidence can come: the rollout ends here
+                    finished = True
+                    continue
                 loop.step(lambda: bar.advance(task))
                 bar.update(task, description=f"stage {loop.sm.stage}")
             promo = loop.outcome()

@@ -219,13 +219,30 @@ class PromotionLoop:
                 and self.users.sent + BATCH <= max_requests)
 
     def run(self, max_requests: int, on_done: Callable[[], None] | None = None) -> None:
-        """Batches while `more_evidence(max_requests)`."""
+        """Batches while `more_evidence(max_requests)`, then `finish`."""
         while self.more_evidence(max_requests):
             self.step(on_done)
+        self.finish()
+
+    def finish(self) -> Any:
+        """End a rollout that no more evidence can move (waiting at candidate, or the request
+        budget spent): roll it back through the state machine, the reason naming what the
+        evidence lacked; the router goes back to stable only. None when it already ended."""
+        from rl.promotion import service
+
+        if self.sm.done:
+            return None
+        why = self.last.reason if self.last is not None else "no decision"
+        d = service.rollback(self.sm, f"demo over at {self.sm.stage} without enough evidence "
+                                      f"({why})")
+        self._record(d)
+        self._apply()
+        return d
 
     def outcome(self) -> dict[str, Any]:
-        """`decision` promoted | rolled_back | held, the stage it ended at, the reason and the
-        deciding statistic (the numbers of the last decision), requests sent."""
+        """`decision` promoted | rolled_back (| held before `finish`), the stage it ended at,
+        the reason and the deciding statistic (the numbers of the last decision), requests
+        sent."""
         st = self.sm.stage
         decision = {"full": "promoted", "rolled_back": "rolled_back"}.get(st, "held")
         d = self.last
@@ -296,6 +313,9 @@ def deciding_text(stat: dict[str, Any]) -> str:
     if off and off.get("ci_low") is not None:
         return (f"offline Δ reward {off['diff']:+.4f}, {off.get('ci', 0.95):.0%} CI "
                 f"[{off['ci_low']:+.4f}, {off['ci_high']:+.4f}] (n = {off.get('n', '?')})")
+    if stat.get("z") is not None:  # a tested stage before its first planned look
+        return (f"z = {stat['z']:.2f} before the first planned look (n = {stat.get('n')}), "
+                f"Δ reward {stat['diff']:+.3f} ± {stat['se']:.3f}")
     if "batch_diff" in stat:
         return f"batch Δ reward {stat['batch_diff']:+.3f} (n = {stat.get('batch_n')})"
     return ""
