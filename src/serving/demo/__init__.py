@@ -253,7 +253,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                 loop.step(lambda: bar.advance(task))
                 bar.update(task, description=f"stage {loop.sm.stage}")
             promo = loop.outcome()
-            r["result"] = (f"{promo['decision']} at {promo['stage']} after "
+            r["result"] = (f"{promo['decision']} at {promo['last_stage']} after "
                            f"{promo['requests']} requests: {promo['reason']}")
     return {**promo, "timeline": loop.timeline, "user_errors": users.errors,
             "ratings": {k: {"n": len(v), "thumbs_up": sum(v)} for k, v in users.ratings.items()},
@@ -266,11 +266,12 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
                   show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
-    table.add_row("tuned config", f"{t['config_hash']}: " + ", ".join(
+    table.add_row("tuned config", f"{t['config_hash']} ({t['source']}): " + ", ".join(
         f"{k}={v}" for k, v in t["changed"].items()))
     table.add_row("holdout Δ reward", f"{h['delta']:+.4f}, 95% CI [{h['ci_low']:+.4f}, "
                                       f"{h['ci_high']:+.4f}] (n = {h['n']})")
-    table.add_row("promotion", f"{p['decision']} (stage {p['stage']}, {p['requests']} "
+    table.add_row("promotion", f"{p['decision']} (at {p.get('last_stage', p['stage'])}, "
+                               f"{p['requests']} "
                                f"requests): {p['reason']}")
     table.add_row("deciding statistic", p.get("deciding") or "—")
     table.add_row("files", f"{s['tuned_config']['run_dir']}, report.html, summary.json")

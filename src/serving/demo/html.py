@@ -66,7 +66,7 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
     parts += [f'<figure><img alt="{e(name)}" src="{data_uri(p)}"><figcaption>{e(name)}'
               "</figcaption></figure>" for name, p in plots.items()]
     parts += [f"<h2>Promotion: <span class={e(promo['decision'])}>{e(promo['decision'])}"
-              f"</span> at {e(promo['stage'])}</h2>",
+              f"</span> at {e(promo.get('last_stage', promo['stage']))}</h2>",
               f"<p>{e(promo['reason'])}<br>{e(promo['deciding'])}</p>",
               _table(["t (s)", "requests", "action", "from → to", "reason"],
                      [[_f(t["t_s"], "{:.1f}"), t["requests"], e(t["action"]),

@@ -250,7 +250,10 @@ class PromotionLoop:
         if decision == "promoted":  # the last advance: into full; its reason says why
             adv = [t for t in self.timeline if t["action"] == "advance"]
             stat = adv[-1]["evidence"] if adv else stat
-        return {"decision": decision, "stage": st, "candidate": self.sm.state.candidate,
+        moves = [t for t in self.timeline if t["to"] != t["from"]]
+        return {"decision": decision, "stage": st,
+                "last_stage": moves[-1]["from"] if decision == "rolled_back" and moves else st,
+                "candidate": self.sm.state.candidate,
                 "stable": self.sm.state.stable, "reason": d.reason if d else "",
                 "statistic": stat, "deciding": deciding_text(stat),
                 "requests": self.users.sent, "audit_log": str(self.state_dir / "audit.jsonl")}
