@@ -55,7 +55,9 @@ class Search:
 @dataclass
 class TuningRun:
     """A finished `run_tuning`: `summary` (as written to summary.json), the chosen config,
-    its valid and holdout EvaluationReports, the run directory and the search itself."""
+    its valid and holdout EvaluationReports, the run directory, the search itself and the
+    TunerEvaluator it ran on (its cached tables and `seen` configs: what reports and the demo
+    compare and plot without evaluating again)."""
 
     summary: dict[str, Any]
     best: Any
@@ -63,6 +65,7 @@ class TuningRun:
     holdout: Any
     out: Path
     search: Search
+    evaluator: Any = None
 
 
 def check(method: str, budget: int | None, unit: str) -> None:
@@ -222,7 +225,7 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
         # `ragpilot report` adds its plots to this run
         summary["mlflow"] = {"uri": uri, "run_id": run_id}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return TuningRun(summary, best, valid, test, out, found)
+    return TuningRun(summary, best, valid, test, out, found, ev)
 
 
 def evaluate_request(request: dict[str, Any]) -> dict[str, Any]:

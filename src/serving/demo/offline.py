@@ -1,0 +1,135 @@
+"""The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
+tune (`rl.tuner.run.run_tuning`, the project's default searcher, Optuna TPE, on a small budget of
+distinct configs), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
+quality and cost apart, Pareto and reward-curve PNGs).
+
+Nothing here prints; the orchestrator (`serving.demo`) shows progress and results.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATASET = "synthetic"
+SEARCHER = "optuna"
+
+
+@dataclass
+class HoldoutReport:
+    """Tuned vs default on the holdout split. `reward`: Δ of the continuous reward with its
+    paired-bootstrap CI (`rl.tuner.report.Comparison`); `rows`: per metric (quality = αF+βR in
+    [0, 1], F, R, p95 latency in ms, cost in tokens per query) the default's and the tuned
+    config's value and the paired Δ with its 95% CI; `plots`: name -> PNG path."""
+
+    split: str
+    n: int
+    reward: dict[str, float]
+    rows: list[dict[str, Any]]
+    gates: dict[str, str]
+    plots: dict[str, Path]
+
+
+def index_stage() -> Any:
+    """Open (or build: tantivy BM25, FAISS, entity graph) the synthetic world's indexes; the
+    TuningData bundle the tuner and the Serve replicas share (same cache directory)."""
+    from rl.common.data import TuningData
+
+    return TuningData.open(DATASET)
+
+
+def tune_stage(settings: Any, budget: int, out: Path, seed: int = 0,
+               mlflow_dir: Path | None = None) -> Any:
+    """`run_tuning` with the default searcher under a budget of `budget` distinct configs;
+    writes `out` (best_config.yaml, curve.jsonl, plots/reward-curve.png, ...). The TuningRun."""
+    from rl.tuner.run import run_tuning
+
+    return run_tuning(DATASET, settings, SEARCHER, budget, unit="configs", seed=seed, out=out,
+                      mlflow_dir=mlflow_dir)
+
+
+def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
+    """The learned PPO policy saved by `ragpilot tune --method ppo --checkpoint`: restored into
+    a tuner on `run.evaluator`, trained one more iteration, its greedy config read out. Returns
+    that config's valid EvalReport (its config in `.config`); Ray is shut down afterwards so
+    Serve starts its own runtime."""
+    import ray
+
+    from rl.tuner.run import search
+
+    budget = settings.episode.length + settings.ppo.train_batch_size  # one iteration
+    try:
+        found = search(run.evaluator, settings, "ppo", budget, "steps", seed, resume=checkpoint)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    return run.evaluator.evaluate(found.result.best_config)
+
+
+def _paired(a: np.ndarray, b: np.ndarray, seed: int) -> tuple[float, float, float]:
+    """(mean b − a, CI low, CI high): paired bootstrap over queries, NaN pairs left out."""
+    from rl.stats.bootstrap import paired_bootstrap
+
+    ok = ~(np.isnan(a) | np.isnan(b))
+    if ok.sum() < 2:
+        return math.nan, math.nan, math.nan
+    r = paired_bootstrap(a[ok], b[ok], 4000, seed)
+    return r.mean_diff, r.ci_low, r.ci_high
+
+
+def holdout_stage(run: Any, tuned: Any, default: Any, out: Path, seed: int = 0
+                  ) -> HoldoutReport:
+    """Compare `tuned` with `default` on the holdout split of `run.evaluator`, and
+    draw the Pareto fronts (valid split, every config the search evaluated) and reward curve."""
+    from rl.tuner.report import compare, plot_pareto
+
+    ev = run.evaluator
+    hold = ev.slice.holdout_split
+    c = compare(ev, tuned, default, hold, n_resamples=4000, seed=seed)
+    w = ev.policy.reward_weights
+    tabs = {name: ev.table(cfg, hold) for name, cfg in (("default", default), ("tuned", tuned))}
+    per_query: dict[str, dict[str, np.ndarray]] = {}
+    for name, tab in tabs.items():
+        F, R = ev.quality(tab)
+        per_query[name] = {"quality": w.alpha * F + w.beta * R, "faithfulness": F,
+                           "relevancy": R, "latency_ms": tab["latency_ms"],
+                           "cost": tab["tokens"]}
+    rows = []
+    for key, label, kind in (("quality", "quality αF+βR", "quality"),
+                             ("faithfulness", f"F ({ev.slice.faithfulness})", "quality"),
+                             ("relevancy", f"R ({ev.slice.relevancy})", "quality"),
+                             ("latency_ms", "latency ms (mean)", "cost"),
+                             ("cost", "cost tokens/query", "cost")):
+        a, b = per_query["default"][key], per_query["tuned"][key]
+        d, lo, hi = _paired(a, b, seed)
+        rows.append({"metric": label, "kind": kind, "default": float(np.nanmean(a)),
+                     "tuned": float(np.nanmean(b)), "delta": d, "ci_low": lo, "ci_high": hi})
+    p95 = {name: ev.evaluate(cfg, hold).p95_latency_ms
+           for name, cfg in (("default", default), ("tuned", tuned))}
+    rows.append({"metric": "p95 latency ms", "kind": "cost", **p95,  # a quantile: no paired CI
+                 "delta": p95["tuned"] - p95["default"], "ci_low": math.nan,
+                 "ci_high": math.nan})
+    reports = [ev.evaluate(cfg) for cfg in ev.seen.values()]
+    pts = [{"quality": w.alpha * r.faithfulness + w.beta * r.relevancy,
+            "p95_latency_ms": r.p95_latency_ms, "cost": r.cost} for r in reports]
+    marked = {}
+    for name, cfg in (("static default", default), ("tuned", tuned)):
+        r = ev.evaluate(cfg)
+        marked[name] = {"quality": w.alpha * r.faithfulness + w.beta * r.relevancy,
+                        "p95_latency_ms": r.p95_latency_ms, "cost": r.cost}
+    plots = {f"pareto-{k}": plot_pareto(pts, marked, out / f"pareto-{k}.png", k,
+                                        f"{DATASET} (valid split): {len(pts)} configs evaluated")
+             for k in ("cost", "p95_latency_ms")}
+    curve = run.out / "plots" / "reward-curve.png"
+    if curve.exists():
+        plots["reward-curve"] = curve
+    return HoldoutReport(
+        hold, c.n, {"delta": c.diff, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                    "relative": c.relative, "tuned_reward": c.candidate_reward,
+                    "default_reward": c.baseline_reward},
+        rows, {"tuned": c.gates_text(c.candidate_gates),
+               "default": c.gates_text(c.baseline_gates)}, plots)
