@@ -268,7 +268,7 @@ def hotpotqa_items(path, ids: Sequence[str] | None = None) -> list[SourceItem]:
 
     want = set(ids) if ids is not None else None
     out = []
-    for _, rec in _hotpot_records(__import__("pathlib").Path(path)):
+    for _, _, rec in _hotpot_records(__import__("pathlib").Path(path)):
         qid = str(rec.get("id") or rec.get("_id"))
         if want is not None and qid not in want:
             continue
