@@ -1,13 +1,19 @@
 """A fast bi-encoder: a sentence-transformers BERT model (mean pooling) on ONNX Runtime, int8.
 
 The transformer is exported once from the local weights (`torch.onnx.export`, no download) into
-`<cache>/onnx/<name>-<weights fingerprint>/model.onnx`, dynamically quantised to int8
+`<cache>/onnx/<weights fingerprint>/model.onnx`, dynamically quantised to int8
 (`onnxruntime.quantization.quantize_dynamic`, weights only; activations stay fp32) as
 `model.int8.onnx`; both are guarded by a file lock and written atomically. Encoding tokenises
 with the model's own `tokenizer.json` (HF `tokenizers`, no torch), sorts texts by token length
 and batches neighbours together (length buckets: little padding), then mean-pools over the
 attention mask and L2-normalises, exactly as sentence-transformers' Transformer -> Pooling(mean)
 -> Normalize pipeline does.
+
+Dynamic int8 quantises activations with one scale per MatMul input tensor, i.e. per batch: in
+a padded batch a text's vector moved with its batch-mates (cosine down to 0.974 to the same
+text alone). So the int8 encoder runs one text per call (no padding, a scale fitted to that
+text: vectors independent of batching, as a cache keyed by text needs); fp32 ONNX uses the
+length buckets (`batch_size` texts of similar length per call).
 
 Needs the optional `models` extra (onnxruntime, onnx); without it `OnnxEncoder` raises
 ConfigError naming the extra. Quality versus fp32 sentence-transformers is checked in
@@ -110,7 +116,7 @@ class OnnxEncoder:
         self.name, self.path = name, Path(path)
         self.device = "cpu"
         tag = "int8" if quantize else "fp32"
-        out = cache_dir() / "onnx" / f"{name}-{weights_fingerprint}"
+        out = cache_dir() / "onnx" / weights_fingerprint  # per weights, whatever the name
         onnx_file = export_onnx(self.path, out, quantize=quantize)
         self.threads = int(threads or os.environ.get(THREADS_ENV, 1))
         opts = ort.SessionOptions()
@@ -127,11 +133,12 @@ class OnnxEncoder:
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_length)
         self.dim = int(json.loads((self.path / "config.json").read_text())["hidden_size"])
+        self.quantized = quantize
         self.fingerprint = f"{weights_fingerprint}-onnx-{tag}"
         self.query_prefix = self.document_prefix = ""
         self.calls = 0
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False,
+    def encode(self, texts: Sequence[str], batch_size: int = 16, show_progress: bool = False,
                normalize: bool = True) -> np.ndarray:
         """(n, dim) float32, rows unit length when `normalize`; order follows `texts`."""
         texts = list(texts)
@@ -140,6 +147,8 @@ class OnnxEncoder:
         if not texts:
             return out
         encs = self.tokenizer.encode_batch(texts)
+        if self.quantized:
+            batch_size = 1  # per-text activation scale: see the module docstring
         order = np.argsort([len(e.ids) for e in encs], kind="stable")
         bar = None
         if show_progress:

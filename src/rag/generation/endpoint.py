@@ -61,7 +61,7 @@ class ChatEndpoint:
         if max_retries < 0 or max_concurrency < 1 or timeout_s <= 0:
             raise ConfigError(where, "needs timeout_s > 0, max_retries >= 0, "
                                      "max_concurrency >= 1")
-        self.base_url = v1_base(base_url, where)
+        self.base_url = v1_base(base_url)
         self.chat_url = self.base_url + "/chat/completions"
         self.model, self.where = model, where
         self.timeout_s, self.max_retries = timeout_s, max_retries
