@@ -154,7 +154,8 @@ class OnnxEncoder:
         if show_progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text")
+            bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text",
+                       mininterval=5.0)  # one text per step with int8: keep logs short
         for s in range(0, len(order), batch_size):
             rows = order[s:s + batch_size]
             width = max(len(encs[i].ids) for i in rows)
