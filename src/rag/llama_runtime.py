@@ -145,9 +145,11 @@ class LlamaCppEncoder:
     tokens are truncated.
     """
 
-    def __init__(self, name: str, path: Path, threads: int | None = None, n_ctx: int = 2048):
+    def __init__(self, name: str, path: Path, threads: int | None = None, n_ctx: int = 2048,
+                 texts_per_call: int = 1):
         llama = _llama_cls()
         self.name, self.path, self.device = name, Path(path), "cpu"
+        self.texts_per_call = max(1, int(texts_per_call))
         self.threads = _threads(threads)
         self.llm = llama(model_path=str(self.path), embedding=True, n_ctx=n_ctx, n_batch=n_ctx,
                          n_ubatch=n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
@@ -158,9 +160,14 @@ class LlamaCppEncoder:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def encode(self, texts: Sequence[str], batch_size: int = 16, show_progress: bool = False,
+    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False,
                normalize: bool = True) -> np.ndarray:
-        """(n, dim) float32 in the order of `texts`; unit rows when `normalize`."""
+        """(n, dim) float32 in the order of `texts`; unit rows when `normalize`.
+
+        `batch_size` (the callers' hint) is ignored: `self.texts_per_call` texts go to llama.cpp
+        per call, 1 by default, because packed sequences share one masked attention over the
+        whole batch: on SciFact abstracts (~325 tokens) one at a time was faster here
+        (1.95 s/doc vs 2.92 s/doc at 16 per call, one thread)."""
         texts = list(texts)
         self.calls += len(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -170,8 +177,9 @@ class LlamaCppEncoder:
 
             bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text")
         with self._lock:
-            for s in range(0, len(texts), batch_size):
-                vecs = self.llm.embed(texts[s:s + batch_size], normalize=False, truncate=True)
+            step = self.texts_per_call
+            for s in range(0, len(texts), step):
+                vecs = self.llm.embed(texts[s:s + step], normalize=False, truncate=True)
                 out[s:s + len(vecs)] = np.asarray(vecs, dtype=np.float32)
                 if bar:
                     bar.update(len(vecs))
