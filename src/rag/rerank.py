@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rag.encoders import encode_documents, encode_queries
 from rag.errors import ConfigError
 from rag.models import ModelRegistry, default_registry
 from rag.types import Hit, Passage
@@ -55,12 +56,12 @@ class CosineReranker(Reranker):
         self.passage_vectors = passage_vectors
 
     def scores(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        q = self.encoder.encode([query])[0]
+        q = encode_queries(self.encoder, [query])[0]
         if self.passage_vectors is not None:
             vecs = self.passage_vectors([p.id for p in passages])
         else:
-            vecs = self.encoder.encode([f"{p.title}. {p.text}" if p.title else p.text
-                                        for p in passages])
+            vecs = encode_documents(self.encoder, [f"{p.title}. {p.text}" if p.title else p.text
+                                                   for p in passages])
         return vecs @ q
 
 

@@ -1,5 +1,6 @@
 """`make_generator(name)`: "extractive" or a registry generator (gguf/hf -> local transformers,
-openai -> an OpenAI-compatible endpoint)."""
+or llama.cpp when the entry says `options.runtime: llama_cpp`; openai -> an OpenAI-compatible
+endpoint)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ def make_generator(name: str, registry: ModelRegistry | None = None, device: str
     spec = reg.get(name)
     if spec.kind != "generator":
         raise ConfigError("generator", f"{name!r} is a {spec.kind}, not a generator")
+    if spec.format == "gguf" and spec.options.get("runtime") == "llama_cpp":
+        if device != "cpu":
+            raise ConfigError("device", f"{name}: the llama.cpp runtime is built for cpu here")
+        from rag.llama_runtime import LlamaCppGenerator
+
+        return LlamaCppGenerator(name, spec.resolve(), threads=spec.options.get("threads"),
+                                 n_ctx=int(spec.options.get("n_ctx", 4096)), cache=cache)
     if spec.format in ("gguf", "hf"):
         from rag.generation.local import TransformersGenerator
 

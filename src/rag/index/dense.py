@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.corpus import Corpus
+from rag.encoders import encode_documents, encode_queries
 from rag.errors import ConfigError
 from rag.index.base import Retriever, check_top_n
 from rag.index.settings import FAISS_DEVICE_ENV
@@ -42,7 +43,7 @@ def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: b
         if vecs.shape == (len(corpus), encoder.dim):
             return vecs
     texts = [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
-    vecs = encoder.encode(texts, batch_size=batch_size, show_progress=show_progress)
+    vecs = encode_documents(encoder, texts, batch_size=batch_size, show_progress=show_progress)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npy")
@@ -197,7 +198,7 @@ class DenseRetriever(Retriever):
     def embed_query(self, query: str) -> np.ndarray:
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("query", "must be a non-empty string")
-        return self.encoder.encode([query])[0]
+        return encode_queries(self.encoder, [query])[0]
 
     def passage_embeddings(self, ids: list[str]) -> np.ndarray:
         """Stored unit vectors of the given passage ids, in that order."""
@@ -219,4 +220,4 @@ class DenseRetriever(Retriever):
         for q in queries:
             if not isinstance(q, str) or not q.strip():
                 raise ConfigError("query", "must be a non-empty string")
-        return self.search_vectors(self.encoder.encode(list(queries)), top_n)
+        return self.search_vectors(encode_queries(self.encoder, list(queries)), top_n)

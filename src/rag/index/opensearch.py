@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from rag.corpus import Corpus
+from rag.encoders import encode_queries
 from rag.errors import ConfigError, DataError
 from rag.index.base import Retriever, check_top_n
 from rag.index.bm25 import query_terms
@@ -298,7 +299,7 @@ class OpenSearchRetriever(Retriever):
             raise ConfigError("query", "must be a non-empty string")
         if self.encoder is None:
             raise ConfigError("encoder", "this OpenSearch retriever has no bi-encoder")
-        return self.encoder.encode([query])[0]
+        return encode_queries(self.encoder, [query])[0]
 
     def passage_embeddings(self, ids: list[str]) -> np.ndarray:
         """Stored unit vectors of the given passage ids (see `attach_embeddings`)."""
@@ -317,7 +318,7 @@ class OpenSearchRetriever(Retriever):
         if self.mode == "bm25":
             return self.search_bm25(query, top_n)
         terms = query_terms(query)  # raises on empty queries, like the local backends
-        vec = self.encoder.encode([query])[0]
+        vec = encode_queries(self.encoder, [query])[0]
         if self.mode == "knn":
             return self.search_knn(vec, top_n)
         if self.hybrid == "server":

@@ -15,8 +15,8 @@ Backends (all answer "which of these two is better", in slot terms `first`/`seco
   LocalLMJudgeBackend  a local causal LM (SmolLM2 via rag.generation.local): one forward pass,
                        verdict = the larger next-token log-likelihood of "A" vs "B" after a
                        judging prompt. Cheap (no decoding) and deterministic.
-  OpenAIJudgeBackend   any OpenAI-compatible chat endpoint (the project's httpx client in
-                       rag.generation.openai_compat); the prompt asks for a JSON verdict
+  OpenAIJudgeBackend   any OpenAI-compatible chat endpoint (the shared client,
+                       rag.generation.endpoint); the prompt asks for a JSON verdict
                        {"winner": "A" | "B" | "tie", "reason": "..."}.
 
 Calls and tokens are counted per backend and summed in `PairwiseJudge.usage`.
@@ -244,44 +244,28 @@ def parse_verdict(raw: str) -> SlotVerdict | None:
 # ---- OpenAI-compatible endpoint ------------------------------------------------------------
 class OpenAIJudgeBackend:
     """A chat endpoint as judge; temperature 0. An unreadable reply counts as a tie and is
-    counted in `parse_failures`. Reuses `OpenAIChatGenerator`'s validated URL and httpx client
-    (auth header, timeout)."""
+    counted in `parse_failures`. Requests go through `rag.generation.endpoint.ChatEndpoint`
+    (validated URL, auth header, timeout, retries with backoff on 429/5xx honouring
+    Retry-After, a concurrency limit)."""
 
     name = "openai"
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
-                 timeout: float = 60.0, max_tokens: int = 96):
-        from rag.generation.openai_compat import OpenAIChatGenerator
+                 timeout: float = 60.0, max_tokens: int = 96, max_retries: int = 4,
+                 max_concurrency: int = 4):
+        from rag.generation.endpoint import ChatEndpoint
 
-        self._gen = OpenAIChatGenerator(base_url, model, api_key=api_key, timeout=timeout,
-                                        cache=False)
+        self.endpoint = ChatEndpoint(base_url, model, api_key=api_key, timeout_s=timeout,
+                                     max_retries=max_retries, max_concurrency=max_concurrency,
+                                     where="judge endpoint")
         self.model = model
         self.max_tokens = max_tokens
         self.parse_failures = 0
-        base = self._gen.base_url
-        self.url = f"{base}/chat/completions" if base.endswith("/v1") else \
-            f"{base}/v1/chat/completions"
+        self.url = self.endpoint.chat_url
 
     def _chat(self, messages: list[dict[str, str]]) -> tuple[str, int, int]:
-        import httpx
-
-        from rag.generation.openai_compat import EndpointError
-
-        try:
-            r = self._gen.client.post(self.url, json={
-                "model": self.model, "messages": messages, "max_tokens": self.max_tokens,
-                "temperature": 0.0})
-            r.raise_for_status()
-            body = r.json()
-            raw = body["choices"][0]["message"]["content"] or ""
-        except httpx.HTTPError as exc:
-            raise EndpointError(f"judge endpoint {self.url}: {exc}") from None
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise EndpointError(f"judge endpoint {self.url}: unexpected response ({exc})"
-                                ) from None
-        usage = body.get("usage") or {}
-        return (raw, int(usage.get("prompt_tokens", 0)),
-                int(usage.get("completion_tokens", len(raw.split()))))
+        r = self.endpoint.chat(messages, max_tokens=self.max_tokens, temperature=0.0)
+        return r.text, r.prompt_tokens, r.completion_tokens or len(r.text.split())
 
     def judge_batch(self, items):
         out = []

@@ -8,9 +8,10 @@ be computed" rule as the local scorer, so either can feed the tuner or a benchma
 
 What makes it run offline and reproducibly:
 * the judge is a small `InstructorBaseRagasLLM` that POSTs ragas' prompts to
-  `<base_url>/v1/chat/completions` with httpx (temperature 0, fixed seed, JSON mode) and
-  validates the reply with ragas' own pydantic output model; no `instructor`/`openai` client,
-  no tiktoken (whose BPE files are downloaded on first use: ragas needs them only for testset
+  `<base_url>/v1/chat/completions` through the shared endpoint client
+  (`rag.generation.endpoint`: timeouts, retries with backoff on 429/5xx honouring
+  Retry-After, `max_concurrency` requests in flight; temperature 0, fixed seed, JSON mode) and
+  validates the reply with ragas' own pydantic output model; no `instructor`, no tiktoken (whose BPE files are downloaded on first use: ragas needs them only for testset
   generation, langchain's ChatOpenAI for token counting — neither path is used here);
 * the embeddings (answer relevancy) are the packaged MiniLM (`rag.encoders.Encoder`), not an
   embedding API;
@@ -40,11 +41,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from rag.errors import ConfigError, RagError
-from rag.generation.openai_compat import EndpointError
+from rag.generation.endpoint import AsyncChat, ChatEndpoint, EndpointError
 from rag.metrics.cost import METRICS, JudgeInputs, UsageMeter, count_tokens, judge_inputs
 from rag.metrics.judge_cache import JudgeCache, content_key
 from rag.settings_base import StrictSettings
@@ -83,6 +83,8 @@ class RagasConfig(StrictSettings):
     max_concurrency: int = Field(4, ge=1, le=64)
     max_retries: int = Field(1, ge=0, le=5)
     """Extra calls when a reply does not parse; then the metric is left out for that answer."""
+    http_retries: int = Field(4, ge=0, le=10)
+    """Extra attempts on 429/5xx/timeouts/connection errors (backoff, Retry-After honoured)."""
     max_tokens: int = Field(1024, ge=16, le=32768)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     seed: int = 0
@@ -161,10 +163,11 @@ class _Judge:
 
     def __init__(self, cfg: RagasConfig, meter: UsageMeter, cache: JudgeCache | None):
         self.cfg, self.meter, self.cache = cfg, meter, cache
-        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-        self.headers = headers
-        self.client: httpx.AsyncClient | None = None
-        self.sem: asyncio.Semaphore | None = None
+        self.endpoint = ChatEndpoint(cfg.base_url, cfg.model, api_key=cfg.api_key,
+                                     timeout_s=cfg.timeout_s, max_retries=cfg.http_retries,
+                                     max_concurrency=cfg.max_concurrency,
+                                     where="ragas.base_url")
+        self.session: AsyncChat | None = None  # set for the duration of one scoring run
         self.inflight: dict[str, asyncio.Future] = {}
 
     def key(self, prompt: str, schema: str) -> str:
@@ -221,37 +224,18 @@ class _Judge:
 
     async def _post(self, metric: str, prompt: str) -> str:
         c = self.cfg
-        body: dict[str, Any] = {"model": c.model,
-                                "messages": [{"role": "user", "content": prompt}],
-                                "temperature": c.temperature, "seed": c.seed,
-                                "max_tokens": c.max_tokens}
-        if c.json_mode:
-            body["response_format"] = {"type": "json_object"}
-        assert self.client is not None and self.sem is not None
-        async with self.sem:
-            t0 = time.perf_counter()
-            try:
-                r = await self.client.post(c.chat_url, json=body)
-                r.raise_for_status()
-                data = r.json()
-                text = data["choices"][0]["message"]["content"] or ""
-            except httpx.HTTPStatusError as exc:
-                raise EndpointError(f"ragas.base_url {c.chat_url}: HTTP "
-                                    f"{exc.response.status_code}: "
-                                    f"{exc.response.text[:200]}") from None
-            except httpx.HTTPError as exc:
-                raise EndpointError(f"ragas.base_url {c.chat_url}: unreachable "
-                                    f"({type(exc).__name__}: {exc})") from None
-            except (KeyError, IndexError, TypeError, ValueError) as exc:
-                raise EndpointError(f"ragas.base_url {c.chat_url}: not an OpenAI chat "
-                                    f"completion ({exc!r})") from None
-            finally:
-                self.meter.add(metric, seconds=time.perf_counter() - t0)
-        usage = data.get("usage") or {}
+        assert self.session is not None
+        t0 = time.perf_counter()
+        try:
+            reply = await self.session.achat([{"role": "user", "content": prompt}],
+                                             max_tokens=c.max_tokens, temperature=c.temperature,
+                                             seed=c.seed, json_mode=c.json_mode)
+        finally:
+            self.meter.add(metric, seconds=time.perf_counter() - t0)
+        text = reply.text
         self.meter.add(metric, calls=1,
-                       prompt_tokens=int(usage.get("prompt_tokens") or count_tokens(prompt)),
-                       completion_tokens=int(usage.get("completion_tokens")
-                                             or count_tokens(text)))
+                       prompt_tokens=reply.prompt_tokens or count_tokens(prompt),
+                       completion_tokens=reply.completion_tokens or count_tokens(text))
         return text
 
 
@@ -373,15 +357,13 @@ class RagasScorer:
     async def _score_all(self, samples: Sequence[JudgeInputs]) -> list[dict[str, float]]:
         if any(s.user_input and s.response for s in samples):
             self._get_encoder()  # load before the event loop is busy (loading blocks it)
-        self._judge.sem = asyncio.Semaphore(self.config.max_concurrency)
         self._judge.inflight = {}
-        async with httpx.AsyncClient(timeout=self.config.timeout_s,
-                                     headers=self._judge.headers) as client:
-            self._judge.client = client
+        async with self._judge.endpoint.session() as session:
+            self._judge.session = session
             try:
                 return list(await asyncio.gather(*(self._score_one(s) for s in samples)))
             finally:
-                self._judge.client = None
+                self._judge.session = None
 
     async def _score_one(self, s: JudgeInputs) -> dict[str, float]:
         jobs: dict[str, tuple[str, dict[str, Any]]] = {}

