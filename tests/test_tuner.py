@@ -370,3 +370,22 @@ def test_adaptive_decision_log_feeds_ope(tmp_path):
         assert e.ci_low <= e.value <= e.ci_high and e.n == n
     dr = log.estimate(greedy)["dr"]
     assert abs(dr.value - truth) < 4 * dr.se + 1e-9
+
+
+def test_optuna_warm_start_evaluates_the_default_first_and_never_ends_below_it(ev, small_policy):
+    """`start`: TPE's first trial is the given config, so the recommendation's mean observed
+    reward is at least the start's (a tuner that recommends a config that did worse than the
+    one in production on its own tuning batches is a regression the user would not expect)."""
+    import numpy as np
+
+    from rl.tuner.baselines import optuna_search
+
+    base = small_policy.base_config()
+    for seed in (0, 1, 2):
+        res = optuna_search(ev, 4, seed=seed, unit="configs", start=base)
+        assert res.curve[0]["config_hash"] == base.config_hash
+        seen: dict[str, list[float]] = {}
+        for step in res.curve:
+            seen.setdefault(step["config_hash"], []).append(step["reward"])
+        best = res.best_config.config_hash
+        assert np.mean(seen[best]) >= np.mean(seen[base.config_hash])

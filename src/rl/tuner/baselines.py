@@ -116,9 +116,14 @@ def random_search(ev: TunerEvaluator, budget: int, seed: int = 0,
 
 
 def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0,
-                  unit: str = "steps") -> TuneResult:
+                  unit: str = "steps", start: RAGConfig | None = None) -> TuneResult:
     """TPE through Ray Tune's `OptunaSearch` searcher, asked and told in this process (the
-    cached evaluator lives here; Tune's trial actors would each reload the indexes)."""
+    cached evaluator lives here; Tune's trial actors would each reload the indexes).
+
+    `start`: a config to evaluate first (TPE's `points_to_evaluate`), e.g. the one in
+    production, so the search never recommends a config that scored below it on the tuning
+    split; it counts against `budget` like any other. Ignored when the space cannot express
+    it (its variant or prompt is not among the space's choices)."""
     import optuna
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
@@ -131,8 +136,10 @@ def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0,
                    "rerank": tune.choice(list(sp.reranks)),
                    "fusion_weight": tune.uniform(sp.w_lo, sp.w_hi),
                    "prompt": tune.choice(list(sp.prompts))}
+    first = _point_of(sp, start) if start is not None else None
     searcher = OptunaSearch(OptunaSearch.convert_search_space(param_space), metric="reward",
-                            mode="max", seed=seed)
+                            mode="max", seed=seed,
+                            points_to_evaluate=[first] if first is not None else None)
     i = 0
     while b.more(budget, unit):
         tid, i = f"t{i}", i + 1
@@ -141,6 +148,17 @@ def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0,
                       p["prompt"]))
         searcher.on_trial_complete(tid, {"reward": r})
     return b.result("optuna", t0)
+
+
+def _point_of(sp: ConfigSpace, config: RAGConfig) -> dict[str, Any] | None:
+    """`config` as a point of the TPE search space (nearest grid k), or None when the space
+    has no choice for its variant or prompt."""
+    if config.variant not in sp.variants or config.prompt_id not in sp.prompts:
+        return None
+    a = sp.to_action(config)
+    return {"variant": config.variant, "k": sp.ks[a["k"]], "rerank": sp.reranks[a["rerank"]],
+            "fusion_weight": float(np.clip(config.fusion_weight, sp.w_lo, sp.w_hi)),
+            "prompt": config.prompt_id}
 
 
 def bandit_search(ev: TunerEvaluator, budget: int, seed: int = 0, kind: str = "ucb",

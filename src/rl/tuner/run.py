@@ -92,10 +92,11 @@ def default_budget(settings: Any) -> int:
 def search(ev: Any, settings: Any, method: str, budget: int, unit: str = "steps",
            seed: int = 0, *, resume: str | Path | None = None,
            checkpoint_dir: str | Path | None = None,
-           on_iteration: OnIteration | None = None) -> Search:
+           on_iteration: OnIteration | None = None, start: Any = None) -> Search:
     """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`) with `seed`.
     PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
-    the end, `on_iteration` is called after each training iteration."""
+    the end, `on_iteration` is called after each training iteration. Optuna only: `start` (a
+    RAGConfig, e.g. the one in production) is its first trial (`baselines.optuna_search`)."""
     from rl.tuner import baselines
 
     check(method, budget, unit)
@@ -125,7 +126,7 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str = "steps"
     if method == "random":
         return Search(baselines.random_search(ev, budget, seed, unit=unit))
     if method == "optuna":
-        return Search(baselines.optuna_search(ev, budget, seed, unit=unit))
+        return Search(baselines.optuna_search(ev, budget, seed, unit=unit, start=start))
     return Search(baselines.bandit_search(ev, budget, seed, method.split("-")[1], unit=unit))
 
 
@@ -148,11 +149,14 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
                resume: str | Path | None = None, checkpoint: bool = False,
                mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
                metrics_textfile: str | Path | None = None,
-               on_iteration: OnIteration | None = None) -> TuningRun:
+               on_iteration: OnIteration | None = None,
+               warm_start: bool = False) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
     directory `out` (see the module docstring). `budget` defaults to `default_budget`.
     `mlflow_dir`: where the local MLflow store goes unless MLFLOW_TRACKING_URI is set (None:
-    no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run."""
+    no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run.
+    `warm_start`: Optuna's first trial is the settings' base config (the static default), so
+    the run cannot recommend a config that scored below the default on the tuning split."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData
@@ -178,7 +182,8 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
 
     found = search(ev, settings, method, budget, unit, seed, resume=resume,
                    checkpoint_dir=out / "checkpoint" if checkpoint else None,
-                   on_iteration=on_iter)
+                   on_iteration=on_iter,
+                   start=settings.base_config() if warm_start else None)
     res = found.result
     steps = steps_of(ev, found)
     if prom is not None:
@@ -196,6 +201,7 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     holdout.write(out / "holdout")
     data = ev.data
     summary = {"dataset": dataset, "dataset_name": data.name, "method": method, "seed": seed,
+               "warm_start": bool(warm_start and method == "optuna"),
                "split": {"source": data.split_source,
                          "path": None if data.split_path is None else str(data.split_path),
                          "tune": ev.slice.tune_split, "holdout": ev.slice.holdout_split,

@@ -57,7 +57,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          resume=args.resume, checkpoint=args.checkpoint,
                          mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
                          metrics_port=args.metrics_port,
-                         metrics_textfile=args.metrics_textfile, on_iteration=log)
+                         metrics_textfile=args.metrics_textfile, on_iteration=log,
+                         warm_start=not args.cold_start)
     if run.search.checkpoint:
         print("checkpoint:", run.search.checkpoint)
     ml = run.summary.get("mlflow")
@@ -178,6 +179,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
     s.add_argument("--method", default="ppo", choices=METHODS)
+    s.add_argument("--cold-start", action="store_true",
+                   help="optuna: do not evaluate the static default as the first trial")
     s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
     s.add_argument("--budget", type=int, help="evaluations (default 5 PPO iterations)")
     s.add_argument("--budget-unit", default="steps", choices=BUDGET_UNITS,

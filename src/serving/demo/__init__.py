@@ -11,8 +11,8 @@ CI, `promotion` with the decision and the deciding statistic), report.html (self
 tables, Pareto and reward-curve PNGs inline, the promotion timeline), tune/ (the tuning run),
 rollout/ (state.json, audit.jsonl), serve/ (interactions.sqlite), mlflow/ (local store).
 
-Budgets (2 cores, after set-up): the full run tunes 14 configs and sends at most 400 simulated
-requests; `fast` tunes 9 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
+Budgets (2 cores, after set-up): the full run tunes 40 configs (the first is the static
+default) and sends at most 400 simulated requests; `fast` tunes 9 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
 (the production tests with stage sizes for a few hundred requests). Serve and Ray are shut down
 on every exit, Ctrl-C included; a busy port is a ConfigError naming the port and `--port`.
 """
@@ -46,7 +46,7 @@ class Budget:
 
     @classmethod
     def of(cls, fast: bool) -> Budget:
-        return cls(9, 300, 100) if fast else cls(14, 400, 200)
+        return cls(9, 300, 100) if fast else cls(40, 400, 200)
 
 
 class _Stages:

@@ -49,7 +49,7 @@ def tune_stage(settings: Any, budget: int, out: Path, seed: int = 0,
     from rl.tuner.run import run_tuning
 
     return run_tuning(DATASET, settings, SEARCHER, budget, unit="configs", seed=seed, out=out,
-                      mlflow_dir=mlflow_dir)
+                      mlflow_dir=mlflow_dir, warm_start=True)
 
 
 def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
