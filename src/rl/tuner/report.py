@@ -294,12 +294,7 @@ def plot_pareto(grid_reports: Sequence[dict[str, Any]], marked: dict[str, dict[s
     ax.set_ylabel("quality (αF + βR)")
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_curves(curves: dict[str, Sequence[float]], ceiling: float, path: str | Path,
@@ -320,12 +315,7 @@ def plot_curves(curves: dict[str, Sequence[float]], ceiling: float, path: str | 
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, path)
 
 
 def plot_run_curve(rewards: Sequence[float], path: str | Path, title: str = "") -> Path:
@@ -335,3 +325,15 @@ def plot_run_curve(rewards: Sequence[float], path: str | Path, title: str = "") 
     best = np.maximum.accumulate(ys)
     return plot_curves({"batch reward": ys, "best so far": best}, float(best[-1]), path, title,
                        ceiling_label="best observed", ylabel="batch reward")
+
+
+def _save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write `path` (PNG, 110 dpi; parent folders made) and close the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
