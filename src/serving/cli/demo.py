@@ -20,7 +20,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with flags({"port": "--port", "policy_checkpoint": "--policy-checkpoint"}):
             run_demo(out=Path(args.out), fast=args.fast, seed=args.seed, port=args.port,
                      private_netns=args.private_netns, mlflow=not args.no_mlflow,
-                     policy_checkpoint=args.policy_checkpoint)
+                     policy_checkpoint=args.policy_checkpoint, warm_start=not args.cold_start)
     except KeyboardInterrupt:
         print("interrupted: Serve and Ray were stopped", file=sys.stderr)
         return 130
@@ -41,5 +41,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--policy-checkpoint", metavar="DIR",
                    help="a learned PPO policy (ragpilot tune --method ppo --checkpoint): its "
                         "config goes on instead of the searcher's when its valid reward is higher")
+    s.add_argument("--cold-start", action="store_true",
+                   help="the searcher does not try the default config first (then the tuned "
+                        "config always differs from the default and is always rolled out)")
     s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
     s.set_defaults(func=cmd_demo)

@@ -12,7 +12,7 @@ tables, Pareto and reward-curve PNGs inline, the promotion timeline), tune/ (the
 rollout/ (state.json, audit.jsonl), serve/ (interactions.sqlite), mlflow/ (local store).
 
 Budgets (2 cores, after set-up): the full run tunes 40 configs (the first is the static
-default) and sends at most 400 simulated requests; `fast` tunes 9 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
+default) and sends at most 400 simulated requests; `fast` tunes 16 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
 (the production tests with stage sizes for a few hundred requests). Serve and Ray are shut down
 on every exit, Ctrl-C included; a busy port is a ConfigError naming the port and `--port`.
 """
@@ -46,7 +46,7 @@ class Budget:
 
     @classmethod
     def of(cls, fast: bool) -> Budget:
-        return cls(9, 300, 100) if fast else cls(40, 400, 200)
+        return cls(16, 300, 100) if fast else cls(40, 400, 200)
 
 
 class _Stages:
@@ -94,10 +94,12 @@ def serve_args(out: Path, default: Any, tuned: Any) -> dict[str, Any]:
 def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
              port: int = 8000, private_netns: bool = False, mlflow: bool = True,
              policy_checkpoint: str | Path | None = None,
-             console: Console | None = None) -> dict[str, Any]:
+             console: Console | None = None, warm_start: bool = True) -> dict[str, Any]:
     """Run the loop (module docstring); returns the summary (also out/summary.json).
     `policy_checkpoint`: a saved PPO policy; its greedy config replaces the searcher's best
-    when its valid reward is higher."""
+    when its valid reward is higher. `warm_start`: the searcher's first trial is the default
+    config (so "tuned" never did worse than it on the tuning batches; when nothing beats it,
+    there is nothing to roll out and serve/promotion are skipped)."""
     from rl.tuner.settings import TunerSettings
     from rl.tuner.space import ConfigSpace
     from serving.demo import live, offline
@@ -134,7 +136,8 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
                       soft_wrap=True)  # a command to copy: never wrapped
     with st.stage("tune", f"{offline.SEARCHER} over the config space, {budget.tune_configs} "
                           "configs") as r:
-        run = offline.tune_stage(settings, budget.tune_configs, out / "tune", seed, mlflow_dir)
+        run = offline.tune_stage(settings, budget.tune_configs, out / "tune", seed, mlflow_dir,
+                                 warm_start=warm_start)
         tuned = run.best
         r["result"] = (f"best {tuned.config_hash} ({tuned.variant}, k={tuned.k}, rerank="
                        f"{tuned.rerank}, w={tuned.fusion_weight}, {tuned.prompt_id}); valid "

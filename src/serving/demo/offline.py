@@ -43,13 +43,13 @@ def index_stage() -> Any:
 
 
 def tune_stage(settings: Any, budget: int, out: Path, seed: int = 0,
-               mlflow_dir: Path | None = None) -> Any:
+               mlflow_dir: Path | None = None, warm_start: bool = True) -> Any:
     """`run_tuning` with the default searcher under a budget of `budget` distinct configs;
     writes `out` (best_config.yaml, curve.jsonl, plots/reward-curve.png, ...). The TuningRun."""
     from rl.tuner.run import run_tuning
 
     return run_tuning(DATASET, settings, SEARCHER, budget, unit="configs", seed=seed, out=out,
-                      mlflow_dir=mlflow_dir, warm_start=True)
+                      mlflow_dir=mlflow_dir, warm_start=warm_start)
 
 
 def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
