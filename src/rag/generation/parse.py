@@ -27,18 +27,38 @@ _FUNCTION = {"was", "is", "were", "are", "in", "by", "the", "a", "an", "of", "to
              "their", "its", "his", "her", "as", "for", "which", "that", "who", "be", "been"}
 
 
+def _bare(word: str) -> str:
+    return word.lower().strip(".,;:!?\"'()")
+
+
+def _starts_with_option(words: list[str], question: str) -> bool:
+    """Whether the answer's first words are one of the options a comparison question offers
+    ("..., Arthur's Magazine or First for Women?"): a leading phrase that stands right before
+    or right after an " or " of the question. Such an answer repeats question words by design."""
+    q = " ".join(_bare(w) for w in question.split())
+    phrase = ""
+    for w in words:
+        phrase = f"{phrase} {_bare(w)}".strip()
+        if f"{phrase} or " in q or q.endswith(f" or {phrase}") or f" or {phrase} " in q:
+            return True
+    return False
+
+
 def strip_question_echo(answer: str, question: str) -> str:
     """Small models restate the question before answering ("The band who released X had their
     first performance in Tulsa"): drop the longest leading run of words that mostly repeat the
-    question, then leading function words. Returns the answer unchanged when nothing is left."""
-    qwords = {w.lower().strip(".,;:!?\"'()") for w in question.split()}
+    question, then leading function words. Returns the answer unchanged when nothing is left,
+    and when it begins with one of the options a comparison question offers."""
+    qwords = {_bare(w) for w in question.split()}
     words = answer.split()
     cut, seen = 0, 0
     for i, w in enumerate(words, 1):
-        echoed = w.lower().strip(".,;:!?\"'()") in qwords
+        echoed = _bare(w) in qwords
         seen += echoed
         if echoed and i >= 3 and seen / i >= 0.7:
             cut = i
+    if cut and _starts_with_option(words[:cut], question):
+        return answer  # "First for Women (...)" answers "..., X or First for Women?": keep it
     rest = words[cut:]
     while rest and rest[0].lower() in _FUNCTION:
         rest = rest[1:]
