@@ -276,3 +276,15 @@ def test_derived_splits_for_the_tuner_never_redraw_a_builtin_split():
     changed = Dataset("hotpotqa", world.corpus, world.examples, {"f": "0" * 64}, builtin=True)
     with pytest.raises(DataError, match="hotpotqa.json"):
         split_manifest(changed, derive=DERIVED_SPLIT_SIZES)
+
+
+def test_the_tuner_refuses_a_changed_builtin_dataset_like_eval_does(tmp_path):
+    """`rl.common.data.split_manifest` (own-data splits for `ragpilot tune`) goes through the same
+    `committed_manifest` check: a built-in whose files changed is never re-split."""
+    from rl.common.data import split_manifest as tuner_split
+
+    world = load_dataset("synthetic")
+    changed = Dataset("hotpotqa", world.corpus, world.examples, {"f": "0" * 64}, builtin=True)
+    with pytest.raises(DataError, match="hotpotqa.json.*restore the original files"):
+        tuner_split(changed, "hotpotqa", tmp_path)
+    assert not (tmp_path / "split.json").exists()  # nothing drawn, nothing written

@@ -219,6 +219,16 @@ def _no_manifest(dataset: Dataset, split: str) -> DataError:
                      f"example with --split all")
 
 
+def committed_manifest(dataset: Dataset) -> SplitManifest | None:
+    """The committed manifest made from `dataset`'s content (`manifest_for`), or None for data
+    no committed manifest was made from. A built-in dataset whose files no longer match its
+    committed manifest is a DataError: a re-drawn split would mix test questions into tuning."""
+    m = manifest_for(dataset)
+    if m is None and dataset.builtin and (Path(SPLITS_DIR) / f"{dataset.name}.json").exists():
+        raise _no_manifest(dataset, "")
+    return m
+
+
 def split_manifest(dataset: Dataset, *, seed: int = 13,
                    derive: dict[str, float | int] | None = None) -> SplitManifest:
     """The manifest that splits `dataset`: the committed one made from its content
@@ -227,10 +237,10 @@ def split_manifest(dataset: Dataset, *, seed: int = 13,
     else a DataError naming the dataset and suggesting `--split all`. A built-in dataset whose
     files no longer match its committed manifest is a DataError even with `derive` (a silently
     re-drawn split would mix the test set into tuning)."""
-    m = manifest_for(dataset)
+    m = committed_manifest(dataset)
     if m is not None:
         return m
-    if derive and not (dataset.builtin and (Path(SPLITS_DIR) / f"{dataset.name}.json").exists()):
+    if derive:
         return stratified_split(dataset.examples, derive, seed, dataset.name,
                                 {Path(p).name: s for p, s in dataset.sources.items()})
     raise _no_manifest(dataset, "")
