@@ -3,21 +3,21 @@ call. It returns faithfulness F, relevancy R, latency p50/p95 (ms), cost (tokens
 the reward and the gate verdicts for one RAGConfig on a slice (a split, or a batch of it).
 
 How a step stays cheap (`TunerEvaluator`):
-  1. retrieval is memoised per question (`rl.common.memo`, on disk): cold per-retriever costs are stored;
-  2. the first evaluation of a config on a split answers every query with `Pipeline.run` (the
-     stage code Serve runs) over the memoised indexes (`MemoIndexSet`, a
-     `rag.index.provider.IndexProvider`), scores it and stores one row of metrics
-     per query — a `QueryTable`, in memory and on disk (SQLite), keyed by corpus fingerprint,
-     split ids, config hash and scorer version (`rows_version`: a fingerprint of the code
-     that computes rows, so edited metric or stage code recomputes tables instead of reusing
-     stale ones);
-  3. every later evaluation (any batch of that split) is a numpy reduction over the table.
-Latency in a table row (`MemoStageTimer`) = the stored cold cost of every retrieval/encoding the
-query needed (a median measured once per question and retriever, stored in the memo) + the
-measured time of the work that ran for real (fusion, rerank scoring, MMR, generation). Time
-spent in memo lookups, in measuring a cold cost or in loading models and indexes is charged to
-no stage, so a config's retrieval latency is the same whether it is evaluated first or after
-others; only the warm stages' milliseconds are re-measured when a table is rebuilt.
+  1. retrieval is memoised per question (`rl.common.memo`, on disk);
+  2. rows are per (config, query) and lazy: an evaluation on queries `idx` of a split answers
+     only those of them no earlier evaluation answered, with `Pipeline.run_traced` (the stage
+     code Serve runs) over the memoised indexes (`MemoIndexSet`, a
+     `rag.index.provider.IndexProvider`), scores them and stores one row per query, in memory
+     and on disk (SQLite `qrows`, keyed by scorer version, dataset, config hash and query id;
+     `rows_version` is a fingerprint of the code that computes rows, so edited metric or stage
+     code recomputes rows instead of reusing stale ones). Fidelity rungs (25 -> 75 -> the full
+     split, `rl.tuner.fidelity`) therefore cost what they evaluate, and a config promoted to
+     the next rung pays only for the new queries;
+  3. every evaluation is then a numpy reduction over the split's rows.
+Latency is priced by the per-stage cost model (`rl.tuner.cost_model`), measured once per
+component from repeated medians and saved beside the rows: the same rows give the same reward in
+every run, whatever the load while they were built. Rows keep the wall time each stage took
+(`measured_<stage>_ms`) for inspection only.
 
 Which per-query metrics play F and R is per dataset (`TunerSettings.datasets`): e.g. HotpotQA
 F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact (no answers)
@@ -36,7 +36,6 @@ import functools
 import hashlib
 import inspect
 import json
-import pickle
 import sqlite3
 import threading
 import time
@@ -52,10 +51,12 @@ from rag.errors import ConfigError
 from rag.metrics import score_answer
 from rag.metrics.claims import is_noncommittal
 from rag.models import cache_dir
-from rag.pipeline import STAGES, Pipeline, Resources, check_question
+from rag.pipeline import STAGES, Pipeline, Resources
 from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
+from rl.tuner.cost_measure import make_measurer
+from rl.tuner.cost_model import CostModel
 from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics, score_abstentions
 from rl.tuner.settings import DatasetSlice, TunerSettings
 
@@ -112,10 +113,6 @@ def gold_unanswerable(example: Example) -> bool:
     return isinstance(label, str) and label.strip().lower() in UNANSWERABLE_LABELS
 
 
-def _ids_fingerprint(examples: Sequence[Example]) -> str:
-    return hashlib.sha256("\n".join(e.id for e in examples).encode()).hexdigest()[:12]
-
-
 # ---- per-query tables -------------------------------------------------------------------------
 QueryTable = dict[str, np.ndarray]
 """metric name -> one float per query of the split (NaN where a query has no such gold)."""
@@ -150,7 +147,8 @@ class TunerEvaluator:
     """Evaluates configs on one dataset's splits through cached per-query tables."""
 
     def __init__(self, data: TuningData, policy: TunerSettings | None = None,
-                 cache_root: str | Path | None = None, resources: Resources | None = None):
+                 cache_root: str | Path | None = None, resources: Resources | None = None,
+                 cost_model: CostModel | str | Path | None = None):
         self.data = data
         self.policy = policy or TunerSettings.defaults()
         self.root = Path(cache_root) if cache_root else cache_dir() / "tuner"
@@ -161,13 +159,25 @@ class TunerEvaluator:
         default = DatasetSlice.for_gold(data.gold_kind())
         self.slice = self.policy.slice_for(data.name, default)
         self.thresholds = self.policy.thresholds_for(data.name, default)
-        self._tables: dict[tuple[str, str], QueryTable] = {}
+        self._rows: dict[str, dict[str, dict[str, float]]] = {}
+        """config key -> query id -> row (what the on-disk `qrows` table holds, read once)."""
+        self._assembled: dict[tuple[str, str], QueryTable] = {}
         self._lock = threading.RLock()
         fp = data.indexes.corpus.fingerprint()
-        self._db = sqlite3.connect(str(self.root / f"rows-{fp}.sqlite"),
-                                   check_same_thread=False)
+        self._db = sqlite3.connect(str(self.root / f"qrows-{fp}.sqlite"),
+                                   check_same_thread=False, timeout=60.0)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY, value BLOB)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS qrows (cfg TEXT, qid TEXT, value TEXT, "
+                         "PRIMARY KEY (cfg, qid))")
+        if not isinstance(cost_model, CostModel):
+            path = Path(cost_model) if cost_model else self.root / f"cost-model-{fp}.json"
+            cost_model = CostModel(path, make_measurer(
+                data.indexes, self.resources, lambda: data.examples(self.slice.tune_split),
+                self.policy.base_config()))
+        self.cost_model = cost_model
+        """Prices every row's latency (`rl.tuner.cost_model`): measured once per component,
+        saved beside the rows and reused, so rewards do not depend on the load while rows are
+        built."""
         self.counters = {"evaluations": 0, "tables_computed": 0, "queries_computed": 0}
         self.seen: dict[str, RAGConfig] = {}
         """Every config evaluated, by hash (reports value incumbents named by hash)."""
@@ -185,38 +195,71 @@ class TunerEvaluator:
             self._quality = QualityScorer()
         return self._quality
 
-    # ---- tables ---------------------------------------------------------------------------
-    def _key(self, config: RAGConfig, split: str) -> str:
-        ex = self.data.examples(split)
-        return f"{rows_version(self.uses_quality)}:{self.data.name}:{split}:" \
-               f"{_ids_fingerprint(ex)}:{config.config_hash}"
+    # ---- rows -------------------------------------------------------------------------------
+    def _cfg_key(self, config: RAGConfig) -> str:
+        return f"{rows_version(self.uses_quality)}:{self.data.name}:{config.config_hash}"
 
-    def table(self, config: RAGConfig, split: str) -> QueryTable:
-        """Per-query metrics of `config` on every query of `split` (computed once)."""
-        key = self._key(config, split)
+    def _load_rows(self, key: str) -> dict[str, dict[str, float]]:
+        """Every stored row of one config (query id -> row), read once per process."""
+        rows = self._rows.get(key)
+        if rows is None:
+            got = self._db.execute("SELECT qid, value FROM qrows WHERE cfg=?", (key,)).fetchall()
+            rows = {qid: json.loads(v) for qid, v in got}
+            self._rows[key] = rows
+        return rows
+
+    def ensure_rows(self, config: RAGConfig, split: str,
+                    idx: np.ndarray | Sequence[int] | None = None) -> int:
+        """Compute (and store) the rows of `config` for queries `idx` of `split` (all when None)
+        that no earlier evaluation computed. Returns how many were computed now."""
+        ex = self.data.examples(split)
+        want = range(len(ex)) if idx is None else np.asarray(idx, dtype=np.int64)
         with self._lock:
-            mem = self._tables.get((split, key))
-            if mem is not None:
-                return mem
-            row = self._db.execute("SELECT value FROM rows WHERE key=?", (key,)).fetchone()
-            if row is not None:
-                tab = pickle.loads(row[0])
-            else:
-                tab = self._compute(config, self.data.examples(split))
-                self._db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?)",
-                                 (key, pickle.dumps(tab)))
+            key = self._cfg_key(config)
+            rows = self._load_rows(key)
+            todo = [ex[int(i)] for i in want if ex[int(i)].id not in rows]
+            if todo:
+                new = self._compute(config, todo)
+                for e, row in zip(todo, new, strict=True):
+                    rows[e.id] = row
+                self._db.executemany("INSERT OR REPLACE INTO qrows VALUES (?, ?, ?)",
+                                     [(key, e.id, json.dumps(r)) for e, r in
+                                      zip(todo, new, strict=True)])
                 self._db.commit()
                 self.memo.flush()
-            self._tables[(split, key)] = tab
+                self._assembled.pop((key, split), None)
+            return len(todo)
+
+    def table(self, config: RAGConfig, split: str,
+              idx: np.ndarray | Sequence[int] | None = None) -> QueryTable:
+        """Per-query metrics of `config` on `split`: one value per query of the split, NaN in
+        every column of a query not computed yet. Rows `idx` (all when None) are computed first
+        when missing; latency columns come from the cost model (`rl.tuner.cost_model`)."""
+        self.ensure_rows(config, split, idx)
+        key = self._cfg_key(config)
+        with self._lock:
+            tab = self._assembled.get((key, split))
+            if tab is None:
+                rows = self._load_rows(key)
+                ex = self.data.examples(split)
+                got = [rows.get(e.id) for e in ex]
+                cols = sorted({c for r in got if r for c in r})
+                tab = {c: np.array([np.nan if r is None else r.get(c, np.nan) for r in got],
+                                   dtype=np.float64) for c in cols}
+                tab.update(self.cost_model.latency(config, tab))
+                self._assembled[(key, split)] = tab
             return tab
 
     def is_cached(self, config: RAGConfig, split: str) -> bool:
-        key = self._key(config, split)
-        if (split, key) in self._tables:
-            return True
-        return self._db.execute("SELECT 1 FROM rows WHERE key=?", (key,)).fetchone() is not None
+        """Every query of `split` has a stored row for `config`."""
+        return self.cached_count(config, split) == len(self.data.examples(split))
 
-    def _compute(self, config: RAGConfig, examples: Sequence[Example]) -> QueryTable:
+    def cached_count(self, config: RAGConfig, split: str) -> int:
+        with self._lock:
+            rows = self._load_rows(self._cfg_key(config))
+            return sum(e.id in rows for e in self.data.examples(split))
+
+    def _compute(self, config: RAGConfig, examples: Sequence[Example]) -> list[dict[str, float]]:
         pipe = Pipeline(self.memo, config, self.resources)
         pipe.load_models()
         rows: list[dict[str, float]] = []
@@ -225,63 +268,28 @@ class TunerEvaluator:
             ans, trace = pipe.run_traced(e.question, e.id, self.memo.stage_timer())
             # a row's recall@n / ndcg@10 / mrr@10 read the reranked list: what rerank changes
             ans = replace(ans, candidates=tuple(trace.ranked))
-            lat = ans.latency_ms
             row = score_answer(ans, e, k=config.k)
             # what `quality` scores abstentions by (rl.tuner.reward.score_abstentions)
             row[ABSTAINED] = float(is_noncommittal(ans.text))
             row[UNANSWERABLE] = float(gold_unanswerable(e))
-            row.update({f"{s}_ms": lat[s] for s in STAGES})
-            row["latency_ms"] = sum(lat[s] for s in STAGES)
-            row["tokens"] = float(ans.tokens_in + ans.tokens_out)
-            rows.append(row)
+            # what the cost model prices (rl.tuner.cost_model); the wall times are kept only
+            # for inspection: no reward reads them
+            row["tokens_in"], row["tokens_out"] = float(ans.tokens_in), float(ans.tokens_out)
+            row["tokens"] = row["tokens_in"] + row["tokens_out"]
+            row["n_reranked"] = float(0 if config.rerank == "none"
+                                      else min(config.rerank_depth, len(trace.candidates)))
+            mmr = config.mmr_lambda < 1.0 and len(trace.ranked) > config.k
+            row["mmr_pool"] = float(min(len(trace.ranked), 4 * config.k) if mmr else 0)
+            row.update({f"measured_{s}_ms": ans.latency_ms[s] for s in STAGES})
+            rows.append({k: float(v) for k, v in row.items()})
             answers.append(ans)
         if self.uses_quality:
             scored = self.quality_scorer.score_batch(answers, list(examples))
             for row, q in zip(rows, scored, strict=True):
-                row.update({QUALITY_PREFIX + m: v for m, v in q.items()})
+                row.update({QUALITY_PREFIX + m: float(v) for m, v in q.items()})
         self.counters["tables_computed"] += 1
         self.counters["queries_computed"] += len(examples)
-        keys = sorted({k for r in rows for k in r})
-        return {k: np.array([r.get(k, np.nan) for r in rows], dtype=np.float64) for k in keys}
-
-    def recalibrate_latency(self, split: str, configs: Sequence[RAGConfig]) -> int:
-        """Re-time the memoised retrieval costs of `split`'s questions on this (quiet) machine
-        and shift the stored latency of every cached table of `configs` by the change, so
-        tables built under load stop carrying its spikes. Fusion, rerank scoring and
-        generation times stay as measured. Returns the number of tables updated."""
-        from rl.common.memo import retime
-
-        questions = [check_question(e.question) for e in self.data.examples(split)]
-        changes = retime(self.memo, set(questions))
-        delta = {}
-        for (name, q), (old, new) in changes.items():
-            delta.setdefault(name, {})[q] = new - old
-
-        def d(name: str) -> np.ndarray:
-            m = delta.get(name, {})
-            return np.array([m.get(q, 0.0) for q in questions])
-
-        n = 0
-        for cfg in configs:
-            key = self._key(cfg, split)
-            row = self._db.execute("SELECT value FROM rows WHERE key=?", (key,)).fetchone()
-            if row is None:
-                continue
-            tab = pickle.loads(row[0])
-            b, dn = f"bm25-{cfg.bm25_backend}", f"dense-{cfg.dense_index}"
-            shift = {"bm25": d(b), "dense": d(dn), "hybrid": d(b) + d(dn),
-                     "graph": d(f"graph@{cfg.bm25_backend}+{cfg.dense_index}")}[cfg.variant]
-            tab["retrieve_ms"] = tab["retrieve_ms"] + shift
-            if cfg.rerank == "cosine" and cfg.reranker_model == self.data.indexes.encoder_name:
-                tab["rerank_ms"] = tab["rerank_ms"] + d(f"{dn}-embed")
-            if cfg.mmr_lambda < 1.0:  # MMR encodes the question (when it has more than k hits)
-                tab["select_ms"] = tab["select_ms"] + d(f"{dn}-embed")
-            tab["latency_ms"] = sum(tab[f"{s}_ms"] for s in STAGES)
-            self._db.execute("UPDATE rows SET value=? WHERE key=?", (pickle.dumps(tab), key))
-            self._tables.pop((split, key), None)
-            n += 1
-        self._db.commit()
-        return n
+        return rows
 
     # ---- evaluation -----------------------------------------------------------------------
     def quality(self, tab: QueryTable) -> tuple[np.ndarray, np.ndarray]:
@@ -321,14 +329,14 @@ class TunerEvaluator:
         t0 = time.perf_counter()
         split = split or self.slice.tune_split
         self.seen[config.config_hash] = config
-        cached = self.is_cached(config, split)
-        tab = self.table(config, split)
         sel = None if idx is None else np.asarray(idx, dtype=np.int64)
+        cached = self.ensure_rows(config, split, sel) == 0
+        tab = self.table(config, split, sel)  # only rows `sel` are computed (lazy fidelity)
         m = self.summarize(tab, sel)
         r, verdicts = self.reward_spec().reward(m)
         lat = tab["latency_ms"] if sel is None else tab["latency_ms"][sel]
-        extra = {k: float(np.nanmean(v if sel is None else v[sel])) for k, v in tab.items()
-                 if not np.all(np.isnan(v))}
+        picked = {k: (v if sel is None else v[sel]) for k, v in tab.items()}
+        extra = {k: float(np.nanmean(v)) for k, v in picked.items() if not np.all(np.isnan(v))}
         self.counters["evaluations"] += 1
         return EvalReport(self.data.name, split, config.model_dump(mode="json"),
                           config.config_hash, int(lat.size), m.faithfulness, m.relevancy,

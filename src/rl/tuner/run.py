@@ -212,7 +212,9 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,
                "best_config_hash": best.config_hash, "valid": valid.to_dict(),
-               "holdout": test.to_dict()}
+               "holdout": test.to_dict(),
+               # the latency prices every reward of this run used (rl.tuner.cost_model)
+               "cost_model": ev.cost_model.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     curve_png = plot_run_curve([float(s["reward"]) for s in steps],
                                out / "plots" / "reward-curve.png",
