@@ -169,16 +169,17 @@ class CostModel:
     def latency(self, config: RAGConfig, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Per-stage latency (ms, one value per row) of `config` on `rows` (columns
         `tokens_in`, `tokens_out`, `n_reranked`, `mmr_pool`), and their sum `latency_ms`."""
-        n = len(next(iter(rows.values())))
-        zeros = np.zeros(n)
+        rows = {c: np.asarray(rows[c], dtype=np.float64)
+                for c in ("tokens_in", "tokens_out", "n_reranked", "mmr_pool")}
+        zeros = np.zeros(len(rows["tokens_in"]))
         retrieve = zeros + sum(float(self.component(c).predict()) for c in
                                self.retrieval_names(config))
-        rr = self.rerank_name(config)
-        rerank = zeros if rr is None else np.asarray(
-            self.component(rr).predict(candidates=rows["n_reranked"])) * (rows["n_reranked"] > 0)
+        rr, reranked = self.rerank_name(config), rows["n_reranked"]
+        rerank = zeros if rr is None else np.where(
+            reranked > 0, self.component(rr).predict(candidates=reranked), 0.0)
         pool = rows["mmr_pool"]
-        select = np.where(pool > 0, self.component(f"mmr:dense-{config.dense_index}")
-                          .predict(pool=pool), 0.0)
+        select = zeros if not np.any(pool > 0) else np.where(
+            pool > 0, self.component(f"mmr:dense-{config.dense_index}").predict(pool=pool), 0.0)
         generate = np.asarray(self.component(self.generate_name(config)).predict(
             tokens_in=rows["tokens_in"], tokens_out=rows["tokens_out"])) + zeros
         out = {"retrieve_ms": retrieve, "rerank_ms": np.asarray(rerank, dtype=np.float64),

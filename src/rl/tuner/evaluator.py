@@ -138,6 +138,9 @@ class EvalReport:
     metrics: dict[str, float] = field(default_factory=dict)
     elapsed_ms: float = 0.0
     cached: bool = True
+    violations: dict[str, float] = field(default_factory=dict)
+    """Each hard gate's relative violation (`rl.tuner.reward.Gate.violation`; <= 0 passes):
+    the feasibility signal constrained searchers read."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -333,7 +336,9 @@ class TunerEvaluator:
         cached = self.ensure_rows(config, split, sel) == 0
         tab = self.table(config, split, sel)  # only rows `sel` are computed (lazy fidelity)
         m = self.summarize(tab, sel)
-        r, verdicts = self.reward_spec().reward(m)
+        spec = self.reward_spec()
+        r, verdicts = spec.reward(m)
+        viol = {g: float(v) for g, v in spec.violations(m).items()}
         lat = tab["latency_ms"] if sel is None else tab["latency_ms"][sel]
         picked = {k: (v if sel is None else v[sel]) for k, v in tab.items()}
         extra = {k: float(np.nanmean(v)) for k, v in picked.items() if not np.all(np.isnan(v))}
@@ -342,7 +347,7 @@ class TunerEvaluator:
                           config.config_hash, int(lat.size), m.faithfulness, m.relevancy,
                           float(np.percentile(lat, 50)), m.p95_latency_ms, m.cost, r,
                           verdicts.as_dict(), m.quality_se, extra,
-                          (time.perf_counter() - t0) * 1000, cached)
+                          (time.perf_counter() - t0) * 1000, cached, viol)
 
     def per_query_reward(self, tab: QueryTable) -> np.ndarray:
         """Reward of each query alone (`RewardSpec.per_query`: latency and cost per query, no

@@ -115,6 +115,15 @@ class Gate:
         v = np.asarray(value, dtype=np.float64)
         return _out(v >= self.threshold if self.higher_is_better else v <= self.threshold)
 
+    def violation(self, value: ArrayLike) -> Value:
+        """How far `value` is on the wrong side of the threshold, relative to it (<= 0:
+        passes; 0.1: 10% short of a floor or over a ceiling; NaN: 1, a full violation). What
+        a constrained searcher reads as its feasibility signal (Optuna `constraints_func`)."""
+        v = np.asarray(value, dtype=np.float64)
+        scale = max(abs(self.threshold), 1e-9)
+        gap = (self.threshold - v) if self.higher_is_better else (v - self.threshold)
+        return _out(np.where(np.isnan(v), 1.0, gap / scale))
+
 
 def hard_gates(t: Thresholds) -> tuple[Gate, Gate, Gate]:
     """The three hard gates of thresholds `t` (F, R: at least; p95 ms: at most)."""
@@ -233,6 +242,10 @@ class RewardSpec:
     def gates(self, m: StepMetrics) -> GateVerdicts:
         f, r, lat, st = (g.passes(getattr(m, g.statistic)) for g in self.gates_spec)
         return GateVerdicts(f, r, lat, st)
+
+    def violations(self, m: StepMetrics) -> dict[str, Value]:
+        """Each hard gate's relative violation (`Gate.violation`; <= 0 passes)."""
+        return {g.name: g.violation(getattr(m, g.statistic)) for g in self.gates_spec[:3]}
 
     def penalty(self, v: GateVerdicts, pii_leaks: ArrayLike = 0.0) -> Value:
         """P: failed hard gates + 0.5 if unstable + w_pii × `pii_leaks` (mean per query)."""
