@@ -137,9 +137,16 @@ class _TrialRef:
 
 
 def _as_params(space, config: RAGConfig) -> dict | None:
+    """`config` as a point of the searcher's space (every head, acting or not), or None when
+    the space cannot express it."""
     to_params = getattr(space, "to_params", None)
+    if to_params is None:
+        return None
     try:
-        return None if to_params is None else to_params(config)
+        try:
+            return to_params(config, complete=True)
+        except TypeError:  # a space whose points are always complete
+            return to_params(config)
     except ConfigError:
         return None
 
