@@ -90,8 +90,11 @@ class ActionCodec:
             if h in BOX_HEADS:
                 x = getattr(config, h)
                 a[h] = np.array([self.default(h) if x is None else x], dtype=np.float32)
-            elif h == "rerank_depth":
-                a[h] = int(np.argmin([abs(d - config.rerank_depth) for d in self.depths]))
+            elif h == "rerank_depth":  # a choice `make` turns into this depth, else the nearest
+                same = [i for i, d in enumerate(self.depths) if min(max(d, config.k),
+                        config.n_candidates) == config.rerank_depth]
+                a[h] = same[0] if same else int(np.argmin([abs(d - config.rerank_depth)
+                                                           for d in self.depths]))
             else:
                 x = getattr(config, h) or self.default(h, label)
                 vals = self.choices(h)
