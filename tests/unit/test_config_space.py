@@ -270,3 +270,11 @@ def test_abstain_threshold_changes_abstention():
     texts = [Pipeline(idx, cfg.replace(abstain_threshold=t)).run(q).text
              for t in (cov - 0.1, cov + 0.1)]
     assert texts[0] != INSUFFICIENT and texts[1] == INSUFFICIENT
+
+
+def test_to_params_refuses_a_config_the_space_cannot_express():
+    s = _small()
+    with pytest.raises(ConfigError, match="not a config of this space"):
+        s.to_params(s.base.replace(k=4))  # k 4 is not among [3, 25, 32]
+    with pytest.raises(ConfigError, match="not a config of this space"):
+        s.to_params(s.base.replace(n_candidates=80))  # a field no head sets

@@ -348,8 +348,8 @@ class ConfigSpace(ActionCodec):
     def to_params(self, config: RAGConfig, complete: bool = False) -> dict[str, Any]:
         """`config` as a search point over the heads with > 1 value: only the heads that act
         in it (what `suggest` asks), or every such head with `complete` (inactive ones at
-        their default; a flat `tune_param_space` point). ConfigError when a Discrete head has
-        no choice for the config's value."""
+        their default; a flat `tune_param_space` point). ConfigError when the space cannot
+        express `config` exactly (`from_params` of the point would give another config)."""
         a = self.to_action(config)
         p: dict[str, Any] = {}
         for h in self._active():
@@ -357,10 +357,13 @@ class ConfigSpace(ActionCodec):
                 p[h] = self.box(h).snap(float(np.asarray(a[h]).reshape(-1)[0]))
             else:
                 p[h] = self.choices(h)[int(a[h])]
-        if complete:
-            return p
-        act = self._acting(config)
-        return {h: x for h, x in p.items() if h in act}
+        if not complete:
+            act = self._acting(config)
+            p = {h: x for h, x in p.items() if h in act}
+        if self.from_params(p) != config:
+            raise ConfigError("config", f"{config.config_hash} is not a config of this space "
+                                        f"(nearest: {self.from_params(p).config_hash})")
+        return p
 
     def _acting(self, config: RAGConfig) -> set[str]:
         out = {"variant", "k", "rerank", "prompt", "mmr_lambda", "generator"}
