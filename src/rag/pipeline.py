@@ -255,7 +255,8 @@ class Pipeline:
     def run_batch(self, questions: Sequence[str], query_ids: Sequence[str] | None = None,
                   batch_size: int = 8, progress: Callable[[int], None] | None = None
                   ) -> list[Answer]:
-        """Answer many questions; `progress(n_done)` is called after each generator batch."""
+        """Answer many single-turn questions (no history: see `run` for conversations);
+        `progress(n_done)` is called after each generator batch."""
         qs = [check_question(q) for q in questions]
         ids = list(query_ids) if query_ids is not None else [str(i) for i in range(len(qs))]
         if len(ids) != len(qs):
