@@ -21,9 +21,10 @@ bytes (`rl.common.data.split_manifest`); F and R default to what gold the data h
 metrics) unless the `--policy` file names the dataset under `datasets:`.
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
 `--grid`, for a `--policy` that pins the space small enough to enumerate) on the holdout split
-— Δ of the continuous reward with a paired bootstrap CI, gate verdicts apart with their own evidence (rl.tuner.report) — prints the queries needed to detect a
-faithfulness change of 0.03 at 80% power from the measured per-query faithfulness, draws the
-Pareto frontier and reward curve, and adds those PNGs to the tune run's MLflow run.
+— Δ of the continuous reward with a paired bootstrap CI, gate verdicts apart with their own
+evidence (rl.tuner.report) — prints the queries needed to detect a faithfulness change of 0.03
+at 80% power from the measured per-query faithfulness, draws the Pareto frontier and reward
+curve, and adds those PNGs to the tune run's MLflow run.
 """
 
 from __future__ import annotations
