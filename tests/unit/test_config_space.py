@@ -278,3 +278,22 @@ def test_to_params_refuses_a_config_the_space_cannot_express():
         s.to_params(s.base.replace(k=4))  # k 4 is not among [3, 25, 32]
     with pytest.raises(ConfigError, match="not a config of this space"):
         s.to_params(s.base.replace(n_candidates=80))  # a field no head sets
+
+
+def test_generator_head_and_the_abstain_threshold_only_for_the_extractive_reader():
+    gens = ["extractive", "smollm2-135m-instruct"]
+    policy = TunerSettings.defaults().with_overrides(
+        k_grid=[5], fusion_step=0.5, abstain_step=0.3,
+        discrete={"variant": ["bm25"], "rerank": ["off"],
+                  "prompt_id": ["cite_concise", "cite_concise_abstain"], "generator": gens},
+        bounds={"mmr_lambda": {"min": 1.0, "max": 1.0}, "abstain_threshold":
+                {"min": 0.2, "max": 0.8}})
+    s = ConfigSpace(policy)
+    assert s.extra_heads == ("abstain_threshold", "generator")
+    # extractive: 1 + 3 thresholds (0.2, 0.5 -> None, 0.8); the model: 2 prompts
+    assert s.size() == len(list(s.grid())) == 4 + 2
+    model = [s.make("bm25", 5, "off", 0.5, "cite_concise_abstain", generator=gens[1],
+                    abstain_threshold=t) for t in (0.2, 0.8)]
+    assert model[0] == model[1] and model[0].abstain_threshold is None
+    assert model[0].generator == gens[1]
+    assert s.from_params(s.to_params(model[0])) == model[0]
