@@ -12,7 +12,10 @@ from serving.cli import main
 
 SMALL = {"policy": {"k_grid": [3, 5], "fusion_grid": 0.5, "fusion_step": 0.5,
                     "discrete": {"variant": ["bm25", "hybrid"], "rerank": ["off"],
-                                 "prompt_id": ["cite_concise"]},
+                                 "prompt_id": ["cite_concise"],
+                                 # pinned: the heads issue 18 added
+                                 "normalisation": ["minmax"], "rerank_depth": [30]},
+                    "bounds": {"mmr_lambda": {"min": 1.0, "max": 1.0}},
                     "episode": {"length": 3, "batch_size": 30}}}
 
 

@@ -23,7 +23,8 @@ def tuner(tmp_path_factory):
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
         episode={"length": 4, "batch_size": 40},
-        ppo={"train_batch_size": 8, "minibatch_size": 4, "num_epochs": 2, "hidden": [16]})
+        ppo={"train_batch_size": 8, "minibatch_size": 4, "num_epochs": 2, "hidden": [16]}
+    ).with_legacy_space()  # the heads issue 18 added pinned: the small space of this module
     ev = TunerEvaluator(TuningData.open("synthetic"), policy,
                         cache_root=tmp_path_factory.mktemp("tuner"))
     t = PPOTuner(ev, policy, seed=0)

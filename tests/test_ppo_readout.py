@@ -21,7 +21,8 @@ def _policy(mode: str) -> TunerSettings:
         action_mode=mode, k_grid=[3, 5, 8], fusion_step=0.05,
         discrete={"variant": ["hybrid"], "rerank": ["off"], "prompt_id": ["cite_concise"]},
         episode={"length": 4, "batch_size": 20},
-        ppo={"train_batch_size": 4, "minibatch_size": 4, "num_epochs": 1, "hidden": [8]})
+        ppo={"train_batch_size": 4, "minibatch_size": 4, "num_epochs": 1, "hidden": [8]}
+    ).with_legacy_space()  # the heads issue 18 added pinned: the five heads read out below
 
 
 @pytest.fixture(scope="module")

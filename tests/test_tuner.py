@@ -25,12 +25,13 @@ def data():
 @pytest.fixture(scope="module")
 def small_policy():
     # a small space keeps the module fast: 2 retrievers x 3 k x rerank x 1 prompt (+3 weights);
-    # fusion_step = fusion_grid so every config an action can reach is in the grid
+    # fusion_step = fusion_grid so every config an action can reach is in the grid; the heads
+    # issue 18 added are pinned (with_legacy_space)
     return TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
-        episode={"length": 4, "batch_size": 40})
+        episode={"length": 4, "batch_size": 40}).with_legacy_space()
 
 
 @pytest.fixture(scope="module")

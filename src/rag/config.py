@@ -21,11 +21,12 @@ from rag.settings_base import StrictSettings
 Variant = Literal["bm25", "dense", "hybrid", "graph"]
 Rerank = Literal["none", "cosine", "cross_encoder"]
 Normalisation = Literal["minmax", "zscore", "rrf"]
+QueryFormulation = Literal["last_turn", "last_two_user", "all_user"]
 
 MAX_CANDIDATES = 100
 
 
-HASH_OPTIONAL = frozenset({"rerank_mix"})
+HASH_OPTIONAL = frozenset({"rerank_mix", "abstain_threshold", "query_formulation"})
 """Fields left out of a config's identity while unset (None)."""
 
 
@@ -62,6 +63,15 @@ class RAGConfig(StrictSettings):
     graph_seeds: int = Field(5, ge=1, le=50)
     """Lexical+dense hits that seed the graph walk."""
     prompt_id: str = "cite_concise"
+    abstain_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    """`*_abstain` prompts with the extractive generator: abstain when no sentence holds at
+    least this share of the question's content words. None: the generator's default
+    (`ExtractiveReader.abstain_below`, 0.5). Other generators ignore it."""
+    query_formulation: QueryFormulation | None = None
+    """Conversations: the retrieval query built from the history and the question
+    (`rag.query_formulation`): last_turn (the question alone; also what None means),
+    last_two_user (the previous user turn + the question), all_user (every user turn). The
+    generator always answers the question itself."""
     generator: str = "extractive"
     """Registry name of the generator backend (`extractive`, `smollm2-135m-instruct`, ...)."""
     max_new_tokens: int = Field(48, ge=1, le=1024)

@@ -91,7 +91,9 @@ class LlamaCppGenerator(Generator):
         self._lock = threading.Lock()
 
     def generate(self, question: str, contexts: Sequence[Context], prompt_id: str,
-                 max_new_tokens: int = 48, temperature: float = 0.0) -> Generation:
+                 max_new_tokens: int = 48, temperature: float = 0.0,
+                 abstain_threshold: float | None = None) -> Generation:
+        # abstain_threshold is ignored: a `*_abstain` prompt asks the model itself to abstain
         tpl = get_prompt(prompt_id)
         messages = tpl.messages(question, contexts)
         key = cache_key(self.fingerprint, prompt_id, messages, max_new_tokens, temperature)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
@@ -210,32 +211,52 @@ class Pipeline:
         cands, _, chosen = self._retrieval_stages(question, timer)
         return cands, self.contexts(chosen), timer.latency_ms
 
-    def run_traced(self, question: str, query_id: str = "q", timer: StageTimer | None = None
+    def retrieval_query(self, question: str,
+                        history: Sequence[Mapping[str, str]] | None = None) -> str:
+        """What the retrieval stages search with: `question` (checked) after `history` (the
+        earlier turns, `Example.history`) as `config.query_formulation` says
+        (`rag.query_formulation`; None = the question alone)."""
+        from rag.query_formulation import formulate_query
+
+        return formulate_query(check_question(question), history,
+                               self.config.query_formulation, max_chars=MAX_QUESTION_CHARS)
+
+    def _gen_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        kw: dict[str, Any] = {"max_new_tokens": c.max_new_tokens, "temperature": c.temperature}
+        if c.abstain_threshold is not None:  # unset: backends written before it keep working
+            kw["abstain_threshold"] = c.abstain_threshold
+        return kw
+
+    def run_traced(self, question: str, query_id: str = "q", timer: StageTimer | None = None,
+                   history: Sequence[Mapping[str, str]] | None = None
                    ) -> tuple[Answer, StageTrace]:
-        """`run`, and what each stage produced (`StageTrace`)."""
+        """`run`, and what each stage produced (`StageTrace`). `history`: the conversation's
+        earlier turns; retrieval uses `retrieval_query(question, history)`, generation answers
+        `question` itself."""
         question = check_question(question)
+        query = self.retrieval_query(question, history)
         timer = timer or StageTimer()
-        cands, ranked, chosen = self._retrieval_stages(question, timer)
+        cands, ranked, chosen = self._retrieval_stages(query, timer)
         ctxs = self.contexts(chosen)
         gen = self.resources.generator(self.config.generator, self.config.device)
         with timer.stage("generate"):
-            g = gen.generate(question, ctxs, self.config.prompt_id,
-                             max_new_tokens=self.config.max_new_tokens,
-                             temperature=self.config.temperature)
+            g = gen.generate(question, ctxs, self.config.prompt_id, **self._gen_kwargs())
         ans = self._answer(query_id, question, cands, ctxs, timer.latency_ms, g)
         return ans, StageTrace(cands, ranked, chosen)
 
-    def run(self, question: str, query_id: str = "q", timer: StageTimer | None = None
-            ) -> Answer:
+    def run(self, question: str, query_id: str = "q", timer: StageTimer | None = None,
+            history: Sequence[Mapping[str, str]] | None = None) -> Answer:
         """Answer one question (stripped; ConfigError when empty or over MAX_QUESTION_CHARS);
         `Answer.latency_ms` holds each of `STAGES` in ms as `timer` (default: wall clock)
-        measured it."""
-        return self.run_traced(question, query_id, timer)[0]
+        measured it. `history`: earlier turns of a conversation (see `run_traced`)."""
+        return self.run_traced(question, query_id, timer, history)[0]
 
     def run_batch(self, questions: Sequence[str], query_ids: Sequence[str] | None = None,
                   batch_size: int = 8, progress: Callable[[int], None] | None = None
                   ) -> list[Answer]:
-        """Answer many questions; `progress(n_done)` is called after each generator batch."""
+        """Answer many single-turn questions (no history: see `run` for conversations);
+        `progress(n_done)` is called after each generator batch."""
         qs = [check_question(q) for q in questions]
         ids = list(query_ids) if query_ids is not None else [str(i) for i in range(len(qs))]
         if len(ids) != len(qs):
@@ -247,8 +268,7 @@ class Pipeline:
             retrieved = [self.retrieve(q) for q in chunk]
             t0 = time.perf_counter()
             gens = gen.generate_batch(chunk, [r[1] for r in retrieved], self.config.prompt_id,
-                                      max_new_tokens=self.config.max_new_tokens,
-                                      temperature=self.config.temperature)
+                                      **self._gen_kwargs())
             per_q = (time.perf_counter() - t0) * 1000.0 / max(len(chunk), 1)
             for j, (q, (cands, ctxs, lat), g) in enumerate(zip(chunk, retrieved, gens,
                                                                 strict=True)):

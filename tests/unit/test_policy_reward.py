@@ -83,7 +83,8 @@ def test_reward_by_hand():
 
 
 def test_space_grid_and_round_trip():
-    p = TunerSettings.defaults()
+    # the space before issue 18 (the default one has > 10^6 configs: tests/unit/test_config_space.py)
+    p = TunerSettings.defaults().with_legacy_space()
     space = ConfigSpace(p)
     grid = list(space.grid())
     # bm25/dense/graph: 9 k x 2 rerank x 2 prompts; hybrid also 11 fusion weights
@@ -99,7 +100,7 @@ def test_space_grid_and_round_trip():
 
 
 def test_delta_mode_moves_one_grid_step_and_clips():
-    p = TunerSettings.defaults().with_overrides(action_mode="delta")
+    p = TunerSettings.defaults().with_overrides(action_mode="delta").with_legacy_space()
     space = ConfigSpace(p)
     cur = space.make("hybrid", 5, "off", 0.5, "cite_concise")
     up = space.to_config({"variant": 2, "k": 2, "rerank": 0, "fusion_weight": [0.12],

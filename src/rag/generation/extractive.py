@@ -86,15 +86,19 @@ class ExtractiveReader(Generator):
     title_bonus = 6.0  # tuned on the HotpotQA train split with gold paragraphs (0..100)
     abstain_below = 0.5
     """`*_abstain` prompts: answer INSUFFICIENT when no sentence (with its passage title) holds
-    at least this share of the question's content words."""
+    at least this share of the question's content words (the default of `generate`'s
+    `abstain_threshold`)."""
 
     def generate(self, question: str, contexts: Sequence[Context], prompt_id: str = "",
-                 max_new_tokens: int = 48, temperature: float = 0.0) -> Generation:
+                 max_new_tokens: int = 48, temperature: float = 0.0,
+                 abstain_threshold: float | None = None) -> Generation:
+        """`abstain_threshold` in [0, 1] replaces `abstain_below` for this call (None keeps
+        it); it acts only for `*_abstain` prompts."""
         tokens_in = len(question.split()) + sum(len(c.text.split()) for c in contexts)
         if not contexts:
             return Generation(INSUFFICIENT, INSUFFICIENT, (), tokens_in, 2)
-        if prompt_id.endswith("_abstain") and self.coverage(question, contexts) < \
-                self.abstain_below:
+        below = self.abstain_below if abstain_threshold is None else abstain_threshold
+        if prompt_id.endswith("_abstain") and self.coverage(question, contexts) < below:
             return Generation(INSUFFICIENT, INSUFFICIENT, (), tokens_in, 2)
         answer, cites = self._answer(question, contexts)
         cites = tuple(sorted(set(cites)))

@@ -102,12 +102,14 @@ class TransformersGenerator(Generator):
                                                       tokenize=False, add_generation_prompt=True)
         return tpl.text(question, contexts)
 
-    def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0):
+    def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0,
+                 abstain_threshold=None):
         return self.generate_batch([question], [contexts], prompt_id, max_new_tokens,
                                    temperature)[0]
 
     def generate_batch(self, questions, contexts_list, prompt_id, max_new_tokens=48,
-                       temperature=0.0) -> list[Generation]:
+                       temperature=0.0, abstain_threshold=None) -> list[Generation]:
+        # abstain_threshold is ignored: a `*_abstain` prompt asks the model itself to abstain
         tpl = get_prompt(prompt_id)
         prompts = [self._prompt(q, c, prompt_id)
                    for q, c in zip(questions, contexts_list, strict=True)]

@@ -31,7 +31,9 @@ class OpenAIChatGenerator(Generator):
                                      where="generator endpoint")
         self.cache = GenerationCache() if cache else None
 
-    def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0):
+    def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0,
+                 abstain_threshold=None):
+        # abstain_threshold is ignored: a `*_abstain` prompt asks the model itself to abstain
         tpl = get_prompt(prompt_id)
         messages = tpl.messages(question, contexts)
         key = cache_key(self.fingerprint, prompt_id, messages, max_new_tokens, temperature)

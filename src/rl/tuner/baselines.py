@@ -2,12 +2,16 @@
 
 One *evaluation* = one config on one batch of `episode.batch_size` tuning queries (exactly one
 TunerEnv step), except for the exhaustive grid, which scores every config of the discretised
-space once on the whole tuning split: the ceiling any static config can reach.
+space once on the whole tuning split: the ceiling any static config can reach. Every method
+searches the full space (`ConfigSpace`, every head); the grid only a small one (the default
+space has > 10^6 configs: `grid()` refuses it, pin heads, e.g.
+`TunerSettings.with_legacy_space()`).
 
-    grid_search     every config (ConfigSpace.grid), the static ceiling
-    random_search   uniform over the heads (fusion weight uniform in its bounds)
-    optuna_search   Ray Tune's OptunaSearch (TPE) driven step by step in this process
-    bandit_search   UCB1 or Thompson over a seeded subset of the grid (budget / 3 arms)
+    grid_search     every config (ConfigSpace.grid), the static ceiling of a small space
+    random_search   uniform over the heads (ConfigSpace.sample)
+    optuna_search   Ray Tune's OptunaSearch (TPE, define-by-run: ConfigSpace.suggest, so
+                    conditional heads are asked only where they act) driven in this process
+    bandit_search   UCB1 or Thompson over seeded samples of the space (budget / 3 arms)
 A method's answer is its *incumbent*: the config with the best mean observed reward so far
 (`rl.tuner.results.Incumbent`, the rule PPO's recommendation is checked against too).
 
@@ -27,10 +31,11 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rag.errors import ConfigError
 from rl.tuner.bandit import UCB1, Thompson
 from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.results import Incumbent, TuneResult
-from rl.tuner.space import ConfigSpace
+from rl.tuner.space import ConfigSpace, is_conversational
 
 
 class _Budget:
@@ -38,7 +43,7 @@ class _Budget:
 
     def __init__(self, ev: TunerEvaluator, seed: int):
         self.ev = ev
-        self.space = ConfigSpace(ev.policy)
+        self.space = space_of(ev)
         self.split = ev.slice.tune_split
         self.n = len(ev.data.examples(self.split))
         self.batch = min(ev.policy.episode.batch_size, self.n)
@@ -75,10 +80,17 @@ class _Budget:
                           time.perf_counter() - t0, extra)
 
 
+def space_of(ev: TunerEvaluator) -> ConfigSpace:
+    """The evaluator's config space (the query formulation head acts on conversational
+    data)."""
+    return ConfigSpace(ev.policy, conversational=is_conversational(ev.data.dataset.examples))
+
+
 def grid_search(ev: TunerEvaluator, split: str | None = None, progress=None) -> TuneResult:
-    """Every config on the whole split. `extra["rewards"]` maps config hash -> reward."""
+    """Every config on the whole split. `extra["rewards"]` maps config hash -> reward.
+    ConfigError when the space is too large to enumerate (`ConfigSpace.grid`)."""
     t0 = time.perf_counter()
-    space = ConfigSpace(ev.policy)
+    space = space_of(ev)
     split = split or ev.slice.tune_split
     rewards: dict[str, float] = {}
     configs: dict[str, RAGConfig] = {}
@@ -98,11 +110,7 @@ def grid_search(ev: TunerEvaluator, split: str | None = None, progress=None) -> 
 
 
 def random_action(space: ConfigSpace, rng: np.random.Generator) -> RAGConfig:
-    return space.make(space.variants[rng.integers(len(space.variants))],
-                      space.ks[rng.integers(len(space.ks))],
-                      space.reranks[rng.integers(len(space.reranks))],
-                      float(rng.uniform(space.w_lo, space.w_hi)),
-                      space.prompts[rng.integers(len(space.prompts))])
+    return space.sample(rng)
 
 
 def random_search(ev: TunerEvaluator, budget: int, seed: int = 0,
@@ -125,53 +133,56 @@ def optuna_search(ev: TunerEvaluator, budget: int, seed: int = 0,
     split; it counts against `budget` like any other. Ignored when the space cannot express
     it (its variant or prompt is not among the space's choices)."""
     import optuna
-    from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
     b = _Budget(ev, seed)
     sp = b.space
-    param_space = {"variant": tune.choice(list(sp.variants)), "k": tune.choice(list(sp.ks)),
-                   "rerank": tune.choice(list(sp.reranks)),
-                   "fusion_weight": tune.uniform(sp.w_lo, sp.w_hi),
-                   "prompt": tune.choice(list(sp.prompts))}
     first = _point_of(sp, start) if start is not None else None
-    searcher = OptunaSearch(OptunaSearch.convert_search_space(param_space), metric="reward",
-                            mode="max", seed=seed,
+
+    def define(trial: Any) -> None:  # define-by-run: the searcher reads the trial's params
+        sp.suggest(trial)
+
+    searcher = OptunaSearch(define, metric="reward", mode="max", seed=seed,
                             points_to_evaluate=[first] if first is not None else None)
     i = 0
     while b.more(budget, unit):
         tid, i = f"t{i}", i + 1
-        p = searcher.suggest(tid)
-        r = b(sp.make(p["variant"], int(p["k"]), p["rerank"], float(p["fusion_weight"]),
-                      p["prompt"]))
+        r = b(sp.from_params(searcher.suggest(tid)))
         searcher.on_trial_complete(tid, {"reward": r})
     return b.result("optuna", t0)
 
 
 def _point_of(sp: ConfigSpace, config: RAGConfig) -> dict[str, Any] | None:
-    """`config` as a point of the TPE search space (nearest grid k), or None when the space
-    has no choice for its variant or prompt."""
+    """`config` as a point of the TPE search (the heads `suggest` asks for it; nearest k),
+    or None when the space has no choice for one of its values."""
     if config.variant not in sp.variants or config.prompt_id not in sp.prompts:
         return None
-    a = sp.to_action(config)
-    return {"variant": config.variant, "k": sp.ks[a["k"]], "rerank": sp.reranks[a["rerank"]],
-            "fusion_weight": float(np.clip(config.fusion_weight, sp.w_lo, sp.w_hi)),
-            "prompt": config.prompt_id}
+    try:
+        return sp.to_params(config)
+    except (ConfigError, ValueError):
+        return None
 
 
 def bandit_search(ev: TunerEvaluator, budget: int, seed: int = 0, kind: str = "ucb",
                   arms_per_pull: float = 1 / 3, unit: str = "steps") -> TuneResult:
-    """A bandit needs several pulls per arm, so it plays a seeded random subset of the grid
-    (budget × `arms_per_pull` arms, at least 2; with unit "configs", `budget` arms: pulls
-    after the first of each arm are revisits)."""
+    """A bandit needs several pulls per arm, so it plays seeded distinct samples of the space
+    (`ConfigSpace.sample`; budget × `arms_per_pull` arms, at least 2, at most the space's
+    size; with unit "configs", `budget` arms: pulls after the first of each arm are
+    revisits)."""
     t0 = time.perf_counter()
     b = _Budget(ev, seed)
-    grid = list(b.space.grid())
     rng = np.random.default_rng(seed + 2)
-    n_arms = max(2, min(len(grid), budget if unit == "configs" else int(budget * arms_per_pull)))
-    pick = [grid[int(i)] for i in rng.choice(len(grid), size=n_arms, replace=False)]
+    n_arms = max(2, min(b.space.size(),
+                        budget if unit == "configs" else int(budget * arms_per_pull)))
+    arms: dict[str, RAGConfig] = {}
+    for _ in range(100 * n_arms):  # a small space may need many draws to find every config
+        if len(arms) >= n_arms:
+            break
+        c = b.space.sample(rng)
+        arms.setdefault(c.config_hash, c)
+    pick = list(arms.values())
     # always include the static default: a bandit deployed in practice starts from it
     if b.space.base.config_hash not in {c.config_hash for c in pick}:
         pick[0] = b.space.base

@@ -1,6 +1,7 @@
 """TunerEnv: one step = evaluate a RAGConfig on a batch of the tuning split.
 
-    action  Dict(variant, k, rerank, fusion_weight, prompt)  (see rl.tuner.space; absolute or delta)
+    action  Dict(variant, k, rerank, fusion_weight, prompt, + the space's extra heads)
+            (rl.tuner.actions; absolute or delta)
     obs     rl.tuner.features.StateTracker: rolling quality, latency, cost, current config, category
             mix of the batch, corpus size, episode progress
     reward  rl.tuner.reward (αF + βR − γ·latency − δ·cost − λ·penalties) of that batch
@@ -24,7 +25,7 @@ from rag.config import RAGConfig
 from rl.tuner.evaluator import TunerEvaluator, get_evaluator
 from rl.tuner.features import StateTracker
 from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.tuner.space import ConfigSpace, is_conversational
 
 _REGISTRY: dict[str, TunerEvaluator] = {}
 
@@ -50,7 +51,9 @@ class TunerEnv(gym.Env):
         env_config = dict(env_config or {})
         self.ev = evaluator or _evaluator_from(env_config)
         self.policy = self.ev.policy
-        self.space = ConfigSpace(self.policy)
+        # the query formulation head acts only where examples carry earlier turns
+        self.space = ConfigSpace(self.policy, conversational=is_conversational(
+            self.ev.data.dataset.examples))
         self.split = env_config.get("split") or self.ev.slice.tune_split
         self.examples = self.ev.data.examples(self.split)
         self.batch_size = min(self.policy.episode.batch_size, len(self.examples))

@@ -268,7 +268,7 @@ class TunerEvaluator:
         rows: list[dict[str, float]] = []
         answers: list[Answer] = []
         for e in examples:
-            ans, trace = pipe.run_traced(e.question, e.id, self.memo.stage_timer())
+            ans, trace = pipe.run_traced(e.question, e.id, self.memo.stage_timer(), e.history)
             # a row's recall@n / ndcg@10 / mrr@10 read the reranked list: what rerank changes
             ans = replace(ans, candidates=tuple(trace.ranked))
             row = score_answer(ans, e, k=config.k)

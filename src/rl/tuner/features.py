@@ -4,7 +4,8 @@ A state says how the system is doing and what it runs now:
   quality     rolling means of F and R over the last `window` steps
   cost        the last step's p50 and p95 latency (÷ the latency gate T) and cost (÷ C_ref),
               the last reward
-  config      the current config (one-hot variant / rerank / prompt, scaled k index and weight)
+  config      the current config (`ConfigSpace.one_hot`: one-hot variant / rerank / prompt, scaled
+              k index and weight, then each extra head one-hot or scaled to its bounds)
   workload    the batch's category mix (share of each dataset category)
   corpus      log10 passages, and corpus age in days (0 when the corpus carries no timestamp)
   time        the step's position in the episode

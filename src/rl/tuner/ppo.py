@@ -8,12 +8,13 @@ One iteration collects `ppo.train_batch_size` env steps (config evaluations) wit
 runner (RLlib sized by `rl.common.rllib.ppo_config`) and runs `num_epochs` of minibatch SGD:
 clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in delta mode and 0/0 in absolute mode, the KL
 penalty optional, all from `configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
-rerank, prompt) and the Gaussian fusion-weight head share one MLP torso (RLlib's default module
-for a Dict action space).
+rerank, prompt, and the space's extra Discrete heads) and the Gaussian Box heads (fusion weight,
+and mmr_lambda / rerank_mix / abstain_threshold where the space has them: `rl.tuner.actions`)
+share one MLP torso (RLlib's default module for a Dict action space).
 
 The *greedy config* of a run is the deterministic action from the reset state, rolled for one
 read-out episode, decoded exactly as training decodes it: RLlib's module-to-env pipeline
-unsquashes the Gaussian fusion-weight head from [-1, 1] to its Box bounds
+unsquashes each Gaussian Box head (the fusion weight, ...) from [-1, 1] to its bounds
 (`config.normalize_actions`, RLlib's default; `NormalizeAndClipActions`), so the read-out
 passes the raw module output through that same connector piece (`env_action`) before
 `ConfigSpace.to_config`: the config it settles on most often. The *recommendation* (`best_config`) is

@@ -4,18 +4,32 @@
 at load time and names the offending key (`policy.bounds.k.min: ...`). A file only needs the
 keys it changes: everything else takes the documented default.
 
-The action heads:
-    variant      Discrete over `discrete.variant` labels: a retriever name (bm25, dense, hybrid,
-                 graph) or a label defined under `variants:` (RAGConfig overrides, e.g. A/B arms)
-    k            Discrete over `k_grid` (RLlib rejects integer Boxes), clipped to `bounds.k`
-    rerank       Discrete(2) over `discrete.rerank` ([off, on]); "on" means `reranker`
-    fusion_weight Box within `bounds.fusion_weight` (snapped to `fusion_step` for caching)
-    prompt_id    Discrete over `discrete.prompt_id`
+The heads of the config space (`rl.tuner.space.ConfigSpace`; the defaults hold > 10^6 distinct
+configs). A head acts only where noted; elsewhere it is canonicalised so equal configs hash equal.
+A head is pinned by listing one value (Discrete) or by min == max (Box).
+    variant       Discrete over `discrete.variant` labels: a retriever name (bm25, dense, hybrid,
+                  graph) or a label defined under `variants:` (RAGConfig overrides, e.g. A/B arms)
+    k             Discrete over `k_grid` (RLlib rejects integer Boxes), clipped to `bounds.k`;
+                  `k_grid: null` (the default) = every integer in `bounds.k`
+    rerank        Discrete(2) over `discrete.rerank` ([off, on]); "on" means `reranker`
+    fusion_weight Box within `bounds.fusion_weight` (snapped to `fusion_step`); hybrid only
+    normalisation Discrete over `discrete.normalisation`; hybrid only
+    mmr_lambda    Box within `bounds.mmr_lambda` (snapped to `mmr_step`); 1.0 = no MMR
+    rerank_depth  Discrete over `discrete.rerank_depth`, raised to k (and capped at the
+                  candidates); rerank on only
+    rerank_mix    Box within `bounds.rerank_mix` (snapped to `rerank_mix_step`; 1.0 = the
+                  reranker's order, stored as None); rerank on only
+    prompt_id     Discrete over `discrete.prompt_id`
+    abstain_threshold Box within `bounds.abstain_threshold` (snapped to `abstain_step`); only
+                  with an `*_abstain` prompt and the extractive generator
+    query_formulation Discrete over `discrete.query_formulation`; conversational data only
+    generator     Discrete over `discrete.generator` (registry names); null = the base config's
+Heads override what a `variants:` label sets for the same field (except `generator: null`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -26,13 +40,16 @@ from pydantic import (
     model_validator,
 )
 
-from rag.config import RAGConfig
+from rag.config import MAX_CANDIDATES, Normalisation, QueryFormulation, RAGConfig
 from rag.errors import ConfigError
+from rag.generation.extractive import ExtractiveReader
 from rag.resources import default_config
 from rag.settings_base import StrictSettings, YamlSource
 from rl.common.ppo_settings import TUNER_PPO, PPOSettings
 
 RETRIEVERS = ("bm25", "dense", "hybrid", "graph")
+LEGACY_K_GRID = (3, 4, 5, 6, 8, 12, 16, 24, 32)
+"""The k grid of the space before issue 18 (`TunerSettings.with_legacy_space`)."""
 DEFAULTS_PATH = default_config("rl/policy.defaults.yaml")
 """The documented defaults, shipped in the wheel (`rag.resources`)."""
 
@@ -60,15 +77,22 @@ class FloatRange(StrictSettings):
 
 
 class Bounds(StrictSettings):
-    k: IntRange = IntRange(min=3, max=32)
+    k: IntRange = IntRange(min=1, max=32)
     fusion_weight: FloatRange = FloatRange(min=0.0, max=1.0)
+    mmr_lambda: FloatRange = FloatRange(min=0.0, max=1.0)
+    rerank_mix: FloatRange = FloatRange(min=0.25, max=1.0)
+    """0 would keep the retrieval order while paying for the reranker: a no-op choice."""
+    abstain_threshold: FloatRange = FloatRange(min=0.1, max=1.0)
+    """0 never abstains: the same answers as the prompt without `_abstain` (a no-op choice)."""
 
     @model_validator(mode="after")
     def _inside(self) -> Bounds:
         if self.k.min < 1 or self.k.max > 32:
             raise ValueError("k bounds must lie within [1, 32]")
-        if self.fusion_weight.min < 0.0 or self.fusion_weight.max > 1.0:
-            raise ValueError("fusion_weight bounds must lie within [0, 1]")
+        for name in ("fusion_weight", "mmr_lambda", "rerank_mix", "abstain_threshold"):
+            r = getattr(self, name)
+            if r.min < 0.0 or r.max > 1.0:
+                raise ValueError(f"{name} bounds must lie within [0, 1]")
         return self
 
 
@@ -76,6 +100,11 @@ class Discrete(StrictSettings):
     variant: tuple[str, ...] = RETRIEVERS
     rerank: tuple[Literal["off", "on"], ...] = ("off", "on")
     prompt_id: tuple[str, ...] = ("cite_concise", "cite_concise_abstain")
+    normalisation: tuple[Normalisation, ...] = ("minmax", "zscore", "rrf")
+    rerank_depth: tuple[Annotated[int, Field(ge=1, le=MAX_CANDIDATES)], ...] = (10, 20, 30, 50)
+    query_formulation: tuple[QueryFormulation, ...] = ("last_turn", "last_two_user", "all_user")
+    generator: tuple[str, ...] | None = None
+    """Registry names; None = the base config's generator (extractive), so benches stay cheap."""
 
     @field_validator("rerank", mode="before")
     @classmethod
@@ -87,8 +116,11 @@ class Discrete(StrictSettings):
 
     @model_validator(mode="after")
     def _non_empty(self) -> Discrete:
-        for name in ("variant", "rerank", "prompt_id"):
+        for name in ("variant", "rerank", "prompt_id", "normalisation", "rerank_depth",
+                     "query_formulation", "generator"):
             vals = getattr(self, name)
+            if vals is None and name == "generator":
+                continue
             if not vals:
                 raise ValueError(f"{name} needs at least one choice")
             if len(set(vals)) != len(vals):
@@ -154,12 +186,17 @@ class TunerSettings(StrictSettings):
     SECTION = "policy"
 
     bounds: Bounds = Bounds()
-    k_grid: tuple[int, ...] = (3, 4, 5, 6, 8, 12, 16, 24, 32)
-    """Values the k head chooses from (those outside `bounds.k` are dropped)."""
+    k_grid: tuple[int, ...] | None = None
+    """Values the k head chooses from (those outside `bounds.k` are dropped); None = every
+    integer in `bounds.k`."""
     fusion_step: float = Field(0.05, gt=0.0, le=1.0)
     """fusion_weight actions are snapped to this grid so evaluations can be cached."""
     fusion_grid: float = Field(0.1, gt=0.0, le=1.0)
-    """Spacing of fusion_weight in the exhaustive-grid baseline."""
+    """Spacing of fusion_weight in the exhaustive-grid baseline (`ConfigSpace.grid`)."""
+    mmr_step: float = Field(0.1, gt=0.0, le=1.0)
+    rerank_mix_step: float = Field(0.25, gt=0.0, le=1.0)
+    abstain_step: float = Field(0.1, gt=0.0, le=1.0)
+    """mmr_lambda / rerank_mix / abstain_threshold actions snap to these grids."""
     discrete: Discrete = Discrete()
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     reranker: Literal["cosine", "cross_encoder"] = "cosine"
@@ -190,6 +227,8 @@ class TunerSettings(StrictSettings):
 
     @model_validator(mode="after")
     def _check(self) -> TunerSettings:
+        if self.k_grid is None:
+            return self
         ks = [k for k in self.k_grid if self.bounds.k.min <= k <= self.bounds.k.max]
         if not ks:
             raise ValueError(f"k_grid has no value inside bounds.k "
@@ -217,7 +256,32 @@ class TunerSettings(StrictSettings):
 
     @property
     def ks(self) -> tuple[int, ...]:
-        return tuple(k for k in self.k_grid if self.bounds.k.min <= k <= self.bounds.k.max)
+        """The k head's values: `k_grid` inside `bounds.k`, or every integer of the bounds."""
+        lo, hi = self.bounds.k.min, self.bounds.k.max
+        if self.k_grid is None:
+            return tuple(range(lo, hi + 1))
+        return tuple(k for k in self.k_grid if lo <= k <= hi)
+
+    def with_legacy_space(self) -> TunerSettings:
+        """This policy with every head issue 18 added pinned to the base config's value and,
+        when `k_grid` is unset, the old k grid (`LEGACY_K_GRID`): the small space (504 configs
+        with the default heads) that the exhaustive grid baseline and older benches enumerate.
+        Configs of that space hash as they did before issue 18."""
+        base = self.base_config()
+        data = self.model_dump(mode="json", by_alias=True)
+        if self.k_grid is None:
+            data["k_grid"] = list(LEGACY_K_GRID)
+        data["discrete"].update(normalisation=[base.normalisation],
+                                rerank_depth=[base.rerank_depth],
+                                query_formulation=[base.query_formulation or "last_turn"],
+                                generator=None)
+        mix = 1.0 if base.rerank_mix is None else base.rerank_mix
+        thr = (ExtractiveReader.abstain_below if base.abstain_threshold is None
+               else base.abstain_threshold)
+        data["bounds"].update(mmr_lambda={"min": base.mmr_lambda, "max": base.mmr_lambda},
+                              rerank_mix={"min": mix, "max": mix},
+                              abstain_threshold={"min": thr, "max": thr})
+        return TunerSettings.from_dict(data)
 
     def base_config(self) -> RAGConfig:
         return RAGConfig.from_dict(dict(self.base), where="policy.base")

@@ -20,10 +20,11 @@ bytes (`rl.common.data.split_manifest`); F and R default to what gold the data h
 (`DatasetSlice.for_gold`: answers -> support/f1, qrels -> recall@k/ndcg@10, none -> the q_
 metrics) unless the `--policy` file names the dataset under `datasets:`.
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
-`--grid`) on the holdout split — Δ of the continuous reward with a paired bootstrap CI, gate
-verdicts apart with their own evidence (rl.tuner.report) — prints the queries needed to detect a
-faithfulness change of 0.03 at 80% power from the measured per-query faithfulness, draws the
-Pareto frontier and reward curve, and adds those PNGs to the tune run's MLflow run.
+`--grid`, for a `--policy` that pins the space small enough to enumerate) on the holdout split
+— Δ of the continuous reward with a paired bootstrap CI, gate verdicts apart with their own
+evidence (rl.tuner.report) — prints the queries needed to detect a faithfulness change of 0.03
+at 80% power from the measured per-query faithfulness, draws the Pareto frontier and reward
+curve, and adds those PNGs to the tune run's MLflow run.
 """
 
 from __future__ import annotations
@@ -199,7 +200,9 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("report", help="holdout comparison, CIs and Pareto plots of a tune run")
     s.add_argument("--run", required=True)
     s.add_argument("--policy")
-    s.add_argument("--grid", action="store_true", help="also evaluate the exhaustive grid")
+    s.add_argument("--grid", action="store_true",
+                   help="also evaluate the exhaustive grid (a space of at most 20,000 configs: "
+                        "pin heads in the --policy file; the default space has millions)")
     s.add_argument("--no-mlflow", action="store_true",
                    help="do not add the plots to the tune run's MLflow run")
     s.set_defaults(func=cmd_report)
