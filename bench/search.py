@@ -192,7 +192,7 @@ def rows_for(part: dict[str, Any]) -> tuple[list[dict], dict[str, Any]]:
         censored = sum(e is None for e, _ in reach)
         med, lo, hi = _median_ci(evals)
         rows.append({"dataset": ds, "system": method, "metric": "evals_to_99pct", "value": med,
-                     "ci_low": lo, "ci_high": hi, "n": len(evals),
+                     "ci_low": lo, "ci_high": hi, "n": len(evals), "censored": censored,
                      "note": f"median over seeds; {censored} of {len(evals)} seeds never reached "
                              f"it within {budget} (counted as {budget})"})
         secs = [s for e, s in reach if e is not None and s is not None]
@@ -296,7 +296,7 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict]) -> str:
             return s
 
         for m in part["runs"]:
-            cens = by.get((ds, m, "evals_to_99pct"), {}).get("note", "").split(" seeds")[0]
+            cens = by.get((ds, m, "evals_to_99pct"), {}).get("censored", "–")
             out.append(f"| {m} | {f(m, 'evals_to_99pct', '{:.0f}')} | {cens} | "
                        f"{f(m, 'best_found_reward', '{:.4f}')} | {f(m, 'gap_closed', '{:.2f}')} | "
                        f"{f(m, 'regret', '{:.4f}')} | {f(m, 'holdout_delta_reward')} | "

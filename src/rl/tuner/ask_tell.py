@@ -110,8 +110,8 @@ def make_searcher(method: str, param_space: dict, seed: int,
     if base == "hyperopt":
         from ray.tune.search.hyperopt import HyperOptSearch
 
-        return HyperOptSearch(param_space, metric="reward", mode="max", random_state_seed=seed,
-                              points_to_evaluate=points)
+        return HyperOptSearch(HyperOptSearch.convert_search_space(param_space), metric="reward",
+                              mode="max", random_state_seed=seed, points_to_evaluate=points)
     if base == "random":
         return None
     raise ConfigError("method", f"must be one of {', '.join(METHODS)}, got {method!r}")
