@@ -45,8 +45,8 @@ def report():
     # short: Ray's unix socket paths under the temp dirs must stay below ~107 characters
     root = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
     out = root / "out.json"
-    env = {**os.environ, **RUNTIME_ENV,
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = {**os.environ, **RUNTIME_ENV, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "src"), str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     cmd = netns_command([sys.executable, str(REPO / "tests" / "support" / "multinode_ppo.py"),
                          str(root), str(out)])
     try:

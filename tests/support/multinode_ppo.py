@@ -32,13 +32,16 @@ ITERATIONS = 2
 def policy(**ppo):
     from rl.tuner.settings import TunerSettings
 
-    return TunerSettings.defaults().with_overrides(
+    s = TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off", "on"],
                   "prompt_id": ["cite_concise"]},
         episode={"length": 4, "batch_size": 40},
         ppo={"train_batch_size": 8, "minibatch_size": 4, "num_epochs": 2, "hidden": [16],
              "num_env_runners": 2, **ppo})
+    # the heads issue 18 added (where this tree has them) pinned to the base config: the
+    # space stays the 24 configs above, all warmed
+    return s.with_legacy_space() if hasattr(s, "with_legacy_space") else s
 
 
 def warm(cache: Path):
