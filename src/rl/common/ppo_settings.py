@@ -13,7 +13,7 @@ Units: `train_batch_size` and `minibatch_size` are env steps; `lr` is Adam's ste
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import AliasChoices, Field, SerializationInfo, model_validator
@@ -48,12 +48,31 @@ class PPOSettings(StrictSettings):
     num_epochs: int = Field(16, ge=1, le=100)
     hidden: tuple[int, ...] = (32, 32)
     """Hidden layer widths of the policy and value networks (the tuner's MLP)."""
+    num_env_runners: int = Field(0, ge=0, le=256)
+    """Remote RLlib env runners sampling in parallel (Ray actors, on any node of the cluster);
+    0: the env steps in the driver process. Each runner builds its own env from a plain-dict
+    spec (the tuner: `rl.tuner.env.env_spec`)."""
+    num_learners: int = Field(0, ge=0, le=64)
+    """Remote RLlib learners (0: one learner in the driver)."""
+    num_cpus_per_env_runner: float = Field(1.0, ge=0.0, le=64.0)
+    """CPUs each remote env runner reserves (Ray places runners by it)."""
+    env_runner_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each remote env runner reserves, e.g. {"tuner_node": 1}: runners
+    go only to nodes started with that resource (`ray start --resources=...`)."""
 
     @model_validator(mode="after")
     def _batches(self) -> PPOSettings:
         if self.minibatch_size > self.train_batch_size:
             raise ValueError("minibatch_size must be <= train_batch_size")
+        if any(v < 0 for v in self.env_runner_resources.values()):
+            raise ValueError("env_runner_resources amounts must be >= 0")
         return self
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        """The env-runner and learner sizing as `rl.common.rllib.ppo_config` keywords."""
+        return {"num_env_runners": self.num_env_runners, "num_learners": self.num_learners,
+                "num_cpus_per_env_runner": self.num_cpus_per_env_runner,
+                "env_runner_resources": dict(self.env_runner_resources)}
 
     def discount(self, gamma: float, gae_lambda: float) -> tuple[float, float]:
         """(γ, GAE λ), the given defaults standing in for unset values."""
@@ -69,6 +88,8 @@ class PPODefaults:
     unused: frozenset[str] = frozenset()
     why: str = ""
     """Appended to "unknown key" for an unused key."""
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    """Per-key text that replaces `why` for those unused keys."""
 
     def fill(self, value: Any) -> Any:
         """`value` (a partial mapping from a file) over `settings`, as a mapping to validate;
@@ -78,7 +99,7 @@ class PPODefaults:
             return value
         for key in value:
             if key in self.unused:
-                raise UnknownKey(str(key), self.why)
+                raise UnknownKey(str(key), self.reasons.get(key, self.why))
         written = {n for n, f in PPOSettings.model_fields.items()
                    if any(a in value for a in _aliases(n, f.validation_alias))}
         base = {k: v for k, v in self.settings.model_dump().items()
@@ -96,6 +117,9 @@ def _aliases(name: str, alias: Any) -> tuple[str, ...]:
     return tuple(alias.choices) if isinstance(alias, AliasChoices) else (name,)
 
 
+_REMOTE = frozenset({"num_env_runners", "num_learners", "num_cpus_per_env_runner",
+                     "env_runner_resources"})
+
 TUNER_PPO = PPODefaults(
     PPOSettings(),
     unused=frozenset({"enabled", "iterations"}),
@@ -105,6 +129,9 @@ TUNER_PPO = PPODefaults(
 SELECTION_PPO = PPODefaults(
     PPOSettings(lr=1e-4, gamma=1.0, gae_lambda=0.95, entropy_coeff=0.005,
                 train_batch_size=256, minibatch_size=64, num_epochs=4),
-    unused=frozenset({"hidden"}),
-    why=" for selection (its network is the behaviour-cloned one, sized by `bc.hidden`)")
+    unused=frozenset({"hidden"}) | _REMOTE,
+    why=" for selection (its network is the behaviour-cloned one, sized by `bc.hidden`)",
+    reasons=dict.fromkeys(_REMOTE, " for selection (its env steps in the driver, on the "
+                                   "pools of the memoised retrieval; the arms run as Ray "
+                                   "tasks instead: `--parallel`)"))
 """The selection policy's defaults (configs/rl/selection.yaml)."""

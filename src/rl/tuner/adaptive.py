@@ -16,6 +16,10 @@ one JSONL line per query records the query id, its features, the chosen arm and 
 the propensity of that choice and the reward it got. `DecisionLog.read(path).estimate(pi)` runs
 `rl.stats.ope` (IPS, SNIPS, DM, DR) for any target policy `pi` over the same arms. (A greedy log, the
 argmax with propensity 1, could only ever evaluate itself.)
+
+Where PPO samples: in the driver by default; with `num_env_runners` >= 1 in that many remote
+RLlib env runners on any node, each building its ContextualEnv from the env config alone (the
+features X and rewards R travel in it by value: `bandit_spec`).
 """
 
 from __future__ import annotations
@@ -92,8 +96,18 @@ class ContextualEnv(gym.Env):
     """One-step episodes: observe a random query's features, pick an arm, get its reward."""
 
     def __init__(self, env_config: dict | None = None):
+        """`env_config`: {"bandit": key of a QueryBandit registered in this process} or
+        `bandit_spec`'s {"X", "R"} (what a remote env runner gets), plus "seed"."""
         cfg = dict(env_config or {})
-        self.data: QueryBandit = _REGISTRY[cfg["bandit"]]
+        key = cfg.get("bandit")
+        if key in _REGISTRY:
+            self.data: QueryBandit = _REGISTRY[key]
+        elif "X" in cfg and "R" in cfg:
+            R = np.asarray(cfg["R"], dtype=np.float64)
+            self.data = QueryBandit([None] * R.shape[1], np.asarray(cfg["X"], np.float32), R)
+        else:
+            raise KeyError(f"bandit {key!r} is not registered in this process and the env "
+                           "config carries no X/R (rl.tuner.adaptive.bandit_spec)")
         self.observation_space = gym.spaces.Box(-10, 10, shape=(self.data.X.shape[1],),
                                                 dtype=np.float32)
         self.action_space = gym.spaces.Discrete(len(self.data.arms))
@@ -112,16 +126,25 @@ class ContextualEnv(gym.Env):
         return np.clip(self.data.X[self._i], -10, 10).astype(np.float32), r, True, False, {}
 
 
+def bandit_spec(data: QueryBandit) -> dict[str, Any]:
+    """What a ContextualEnv needs on any node: the features X (n × d) and per-query rewards
+    R (n × M), by value."""
+    return {"X": np.asarray(data.X, dtype=np.float32), "R": np.asarray(data.R, np.float64)}
+
+
 class AdaptivePolicy:
-    """PPO over ContextualEnv; `probabilities(X)` are the logged propensities."""
+    """PPO over ContextualEnv; `probabilities(X)` are the logged propensities.
+    `num_env_runners`: remote env runners (0: the env steps in the driver)."""
 
     def __init__(self, train: QueryBandit, seed: int = 0, lr: float = 3e-3,
-                 batch: int = 256, hidden: tuple[int, ...] = (32, 32)):
+                 batch: int = 256, hidden: tuple[int, ...] = (32, 32),
+                 num_env_runners: int = 0):
         self.train_data = train
         self.key = f"qb-{id(train)}"
         _REGISTRY[self.key] = train
         self.seed = seed
         self.lr, self.batch, self.hidden = lr, batch, hidden
+        self.num_env_runners = num_env_runners
         self.algo = None
 
     def fit(self, iterations: int = 30) -> list[float]:
@@ -130,7 +153,10 @@ class AdaptivePolicy:
 
         init_ray()
         # one-step episodes: no discounting, no bootstrapping (gamma = GAE lambda = 0)
-        cfg = ppo_config(ContextualEnv, {"bandit": self.key, "seed": self.seed},
+        env_config = {"bandit": self.key, "seed": self.seed}
+        if self.num_env_runners:
+            env_config.update(bandit_spec(self.train_data))
+        cfg = ppo_config(ContextualEnv, env_config, num_env_runners=self.num_env_runners,
                          seed=self.seed, train_batch_size=self.batch, hidden=self.hidden,
                          lr=self.lr, gamma=0.0, lambda_=0.0, minibatch_size=64, num_epochs=6,
                          entropy_coeff=0.003)

@@ -363,14 +363,17 @@ _EVALUATORS: dict[tuple[str, str], TunerEvaluator] = {}
 _EV_LOCK = threading.Lock()
 
 
-def get_evaluator(dataset: str, policy: TunerSettings | None = None) -> TunerEvaluator:
-    """A process-wide evaluator per (dataset, policy): tables and models are loaded once."""
+def get_evaluator(dataset: str, policy: TunerSettings | None = None,
+                  cache_root: str | Path | None = None) -> TunerEvaluator:
+    """A process-wide evaluator per (dataset, policy, cache_root): tables and models are
+    loaded once. `cache_root`: its table/memo directory (None: `<cache>/tuner`)."""
     policy = policy or TunerSettings.defaults()
     key = (dataset, hashlib.sha256(json.dumps(policy.model_dump(mode="json"),
-                                              sort_keys=True).encode()).hexdigest())
+                                              sort_keys=True).encode()).hexdigest(),
+           None if cache_root is None else str(cache_root))
     with _EV_LOCK:
         if key not in _EVALUATORS:
-            _EVALUATORS[key] = TunerEvaluator(TuningData.open(dataset), policy)
+            _EVALUATORS[key] = TunerEvaluator(TuningData.open(dataset), policy, cache_root)
         return _EVALUATORS[key]
 
 

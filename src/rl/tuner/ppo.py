@@ -5,7 +5,9 @@
     trainer.save(path) / PPOTuner.restore(path)  # checkpoints (RLlib's own format)
 
 One iteration collects `ppo.train_batch_size` env steps (config evaluations) with the local env
-runner (RLlib sized by `rl.common.rllib.ppo_config`) and runs `num_epochs` of minibatch SGD:
+runner, or with `ppo.num_env_runners` remote env runners on any node of the cluster, each
+building its env from `rl.tuner.env.env_spec` (RLlib sized by `rl.common.rllib.ppo_config`),
+and runs `num_epochs` of minibatch SGD:
 clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in delta mode and 0/0 in absolute mode, the KL
 penalty optional, all from `configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
 rerank, prompt, and the space's extra Discrete heads) and the Gaussian Box heads (fusion weight,
@@ -17,7 +19,9 @@ read-out episode, decoded exactly as training decodes it: RLlib's module-to-env 
 unsquashes each Gaussian Box head (the fusion weight, ...) from [-1, 1] to its bounds
 (`config.normalize_actions`, RLlib's default; `NormalizeAndClipActions`), so the read-out
 passes the raw module output through that same connector piece (`env_action`) before
-`ConfigSpace.to_config`: the config it settles on most often. The *recommendation* (`best_config`) is
+`ConfigSpace.to_config`: the config it settles on most often. Budgets, the incumbent, the curve and `history` are read from
+the step records in each training result (`rl.tuner.env.step_records`), never from an env
+object, so they are the same with remote env runners. The *recommendation* (`best_config`) is
 the greedy config when its read-out reward is at least the incumbent's (the best config PPO
 evaluated while training, by mean observed reward: `rl.tuner.results.Incumbent`), else the
 incumbent: a policy that has not converged within the budget should not displace the best
@@ -36,9 +40,16 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.common.rllib import ppo_config
+from rl.common.rllib import ppo_config, steps_per_iteration
 from rl.common.runtime import init_ray
-from rl.tuner.env import TunerEnv, register_evaluator
+from rl.tuner.env import (
+    TunerEnv,
+    env_spec,
+    log_step_records,
+    register_evaluator,
+    register_tuner_env,
+    step_records,
+)
 from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.results import TuneResult, curve_from_history, incumbent
 from rl.tuner.settings import TunerSettings
@@ -46,18 +57,33 @@ from rl.tuner.settings import TunerSettings
 
 class PPOTuner:
     def __init__(self, evaluator: TunerEvaluator, policy: TunerSettings | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, dataset: str | None = None):
+        """`dataset`: what a remote env runner opens (a built-in name or a path every node
+        reads; default: the evaluator's dataset name). The runners' evaluators use the
+        driver evaluator's cache root, so on shared storage they share its tables."""
         self.ev = evaluator
         self.policy = policy or evaluator.policy
         self.seed = self.policy.seed if seed is None else seed
         self.key = register_evaluator(f"tuner-{uuid.uuid4().hex[:8]}", evaluator)
+        if dataset is None and self.policy.ppo.num_env_runners and \
+                not evaluator.data.dataset.builtin:
+            raise ConfigError("policy.ppo.num_env_runners",
+                              f"remote env runners reopen the data: pass the path of "
+                              f"{evaluator.data.name!r} (PPOTuner(..., dataset=path))")
+        self.spec = env_spec(dataset or evaluator.data.name, self.policy, self.seed,
+                             evaluator.root)
         self.algo = None
+        self.history: list[dict[str, Any]] = []
+        """Every training step so far, from the results (`rl.tuner.env.step_records`): the
+        env's step fields, `config` (a RAGConfig), `runner` and `node_id`."""
+        self._states: list[np.ndarray] = []  # the matching feature vectors (read-out scaler)
 
     def config(self):
         """The RLlib PPOConfig (`rl.common.rllib.ppo_config`) with `policy.ppo`'s settings."""
         p = self.policy.ppo
         gamma, gae_lambda = self.policy.ppo_discount()
-        return ppo_config(TunerEnv, {"evaluator": self.key, "seed": self.seed}, seed=self.seed,
+        return ppo_config(register_tuner_env(), {**self.spec, "evaluator": self.key},
+                          seed=self.seed, on_sample_end=log_step_records, **p.runner_kwargs(),
                           train_batch_size=p.train_batch_size, hidden=p.hidden,
                           model={"vf_share_layers": False}, smoothing_episodes=5,
                           lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
@@ -72,7 +98,31 @@ class PPOTuner:
 
     @property
     def env(self) -> TunerEnv:
-        return self.algo.env_runner.env.unwrapped.envs[0].unwrapped  # type: ignore[union-attr]
+        """The driver's env (`num_env_runners=0` only: remote runners keep theirs; read
+        `history` for the steps wherever they ran)."""
+        runner_env = self.algo.env_runner.env if self.algo.env_runner is not None else None
+        if runner_env is None:
+            raise RuntimeError("the envs live in the remote env runners "
+                               "(ppo.num_env_runners > 0): read PPOTuner.history")
+        return runner_env.unwrapped.envs[0].unwrapped
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps (evaluations) one training iteration takes."""
+        p = self.policy.ppo
+        return steps_per_iteration(p.train_batch_size, p.num_env_runners)
+
+    def _collect(self, result: dict[str, Any]) -> list[dict[str, Any]]:
+        """Append `result`'s step records to `history` (configs as RAGConfigs, also added to
+        the evaluator's `seen`) and return them."""
+        new = []
+        for rec in step_records(result):
+            cfg = RAGConfig.from_dict(rec["config"])
+            self.ev.seen.setdefault(cfg.config_hash, cfg)
+            self._states.append(np.asarray(rec.pop("state"), dtype=np.float64))
+            new.append({**rec, "config": cfg})
+        self.history.extend(new)
+        return new
 
     def train(self, iterations: int, log=None) -> TuneResult:
         """`iterations` PPO iterations, then one read-out episode of greedy actions.
@@ -91,7 +141,7 @@ class PPOTuner:
         budget in what a run costs when revisits read cached tables. Never exceeds `budget`;
         may stop short of it by up to one iteration's steps."""
         cap = max_steps or 10 * budget
-        step = self.policy.ppo.train_batch_size
+        step = self.steps_per_iteration
         room = budget - self.policy.episode.length - step
         if room < 0:
             raise ConfigError("budget", f"{budget} distinct configs cannot hold one PPO "
@@ -106,16 +156,19 @@ class PPOTuner:
         covers this call's steps (a second call on the same tuner starts a new budget)."""
         self.build()
         t0 = time.perf_counter()
-        start = len(self.env.history)
+        start = len(self.history)
         it = 0
-        while go(it, self.env.history[start:]):
+        while go(it, self.history[start:]):
             res = self.algo.train()
+            new = self._collect(res)
             if log is not None:
-                hist = self.env.history[-self.policy.ppo.train_batch_size:]
-                log(it, _iteration_metrics(res, hist))
+                log(it, _iteration_metrics(res, new))
             it += 1
         iterations = it
-        train_hist = list(self.env.history[start:])
+        train_hist = list(self.history[start:])
+        if not train_hist:
+            raise RuntimeError("PPO training reported no env steps (rl.tuner.env."
+                               "log_step_records did not run on the env runners)")
         greedy, readout = self.greedy_config()
         inc_hash, inc_mean = incumbent(train_hist)
         g_mean = float(np.mean([h["reward"] for h in readout
@@ -147,7 +200,7 @@ class PPOTuner:
         """Roll one episode of greedy actions in a scratch env (same feature scaling); the most
         frequent config and the read-out steps (each one an evaluation)."""
         env = TunerEnv({"seed": self.seed + 1}, evaluator=self.ev)
-        env._states = list(self.env._states)
+        env._states = list(self._states)  # the training steps' features, wherever they ran
         obs, _ = env.reset()
         counts: Counter[str] = Counter()
         by_hash: dict[str, RAGConfig] = {}

@@ -113,12 +113,12 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str = "steps"
 
             def log(it: int, metrics: dict[str, Any]) -> None:
                 if on_iteration is not None:
-                    on_iteration(it, metrics, iters, tuner.env.history)
+                    on_iteration(it, metrics, iters, tuner.history)
 
             res = tuner.train(iters, log=log) if iters is not None else tuner.train_configs(
                 budget, log=log)
             saved = tuner.save(Path(checkpoint_dir)) if checkpoint_dir else None
-            return Search(res, list(tuner.env.history), saved)
+            return Search(res, list(tuner.history), saved)
         finally:
             tuner.stop()
     if method == "grid":
