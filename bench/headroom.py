@@ -19,6 +19,8 @@ From the (queries × configs) matrices (`rl.stats.headroom`), rows (reward units
     `delta_tokens`: the same for the oracle's choices' quality and tokens;
   * `per-query-oracle-equal-cost`: the oracle held to the best static config's mean tokens
     (max reward − mu·tokens per query, mu by bisection);
+  * `per-query-oracle-mean-latency`: the oracle's headroom when every query of a config is
+    charged the config's mean latency (the oracle cannot pick timing noise);
   * `per-segment-best[:key]`: best config per segment − the best static, in-sample; and
     `per-segment-best-crossfit[:key]`: chosen per segment (and the static one) on half the
     queries and scored on the other half (2-fold, stratified, averaged over 10 fold draws);
@@ -59,6 +61,7 @@ from rl.stats.headroom import (  # noqa: E402
     segment_choice,
     segment_values,
 )
+from rl.tuner.reward import PII_COLUMN  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "headroom"
@@ -130,16 +133,22 @@ def segmentations(dataset: str, examples) -> dict[str, list[str]]:
 
 
 def matrices(ev, configs: list[tuple[str, RAGConfig]], split: str) -> dict[str, Any]:
-    """(queries × configs) reward R, quality Q (αF+βR) and tokens T, and the tables."""
+    """(queries × configs) reward R, quality Q (αF+βR) and tokens T, R with each config's
+    mean latency in place of the query's (Rm), and the tables."""
     spec = ev.reward_spec()
-    tabs, cols = [], {"R": [], "Q": [], "T": []}
+    tabs, cols = [], {"R": [], "Rm": [], "Q": [], "T": []}
     for i, (name, cfg) in enumerate(configs, 1):
         t0 = time.perf_counter()
         cached = ev.is_cached(cfg, split)
         tab = ev.table(cfg, split)
         tabs.append(tab)
         cols["R"].append(ev.per_query_reward(tab))
-        cols["Q"].append(np.asarray(spec.quality(*ev.quality(tab)), dtype=np.float64))
+        F, Rel = ev.quality(tab)
+        cols["Q"].append(np.asarray(spec.quality(F, Rel), dtype=np.float64))
+        # the same reward with the config's mean latency for every query: no timing noise
+        lat = np.full_like(tab["latency_ms"], tab["latency_ms"].mean())
+        cols["Rm"].append(np.asarray(spec.per_query(F, Rel, lat, tab["tokens"],
+                                                    tab.get(PII_COLUMN)), dtype=np.float64))
         cols["T"].append(tab["tokens"])
         print(f"  [{ev.data.name}/{split}] {i:2d}/{len(configs)} {name:28s} "
               f"{'cached' if cached else f'{time.perf_counter() - t0:6.1f}s'}", flush=True)
@@ -176,6 +185,10 @@ def study(ds: str, split: str, M: dict[str, Any], names: list[str], segs: dict[s
         for metric, X in (("headroom", R), ("delta_quality", Q), ("delta_tokens", T)):
             rows.append(_diff_row(ds, split, system + sfx, metric, X[:, best], pick(X, ch),
                                   seed))
+    Rm = M["Rm"]
+    bm = best_static(Rm)
+    rows.append(_diff_row(ds, split, "per-query-oracle-mean-latency" + sfx, "headroom",
+                          Rm[:, bm], Rm.max(axis=1), seed))
     seg_detail = {}
     for key, labels in segs.items():
         tag = "" if key == MAIN_SEGMENTS.get(ds, key) else f":{key}"
