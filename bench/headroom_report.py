@@ -103,6 +103,38 @@ def reading(ds: str, meta: dict[str, Any], rows: list[dict]) -> str:
         f"{_v(g('rung-75-batch', 'fidelity_spearman'), '.2f')}.")
 
 
+def summary(datasets: list[str], rows: list[dict]) -> str:
+    """One paragraph over all datasets; every number comes from `rows`."""
+    def vals(system: str, split: str = "valid") -> list[tuple[str, dict]]:
+        return [(ds, r) for ds in datasets
+                if (r := _get(rows, ds, system, "headroom", split)) is not None]
+
+    def span(pairs: list[tuple[str, dict]]) -> str:
+        return ", ".join(f"{ds} {r['value']:+.3f}" for ds, r in pairs) or "n/a"
+
+    oracle, eq = vals("per-query-oracle"), vals("per-query-oracle-equal-cost")
+    cross = [(ds, r) for ds in datasets for r in rows
+             if r["dataset"] == ds and r["split"] == "valid" and r["metric"] == "headroom"
+             and r["system"].startswith("per-segment-best-crossfit")]
+    none_above = all(r["ci_low"] is not None and r["ci_low"] <= 0.0 for _, r in cross)
+    seg = ("no segmentation tried gains anything once cross-fitted (no CI lies above 0): "
+           "the room is per query, so a policy needs per-query features, not segment labels"
+           if cross and none_above else
+           "some segmentations keep a cross-fitted gain (see the `-crossfit` rows)")
+    def rho(system: str) -> str:
+        return ", ".join(f"{ds} {r['value']:.2f}" for ds in datasets
+                         if (r := _get(rows, ds, system, "fidelity_spearman")) is not None) \
+            or "n/a"
+
+    return (f"How much room a per-query policy has, in reward per query on the tune split "
+            f"(per-query oracle minus the best static config): {span(oracle)}; held to the "
+            f"static config's token budget: {span(eq)}; on test: "
+            f"{span(vals('per-query-oracle', 'test'))}. By contrast {seg}. Fidelity rungs "
+            f"(Spearman of the portfolio's 25-query ranking with the full split's): by mean "
+            f"per-query reward {rho('rung-25')}; by the gated batch reward a searcher sees "
+            f"{rho('rung-25-batch')} (75 queries: {rho('rung-75-batch')}).")
+
+
 def markdown(meta: dict[str, Any], rows: list[dict]) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     port = meta.get("portfolio", [])
@@ -128,6 +160,7 @@ def markdown(meta: dict[str, Any], rows: list[dict]) -> str:
         "what a policy that learns from data could expect.",
         "",
     ]
+    parts += [summary(datasets, rows), ""]
     parts += [reading(ds, meta, rows) + "\n" for ds in datasets]
     for ds in datasets:
         parts += [f"## {ds}", "", _table(ds, rows), ""]
