@@ -1,0 +1,301 @@
+"""Headroom study: how much room a per-query (or per-segment) config policy has over the best
+static config, on HotpotQA, SciFact and MTRAG.
+
+    python bench/headroom.py                 # full: 3 datasets, valid (tune) + test (check)
+    python bench/headroom.py --quick         # < 2 min: the synthetic world
+    python bench/headroom.py --render-only   # rewrite headroom.md from headroom.json
+
+A fixed portfolio of configs (`PORTFOLIO`: the static default plus 29 spread over retriever,
+k, fusion weight and normalisation, MMR, cosine rerank and the two prompts, each made from the
+policy's base config) is evaluated on every query of the dataset's tune split (`valid`) and,
+as a check, its holdout (`test`), through the tuner's own per-query tables
+(`TunerEvaluator.table`). Per query: reward = `TunerEvaluator.per_query_reward` (no batch
+gates), quality = `RewardSpec.quality` of the evaluator's F and R (αF + βR), cost = tokens.
+From the (queries × configs) matrices (`rl.stats.headroom`), rows (reward units unless said):
+
+  * `best-static` / `static-default`: mean per-query reward, quality and tokens;
+  * `per-query-oracle` `headroom`: mean per-query max − mean of the best static config, with
+    a paired bootstrap 95% CI over queries (best static fixed); `delta_quality`,
+    `delta_tokens`: the same for the oracle's choices' quality and tokens;
+  * `per-query-oracle-equal-cost`: the oracle held to the best static config's mean tokens
+    (max reward − mu·tokens per query, mu by bisection);
+  * `per-query-oracle-mean-latency`: the oracle's headroom when every query of a config is
+    charged the config's mean latency (the oracle cannot pick timing noise);
+  * `per-segment-best[:key]`: best config per segment − the best static, in-sample; and
+    `per-segment-best-crossfit[:key]`: chosen per segment (and the static one) on half the
+    queries and scored on the other half (2-fold, stratified, averaged over 10 fold draws);
+    on test also `per-segment-best-transfer`: both chosen on valid, scored on test. Segments:
+    HotpotQA question type, SciFact gold docs (1 vs >1), MTRAG domain × turn (first / later)
+    and each alone;
+  * `rung-25`, `rung-75` `fidelity_spearman`: Spearman over the portfolio of the mean reward
+    on 25 (75) random queries vs the full split, mean over 20 subsets with a CI over subsets;
+    `rung-*-batch`: the same with the batch reward a searcher sees (gates, p95, mean cost).
+Rows carry `split`; test rows' systems end in `@test`. `meta.portfolio` lists every config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import make_meta, metric_row, rerender, write_results  # noqa: E402
+from bench.headroom_report import TITLE, markdown  # noqa: E402
+from rag.config import RAGConfig  # noqa: E402
+from rag.corpus.loaders import data_root  # noqa: E402
+from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap  # noqa: E402
+from rl.stats.headroom import (  # noqa: E402
+    best_static,
+    crossfit_segment_gain,
+    equal_cost_oracle,
+    oracle_choice,
+    pick,
+    rung_spearman,
+    segment_choice,
+    segment_values,
+)
+from rl.tuner.reward import PII_COLUMN  # noqa: E402
+from rl.tuner.settings import TunerSettings  # noqa: E402
+
+NAME = "headroom"
+RUNGS = (25, 75)
+N_SUBSETS = 20
+CROSSFIT_REPEATS = 10
+PORTFOLIO: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("static-default", {}),
+    ("bm25-k3", {"variant": "bm25", "k": 3}),
+    ("bm25-k8", {"variant": "bm25", "k": 8}),
+    ("bm25-k16-rerank", {"variant": "bm25", "k": 16, "rerank": "cosine"}),
+    ("dense-k1", {"variant": "dense", "k": 1}),
+    ("dense-k3", {"variant": "dense", "k": 3}),
+    ("dense-k5-mmr0.7", {"variant": "dense", "k": 5, "mmr_lambda": 0.7}),
+    ("dense-k12", {"variant": "dense", "k": 12}),
+    ("dense-k32", {"variant": "dense", "k": 32}),
+    ("hybrid-k1", {"k": 1}),
+    ("hybrid-k2-w0.9-zscore", {"k": 2, "fusion_weight": 0.9, "normalisation": "zscore"}),
+    ("hybrid-k3-w0.3", {"k": 3, "fusion_weight": 0.3}),
+    ("hybrid-k3-w0.7", {"k": 3, "fusion_weight": 0.7}),
+    ("hybrid-k5-zscore", {"normalisation": "zscore"}),
+    ("hybrid-k5-rrf", {"normalisation": "rrf"}),
+    ("hybrid-k5-mmr0.5", {"mmr_lambda": 0.5}),
+    ("hybrid-k8-w0.8", {"k": 8, "fusion_weight": 0.8}),
+    ("hybrid-k8-rerank", {"k": 8, "rerank": "cosine"}),
+    ("hybrid-k8-mmr0.8-rerank", {"k": 8, "mmr_lambda": 0.8, "rerank": "cosine"}),
+    ("hybrid-k12-w0.3-zscore", {"k": 12, "fusion_weight": 0.3, "normalisation": "zscore"}),
+    ("hybrid-k16-rrf", {"k": 16, "normalisation": "rrf"}),
+    ("hybrid-k24", {"k": 24}),
+    ("hybrid-k32-w0.2", {"k": 32, "fusion_weight": 0.2}),
+    ("hybrid-k3-abstain", {"k": 3, "prompt_id": "cite_concise_abstain"}),
+    ("hybrid-k5-abstain", {"prompt_id": "cite_concise_abstain"}),
+    ("hybrid-k12-rerank-abstain", {"k": 12, "rerank": "cosine",
+                                   "prompt_id": "cite_concise_abstain"}),
+    ("graph-k3", {"variant": "graph", "k": 3}),
+    ("graph-k5", {"variant": "graph", "k": 5}),
+    ("graph-k8-rerank", {"variant": "graph", "k": 8, "rerank": "cosine"}),
+    ("graph-k16", {"variant": "graph", "k": 16}),
+)
+"""(name, RAGConfig overrides of the policy's base config); the first is the static default."""
+MAIN_SEGMENTS = {"hotpotqa": "type", "scifact": "gold_docs", "mtrag": "domain+turn",
+                 "synthetic": "type"}
+"""The segmentation behind the unsuffixed `per-segment-best` rows."""
+
+
+def portfolio(policy: TunerSettings) -> list[tuple[str, RAGConfig]]:
+    """The portfolio as RAGConfigs from `policy.base_config()`; a rerank depth below k is
+    raised to k (the config requires rerank_depth >= k)."""
+    base = policy.base_config()
+    out = []
+    for name, over in PORTFOLIO:
+        if over.get("rerank", "none") != "none":
+            over = {**over, "rerank_depth": max(base.rerank_depth, over.get("k", base.k))}
+        out.append((name, base.replace(**over)))
+    return out
+
+
+def segmentations(dataset: str, examples) -> dict[str, list[str]]:
+    """Segment labels per query, by segmentation name (the first is the main one)."""
+    if dataset == "mtrag":
+        dom = [str((e.metadata or {}).get("collection")) for e in examples]
+        turn = ["first" if str((e.metadata or {}).get("turn")) == "1" else "later"
+                for e in examples]
+        return {"domain+turn": [f"{d}/{t}" for d, t in zip(dom, turn, strict=True)],
+                "domain": dom, "turn": turn}
+    if dataset == "scifact":
+        return {"gold_docs": ["1" if len(e.gold_passage_ids) <= 1 else ">1" for e in examples]}
+    return {"type": [e.category for e in examples]}
+
+
+def matrices(ev, configs: list[tuple[str, RAGConfig]], split: str) -> dict[str, Any]:
+    """(queries × configs) reward R, quality Q (αF+βR) and tokens T, R with each config's
+    mean latency in place of the query's (Rm), and the tables."""
+    spec = ev.reward_spec()
+    tabs, cols = [], {"R": [], "Rm": [], "Q": [], "T": []}
+    for i, (name, cfg) in enumerate(configs, 1):
+        t0 = time.perf_counter()
+        cached = ev.is_cached(cfg, split)
+        tab = ev.table(cfg, split)
+        tabs.append(tab)
+        cols["R"].append(ev.per_query_reward(tab))
+        F, Rel = ev.quality(tab)
+        cols["Q"].append(np.asarray(spec.quality(F, Rel), dtype=np.float64))
+        # the same reward with the config's mean latency for every query: no timing noise
+        lat = np.full_like(tab["latency_ms"], tab["latency_ms"].mean())
+        cols["Rm"].append(np.asarray(spec.per_query(F, Rel, lat, tab["tokens"],
+                                                    tab.get(PII_COLUMN)), dtype=np.float64))
+        cols["T"].append(tab["tokens"])
+        print(f"  [{ev.data.name}/{split}] {i:2d}/{len(configs)} {name:28s} "
+              f"{'cached' if cached else f'{time.perf_counter() - t0:6.1f}s'}", flush=True)
+    return {k: np.column_stack(v) for k, v in cols.items()} | {"tabs": tabs}
+
+
+def _diff_row(ds: str, split: str, system: str, metric: str, a, b, seed: int) -> dict:
+    """Mean of b − a per query with a paired bootstrap 95% CI (10k resamples)."""
+    r = paired_bootstrap(a, b, seed=seed)
+    return {"dataset": ds, "split": split, "system": system, "metric": metric,
+            "value": r.mean_diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n}
+
+
+def _mean_row(ds: str, split: str, system: str, metric: str, values, seed: int) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    return {**metric_row(ds, system, metric, v[np.isfinite(v)], seed), "split": split}
+
+
+def study(ds: str, split: str, M: dict[str, Any], names: list[str], segs: dict[str, list[str]],
+          ev, seed: int, transfer: dict | None = None) -> tuple[list[dict], dict]:
+    """Rows and details of one dataset split from its matrices `M` (see the module
+    docstring); `transfer` (test only): the valid split's best column and segment choices."""
+    R, Q, T = M["R"], M["Q"], M["T"]
+    sfx = "" if split == "valid" else f"@{split}"
+    best = best_static(R)
+    rows = []
+    for system, j in (("static-default", 0), ("best-static", best)):
+        for metric, X in (("reward", R), ("quality", Q), ("tokens", T)):
+            rows.append(_mean_row(ds, split, system + sfx, metric, X[:, j], seed))
+    oracle = oracle_choice(R)
+    budget = float(T[:, best].mean())
+    eq, mu = equal_cost_oracle(R, T, budget)
+    for system, ch in (("per-query-oracle", oracle), ("per-query-oracle-equal-cost", eq)):
+        for metric, X in (("headroom", R), ("delta_quality", Q), ("delta_tokens", T)):
+            rows.append(_diff_row(ds, split, system + sfx, metric, X[:, best], pick(X, ch),
+                                  seed))
+    Rm = M["Rm"]
+    bm = best_static(Rm)
+    rows.append(_diff_row(ds, split, "per-query-oracle-mean-latency" + sfx, "headroom",
+                          Rm[:, bm], Rm.max(axis=1), seed))
+    seg_detail = {}
+    for key, labels in segs.items():
+        tag = "" if key == MAIN_SEGMENTS.get(ds, key) else f":{key}"
+        choice = segment_choice(R, labels)
+        rows.append(_diff_row(ds, split, f"per-segment-best{tag}{sfx}", "headroom",
+                              R[:, best], segment_values(R, labels, choice), seed))
+        gain = crossfit_segment_gain(R, labels, 2, CROSSFIT_REPEATS, seed)
+        b = bootstrap_mean_ci(gain, seed=seed)
+        rows.append({"dataset": ds, "split": split, "system": f"per-segment-best-crossfit{tag}"
+                     f"{sfx}", "metric": "headroom", "value": b.mean_diff,
+                     "ci_low": b.ci_low, "ci_high": b.ci_high, "n": b.n})
+        lab = np.asarray(labels)
+        seg_detail[key] = {s: {"n": int((lab == s).sum()), "best": names[c],
+                               "gain_in_sample": float((R[lab == s, c]
+                                                        - R[lab == s, best]).mean())}
+                           for s, c in choice.items()}
+        if transfer is not None and key in transfer["segments"]:
+            vb = transfer["best"]
+            vals = segment_values(R, labels, transfer["segments"][key], fallback=vb)
+            rows.append(_diff_row(ds, split, f"per-segment-best-transfer{tag}{sfx}",
+                                  "headroom", R[:, vb], vals, seed))
+    if transfer is not None:
+        for metric, X in (("reward", R), ("quality", Q), ("tokens", T)):
+            rows.append(_mean_row(ds, split, "valid-best-static" + sfx, metric,
+                                  X[:, transfer["best"]], seed))
+    spec = ev.reward_spec()
+
+    def batch_score(idx: np.ndarray) -> np.ndarray:
+        return np.array([spec.reward(ev.summarize(tab, idx))[0] for tab in M["tabs"]])
+
+    n = R.shape[0]
+    for m in RUNGS:
+        if m >= n:
+            continue
+        rows.append(_mean_row(ds, split, f"rung-{m}{sfx}", "fidelity_spearman",
+                              rung_spearman(R, m, N_SUBSETS, seed), seed))
+        rows.append(_mean_row(ds, split, f"rung-{m}-batch{sfx}", "fidelity_spearman",
+                              rung_spearman(R, m, N_SUBSETS, seed, batch_score), seed))
+    used, counts = np.unique(oracle, return_counts=True)
+    full_batch = batch_score(np.arange(n))
+    detail = {
+        "n": int(n), "best_static": names[best], "equal_cost_mu": mu,
+        "token_budget": budget,
+        "best_static_ties_oracle": float(np.mean(R[:, best] >= R.max(axis=1) - 1e-12)),
+        "oracle_configs": {names[u]: int(c) for u, c in
+                           sorted(zip(used, counts, strict=True), key=lambda x: -x[1])},
+        "batch_reward": {nm: float(full_batch[j]) for j, nm in enumerate(names)},
+        "mean_reward": {nm: float(R[:, j].mean()) for j, nm in enumerate(names)},
+        "segments": seg_detail,
+        "choices": {"best": best, "segments": {k: segment_choice(R, v)
+                                               for k, v in segs.items()}},
+    }
+    return rows, detail
+
+
+def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict) -> None:
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    t0 = time.perf_counter()
+    ev = TunerEvaluator(TuningData.open(ds), policy)
+    configs = portfolio(policy)
+    names = [n for n, _ in configs]
+    details[ds] = {}
+    transfer = None
+    for split in (ev.slice.tune_split, ev.slice.holdout_split):
+        examples = ev.data.examples(split)
+        M = matrices(ev, configs, split)
+        r, d = study(ds, split, M, names, segmentations(ds, examples), ev, seed, transfer)
+        transfer = d.pop("choices")
+        rows.extend(r)
+        details[ds][split] = d
+    details[ds]["wall_s"] = round(time.perf_counter() - t0, 1)
+    details[ds]["counters"] = dict(ev.counters)
+    print(f"[{ds}] done in {details[ds]['wall_s']}s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
+    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite the markdown from the existing JSON; evaluate nothing")
+    a = ap.parse_args()
+    if a.render_only:
+        rerender(NAME, a.quick, TITLE, markdown)
+        return
+    datasets = ["synthetic"] if a.quick else a.datasets.split(",")
+    policy = TunerSettings.defaults()
+    rows: list[dict] = []
+    details: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for ds in datasets:
+        run_dataset(ds, policy, a.seed, rows, details)
+    files = {} if a.quick else {d: data_root() / d for d in datasets}
+    meta = make_meta(a.seed, files, {
+        "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
+        "base_config": policy.base_config().model_dump(mode="json"),
+        "portfolio": [{"name": n, "config_hash": c.config_hash, "overrides": dict(o)}
+                      for (n, c), (_, o) in zip(portfolio(policy), PORTFOLIO, strict=True)],
+        "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
+                   "cost_ref_tokens": policy.cost_ref_tokens},
+        "rungs": list(RUNGS), "n_subsets": N_SUBSETS, "crossfit_repeats": CROSSFIT_REPEATS,
+        "main_segments": MAIN_SEGMENTS, "details": details})
+    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
