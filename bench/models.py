@@ -2,7 +2,7 @@
 
     python bench/models.py            # full: SciFact test (5,183 docs, 300 queries), Qwen on
                                       # --llm-n HotpotQA test questions (hours on 2 cores)
-    python bench/models.py --only generators --threads 2   # the Qwen acceptance rows alone
+    python bench/models.py --only generators --threads 1   # the Qwen acceptance rows alone
     python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
                                       # (50 queries); nomic on --nomic-docs docs and Qwen on
                                       # --llm-n 3 questions, for per-item cost and projections

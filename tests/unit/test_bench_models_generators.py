@@ -85,3 +85,15 @@ def test_rows_are_named_per_contexts_and_pair_the_common_questions(mode, suffix,
     d = by[(f"qwen2.5-coder-1.5b{suffix} - smollm2-135m{suffix}", "answer_f1_diff")]
     assert d["value"] == pytest.approx(2.0 / 3) and d["n"] == 3
     assert (("hybrid-k5", "gold_recall@5") in by) == (mode == "hybrid")
+
+
+def test_cost_rows_use_only_the_answers_timed_with_the_run_thread_count():
+    costs = [{"seconds": s, "tokens_in": 100, "tokens_out": 10, "prefill_ms": 1000.0,
+              "decode_ms": 500.0 * t, "threads": t} for s, t in ((90.0, 2), (40.0, 1), (50.0, 1))]
+    rows: list = []
+    note = mg._cost_rows("hotpotqa/test[:100]/hybrid-k5", "q", costs + [None], 100, rows, 1)
+    by = {r["metric"]: r for r in rows}
+    assert by["generate_s_per_q"]["value"] == pytest.approx(45.0)
+    assert by["generate_s_per_q"]["n"] == 2 and by["decode_tok_s"]["value"] == pytest.approx(20)
+    assert "1 answers timed with 2 threads: 90.0 s/answer, decode 10.00 tok/s" in note
+    assert "projected_generate_s_100q" not in by
