@@ -35,6 +35,8 @@ from bench.common import metric_row, plain_row
 from rag.corpus.hygiene import load_split
 from rag.corpus.loaders import data_root, load_hotpotqa
 from rag.errors import RagError
+from rag.generation.parse import parse_output
+from rag.generation.prompts import get_prompt
 from rag.metrics import score_answer
 from rag.models import cache_dir
 from rag.types import Answer, Context, Hit
@@ -129,7 +131,11 @@ def _answer_one(gen, label, mode, e, cands, ctxs, args, log: AnswerLog) -> dict:
                  "tokens_out": g.tokens_out, "threads": gen.threads,
                  "prefill_ms": gen.stats["prefill_ms"] - before["prefill_ms"],
                  "decode_ms": gen.stats["decode_ms"] - before["decode_ms"], "text": g.text})
-    a = Answer(e.id, e.question, g.text, g.citations, ctxs, cands, {}, g.tokens_in,
+    # scored from the raw output with today's parser, so answers cached by an earlier run are
+    # parsed exactly like new ones
+    tpl = get_prompt(PROMPT)
+    text, cites = parse_output(g.raw, len(ctxs), tpl.concise, e.question)
+    a = Answer(e.id, e.question, text, cites if tpl.cites else (), ctxs, cands, {}, g.tokens_in,
                g.tokens_out, "", g.raw)
     return {"score": score_answer(a, e, k=5), "cost": log.records.get(key), "cached": g.cached}
 
