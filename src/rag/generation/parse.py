@@ -7,9 +7,24 @@ import re
 from rag.generation.prompts import INSUFFICIENT
 
 _CITE = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+_PAREN_CITE = re.compile(r"\((\d+(?:\s*[,;]\s*\d+)*)\)")
+# the concise prompts' "(a few words: a name, number, date, or yes/no)" repeated after an answer
+# (Qwen2.5-Coder does: "Kashmir (a name, number, date, or yes/no) [1, 3]")
+_TYPE_ECHO = re.compile(r"\s*\((?=[^()]*(?:\byes/no\b|\ba name,\s*(?:a\s+)?number\b))[^()]*\)?",
+                        re.I)
 _PREFIX = re.compile(r"^\s*(?:final answer|short answer|answer|a)\s*[:\-]\s*", re.I)
 _LEAD = re.compile(r"^\s*(?:the (?:short |final )?answer is|it is|it was|answer is)\s*:?\s*",
                    re.I)
+
+
+def bracket_paren_citations(raw: str, n_contexts: int) -> str:
+    """`Audioslave (2, 3)` -> `Audioslave [2, 3]`: a parenthesised number list is a citation
+    when every number is a passage index (1..n_contexts); `Arthur (1925)` is left alone."""
+    def swap(m: re.Match) -> str:
+        nums = [int(t) for t in re.split(r"[,;]", m.group(1))]
+        return f"[{m.group(1)}]" if all(1 <= i <= n_contexts for i in nums) else m.group(0)
+
+    return _PAREN_CITE.sub(swap, raw)
 
 
 def parse_citations(raw: str, n_contexts: int) -> tuple[int, ...]:
@@ -73,6 +88,7 @@ def clean_answer(raw: str, concise: bool = True, question: str | None = None) ->
         return INSUFFICIENT
     text = _CITE.sub("", text)
     text = re.sub(r"\[\d*$", "", text)  # a citation cut off by max_new_tokens
+    text = _TYPE_ECHO.sub("", text)
     if concise:
         text = next((ln for ln in text.splitlines() if ln.strip()), "")
     text = _PREFIX.sub("", text)
@@ -89,4 +105,6 @@ def clean_answer(raw: str, concise: bool = True, question: str | None = None) ->
 
 def parse_output(raw: str, n_contexts: int, concise: bool = True, question: str | None = None
                  ) -> tuple[str, tuple[int, ...]]:
+    """(answer text, 1-based citations); `[n]` and in-range `(n)` lists both count as cites."""
+    raw = bracket_paren_citations(raw, n_contexts)
     return clean_answer(raw, concise, question), parse_citations(raw, n_contexts)
