@@ -2,7 +2,7 @@
 query-evaluations, on the full config space (>= 10^6 configs), HotpotQA, SciFact and MTRAG.
 
     python bench/search.py                 # full: 3 datasets x 5 searchers x --seeds seeds
-    python bench/search.py --jobs 2        # the same, datasets in parallel processes
+    python bench/search.py --jobs 3        # the same, one process per dataset (what was run)
     python bench/search.py --quick         # < 2 min: synthetic, 2 seeds, small budget
     python bench/search.py --render-only   # rewrite search.md from search.json
 
@@ -317,7 +317,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--budget-x", type=float, default=20.0,
+    ap.add_argument("--budget-x", type=float, default=12.0,
                     help="budget per search, in full valid splits of query-evaluations")
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--searchers", default=",".join(SEARCHERS))

@@ -198,4 +198,7 @@ class TunerEnv(gym.Env):
         self.history.append({**info, "reward": rep.reward, "config": cfg, "cached": rep.cached,
                              "step_ms": rep.elapsed_ms})
         obs = self._obs([self.examples[int(i)].category for i in idx])
-        return obs, float(rep.reward), False, self.t >= self.length, info
+        # what PPO learns from: the reward, or its shaped-gate variant (history, incumbents and
+        # reports keep the reward itself)
+        signal = rep.shaped_reward if self.policy.gate_penalty == "shaped" else rep.reward
+        return obs, float(signal), False, self.t >= self.length, info

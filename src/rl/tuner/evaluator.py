@@ -138,6 +138,9 @@ class EvalReport:
     metrics: dict[str, float] = field(default_factory=dict)
     elapsed_ms: float = 0.0
     cached: bool = True
+    shaped_reward: float = float("nan")
+    """`RewardSpec.shaped_reward` of the same batch: PPO's training signal when
+    `TunerSettings.gate_penalty` is "shaped"."""
     violations: dict[str, float] = field(default_factory=dict)
     """Each hard gate's relative violation (`rl.tuner.reward.Gate.violation`; <= 0 passes):
     the feasibility signal constrained searchers read."""
@@ -347,7 +350,8 @@ class TunerEvaluator:
                           config.config_hash, int(lat.size), m.faithfulness, m.relevancy,
                           float(np.percentile(lat, 50)), m.p95_latency_ms, m.cost, r,
                           verdicts.as_dict(), m.quality_se, extra,
-                          (time.perf_counter() - t0) * 1000, cached, viol)
+                          (time.perf_counter() - t0) * 1000, cached,
+                          float(spec.shaped_reward(m)), viol)
 
     def per_query_reward(self, tab: QueryTable) -> np.ndarray:
         """Reward of each query alone (`RewardSpec.per_query`: latency and cost per query, no

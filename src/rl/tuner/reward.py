@@ -65,6 +65,9 @@ HARD_GATES = ("faithfulness", "relevancy", "p95_latency_ms")
 SATURATION = 2.0
 """Cap of the latency and cost ratios."""
 UNSTABLE_PENALTY = 0.5
+SHAPING_BAND = 0.1
+"""Relative violation at which a shaped gate penalty reaches a full failed gate (10% short of
+a floor, or 10% over the latency ceiling)."""
 
 Value = Any
 """A float, or a numpy array of them (one element per batch or per query)."""
@@ -246,6 +249,20 @@ class RewardSpec:
     def violations(self, m: StepMetrics) -> dict[str, Value]:
         """Each hard gate's relative violation (`Gate.violation`; <= 0 passes)."""
         return {g.name: g.violation(getattr(m, g.statistic)) for g in self.gates_spec[:3]}
+
+    def shaped_reward(self, m: StepMetrics) -> Value:
+        """What PPO trains on when `TunerSettings.gate_penalty` is "shaped": C − λ·(Σ over hard
+        gates of min(1, violation / SHAPING_BAND) + w_pii·L). A config 2% short of a gate costs
+        0.2λ instead of the full λ, so the policy's gradient points back towards feasibility
+        instead of off a cliff, and a 25-query batch's noise around a threshold does not swing
+        the reward by λ. Stability is not charged (it is a property of the batch size). Reports,
+        incumbents and promotion always use `reward`."""
+        c = self.continuous(m.faithfulness, m.relevancy, m.p95_latency_ms, m.cost)
+        viol = self.violations(m)
+        shaped = sum(np.clip(np.asarray(v, dtype=np.float64) / SHAPING_BAND, 0.0, 1.0)
+                     for v in viol.values())
+        p = shaped + self.pii_weight * np.asarray(_leaks(m.pii_leaks))
+        return _out(np.asarray(c) - self.weights.lambda_ * p)
 
     def penalty(self, v: GateVerdicts, pii_leaks: ArrayLike = 0.0) -> Value:
         """P: failed hard gates + 0.5 if unstable + w_pii × `pii_leaks` (mean per query)."""

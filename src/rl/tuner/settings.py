@@ -204,6 +204,10 @@ class TunerSettings(StrictSettings):
     reward_weights: RewardWeights = RewardWeights()
     cost_ref_tokens: float = Field(1000.0, gt=0.0)
     """C_ref: tokens per query (in + out) that cost one unit."""
+    gate_penalty: Literal["cliff", "shaped"] = "shaped"
+    """How PPO's training signal charges a failed gate: cliff = λ per failed gate (+0.5 when
+    unstable), exactly the reward; shaped = λ·min(1, relative violation / 10%) per gate
+    (`RewardSpec.shaped_reward`). Reports, incumbents and promotion always use the reward."""
     instability_band: float = Field(0.05, ge=0.0)
     """P += 0.5 when the standard error of the batch's mean quality exceeds this."""
     action_mode: Literal["absolute", "delta"] = "absolute"
