@@ -131,3 +131,19 @@ class ConfigSpace:
             if all(getattr(config, f) == val for f, val in over.items()):
                 return label
         return self.variants[0]
+
+    # ---- Ray Tune (issue 18 item 4; minimal stand-in: helper d1's space.py replaces these) --
+    def tune_param_space(self) -> dict[str, Any]:
+        """The space as Ray Tune domains, one per head: variant, k, rerank, prompt
+        (`tune.choice`) and fusion_weight (`tune.uniform` in its bounds)."""
+        from ray import tune
+
+        return {"variant": tune.choice(list(self.variants)), "k": tune.choice(list(self.ks)),
+                "rerank": tune.choice(list(self.reranks)),
+                "fusion_weight": tune.uniform(self.w_lo, self.w_hi),
+                "prompt": tune.choice(list(self.prompts))}
+
+    def from_params(self, params: Mapping[str, Any]) -> RAGConfig:
+        """The config of one point of `tune_param_space` (the weight snapped to its step)."""
+        return self.make(params["variant"], int(params["k"]), params["rerank"],
+                         float(params["fusion_weight"]), params["prompt"])
