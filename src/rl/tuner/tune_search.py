@@ -172,7 +172,8 @@ class TuneSearchResult:
     `incumbent`: the best full-fidelity config (`rl.tuner.results.Incumbent`), None when no
     trial reached the full split; `query_evals`/`seconds`: the total spent; `curve`: one
     point per reported result, {"query_evals": cumulative, "seconds", "best_reward": best
-    full-fidelity reward so far (None before the first), "incumbent": its hash}."""
+    full-fidelity reward so far (None before the first), "incumbent": its hash};
+    `searcher`: the Tune searcher it ran (its Optuna study, for TPE methods)."""
 
     method: str
     seed: int
@@ -187,6 +188,7 @@ class TuneSearchResult:
     query_evals: int
     seconds: float
     curve: list[dict[str, Any]] = field(default_factory=list)
+    searcher: Any = None
 
     def to_tune_result(self) -> TuneResult:
         """As the other tuners' `TuneResult` (one curve entry per rung evaluation;
@@ -287,6 +289,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
         tempfile.mkdtemp(prefix="ragpilot-tune-"))
     storage.mkdir(parents=True, exist_ok=True)
     stopper, recorder = QueryBudget(budget), _Recorder()
+    searcher = make_searcher(method, seed, space, start, max_concurrent)
     callbacks: list[Any] = [recorder]
     if mlflow_uri:
         from ray.air.integrations.mlflow import MLflowLoggerCallback
@@ -302,7 +305,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(
             metric="reward", mode="max", num_samples=num_samples,
-            search_alg=make_searcher(method, seed, space, start, max_concurrent),
+            search_alg=searcher,
             scheduler=make_scheduler(method, sizes, seed), reuse_actors=True),
         run_config=tune.RunConfig(name=f"{method}-seed{seed}", storage_path=str(storage),
                                   stop=stopper, callbacks=callbacks, verbose=0,
@@ -310,7 +313,9 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     grid = tuner.fit()
     if grid.errors:
         raise RuntimeError(f"{method}: a trial failed: {grid.errors[0]!r}")
-    return _summarise(method, seed, budget, sizes, grid, recorder.results, config_of)
+    found = _summarise(method, seed, budget, sizes, grid, recorder.results, config_of)
+    found.searcher = searcher
+    return found
 
 
 class QueryBudget(Stopper):
