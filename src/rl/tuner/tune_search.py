@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import tempfile
 import threading
 import time
@@ -285,6 +286,8 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
         param_space, num_samples = space.tune_param_space(), budget // sizes[0] + 1
         config_of = space.from_params
     init_ray()
+    # Tune's console tables: a library call prints nothing (verbose=0 alone keeps a header)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     storage = Path(storage_path) if storage_path else Path(
         tempfile.mkdtemp(prefix="ragpilot-tune-"))
     storage.mkdir(parents=True, exist_ok=True)
