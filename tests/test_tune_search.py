@@ -141,3 +141,11 @@ def test_the_tuning_run_dispatches_ray_tune_methods(setup, tmp_path):
         check("tpe", 100, "steps")
     with pytest.raises(ConfigError, match="budget_unit"):
         check("ppo", 100, "queries")
+
+
+@pytest.mark.parametrize("method", ["tpe", "random"])
+def test_start_config_is_the_first_trial(setup, tmp_path, method):
+    ev, space, _ = setup
+    res = tune_search(ev, space, method=method, budget=240, seed=5, rungs=RUNGS,
+                      storage_path=tmp_path, start=space.base)
+    assert res.trials[0]["config_hash"] == space.base.config_hash
