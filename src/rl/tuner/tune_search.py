@@ -9,9 +9,10 @@ Methods (`METHODS`; `DEFAULT_SEARCHER` is the project's default):
     tpe-asha       tpe + ASHA over the fidelity rungs (one bracket)
     tpe-hyperband  tpe + asynchronous HyperBand: one ASHA bracket per rung, each trial drawn
                    into one (bracket s starts stopping at rung s+1). Ray's synchronous
-                   HyperBandScheduler pauses trials until a bracket fills, which needs
-                   checkpoint/restore and stalls at max_concurrent=1; BOHB needs ConfigSpace
-                   and hpbandster, which the project does not install.
+                   HyperBandScheduler cuts a bracket only among trials running together (and
+                   pauses them, which needs checkpoints): at max_concurrent=1 it stopped
+                   nothing (measured: 10 of 10 trials ran the full split). BOHB needs
+                   ConfigSpace and hpbandster, which the project does not install.
     hyperopt       HyperOpt TPE (`HyperOptSearch`, seeded)
     random         `BasicVariantGenerator`, seeded sampling of `space.tune_param_space()`
     grid           `BasicVariantGenerator` over every config of `space.grid()` (a pinned small
