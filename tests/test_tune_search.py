@@ -120,9 +120,6 @@ def test_bad_requests_are_config_errors(setup, tmp_path):
         tune_search(ev, space, method="tpe", budget=50, rungs=RUNGS, storage_path=tmp_path)
     with pytest.raises(ConfigError, match="method"):
         tune_search(ev, space, method="bohb", budget=BUDGET, storage_path=tmp_path)
-    with pytest.raises(ConfigError, match="rungs"):
-        tune_search(ev, space, method="tpe", budget=BUDGET, rungs=(30, 10),
-                    storage_path=tmp_path)
 
 
 def test_the_tuning_run_dispatches_ray_tune_methods(setup, tmp_path):

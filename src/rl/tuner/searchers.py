@@ -28,6 +28,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from rag.config import RAGConfig
+from rag.errors import ConfigError
 from rl.tuner.reward import HARD_GATES
 
 
@@ -72,12 +73,16 @@ class SeededAsyncHyperBand(AsyncHyperBandScheduler):
 
 def start_point(space: Any, config: RAGConfig | None) -> dict[str, Any] | None:
     """`config` as a point of `space.tune_param_space()`, or None when it has none (or
-    `config` is None). Today's five-head space: `baselines._point_of`."""
+    `config` is None): `space.to_params(config, complete=True)` where the space has it, else
+    (the five-head space) `baselines._point_of`."""
     if config is None:
         return None
     to_params = getattr(space, "to_params", None)
-    if to_params is not None:
-        return to_params(config)
+    if to_params is not None:  # the full space (every head, inactive ones at their default)
+        try:
+            return to_params(config, complete=True)
+        except ConfigError:
+            return None
     from rl.tuner.baselines import _point_of
 
     return _point_of(space, config)

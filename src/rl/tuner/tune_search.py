@@ -56,7 +56,7 @@ from ray.tune import Callback, Stopper
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.tuner.fidelity import RUNG_SEED, rung_indices, rungs_for
+from rl.tuner.fidelity import rung_indices, rungs_for
 from rl.tuner.results import Incumbent, TuneResult
 from rl.tuner.reward import HARD_GATES
 
@@ -129,10 +129,7 @@ def open_evaluator(spec: EvaluatorSpec) -> tuple[Any, Any]:
 def trial_metrics(rep: Any, spec: Any, rung: int, full: bool) -> dict[str, Any]:
     """What a trial reports for the EvalReport `rep` of one rung (module docstring), with the
     RewardSpec `spec` it was scored with."""
-    t = spec.thresholds
-    violation = {"faithfulness": t.faithfulness - rep.faithfulness,
-                 "relevancy": t.relevancy - rep.relevancy,
-                 "p95_latency_ms": (rep.p95_latency_ms - t.p95_latency_ms) / t.p95_latency_ms}
+    violation = getattr(rep, "violations", None) or relative_violations(rep, spec.thresholds)
     out = {"reward": float(rep.reward),
            "quality": float(spec.quality(rep.faithfulness, rep.relevancy)),
            "faithfulness": float(rep.faithfulness), "relevancy": float(rep.relevancy),
@@ -147,8 +144,20 @@ def trial_metrics(rep: Any, spec: Any, rung: int, full: bool) -> dict[str, Any]:
     return out
 
 
+def relative_violations(rep: Any, t: Any) -> dict[str, float]:
+    """Each hard gate's violation relative to its threshold (<= 0 passes; 0.1 = 10% short of a
+    floor or over a ceiling; NaN -> 1): what `EvalReport.violations` holds where the evaluator
+    computes it (`rl.tuner.reward.Gate.violation`)."""
+    out = {}
+    for name, floor in (("faithfulness", True), ("relevancy", True), ("p95_latency_ms", False)):
+        th, v = float(getattr(t, name)), float(getattr(rep, name))
+        gap = th - v if floor else v - th
+        out[name] = 1.0 if np.isnan(v) else gap / max(abs(th), 1e-9)
+    return out
+
+
 def run_trial(params: dict[str, Any], spec: EvaluatorSpec, split: str,
-              rungs: tuple[int, ...], rung_seed: int = RUNG_SEED) -> None:
+              rungs: tuple[int, ...]) -> None:
     """The function trainable: score the config of `params` on each rung of `split` (the last
     rung is the whole split, `rungs[-1]` queries) and `tune.report` after each."""
     from ray import tune
@@ -158,7 +167,7 @@ def run_trial(params: dict[str, Any], spec: EvaluatorSpec, split: str,
         else space.from_params(params)
     rs, n_total = ev.reward_spec(), rungs[-1]
     for i, n in enumerate(rungs, 1):
-        idx = None if n == n_total else rung_indices(n_total, n, rung_seed)
+        idx = None if n == n_total else rung_indices(n_total, n)
         tune.report(trial_metrics(ev.evaluate(cfg, split, idx), rs, i, n == n_total))
 
 
@@ -252,8 +261,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     `max_concurrent`: trials at once (1 = deterministic); `start`: a config to try first (e.g.
     the one in production; not for grid); `dataset`: what the evaluator's data was opened from
     (`EvaluatorSpec.of`); `mlflow_uri`: log every trial to MLflow experiment
-    `MLFLOW_EXPERIMENT` there. ConfigError names `method`, `budget`, `rungs` or
-    `max_concurrent`."""
+    `MLFLOW_EXPERIMENT` there. ConfigError names `method`, `budget` or `max_concurrent`."""
     from ray import tune
 
     from rl.common.runtime import init_ray
@@ -264,10 +272,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     if max_concurrent < 1:
         raise ConfigError("max_concurrent", "must be >= 1")
     split = split or evaluator.slice.tune_split
-    try:
-        sizes = rungs_for(len(evaluator.data.examples(split)), rungs)
-    except ValueError as e:
-        raise ConfigError("rungs", str(e)) from None
+    sizes = tuple(rungs_for(len(evaluator.data.examples(split)), rungs))
     if budget < sizes[-1]:
         raise ConfigError("budget", f"must cover one full-fidelity evaluation ({sizes[-1]} "
                                     f"queries of {split}), got {budget}")
