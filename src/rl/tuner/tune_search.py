@@ -261,7 +261,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     `max_concurrent`: trials at once (1 = deterministic); `start`: a config to try first (e.g.
     the one in production; not for grid); `dataset`: what the evaluator's data was opened from
     (`EvaluatorSpec.of`); `mlflow_uri`: log every trial to MLflow experiment
-    `MLFLOW_EXPERIMENT` there. ConfigError names `method`, `budget` or `max_concurrent`."""
+    `MLFLOW_EXPERIMENT` there, after the search (`rl.common.tracking.log_trials`). ConfigError names `method`, `budget` or `max_concurrent`."""
     from ray import tune
 
     from rl.common.runtime import init_ray
@@ -300,15 +300,6 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     stopper, recorder = QueryBudget(budget), _Recorder()
     searcher = make_searcher(method, seed, space, start, max_concurrent)
     callbacks: list[Any] = [recorder]
-    if mlflow_uri:
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-        from rl.common.tracking import set_experiment
-
-        set_experiment(MLFLOW_EXPERIMENT, mlflow_uri)  # artifacts beside a local store
-        callbacks.append(MLflowLoggerCallback(
-            tracking_uri=mlflow_uri, experiment_name=MLFLOW_EXPERIMENT,
-            tags={"method": method, "seed": str(seed), "dataset": spec.dataset}))
     trainable = tune.with_parameters(run_trial, spec=spec, split=split, rungs=sizes)
     tuner = tune.Tuner(
         trainable, param_space=param_space,
@@ -324,6 +315,11 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
         raise RuntimeError(f"{method}: a trial failed: {grid.errors[0]!r}")
     found = _summarise(method, seed, budget, sizes, grid, recorder.results, config_of)
     found.searcher = searcher
+    if mlflow_uri:
+        from rl.common.tracking import log_trials
+
+        log_trials(mlflow_uri, MLFLOW_EXPERIMENT, found.trials, found.history,
+                   {"method": method, "seed": str(seed), "dataset": spec.dataset})
     return found
 
 
