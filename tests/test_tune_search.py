@@ -67,7 +67,7 @@ def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup,
     # budget: counted in query-evaluations over all trials, stopped once spent
     assert res.query_evals == sum(t["query_evals"] for t in res.trials)
     assert BUDGET <= res.query_evals < BUDGET + n
-    assert len(res.grid) == len(res.trials) and res.seconds > 0
+    assert len(res.grid) == len(res.trials) and 0 < res.seconds <= res.wall_s
     # the curve: best full-fidelity reward so far against cumulative query-evals
     xs = [c["query_evals"] for c in res.curve]
     ys = [c["best_reward"] for c in res.curve if c["best_reward"] is not None]

@@ -181,10 +181,12 @@ class TuneSearchResult:
     seconds); `history`: every reported rung result in arrival order (the reported metrics +
     trial_id, cum_query_evals, seconds since the start); `best_config`/`best_reward`/
     `incumbent`: the best full-fidelity config (`rl.tuner.results.Incumbent`), None when no
-    trial reached the full split; `query_evals`/`seconds`: the total spent; `curve`: one
+    trial reached the full split; `query_evals`/`seconds`: the total spent (seconds from
+    the first trial's start to the last result); `curve`: one
     point per reported result, {"query_evals": cumulative, "seconds", "best_reward": best
     full-fidelity reward so far (None before the first), "incumbent": its hash};
-    `searcher`: the Tune searcher it ran (its Optuna study, for TPE methods)."""
+    `searcher`: the Tune searcher it ran (its Optuna study, for TPE methods); `wall_s`: the
+    whole `Tuner.fit` (`seconds` plus Tune's set-up and tear-down, ~3 s here)."""
 
     method: str
     seed: int
@@ -200,6 +202,7 @@ class TuneSearchResult:
     seconds: float
     curve: list[dict[str, Any]] = field(default_factory=list)
     searcher: Any = None
+    wall_s: float = 0.0
 
     def to_tune_result(self) -> TuneResult:
         """As the other tuners' `TuneResult` (one curve entry per rung evaluation;
@@ -261,7 +264,8 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     `max_concurrent`: trials at once (1 = deterministic); `start`: a config to try first (e.g.
     the one in production; not for grid); `dataset`: what the evaluator's data was opened from
     (`EvaluatorSpec.of`); `mlflow_uri`: log every trial to MLflow experiment
-    `MLFLOW_EXPERIMENT` there, after the search (`rl.common.tracking.log_trials`). ConfigError names `method`, `budget` or `max_concurrent`."""
+    `MLFLOW_EXPERIMENT` there, after the search (`rl.common.tracking.log_trials`).
+    ConfigError names `method`, `budget` or `max_concurrent`."""
     from ray import tune
 
     from rl.common.runtime import init_ray
@@ -299,7 +303,6 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     storage.mkdir(parents=True, exist_ok=True)
     stopper, recorder = QueryBudget(budget), _Recorder()
     searcher = make_searcher(method, seed, space, start, max_concurrent)
-    callbacks: list[Any] = [recorder]
     trainable = tune.with_parameters(run_trial, spec=spec, split=split, rungs=sizes)
     tuner = tune.Tuner(
         trainable, param_space=param_space,
@@ -308,13 +311,15 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
             search_alg=searcher,
             scheduler=make_scheduler(method, sizes, seed), reuse_actors=True),
         run_config=tune.RunConfig(name=f"{method}-seed{seed}", storage_path=str(storage),
-                                  stop=stopper, callbacks=callbacks, verbose=0,
+                                  stop=stopper, callbacks=[recorder], verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
+    t0 = time.perf_counter()
     grid = tuner.fit()
+    wall = time.perf_counter() - t0
     if grid.errors:
         raise RuntimeError(f"{method}: a trial failed: {grid.errors[0]!r}")
     found = _summarise(method, seed, budget, sizes, grid, recorder.results, config_of)
-    found.searcher = searcher
+    found.searcher, found.wall_s = searcher, wall
     if mlflow_uri:
         from rl.common.tracking import log_trials
 
