@@ -17,7 +17,8 @@ tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
         `rl.tuner.evaluator.evaluate(config, dataset, split, batch_size, seed)` as JSON.
 
 Budget: `unit="steps"` counts every evaluation (one config on one batch); `"configs"` counts
-distinct configs (a revisit reads the cached table). PPO under a step budget trains
+distinct configs (a revisit reads the cached table); `"queries"` (TUNE_METHODS, the searches on
+Ray Tune: `rl.tuner.tune_search`) counts query-evaluations summed over all trials. PPO under a step budget trains
 `ppo_iterations(budget, settings)` iterations and reads out one greedy episode. Errors are
 ConfigError naming `method`, `budget`, `budget_unit` or `resume`. Nothing here prints:
 progress reaches the caller through `on_iteration`.
@@ -33,8 +34,16 @@ from typing import Any
 
 from rag.errors import ConfigError
 
-METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid")
-BUDGET_UNITS = ("steps", "configs")
+TUNE_METHODS = ("tpe", "tpe-asha", "tpe-hyperband", "hyperopt", "tune-random", "tune-grid")
+"""Searches on Ray Tune (`rl.tuner.tune_search`; `tune-random` / `tune-grid` are its random and
+grid methods, apart from the in-process `random` / `grid` baselines). Their budget is counted in
+query-evaluations (unit "queries")."""
+METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid", *TUNE_METHODS)
+"""`optuna` is the in-process TPE loop of `baselines.optuna_search` (today's behaviour, kept
+for the committed benchmarks); `tpe` is the same sampler on `tune.Tuner` with gate constraints."""
+BUDGET_UNITS = ("steps", "configs", "queries")
+WARM_STARTS = ("optuna", *(m for m in TUNE_METHODS if m != "tune-grid"))
+"""Methods whose first trial can be a given config (`search(start=...)`)."""
 
 OnIteration = Callable[[int, dict[str, Any], "int | None", list], None]
 """`(iteration index from 0, its metrics, iterations planned (None under a configs budget),
@@ -68,15 +77,28 @@ class TuningRun:
     evaluator: Any = None
 
 
-def check(method: str, budget: int | None, unit: str) -> None:
-    """ConfigError unless `method` is one of METHODS, `unit` one of BUDGET_UNITS and `budget`
-    None or >= 1."""
+def default_unit(method: str) -> str:
+    """The budget unit of `method`: "queries" for TUNE_METHODS, else "steps"."""
+    return "queries" if method in TUNE_METHODS else "steps"
+
+
+def check(method: str, budget: int | None, unit: str | None) -> None:
+    """ConfigError unless `method` is one of METHODS, `unit` one of BUDGET_UNITS that fits it
+    (None: `default_unit`; TUNE_METHODS count "queries" only, the others "steps" or
+    "configs") and `budget` None or >= 1."""
     if method not in METHODS:
         raise ConfigError("method", f"must be one of {', '.join(METHODS)}")
     if budget is not None and budget < 1:
         raise ConfigError("budget", "must be >= 1")
+    unit = unit or default_unit(method)
     if unit not in BUDGET_UNITS:
-        raise ConfigError("budget_unit", f"must be steps or configs, got {unit!r}")
+        raise ConfigError("budget_unit", f"must be one of {', '.join(BUDGET_UNITS)}, "
+                                         f"got {unit!r}")
+    if (unit == "queries") != (method in TUNE_METHODS):
+        raise ConfigError("budget_unit", f"{method} counts its budget in "
+                                         f"{default_unit(method)}" + (
+                                             "" if method in TUNE_METHODS
+                                             else " or configs") + f", not {unit}")
 
 
 def ppo_iterations(budget: int, settings: Any) -> int:
@@ -84,22 +106,44 @@ def ppo_iterations(budget: int, settings: Any) -> int:
     return max(1, (budget - settings.episode.length) // settings.ppo.train_batch_size)
 
 
-def default_budget(settings: Any) -> int:
-    """Five PPO iterations' worth of evaluations."""
+def default_budget(settings: Any, method: str = "ppo", n_tune: int | None = None) -> int:
+    """Five PPO iterations' worth of evaluations; for TUNE_METHODS, 20 full-split
+    evaluations' worth of query-evaluations (`n_tune`: queries in the tune split)."""
+    if method in TUNE_METHODS:
+        if n_tune is None:
+            raise ValueError("n_tune: needed for the query budget of a Ray Tune search")
+        return 20 * n_tune
     return 5 * settings.ppo.train_batch_size
 
 
-def search(ev: Any, settings: Any, method: str, budget: int, unit: str = "steps",
+def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = None,
            seed: int = 0, *, resume: str | Path | None = None,
            checkpoint_dir: str | Path | None = None,
-           on_iteration: OnIteration | None = None, start: Any = None) -> Search:
-    """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`) with `seed`.
+           on_iteration: OnIteration | None = None, start: Any = None,
+           dataset: str | None = None, storage_path: str | Path | None = None,
+           mlflow_uri: str | None = None) -> Search:
+    """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`, default
+    `default_unit(method)`) with `seed`.
     PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
-    the end, `on_iteration` is called after each training iteration. Optuna only: `start` (a
-    RAGConfig, e.g. the one in production) is its first trial (`baselines.optuna_search`)."""
+    the end, `on_iteration` is called after each training iteration. Optuna and TUNE_METHODS
+    (not tune-grid): `start` (a RAGConfig, e.g. the one in production) is the first trial.
+    TUNE_METHODS only (`rl.tuner.tune_search`): `dataset` (what `ev` was opened from, for data
+    read from a path), `storage_path` (Tune's experiment folder), `mlflow_uri` (one MLflow run
+    per trial); the Search's `history` is one record per rung evaluation."""
     from rl.tuner import baselines
 
     check(method, budget, unit)
+    unit = unit or default_unit(method)
+    if method in TUNE_METHODS:
+        from rl.tuner.space import ConfigSpace
+        from rl.tuner.tune_search import tune_search
+
+        found = tune_search(ev, ConfigSpace(ev.policy), method=method.removeprefix("tune-"),
+                            budget=budget, seed=seed, start=start, dataset=dataset,
+                            storage_path=storage_path, mlflow_uri=mlflow_uri)
+        for t in found.trials:  # reports resolve configs evaluated in trial processes
+            ev.seen.setdefault(t["config_hash"], t["config"])
+        return Search(found.to_tune_result(), found.history)
     if method == "ppo":
         from rl.tuner.ppo import PPOTuner
 
@@ -145,17 +189,19 @@ def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
 
 
 def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | None = None,
-               *, unit: str = "steps", seed: int = 0, out: str | Path = "runs/tune",
+               *, unit: str | None = None, seed: int = 0, out: str | Path = "runs/tune",
                resume: str | Path | None = None, checkpoint: bool = False,
                mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
                metrics_textfile: str | Path | None = None,
                on_iteration: OnIteration | None = None,
                warm_start: bool = False) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
-    directory `out` (see the module docstring). `budget` defaults to `default_budget`.
+    directory `out` (see the module docstring). `budget` (in `unit`, default
+    `default_unit(method)`) defaults to `default_budget`. TUNE_METHODS keep Tune's experiment
+    under `out`/ray_tune and log each trial to MLflow experiment `rl_autotuner_trials`.
     `mlflow_dir`: where the local MLflow store goes unless MLFLOW_TRACKING_URI is set (None:
     no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run.
-    `warm_start`: Optuna's first trial is the settings' base config (the static default), so
+    `warm_start`: Optuna's (and TUNE_METHODS' but tune-grid's) first trial is the settings' base config (the static default), so
     the run cannot recommend a config that scored below the default on the tuning split."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
@@ -165,12 +211,19 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     from rl.tuner.report import plot_run_curve
 
     check(method, budget, unit)
+    unit = unit or default_unit(method)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
-    budget = budget or default_budget(settings)
+    budget = budget or default_budget(settings, method,
+                                      len(ev.data.examples(ev.slice.tune_split)))
+    mlflow_uri = None
+    if mlflow_dir is not None:
+        from rl.common.tracking import tracking_uri
+
+        mlflow_uri = tracking_uri(Path(mlflow_dir))
     prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
 
     def on_iter(it: int, metrics: dict[str, Any], of: int | None, history: list) -> None:
@@ -183,7 +236,9 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     found = search(ev, settings, method, budget, unit, seed, resume=resume,
                    checkpoint_dir=out / "checkpoint" if checkpoint else None,
                    on_iteration=on_iter,
-                   start=settings.base_config() if warm_start else None)
+                   start=settings.base_config() if warm_start else None, dataset=dataset,
+                   storage_path=(out / "ray_tune").resolve(),
+                   mlflow_uri=mlflow_uri if method in TUNE_METHODS else None)
     res = found.result
     steps = steps_of(ev, found)
     if prom is not None:
@@ -201,14 +256,15 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     holdout.write(out / "holdout")
     data = ev.data
     summary = {"dataset": dataset, "dataset_name": data.name, "method": method, "seed": seed,
-               "warm_start": bool(warm_start and method == "optuna"),
+               "warm_start": bool(warm_start and method in WARM_STARTS),
                "split": {"source": data.split_source,
                          "path": None if data.split_path is None else str(data.split_path),
                          "tune": ev.slice.tune_split, "holdout": ev.slice.holdout_split,
                          "sizes": {s: len(x) for s, x in data.splits.items()}},
                "metrics": {"faithfulness": ev.slice.faithfulness,
                            "relevancy": ev.slice.relevancy},
-               "evaluations": res.evaluations, "budget_unit": unit,
+               "evaluations": res.evaluations, "budget_unit": unit, "budget": budget,
+               "query_evals": res.extra.get("query_evals"),
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,
                "best_config_hash": best.config_hash, "valid": valid.to_dict(),

@@ -5,6 +5,7 @@
     ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-hotpot
     ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
+    ragpilot tune --dataset hotpotqa --method tpe-asha --budget 3000   # Ray Tune, query-evals
     ragpilot report --run runs/tune-hotpot [--grid]
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
 
@@ -179,14 +180,22 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("tune", help="tune a RAG config (PPO or a baseline) on a dataset")
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
-    s.add_argument("--method", default="ppo", choices=METHODS)
+    s.add_argument("--method", default="ppo", choices=METHODS,
+                   help="ppo and the in-process baselines, or a search on Ray Tune (tpe, "
+                        "tpe-asha: the project's searcher, tpe-hyperband, hyperopt, "
+                        "tune-random, tune-grid); optuna = the in-process TPE loop")
     s.add_argument("--cold-start", action="store_true",
-                   help="optuna: do not evaluate the static default as the first trial")
+                   help="optuna and the Ray Tune searches: do not evaluate the static default "
+                        "as the first trial")
     s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
-    s.add_argument("--budget", type=int, help="evaluations (default 5 PPO iterations)")
-    s.add_argument("--budget-unit", default="steps", choices=BUDGET_UNITS,
+    s.add_argument("--budget", type=int,
+                   help="evaluations (default 5 PPO iterations; Ray Tune searches: "
+                        "query-evaluations, default 20 x the tune split)")
+    s.add_argument("--budget-unit", choices=BUDGET_UNITS,
                    help="steps: every evaluation counts | configs: distinct configs count "
-                        "(a revisit reads the cached table; docs/architecture.md)")
+                        "(a revisit reads the cached table; docs/architecture.md) | queries: "
+                        "query-evaluations over all trials (the Ray Tune searches). Default: "
+                        "queries for the Ray Tune searches, else steps")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/tune")
     s.add_argument("--checkpoint", action="store_true", help="save the PPO checkpoint")

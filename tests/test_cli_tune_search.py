@@ -1,0 +1,46 @@
+"""`ragpilot tune --method tpe-asha` end to end: a Ray Tune search under a query budget writes
+the run directory (Tune's experiment inside it), logs each trial to MLflow beside the tuning
+run, and a budget unit that does not fit the method is a usage error."""
+
+import json
+
+import mlflow
+import pytest
+import yaml
+
+from serving.cli import main
+
+pytestmark = pytest.mark.ray
+
+SMALL = {"policy": {"k_grid": [3, 5], "fusion_grid": 0.5, "fusion_step": 0.5,
+                    "discrete": {"variant": ["bm25", "hybrid"], "rerank": ["off"],
+                                 "prompt_id": ["cite_concise"]}}}
+
+
+def test_tune_with_a_ray_tune_searcher(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(SMALL))
+    out = tmp_path / "run"
+    assert main(["tune", "--method", "tpe-asha", "--budget", "480", "--policy", str(policy),
+                 "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "tpe-asha" and summary["budget_unit"] == "queries"
+    assert summary["query_evals"] >= 480 and summary["warm_start"]
+    assert (out / "ray_tune" / "tpe-asha-seed0").is_dir()  # never ~/ray_results
+    steps = [json.loads(x) for x in (out / "curve.jsonl").read_text().splitlines()]
+    assert len(steps) == summary["evaluations"]
+    assert steps[-1]["cum_query_evals"] == summary["query_evals"]
+    best = yaml.safe_load((out / "best_config.yaml").read_text())["rag"]
+    assert best["k"] in (3, 5) and summary["holdout"]["split"] == "test"
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}")
+    trials = mlflow.search_runs(experiment_names=["rl_autotuner_trials"])
+    assert len(trials) == len({s["trial_id"] for s in steps})
+    assert "metrics.reward" in trials.columns and "metrics.violation_relevancy" in trials.columns
+    assert len(mlflow.search_runs(experiment_names=["rl_autotuner"])) == 1
+
+
+def test_budget_unit_must_fit_the_method(capsys):
+    assert main(["tune", "--method", "tpe", "--budget-unit", "steps"]) == 2
+    assert "--budget-unit" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""Config search on Ray Tune (rl.tuner.tune_search) on the synthetic world: every method runs
+through tune.Tuner and answers with a full-fidelity incumbent, ASHA stops trials at the first
+rung, the query budget holds, a seed fixes the search, and the gate constraints reach Optuna.
+
+A small pinned space (8 configs) whose tables are computed once in this process before any
+search: trial processes only read the shared on-disk row cache."""
+
+import pytest
+
+from rag.errors import ConfigError
+from rl.common.data import TuningData
+from rl.tuner.baselines import grid_search
+from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.reward import HARD_GATES
+from rl.tuner.settings import TunerSettings
+from rl.tuner.space import ConfigSpace
+from rl.tuner.tune_search import METHODS, tune_search
+
+pytestmark = pytest.mark.ray
+
+RUNGS = (10, 30, None)  # the synthetic valid split has 120 queries
+BUDGET = 600
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    policy = TunerSettings.defaults().with_overrides(
+        k_grid=[3, 5], fusion_grid=0.5, fusion_step=0.5,
+        discrete={"variant": ["bm25", "hybrid"], "rerank": ["off"],
+                  "prompt_id": ["cite_concise"]})
+    ev = TunerEvaluator(TuningData.open("synthetic"), policy,
+                        cache_root=tmp_path_factory.mktemp("tune-cache"))
+    grid = grid_search(ev)  # every table once, here
+    return ev, ConfigSpace(policy), grid
+
+
+@pytest.fixture(scope="module")
+def runs(setup, tmp_path_factory):
+    """method -> its search with seed 0 (run on first use, shared by the tests)."""
+    ev, space, _ = setup
+    root = tmp_path_factory.mktemp("tune-runs")
+    done = {}
+
+    def run(method, seed=0, budget=BUDGET, tag=""):
+        key = (method, seed, budget, tag)
+        if key not in done:
+            done[key] = tune_search(ev, space, method=method, budget=budget, seed=seed,
+                                    rungs=RUNGS, storage_path=root / f"{method}-{seed}{tag}")
+        return done[key]
+
+    return run
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup, runs, method):
+    ev, _, grid = setup
+    res = runs(method)
+    n = len(ev.data.examples(ev.slice.tune_split))
+    assert res.rungs == (10, 30, n) and res.best_config is not None
+    # the incumbent is the best reward among trials that reached the full split, and it is
+    # the reward the driver's evaluator gives that config on the whole split
+    full = [t for t in res.trials if t["full_fidelity"]]
+    assert full and res.best_reward == pytest.approx(max(t["rung_rewards"][-1] for t in full))
+    assert res.incumbent == res.best_config.config_hash
+    assert ev.evaluate(res.best_config).reward == pytest.approx(res.best_reward)
+    assert res.best_reward <= max(grid.extra["rewards"].values()) + 1e-9
+    # budget: counted in query-evaluations over all trials, stopped once spent
+    assert res.query_evals == sum(t["query_evals"] for t in res.trials)
+    assert BUDGET <= res.query_evals < BUDGET + n
+    assert len(res.grid) == len(res.trials) and 0 < res.seconds <= res.wall_s
+    # the curve: best full-fidelity reward so far against cumulative query-evals
+    xs = [c["query_evals"] for c in res.curve]
+    ys = [c["best_reward"] for c in res.curve if c["best_reward"] is not None]
+    assert xs == sorted(xs) and xs[-1] == res.query_evals
+    assert ys == sorted(ys) and ys[-1] == pytest.approx(res.best_reward)
+    tr = res.to_tune_result()
+    assert tr.best_config == res.best_config and tr.extra["query_evals"] == res.query_evals
+
+
+def test_asha_stops_some_trials_at_the_first_rung(setup, runs):
+    ev, _, _ = setup
+    n = len(ev.data.examples(ev.slice.tune_split))
+    res = runs("tpe-asha", budget=1200)
+    spent = [t["query_evals"] for t in res.trials]
+    assert set(spent) <= {10, 30, n}
+    assert 10 in spent and res.query_evals < len(res.trials) * n
+    # without a scheduler every trial runs to the full split (the last may be cut by budget)
+    assert all(t["query_evals"] == n for t in runs("tpe").trials[:-1])
+
+
+def test_same_seed_same_search(runs):
+    a, b = runs("tpe-asha", seed=3), runs("tpe-asha", seed=3, tag="-again")
+    assert [t["config_hash"] for t in a.trials] == [t["config_hash"] for t in b.trials]
+    assert [t["rung_rewards"] for t in a.trials] == [t["rung_rewards"] for t in b.trials]
+    assert a.best_reward == b.best_reward and a.query_evals == b.query_evals
+
+
+def test_gate_violations_reach_the_optuna_trials(runs):
+    from optuna.trial import TrialState
+
+    res = runs("tpe-asha", budget=1200)
+    study = res.searcher.searcher._ot_study
+    told = [t for t in study.trials if t.state != TrialState.RUNNING]
+    assert len(told) >= len(res.trials) - 1  # the budget may stop the last one untold
+    last = {t["trial_id"]: h for h in res.history for t in res.trials
+            if h["trial_id"] == t["trial_id"]}
+    for ot, trial in zip(told, res.trials, strict=False):
+        h = last[trial["trial_id"]]
+        assert ot.constraints == {g: pytest.approx(h[f"violation_{g}"]) for g in HARD_GATES}
+        # a trial stopped below the full split is pruned: TPE does not read its low-fidelity
+        # reward as a full-split one
+        assert ot.state == (TrialState.COMPLETE if trial["full_fidelity"]
+                            else TrialState.PRUNED)
+    assert any(ot.state == TrialState.PRUNED for ot in told)
+
+
+def test_bad_requests_are_config_errors(setup, tmp_path):
+    ev, space, _ = setup
+    with pytest.raises(ConfigError, match="budget"):
+        tune_search(ev, space, method="tpe", budget=50, rungs=RUNGS, storage_path=tmp_path)
+    with pytest.raises(ConfigError, match="method"):
+        tune_search(ev, space, method="bohb", budget=BUDGET, storage_path=tmp_path)
+
+
+def test_the_tuning_run_dispatches_ray_tune_methods(setup, tmp_path):
+    from rl.tuner.run import check, search, steps_of
+
+    ev, _, _ = setup
+    found = search(ev, ev.policy, "tune-random", BUDGET, seed=1, storage_path=tmp_path)
+    res = found.result
+    assert res.method == "random" and res.extra["query_evals"] >= BUDGET
+    steps = steps_of(ev, found)  # the rung evaluations, read from the trials' reports
+    assert len(steps) == res.evaluations == len(found.history)
+    assert {"reward", "faithfulness", "relevancy", "p95_latency_ms", "cost",
+            "config_hash", "query_evals"} <= set(steps[0])
+    assert all(s["config_hash"] in ev.seen for s in steps)
+    with pytest.raises(ConfigError, match="budget_unit"):
+        check("tpe", 100, "steps")
+    with pytest.raises(ConfigError, match="budget_unit"):
+        check("ppo", 100, "queries")
+
+
+@pytest.mark.parametrize("method", ["tpe", "random"])
+def test_start_config_is_the_first_trial(setup, tmp_path, method):
+    ev, space, _ = setup
+    res = tune_search(ev, space, method=method, budget=240, seed=5, rungs=RUNGS,
+                      storage_path=tmp_path, start=space.base)
+    assert res.trials[0]["config_hash"] == space.base.config_hash
