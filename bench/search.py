@@ -10,7 +10,9 @@ Searchers (each seed is an independent search with budget = --budget-x full vali
 query-evaluations; `rl.tuner.ask_tell` drives Ray Tune's own searcher and ASHA objects):
   random          uniform configs, each on the full valid split
   tpe             Optuna TPE (Ray Tune's OptunaSearch) with the gates as constraints, full split
-  tpe-asha        the same + ASHA over rungs 25 -> 75 -> full (the project's default searcher)
+  tpe-asha        the same + ASHA over rungs 25 -> 75 -> full (the project's default searcher;
+                  trials stopped early are told to TPE as pruned)
+  tpe-hyperband   the same with asynchronous HyperBand (one bracket per rung)
   hyperopt        HyperOpt TPE (Ray Tune's HyperOptSearch), full split
   ppo             the RLlib PPO tuner as a static searcher: 25-query batches per step, its
                   recommendation scored on the full split at the end (charged)
@@ -50,7 +52,7 @@ from rl.tuner.settings import TunerSettings  # noqa: E402
 from rl.tuner.space import ConfigSpace  # noqa: E402
 
 NAME = "search"
-SEARCHERS = ("random", "tpe", "tpe-asha", "hyperopt", "ppo")
+SEARCHERS = ("random", "tpe", "tpe-asha", "tpe-hyperband", "hyperopt", "ppo")
 DEFAULT_SEARCHER = "tpe-asha"
 DATASETS = ("hotpotqa", "scifact", "mtrag")
 CONVERSATIONAL = {"mtrag"}

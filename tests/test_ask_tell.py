@@ -23,7 +23,7 @@ class ToySpace:
     def from_params(self, p):
         return RAGConfig(variant=p["variant"], fusion_weight=round(float(p["w"]), 2))
 
-    def to_params(self, c):
+    def to_params(self, c, complete=False):
         return {"w": c.fusion_weight, "variant": c.variant}
 
     def sample(self, rng):
@@ -42,7 +42,10 @@ class ToyEvaluator:
         self.noise = noise - noise.mean()
 
     def reward_spec(self):
-        return SimpleNamespace(weights=SimpleNamespace(alpha=0.5, beta=0.5))
+        from rl.tuner.reward import RewardSpec
+        from rl.tuner.settings import Thresholds, TunerSettings
+
+        return RewardSpec.from_settings(TunerSettings.defaults(), Thresholds())
 
     def _true(self, cfg):
         return 1 - (cfg.fusion_weight - 0.7) ** 2 if cfg.variant == "hybrid" else 0.5
@@ -51,8 +54,12 @@ class ToyEvaluator:
         idx = np.asarray(idx)
         self.asked.append((cfg.config_hash, len(idx)))
         r = self._true(cfg) + float(self.noise[idx].mean())
-        return SimpleNamespace(reward=r, faithfulness=r, relevancy=r, cost=100.0,
-                               p95_latency_ms=10.0, gates={"faithfulness": r >= 0.8},
+        return SimpleNamespace(reward=r, faithfulness=r, relevancy=r, cost=100.0, n=len(idx),
+                               p95_latency_ms=10.0, quality_se=0.01,
+                               config_hash=cfg.config_hash,
+                               gates={"faithfulness": r >= 0.8, "relevancy": True,
+                                      "p95_latency_ms": True, "stable": len(idx) > 50,
+                                      "passed": r >= 0.8},
                                violations={"faithfulness": 0.8 - r, "relevancy": -1.0,
                                            "p95_latency_ms": -1.0})
 
@@ -78,7 +85,7 @@ def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(
     full = [t for t in res.trials if t.full is not None]
     assert full and res.best_reward == max(t.full["reward"] for t in full)
     assert res.curve[-1]["seconds"] == pytest.approx(res.query_evals * 10.0 / 1000)
-    if method.endswith("-asha"):
+    if method in ("tpe-asha", "tpe-hyperband"):
         # ASHA stops trials at the first rung: more trials than full-split evaluations buy
         assert len(res.trials) > 8 and any(len(t.rungs) == 1 for t in res.trials)
         assert {n for _, n in ev.asked} == {25, 75, N}
@@ -111,11 +118,21 @@ def test_tpe_gets_the_gates_as_constraints_and_a_start_point():
     finally:
         ask_tell.make_searcher = real
     assert res.trials[0].config.config_hash == start.config_hash
-    study = made["s"]._ot_study
+    study = made["s"].searcher._ot_study  # inside the ConcurrencyLimiter
     cons = [t.constraints for t in study.trials if t.state.is_finished()]
     assert cons and all(len(c) == 3 for c in cons)
+    # a trial's score is its reward without the instability term (stable only above 50 here)
     assert cons[0]["relevancy"] == cons[0]["p95_latency_ms"] == -1.0
     assert cons[0]["faithfulness"] == pytest.approx(0.8 - res.trials[0].rungs[-1]["reward"])
+
+
+def test_rung_scores_leave_out_the_instability_term():
+    res = run_search(ToyEvaluator(), ToySpace(), "tpe-asha", budget=6 * N, seed=2)
+    lam = ToyEvaluator().reward_spec().weights.lambda_
+    for t in res.trials:
+        for r in t.rungs:
+            want = r["reward"] + (0.5 * lam if r["n"] <= 50 else 0.0)
+            assert r["score"] == pytest.approx(want)
 
 
 def test_search_finds_the_toy_optimum_region():

@@ -29,7 +29,20 @@ from ray.tune.search.optuna import OptunaSearch
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.tuner.reward import HARD_GATES
+from rl.tuner.reward import HARD_GATES, UNSTABLE_PENALTY
+
+SEARCH_METRIC = "score"
+"""What searchers and schedulers rank trials by (`search_score`); incumbents are still chosen by
+the reward at full fidelity."""
+
+
+def search_score(reward: float, stable: bool, lambda_: float) -> float:
+    """The reward without its instability term (+λ·0.5 back when the batch was unstable).
+    Stability says how many queries a batch had, not how good the config is: at a 25-query rung
+    nearly every config's standard error is above the 0.05 band, and the 0.5λ step flipping
+    near it would swamp the differences a rung is there to rank. At the full split the two are
+    equal for any stable config."""
+    return float(reward) + (0.0 if stable else lambda_ * UNSTABLE_PENALTY)
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -98,12 +111,12 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        searcher = ConstrainedOptunaSearch(metric="reward", mode="max", seed=seed,
+        searcher = ConstrainedOptunaSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
                                            points_to_evaluate=points)
     elif method == "hyperopt":
         from ray.tune.search.hyperopt import HyperOptSearch
 
-        searcher = HyperOptSearch(metric="reward", mode="max", random_state_seed=seed,
+        searcher = HyperOptSearch(metric=SEARCH_METRIC, mode="max", random_state_seed=seed,
                                   points_to_evaluate=points)
     elif method in ("random", "grid"):
         return BasicVariantGenerator(points_to_evaluate=points, max_concurrent=max_concurrent,

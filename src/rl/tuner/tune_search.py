@@ -59,6 +59,7 @@ from rag.errors import ConfigError
 from rl.tuner.fidelity import rung_indices, rungs_for
 from rl.tuner.results import Incumbent, TuneResult
 from rl.tuner.reward import HARD_GATES
+from rl.tuner.searchers import SEARCH_METRIC, search_score
 
 METHODS = ("tpe", "tpe-asha", "tpe-hyperband", "hyperopt", "random", "grid")
 DEFAULT_SEARCHER = "tpe-asha"
@@ -131,6 +132,8 @@ def trial_metrics(rep: Any, spec: Any, rung: int, full: bool) -> dict[str, Any]:
     RewardSpec `spec` it was scored with."""
     violation = getattr(rep, "violations", None) or relative_violations(rep, spec.thresholds)
     out = {"reward": float(rep.reward),
+           SEARCH_METRIC: search_score(rep.reward, rep.gates.get("stable", True),
+                                       spec.weights.lambda_),
            "quality": float(spec.quality(rep.faithfulness, rep.relevancy)),
            "faithfulness": float(rep.faithfulness), "relevancy": float(rep.relevancy),
            "cost": float(rep.cost), "p95_latency_ms": float(rep.p95_latency_ms),
@@ -307,7 +310,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     tuner = tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(
-            metric="reward", mode="max", num_samples=num_samples,
+            metric=SEARCH_METRIC, mode="max", num_samples=num_samples,
             search_alg=searcher,
             scheduler=make_scheduler(method, sizes, seed), reuse_actors=True),
         run_config=tune.RunConfig(name=f"{method}-seed{seed}", storage_path=str(storage),
