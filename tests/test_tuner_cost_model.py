@@ -109,3 +109,16 @@ def test_linear_fit_recovers_slopes_and_never_goes_negative():
     falling = Linear.fit(xs, [10.0 - 0.01 * x["tokens_in"] for x in xs])
     assert falling.slopes["tokens_in"] == 0.0
     assert Linear.fit([{}] * 3, [1.0, 9.0, 2.0]).intercept_ms == 2.0
+
+
+def test_a_component_another_process_measured_is_read_not_measured_again(tmp_path):
+    path = tmp_path / "cm.json"
+    calls = []
+
+    def measure(name):
+        calls.append(name)
+        return Linear(1.0 + len(calls))
+
+    a, b = CostModel(path, measure), CostModel(path, measure)  # two processes, one file
+    first = a.component("retrieve:bm25-tantivy")
+    assert b.component("retrieve:bm25-tantivy") == first and calls == ["retrieve:bm25-tantivy"]

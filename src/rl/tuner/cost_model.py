@@ -95,9 +95,10 @@ class CostModel:
 
     `measure(name) -> Linear` is supplied by the evaluator (it owns the indexes, models and the
     fixed queries); `latency(config, rows)` predicts the per-stage latency of rows of one config.
-    Thread-safe; concurrent processes that share `path` may each measure a missing component
-    once, and the last writer's numbers win for later runs (rows never store latency, so a
-    process always scores with the numbers it read)."""
+    Thread-safe. A process reads the file again before measuring a component it lacks, so
+    processes that share `path` (Tune trials, env runners, the driver) price with the numbers
+    the first of them measured; two that measure the same missing component at the same moment
+    keep their own numbers and the last writer's win for later runs."""
 
     def __init__(self, path: str | Path, measure: Callable[[str], Linear] | None = None):
         self.path = Path(path)
@@ -114,6 +115,12 @@ class CostModel:
     # ---- components ---------------------------------------------------------------------------
     def component(self, name: str) -> Linear:
         with self._lock:
+            if name not in self.components and self.path.exists():
+                # another process (a Tune trial, a remote env runner) may have measured it:
+                # every process must price with the same numbers
+                saved = json.loads(self.path.read_text())["components"]
+                for k, v in saved.items():
+                    self.components.setdefault(k, Linear(**v))
             if name not in self.components:
                 if self._measure is None:
                     raise KeyError(f"cost model {self.path} has no component {name!r} and "
