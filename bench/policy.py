@@ -72,10 +72,11 @@ def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
     return RAGConfig.from_dict(cfg) if cfg else None
 
 
-def arms(ds: str, policy: TunerSettings) -> list[tuple[str, RAGConfig]]:
+def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
+         ) -> list[tuple[str, RAGConfig]]:
     """The headroom portfolio, plus the searchers' best-known config when there is one."""
     out = portfolio(policy)
-    best = search_best(ds)
+    best = search_best(ds, search_json)
     if best is not None and best.config_hash not in {c.config_hash for _, c in out}:
         out.append(("search-best-known", best))
     return out
@@ -127,13 +128,14 @@ def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarr
             "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
 
 
-def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict) -> None:
+def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
+                search_json: Path = SEARCH_JSON) -> None:
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
 
     t0 = time.perf_counter()
     ev = TunerEvaluator(TuningData.open(ds), policy)
-    configs = arms(ds, policy)
+    configs = arms(ds, policy, search_json)
     names = [n for n, _ in configs]
     parts = _parts(ev, seed)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
@@ -195,6 +197,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
     ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--search-json", type=Path, default=SEARCH_JSON,
+                    help="bench/search.py's results, whose best-known configs join the arms")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -207,12 +211,13 @@ def main() -> None:
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
     for ds in datasets:
-        run_dataset(ds, policy, a.seed, rows, details)
+        run_dataset(ds, policy, a.seed, rows, details, a.search_json)
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
         "base_config": policy.base_config().model_dump(mode="json"),
-        "features": list(FEATURE_NAMES), "search_json": SEARCH_JSON.exists(),
+        "features": list(FEATURE_NAMES),
+        "search_json": str(a.search_json) if a.search_json.exists() else None,
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens},
         "details": details})

@@ -51,6 +51,7 @@ def _summary(ds: str, d: dict, rows: list[dict]) -> str:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
+    covered = ", ".join(d for d, x in meta["details"].items() if x.get("search_best_known"))
     out = [
         "Rows are on the test split (touched once, after every choice was made): mean per "
         "query with a bootstrap 95% CI; `X - best-static` rows are paired bootstrap CIs over "
@@ -58,7 +59,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "`headroom_captured` = mean(X − best-static) / mean(oracle − best-static). Reward = "
         "the tuner's per-query reward (quality − latency and token cost, no batch gates). "
         "Arms: the 30-config portfolio of `bench/headroom.py`"
-        + (" plus the best-known config of `bench/results/search.json`." if meta.get(
+        + (f" plus, on the datasets it covers ({covered or 'none'}), the best-known config of "
+           f"`bench/search.py` (`search-best-known`, read from {meta['search_json']})."
+           if meta.get(
             "search_json") else "; `bench/results/search.json` did not exist when this ran, "
            "so issue 19's B1 (the searchers' best-known static config) is not among the arms "
            "and `best-static` is the portfolio's best on valid.")
