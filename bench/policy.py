@@ -23,6 +23,8 @@ Protocol (test is touched once, after every choice is made):
     have), chosen on train ∪ valid; unseen segments take the train ∪ valid best arm;
   * `per-query-oracle`: each test query's best arm (the upper bound).
 Synthetic (no train split): train and valid are the two halves of its valid split (seeded).
+SciFact: `TuningData` loads only the BEIR test qrels, so its committed train ids (809) are read
+from `qrels/train.tsv` here (`add_beir_train`).
 
 Rows on test: each system's `reward`, `quality`, `tokens` (mean, bootstrap 95% CI over
 queries); `<system> - best-static` `delta_reward`, `delta_quality` (paired bootstrap 95% CI)
@@ -82,6 +84,28 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
     return out
 
 
+def add_beir_train(data) -> int:
+    """Give a BEIR dataset opened by `TuningData` its committed `train` split, which the loader
+    drops (it reads only `qrels/test.tsv`, so SciFact's 809 train ids find no example): the
+    manifest's train ids are read from `qrels/train.tsv` over the same corpus. Returns how many
+    train examples were added (0 when the data already has them or has no such file)."""
+    from rag.corpus.hygiene import SPLITS_DIR
+
+    qrels = data_root() / data.name / "qrels" / "train.tsv"
+    manifest = Path(SPLITS_DIR) / f"{data.name}.json"
+    if "train" in data.splits or not qrels.exists() or not manifest.exists():
+        return 0
+    from rag.corpus.loaders import load_beir
+
+    ids = json.loads(manifest.read_text())["splits"].get("train", [])
+    by_id = {e.id: e for e in load_beir(data_root() / data.name, "train").examples}
+    held = {e.id for s in data.splits.values() for e in s}
+    train = [by_id[i] for i in ids if i in by_id and i not in held]
+    if train:
+        data.splits["train"] = train
+    return len(train)
+
+
 def _parts(ev, seed: int) -> dict[str, tuple[str, np.ndarray]]:
     """role (train / valid / test) -> (split name, query indices into that split)."""
     tune, hold = ev.slice.tune_split, ev.slice.holdout_split
@@ -135,6 +159,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
 
     t0 = time.perf_counter()
     ev = TunerEvaluator(TuningData.open(ds), policy)
+    added = add_beir_train(ev.data)
     configs = arms(ds, policy, search_json)
     names = [n for n, _ in configs]
     parts = _parts(ev, seed)
@@ -185,7 +210,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                    "test_arms": used(plain), "test_arms_equal_cost": used(eq)},
         "segments": {"key": key, "table": {s: names[j] for s, j in lookup.table.items()},
                      "fallback": names[lookup.fallback]},
-        "search_best_known": "search-best-known" in names,
+        "search_best_known": "search-best-known" in names, "train_added_from_qrels": added,
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters),
     }
