@@ -34,6 +34,14 @@ def test_router_learns_the_context_and_beats_static():
     assert sel.best == 0 and sel.tried[0]["valid_reward"] == pytest.approx(got)
 
 
+def test_pooled_router_learns_the_context_too():
+    X, R, T = _world(300, 0)
+    Xt, Rt, _ = _world(300, 1)
+    r = SupervisedRouter(RouterParams(max_iter=100, pooled=True)).fit(X, R, T)
+    assert r.predict(Xt).shape == Rt.shape and r.n_arms == 3
+    assert pick(Rt, r.choose(Xt)).mean() > Rt.mean(axis=0).max() + 0.2
+
+
 def test_shrink_zero_is_the_best_static_arm():
     X, R, T = _world(200, 0)
     r = SupervisedRouter(RouterParams(max_iter=20, shrink=0.0)).fit(X, R, T)

@@ -5,8 +5,9 @@ Both learn from full-information rows: for every training query the per-query re
 arm (`R`, shape (n, K), `rl.tuner.evaluator.TunerEvaluator.per_query_reward`) and, for the
 cost constraint, its tokens (`T`, same shape). Neither sees the queries it is scored on.
 
-- `SupervisedRouter`: one `sklearn.ensemble.HistGradientBoostingRegressor` per arm predicts
-  that arm's reward from the query's features (`rl.policy.features`); the router picks the arm
+- `SupervisedRouter`: one `sklearn.ensemble.HistGradientBoostingRegressor` per arm (or, with
+  `pooled`, one over the features and the arm's one-hot) predicts each arm's reward from the
+  query's features (`rl.policy.features`); the router picks the arm
   with the highest prediction, optionally minus `token_price` × the arm's mean training tokens
   (a Lagrange multiplier on mean tokens: `fit_token_price`). `shrink` blends each prediction
   towards the arm's training mean (0 = always the best static arm of train, 1 = the model).
@@ -37,6 +38,9 @@ class RouterParams:
     min_samples_leaf: int = 20
     l2_regularization: float = 1.0
     shrink: float = 1.0
+    pooled: bool = False
+    """One regressor over (features, arm one-hot) for all arms instead of one per arm: arms
+    share what the features say about every arm (helps when train is small)."""
 
 
 PARAM_GRID: tuple[RouterParams, ...] = (
@@ -45,6 +49,8 @@ PARAM_GRID: tuple[RouterParams, ...] = (
     RouterParams(max_iter=150, max_leaf_nodes=15, min_samples_leaf=20),
     RouterParams(max_iter=150, max_leaf_nodes=15, min_samples_leaf=20, shrink=0.5),
     RouterParams(max_iter=300, learning_rate=0.03, max_leaf_nodes=31, min_samples_leaf=10),
+    RouterParams(max_iter=200, max_leaf_nodes=15, min_samples_leaf=20, pooled=True),
+    RouterParams(max_iter=400, max_leaf_nodes=31, min_samples_leaf=20, pooled=True),
 )
 """What `select_router` tries: small and larger trees, with and without shrinkage."""
 
@@ -60,6 +66,13 @@ def _check(X: np.ndarray, M: np.ndarray, name: str) -> tuple[np.ndarray, np.ndar
     return X, M
 
 
+def _pooled(X: np.ndarray, k: int) -> np.ndarray:
+    """(n·k, d + k): every query's features once per arm, followed by the arm's one-hot; row
+    i·k + j is (query i, arm j), matching `R.reshape(-1)`."""
+    n = X.shape[0]
+    return np.hstack([np.repeat(X, k, axis=0), np.tile(np.eye(k), (n, 1))])
+
+
 class SupervisedRouter:
     """Predicts each arm's per-query reward from features; chooses the argmax (module doc)."""
 
@@ -67,6 +80,7 @@ class SupervisedRouter:
         self.params = params
         self.seed = seed
         self.models: list = []
+        self._k = 0
         self.arm_mean = np.zeros(0)
         self.arm_tokens = np.zeros(0)
         self.token_price = 0.0
@@ -74,7 +88,7 @@ class SupervisedRouter:
 
     @property
     def n_arms(self) -> int:
-        return len(self.models)
+        return self._k
 
     def fit(self, X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None
             ) -> SupervisedRouter:
@@ -87,14 +101,18 @@ class SupervisedRouter:
         self.arm_mean = R.mean(axis=0)
         self.arm_tokens = (np.zeros(R.shape[1]) if T is None
                            else np.asarray(T, dtype=np.float64).mean(axis=0))
-        self.models = []
-        for j in range(R.shape[1]):
-            m = HistGradientBoostingRegressor(
+        def model():
+            return HistGradientBoostingRegressor(
                 max_iter=p.max_iter, learning_rate=p.learning_rate,
                 max_leaf_nodes=p.max_leaf_nodes, min_samples_leaf=p.min_samples_leaf,
                 l2_regularization=p.l2_regularization, early_stopping=False,
                 random_state=self.seed)
-            self.models.append(m.fit(X, R[:, j]))
+
+        self._k = R.shape[1]
+        if p.pooled:
+            self.models = [model().fit(_pooled(X, self._k), R.reshape(-1))]
+        else:
+            self.models = [model().fit(X, R[:, j]) for j in range(self._k)]
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
@@ -102,7 +120,10 @@ class SupervisedRouter:
         if not self.models:
             raise ConfigError("router", "is not fitted")
         X = np.asarray(X, dtype=np.float64)
-        raw = np.column_stack([m.predict(X) for m in self.models])
+        if self.params.pooled:
+            raw = self.models[0].predict(_pooled(X, self._k)).reshape(X.shape[0], self._k)
+        else:
+            raw = np.column_stack([m.predict(X) for m in self.models])
         s = self.params.shrink
         return (1.0 - s) * self.arm_mean[None, :] + s * raw
 
