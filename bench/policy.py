@@ -53,7 +53,7 @@ from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
-from rl.policy.router import SegmentLookup, select_router  # noqa: E402
+from rl.policy.router import SegmentLookup, arm_features, select_router  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
@@ -175,7 +175,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     base = best_static(M["valid"]["R"])
     budget = float(M["valid"]["T"][:, base].mean())
     router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
-                                M["train"]["T"], seed=seed)
+                                M["train"]["T"], seed=seed,
+                                arms=arm_features([c for _, c in configs]))
     plain = router.choose(X["test"], 0.0)
     price = router.fit_token_price(X["valid"], M["valid"]["T"], budget)
     eq = router.choose(X["test"], price)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.policy.router import (
+    ARM_FEATURE_NAMES,
     RouterParams,
     SegmentLookup,
     SupervisedRouter,
+    arm_features,
     select_router,
 )
 from rl.stats.headroom import pick
@@ -37,7 +40,10 @@ def test_router_learns_the_context_and_beats_static():
 def test_pooled_router_learns_the_context_too():
     X, R, T = _world(300, 0)
     Xt, Rt, _ = _world(300, 1)
-    r = SupervisedRouter(RouterParams(max_iter=100, pooled=True)).fit(X, R, T)
+    arms = arm_features([RAGConfig(k=3), RAGConfig(k=8, variant="dense"),
+                         RAGConfig(k=5, rerank="cosine")])
+    assert arms.shape == (3, len(ARM_FEATURE_NAMES))
+    r = SupervisedRouter(RouterParams(max_iter=100, pooled=True)).fit(X, R, T, arms)
     assert r.predict(Xt).shape == Rt.shape and r.n_arms == 3
     assert pick(Rt, r.choose(Xt)).mean() > Rt.mean(axis=0).max() + 0.2
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.stats.headroom import best_static, pick, segment_choice
 
@@ -66,11 +67,32 @@ def _check(X: np.ndarray, M: np.ndarray, name: str) -> tuple[np.ndarray, np.ndar
     return X, M
 
 
-def _pooled(X: np.ndarray, k: int) -> np.ndarray:
-    """(n·k, d + k): every query's features once per arm, followed by the arm's one-hot; row
-    i·k + j is (query i, arm j), matching `R.reshape(-1)`."""
-    n = X.shape[0]
-    return np.hstack([np.repeat(X, k, axis=0), np.tile(np.eye(k), (n, 1))])
+ARM_FEATURE_NAMES = ("log_k", "fusion_weight", "variant_bm25", "variant_dense",
+                     "variant_hybrid", "variant_graph", "norm_minmax", "norm_zscore", "norm_rrf",
+                     "mmr_lambda", "rerank", "log_rerank_depth", "abstain_prompt")
+
+
+def arm_features(configs: Sequence[RAGConfig]) -> np.ndarray:
+    """(K, len(ARM_FEATURE_NAMES)) descriptors of the arms' configs for the pooled router, so
+    trees can split on "small k" or "dense" across arms (k and rerank depth as log)."""
+    rows = []
+    for c in configs:
+        rows.append([np.log(c.k), c.fusion_weight,
+                     *(float(c.variant == v) for v in ("bm25", "dense", "hybrid", "graph")),
+                     *(float(c.normalisation == n) for n in ("minmax", "zscore", "rrf")),
+                     c.mmr_lambda, float(c.rerank != "none"),
+                     np.log(c.rerank_depth) if c.rerank != "none" else 0.0,
+                     float(c.prompt_id.endswith("_abstain"))])
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _pooled(X: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """(n·K, d + K + m): every query's features once per arm, followed by the arm's one-hot
+    and its descriptors `arms` (K, m); row i·K + j is (query i, arm j), matching
+    `R.reshape(-1)`."""
+    n, k = X.shape[0], arms.shape[0]
+    return np.hstack([np.repeat(X, k, axis=0), np.tile(np.eye(k), (n, 1)),
+                      np.tile(arms, (n, 1))])
 
 
 class SupervisedRouter:
@@ -81,6 +103,7 @@ class SupervisedRouter:
         self.seed = seed
         self.models: list = []
         self._k = 0
+        self._arms = np.zeros((0, 0))
         self.arm_mean = np.zeros(0)
         self.arm_tokens = np.zeros(0)
         self.token_price = 0.0
@@ -90,10 +113,11 @@ class SupervisedRouter:
     def n_arms(self) -> int:
         return self._k
 
-    def fit(self, X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None
-            ) -> SupervisedRouter:
-        """Fit one regressor per arm on features `X` (n, d) and rewards `R` (n, K); `T` (n, K)
-        tokens give each arm's mean tokens for the cost term (zeros without)."""
+    def fit(self, X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
+            arms: np.ndarray | None = None) -> SupervisedRouter:
+        """Fit the regressors on features `X` (n, d) and rewards `R` (n, K); `T` (n, K)
+        tokens give each arm's mean tokens for the cost term (zeros without); `arms` (K, m):
+        arm descriptors the pooled model also sees (`arm_features`; none without)."""
         from sklearn.ensemble import HistGradientBoostingRegressor
 
         X, R = _check(X, R, "R")
@@ -109,8 +133,10 @@ class SupervisedRouter:
                 random_state=self.seed)
 
         self._k = R.shape[1]
+        self._arms = (np.zeros((self._k, 0)) if arms is None
+                      else np.asarray(arms, dtype=np.float64))
         if p.pooled:
-            self.models = [model().fit(_pooled(X, self._k), R.reshape(-1))]
+            self.models = [model().fit(_pooled(X, self._arms), R.reshape(-1))]
         else:
             self.models = [model().fit(X, R[:, j]) for j in range(self._k)]
         return self
@@ -121,7 +147,7 @@ class SupervisedRouter:
             raise ConfigError("router", "is not fitted")
         X = np.asarray(X, dtype=np.float64)
         if self.params.pooled:
-            raw = self.models[0].predict(_pooled(X, self._k)).reshape(X.shape[0], self._k)
+            raw = self.models[0].predict(_pooled(X, self._arms)).reshape(X.shape[0], self._k)
         else:
             raw = np.column_stack([m.predict(X) for m in self.models])
         s = self.params.shrink
@@ -174,14 +200,15 @@ class Selection:
 
 def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
                   R_valid: np.ndarray, T_train: np.ndarray | None = None,
-                  grid: Sequence[RouterParams] = PARAM_GRID, seed: int = 0
+                  grid: Sequence[RouterParams] = PARAM_GRID, seed: int = 0,
+                  arms: np.ndarray | None = None
                   ) -> tuple[SupervisedRouter, Selection]:
     """Fit a router per `grid` entry on train and keep the one whose choices score the highest
     mean realised reward on valid (first on ties). Returns (router, what was tried)."""
     _check(X_valid, R_valid, "R_valid")
     tried, routers = [], []
     for params in grid:
-        r = SupervisedRouter(params, seed).fit(X_train, R_train, T_train)
+        r = SupervisedRouter(params, seed).fit(X_train, R_train, T_train, arms)
         value = float(pick(R_valid, r.choose(X_valid)).mean())
         tried.append({**asdict(params), "valid_reward": value})
         routers.append(r)
