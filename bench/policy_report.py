@@ -1,0 +1,125 @@
+"""The markdown of `bench/policy.py`: a summary per dataset and one table of test rows."""
+
+from __future__ import annotations
+
+TITLE = "Per-query policies vs the best static config: supervised router (B3), per-segment (B2)"
+
+
+def _fmt(r: dict | None, pct: bool = False) -> str:
+    if r is None:
+        return "–"
+    v, lo, hi = r["value"], r.get("ci_low"), r.get("ci_high")
+    f = "{:+.1f}" if pct else ("{:+.3f}" if "delta" in r["metric"] else "{:.3f}")
+    if r["metric"] == "tokens":
+        f = "{:.0f}"
+    s = f.format(v)
+    if lo is not None and hi is not None:
+        g = f.replace("+", "")
+        s += f" [{g.format(lo)}, {g.format(hi)}]"
+    return s
+
+
+def _get(rows: list[dict], ds: str, system: str, metric: str) -> dict | None:
+    return next((r for r in rows if r["dataset"] == ds and r["system"] == system
+                 and r["metric"] == metric), None)
+
+
+def _summary(ds: str, d: dict, rows: list[dict]) -> str:
+    g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
+    r = d["router"]
+    tried = r["selection"][r["chosen"]]
+    parts = [
+        f"**{ds}** (train {d['n']['train']} / valid {d['n']['valid']} / test {d['n']['test']} "
+        f"queries{'; train and valid are halves of the valid split' if d['splits']['train'] == d['splits']['valid'] else ''}"
+        f"; {len(d['arms'])} arms). Best static on valid: `{d['best_static']}` "
+        f"(test reward {_fmt(g('best-static', 'reward'))}).",
+        f"The supervised router (chosen on valid: max_iter {tried['max_iter']}, leaves "
+        f"{tried['max_leaf_nodes']}, shrink {tried['shrink']}; valid reward "
+        f"{r['valid_reward']:.3f} vs best static {r['valid_best_static_reward']:.3f}) gains "
+        f"{_fmt(g('supervised-router - best-static', 'delta_reward'))} reward on test "
+        f"(quality {_fmt(g('supervised-router - best-static', 'delta_quality'))}, tokens "
+        f"{_fmt(g('supervised-router - best-static', 'delta_cost_pct'), True)}%) and captures "
+        f"{_fmt(g('supervised-router', 'headroom_captured'))} of the per-query oracle's "
+        f"headroom ({_fmt(g('per-query-oracle - best-static', 'delta_reward'))}).",
+        f"Held to best static's valid tokens (price {r['token_price']:.2e}/token): "
+        f"{_fmt(g('supervised-router-equal-cost - best-static', 'delta_reward'))} reward, "
+        f"tokens {_fmt(g('supervised-router-equal-cost - best-static', 'delta_cost_pct'), True)}%.",
+        f"Per-segment lookup ({d['segments']['key']}, chosen on train ∪ valid): "
+        f"{_fmt(g('per-segment-best - best-static', 'delta_reward'))} reward.",
+    ]
+    return " ".join(parts)
+
+
+def _overall(meta: dict, rows: list[dict]) -> str:
+    """One paragraph across datasets, from the rows (no hand-written numbers)."""
+    dss = list(meta["details"])
+    cap = ", ".join(f"{ds} {_fmt(_get(rows, ds, 'supervised-router', 'headroom_captured'))}"
+                    for ds in dss)
+    wins = [ds for ds in dss if (_get(rows, ds, "supervised-router - best-static",
+                                      "delta_reward") or {}).get("ci_low", -1) > 0]
+    below = [ds for ds, d in meta["details"].items()
+             if d["router"]["valid_reward"] < d["router"]["valid_best_static_reward"]]
+    text = (f"Share of the per-query oracle's headroom over the best static config that the "
+            f"supervised router captures on test: {cap}. Its reward gain has a 95% CI above 0 "
+            f"on {len(wins)} of {len(dss)} datasets{' (' + ', '.join(wins) + ')' if wins else ''}"
+            ".")
+    caps = [(_get(rows, ds, "supervised-router", "headroom_captured") or {}).get("value", 0)
+            for ds in dss]
+    if max(caps, default=0) < 0.3:
+        text += (" These pre-answer features with a full-information regressor find little of "
+                 "the room the oracle shows: either most of it is per-query outcome noise no "
+                 "pre-answer signal predicts, or it needs stronger signals; this run does not "
+                 "tell which.")
+    if below:
+        text += (f" On {', '.join(below)} even the router chosen on valid scores below the "
+                 f"best static config there; a deployment would keep the static config.")
+    return text
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    covered = ", ".join(d for d, x in meta["details"].items() if x.get("search_best_known"))
+    out = [
+        "Rows are on the test split (touched once, after every choice was made): mean per "
+        "query with a bootstrap 95% CI; `X - best-static` rows are paired bootstrap CIs over "
+        "test queries; `delta_cost_pct` = 100·(mean tokens / best-static's − 1); "
+        "`headroom_captured` = mean(X − best-static) / mean(oracle − best-static). Reward = "
+        "the tuner's per-query reward (quality − latency and token cost, no batch gates). "
+        "Arms: the 30-config portfolio of `bench/headroom.py`"
+        + (f" plus, on the datasets it covers ({covered or 'none'}), the best-known config of "
+           f"`bench/search.py` (`search-best-known`, read from {meta['search_json']})."
+           if meta.get(
+            "search_json") else "; `bench/results/search.json` did not exist when this ran, "
+           "so issue 19's B1 (the searchers' best-known static config) is not among the arms "
+           "and `best-static` is the portfolio's best on valid.")
+        + " The router is fitted on train, its hyper-parameters and token price chosen on "
+        "valid; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
+        "turn) that a serving policy would not have. MTRAG's train split (203 queries) is used "
+        "as is (no cross-fitting). No `ppo-policy` rows: the PPO policy of issue 19 is not "
+        "built yet.",
+        "",
+        "## What it says",
+        "",
+    ]
+    out += [_overall(meta, rows), ""]
+    for ds, d in meta["details"].items():
+        out += [_summary(ds, d, rows), ""]
+    systems = ["static-default", "best-static", "supervised-router",
+               "supervised-router-equal-cost", "per-segment-best", "per-query-oracle"]
+    for ds in meta["details"]:
+        out += [f"## {ds}", "", "| system | reward | quality | tokens |", "|---|---|---|---|"]
+        for s in systems:
+            out.append(f"| {s} | " + " | ".join(_fmt(_get(rows, ds, s, m))
+                                                  for m in ("reward", "quality", "tokens"))
+                       + " |")
+        out += ["", "| comparison | delta_reward | delta_quality | delta_cost_pct | "
+                "headroom_captured |", "|---|---|---|---|---|"]
+        for s in systems[2:]:
+            name = f"{s} - best-static"
+            out.append(f"| {name} | {_fmt(_get(rows, ds, name, 'delta_reward'))} | "
+                       f"{_fmt(_get(rows, ds, name, 'delta_quality'))} | "
+                       f"{_fmt(_get(rows, ds, name, 'delta_cost_pct'), True)} | "
+                       f"{_fmt(_get(rows, ds, s, 'headroom_captured'))} |")
+        arms = meta["details"][ds]["router"]["test_arms"]
+        top = ", ".join(f"`{k}` {v}" for k, v in list(arms.items())[:6])
+        out += ["", f"Router's test choices (top 6 of {len(arms)} arms used): {top}.", ""]
+    return "\n".join(out)

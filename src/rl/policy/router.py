@@ -1,0 +1,235 @@
+"""Per-query config choice over a fixed portfolio of K configs ("arms"): the supervised
+full-information router (issue 19's B3) and the per-segment lookup table (B2).
+
+Both learn from full-information rows: for every training query the per-query reward of every
+arm (`R`, shape (n, K), `rl.tuner.evaluator.TunerEvaluator.per_query_reward`) and, for the
+cost constraint, its tokens (`T`, same shape). Neither sees the queries it is scored on.
+
+- `SupervisedRouter`: one `sklearn.ensemble.HistGradientBoostingRegressor` per arm (or, with
+  `pooled`, one over the features and the arm's one-hot) predicts each arm's reward from the
+  query's features (`rl.policy.features`); the router picks the arm
+  with the highest prediction, optionally minus `token_price` × the arm's mean training tokens
+  (a Lagrange multiplier on mean tokens: `fit_token_price`). `shrink` blends each prediction
+  towards the arm's training mean (0 = always the best static arm of train, 1 = the model).
+- `select_router`: model selection over `PARAM_GRID` by the mean realised reward of the
+  router's choices on a validation split (never the test split).
+- `SegmentLookup`: the best arm per segment label (`rl.stats.headroom.segment_choice`), the
+  best static arm for a label it never saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+from rl.stats.headroom import best_static, pick, segment_choice
+
+
+@dataclass(frozen=True)
+class RouterParams:
+    """Hyper-parameters of the per-arm regressors (sklearn's names) and the shrinkage."""
+
+    max_iter: int = 100
+    learning_rate: float = 0.05
+    max_leaf_nodes: int = 15
+    min_samples_leaf: int = 20
+    l2_regularization: float = 1.0
+    shrink: float = 1.0
+    pooled: bool = False
+    """One regressor over (features, arm one-hot) for all arms instead of one per arm: arms
+    share what the features say about every arm (helps when train is small)."""
+
+
+PARAM_GRID: tuple[RouterParams, ...] = (
+    RouterParams(max_iter=50, max_leaf_nodes=7, min_samples_leaf=30),
+    RouterParams(max_iter=50, max_leaf_nodes=7, min_samples_leaf=30, shrink=0.5),
+    RouterParams(max_iter=150, max_leaf_nodes=15, min_samples_leaf=20),
+    RouterParams(max_iter=150, max_leaf_nodes=15, min_samples_leaf=20, shrink=0.5),
+    RouterParams(max_iter=300, learning_rate=0.03, max_leaf_nodes=31, min_samples_leaf=10),
+    RouterParams(max_iter=200, max_leaf_nodes=15, min_samples_leaf=20, pooled=True),
+    RouterParams(max_iter=400, max_leaf_nodes=31, min_samples_leaf=20, pooled=True),
+)
+"""What `select_router` tries: small and larger trees, with and without shrinkage."""
+
+
+def _check(X: np.ndarray, M: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    X = np.asarray(X, dtype=np.float64)
+    M = np.asarray(M, dtype=np.float64)
+    if X.ndim != 2 or M.ndim != 2 or X.shape[0] != M.shape[0] or X.shape[0] < 2:
+        raise ConfigError(name, f"needs features (n, d) and a (n, K) matrix with the same n >= 2, "
+                                f"got {X.shape} and {M.shape}")
+    if not np.all(np.isfinite(M)):
+        raise ConfigError(name, "contains NaN or infinite values")
+    return X, M
+
+
+ARM_FEATURE_NAMES = ("log_k", "fusion_weight", "variant_bm25", "variant_dense",
+                     "variant_hybrid", "variant_graph", "norm_minmax", "norm_zscore", "norm_rrf",
+                     "mmr_lambda", "rerank", "log_rerank_depth", "abstain_prompt")
+
+
+def arm_features(configs: Sequence[RAGConfig]) -> np.ndarray:
+    """(K, len(ARM_FEATURE_NAMES)) descriptors of the arms' configs for the pooled router, so
+    trees can split on "small k" or "dense" across arms (k and rerank depth as log)."""
+    rows = []
+    for c in configs:
+        rows.append([np.log(c.k), c.fusion_weight,
+                     *(float(c.variant == v) for v in ("bm25", "dense", "hybrid", "graph")),
+                     *(float(c.normalisation == n) for n in ("minmax", "zscore", "rrf")),
+                     c.mmr_lambda, float(c.rerank != "none"),
+                     np.log(c.rerank_depth) if c.rerank != "none" else 0.0,
+                     float(c.prompt_id.endswith("_abstain"))])
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _pooled(X: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """(n·K, d + K + m): every query's features once per arm, followed by the arm's one-hot
+    and its descriptors `arms` (K, m); row i·K + j is (query i, arm j), matching
+    `R.reshape(-1)`."""
+    n, k = X.shape[0], arms.shape[0]
+    return np.hstack([np.repeat(X, k, axis=0), np.tile(np.eye(k), (n, 1)),
+                      np.tile(arms, (n, 1))])
+
+
+class SupervisedRouter:
+    """Predicts each arm's per-query reward from features; chooses the argmax (module doc)."""
+
+    def __init__(self, params: RouterParams = RouterParams(), seed: int = 0):
+        self.params = params
+        self.seed = seed
+        self.models: list = []
+        self._k = 0
+        self._arms = np.zeros((0, 0))
+        self.arm_mean = np.zeros(0)
+        self.arm_tokens = np.zeros(0)
+        self.token_price = 0.0
+        """Reward units per token subtracted from an arm's predicted reward (0 = none)."""
+
+    @property
+    def n_arms(self) -> int:
+        return self._k
+
+    def fit(self, X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
+            arms: np.ndarray | None = None) -> SupervisedRouter:
+        """Fit the regressors on features `X` (n, d) and rewards `R` (n, K); `T` (n, K)
+        tokens give each arm's mean tokens for the cost term (zeros without); `arms` (K, m):
+        arm descriptors the pooled model also sees (`arm_features`; none without)."""
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        X, R = _check(X, R, "R")
+        p = self.params
+        self.arm_mean = R.mean(axis=0)
+        self.arm_tokens = (np.zeros(R.shape[1]) if T is None
+                           else np.asarray(T, dtype=np.float64).mean(axis=0))
+        def model():
+            return HistGradientBoostingRegressor(
+                max_iter=p.max_iter, learning_rate=p.learning_rate,
+                max_leaf_nodes=p.max_leaf_nodes, min_samples_leaf=p.min_samples_leaf,
+                l2_regularization=p.l2_regularization, early_stopping=False,
+                random_state=self.seed)
+
+        self._k = R.shape[1]
+        self._arms = (np.zeros((self._k, 0)) if arms is None
+                      else np.asarray(arms, dtype=np.float64))
+        if p.pooled:
+            self.models = [model().fit(_pooled(X, self._arms), R.reshape(-1))]
+        else:
+            self.models = [model().fit(X, R[:, j]) for j in range(self._k)]
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted per-query reward of every arm, (n, K) [reward units]."""
+        if not self.models:
+            raise ConfigError("router", "is not fitted")
+        X = np.asarray(X, dtype=np.float64)
+        if self.params.pooled:
+            raw = self.models[0].predict(_pooled(X, self._arms)).reshape(X.shape[0], self._k)
+        else:
+            raw = np.column_stack([m.predict(X) for m in self.models])
+        s = self.params.shrink
+        return (1.0 - s) * self.arm_mean[None, :] + s * raw
+
+    def choose(self, X: np.ndarray, token_price: float | None = None) -> np.ndarray:
+        """The chosen arm per query (n ints): argmax of predicted reward − price × the arm's
+        mean tokens (`token_price` None: the fitted `self.token_price`)."""
+        price = self.token_price if token_price is None else token_price
+        return np.argmax(self.predict(X) - price * self.arm_tokens[None, :], axis=1)
+
+    def fit_token_price(self, X: np.ndarray, T: np.ndarray, budget: float,
+                        iters: int = 60) -> float:
+        """Set (and return) the smallest token price whose choices on (`X`, `T`) spend at most
+        `budget` mean tokens (bisection; 0 when the plain argmax already does). A price that
+        sends every query to its cheapest arm bounds the search; if even that overspends, that
+        price is kept."""
+        T = np.asarray(T, dtype=np.float64)
+
+        def spend(price: float) -> float:
+            return float(pick(T, self.choose(X, price)).mean())
+
+        if spend(0.0) <= budget:
+            self.token_price = 0.0
+            return 0.0
+        pred = self.predict(X)
+        steps = np.diff(np.unique(self.arm_tokens))
+        hi = (pred.max() - pred.min() + 1.0) / (steps.min() if steps.size else 1.0)
+        lo = 0.0
+        if spend(hi) > budget:
+            self.token_price = hi
+            return hi
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            if spend(mid) <= budget:
+                hi = mid
+            else:
+                lo = mid
+        self.token_price = hi
+        return hi
+
+
+@dataclass
+class Selection:
+    """What `select_router` tried: per candidate its params and mean valid reward."""
+
+    best: int
+    tried: list[dict]
+
+
+def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
+                  R_valid: np.ndarray, T_train: np.ndarray | None = None,
+                  grid: Sequence[RouterParams] = PARAM_GRID, seed: int = 0,
+                  arms: np.ndarray | None = None
+                  ) -> tuple[SupervisedRouter, Selection]:
+    """Fit a router per `grid` entry on train and keep the one whose choices score the highest
+    mean realised reward on valid (first on ties). Returns (router, what was tried)."""
+    _check(X_valid, R_valid, "R_valid")
+    tried, routers = [], []
+    for params in grid:
+        r = SupervisedRouter(params, seed).fit(X_train, R_train, T_train, arms)
+        value = float(pick(R_valid, r.choose(X_valid)).mean())
+        tried.append({**asdict(params), "valid_reward": value})
+        routers.append(r)
+    best = int(np.argmax([t["valid_reward"] for t in tried]))
+    return routers[best], Selection(best, tried)
+
+
+class SegmentLookup:
+    """The best arm per segment label (B2), learnt from a reward matrix."""
+
+    def __init__(self):
+        self.table: dict[str, int] = {}
+        self.fallback = 0
+
+    def fit(self, R: np.ndarray, labels: Sequence) -> SegmentLookup:
+        """Per label, the arm with the highest mean reward over its queries; `fallback` = the
+        best static arm of `R` (for labels not seen here)."""
+        self.table = segment_choice(R, labels)
+        self.fallback = best_static(R)
+        return self
+
+    def choose(self, labels: Sequence) -> np.ndarray:
+        return np.array([self.table.get(str(s), self.fallback) for s in labels],
+                        dtype=np.int64)

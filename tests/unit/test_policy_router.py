@@ -1,0 +1,77 @@
+"""rl.policy.router: the supervised router (B3) and the per-segment lookup (B2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+from rl.policy.router import (
+    ARM_FEATURE_NAMES,
+    RouterParams,
+    SegmentLookup,
+    SupervisedRouter,
+    arm_features,
+    select_router,
+)
+from rl.stats.headroom import pick
+
+
+def _world(n: int, seed: int):
+    """Arm 0 is best when x0 > 0, arm 1 otherwise; arm 2 is mediocre everywhere."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    R = np.column_stack([np.where(X[:, 0] > 0, 1.0, 0.0), np.where(X[:, 0] > 0, 0.0, 1.0),
+                         np.full(n, 0.6)]) + rng.normal(scale=0.05, size=(n, 3))
+    T = np.tile([100.0, 300.0, 50.0], (n, 1))
+    return X, R, T
+
+
+def test_router_learns_the_context_and_beats_static():
+    X, R, T = _world(400, 0)
+    Xt, Rt, _ = _world(400, 1)
+    router, sel = select_router(X, R, Xt, Rt, T, grid=(RouterParams(max_iter=50),))
+    got = pick(Rt, router.choose(Xt)).mean()
+    assert got > Rt.mean(axis=0).max() + 0.2
+    assert sel.best == 0 and sel.tried[0]["valid_reward"] == pytest.approx(got)
+
+
+def test_pooled_router_learns_the_context_too():
+    X, R, T = _world(300, 0)
+    Xt, Rt, _ = _world(300, 1)
+    arms = arm_features([RAGConfig(k=3), RAGConfig(k=8, variant="dense"),
+                         RAGConfig(k=5, rerank="cosine")])
+    assert arms.shape == (3, len(ARM_FEATURE_NAMES))
+    r = SupervisedRouter(RouterParams(max_iter=100, pooled=True)).fit(X, R, T, arms)
+    assert r.predict(Xt).shape == Rt.shape and r.n_arms == 3
+    assert pick(Rt, r.choose(Xt)).mean() > Rt.mean(axis=0).max() + 0.2
+
+
+def test_shrink_zero_is_the_best_static_arm():
+    X, R, T = _world(200, 0)
+    r = SupervisedRouter(RouterParams(max_iter=20, shrink=0.0)).fit(X, R, T)
+    assert set(r.choose(X).tolist()) == {int(np.argmax(R.mean(axis=0)))}
+
+
+def test_token_price_meets_the_budget():
+    X, R, T = _world(300, 0)
+    r = SupervisedRouter(RouterParams(max_iter=30)).fit(X, R, T)
+    assert pick(T, r.choose(X, 0.0)).mean() > 150
+    price = r.fit_token_price(X, T, budget=150.0)
+    assert price > 0 and pick(T, r.choose(X)).mean() <= 150.0
+    assert r.fit_token_price(X, T, budget=1e9) == 0.0
+
+
+def test_router_rejects_bad_input():
+    with pytest.raises(ConfigError):
+        SupervisedRouter().fit(np.zeros((3, 2)), np.zeros((4, 2)))
+    with pytest.raises(ConfigError):
+        SupervisedRouter().predict(np.zeros((1, 2)))
+
+
+def test_segment_lookup_with_fallback():
+    R = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.4, 0.6]])
+    lk = SegmentLookup().fit(R, ["a", "a", "b", "b"])
+    assert lk.table == {"a": 0, "b": 1}
+    assert lk.choose(["b", "a", "unseen"]).tolist() == [1, 0, lk.fallback]
