@@ -171,9 +171,9 @@ def body(meta: dict, rows: list[dict]) -> str:
 n = trials (tune) or env steps read from the training results (ppo). Tune: a grid search over
 {run.get('grid', '?')} configs of the synthetic dataset's space, rungs 25 → 75 → the whole tune
 split, 2 trials at once, each in its own process holding 1 CPU; "1 node" = every trial also
-holds the head's custom resource. PPO: the tuner's RLlib PPO over the same space, {run.get('ppo_iterations', '?')}
-iteration(s) with 2 remote env runners of 1 CPU (one per node), "1 node" = both runners pinned
-to the head. Every config's rows were computed once before the runs (warm-up
+holds the head's custom resource. PPO: the tuner's RLlib PPO over the same space,
+{run.get('ppo_iterations', '?')} iteration(s) with 2 remote env runners of 1 CPU (one per
+node), "1 node" = both runners pinned to the head. Every config's rows were computed once before the runs (warm-up
 {run.get('warm_s', float('nan')):.0f} s), so a reward is a reduction over stored rows whichever
 node reads it; with two trials at once the order of Tune's results differs from the 1-node
 run's, and is not compared (ties for the best config go to the earliest-created trial).
