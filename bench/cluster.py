@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -166,26 +167,29 @@ def body(meta: dict, rows: list[dict]) -> str:
                      f"{cell('best_config_matches_1_node')} | "
                      f"{cell('same_results_as_1_node')} | {cell('wall_s')} | {n} |")
     run = meta.get("run", {})
-    return "\n".join(lines) + f"""
-
-n = trials (tune) or env steps read from the training results (ppo). Tune: a grid search over
-{run.get('grid', '?')} configs of the synthetic dataset's space, rungs 25 → 75 → the whole tune
-split, 2 trials at once, each in its own process holding 1 CPU; "1 node" = every trial also
-holds the head's custom resource. PPO: the tuner's RLlib PPO over the same space,
-{run.get('ppo_iterations', '?')} iteration(s) with 2 remote env runners of 1 CPU (one per
-node), "1 node" = both runners pinned to the head. Every config's rows were computed once before the runs (warm-up
-{run.get('warm_s', float('nan')):.0f} s), so a reward is a reduction over stored rows whichever
-node reads it; with two trials at once the order of Tune's results differs from the 1-node
-run's, and is not compared (ties for the best config go to the earliest-created trial).
-
-**Both nodes run on one 2-core machine** (two `ray start` nodes in a private network namespace,
-shared with other work): these rows prove placement (work ran on both nodes) and determinism
-(the same best config and results as one node), not a speed-up. Per-trial processes
-(`reuse_actors=False`, needed so that two short trials hold both nodes at once) cost a
-process start per trial; the 1-node Tune run runs its trials one at a time on the head's CPU.
-The whole run took {run.get('wall_s', float('nan')):.0f} s, of which
-{run.get('cluster_wall_s', float('nan')):.0f} s with the cluster up (start, the four runs,
-shut-down)."""
+    nan = float("nan")
+    notes = [
+        f"n = trials (tune) or env steps read from the training results (ppo). Tune: a grid "
+        f"search over {run.get('grid', '?')} configs of the synthetic dataset's space, rungs "
+        f"25 → 75 → the whole tune split, 2 trials at once, each in its own process holding "
+        f"1 CPU; \"1 node\" = every trial also holds the head's custom resource. PPO: the "
+        f"tuner's RLlib PPO over the same space, {run.get('ppo_iterations', '?')} iteration(s) "
+        f"with 2 remote env runners of 1 CPU (one per node); \"1 node\" = both runners pinned "
+        f"to the head. Every config's rows were computed once before the runs (warm-up "
+        f"{run.get('warm_s', nan):.0f} s), so a reward is a reduction over stored rows "
+        f"whichever node reads it; with two trials at once the order of Tune's results "
+        f"differs from the 1-node run's, and is not compared (ties for the best config go to "
+        f"the earliest-created trial).",
+        "**Both nodes run on one 2-core machine** (two `ray start` nodes in a private network "
+        "namespace, shared with other work): these rows prove placement (work ran on both "
+        "nodes) and determinism (the same best config and results as one node), not a "
+        "speed-up. Per-trial processes (`reuse_actors=False`, needed so that two short trials "
+        "hold both nodes at once) cost a process start per trial; the 1-node Tune run runs "
+        "its trials one at a time on the head's CPU.",
+        f"The whole run took {run.get('wall_s', nan):.0f} s, of which "
+        f"{run.get('cluster_wall_s', nan):.0f} s with the cluster up (start, the four runs, "
+        f"shut-down)."]
+    return "\n".join(lines) + "\n\n" + "\n\n".join(textwrap.fill(p, 96) for p in notes)
 
 
 def main() -> None:
