@@ -1,8 +1,9 @@
-"""The tuner's PPO with remote env runners on a real two-node Ray cluster on this machine
-(issue 23): a head and a second node started with `ray start` (1 CPU each, custom resources
-`head` / `worker_node`, own temp dirs) in a private network namespace, the driver connected
-with `ray.init(address=...)`. tests/support/multinode_ppo.py does the work and reports JSON;
-this test checks from the training results that
+"""The tuner's PPO with remote env runners, and a Ray Tune search, on a real two-node Ray
+cluster on this machine (issue 23): a head and a second node started with `ray start` (1 CPU
+each, custom resources `head` / `worker_node`, own temp dirs) in a private network namespace,
+the driver connected with `ray.init(address=...)`. tests/support/multinode_ppo.py and
+tests/support/multinode_tune.py do the work and report JSON; the PPO test checks from the
+training results that
 
 - env steps ran on both nodes: each of the 2 env runners (1 CPU each) on its own node, every
   step tagged with the node that took it;
@@ -12,6 +13,15 @@ this test checks from the training results that
   step's reward is then a numpy reduction over stored rows with the env's seeded batch), each
   env runner seeds its env and its module's sampling by its index, not by its node, and the
   step records are ordered by (runner, step) whichever runner reports first.
+
+and the Tune test checks from the trials' results that
+
+- trials ran on both nodes: 2 trials at once, 1 CPU each, one process per trial, every result
+  tagged with its node;
+- the search is the one-node search (every trial also holding the head's resource): the same
+  configs with the same rung rewards, the same best config and reward. The order in which
+  results arrive is not compared: with two trials at once it depends on timing (the best
+  config does not: ties go to the earliest-created trial).
 
 The cluster is always stopped: by the script, and here again by process group should the
 script be killed (never `ray stop`, which would stop every Ray runtime on the machine).
@@ -34,10 +44,22 @@ pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 170
+TUNE_TIMEOUT_S = 240
 
 
 @pytest.fixture
 def report():
+    yield from _script_report("multinode_ppo.py", TIMEOUT_S)
+
+
+@pytest.fixture
+def tune_report():
+    yield from _script_report("multinode_tune.py", TUNE_TIMEOUT_S)
+
+
+def _script_report(script: str, timeout_s: int):
+    """Run tests/support/`script` ROOT OUT.json in a private network namespace; yield its
+    JSON report; always stop the cluster it recorded."""
     argv_ok = netns_command(["true"])
     if argv_ok is None:
         pytest.skip("no private network namespace here (unshare -n / ip link): the two "
@@ -47,11 +69,11 @@ def report():
     out = root / "out.json"
     env = {**os.environ, **RUNTIME_ENV, "PYTHONPATH": os.pathsep.join(
         [str(REPO / "src"), str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    cmd = netns_command([sys.executable, str(REPO / "tests" / "support" / "multinode_ppo.py"),
+    cmd = netns_command([sys.executable, str(REPO / "tests" / "support" / script),
                          str(root), str(out)])
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+                              timeout=timeout_s)
         data = json.loads(out.read_text()) if out.exists() else {}
         assert proc.returncode == 0 and "error" not in data, (
             f"rc={proc.returncode} {data.get('error')}\n{data.get('ray_start_logs', '')}\n"
@@ -88,3 +110,30 @@ def test_ppo_env_runners_on_two_nodes_match_the_one_node_run(report):
     assert (two["incumbent"], two["greedy"], two["best"]) == \
         (one["incumbent"], one["greedy"], one["best"])
     assert report["wall_s"] < TIMEOUT_S
+
+
+def test_tune_trials_on_two_nodes_match_the_one_node_search(tune_report):
+    nodes = tune_report["nodes"]
+    assert sorted(nodes.values()) == [["head"], ["worker_node"]]
+    head = next(n for n, r in nodes.items() if r == ["head"])
+    two, one = tune_report["2-nodes"], tune_report["1-node"]
+    n_grid = tune_report["grid"]
+    assert n_grid == 8
+    for run in (two, one):
+        # the grid: every config once, each through all 3 rungs to the whole split
+        assert len(run["trials"]) == len({t["config_hash"] for t in run["trials"]}) == n_grid
+        assert all(len(t["rung_rewards"]) == 3 for t in run["trials"])
+        full = run["trials"][0]["query_evals"]
+        assert all(t["query_evals"] == full for t in run["trials"])
+        assert run["query_evals"] == n_grid * full
+        assert run["best_reward"] == max(t["rung_rewards"][-1] for t in run["trials"])
+    # trials ran on both nodes; pinned by the head's resource, all on the head
+    assert {t["node_id"] for t in two["trials"]} == set(nodes)
+    assert {t["node_id"] for t in one["trials"]} == {head}
+
+    def rewards(run):
+        return {t["config_hash"]: t["rung_rewards"] for t in run["trials"]}
+
+    assert rewards(two) == rewards(one)
+    assert (two["best"], two["best_reward"]) == (one["best"], one["best_reward"])
+    assert tune_report["wall_s"] < TUNE_TIMEOUT_S

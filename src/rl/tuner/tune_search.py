@@ -25,12 +25,21 @@ relevancy, cost (tokens per query), p95_latency_ms, gate verdicts (`gate_<name>`
 `gates_passed`), gate violations (`violation_<name>`: threshold − value for F and R, (p95 − T)/T
 for latency; > 0 = violated; NaN -> 1), `query_evals` (distinct queries this trial was scored on
 so far = the rung size, since rungs are nested and rows are cached per (config, query)),
-`rung`, `full_fidelity` and `config_hash`.
+`rung`, `full_fidelity` and `config_hash`; a trial run by `tune_search` adds `node_id` (the Ray
+node that ran it).
 
 Budget: query-evaluations summed over all trials. `QueryBudget` stops the experiment once the
 spent sum reaches `budget` (so it can overshoot by less than one rung step of one trial); the
 wall seconds are reported beside it. With `max_concurrent=1` and a fixed seed the sequence of
-configs is deterministic given deterministic evaluations.
+configs is deterministic given deterministic evaluations. With `max_concurrent` > 1 results
+arrive in timing order, so only what does not depend on it is fixed by the seed: for `grid`
+(with a budget that covers every config) the set of configs evaluated, their rewards and the
+best config (ties go to the earliest-created trial, not the first to report).
+
+Placement: each trial asks for `resources_per_trial` (default 1 CPU, Tune's own default; a
+custom resource only one node offers pins trials there), so on a cluster with 1 CPU per node
+`max_concurrent=2` runs one trial on each node (with `reuse_actors=False` whatever the trials'
+length: `tune_search` says why); every result carries the `node_id` it ran on.
 
 Trials share the indexes and the row cache: each trial process opens the evaluator once, from a
 JSON-safe `EvaluatorSpec` (dataset, policy, cache root, run directory), keyed per process
@@ -169,9 +178,19 @@ def run_trial(params: dict[str, Any], spec: EvaluatorSpec, split: str,
     cfg = RAGConfig.from_dict(params[GRID_KEY], where="grid") if GRID_KEY in params \
         else space.from_params(params)
     rs, n_total = ev.reward_spec(), rungs[-1]
+    node = _node_id()
     for i, n in enumerate(rungs, 1):
         idx = None if n == n_total else rung_indices(n_total, n)
-        tune.report(trial_metrics(ev.evaluate(cfg, split, idx), rs, i, n == n_total))
+        m = trial_metrics(ev.evaluate(cfg, split, idx), rs, i, n == n_total)
+        tune.report({**m, "node_id": node})
+
+
+def _node_id() -> str | None:
+    """The Ray node this process runs on (hex id), None outside Ray: Tune's own `node_ip`
+    cannot tell apart two nodes on one host."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 # ---- what finished ----------------------------------------------------------------------------
@@ -181,12 +200,12 @@ class TuneSearchResult:
 
     `grid`: Tune's ResultGrid; `trials`: one dict per trial in start order (trial_id,
     config_hash, config (RAGConfig), params, rung_rewards, query_evals, full_fidelity,
-    seconds); `history`: every reported rung result in arrival order (the reported metrics +
-    trial_id, cum_query_evals, seconds since the start); `best_config`/`best_reward`/
-    `incumbent`: the best full-fidelity config (`rl.tuner.results.Incumbent`), None when no
-    trial reached the full split; `query_evals`/`seconds`: the total spent (seconds from
-    the first trial's start to the last result); `curve`: one
-    point per reported result, {"query_evals": cumulative, "seconds", "best_reward": best
+    seconds, node_id: the Ray node it ran on); `history`: every reported rung result in
+    arrival order (the reported metrics + trial_id, cum_query_evals, seconds since the
+    start); `best_config`/`best_reward`/`incumbent`: the best full-fidelity config
+    (`rl.tuner.results.Incumbent`; ties to the earliest-created trial), None when no trial
+    reached the full split; `query_evals`/`seconds`: the total spent (seconds from the first
+    trial's start to the last result); `curve`: one point per reported result, {"query_evals": cumulative, "seconds", "best_reward": best
     full-fidelity reward so far (None before the first), "incumbent": its hash};
     `searcher`: the Tune searcher it ran (its Optuna study, for TPE methods); `wall_s`: the
     whole `Tuner.fit` (`seconds` plus Tune's set-up and tear-down, ~3 s here)."""
@@ -222,9 +241,11 @@ class TuneSearchResult:
 
 def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid: Any,
                results: list[tuple[str, dict[str, Any], dict[str, Any], float]],
-               config_of: Any) -> TuneSearchResult:
+               config_of: Any, created: dict[str, int] | None = None) -> TuneSearchResult:
     """Trials, history, curve and incumbent from the results in arrival order
-    ((trial_id, params, metrics, seconds since the start) each)."""
+    ((trial_id, params, metrics, seconds since the start) each). `created`: each trial's
+    creation index: the final incumbent breaks reward ties by it, not by arrival, so
+    concurrent trials reporting in another order name the same best config."""
     trials: dict[str, dict[str, Any]] = {}
     inc, configs = Incumbent(), {}
     history, curve, spent = [], [], 0
@@ -234,7 +255,8 @@ def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid
             tr = trials[tid] = {"trial_id": tid, "config_hash": m["config_hash"],
                                 "config": config_of(params), "params": params,
                                 "rung_rewards": [], "query_evals": 0,
-                                "full_fidelity": False, "seconds": 0.0}
+                                "full_fidelity": False, "seconds": 0.0,
+                                "node_id": m.get("node_id")}
         spent += m["query_evals"] - tr["query_evals"]
         tr.update(query_evals=m["query_evals"], full_fidelity=bool(m["full_fidelity"]),
                   seconds=float(m.get("time_total_s", 0.0)))
@@ -247,7 +269,12 @@ def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid
                         "trial_id": tid, "cum_query_evals": spent, "seconds": t})
         curve.append({"query_evals": spent, "seconds": t, "best_reward": best[1],
                       "incumbent": best[0]})
-    h, r = inc.best() if len(inc) else (None, None)
+    final = Incumbent()
+    rank = created or {}
+    for _tid, _, m, _ in sorted(results, key=lambda x: rank.get(x[0], len(rank))):  # stable
+        if m["full_fidelity"] and np.isfinite(m["reward"]):
+            final.add(m["config_hash"], m["reward"])
+    h, r = final.best() if len(final) else (None, None)
     return TuneSearchResult(method, seed, budget, rungs, grid, list(trials.values()), history,
                             configs.get(h), r, h, spent, results[-1][3] if results else 0.0,
                             curve)
@@ -259,7 +286,9 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
                 rungs: tuple[int | None, ...] = DEFAULT_RUNGS,
                 storage_path: str | Path | None = None, max_concurrent: int = 1,
                 start: RAGConfig | None = None, dataset: str | None = None,
-                mlflow_uri: str | None = None) -> TuneSearchResult:
+                mlflow_uri: str | None = None,
+                resources_per_trial: dict[str, float] | None = None,
+                reuse_actors: bool = True) -> TuneSearchResult:
     """Search `space` (a ConfigSpace) with `method` on the TunerEvaluator `evaluator` until
     `budget` query-evaluations are spent (module docstring). `split`: default the evaluator's
     tune split; `rungs`: the fidelity schedule (`fidelity.rungs_for`); `storage_path`: Tune's
@@ -267,8 +296,15 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     `max_concurrent`: trials at once (1 = deterministic); `start`: a config to try first (e.g.
     the one in production; not for grid); `dataset`: what the evaluator's data was opened from
     (`EvaluatorSpec.of`); `mlflow_uri`: log every trial to MLflow experiment
-    `MLFLOW_EXPERIMENT` there, after the search (`rl.common.tracking.log_trials`).
-    ConfigError names `method`, `budget` or `max_concurrent`."""
+    `MLFLOW_EXPERIMENT` there, after the search (`rl.common.tracking.log_trials`);
+    `resources_per_trial`: what each trial holds while it runs (`tune.with_resources`: "cpu",
+    "gpu", "memory" in bytes, or any custom resource; default {"cpu": 1}); `reuse_actors`:
+    run the next trial in a finished trial's process (it keeps the evaluator open). Tune gives
+    a pending trial the first such process, even one whose own new process is starting on
+    another node: trials shorter than a process start (stored tables) then all run on the
+    first node up. False starts one process per trial, so `max_concurrent` trials hold their
+    resources at once and spread over the nodes.
+    ConfigError names `method`, `budget`, `max_concurrent` or `resources_per_trial`."""
     from ray import tune
 
     from rl.common.runtime import init_ray
@@ -278,6 +314,9 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
         raise ConfigError("method", f"must be one of {', '.join(METHODS)}")
     if max_concurrent < 1:
         raise ConfigError("max_concurrent", "must be >= 1")
+    resources = dict(resources_per_trial or {"cpu": 1})
+    if any(not isinstance(v, (int, float)) or v < 0 for v in resources.values()):
+        raise ConfigError("resources_per_trial", f"amounts must be numbers >= 0: {resources}")
     split = split or evaluator.slice.tune_split
     sizes = tuple(rungs_for(len(evaluator.data.examples(split)), rungs))
     if budget < sizes[-1]:
@@ -306,13 +345,14 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     storage.mkdir(parents=True, exist_ok=True)
     stopper, recorder = QueryBudget(budget), _Recorder()
     searcher = make_searcher(method, seed, space, start, max_concurrent)
-    trainable = tune.with_parameters(run_trial, spec=spec, split=split, rungs=sizes)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec, split=split, rungs=sizes), resources)
     tuner = tune.Tuner(
         trainable, param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=SEARCH_METRIC, mode="max", num_samples=num_samples,
             search_alg=searcher,
-            scheduler=make_scheduler(method, sizes, seed), reuse_actors=True),
+            scheduler=make_scheduler(method, sizes, seed), reuse_actors=reuse_actors),
         run_config=tune.RunConfig(name=f"{method}-seed{seed}", storage_path=str(storage),
                                   stop=stopper, callbacks=[recorder], verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
@@ -321,7 +361,8 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     wall = time.perf_counter() - t0
     if grid.errors:
         raise RuntimeError(f"{method}: a trial failed: {grid.errors[0]!r}")
-    found = _summarise(method, seed, budget, sizes, grid, recorder.results, config_of)
+    found = _summarise(method, seed, budget, sizes, grid, recorder.results, config_of,
+                       recorder.created)
     found.searcher, found.wall_s = searcher, wall
     if mlflow_uri:
         from rl.common.tracking import log_trials
@@ -357,13 +398,22 @@ class _Recorder(Callback):
 
     def __init__(self) -> None:
         self.results: list[tuple[str, dict[str, Any], dict[str, Any], float]] = []
+        self.created: dict[str, int] = {}
         self.t0: float | None = None
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self.t0 is None:
             self.t0 = time.perf_counter()
+        self.created.setdefault(trial.trial_id, _creation_index(trial, len(self.created)))
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         t = time.perf_counter() - (self.t0 or time.perf_counter())
         self.results.append((trial.trial_id, dict(trial.config), dict(result), t))
+
+
+def _creation_index(trial: Any, default: int) -> int:
+    """The order Tune created `trial` in: its experiment tag starts with the searcher's
+    counter ("3_k=5,..."); `default` when it does not."""
+    head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
+    return int(head) if head.isdigit() else default

@@ -1,0 +1,141 @@
+"""Ray Tune config search on a real two-node Ray cluster (tests/test_ray_multinode.py runs this
+script inside a private network namespace: tests/support/ray_cluster.py says why; bench/cluster.py
+reuses `search` and `cluster_session`).
+
+    python tests/support/multinode_tune.py ROOT OUT.json [--full]
+
+1. evaluates every config of `tune_policy()`'s space (8 configs; with --full the 24 of
+   `multinode_ppo.policy`) once into a cache under ROOT, so every trial only reads stored
+   tables (rewards then do not depend on which process or node computed them);
+2. starts a head and a second node (1 CPU each), connects;
+3. runs `tune_search(method="grid", max_concurrent=2, reuse_actors=False)`, each trial in its
+   own process holding 1 CPU, so Ray must run the two trials at once on different nodes
+   ("2-nodes"); then the same seed with every trial also holding the head's custom resource,
+   so all run on the head, one at a time ("1-node");
+4. writes OUT.json: the cluster's node ids and, per run, the best config and reward, the query
+   evaluations, the wall seconds and every trial's (config_hash, node_id, rung rewards); stops
+   the cluster.
+
+What is deterministic with 2 trials at once: the grid fixes the set of configs (all of them,
+the budget covers each on the whole split), the stored tables fix each one's rewards, and the
+incumbent breaks ties by trial creation order, so the best config does not depend on which
+trial reported first. The order of results does, and is not compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+SEED = 7
+MAX_CONCURRENT = 2
+RUNGS = (25, 75, None)
+
+
+def tune_policy():
+    """`multinode_ppo.policy()` cut to 8 configs (k 3 or 5, no reranking): each trial runs in
+    a fresh process (~3-5 s here), so the test searches the smaller grid."""
+    from tests.support.multinode_ppo import policy
+
+    p = policy()
+    discrete = p.model_dump(mode="json", by_alias=True)["discrete"]
+    return p.with_overrides(k_grid=[3, 5], discrete={**discrete, "rerank": ["off"]})
+
+
+def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
+    """(TunerEvaluator over `cache`, grid size) with every config of its space evaluated once:
+    `multinode_ppo.warm` (24 configs) when `full`, else `tune_policy()`'s 8."""
+    from tests.support import multinode_ppo
+
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+    from rl.tuner.space import ConfigSpace
+
+    if full:
+        return multinode_ppo.warm(cache)
+    p = tune_policy()
+    ev = TunerEvaluator(TuningData.open("synthetic"), p, cache_root=cache)
+    grid = list(ConfigSpace(p).grid())
+    for cfg in grid:
+        ev.table(cfg, ev.slice.tune_split)
+    return ev, len(grid)
+
+
+def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
+    """The grid search of `ev`'s space (every config to the whole tune split, `MAX_CONCURRENT`
+    trials at once, each holding `resources`), summarised JSON-safe."""
+    from rl.tuner.space import ConfigSpace
+    from rl.tuner.tune_search import tune_search
+
+    space = ConfigSpace(ev.policy)
+    n_grid = sum(1 for _ in space.grid())
+    n = len(ev.data.examples(ev.slice.tune_split))
+    res = tune_search(ev, space, method="grid", budget=n_grid * n, seed=SEED, rungs=RUNGS,
+                      storage_path=storage, max_concurrent=MAX_CONCURRENT,
+                      resources_per_trial=resources, reuse_actors=False)
+    return {"best": res.incumbent, "best_reward": res.best_reward,
+            "query_evals": res.query_evals, "wall_s": res.wall_s,
+            "trials": [{"trial_id": t["trial_id"], "config_hash": t["config_hash"],
+                        "node_id": t["node_id"], "rung_rewards": t["rung_rewards"],
+                        "query_evals": t["query_evals"]} for t in res.trials]}
+
+
+@contextlib.contextmanager
+def cluster_session(root: Path, out: Path, report: dict) -> Iterator[dict]:
+    """A two-node cluster under `root`, the driver connected and both nodes alive; yields
+    `report` with "nodes" ({node id: its custom resources}) filled in. On exit (always):
+    "error" and the nodes' `ray start` logs if the body raised, "wall_s", `report` written to
+    `out`, Ray shut down, the cluster stopped."""
+    import ray
+    from tests.support.ray_cluster import two_node_cluster, wait_for_nodes
+
+    t0 = time.perf_counter()
+    with two_node_cluster(root / "c") as cluster:
+        try:
+            ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+            nodes = wait_for_nodes(2)
+            report["nodes"] = {nd["NodeID"]: sorted(k for k in nd["Resources"]
+                                                    if k in ("head", "worker_node"))
+                               for nd in nodes}
+            yield report
+        except BaseException as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+            report["ray_start_logs"] = cluster.tail()
+            raise
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            report["cluster_wall_s"] = time.perf_counter() - t0
+            out.write_text(json.dumps(report, indent=1))
+
+
+def both_runs(ev: Any, root: Path, report: dict) -> None:
+    """`report["2-nodes"]`: the search with 1 CPU per trial (Ray spreads them over the nodes);
+    `report["1-node"]`: each trial also holds the head's resource (all run on the head, one at
+    a time)."""
+    from tests.support.ray_cluster import HEAD_RESOURCE
+
+    report["2-nodes"] = search(ev, root / "tune-2", {"cpu": 1})
+    report["1-node"] = search(ev, root / "tune-1", {"cpu": 1, HEAD_RESOURCE: 1})
+
+
+def main(root: Path, out: Path, full: bool = False) -> None:
+    t0 = time.perf_counter()
+    ev, n_grid = warm(root / "cache", full)
+    report: dict = {"grid": n_grid, "warm_s": time.perf_counter() - t0}
+    with cluster_session(root, out, report):
+        both_runs(ev, root, report)
+    report["wall_s"] = time.perf_counter() - t0
+    out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), "--full" in sys.argv[3:])
