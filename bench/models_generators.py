@@ -190,6 +190,10 @@ def generator_section(args, rows: list, notes: list) -> None:
         rows.append(plain_row("hotpotqa", LABEL[name], "load_s",
                               gen.stats["load_ms"] / 1000, 1))
     log = AnswerLog(cache_dir() / "bench" / ANSWER_LOG)
+    notes.append(f"Generators: zero-shot (no tuning, no examples in the prompt), prompt "
+                 f"`{PROMPT}`, greedy, max_new_tokens {args.max_new_tokens}, llama.cpp with "
+                 f"{args.threads or 'default'} thread(s); seconds are wall time per uncached "
+                 f"answer on this shared 2-core machine (other jobs running).")
     t_start = time.perf_counter()
     for mode in args.contexts:
         t0 = time.perf_counter()
