@@ -52,7 +52,7 @@ INNER_TIMEOUT_S = 900
 def inner(root: Path, out: Path, quick: bool) -> None:
     """Warm the cache, start the cluster, run PPO and Tune on 2 nodes and on 1: `out` (JSON)."""
     from tests.support import multinode_ppo, multinode_tune
-    from tests.support.ray_cluster import HEAD_RESOURCE
+    from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
 
     t0 = time.perf_counter()
     ev, n_grid = multinode_tune.warm(root / "cache", full=not quick)
@@ -60,7 +60,7 @@ def inner(root: Path, out: Path, quick: bool) -> None:
     if quick:
         multinode_ppo.ITERATIONS = 1
     report["ppo_iterations"] = multinode_ppo.ITERATIONS
-    with multinode_tune.cluster_session(root, out, report):
+    with cluster_session(root, out, report):
         multinode_tune.both_runs(ev, root, report)
         report["ppo"] = {
             "2-nodes": multinode_ppo.run(ev, ppo_policy(quick)),

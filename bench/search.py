@@ -4,7 +4,8 @@ query-evaluations, on the full config space (>= 10^6 configs), HotpotQA, SciFact
     python bench/search.py                 # full: 3 datasets x 5 searchers x 5 seeds
     python bench/search.py --jobs 3        # the same, one process per dataset (what was run)
     python bench/search.py --quick         # < 2 min: synthetic, 2 seeds, small budget
-    python bench/search.py --render-only   # rewrite search.md from search.json
+    python bench/search.py --jobs 3 --from-parts runs/bench-search-parts
+                                           # re-assemble search.json/.md from a --jobs run's parts
 
 Searchers (each seed is an independent search with budget = --budget-x full valid splits of
 query-evaluations; `rl.tuner.ask_tell` drives Ray Tune's own searcher and ASHA objects):
@@ -61,7 +62,7 @@ CONVERSATIONAL = {"mtrag"}
 PPO_BATCH = 25
 
 
-def _ppo(ev, settings, space, budget: int, seed: int) -> dict[str, Any]:
+def _ppo(ev, settings, budget: int, seed: int) -> dict[str, Any]:
     """PPO as a static searcher under a query-evaluation budget: trains on 25-query batches
     while the budget holds one more iteration and the full-split scoring of its pick."""
     from rl.tuner.ppo import PPOTuner
@@ -89,6 +90,12 @@ def _ppo(ev, settings, space, budget: int, seed: int) -> dict[str, Any]:
             "seconds": float(np.nansum(lat)) / 1000.0 * spent / n_total}
 
 
+def _summary(rep) -> dict[str, float]:
+    """What the results keep of an EvalReport: reward, F, R, tokens, p95."""
+    return {k: float(getattr(rep, k)) for k in
+            ("reward", "faithfulness", "relevancy", "cost", "p95_latency_ms")}
+
+
 def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: float,
                 searchers: tuple[str, ...], log) -> dict[str, Any]:
     t0 = time.perf_counter()
@@ -104,7 +111,7 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
         for seed in seeds:
             t1 = time.perf_counter()
             if method == "ppo":
-                r = _ppo(ev, settings, space, budget, seed)
+                r = _ppo(ev, settings, budget, seed)
             else:
                 res = run_search(ev, space, method, budget, seed, split)
                 r = {"best_config": res.best_config, "best_reward": res.best_reward,
@@ -133,15 +140,11 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
     for rs in runs.values():
         for r in rs:
             cfg = r.pop("best_config")
-            t = ev.evaluate(cfg, hold)
-            r["test"] = {k: float(getattr(t, k)) for k in
-                         ("reward", "faithfulness", "relevancy", "cost", "p95_latency_ms")}
+            r["test"] = _summary(ev.evaluate(cfg, hold))
             r["best_config_hash"] = cfg.config_hash
-    as_dict = lambda rep: {k: float(getattr(rep, k)) for k in  # noqa: E731
-                           ("reward", "faithfulness", "relevancy", "cost", "p95_latency_ms")}
     return {"dataset": name, "n_valid": n_total, "n_test": len(ev.data.examples(hold)),
             "budget": budget, "space_size": space.size(), "seeds": seeds,
-            "default": {"valid": as_dict(d_valid), "test": as_dict(d_test),
+            "default": {"valid": _summary(d_valid), "test": _summary(d_test),
                         "config_hash": default.config_hash},
             "best_known": {"reward": best_known[0], **(best_known[1] or {})},
             "weights": {"alpha": settings.reward_weights.alpha,

@@ -17,7 +17,6 @@ inside a private network namespace: tests/support/ray_cluster.py says why).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -77,31 +76,15 @@ def run(ev, p) -> dict:
 
 
 def main(root: Path, out: Path) -> None:
-    import ray
-    from tests.support.ray_cluster import HEAD_RESOURCE, two_node_cluster, wait_for_nodes
+    from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
 
     t0 = time.perf_counter()
     ev, n_grid = warm(root / "cache")
     report: dict = {"grid": n_grid, "warm_s": time.perf_counter() - t0}
-    with two_node_cluster(root / "c") as cluster:
-        try:
-            ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-            nodes = wait_for_nodes(2)
-            report["nodes"] = {nd["NodeID"]: sorted(k for k in nd["Resources"]
-                                                    if k in ("head", "worker_node"))
-                               for nd in nodes}
-            report["2-nodes"] = run(ev, policy())
-            report["1-node"] = run(ev, policy(num_cpus_per_env_runner=0.0,
-                                              env_runner_resources={HEAD_RESOURCE: 0.5}))
-        except BaseException as exc:
-            report["error"] = f"{type(exc).__name__}: {exc}"
-            report["ray_start_logs"] = cluster.tail()
-            raise
-        finally:
-            if ray.is_initialized():
-                ray.shutdown()
-            report["wall_s"] = time.perf_counter() - t0
-            out.write_text(json.dumps(report, indent=1))
+    with cluster_session(root, out, report, started=t0, wall_key="wall_s"):
+        report["2-nodes"] = run(ev, policy())
+        report["1-node"] = run(ev, policy(num_cpus_per_env_runner=0.0,
+                                          env_runner_resources={HEAD_RESOURCE: 0.5}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Ray Tune config search on a real two-node Ray cluster (tests/test_ray_multinode.py runs this
 script inside a private network namespace: tests/support/ray_cluster.py says why; bench/cluster.py
-reuses `search` and `cluster_session`).
+reuses `search`; the cluster session is `ray_cluster.cluster_session`).
 
     python tests/support/multinode_tune.py ROOT OUT.json [--full]
 
@@ -24,11 +24,9 @@ trial reported first. The order of results does, and is not compared.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,35 +86,6 @@ def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
                         "query_evals": t["query_evals"]} for t in res.trials]}
 
 
-@contextlib.contextmanager
-def cluster_session(root: Path, out: Path, report: dict) -> Iterator[dict]:
-    """A two-node cluster under `root`, the driver connected and both nodes alive; yields
-    `report` with "nodes" ({node id: its custom resources}) filled in. On exit (always):
-    "error" and the nodes' `ray start` logs if the body raised, "wall_s", `report` written to
-    `out`, Ray shut down, the cluster stopped."""
-    import ray
-    from tests.support.ray_cluster import two_node_cluster, wait_for_nodes
-
-    t0 = time.perf_counter()
-    with two_node_cluster(root / "c") as cluster:
-        try:
-            ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-            nodes = wait_for_nodes(2)
-            report["nodes"] = {nd["NodeID"]: sorted(k for k in nd["Resources"]
-                                                    if k in ("head", "worker_node"))
-                               for nd in nodes}
-            yield report
-        except BaseException as exc:
-            report["error"] = f"{type(exc).__name__}: {exc}"
-            report["ray_start_logs"] = cluster.tail()
-            raise
-        finally:
-            if ray.is_initialized():
-                ray.shutdown()
-            report["cluster_wall_s"] = time.perf_counter() - t0
-            out.write_text(json.dumps(report, indent=1))
-
-
 def both_runs(ev: Any, root: Path, report: dict) -> None:
     """`report["2-nodes"]`: the search with 1 CPU per trial (Ray spreads them over the nodes);
     `report["1-node"]`: each trial also holds the head's resource (all run on the head, one at
@@ -128,6 +97,8 @@ def both_runs(ev: Any, root: Path, report: dict) -> None:
 
 
 def main(root: Path, out: Path, full: bool = False) -> None:
+    from tests.support.ray_cluster import cluster_session
+
     t0 = time.perf_counter()
     ev, n_grid = warm(root / "cache", full)
     report: dict = {"grid": n_grid, "warm_s": time.perf_counter() - t0}

@@ -200,3 +200,35 @@ def two_node_cluster(root: str | Path, timeout_s: float = 90.0) -> Iterator[Loca
         yield cluster
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def cluster_session(root: Path, out: Path, report: dict, *, started: float | None = None,
+                    wall_key: str = "cluster_wall_s") -> Iterator[dict]:
+    """A two-node cluster under `root`, the driver connected and both nodes alive; yields
+    `report` with "nodes" ({node id: its custom resources}) filled in. On exit (always):
+    "error" and the nodes' `ray start` logs if the body raised, `wall_key` = seconds since
+    `started` (default: entering), `report` written to `out` as JSON, Ray shut down, the
+    cluster stopped. What the multinode scripts (tests/support/multinode_*.py) share."""
+    import json
+
+    import ray
+
+    t0 = time.perf_counter() if started is None else started
+    with two_node_cluster(root / "c") as cluster:
+        try:
+            ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+            nodes = wait_for_nodes(2)
+            report["nodes"] = {nd["NodeID"]: sorted(k for k in nd["Resources"]
+                                                    if k in ("head", "worker_node"))
+                               for nd in nodes}
+            yield report
+        except BaseException as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+            report["ray_start_logs"] = cluster.tail()
+            raise
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            report[wall_key] = time.perf_counter() - t0
+            out.write_text(json.dumps(report, indent=1))

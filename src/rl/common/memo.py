@@ -242,41 +242,6 @@ class MemoIndexSet:
         self.store.flush()
 
 
-def retime(memo: MemoIndexSet, questions: set[str]) -> dict[tuple[str, str], tuple[float, float]]:
-    """Re-measure the stored cost of every memoised call for `questions` (median of 3 runs),
-    e.g. after tables were built on a loaded machine. Returns {(retriever or "<dense>-embed",
-    question): (old ms, new ms)}; hits are unchanged (retrieval is deterministic)."""
-    memo.flush()
-    rows = memo.store._db.execute("SELECT key, ms FROM memo").fetchall()
-    accessors = {}
-    out: dict[tuple[str, str], tuple[float, float]] = {}
-    for key, old in rows:
-        k = json.loads(key)
-        name, query = k[0], k[-1]
-        if query not in questions:
-            continue
-        if name not in accessors:
-            if name.startswith("bm25-"):
-                accessors[name] = memo.bm25(name[5:])
-            elif name.startswith("dense-"):
-                accessors[name] = memo.dense(name[6:])
-            else:  # graph@<bm25>+<dense>
-                b, d = name.split("@", 1)[1].split("+")
-                accessors[name] = memo.graph(b, d)
-        w = accessors[name]
-        if k[1] == "embed":
-            value, ms = _timed_median(lambda w=w, q=query: w.inner.embed_query(q))
-            out[(f"{name}-embed", query)] = (float(old), ms)
-        else:
-            kw = dict(k[2])
-            value, ms = _timed_median(lambda w=w, q=query, kw=kw, n=k[1]:
-                                      w.inner.search(q, n, **kw))
-            out[(name, query)] = (float(old), ms)
-        memo.store.put(key, value, ms)
-    memo.flush()
-    return out
-
-
 @functools.cache
 def retrieval_version() -> str:
     """Fingerprint of the retrieval code (`RETRIEVAL_SOURCES` and what they import, minus

@@ -26,7 +26,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.stats.headroom import best_static, pick, segment_choice
+from rl.stats.headroom import best_static, lowest_price, pick, segment_choice
 
 
 @dataclass(frozen=True)
@@ -176,16 +176,8 @@ class SupervisedRouter:
         pred = self.predict(X)
         steps = np.diff(np.unique(self.arm_tokens))
         hi = (pred.max() - pred.min() + 1.0) / (steps.min() if steps.size else 1.0)
-        lo = 0.0
-        if spend(hi) > budget:
-            self.token_price = hi
-            return hi
-        for _ in range(iters):
-            mid = 0.5 * (lo + hi)
-            if spend(mid) <= budget:
-                hi = mid
-            else:
-                lo = mid
+        if spend(hi) <= budget:
+            hi = lowest_price(spend, budget, hi, iters)
         self.token_price = hi
         return hi
 

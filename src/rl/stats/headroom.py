@@ -82,6 +82,15 @@ def equal_cost_oracle(R: ArrayLike, cost: ArrayLike, budget: float, iters: int =
     hi = (R.max() - R.min() + 1.0) / (steps.min() if steps.size else 1.0)
     while spend(hi) > budget:  # ties among the cheapest columns; doubling settles them
         hi *= 2.0
+    hi = lowest_price(spend, budget, hi, iters, rel_tol=1e-12)
+    return choose(hi), float(hi)
+
+
+def lowest_price(spend: Callable[[float], float], budget: float, hi: float, iters: int,
+                 rel_tol: float = 0.0) -> float:
+    """Bisection on [0, `hi`] for the lowest price mu with `spend(mu)` <= `budget`, given that
+    `spend(hi)` <= `budget` and spend falls as the price rises; `iters` halvings at most,
+    stopping early once the bracket is within `rel_tol` of `hi`. Returns the feasible end."""
     lo = 0.0
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
@@ -89,9 +98,9 @@ def equal_cost_oracle(R: ArrayLike, cost: ArrayLike, budget: float, iters: int =
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * max(hi, 1e-300):
+        if hi - lo <= rel_tol * max(hi, 1e-300):
             break
-    return choose(hi), float(hi)
+    return float(hi)
 
 
 def _labels(labels: Sequence, n: int) -> np.ndarray:

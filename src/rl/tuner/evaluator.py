@@ -242,6 +242,11 @@ class TunerEvaluator:
         every column of a query not computed yet. Rows `idx` (all when None) are computed first
         when missing; latency columns come from the cost model (`rl.tuner.cost_model`)."""
         self.ensure_rows(config, split, idx)
+        return self._assemble(config, split)
+
+    def _assemble(self, config: RAGConfig, split: str) -> QueryTable:
+        """The split's rows of `config` as columns (NaN where a query has no row yet), with
+        the cost model's latency columns; cached until new rows arrive."""
         key = self._cfg_key(config)
         with self._lock:
             tab = self._assembled.get((key, split))
@@ -337,7 +342,7 @@ class TunerEvaluator:
         self.seen[config.config_hash] = config
         sel = None if idx is None else np.asarray(idx, dtype=np.int64)
         cached = self.ensure_rows(config, split, sel) == 0
-        tab = self.table(config, split, sel)  # only rows `sel` are computed (lazy fidelity)
+        tab = self._assemble(config, split)  # only rows `sel` were computed (lazy fidelity)
         m = self.summarize(tab, sel)
         spec = self.reward_spec()
         r, verdicts = spec.reward(m)
