@@ -45,7 +45,8 @@ from serving.jobs import TunerJobs, run_evaluation
 from serving.limits import InflightGate, TokenBucketLimiter, set_body_limit
 from serving.metrics import ServeMetrics, install_metrics
 from serving.pii import RedactingFilter
-from serving.pipelines import bind_pipeline, deployment_options
+from serving.pipelines import deployment_options
+from serving.replica_sync import ReplicaSync
 from serving.router import Router
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
@@ -63,6 +64,8 @@ from serving.schemas import (
     ServeSettings,
     TrafficRequest,
 )
+from serving.shared_limits import StoreTokenBucket
+from serving.shared_pipelines import VariantHandle, bind_shared
 from serving.store import open_store
 
 _STATE: dict[str, Any] = {}
@@ -70,18 +73,23 @@ _STATE: dict[str, Any] = {}
 
 @serve.deployment(name="Ingress", num_replicas=1)
 @serve.ingress(api)
-class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
-    """Routes, logs and measures; the pipelines run in their own deployments."""
+class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes, ReplicaSync):
+    """Routes, logs and measures; the pipelines run in the shared pipeline deployment."""
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any],
-                 roles: dict[str, str | None], configs: dict[str, dict[str, Any]]):
-        """`handles`: variant id -> pipeline deployment; `roles`: stable/canary/shadow ->
-        variant id; `configs`: variant id -> its RAGConfig as JSON."""
+                 roles: dict[str, str | None], configs: dict[str, dict[str, Any]],
+                 shared: Any = None):
+        """`handles`: variant id -> handle with `answer`/`info` (ignored when `shared`, the
+        handle of the SharedPipelines deployment, is given: each variant is then a
+        VariantHandle over it); `roles`: stable/canary/shadow -> variant id; `configs`:
+        variant id -> its RAGConfig as JSON."""
         configure_runtime_env()
         self.settings = ServeSettings.from_args(settings)
         s = self.settings
-        self.handles = dict(handles)
+        self._shared = shared
         self.configs = dict(configs)
+        self.handles = ({h: VariantHandle(shared, h, c) for h, c in self.configs.items()}
+                        if shared is not None else dict(handles))
         self.store = open_store(s.store_url)
         self.metrics = ServeMetrics(max_variants=s.max_variants)
         _STATE["metrics"] = self.metrics
@@ -97,10 +105,11 @@ class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
         self._explicit_arms = bool(explicit)
         self._routing_fp = yaml_fingerprint(s, roles)
         self.restored = self._restore_routing(restorable(self.store, s, roles))
-        for cat, variant, reward, leaks in self.store.bandit_history(pii_leaks=True):
-            self.router.update(cat, variant, self._policy_reward(reward, leaks))
-        self.limiter = TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
-                                          s.limits.max_clients)
+        self._init_sync()  # replays the stored bandit feedback (serving.replica_sync)
+        self.limiter = (StoreTokenBucket(s.store_url, s.limits.rate_per_s, s.limits.burst)
+                        if s.ingress.replicas > 1 else
+                        TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
+                                           s.limits.max_clients))
         self.gate = InflightGate(s.limits.max_inflight)
         self.jobs = TunerJobs(self._submit_eval, s.max_jobs, on_done=self._job_done)
         self.gates: dict[str, dict[str, bool]] = {}
@@ -196,12 +205,15 @@ def build_app(args: dict[str, Any] | None = None):
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
-    handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts, s.indexes)
-               for h, c in configs.items()}
+    # warm-up with the base config only: the shared deployment's args then do not change
+    # when the declared variants do, so a Serve config update rolls only the ingress
+    shared = bind_shared(s.dataset, s.index_dir, opts, s.indexes, s.max_variants,
+                         [s.config({}).model_dump(mode="json")])
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
+                           num_replicas=s.ingress.replicas,
                            max_ongoing_requests=s.limits.max_inflight + 64).bind(
-        s.model_dump(mode="json"), handles, roles,
-        {h: c.model_dump(mode="json") for h, c in configs.items()})
+        s.model_dump(mode="json"), {}, roles,
+        {h: c.model_dump(mode="json") for h, c in configs.items()}, shared)
 
 
 def _variants(s: ServeSettings) -> tuple[dict[str, str | None], dict[str, RAGConfig]]:

@@ -81,26 +81,34 @@ class PipelineService:
 
     def answer(self, question: str, query_id: str = "q") -> dict[str, Any]:
         """Answer one question. Latency per stage in ms; `scores` when gold is known."""
-        from rag.metrics import score_answer
-
-        ans = self.pipeline.run(question, query_id)
-        out: dict[str, Any] = {
-            "answer": ans.text, "citations": list(ans.citations),
-            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
-            "latency_ms": {k: float(v) for k, v in ans.latency_ms.items()},
-            "tokens_in": int(ans.tokens_in), "tokens_out": int(ans.tokens_out),
-            "variant_id": ans.config_hash, "scores": None, "gold_category": None,
-        }
-        ex = self.gold.get(normalise_question(question))
-        if ex is not None:
-            s = score_answer(ans, ex, k=self.config.k)
-            out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
-            out["gold_category"] = ex.category
-        return out
+        return answer_record(self.pipeline, self.gold, question, query_id)
 
     def info(self) -> dict[str, Any]:
         return {"variant_id": self.variant_id, "config": self.config.model_dump(mode="json"),
                 "pid": os.getpid(), "gold_questions": len(self.gold)}
+
+
+def answer_record(pipeline, gold: dict[str, Any], question: str,
+                  query_id: str = "q") -> dict[str, Any]:
+    """Run `pipeline` on one question: what a replica returns (answer, citations, ids,
+    latency per stage in ms, tokens, variant id, and `scores` / `gold_category` when the
+    question is one of the served dataset's own)."""
+    from rag.metrics import score_answer
+
+    ans = pipeline.run(question, query_id)
+    out: dict[str, Any] = {
+        "answer": ans.text, "citations": list(ans.citations),
+        "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
+        "latency_ms": {k: float(v) for k, v in ans.latency_ms.items()},
+        "tokens_in": int(ans.tokens_in), "tokens_out": int(ans.tokens_out),
+        "variant_id": ans.config_hash, "scores": None, "gold_category": None,
+    }
+    ex = gold.get(normalise_question(question))
+    if ex is not None:
+        s = score_answer(ans, ex, k=pipeline.config.k)
+        out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
+        out["gold_category"] = ex.category
+    return out
 
 
 @serve.deployment(name="Pipeline")

@@ -5,7 +5,8 @@ through `rl.promotion.service`, the same operations and state as `ragpilot rollo
 
 `AdminRoutes` is a mixin of `serving.app.Ingress` and uses its state: settings, handles,
 configs, router, store, metrics, gate, jobs, gates, `_tasks`, `_explicit_arms`, `_routing_fp`,
-`_deploy_lock` and `restored`.
+`_deploy_lock`, `_shared` and `restored`; serving.replica_sync keeps it in step with
+the other ingress replicas.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.encoders import jsonable_encoder
-from ray import serve
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.promotion import service as rollouts
 from serving.api import log
-from serving.pipelines import bind_pipeline, deployment_options
 from serving.routing_state import ROLES, snapshot
 from serving.schemas import (
     ApiError,
@@ -60,7 +59,9 @@ class AdminRoutes:
     def _change_routing(self, action: str, change) -> dict[str, Any]:
         """Apply `change()` to the router and append the new split to the store; if the store
         refuses the row, the router goes back to the split it had and the caller gets a 503
-        (a change that would not survive a restart is not made)."""
+        (a change that would not survive a restart is not made). The newest stored split is
+        adopted first, so the change applies on top of a sibling replica's."""
+        self._sync_now()
         before = self.router.state()
         state = change()
         try:
@@ -213,14 +214,18 @@ class AdminRoutes:
         return h
 
     def _deploy(self, cfg: RAGConfig):
-        """Deploy `cfg` as its own application (`ragpilot-<hash>`); returns once ready."""
-        s = self.settings
-        p = s.pipelines
-        bound = bind_pipeline(cfg, s.dataset, s.index_dir, deployment_options(
-            p.num_cpus, p.max_ongoing_requests, p.num_replicas, p.autoscaling), s.indexes)
-        log.info("deploying variant %s", cfg.config_hash)
-        return serve.run(bound, name=f"ragpilot-{cfg.config_hash}", route_prefix=None,
-                         blocking=False)
+        """A handle for `cfg` on the shared pipeline deployment (serving.shared_pipelines): a
+        variant is data sent with each request, so nothing is deployed here. The desired
+        state (the split naming it, with its config) is what `_change_routing` stores; the
+        other ingress replicas adopt it from there (serving.replica_sync)."""
+        from serving.shared_pipelines import VariantHandle
+
+        log.info("serving variant %s on the shared pipelines", cfg.config_hash)
+        return VariantHandle(self._shared, cfg.config_hash, cfg.model_dump(mode="json"))
+
+    def _new_variant_handle(self, cfg: RAGConfig):
+        """What serves a variant added at run time (here or by a sibling replica)."""
+        return self._deploy(cfg)
 
     def _limited_config(self, overrides: dict[str, Any], field: str) -> RAGConfig:
         """`base` + overrides, validated, with `k` within `limits.max_k`."""

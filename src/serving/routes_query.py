@@ -90,6 +90,7 @@ class QueryRoutes:
         t0 = time.perf_counter()
         iid = uuid.uuid4().hex
         category = body.category or "default"
+        await self._sync_state()  # siblings' routing changes and feedback (replica_sync)
         d = self.router.route(iid, body.user_id, body.session_id, category)
         try:
             res = await self.handles[d.variant].answer.remote(body.question, iid)
@@ -200,8 +201,8 @@ class QueryRoutes:
         self._rate_limit(request)
         ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
         learned = self._policy_reward(ack.reward, ack.pii_leaks)
-        if ack.route == "bandit":
-            self.router.update(ack.category, ack.variant_id, learned)
+        if ack.route == "bandit":  # learned from the store, in one order on every replica
+            await self._sync_state(force=True)
         self.metrics.observe_feedback(ack.variant_id, ack.route, ack.reward)
         return {"stored": True, "interaction_id": ack.interaction_id, "reward": ack.reward,
                 "variant_id": ack.variant_id, "route": ack.route, "pii_leaks": ack.pii_leaks,

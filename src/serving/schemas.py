@@ -115,7 +115,8 @@ class PIISettings(StrictSettings):
 
 
 class DeploymentSettings(StrictSettings):
-    """Ray Serve options of every pipeline deployment (one per config hash)."""
+    """Ray Serve options of the shared pipeline deployment (serving.shared_pipelines: one
+    for every config variant)."""
 
     num_cpus: float = Field(0.25, ge=0.0)
     max_ongoing_requests: int = Field(8, ge=1)
@@ -126,6 +127,16 @@ class DeploymentSettings(StrictSettings):
                                  "target_ongoing_requests": 4})
     """Ray Serve AutoscalingConfig fields (min_replicas, max_replicas, target_ongoing_requests,
     upscale_delay_s, downscale_delay_s, ...)."""
+
+
+class IngressSettings(StrictSettings):
+    """The ingress deployment's replicas and how they share state (serving.replica_sync)."""
+
+    replicas: int = Field(1, ge=1, le=16)
+    """Ingress replicas. Routing, bandit statistics and (with more than one) rate limits live
+    in the store, so any replica answers the same."""
+    sync_interval_s: float = Field(0.2, ge=0.0, le=10.0)
+    """At most this long (s) before a replica adopts a sibling's routing change or feedback."""
 
 
 class ServeSettings(StrictSettings):
@@ -152,8 +163,10 @@ class ServeSettings(StrictSettings):
     pii: PIISettings = PIISettings()
     pipelines: DeploymentSettings = DeploymentSettings()
     max_variants: int = Field(8, ge=1, le=64)
-    """Pipeline deployments (config hashes) at most; also bounds the Prometheus variant label."""
+    """Config variants (hashes) served at most; also bounds the Prometheus variant label and
+    each shared replica's cache of per-variant pipeline views."""
     ingress_num_cpus: float = Field(0.25, ge=0.0)
+    ingress: IngressSettings = IngressSettings()
     eval_num_cpus: float = Field(0.0, ge=0.0)
     """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
     max_jobs: int = Field(256, ge=1)

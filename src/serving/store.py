@@ -234,6 +234,21 @@ class InteractionStore:
             return [(c, v, float(r), pii_leaks_of(sc)) for c, v, r, sc in rows]
         return [(c, v, float(r)) for c, v, r, _ in rows]
 
+    def bandit_feedback_since(self, seq: int) -> list[tuple]:
+        """(feedback seq, ts, category, variant, reward, pii_leaks) of rewarded bandit-routed
+        requests with seq > `seq`, in seq order: how ingress replicas replay each other's
+        feedback (serving.replica_sync)."""
+        rows = self._read(
+            "SELECT f.seq, f.ts, i.category, i.variant_id, f.reward, i.scores FROM feedback f "
+            "JOIN interactions i ON i.id = f.interaction_id WHERE f.seq > :seq AND "
+            "i.route = 'bandit' ORDER BY f.seq", {"seq": int(seq)})
+        return [(int(q), float(t), c, v, float(r), pii_leaks_of(sc))
+                for q, t, c, v, r, sc in rows]
+
+    def last_feedback_seq(self) -> int:
+        (n,), = self._read("SELECT COALESCE(MAX(seq), 0) FROM feedback")
+        return int(n)
+
     def save_routing(self, fingerprint: str, action: str, state: dict[str, Any]) -> None:
         """Append the router's state after a change (`action` says which: `admin/traffic`,
         `rollout/advance`, ...); `fingerprint` identifies the YAML routing it was made on."""

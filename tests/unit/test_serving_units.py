@@ -155,10 +155,12 @@ def test_serve_indexes_section_reaches_every_replica(tmp_path, monkeypatch):
     app_mod.local_app(args)
     assert len(seen) == 2 and all(i == {"faiss_device": "cpu"} for i in seen)
     bound = []
-    monkeypatch.setattr(app_mod, "bind_pipeline",
-                        lambda cfg, ds, idx, opts, indexes=None: bound.append(indexes))
-    app_mod.build_app(args)  # the Ray Serve graph: every Pipeline_<hash> gets the overrides
-    assert len(bound) == 2 and all(i == {"faiss_device": "cpu"} for i in bound)
+    monkeypatch.setattr(app_mod, "bind_shared",
+                        lambda ds, idx, opts, indexes, n, warm: bound.append(indexes))
+    # the Ray Serve graph: the one shared pipeline deployment (serving every variant, both
+    # configs here) gets the overrides
+    app_mod.build_app(args)
+    assert bound == [{"faiss_device": "cpu"}]
 
 
 def test_build_app_checks_the_variant_budget(tmp_path):

@@ -1,0 +1,142 @@
+"""Two ingress replicas over one store answer the same (serving.replica_sync): the same canary
+share and per-user route after a routing change made on either, no feedback lost whichever
+replica took it, the same bandit statistics, a variant added on one served by the other, and
+one rate-limit bucket per client across replicas (serving.shared_limits).
+
+The replicas are two `Ingress` objects in this process (no Ray) sharing a SQLite store, the
+pipelines stand-ins: what differs between Serve replicas is exactly their memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.requests import Request
+
+from rag.config import RAGConfig
+from serving.schemas import FeedbackRequest, QueryRequest, TrafficRequest
+
+BASE = {"generator": "extractive"}
+CANDIDATE = {"variant": "bm25"}
+STABLE_ID = RAGConfig(**BASE).config_hash
+CAND_ID = RAGConfig(**BASE, **CANDIDATE).config_hash
+
+
+class Stub:
+    def __init__(self, variant: str):
+        self.variant = variant
+
+    def answer(self, question: str, query_id: str = "q") -> dict:
+        return {"answer": "Paris [1]", "citations": [1], "cited_ids": ["p1"],
+                "context_ids": ["p1"], "latency_ms": {"retrieve": 1.0}, "tokens_in": 5,
+                "tokens_out": 2, "variant_id": self.variant, "scores": None,
+                "gold_category": None}
+
+    def info(self) -> dict:
+        return {"variant_id": self.variant}
+
+
+def replica(tmp_path, **extra):
+    """One Ingress object over the store in `tmp_path` (what one Serve replica holds)."""
+    from serving.app import Ingress, LocalHandle
+
+    args = {"store_url": str(tmp_path / "log.sqlite"), "base": BASE, "canary": CANDIDATE,
+            "auth": {"enabled": False, "keys_file": str(tmp_path / "keys.json")},
+            "traffic": {"canary_percent": 0.0},
+            "ingress": {"replicas": 2, "sync_interval_s": 0.0},
+            "limits": {"rate_per_s": 1e6, "burst": 1e6}, **extra}
+    from serving.schemas import ServeSettings
+
+    s = ServeSettings.from_args(args)
+    configs = {STABLE_ID: s.config({}), CAND_ID: s.config(CANDIDATE)}
+    cls = next(b for b in Ingress.func_or_class.__mro__[1:] if "__init__" in b.__dict__)
+    inst = cls.__new__(cls)
+    cls.__init__(inst, s.model_dump(mode="json"),
+                 {h: LocalHandle(Stub(h)) for h in configs},
+                 {"stable": STABLE_ID, "canary": CAND_ID, "shadow": None},
+                 {h: c.model_dump(mode="json") for h, c in configs.items()})
+    inst._deploy = lambda cfg: LocalHandle(Stub(cfg.config_hash))
+    return inst
+
+
+def http_request(client: str = "10.0.0.1") -> Request:
+    return Request({"type": "http", "headers": [], "client": (client, 1234),
+                    "method": "POST", "path": "/"})
+
+
+def ask(inst, user: str, category: str | None = None):
+    return asyncio.run(inst._answer(QueryRequest(question="Who?", user_id=user,
+                                                 category=category)))
+
+
+def test_two_replicas_give_the_same_canary_share_after_a_change_on_one(tmp_path):
+    a, b = replica(tmp_path), replica(tmp_path)
+    asyncio.run(a._set_traffic(TrafficRequest(canary_percent=10.0)))
+    users = [f"user-{i}" for i in range(2000)]
+    on_a = [ask(a, u).route == "canary" for u in users]
+    on_b = [ask(b, u).route == "canary" for u in users]  # b adopted a's split from the store
+    share_a, share_b = sum(on_a) / len(users), sum(on_b) / len(users)
+    assert abs(share_a - 0.10) <= 0.02 and abs(share_a - share_b) * 100 <= 2.0
+    assert on_a == on_b  # the same user lands on the same side whichever replica answers
+    asyncio.run(b._set_traffic(TrafficRequest(canary_percent=0.0)))
+    assert all(ask(a, u).route == "stable" for u in users[:200])
+
+
+def test_feedback_through_either_replica_is_stored_and_learned_by_both(tmp_path):
+    a, b = replica(tmp_path), replica(tmp_path)
+    asyncio.run(a._set_traffic(TrafficRequest(mode="bandit")))
+    acked = 0
+    for i in range(60):
+        served, rater = (a, b) if i % 2 else (b, a)  # feedback reaches the other replica
+        r = ask(served, f"u{i}", category="bridge" if i % 3 else "comparison")
+        assert r.route == "bandit"
+        reward = 1.0 if r.variant_id == CAND_ID else 0.2
+        out = asyncio.run(rater._feedback(FeedbackRequest(interaction_id=r.interaction_id,
+                                                          reward=reward), http_request()))
+        acked += out["stored"]
+    assert a.store.counts()["feedback"] == acked == 60  # none lost
+    asyncio.run(a._sync_state(force=True))
+    asyncio.run(b._sync_state(force=True))
+    for cat in ("bridge", "comparison"):
+        assert a.router.leaderboard(cat) == b.router.leaderboard(cat)
+    pulls = sum(row["pulls"] for cat in ("bridge", "comparison")
+                for row in a.router.leaderboard(cat)[cat])
+    assert pulls == 60  # each feedback learned exactly once per replica
+    c = replica(tmp_path)  # a replica started later replays the same history
+    assert c.router.leaderboard("bridge") == a.router.leaderboard("bridge")
+
+
+def test_a_variant_added_on_one_replica_is_served_by_the_other(tmp_path):
+    a, b = replica(tmp_path), replica(tmp_path)
+    new = {"variant": "dense", "k": 4}
+    new_id = RAGConfig(**BASE, **new).config_hash
+    asyncio.run(a._set_traffic(TrafficRequest(canary_config=new, canary_percent=100.0)))
+    assert new_id in a.handles and new_id not in b.handles
+    r = ask(b, "someone")
+    assert r.variant_id == new_id and r.route == "canary"
+    assert b.configs[new_id]["k"] == 4
+
+
+def test_rate_limit_bucket_is_shared_by_the_replicas(tmp_path):
+    from fastapi import HTTPException
+
+    a = replica(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
+    b = replica(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
+    req = http_request("10.9.9.9")
+    a._rate_limit(req)
+    b._rate_limit(req)
+    a._rate_limit(req)
+    for inst in (a, b):  # the 4th request is refused whichever replica gets it
+        with pytest.raises(HTTPException) as err:
+            inst._rate_limit(req)
+        assert err.value.status_code == 429 and int(err.value.headers["Retry-After"]) >= 1
+    b._rate_limit(http_request("10.9.9.10"))  # another client has its own bucket
+
+
+def test_one_replica_keeps_the_in_memory_limiter(tmp_path):
+    from serving.limits import TokenBucketLimiter
+    from serving.shared_limits import StoreTokenBucket
+
+    assert isinstance(replica(tmp_path, ingress={"replicas": 1}).limiter, TokenBucketLimiter)
+    assert isinstance(replica(tmp_path).limiter, StoreTokenBucket)
