@@ -8,6 +8,8 @@ serving.routes_query, routes_admin, routes_tuner and routes_ops.
 
 # No `from __future__ import annotations`: FastAPI must see real classes in route signatures.
 import logging
+import os
+import socket
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -60,9 +62,14 @@ api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
 api.add_middleware(AuthMiddleware, guard=current_guard)
 
 
+REPLICA_ID = f"{socket.gethostname()}:{os.getpid()}"
+"""Which ingress replica answered: every response's `X-Ragpilot-Replica` header."""
+
+
 @api.middleware("http")
 async def _count_requests(request: Request, call_next):
     response = await call_next(request)
+    response.headers["X-Ragpilot-Replica"] = REPLICA_ID
     metrics: ServeMetrics | None = current_metrics()  # see install_metrics
     if metrics is not None:
         metrics.request(_ENDPOINTS.get(request.url.path, "other"), response.status_code)

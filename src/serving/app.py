@@ -1,14 +1,16 @@
-"""The ragpilot Ray Serve application: a FastAPI ingress in front of one pipeline deployment per
-config hash, with stable/canary/shadow routing, a bandit mode, a durable interaction log,
-Prometheus metrics, backpressure and asynchronous tuner evaluations.
+"""The ragpilot Ray Serve application: FastAPI ingress replicas in front of one shared pipeline
+deployment that answers for every config variant, with stable/canary/shadow routing, a bandit
+mode, a durable interaction log, Prometheus metrics, backpressure and asynchronous tuner
+evaluations.
 
     serve run serving.app:app                       # defaults: synthetic world, extractive
     serve run configs/serve/default.yaml            # the documented settings (HTTP 127.0.0.1)
     ragpilot serve --config configs/serve/default.yaml
 
-HTTP ─► Ingress ─► Router ── stable ─► Pipeline_<hash>   (deployment per config hash)
-                          ├─ canary ─► Pipeline_<hash>
-                          └─ mirror ─► Pipeline_<hash>   (shadow: logged + scored, not returned)
+HTTP ─► Ingress ×N ─► Router ── stable ─► SharedPipelines (variant id + config per request;
+          │                  ├─ canary ─►  indexes and models loaded once per replica,
+          │                  └─ mirror ─►  autoscaled: serving.shared_pipelines)
+          └─ store: interaction log, routing rows, feedback, rate-limit buckets
 
 Endpoints: POST /query, POST /feedback, GET /rl/stats, GET /rl/leaderboard,
 POST /tuner/evaluate, GET /tuner/jobs/{id}, POST|GET /admin/traffic, GET /metrics, GET /healthz,
@@ -16,9 +18,21 @@ OpenAPI at /docs. Hardening (docs/serving.md): /admin/*, /tuner/* need an `admin
 (serving.auth; /rl/* a `read` key when `auth.protect_reads`), bodies over
 `limits.max_body_bytes` get 413 before parsing, PII is redacted from logs (serving.pii), and a
 failed pipeline call is logged as an interaction with `error=1`. `local_app` runs the same
-ingress in-process without Ray (ASGI: the fuzz and crash tests). The ingress runs one replica: routing state, bandits, jobs and metrics live in
-it (the interaction log is the durable record: it is replayed into the bandits at start-up, and
-its `routing` rows bring back the last run-time split, serving.routing_state).
+ingress in-process without Ray (ASGI: the fuzz and crash tests).
+
+Scale-out (`ingress.replicas`, default 1; configs/serve/default.yaml: 2): routing, bandit
+statistics and rate limits live in the store, so any replica answers the same
+(serving.replica_sync, serving.shared_limits). Per replica: the in-flight gate
+(`limits.max_inflight` each), tuner jobs (GET /tuner/jobs/{id} answers on the replica that
+took the job) and Prometheus counters (scrape every replica). Variants are declared in the
+Serve args (stable/canary/shadow/bandit.arms) and changed through Serve's own config update
+(`serve deploy` / `serve run` of the edited YAML, or `serving.launch.update_app` from the
+driver): the shared deployment's args do not name variants (its replicas need not reload
+indexes for a variant change). A
+variant added at run time (POST /admin/traffic with config overrides) is written to the store
+as the desired split; each ingress replica's reconciler adopts it (no `serve.run` in a
+replica). On restart the interaction log is replayed into the bandits and its `routing` rows
+bring back the last run-time split (serving.routing_state).
 
 Routes by concern: serving.routes_query (/query, /feedback), serving.routes_admin (/rl/*,
 /admin/*), serving.routes_tuner (/tuner/*), serving.routes_ops (/metrics, /healthz); the FastAPI

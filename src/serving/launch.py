@@ -82,6 +82,19 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     return f"http://{host}:{port}"
 
 
+def update_app(args: dict[str, Any] | None, name: str = "ragpilot",
+               route_prefix: str = "/") -> None:
+    """Serve's own config update, from the driver: deploy the application again with new
+    args (e.g. other declared variants or traffic); Serve replaces the deployments whose args
+    or options changed. The declarative equivalent is `serve deploy` / `serve run` of the
+    edited YAML. Never called from inside a replica."""
+    from ray import serve
+
+    from serving.app import build_app
+
+    serve.run(build_app(args), name=name, route_prefix=route_prefix)
+
+
 def stop_local() -> None:
     import ray
     from ray import serve

@@ -1,6 +1,8 @@
-"""`PipelineDeployment`: one Ray Serve deployment per config hash, answering questions.
+"""The pipeline replica body: `PipelineService` (one config) and `answer_record` (what a
+replica returns), used by serving.shared_pipelines (the Serve deployment that answers for every
+config variant), the in-process `local_app` and the load benchmark's baseline.
 
-Each replica opens the served dataset's indexes (built once, under a file lock, so replicas
+A replica opens the served dataset's indexes (built once, under a file lock, so replicas
 starting together never build the same index twice), builds `rag.pipeline.Pipeline` for its
 RAGConfig and answers one warm-up question before it reports ready (so the first user does not
 pay the ~8 s model load). The index backends are those stored in the index directory's
@@ -18,8 +20,6 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
@@ -111,14 +111,11 @@ def answer_record(pipeline, gold: dict[str, Any], question: str,
     return out
 
 
-@serve.deployment(name="Pipeline")
-class PipelineDeployment(PipelineService):
-    """Serve deployment of one config (deployed as `Pipeline_<config hash>`)."""
-
-
 def deployment_options(num_cpus: float, max_ongoing_requests: int, num_replicas: int | None,
                        autoscaling: dict[str, Any] | None) -> dict[str, Any]:
-    """`.options(...)` of a pipeline deployment from the `pipelines:` settings."""
+    """`.options(...)` of the shared pipeline deployment from the `pipelines:` settings: a
+    fixed `num_replicas`, else Serve's `autoscaling_config` (min/max replicas, target ongoing
+    requests per replica, delays)."""
     opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": num_cpus},
                             "max_ongoing_requests": max_ongoing_requests}
     if num_replicas is not None or not autoscaling:
@@ -126,12 +123,3 @@ def deployment_options(num_cpus: float, max_ongoing_requests: int, num_replicas:
     else:
         opts["autoscaling_config"] = dict(autoscaling)
     return opts
-
-
-def bind_pipeline(config: RAGConfig, dataset: str, index_dir: str | None,
-                  options: dict[str, Any], indexes: dict[str, Any] | None = None):
-    """The bound deployment of `config` (its name carries the config hash); `indexes`:
-    index-setting overrides every replica applies (rag.index.settings)."""
-    extra = {"indexes": indexes} if indexes is not None else {}
-    return PipelineDeployment.options(name=f"Pipeline_{config.config_hash}", **options).bind(
-        config.model_dump(mode="json"), dataset, index_dir, **extra)
