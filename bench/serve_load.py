@@ -9,12 +9,21 @@ replicas open gRPC on every interface). Phases, each bounded in requests:
      in blocks interleaved with Serve at 1 client;
   2. latency p50/p95/p99 (ms, client side) and throughput (requests/s) at 1, 4, 16 concurrent
      clients, default config only (canary 0%, shadow 0%); Serve overhead vs in-process (ratio);
-  3. canary share: canary_percent 10, 2,000 requests from distinct users, observed share vs
-     configured (target: within ±2 percentage points; --quick: 500 requests);
-  4. feedback: one reward per acknowledged answer of phase 3, then a count check in the SQLite
-     store (target: every acknowledged row is there);
+  3. canary share: canary_percent 10, 1,500 users sending 2 requests each (3,000; --quick:
+     250 × 2), observed share vs configured (target: within ±2 percentage points) and, per
+     ingress replica (the `X-Ragpilot-Replica` header), the share each replica gave and how
+     many users two replicas routed differently (target: shares within 2 pp, 0 users);
+  4. feedback: one reward per acknowledged answer of phase 3, through whichever ingress
+     replica the proxy picks, then a count check in the SQLite store (target: every
+     acknowledged row is there: `feedback_lost` = 0);
   5. shadow: p95 at 4 clients with shadow 0% / 10% / 100%, interleaved rounds so background
-     load drifts hit all three alike (target: 10% adds ≤ 10% to the user path's p95).
+     load drifts hit all three alike (target: 10% adds ≤ 10% to the user path's p95);
+  6. memory per variant: resident memory (RSS) of every Serve replica process before and after
+     4 more config variants are added at run time and answer 30 questions each
+     (`rss_mb_per_variant`, target ≤ 150 MB), beside the RSS of one SharedPipelines replica
+     (what a variant cost when each config had its own deployment).
+Topology (serving.app): `--ingress-replicas` ingress replicas (default 2) in front of one
+shared pipeline deployment with `--replicas` replicas (default 1) serving every variant.
 Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests.
 
 API keys stay on (the default, `auth.enabled: true`): the benchmark creates an `admin` key in
@@ -60,11 +69,12 @@ def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
 
 
 async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/query"
-               ) -> tuple[list[tuple[int, float, dict]], float]:
-    """POST every payload with `concurrency` workers; [(status, client ms, body)], wall s."""
+               ) -> tuple[list[tuple[int, float, dict, str]], float]:
+    """POST every payload with `concurrency` workers; [(status, client ms, body, ingress
+    replica id)], wall s."""
     import httpx
 
-    out: list[tuple[int, float, dict]] = [(0, 0.0, {})] * len(payloads)
+    out: list[tuple[int, float, dict, str]] = [(0, 0.0, {}, "")] * len(payloads)
     nxt = iter(range(len(payloads)))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
@@ -73,7 +83,8 @@ async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/q
                 t0 = time.perf_counter()
                 r = await client.post(path, json=payloads[i])
                 ms = (time.perf_counter() - t0) * 1000.0
-                out[i] = (r.status_code, ms, r.json() if r.status_code < 500 else {})
+                out[i] = (r.status_code, ms, r.json() if r.status_code < 500 else {},
+                          r.headers.get("x-ragpilot-replica", ""))
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -110,15 +121,34 @@ def set_traffic(url: str, headers: dict[str, str], **body) -> dict:
     return r.json()
 
 
+EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense", "k": 4},
+                  {"variant": "bm25", "k": 6}]
+"""Variants added at run time for the memory phase (same stages, other parameters)."""
+
+
+def replica_rss() -> dict[str, float]:
+    """Resident memory (MB) of each Ray Serve replica process, keyed by its title + pid."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "memory_info"]):
+        cmd = proc.info.get("cmdline") or []
+        if cmd and cmd[0].startswith("ray::ServeReplica") and proc.info.get("memory_info"):
+            out[f"{cmd[0]}#{proc.info['pid']}"] = proc.info["memory_info"].rss / 2**20
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replicas", type=int, default=1, help="replicas per pipeline deployment")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="replicas of the shared pipeline deployment")
+    ap.add_argument("--ingress-replicas", type=int, default=2)
     args = ap.parse_args()
     q = args.quick
     n_c = {1: 100, 4: 100, 16: 128} if q else {1: 300, 4: 600, 16: 1200}
-    n_canary, shadow_rounds, n_shadow = (500, 3, 40) if q else (2000, 8, 100)
+    n_users, shadow_rounds, n_shadow = (250, 3, 40) if q else (1500, 8, 100)
     rng = np.random.default_rng(args.seed)
 
     from rag.corpus.synthetic import make_synthetic_world
@@ -156,6 +186,7 @@ def main() -> None:
                 "auth": {"enabled": True, "keys_file": str(keys_file)},
                 "traffic": {"canary_percent": 0.0, "shadow_percent": 0.0},
                 "limits": {"max_inflight": 512, "rate_per_s": 1e6, "burst": 1e6},
+                "ingress": {"replicas": args.ingress_replicas, "sync_interval_s": 0.2},
                 "pipelines": {"num_replicas": args.replicas, "autoscaling": None,
                               "num_cpus": 0.1, "max_ongoing_requests": 32}}
     t0 = time.perf_counter()
@@ -204,9 +235,13 @@ def main() -> None:
         rows.append(plain_row(DS, "serve/c=1 vs in-process", "latency_ratio_mean", ratio_mean,
                               len(c1)))
 
-        # 3. canary share over distinct users
+        # 3. canary share over users (two requests each), overall and per ingress replica
         set_traffic(url, admin, canary_percent=10.0)
-        res, _ = asyncio.run(load(url, payloads(n_canary, users=True), 16))
+        users = [f"user-{rng.integers(1 << 62)}" for _ in range(n_users)]
+        cp = payloads(2 * n_users)
+        for j, p in enumerate(cp):
+            p["user_id"] = users[j % n_users]
+        res, _ = asyncio.run(load(url, cp, 16))
         ok = [r for r in res if r[0] == 200]
         on = np.array([r[2]["route"] == "canary" for r in ok], dtype=float)
         lo, hi = bootstrap_ci(on, seed=args.seed)
@@ -217,6 +252,32 @@ def main() -> None:
                               on.size))
         props = sorted({r[2]["propensity"] for r in ok})
         print(f"canary share {share:.4f} over {on.size} (propensities {props})", flush=True)
+        replicas = sorted({r[3] for r in ok})
+        rep_on = {k: np.array([r[2]["route"] == "canary" for r in ok if r[3] == k], dtype=float)
+                  for k in replicas}
+        by_user: dict[str, set[str]] = {}
+        for p, r in zip(cp, res, strict=True):
+            if r[0] == 200:
+                by_user.setdefault(p["user_id"], set()).add(r[2]["route"])
+        disagree = sum(len(v) > 1 for v in by_user.values())
+        if len(replicas) >= 2:
+            a_on, b_on = rep_on[replicas[0]], rep_on[replicas[1]]
+            diff = abs(a_on.mean() - b_on.mean()) * 100
+            boots = [abs(a_on[rng.integers(0, a_on.size, a_on.size)].mean()
+                         - b_on[rng.integers(0, b_on.size, b_on.size)].mean()) * 100
+                     for _ in range(2000)]
+            rows.append({"dataset": DS, "system": "serve/2-ingress",
+                         "metric": "canary_share_diff_pp", "value": float(diff),
+                         "ci_low": float(np.quantile(boots, 0.025)),
+                         "ci_high": float(np.quantile(boots, 0.975)),
+                         "n": int(a_on.size + b_on.size)})
+        rows.append(plain_row(DS, "serve/2-ingress", "users_routed_differently", disagree,
+                              len(by_user)))
+        rows.append(plain_row(DS, "serve/2-ingress", "replicas_answering", len(replicas),
+                              len(ok)))
+        print("canary share by replica " + ", ".join(
+            f"{k}: {v.mean():.4f} (n={v.size})" for k, v in rep_on.items())
+            + f"; users routed differently {disagree}", flush=True)
 
         # 4. feedback on every acknowledged answer, then count in the store
         fb = [{"interaction_id": r[2]["interaction_id"], "reward": float(rng.random())}
@@ -233,6 +294,10 @@ def main() -> None:
         rows.append(plain_row(DS, "feedback", "acknowledged", len(acked), len(fb)))
         rows.append(plain_row(DS, "feedback", "in_store", in_store, len(acked)))
         rows.append(plain_row(DS, "feedback", "missing", len(acked) - in_store, len(acked)))
+        rows.append(plain_row(DS, "serve/2-ingress", "feedback_lost", len(acked) - in_store,
+                              len(acked)))
+        fb_by_replica = {k: sum(1 for r in fres if r[0] == 200 and r[3] == k)
+                         for k in sorted({r[3] for r in fres})}
         print(f"feedback acknowledged {len(acked)}, in store {in_store}, interactions "
               f"{rows_q}", flush=True)
         set_traffic(url, admin, canary_percent=0.0)
@@ -262,6 +327,28 @@ def main() -> None:
                              "ci_high": float(np.quantile(boots, 0.975)), "n": int(x.size)})
         print("shadow p95 " + ", ".join(f"{k:g}%: {v:.1f} ms" for k, v in p95.items()),
               flush=True)
+
+        # 6. resident memory added per run-time variant (all Serve replica processes)
+        def warm(n: int = 30) -> None:
+            asyncio.run(load(url, payloads(n, users=True), 4))
+
+        set_traffic(url, admin, canary_percent=100.0)
+        warm()
+        rss0 = replica_rss()
+        for extra in EXTRA_VARIANTS:
+            set_traffic(url, admin, canary_config=extra, canary_percent=100.0)
+            warm()
+        rss1 = replica_rss()
+        set_traffic(url, admin, canary_percent=0.0)
+        added = sum(rss1.values()) - sum(rss0.values())
+        per_variant = added / len(EXTRA_VARIANTS)
+        pipeline_rss = max(v for k, v in rss1.items() if "SharedPipelines" in k)
+        rows.append(plain_row(DS, "serve/shared pipelines", "rss_mb_per_variant",
+                              per_variant, len(EXTRA_VARIANTS)))
+        rows.append(plain_row(DS, "serve/shared pipelines", "pipeline_replica_rss_mb",
+                              pipeline_rss, 1))
+        print(f"RSS per extra variant {per_variant:.1f} MB (replica processes: "
+              f"{ {k: round(v) for k, v in rss1.items()} })", flush=True)
     finally:
         stop_local()
 
@@ -279,12 +366,19 @@ def main() -> None:
            "(HTTP proxy, ingress routing, replica hop, SQLite commit, scoring).",
            "", f"Target p95 ≤ 500 ms at 4 clients: **{table[1][2]:.1f} ms** "
            f"({'met' if table[1][2] <= 500 else 'MISSED'}).",
-           "", f"Canary share at 10% over {on.size} distinct users: **{share * 100:.2f}%** "
+           "", f"Canary share at 10% over {on.size} requests of {n_users} users: **{share * 100:.2f}%** "
            f"(95% CI {lo * 100:.2f}–{hi * 100:.2f}; |error| {abs(share - 0.1) * 100:.2f} pp, "
            f"target ≤ 2 pp: {'met' if abs(share - 0.1) <= 0.02 else 'MISSED'}). Logged "
            f"propensities: {', '.join(f'{p:g}' for p in props)}.",
+           "", f"Two ingress replicas ({len(replicas)} answered): canary share per replica "
+           + ", ".join(f"{v.mean() * 100:.2f}% (n={v.size})" for v in rep_on.values())
+           + f"; users routed differently by two replicas: **{disagree}** of {len(by_user)} "
+           "(each user sent 2 requests; the split is a deterministic hash of the user id, and "
+           "the routing state comes from the store, serving.replica_sync).",
            "", f"Feedback: {len(acked)} acknowledged, **{in_store} in the store** "
-           f"({len(acked) - in_store} missing); all {rows_q} acknowledged interactions stored.",
+           f"({len(acked) - in_store} lost; per replica "
+           f"{', '.join(str(v) for v in fb_by_replica.values())}); all {rows_q} acknowledged "
+           "interactions stored.",
            "", "Shadow mirroring (shadow = hybrid k 8, as costly as stable), 4 clients, "
            f"{shadow_rounds} interleaved rounds × {n_shadow} requests:", "",
            "| shadow % | p95 ms | ratio vs 0% |", "|---|---|---|"]
@@ -292,11 +386,20 @@ def main() -> None:
     md += ["", f"Target: shadow 10% adds ≤ 10% to p95: ratio {p95[10.0] / p95[0.0]:.3f} "
            f"({'met' if p95[10.0] <= 1.10 * p95[0.0] else 'MISSED'}). On 2 cores the shadow "
            "replica competes for the same CPUs, so 100% mirroring costs what a second request "
-           "costs.", "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
+           "costs.",
+           "", f"Memory: {len(EXTRA_VARIANTS)} more config variants added at run time (30 "
+           f"questions each) added **{per_variant:.1f} MB RSS per variant** over all Serve "
+           f"replica processes (target ≤ 150 MB); one SharedPipelines replica holds "
+           f"{pipeline_rss:.0f} MB (indexes, encoder, models): what each variant cost when "
+           "every config had its own deployment.",
+           "", f"Target p95 ≤ 500 ms at 16 clients: **{table[2][2]:.1f} ms** "
+           f"({'met' if table[2][2] <= 500 else 'MISSED'}).",
+           "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
            f"network namespace: {isolated}; load average at the end "
            f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores)."]
     write_results("serve_load", rows, make_meta(args.seed, {}, extra={
-        "quick": q, "replicas": args.replicas, "isolated_netns": isolated,
+        "quick": q, "replicas": args.replicas, "ingress_replicas": args.ingress_replicas,
+        "isolated_netns": isolated,
         "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
         "loadavg_end": os.getloadavg()}), md_title="Ray Serve load (synthetic world, 127.0.0.1)",
         md_body="\n".join(md))
