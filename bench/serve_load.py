@@ -9,7 +9,7 @@ replicas open gRPC on every interface). Phases, each bounded in requests:
      in blocks interleaved with Serve at 1 client;
   2. latency p50/p95/p99 (ms, client side) and throughput (requests/s) at 1, 4, 16 concurrent
      clients, default config only (canary 0%, shadow 0%); Serve overhead vs in-process (ratio);
-  3. canary share: canary_percent 10, 1,500 users sending 2 requests each (3,000; --quick:
+  3. canary share: canary_percent 10, 2,000 users sending 2 requests each (4,000; --quick:
      250 × 2), observed share vs configured (target: within ±2 percentage points) and, per
      ingress replica (the `X-Ragpilot-Replica` header), the share each replica gave and how
      many users two replicas routed differently (target: shares within 2 pp, 0 users);
@@ -148,7 +148,7 @@ def main() -> None:
     args = ap.parse_args()
     q = args.quick
     n_c = {1: 100, 4: 100, 16: 128} if q else {1: 300, 4: 600, 16: 1200}
-    n_users, shadow_rounds, n_shadow = (250, 3, 40) if q else (1500, 8, 100)
+    n_users, shadow_rounds, n_shadow = (250, 3, 40) if q else (2000, 8, 100)
     rng = np.random.default_rng(args.seed)
 
     from rag.corpus.synthetic import make_synthetic_world
