@@ -54,7 +54,7 @@ class SharedPipelineService:
         served, self.gold = open_served_data(dataset, index_dir, indexes)
         self._root = Pipeline(served)  # its Resources: the models every variant shares
         self.max_variants = max_variants
-        self._views: OrderedDict[str, Any] = OrderedDict()
+        self._views: OrderedDict[str, tuple[dict[str, Any], Any]] = OrderedDict()
         self._lock = threading.Lock()
         for cfg in warmup or ():
             c = RAGConfig.from_dict(cfg)
@@ -64,10 +64,10 @@ class SharedPipelineService:
         """The Pipeline view of one variant (built once, least recently used dropped past
         `max_variants`: dropping only frees the small view, never shared indexes/models)."""
         with self._lock:
-            view = self._views.get(variant_id)
-            if view is not None:
+            hit = self._views.get(variant_id)
+            if hit is not None and hit[0] == config:  # same id, same config: no re-hashing
                 self._views.move_to_end(variant_id)
-                return view
+                return hit[1]
         cfg = RAGConfig.from_dict(config, where=f"variant.{variant_id}")
         if cfg.config_hash != variant_id:
             from rag.errors import ConfigError
@@ -76,7 +76,7 @@ class SharedPipelineService:
                                             f"{variant_id}")
         view = self._root.with_config(cfg)
         with self._lock:
-            self._views[variant_id] = view
+            self._views[variant_id] = (dict(config), view)
             while len(self._views) > self.max_variants:
                 self._views.popitem(last=False)
         return view
