@@ -49,7 +49,7 @@ class QueryRoutes:
         if len(body.question) > cap:
             raise ApiError("question", f"is {len(body.question)} characters; the limit is "
                                        f"{cap} (limits.max_question_chars)")
-        self._rate_limit(request)
+        await self._rate_limit(request)
         if not self.gate.try_enter():
             self.metrics.rejected.labels("queue_full").inc()
             raise HTTPException(429, detail=f"server busy: {self.gate.limit} requests in flight",
@@ -76,10 +76,12 @@ class QueryRoutes:
                 return f"key:{rec.id}"
         return f"ip:{request.client.host if request.client else 'unknown'}"
 
-    def _rate_limit(self, request: Request) -> None:
+    async def _rate_limit(self, request: Request) -> None:
         """429 with Retry-After when this client's token bucket (shared by /query and
-        /feedback) is empty."""
-        wait = self.limiter.acquire(self.client_id(request))
+        /feedback; by every ingress replica when it lives in the store) is empty."""
+        client = self.client_id(request)
+        wait = (await asyncio.to_thread(self.limiter.acquire, client)
+                if getattr(self.limiter, "blocking", False) else self.limiter.acquire(client))
         if wait > 0:
             self.metrics.rejected.labels("rate_limit").inc()
             raise HTTPException(429, detail=f"rate limit: {self.settings.limits.rate_per_s:g} "
@@ -198,7 +200,7 @@ class QueryRoutes:
     async def _feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """Store the user's reward. The bandit learns `policy_reward`: the reward minus
         `pii.leak_penalty` per PII leak the answer had (`rl.tuner.reward.feedback_reward`)."""
-        self._rate_limit(request)
+        await self._rate_limit(request)
         ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
         learned = self._policy_reward(ack.reward, ack.pii_leaks)
         if ack.route == "bandit":  # learned from the store, in one order on every replica

@@ -8,8 +8,13 @@ atomic UPSERT ... RETURNING (SQLite >= 3.35, PostgreSQL >= 9.5), so replicas see
 Same contract as TokenBucketLimiter: `acquire(client)` -> 0.0 (allowed, token taken) or the
 seconds until one exists.
 
-SQLite: its own connection with `synchronous=OFF` (a bucket is not worth an fsync: losing the
-last refill on a power cut only gives clients a fuller bucket) on the store's file in WAL mode.
+SQLite: the buckets live beside the interaction log, in `<log stem>.limits<suffix>` (e.g.
+`interactions.limits.sqlite`), WAL mode, `synchronous=OFF` (a bucket is not worth an fsync:
+losing the last refill on a power cut only gives clients a fuller bucket). A file of its own
+because the log commits with `synchronous=FULL`: sharing its write lock would make every
+request's token wait for other requests' fsyncs. The UPSERT then takes ~0.05 ms, so the
+ingress calls it inline; PostgreSQL (`blocking` True: a network round trip) is called from a
+worker thread.
 Time is wall-clock seconds (`time.time`: replicas are processes, monotonic clocks differ).
 Buckets idle long enough to be full again are deleted now and then (equivalent to a new
 client's full bucket), so the table stays small.
@@ -40,6 +45,13 @@ PRUNE_EVERY = 500
 """Acquires between two deletions of idle (full again) buckets."""
 
 
+def buckets_path(store_path: str | Path) -> Path:
+    """Where a SQLite interaction log's rate buckets live (`a/log.sqlite` ->
+    `a/log.limits.sqlite`)."""
+    p = Path(store_path)
+    return p.with_name(f"{p.stem}.limits{p.suffix}")
+
+
 class StoreTokenBucket:
     """Per-client token bucket in the store at `url` (a SQLite path or an SQLAlchemy URL):
     `rate` tokens/s refill up to `burst`; one request costs one token."""
@@ -53,8 +65,11 @@ class StoreTokenBucket:
         self._n = 0
         s = str(url)
         self._sa: Any = None
+        self.blocking = "://" in s
+        """True when an acquire is a network round trip (call it off the event loop)."""
         if "://" not in s:
-            self._db = sqlite3.connect(s, check_same_thread=False, timeout=30.0,
+            self.path = buckets_path(s)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0,
                                        isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=OFF")

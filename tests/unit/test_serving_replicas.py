@@ -124,14 +124,14 @@ def test_rate_limit_bucket_is_shared_by_the_replicas(tmp_path):
     a = replica(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
     b = replica(tmp_path, limits={"rate_per_s": 0.01, "burst": 3})
     req = http_request("10.9.9.9")
-    a._rate_limit(req)
-    b._rate_limit(req)
-    a._rate_limit(req)
+    for inst in (a, b, a):
+        asyncio.run(inst._rate_limit(req))
     for inst in (a, b):  # the 4th request is refused whichever replica gets it
         with pytest.raises(HTTPException) as err:
-            inst._rate_limit(req)
+            asyncio.run(inst._rate_limit(req))
         assert err.value.status_code == 429 and int(err.value.headers["Retry-After"]) >= 1
-    b._rate_limit(http_request("10.9.9.10"))  # another client has its own bucket
+    asyncio.run(b._rate_limit(http_request("10.9.9.10")))  # another client: its own bucket
+    assert (tmp_path / "log.limits.sqlite").exists()  # beside the log, not in it
 
 
 def test_one_replica_keeps_the_in_memory_limiter(tmp_path):
