@@ -56,6 +56,7 @@ configure_runtime_env()
 DS = "synthetic"
 CANARY = {"variant": "bm25"}
 SHADOW = {"variant": "hybrid", "k": 8}  # as costly as the stable config: the honest case
+SYNC_WAIT_S = 0.5
 
 
 def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
@@ -118,6 +119,10 @@ def set_traffic(url: str, headers: dict[str, str], **body) -> dict:
 
     r = httpx.post(f"{url}/admin/traffic", json=body, headers=headers, timeout=120)
     r.raise_for_status()
+    # the other ingress replicas adopt the change within ingress.sync_interval_s (0.2 s):
+    # measure the new split, not that window (requests in it are logged with the old
+    # split's propensity, which is what they were routed with)
+    time.sleep(SYNC_WAIT_S)
     return r.json()
 
 
