@@ -245,10 +245,6 @@ class InteractionStore:
         return [(int(q), float(t), c, v, float(r), pii_leaks_of(sc))
                 for q, t, c, v, r, sc in rows]
 
-    def last_feedback_seq(self) -> int:
-        (n,), = self._read("SELECT COALESCE(MAX(seq), 0) FROM feedback")
-        return int(n)
-
     def save_routing(self, fingerprint: str, action: str, state: dict[str, Any]) -> None:
         """Append the router's state after a change (`action` says which: `admin/traffic`,
         `rollout/advance`, ...); `fingerprint` identifies the YAML routing it was made on."""
