@@ -27,11 +27,9 @@ statistics and rate limits live in the store, so any replica answers the same
 took the job) and Prometheus counters (scrape every replica). Variants are declared in the
 Serve args (stable/canary/shadow/bandit.arms) and changed through Serve's own config update
 (`serve deploy` / `serve run` of the edited YAML, or `serving.launch.update_app` from the
-driver): the shared deployment's args do not name variants (its replicas need not reload
-indexes for a variant change). A
-variant added at run time (POST /admin/traffic with config overrides) is written to the store
-as the desired split; each ingress replica's reconciler adopts it (no `serve.run` in a
-replica). On restart the interaction log is replayed into the bandits and its `routing` rows
+driver): the shared deployment's args do not name variants. A variant added at run time
+(POST /admin/traffic with config overrides) is written to the store as the desired split; each
+ingress replica's reconciler adopts it (no `serve.run` in a replica). On restart the interaction log is replayed into the bandits and its `routing` rows
 bring back the last run-time split (serving.routing_state).
 
 Routes by concern: serving.routes_query (/query, /feedback), serving.routes_admin (/rl/*,
@@ -220,7 +218,7 @@ def build_app(args: dict[str, Any] | None = None):
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
     # warm-up with the base config only: the shared deployment's args then do not change
-    # when the declared variants do, so a Serve config update rolls only the ingress
+    # when only the declared variants do (nothing in them asks Serve to reload the indexes)
     shared = bind_shared(s.dataset, s.index_dir, opts, s.indexes, s.max_variants,
                          [s.config({}).model_dump(mode="json")])
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
