@@ -46,9 +46,11 @@ from serving.limits import InflightGate, TokenBucketLimiter, set_body_limit
 from serving.metrics import ServeMetrics, install_metrics
 from serving.pii import RedactingFilter
 from serving.pipelines import bind_pipeline, deployment_options
+from serving.policy_router import POLICY_HANDLE, bind_policy
 from serving.router import Router
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
+from serving.routes_policy import PolicyRoutes
 from serving.routes_query import QueryRoutes, query_features  # noqa: F401 - re-exported
 from serving.routes_tuner import TunerRoutes
 from serving.routing_state import peek, restorable, restored_configs, yaml_fingerprint
@@ -70,7 +72,7 @@ _STATE: dict[str, Any] = {}
 
 @serve.deployment(name="Ingress", num_replicas=1)
 @serve.ingress(api)
-class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
+class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
     """Routes, logs and measures; the pipelines run in their own deployments."""
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any],
@@ -81,6 +83,7 @@ class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes):
         self.settings = ServeSettings.from_args(settings)
         s = self.settings
         self.handles = dict(handles)
+        self.policy_handle = self.handles.pop(POLICY_HANDLE, None)  # serving.routes_policy
         self.configs = dict(configs)
         self.store = open_store(s.store_url)
         self.metrics = ServeMetrics(max_variants=s.max_variants)
@@ -198,6 +201,8 @@ def build_app(args: dict[str, Any] | None = None):
                               p.autoscaling)
     handles = {h: bind_pipeline(c, s.dataset, s.index_dir, opts, s.indexes)
                for h, c in configs.items()}
+    if s.policy is not None:
+        handles[POLICY_HANDLE] = bind_policy(s, opts)
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
                            max_ongoing_requests=s.limits.max_inflight + 64).bind(
         s.model_dump(mode="json"), handles, roles,
@@ -272,6 +277,12 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
 
     handles = {h: LocalHandle(services[h]) if h in services else make(c)
                for h, c in configs.items()}
+    if s.policy is not None:
+        from serving.policy_router import PolicyService
+
+        handles[POLICY_HANDLE] = LocalHandle(services.get(POLICY_HANDLE) or PolicyService(
+            s.policy.dir, s.dataset, s.index_dir, s.policy.epsilon, s.policy.seed,
+            indexes=s.indexes))
     # the class defined above: the first base of Serve's ASGI wrapper with its own __init__
     cls = next(b for b in Ingress.func_or_class.__mro__[1:] if "__init__" in b.__dict__)
     inst = cls.__new__(cls)

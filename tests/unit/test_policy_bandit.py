@@ -151,23 +151,18 @@ def test_ope_error_is_small_on_a_long_log_and_logs_round_trip(tmp_path):
     assert back.config_hash[:3] == logs.config_hash[:3]
 
 
-class _Router:
-    n_arms = M
-
-    def choose(self, X):
-        return (np.asarray(X)[:, 0] > 0).astype(int)
-
-
 def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
-    X, _, _ = _world(10, 9)
-    pol = RouterPolicy(_Router(), _configs())
+    from rl.policy.router import RouterParams, SupervisedRouter
+
+    X, R, _ = _world(200, 9)
+    pol = RouterPolicy(SupervisedRouter(RouterParams(max_iter=10)).fit(X, R), _configs())
     assert isinstance(pol, PerQueryPolicy)
     assert np.array_equal(pol.probs(X).argmax(axis=1), pol.act(X))
     ex = Exploring(pol, 0.2)
     assert ex.probs(X).min() == pytest.approx(0.2 / M)
     with pytest.raises(ConfigError):
         Exploring(pol, 0.05)
-    d = save_policy(LinUCBPolicy(LinUCB(M, 4).fit(X, np.arange(10) % M, np.ones(10)),
+    d = save_policy(LinUCBPolicy(LinUCB(M, 4).fit(X, np.arange(200) % M, np.ones(200)),
                                  _configs()), tmp_path / "p", base_config=RAGConfig(),
                     names=["a", "b", "c"], epsilon=0.15)
     got = load_policy(d)

@@ -117,14 +117,23 @@ def ope_error(target_probs: np.ndarray, logs: DecisionLogs, true_value: float, *
     `target_probs` (len(logs), M): the target's probabilities at each logged decision's
     context. `q_hat` (len(logs), M): a reward model's predictions for DR (fitted elsewhere,
     e.g. on a training split's full-information rows); None = DR's cross-fitted ridge on the
-    logs themselves. Returns name -> {value, ci_low, ci_high, se, ess, abs_error, covered}."""
+    logs themselves. Returns name -> {value, ci_low, ci_high, se, ess, abs_error, covered};
+    SNIPS is undefined (every number NaN, `covered` False) when the target puts zero
+    probability on every logged action."""
     from rl.stats.ope import doubly_robust, ips, snips
 
     a, p, r = logs.arm, logs.propensity, logs.reward
-    est = {"ips": ips(a, p, r, target_probs), "snips": snips(a, p, r, target_probs),
+    est = {"ips": ips(a, p, r, target_probs),
            "dr": doubly_robust(a, p, r, target_probs, x=logs.x, q_hat=q_hat, n_folds=n_folds,
                                seed=seed, l2=l2)}
-    return {k: {"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "se": e.se,
-                "ess": e.ess, "abs_error": abs(e.value - true_value),
-                "covered": bool(e.ci_low <= true_value <= e.ci_high)}
+    try:
+        est["snips"] = snips(a, p, r, target_probs)
+    except ConfigError:  # no logged action the target would take: nothing to normalise by
+        est["snips"] = None
+    nan = float("nan")
+    return {k: ({"value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high, "se": e.se,
+                 "ess": e.ess, "abs_error": abs(e.value - true_value),
+                 "covered": bool(e.ci_low <= true_value <= e.ci_high)} if e is not None else
+                {"value": nan, "ci_low": nan, "ci_high": nan, "se": nan, "ess": 0.0,
+                 "abs_error": nan, "covered": False})
             for k, e in est.items()}
