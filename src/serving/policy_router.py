@@ -37,7 +37,14 @@ from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
-from rl.policy.base import MIN_EPSILON, Exploring, LoadedPolicy, load_policy, sample_arms
+from rl.policy.base import (
+    MIN_EPSILON,
+    Exploring,
+    LoadedPolicy,
+    epsilon_mix,
+    load_policy,
+    sample_arms,
+)
 from rl.policy.features import QueryFeaturizer
 
 POLICY_HANDLE = "__policy__"
@@ -107,8 +114,9 @@ class PolicyRouter:
                                              history=tuple(history or ())))
         t1 = time.perf_counter()
         X = x[None, :].astype(np.float64)
-        probs = self.policy.probs(X)
-        greedy = int(self.policy.act(X)[0])
+        inner = self.loaded.policy.probs(X)  # one prediction: greedy and mixture from it
+        probs = epsilon_mix(inner, self.policy.epsilon)
+        greedy = int(np.argmax(inner[0]))
         with self._lock:
             arm, prop = sample_arms(probs, self._rng)
             if len(self.featurizer._cache) > FEATURE_CACHE:  # bounded memory when serving

@@ -108,6 +108,30 @@ def true_value(target_probs: np.ndarray, R: np.ndarray) -> float:
     return float(np.mean(np.sum(np.asarray(target_probs) * np.asarray(R), axis=1)))
 
 
+def grouped_cross_fit_q(x: np.ndarray, a: np.ndarray, r: np.ndarray, groups: np.ndarray,
+                        n_actions: int, n_folds: int = 5, seed: int = 0,
+                        l2: float = 1.0) -> np.ndarray:
+    """Out-of-fold ridge q̂ (n, n_actions) like `rl.stats.ope.cross_fit_q`, but with folds
+    made of whole groups (query ids): in a stream where one query is logged many times, a
+    round-level split would let q̂ learn a query's reward from its other rounds, a luxury a
+    log of fresh queries does not have. Each group's rounds are predicted by a model fitted
+    on the other folds' groups."""
+    from rl.stats.ope import fit_reward_model
+
+    uniq = np.unique(groups)
+    if uniq.size < n_folds:
+        raise ConfigError("groups", f"{uniq.size} groups for {n_folds} folds")
+    fold_of = dict(zip(np.random.default_rng(seed).permutation(uniq),
+                       np.arange(uniq.size) % n_folds, strict=True))
+    fold = np.array([fold_of[g] for g in groups])
+    q = np.empty((len(r), n_actions))
+    for f in range(n_folds):
+        test = fold == f
+        model = fit_reward_model(x[~test], a[~test], r[~test], n_actions, l2)
+        q[test] = model(x[test])
+    return q
+
+
 def ope_error(target_probs: np.ndarray, logs: DecisionLogs, true_value: float, *,
               q_hat: np.ndarray | None = None, n_folds: int = 5, seed: int = 0,
               l2: float = 1.0) -> dict[str, dict[str, Any]]:
@@ -116,13 +140,17 @@ def ope_error(target_probs: np.ndarray, logs: DecisionLogs, true_value: float, *
 
     `target_probs` (len(logs), M): the target's probabilities at each logged decision's
     context. `q_hat` (len(logs), M): a reward model's predictions for DR (fitted elsewhere,
-    e.g. on a training split's full-information rows); None = DR's cross-fitted ridge on the
-    logs themselves. Returns name -> {value, ci_low, ci_high, se, ess, abs_error, covered};
+    e.g. on a training split's full-information rows); None = a cross-fitted ridge on the
+    logs themselves, folds by query (`grouped_cross_fit_q`) when the log knows its queries
+    (`qidx` >= 0), else by round. Returns name -> {value, ci_low, ci_high, se, ess, abs_error, covered};
     SNIPS is undefined (every number NaN, `covered` False) when the target puts zero
     probability on every logged action."""
     from rl.stats.ope import doubly_robust, ips, snips
 
     a, p, r = logs.arm, logs.propensity, logs.reward
+    if q_hat is None and np.all(logs.qidx >= 0) and np.unique(logs.qidx).size >= n_folds:
+        q_hat = grouped_cross_fit_q(logs.x, a, r, logs.qidx, target_probs.shape[1], n_folds,
+                                    seed, l2)
     est = {"ips": ips(a, p, r, target_probs),
            "dr": doubly_robust(a, p, r, target_probs, x=logs.x, q_hat=q_hat, n_folds=n_folds,
                                seed=seed, l2=l2)}

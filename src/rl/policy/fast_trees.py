@@ -65,6 +65,8 @@ class PackedTrees:
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if X.shape[0] == 1:
+            return self._predict_one(X[0])[None, :]
         n = X.shape[0]
         node = np.broadcast_to(self.roots, (n, self.roots.size)).copy()
         rows = np.arange(n)[:, None]
@@ -75,7 +77,30 @@ class PackedTrees:
             if nan:
                 go_left = np.where(np.isnan(x), self.missing_left[node], go_left)
             node = self.children[node, go_left.astype(np.int64)]
-        sums = np.add.reduceat(self.value[node], self._starts, axis=1)
-        out = np.zeros((n, self.n_models))
+        return self._sum(self.value[node])
+
+    def _predict_one(self, x: np.ndarray) -> np.ndarray:
+        """One row, flat gathers only (the serving path: one request at a time)."""
+        flat = self._flat_children
+        node = self.roots.copy()
+        nan = bool(np.isnan(x).any())
+        for step in range(self.depth):
+            xv = x[self.feature[node]]
+            go_left = xv <= self.threshold[node]
+            if nan:
+                go_left = np.where(np.isnan(xv), self.missing_left[node], go_left)
+            nxt = flat[2 * node + go_left]
+            if step % 4 == 3 and np.array_equal(nxt, node):  # every tree at a leaf
+                break
+            node = nxt
+        return self._sum(self.value[node][None, :])[0]
+
+    @property
+    def _flat_children(self) -> np.ndarray:
+        return self.children.reshape(-1)
+
+    def _sum(self, leaf_values: np.ndarray) -> np.ndarray:
+        sums = np.add.reduceat(leaf_values, self._starts, axis=1)
+        out = np.zeros((leaf_values.shape[0], self.n_models))
         out[:, self.owner[self._starts]] = sums
         return out + self.baseline
