@@ -58,10 +58,12 @@ from serving.limits import InflightGate, TokenBucketLimiter, set_body_limit
 from serving.metrics import ServeMetrics, install_metrics
 from serving.pii import RedactingFilter
 from serving.pipelines import deployment_options
+from serving.policy_router import POLICY_HANDLE, bind_policy
 from serving.replica_sync import ReplicaSync
 from serving.router import Router
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
+from serving.routes_policy import PolicyRoutes
 from serving.routes_query import QueryRoutes, query_features  # noqa: F401 - re-exported
 from serving.routes_tuner import TunerRoutes
 from serving.routing_state import peek, restorable, restored_configs, yaml_fingerprint
@@ -85,8 +87,9 @@ _STATE: dict[str, Any] = {}
 
 @serve.deployment(name="Ingress", num_replicas=1)
 @serve.ingress(api)
-class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes, ReplicaSync):
-    """Routes, logs and measures; the pipelines run in the shared pipeline deployment."""
+class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, ReplicaSync):
+    """Routes, logs and measures; the pipelines run in the shared pipeline deployment (and a
+    per-query policy, when configured, in its own `Policy` deployment)."""
 
     def __init__(self, settings: dict[str, Any], handles: dict[str, Any],
                  roles: dict[str, str | None], configs: dict[str, dict[str, Any]],
@@ -99,6 +102,8 @@ class Ingress(QueryRoutes, AdminRoutes, TunerRoutes, OpsRoutes, ReplicaSync):
         self.settings = ServeSettings.from_args(settings)
         s = self.settings
         self._shared = shared
+        handles = dict(handles)
+        self.policy_handle = handles.pop(POLICY_HANDLE, None)  # serving.routes_policy
         self.configs = dict(configs)
         self.handles = ({h: VariantHandle(shared, h, c) for h, c in self.configs.items()}
                         if shared is not None else dict(handles))
@@ -221,10 +226,11 @@ def build_app(args: dict[str, Any] | None = None):
     # when only the declared variants do (nothing in them asks Serve to reload the indexes)
     shared = bind_shared(s.dataset, s.index_dir, opts, s.indexes, s.max_variants,
                          [s.config({}).model_dump(mode="json")])
+    handles = {POLICY_HANDLE: bind_policy(s, opts)} if s.policy is not None else {}
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
                            num_replicas=s.ingress.replicas,
                            max_ongoing_requests=s.limits.max_inflight + 64).bind(
-        s.model_dump(mode="json"), {}, roles,
+        s.model_dump(mode="json"), handles, roles,
         {h: c.model_dump(mode="json") for h, c in configs.items()}, shared)
 
 
@@ -296,6 +302,12 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
 
     handles = {h: LocalHandle(services[h]) if h in services else make(c)
                for h, c in configs.items()}
+    if s.policy is not None:
+        from serving.policy_router import PolicyService
+
+        handles[POLICY_HANDLE] = LocalHandle(services.get(POLICY_HANDLE) or PolicyService(
+            s.policy.dir, s.dataset, s.index_dir, s.policy.epsilon, s.policy.seed,
+            indexes=s.indexes))
     # the class defined above: the first base of Serve's ASGI wrapper with its own __init__
     cls = next(b for b in Ingress.func_or_class.__mro__[1:] if "__init__" in b.__dict__)
     inst = cls.__new__(cls)

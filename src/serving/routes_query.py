@@ -89,6 +89,8 @@ class QueryRoutes:
                                     "Retry-After": retry_after_header(wait)})
 
     async def _answer(self, body: QueryRequest) -> QueryResponse:
+        if getattr(self, "_policy_mode", lambda: False)():  # serving.routes_policy
+            return await self._answer_policy(body)
         t0 = time.perf_counter()
         iid = uuid.uuid4().hex
         category = body.category or "default"

@@ -33,9 +33,10 @@ class ApiError(RagError):
 # ---- settings ---------------------------------------------------------------------------------
 class TrafficSettings(StrictSettings):
     """How requests are split. `split`: stable/canary by percentage (+ shadow mirroring);
-    `bandit`: every request picks an arm with a per-category UCB1 or Thompson bandit."""
+    `bandit`: every request picks an arm with a per-category UCB1 or Thompson bandit;
+    `policy`: the per-query policy deployment picks the config (`policy:`, serving.policy_router)."""
 
-    mode: Literal["split", "bandit"] = "split"
+    mode: Literal["split", "bandit", "policy"] = "split"
     canary_percent: float = Field(0.0, ge=0.0, le=100.0)
     shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
     sticky: Literal["user", "session", "request"] = "user"
@@ -57,6 +58,17 @@ class BanditSettings(StrictSettings):
     """RAGConfig overrides, one per arm; empty = the stable and candidate configs."""
     max_categories: int = Field(32, ge=1)
     """Categories beyond this share the bandit of category `other` (bounded state)."""
+    seed: int = 0
+
+
+class PolicyServeSettings(StrictSettings):
+    """The per-query policy deployment (serving.policy_router), used when traffic.mode is
+    `policy`."""
+
+    dir: str = Field(min_length=1)
+    """A policy directory (rl.policy.base.save_policy: policy.json + model.pkl)."""
+    epsilon: float = Field(0.1, ge=0.1, le=1.0)
+    """Uniform exploration share: every arm keeps a propensity of at least epsilon / M."""
     seed: int = 0
 
 
@@ -158,6 +170,8 @@ class ServeSettings(StrictSettings):
     shadow: dict[str, Any] | None = None
     traffic: TrafficSettings = TrafficSettings()
     bandit: BanditSettings = BanditSettings()
+    policy: PolicyServeSettings | None = None
+    """Deploy a per-query policy (serving.policy_router); serves when traffic.mode is policy."""
     limits: LimitSettings = LimitSettings()
     auth: AuthSettings = AuthSettings()
     pii: PIISettings = PIISettings()
@@ -187,6 +201,8 @@ class ServeSettings(StrictSettings):
                 self.config(over, where=f"serve.{name}")
         for i, arm in enumerate(self.bandit.arms):
             self.config(arm, where=f"serve.bandit.arms.{i}")
+        if self.traffic.mode == "policy" and self.policy is None:
+            raise ValueError("traffic.mode policy needs a `policy:` section (policy.dir)")
         return self
 
     def config(self, overrides: dict[str, Any], where: str = "config") -> RAGConfig:
@@ -228,7 +244,7 @@ class QueryResponse(BaseModel):
     variant_id: str
     """Config hash of the pipeline that answered."""
     route: str
-    """stable | canary | bandit."""
+    """stable | canary | bandit | policy."""
     propensity: float
     """Probability with which this variant was chosen for this request."""
     latency_ms: dict[str, float]
@@ -248,7 +264,7 @@ class TrafficRequest(StrictSettings):
     `base` or the variant id (config hash) of a deployed pipeline; null removes it (not for
     `stable`: something must serve)."""
 
-    mode: Literal["split", "bandit"] | None = None
+    mode: Literal["split", "bandit", "policy"] | None = None
     canary_percent: float | None = Field(None, ge=0.0, le=100.0)
     shadow_percent: float | None = Field(None, ge=0.0, le=100.0)
     canary_config: dict[str, Any] | str | None = None

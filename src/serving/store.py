@@ -9,7 +9,7 @@
 Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
   interactions(id, ts, question, category, variant_id, route, propensity, features JSON,
                context_ids JSON, citations JSON, answer, latency_ms JSON, tokens_in, tokens_out,
-               shadow, parent_id, scores JSON, error)
+               shadow, parent_id, scores JSON, error, policy_id, arm, features_hash)
   feedback(seq, interaction_id UNIQUE -> interactions.id, reward in [0, 1], ts)
   routing(seq, ts, fingerprint, action, state JSON)   the router's split after every admin or
                rollout change, so a restarted app serves what it served (serving.routing_state)
@@ -18,9 +18,15 @@ Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
 rows are requests whose pipeline call failed (the caller got a 5xx; answer empty), so the
 rollout's burn-rate check sees real error rates in exports.
 
-Migration: opening an older SQLite/PostgreSQL log adds `error INTEGER NOT NULL DEFAULT 0`
-(ALTER TABLE ... ADD COLUMN; existing rows read as 0). The append-only triggers stay: they
-guard UPDATE/DELETE of rows, not DDL.
+`policy_id`, `arm`, `features_hash` (nullable) are set on rows a per-query policy routed
+(route `policy`, serving.policy_router): which policy decided, the index of the arm it drew
+(with probability `propensity`) and a 12-hex hash of the features it decided on (the vector
+itself is `features.policy_x`), so a candidate policy can be evaluated off-policy from the log.
+
+Migration: opening an older SQLite/PostgreSQL log adds `error INTEGER NOT NULL DEFAULT 0` and
+the nullable `policy_id TEXT`, `arm INTEGER`, `features_hash TEXT` (ALTER TABLE ... ADD COLUMN;
+existing rows read as 0 / NULL). The append-only triggers stay: they guard UPDATE/DELETE of
+rows, not DDL.
 
 Durability: SQLite runs in WAL mode with `synchronous=FULL` (an fsync of the WAL at every
 COMMIT), and `log_interaction` / `add_feedback` return only after COMMIT, so the API
@@ -48,7 +54,7 @@ from serving.schemas import ApiError
 JSON_COLUMNS = ("features", "context_ids", "citations", "latency_ms", "scores")
 COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensity", "features",
            "context_ids", "citations", "answer", "latency_ms", "tokens_in", "tokens_out",
-           "shadow", "parent_id", "scores", "error")
+           "shadow", "parent_id", "scores", "error", "policy_id", "arm", "features_hash")
 
 _SQLITE_DDL = [
     """CREATE TABLE IF NOT EXISTS interactions (
@@ -57,7 +63,7 @@ _SQLITE_DDL = [
         features TEXT NOT NULL, context_ids TEXT NOT NULL, citations TEXT NOT NULL,
         answer TEXT NOT NULL, latency_ms TEXT NOT NULL, tokens_in INTEGER NOT NULL,
         tokens_out INTEGER NOT NULL, shadow INTEGER NOT NULL, parent_id TEXT, scores TEXT,
-        error INTEGER NOT NULL DEFAULT 0)""",
+        error INTEGER NOT NULL DEFAULT 0, policy_id TEXT, arm INTEGER, features_hash TEXT)""",
     """CREATE TABLE IF NOT EXISTS feedback (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         interaction_id TEXT NOT NULL UNIQUE REFERENCES interactions(id),
@@ -84,8 +90,11 @@ _PG_DDL = [
       for t in ("interactions", "feedback", "routing")],
 ]
 
-_ADD_ERROR = "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NULL DEFAULT 0"
-"""Migration of logs written before the `error` column existed (existing rows: 0)."""
+_MIGRATIONS = {"error": "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NULL DEFAULT 0",
+               "policy_id": "ALTER TABLE interactions ADD COLUMN policy_id TEXT",
+               "arm": "ALTER TABLE interactions ADD COLUMN arm INTEGER",
+               "features_hash": "ALTER TABLE interactions ADD COLUMN features_hash TEXT"}
+"""Migration of logs written before these columns existed (existing rows: 0 / NULL)."""
 
 
 class StoreError(ApiError):
@@ -115,6 +124,12 @@ class Interaction:
     scores: dict[str, float] | None = None
     error: bool = False
     """The pipeline call failed (no answer was returned to the user)."""
+    policy_id: str | None = None
+    """The per-query policy that chose this config (route `policy`), else None."""
+    arm: int | None = None
+    """Index of the chosen arm in that policy's portfolio (drawn with `propensity`)."""
+    features_hash: str | None = None
+    """12 hex of the features the policy decided on (serving.policy_router.features_hash)."""
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -309,8 +324,9 @@ class SQLiteStore(InteractionStore):
         for stmt in _SQLITE_DDL:
             self._db.execute(stmt)
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(interactions)")}
-        if "error" not in cols:
-            self._db.execute(_ADD_ERROR)
+        for col, ddl in _MIGRATIONS.items():
+            if col not in cols:
+                self._db.execute(ddl)
 
     def _write(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
         with self._lock:
@@ -361,8 +377,9 @@ class SQLAlchemyStore(InteractionStore):
                 for stmt in ddl:
                     conn.exec_driver_sql(stmt)
                 cols = {c["name"] for c in sa.inspect(conn).get_columns("interactions")}
-                if "error" not in cols:
-                    conn.exec_driver_sql(_ADD_ERROR)
+                for col, ddl in _MIGRATIONS.items():
+                    if col not in cols:
+                        conn.exec_driver_sql(ddl)
         except sa.exc.OperationalError as exc:
             raise ConfigError("store_url", f"cannot connect to {scheme} store: "
                                            f"{str(exc).splitlines()[0]}") from None

@@ -1,11 +1,12 @@
 """Adapters from logged interactions (`serving.store.InteractionStore.export_jsonl` rows, plain
-dicts) to the evaluators of `rl.promotion.evaluators`: IPS offline comparison over the log, and the
-(stable, candidate) arms of a shadow or canary batch."""
+dicts) to the evaluators of `rl.promotion.evaluators`: IPS offline comparison over the log, the
+(stable, candidate) arms of a shadow or canary batch, and the OPE gate of a new per-query
+policy (`policy_from_log`: doubly robust from the logged propensities, with a margin)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,3 +115,56 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
             raise ConfigError(name, f"no rated rows served by {variant}")
         out.append(_row_arm(got, reward_key))
     return out[0], out[1]
+
+
+# --------------------------------------------------------------------------- policy OPE gate
+
+
+def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable,
+                    arm_hashes: Sequence[str], *, stable_value: float | None = None,
+                    margin: float = 0.01, reward_key: str | None = None, ci: float = 0.95,
+                    thresholds: Thresholds | None = None, n_folds: int = 5, seed: int = 0,
+                    latency_slo_ms: float = 500.0) -> EvaluationReport:
+    """The offline (candidate-stage) report of a new per-query policy, estimated by doubly
+    robust OPE (`rl.stats.ope.doubly_robust`, cross-fitted ridge q̂) from the interaction log
+    the serving policy wrote (route `policy`, serving.routes_policy).
+
+    `rows`: `export_jsonl` rows; used: served (non-shadow) rows with a reward (`scores[
+    reward_key]` when given, else the feedback), a propensity and `features.policy_x`, whose
+    `variant_id` is one of the candidate's arms `arm_hashes` (config hashes, arm order).
+    `candidate_probs(X)` -> (n, len(arm_hashes)) action probabilities of the candidate.
+    `stable_value`: the stable (logging) policy's value; default = the mean logged reward
+    (on-policy). The report's `diff` = V_DR(candidate) − stable_value and its CI is the DR
+    interval shifted by the same amount, so `ci_low` >= −`margin` says: the DR lower bound is
+    at least the stable value minus the margin. `meta.margin` carries the margin to the state
+    machine, which then lets the candidate into shadow on exactly that condition. The arm
+    summaries (gates, latency) are the logged rows whose arm is the candidate's greedy choice
+    (candidate) and all used rows (stable)."""
+    from rl.stats.ope import doubly_robust
+
+    if not 0.0 <= margin < 1.0:
+        raise ConfigError("margin", f"must be in [0, 1), got {margin}")
+    pos = {h: j for j, h in enumerate(arm_hashes)}
+    used = [r for r in rows if not r.get("shadow") and r.get("variant_id") in pos
+            and (r.get("features") or {}).get("policy_x") is not None
+            and not math.isnan(_row_reward(r, reward_key))]
+    if len(used) < 2 * n_folds:
+        raise ConfigError("rows", f"{len(used)} usable policy-routed rows with a reward; "
+                                  f"DR needs at least {2 * n_folds}")
+    x = np.asarray([r["features"]["policy_x"] for r in used], dtype=np.float64)
+    a = np.asarray([pos[r["variant_id"]] for r in used])
+    p = np.asarray([float(r.get("propensity") or 0.0) for r in used])
+    rew = np.asarray([_row_reward(r, reward_key) for r in used])
+    pi = np.asarray(candidate_probs(x), dtype=np.float64)
+    est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
+    base = float(rew.mean()) if stable_value is None else float(stable_value)
+    greedy = pi.argmax(axis=1)
+    mine = [r for r, g, j in zip(used, greedy, a, strict=True) if g == j] or used
+    c = _summary(_row_arm(mine, reward_key).arrays("candidate"), latency_slo_ms)
+    s = _summary(_row_arm(used, reward_key).arrays("stable"), latency_slo_ms)
+    return EvaluationReport(
+        "offline", False, c, s, est.value - base, est.se, est.ci_low - base,
+        est.ci_high - base, _gates(c, thresholds or Thresholds()), ci, "dr-normal",
+        meta={"estimator": "dr", "margin": margin, "rows": len(used),
+              "candidate_value": est.value, "stable_value": base, "ess": est.ess,
+              "min_propensity": float(p.min())})

@@ -7,7 +7,10 @@
     sm.rollback("reason"); PromotionStateMachine.load("runs/rollout")  # state.json survives
 
 Evidence, per stage (the stage's reports must be of the stage's kind):
-  candidate  one offline report (replay, paired): 95% CI of candidate − stable reward above 0.
+  candidate  one offline report (replay, paired): 95% CI of candidate − stable reward above 0;
+             a report carrying `meta.margin` m (a new per-query policy's DR estimate from the
+             interaction log, `log_evaluators.policy_from_log`): CI lower bound >= −m, i.e.
+             the candidate's DR lower bound at least the stable value minus m.
   shadow     paired shadow batches;  canary_5 / canary_25: unpaired canary batches.
              A group sequential test (Lan-DeMets spending, O'Brien–Fleming by default, the
              boundaries of `rl.stats.sequential.SequentialTest`) over `looks` planned looks at equal
@@ -244,7 +247,8 @@ class PromotionStateMachine:
         if self.stage == "candidate":
             e["n"] = c.n
             e["offline"] = {"diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                            "ci": r.ci, "n": c.n, "method": r.ci_method}
+                            "ci": r.ci, "n": c.n, "method": r.ci_method,
+                            "margin": float(r.meta.get("margin") or 0.0)}
             return
         if self.stage == "shadow":
             sd = r.diff_sd if r.diff_sd is not None else 0.0
@@ -280,8 +284,9 @@ class PromotionStateMachine:
                                      f"(limit {slo.max_burn_rate}x)", {**ev, **burn})
         if self.stage == "candidate":
             off = self.state.evidence["offline"]
-            if off["ci_high"] < 0:
-                return self.rollback("offline reward significantly worse (CI below 0)", off)
+            if off["ci_high"] < -off.get("margin", 0.0):
+                return self.rollback("offline reward significantly worse (CI below "
+                                     f"{-off.get('margin', 0.0):g})", off)
         elif self.stage in TESTED and not self.state.evidence["efficacy"]:
             d = self._look()
             if d is not None:
@@ -335,10 +340,13 @@ class PromotionStateMachine:
                 return False, "needs an offline report (ragpilot rollout advance --evidence)"
             if off["ci"] < c.offline_ci - 1e-9:
                 missing.append(f"an offline CI at level >= {c.offline_ci} (got {off['ci']})")
-            if not off["ci_low"] > 0:
+            m = off.get("margin", 0.0)
+            if not (off["ci_low"] >= -m if m > 0 else off["ci_low"] > 0):
                 missing.append(f"offline {off['ci']:.0%} CI lower bound {off['ci_low']:.4f} "
-                               "above 0")
-            return not missing, "needs: " + "; ".join(missing) if missing else "offline CI > 0"
+                               + (f">= -{m:g} (margin)" if m > 0 else "above 0"))
+            return not missing, ("needs: " + "; ".join(missing) if missing else
+                                 f"offline CI lower bound >= -{m:g}" if m > 0 else
+                                 "offline CI > 0")
         if e["efficacy"] is None:
             missing.append("sequential test ended inconclusive (hold): roll back or restart")
         elif not e["efficacy"]:

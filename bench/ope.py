@@ -1,0 +1,255 @@
+"""Off-policy evaluation from ε-greedy logs, the B4 contextual bandit (LinUCB) learnt from such
+logs, and the serving policy's pick latency, on HotpotQA, SciFact and MTRAG.
+
+    python bench/ope.py                 # full: 3 datasets
+    python bench/ope.py --quick         # < 2 min: the synthetic world
+    python bench/ope.py --render-only   # rewrite ope.md from ope.json
+
+Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config headroom
+portfolio + the searchers' best-known config), its train / valid / test parts and the
+(queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows),
+features from `rl.policy.features.QueryFeaturizer`.
+
+Logging policy: ε-greedy around the best static arm (chosen on valid), ε = 0.1 uniform over
+the M arms, so every propensity is >= 0.1 / M (`rl.policy.decision_log`).
+
+1. B4 `linucb`: `rl.policy.bandit.LinUCB` fitted on one ε-greedy pass over train (each train
+   query logged once, its reward only for the arm served), ridge penalty and deployment
+   pessimism (`beta`) chosen on valid's full-information matrix; rows as bench/policy.py's
+   (`linucb` reward/quality/tokens; `linucb - best-static` delta_reward, delta_quality,
+   delta_cost_pct; `linucb` headroom_captured), paired bootstrap 95% CIs over test queries.
+2. OPE on test: targets `supervised-router` (bench/policy.py's router, refitted here the same
+   way: `select_router` on train/valid), `linucb` and `best-static`; logs of the ε-greedy
+   policy on test, either one pass (each test query once) or a stream of `STREAM_ROUNDS`
+   requests drawn uniformly from the test queries (a production log is far longer than a test
+   split; the length was fixed before any full run). For each of `N_DRAWS` seeded logs: IPS, SNIPS and DR (cross-fitted ridge q̂ on the
+   log) against the target's true test value from the full matrix. Row `ope_abs_error` = mean
+   |estimate − truth| over the draws (bootstrap 95% CI over draws), `ci_coverage` = share of
+   draws whose 95% CI covers the truth. The pre-registered rows (system exactly `dr` / `ips` /
+   `snips`) are the supervised router on the stream; the others are named
+   `<estimator> <target> <log>`. `dr-trainq`: DR with q̂ = the router's own predictions
+   (fitted on train's full-information rows, never on the logged test rounds).
+3. `policy-router` latency of `serving.policy_router.PolicyRouter.pick` over the dataset's
+   real indexes for every test question (after 5 warm-up picks), from the pick's own timers:
+   `pick_ms_p95` / `_p50` = the pick itself (the policy's arm probabilities from the features
+   + the ε-mixture + the draw); `features_ms_p95` / `_p50` = the featurizer (BM25, dense with
+   the query encoder, graph retrievals + question features; in the Serve app they go through
+   `SharedRetrievals`, so the chosen pipeline reuses them); `pick_total_ms_p95` = both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import make_meta, metric_row, plain_row, rerender, write_results  # noqa: E402
+from bench.headroom import matrices  # noqa: E402
+from bench.ope_report import TITLE, markdown  # noqa: E402
+from bench.policy import SEARCH_JSON, _delta_rows, _parts, add_beir_train, arms  # noqa: E402
+from rag.corpus.loaders import data_root  # noqa: E402
+from rl.policy.bandit import select_linucb  # noqa: E402
+from rl.policy.base import RouterPolicy, one_hot  # noqa: E402
+from rl.policy.decision_log import (  # noqa: E402
+    epsilon_greedy_probs,
+    log_epsilon_greedy,
+    ope_error,
+    true_value,
+)
+from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
+from rl.policy.router import arm_features, select_router  # noqa: E402
+from rl.stats.bootstrap import bootstrap_mean_ci  # noqa: E402
+from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
+from rl.tuner.settings import TunerSettings  # noqa: E402
+
+NAME = "ope"
+EPSILON = 0.1
+N_DRAWS = 20
+STREAM_ROUNDS = 100_000
+HEADLINE = "supervised-router"
+ESTIMATORS = ("ips", "snips", "dr", "dr-trainq")
+
+
+def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_JSON
+         ) -> dict[str, Any]:
+    """bench/policy.py's arms, parts, matrices and features for `ds`."""
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    ev = TunerEvaluator(TuningData.open(ds), policy)
+    add_beir_train(ev.data)
+    configs = arms(ds, policy, search_json)
+    parts = _parts(ev, seed)
+    full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
+    M = {role: {k: full[s][k][idx] for k in ("R", "Q", "T")} for role, (s, idx) in parts.items()}
+    ex = {role: [ev.data.examples(s)[i] for i in idx] for role, (s, idx) in parts.items()}
+    feat = QueryFeaturizer(ev.memo, policy.base_config())
+    X = {role: feat.matrix(e).astype(np.float64) for role, e in ex.items()}
+    ev.memo.flush()
+    return {"ev": ev, "configs": configs, "M": M, "X": X, "examples": ex,
+            "n": {role: len(idx) for role, (_, idx) in parts.items()}}
+
+
+def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: np.ndarray,
+              R: np.ndarray, greedy: np.ndarray, seed: int, log: str,
+              n_rounds: int | None) -> tuple[list[dict], dict]:
+    """ope_abs_error and ci_coverage rows of every estimator for one target and log length."""
+    truth = true_value(probs, R)
+    errs: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
+    cover: dict[str, list[bool]] = {k: [] for k in ESTIMATORS}
+    ests: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
+    for d in range(N_DRAWS):
+        rng = np.random.default_rng([seed, d, 7])
+        logs = log_epsilon_greedy(X, R, greedy, EPSILON, rng, n_rounds)
+        out = ope_error(probs[logs.qidx], logs, truth, seed=d)
+        out["dr-trainq"] = ope_error(probs[logs.qidx], logs, truth,
+                                     q_hat=q_router[logs.qidx])["dr"]
+        for k in ESTIMATORS:
+            errs[k].append(out[k]["abs_error"])
+            cover[k].append(out[k]["covered"])
+            ests[k].append(out[k]["value"])
+    rows = []
+    for k in ESTIMATORS:
+        system = k if (target == HEADLINE and log == "stream" and k != "dr-trainq") \
+            else f"{k} {target} {log}"
+        e = np.asarray(errs[k])
+        ok = e[np.isfinite(e)]  # SNIPS is undefined on a log without any target action
+        extra = {"target": target, "log": log, "n_rounds": int(n_rounds or len(X)),
+                 "draws": N_DRAWS, "undefined": int(e.size - ok.size), "true_value": truth,
+                 "epsilon": EPSILON}
+        ci = bootstrap_mean_ci(ok, 10_000, seed) if ok.size > 1 else None
+        rows.append({"dataset": ds, "system": system, "metric": "ope_abs_error",
+                     "value": float(ok.mean()) if ok.size else float("nan"),
+                     "ci_low": ci.ci_low if ci else None, "ci_high": ci.ci_high if ci else None,
+                     "n": int(ok.size), **extra})
+        rows.append({**plain_row(ds, system, "ci_coverage", float(np.mean(cover[k])), N_DRAWS),
+                     **extra})
+    detail = {k: {"mean_estimate": float(np.nanmean(ests[k])),
+                  "sd_estimate": float(np.nanstd(ests[k])),
+                  "mean_abs_error": float(np.nanmean(errs[k]))} for k in ESTIMATORS}
+    return rows, {"true_value": truth, **detail}
+
+
+def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSettings,
+                 seed: int, rows: list[dict]) -> dict[str, float]:
+    """`PolicyRouter.pick` over the real indexes for every test question (module doc, 3)."""
+    from rl.policy.base import LoadedPolicy
+    from serving.policy_router import PolicyRouter
+
+    configs = [c for _, c in data["configs"]]
+    lp = LoadedPolicy(RouterPolicy(router, configs), names, policy.base_config(), EPSILON,
+                      list(FEATURE_NAMES), "RouterPolicy", "bench")
+    pr = PolicyRouter(lp, data["ev"].data.indexes, EPSILON, seed)
+    qs = [e.question for e in data["examples"]["test"]]
+    for q in qs[:5]:
+        pr.pick(q + " warm")
+    picks = [pr.pick(q) for q in qs]
+    dec = [p.decide_ms for p in picks]
+    feat = [p.features_ms for p in picks]
+    tot = [p.pick_ms for p in picks]
+    out = {"pick_ms_p50": float(np.percentile(dec, 50)),
+           "pick_ms_p95": float(np.percentile(dec, 95)),
+           "features_ms_p50": float(np.percentile(feat, 50)),
+           "features_ms_p95": float(np.percentile(feat, 95)),
+           "pick_total_ms_p95": float(np.percentile(tot, 95))}
+    for metric, v in out.items():
+        rows.append(plain_row(ds, "policy-router", metric, v, len(qs)))
+    return out
+
+
+def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
+                search_json: Path = SEARCH_JSON, latency: bool = True) -> None:
+    t0 = time.perf_counter()
+    data = load(ds, policy, seed, search_json)
+    M, X, configs = data["M"], data["X"], data["configs"]
+    names = [n for n, _ in configs]
+    m = len(configs)
+    base = best_static(M["valid"]["R"])
+    # B4: LinUCB from one ε-greedy pass over train, around train's own best static arm
+    train_base = best_static(M["train"]["R"])
+    rng = np.random.default_rng([seed, 1])
+    tlog = log_epsilon_greedy(X["train"], M["train"]["R"], np.full(data["n"]["train"],
+                                                                  train_base), EPSILON, rng)
+    lin, tried = select_linucb(tlog.x, tlog.arm, tlog.reward, tlog.propensity, X["valid"],
+                               M["valid"]["R"], [c for _, c in configs])
+    router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
+                                M["train"]["T"], seed=seed,
+                                arms=arm_features([c for _, c in configs]))
+    T = M["test"]
+    oracle = oracle_choice(T["R"])
+    lin_ch = lin.act(X["test"])
+    choices = {"best-static": np.full(len(oracle), base), "linucb": lin_ch}
+    for system, ch in choices.items():
+        for metric, mat in (("reward", T["R"]), ("quality", T["Q"]), ("tokens", T["T"])):
+            rows.append(metric_row(ds, system, metric, pick(mat, ch), seed))
+    rows.extend(_delta_rows(ds, "linucb", T, lin_ch, base, oracle, seed))
+    # OPE on test
+    greedy = np.full(len(oracle), base)
+    q_router = router.predict(X["test"])
+    targets = {"supervised-router": RouterPolicy(router, [c for _, c in configs]).probs(X["test"]),
+               "linucb": lin.probs(X["test"]), "best-static": one_hot(greedy, m)}
+    ope: dict[str, Any] = {}
+    for target, probs in targets.items():
+        for log, n_rounds in (("one-pass", None), ("stream", STREAM_ROUNDS)):
+            r, det = _ope_rows(ds, target, probs, q_router, X["test"], T["R"], greedy, seed,
+                               log, n_rounds)
+            rows.extend(r)
+            ope[f"{target} {log}"] = det
+    lat = pick_latency(ds, data, router, names, policy, seed, rows) if latency else {}
+
+    def used(ch: np.ndarray) -> dict[str, int]:
+        u, c = np.unique(ch, return_counts=True)
+        return {names[i]: int(k) for i, k in sorted(zip(u, c, strict=True), key=lambda x: -x[1])}
+
+    lp = epsilon_greedy_probs(greedy, m, EPSILON)
+    details[ds] = {
+        "n": data["n"], "arms": names, "best_static": names[base],
+        "train_logging_arm": names[train_base], "min_propensity": float(lp.min()),
+        "linucb": {"tried": tried, "chosen": {"l2": lin.model.l2, "beta": lin.beta},
+                   "train_log_rounds": len(tlog), "test_arms": used(lin_ch),
+                   "arm_rounds": {names[j]: int(c) for j, c in
+                                  enumerate(np.bincount(tlog.arm, minlength=m)) if c}},
+        "router": {"chosen": sel.tried[sel.best],
+                   "test_arms": used(targets["supervised-router"].argmax(axis=1)),
+                   "share_off_best_static": float(
+                       (targets["supervised-router"].argmax(axis=1) != base).mean())},
+        "ope": ope, "pick": lat, "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"[{ds}] done in {details[ds]['wall_s']}s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
+    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-latency", action="store_true", help="skip the pick-latency rows")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite the markdown from the existing JSON; evaluate nothing")
+    a = ap.parse_args()
+    if a.render_only:
+        rerender(NAME, a.quick, TITLE, markdown)
+        return
+    datasets = ["synthetic"] if a.quick else a.datasets.split(",")
+    policy = TunerSettings.defaults()
+    rows: list[dict] = []
+    details: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for ds in datasets:
+        run_dataset(ds, policy, a.seed, rows, details, latency=not a.no_latency)
+    files = {} if a.quick else {d: data_root() / d for d in datasets}
+    meta = make_meta(a.seed, files, {
+        "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "epsilon": EPSILON,
+        "draws": N_DRAWS, "stream_rounds": STREAM_ROUNDS, "target_ope_abs_error": 0.01,
+        "base_config": policy.base_config().model_dump(mode="json"), "details": details})
+    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()

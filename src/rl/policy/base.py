@@ -1,0 +1,202 @@
+"""What any per-query config policy offers the bench, the OPE code and the Serve app.
+
+A per-query policy chooses one of a fixed list of configs ("arms") per question, from the
+question's features (`rl.policy.features.QueryFeaturizer`, shape (n, N_FEATURES)):
+
+    class PerQueryPolicy(Protocol):
+        arms: Sequence[RAGConfig]             # the portfolio, arm j = arms[j]
+        def probs(X) -> np.ndarray            # (n, len(arms)) action probabilities, rows sum to 1
+        def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
+
+Implementations: `RouterPolicy` (the supervised router, B3, greedy: one-hot probs),
+`rl.policy.bandit.LinUCBPolicy` (B4), and, through a thin adapter over its own portfolio,
+helper A's PPO policy. `Exploring(policy, epsilon)` is the ε-mixture every *served* policy
+runs behind: probs = (1 − ε)·policy.probs + ε/M, so every arm keeps a propensity of at least
+ε/M and the logged propensities make off-policy estimates of any other policy possible.
+
+`save_policy(policy, dir)` / `load_policy(dir)`: a policy directory = `policy.json` (kind, arm
+configs and names, feature names, base config of the featurizer, the default ε) + `model.pkl`
+(the pickled policy object). The Serve app loads one with `load_policy`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+
+MIN_EPSILON = 0.1
+"""Exploration share a served policy never goes below (min propensity = MIN_EPSILON / M)."""
+POLICY_FILE = "policy.json"
+MODEL_FILE = "model.pkl"
+
+
+@runtime_checkable
+class PerQueryPolicy(Protocol):
+    """See the module docstring."""
+
+    arms: Sequence[RAGConfig]
+
+    def probs(self, X: np.ndarray) -> np.ndarray: ...
+
+    def act(self, X: np.ndarray) -> np.ndarray: ...
+
+
+def one_hot(choice: np.ndarray, n_arms: int) -> np.ndarray:
+    """(n, n_arms) float64 rows with a 1 at each chosen arm."""
+    choice = np.asarray(choice, dtype=np.int64)
+    out = np.zeros((choice.size, n_arms))
+    out[np.arange(choice.size), choice] = 1.0
+    return out
+
+
+def epsilon_mix(probs: np.ndarray, epsilon: float) -> np.ndarray:
+    """(1 − ε)·probs + ε/M per row: ε spread uniformly over the M arms."""
+    if not 0.0 <= epsilon <= 1.0:
+        raise ConfigError("epsilon", f"must be in [0, 1], got {epsilon}")
+    p = np.asarray(probs, dtype=np.float64)
+    return (1.0 - epsilon) * p + epsilon / p.shape[1]
+
+
+def sample_arms(probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One arm per row of `probs` (n, M) by inverse-CDF sampling, and its propensity:
+    (arms (n,) int, propensities (n,) float = probs[i, arm_i])."""
+    p = np.asarray(probs, dtype=np.float64)
+    cdf = np.cumsum(p, axis=1)
+    u = rng.random(p.shape[0]) * cdf[:, -1]
+    arms = np.minimum((cdf < u[:, None]).sum(axis=1), p.shape[1] - 1)
+    return arms, p[np.arange(p.shape[0]), arms]
+
+
+@dataclass
+class RouterPolicy:
+    """`rl.policy.router.SupervisedRouter` as a `PerQueryPolicy`: greedy, one-hot probs of
+    the router's choice (`router.choose(X)`: argmax of predicted reward − its fitted token
+    price × the arm's mean tokens). Predictions run on the router's trees packed by
+    `rl.policy.fast_trees.PackedTrees` (the same numbers, well under a millisecond per
+    request instead of sklearn's per-model call overhead)."""
+
+    router: Any
+    arms: Sequence[RAGConfig]
+    _packed: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.router.n_arms != len(self.arms):
+            raise ConfigError("arms", f"the router has {self.router.n_arms} arms, "
+                                      f"{len(self.arms)} configs were given")
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """The router's predicted reward per arm (n, M), as `router.predict(X)`."""
+        from rl.policy.fast_trees import PackedTrees
+        from rl.policy.router import _pooled
+
+        r = self.router
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if self._packed is None:
+            self._packed = PackedTrees(r.models)
+        if r.params.pooled:
+            raw = self._packed.predict(_pooled(X, r._arms))[:, 0].reshape(X.shape[0], r.n_arms)
+        else:
+            raw = self._packed.predict(X)
+        s = r.params.shrink
+        return (1.0 - s) * r.arm_mean[None, :] + s * raw
+
+    def act(self, X: np.ndarray) -> np.ndarray:
+        r = self.router
+        return np.argmax(self.predict(X) - r.token_price * r.arm_tokens[None, :], axis=1)
+
+    def probs(self, X: np.ndarray) -> np.ndarray:
+        return one_hot(self.act(X), len(self.arms))
+
+
+@dataclass
+class Exploring:
+    """`policy` behind ε-uniform exploration (module docstring); `act` stays the greedy one."""
+
+    policy: PerQueryPolicy
+    epsilon: float = MIN_EPSILON
+
+    def __post_init__(self):
+        if not MIN_EPSILON <= self.epsilon <= 1.0:
+            raise ConfigError("epsilon", f"a served policy explores with epsilon in "
+                                         f"[{MIN_EPSILON}, 1], got {self.epsilon}")
+
+    @property
+    def arms(self) -> Sequence[RAGConfig]:
+        return self.policy.arms
+
+    def act(self, X: np.ndarray) -> np.ndarray:
+        return self.policy.act(X)
+
+    def probs(self, X: np.ndarray) -> np.ndarray:
+        return epsilon_mix(self.policy.probs(X), self.epsilon)
+
+
+# --------------------------------------------------------------------------- policy dirs
+
+
+def save_policy(policy: PerQueryPolicy, path: str | Path, *, base_config: RAGConfig,
+                names: Sequence[str] | None = None, feature_names: Sequence[str] = (),
+                epsilon: float = MIN_EPSILON, kind: str | None = None) -> Path:
+    """Write a policy directory (module docstring). `base_config`: the config whose retrievers
+    and query formulation the featurizer must use at serving time (the one the policy was
+    trained with); `names`: human names of the arms (default arm-<j>). Returns the dir."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    arms = list(policy.arms)
+    names = list(names) if names is not None else [f"arm-{j}" for j in range(len(arms))]
+    if len(names) != len(arms):
+        raise ConfigError("names", f"{len(names)} names for {len(arms)} arms")
+    doc = {"kind": kind or type(policy).__name__, "epsilon": float(epsilon),
+           "names": names, "arms": [c.model_dump(mode="json") for c in arms],
+           "arm_hashes": [c.config_hash for c in arms],
+           "base_config": base_config.model_dump(mode="json"),
+           "feature_names": list(feature_names)}
+    (d / MODEL_FILE).write_bytes(pickle.dumps(policy))
+    (d / POLICY_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return d
+
+
+@dataclass
+class LoadedPolicy:
+    """A policy directory read back: the policy, its manifest fields and a stable `policy_id`
+    (12 hex of the manifest and model bytes)."""
+
+    policy: PerQueryPolicy
+    names: list[str]
+    base_config: RAGConfig
+    epsilon: float
+    feature_names: list[str]
+    kind: str
+    policy_id: str
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Read a directory written by `save_policy`. Only load directories you wrote: the model
+    is a pickle. Raises ConfigError naming `policy_dir` when files are missing or the arms'
+    configs no longer hash as they did (written by code that hashed configs differently)."""
+    import hashlib
+
+    d = Path(path)
+    if not (d / POLICY_FILE).exists() or not (d / MODEL_FILE).exists():
+        raise ConfigError("policy_dir", f"{d} holds no {POLICY_FILE} + {MODEL_FILE}")
+    raw_doc, raw_model = (d / POLICY_FILE).read_bytes(), (d / MODEL_FILE).read_bytes()
+    doc = json.loads(raw_doc)
+    policy = pickle.loads(raw_model)  # noqa: S301 - a directory this project wrote
+    arms = [RAGConfig.from_dict(c, where=f"policy.arms.{j}") for j, c in enumerate(doc["arms"])]
+    hashes = [c.config_hash for c in arms]
+    if hashes != doc["arm_hashes"] or hashes != [c.config_hash for c in policy.arms]:
+        raise ConfigError("policy_dir", f"{d}: arm configs hash differently than when saved")
+    pid = hashlib.sha256(raw_doc + raw_model).hexdigest()[:12]
+    return LoadedPolicy(policy, list(doc["names"]),
+                        RAGConfig.from_dict(doc["base_config"], where="policy.base_config"),
+                        float(doc["epsilon"]), list(doc.get("feature_names", [])),
+                        str(doc["kind"]), pid)

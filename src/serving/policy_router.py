@@ -1,0 +1,259 @@
+"""A per-query config policy in the Serve app: one `Policy` deployment picks the config of each
+request from the question's features and answers with it.
+
+    serve:
+      policy: {dir: runs/policy/hotpotqa, epsilon: 0.1}   # a directory of rl.policy.base.save_policy
+      traffic: {mode: policy}
+
+`PolicyRouter` (no Ray) holds the loaded policy (`rl.policy.base.load_policy`: the supervised
+router, LinUCB, or any `PerQueryPolicy`) behind ε-uniform exploration (`Exploring`, ε >= 0.1:
+every arm keeps a propensity >= ε/M) and a `QueryFeaturizer` over the replica's already-open
+indexes with the policy's own base config. `pick(question)` computes the features, the arm
+probabilities, draws an arm and returns a `PolicyPick`: the arm, its config and hash, the
+propensity it was drawn with, the features and their hash, and the pick time in ms.
+
+`PolicyService` is the replica body: the served dataset's indexes opened once, one
+`rag.pipeline.Pipeline` per arm sharing them behind `SharedRetrievals` (so the pipeline reuses
+the retrievals the features already made for the question; each arm is warmed up at start),
+and `answer()`
+returning what `serving.pipelines.PipelineService.answer` returns plus `policy` (the pick).
+The ingress (`serving.routes_policy`) logs the pick's propensity, arm, policy id and features
+hash in the interaction log, so a candidate policy can be evaluated off-policy from it
+(`rl.promotion.log_evaluators.policy_from_log`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from rag.config import RAGConfig
+from rag.env import configure_runtime_env
+from rl.policy.base import (
+    MIN_EPSILON,
+    Exploring,
+    LoadedPolicy,
+    epsilon_mix,
+    load_policy,
+    sample_arms,
+)
+from rl.policy.features import QueryFeaturizer
+
+POLICY_HANDLE = "__policy__"
+"""Key of the policy deployment among the handles the app builder gives the ingress."""
+FEATURE_CACHE = 4096
+"""Questions whose features the featurizer keeps (it caches per question; cleared when full)."""
+
+
+@dataclass(frozen=True)
+class PolicyPick:
+    """One decision: arm index and name, its config (JSON) and hash, the propensity it was
+    drawn with (in (0, 1]), the greedy arm, the features (float list) and their 12-hex hash,
+    the policy id, and times [ms]: `features_ms` (the featurizer's retrievals and question
+    features), `decide_ms` (the policy's probabilities + the draw: the pick itself) and
+    `pick_ms` (both)."""
+
+    arm: int
+    arm_name: str
+    config_hash: str
+    config: dict[str, Any]
+    propensity: float
+    greedy_arm: int
+    features: list[float]
+    features_hash: str
+    policy_id: str
+    features_ms: float
+    decide_ms: float
+    pick_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def features_hash(x: np.ndarray) -> str:
+    """12 hex of the float32 bytes of a feature vector (what was decided on, compactly)."""
+    return hashlib.sha256(np.asarray(x, dtype=np.float32).tobytes()).hexdigest()[:12]
+
+
+class PolicyRouter:
+    """Picks a config per question (module docstring). Thread-safe (one RNG under a lock)."""
+
+    def __init__(self, loaded: LoadedPolicy, indexes, epsilon: float | None = None,
+                 seed: int = 0):
+        self.loaded = loaded
+        eps = max(loaded.epsilon, MIN_EPSILON) if epsilon is None else epsilon
+        self.policy = Exploring(loaded.policy, eps)
+        self.arms: list[RAGConfig] = list(loaded.policy.arms)
+        self.featurizer = QueryFeaturizer(indexes, loaded.base_config)
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, policy_dir: str, indexes, epsilon: float | None = None,
+             seed: int = 0) -> PolicyRouter:
+        return cls(load_policy(policy_dir), indexes, epsilon, seed)
+
+    @property
+    def epsilon(self) -> float:
+        return self.policy.epsilon
+
+    def pick(self, question: str, history=None) -> PolicyPick:
+        """Features of `question` -> arm probabilities -> one sampled arm (module docstring)."""
+        from rag.types import Example
+
+        t0 = time.perf_counter()
+        x = self.featurizer.features(Example(id="q", question=question,
+                                             history=tuple(history or ())))
+        t1 = time.perf_counter()
+        X = x[None, :].astype(np.float64)
+        inner = self.loaded.policy.probs(X)  # one prediction: greedy and mixture from it
+        probs = epsilon_mix(inner, self.policy.epsilon)
+        greedy = int(np.argmax(inner[0]))
+        with self._lock:
+            arm, prop = sample_arms(probs, self._rng)
+            if len(self.featurizer._cache) > FEATURE_CACHE:  # bounded memory when serving
+                self.featurizer._cache.clear()
+        j = int(arm[0])
+        t2 = time.perf_counter()
+        cfg = self.arms[j]
+        return PolicyPick(j, self.loaded.names[j], cfg.config_hash, cfg.model_dump(mode="json"),
+                          float(prop[0]), greedy, [float(v) for v in x], features_hash(x),
+                          self.loaded.policy_id, (t1 - t0) * 1000.0, (t2 - t1) * 1000.0,
+                          (t2 - t0) * 1000.0)
+
+
+class _CachedSearch:
+    """A retriever whose `search` (and `embed_query`) results are kept in a small LRU keyed by
+    the call's arguments; everything else is the wrapped retriever's."""
+
+    def __init__(self, inner, size: int):
+        self.inner, self.size = inner, size
+        self._lru: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _cached(self, key, compute):
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                return self._lru[key]
+        got = compute()
+        with self._lock:
+            self._lru[key] = got
+            if len(self._lru) > self.size:
+                self._lru.popitem(last=False)
+        return got
+
+    def search(self, query: str, top_n: int = 10, **kw: Any):
+        key = ("search", query, top_n, tuple(sorted(kw.items())))
+        return list(self._cached(key, lambda: self.inner.search(query, top_n, **kw)))
+
+    def embed_query(self, query: str):
+        return self._cached(("embed", query), lambda: self.inner.embed_query(query))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class SharedRetrievals:
+    """An `IndexProvider` over `indexes` whose retrievers remember their last `size` calls,
+    shared by the featurizer and the arms' pipelines of one replica: the retrievals the
+    policy's features made for a question are not repeated when the chosen config's pipeline
+    asks the same retriever the same thing (`rag.index.provider`)."""
+
+    def __init__(self, indexes, size: int = 256):
+        self.inner, self.size = indexes, size
+        self.corpus = indexes.corpus
+        self.encoder_name = indexes.encoder_name
+        self._wrapped: dict[tuple, _CachedSearch] = {}
+        self._lock = threading.Lock()
+
+    def _wrap(self, key: tuple, make) -> _CachedSearch:
+        with self._lock:
+            if key not in self._wrapped:
+                self._wrapped[key] = _CachedSearch(make(), self.size)
+            return self._wrapped[key]
+
+    def bm25(self, backend: str = "tantivy"):
+        return self._wrap(("bm25", backend), lambda: self.inner.bm25(backend))
+
+    def dense(self, kind: str = "flat"):
+        return self._wrap(("dense", kind), lambda: self.inner.dense(kind))
+
+    def graph(self, bm25_backend: str | None = None, dense_kind: str = "flat"):
+        return self._wrap(("graph", bm25_backend, dense_kind),
+                          lambda: self.inner.graph(bm25_backend, dense_kind))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class PolicyService:
+    """The policy deployment's replica body, usable without Ray (module docstring)."""
+
+    def __init__(self, policy_dir: str, dataset: str = "synthetic", index_dir: str | None = None,
+                 epsilon: float | None = None, seed: int = 0, warmup: bool = True,
+                 indexes: dict[str, Any] | None = None):
+        configure_runtime_env()
+        from rag.pipeline import Pipeline
+        from serving.pipelines import WARMUP_QUESTION, open_served_data
+
+        index_set, self.gold = open_served_data(dataset, index_dir, indexes)
+        index_set = SharedRetrievals(index_set)
+        self.router = PolicyRouter.open(policy_dir, index_set, epsilon, seed)
+        self.pipelines = [Pipeline(index_set, c) for c in self.router.arms]
+        if warmup:
+            for p in self.pipelines:
+                p.run(WARMUP_QUESTION)  # loads models, builds any missing index
+            self.router.pick(WARMUP_QUESTION)
+
+    def answer(self, question: str, query_id: str = "q") -> dict[str, Any]:
+        """Pick a config, answer with it: `PipelineService.answer`'s dict plus `policy`
+        (`PolicyPick.to_dict()`) and `latency_ms.policy_pick`."""
+        from rag.metrics import score_answer
+        from serving.pipelines import SCORE_KEYS, normalise_question
+
+        pick = self.router.pick(question)
+        cfg = self.router.arms[pick.arm]
+        ans = self.pipelines[pick.arm].run(question, query_id)
+        lat = {k: float(v) for k, v in ans.latency_ms.items()}
+        lat["policy_features"], lat["policy_pick"] = pick.features_ms, pick.decide_ms
+        out: dict[str, Any] = {
+            "answer": ans.text, "citations": list(ans.citations),
+            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
+            "latency_ms": lat, "tokens_in": int(ans.tokens_in),
+            "tokens_out": int(ans.tokens_out), "variant_id": ans.config_hash, "scores": None,
+            "gold_category": None, "policy": pick.to_dict()}
+        ex = self.gold.get(normalise_question(question))
+        if ex is not None:
+            s = score_answer(ans, ex, k=cfg.k)
+            out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
+            out["gold_category"] = ex.category
+        return out
+
+    def info(self) -> dict[str, Any]:
+        lp = self.router.loaded
+        return {"variant_id": POLICY_HANDLE, "policy_id": lp.policy_id, "kind": lp.kind,
+                "arms": lp.names, "epsilon": self.router.epsilon, "pid": os.getpid(),
+                "gold_questions": len(self.gold)}
+
+
+@serve.deployment(name="Policy")
+class PolicyDeployment(PolicyService):
+    """Serve deployment of the per-query policy (one per app)."""
+
+
+def bind_policy(s, options: dict[str, Any]):
+    """The bound policy deployment of ServeSettings `s` (`s.policy` set), with the pipelines'
+    deployment `options`."""
+    p = s.policy
+    extra = {"indexes": s.indexes} if s.indexes is not None else {}
+    return PolicyDeployment.options(name="Policy", **options).bind(
+        p.dir, s.dataset, s.index_dir, p.epsilon, p.seed, **extra)
