@@ -62,6 +62,7 @@ from bench.drift_data import Bundle, load_bundle, load_updated_world, price_matr
 from bench.drift_policy import fit_learned_policy  # noqa: E402
 from bench.drift_report import TITLE, markdown, plot_stream  # noqa: E402
 from bench.drift_streams import (  # noqa: E402
+    ONLINE_GRID,
     SH_ETA,
     SH_RUNGS,
     SYSTEMS,
@@ -71,6 +72,7 @@ from bench.drift_streams import (  # noqa: E402
     Pool,
     SlidingWindowUCB,
     StreamSpec,
+    online_policy,
     phase_best,
     realise,
     regret,
@@ -165,7 +167,8 @@ def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase
 
 
 def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundle, learned,
-               bandit_factory, seeds: int, seed0: int, png: Path) -> tuple[list[dict], dict]:
+               bandit_factory, seeds: int, seed0: int, png: Path,
+               online: OnlineSettings) -> tuple[list[dict], dict]:
     """Rows and details of one stream over `seeds` seeds."""
     valid_labels = bundle.labels["valid"][key]
     static = static_arm_for_mix(bundle.R["valid"], valid_labels, spec.phases[0].mix)
@@ -179,7 +182,7 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
         seed = seed0 + i
         real = realise(spec, pools, seed)
         ch = run_systems(real, static, learned.act, learned.scores, bandit_factory, rng_range,
-                         seed, calib=calib)
+                         seed, online, calib)
         phases.append(real.phase)
         best_names.append([bundle.names[j] for j in phase_best(real.R, real.phase)])
         for s in SYSTEMS:
@@ -224,6 +227,35 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
     return rows, detail
 
 
+def choose_online(specs: list[tuple[StreamSpec, str]], bundles: dict[str, Bundle], learned,
+                  seeds: int, seed0: int) -> tuple[OnlineSettings, list[dict]]:
+    """`ppo-policy-online`'s settings: the `ONLINE_GRID` entry with the lowest mean regret on
+    the same streams drawn from the **valid** split (streams whose phases all read the main
+    pool: a price or corpus change has no valid pool), other seeds than the test streams'.
+    Returns (settings, every entry's mean valid regret)."""
+    sums = np.zeros(len(ONLINE_GRID))
+    count = 0
+    for spec, key in specs:
+        if any(p.pool != "main" for p in spec.phases):
+            continue
+        b, lp = bundles[spec.dataset], learned[spec.dataset]
+        pools = {"main": Pool(b.R["valid"], b.X["valid"], b.labels["valid"][key])}
+        cal = Calibration.from_valid(b.R["valid"], lp.scores(b.X["valid"]),
+                                     lp.act(b.X["valid"]))
+        for i in range(seeds):
+            seed = seed0 + 1000 + i
+            real = realise(spec, pools, seed)
+            sc = lp.scores(real.X)
+            for g, st in enumerate(ONLINE_GRID):
+                arms, _ = online_policy(real.R, sc, np.random.default_rng([seed, 2]), st, cal)
+                sums[g] += regret(real.R, real.phase, arms).mean()
+            count += 1
+    means = sums / max(count, 1)
+    tried = [{**st.__dict__, "valid_regret": float(m)} for st, m in zip(ONLINE_GRID, means,
+                                                                          strict=True)]
+    return ONLINE_GRID[int(np.argmin(means))], tried
+
+
 def make_pools(spec: StreamSpec, key: str, bundle: Bundle, updated: Bundle | None
                ) -> dict[str, Pool]:
     """The test-split pools a stream draws from (main; price2; updated)."""
@@ -260,23 +292,30 @@ def main() -> None:
     datasets = ["synthetic"] if a.quick else ["hotpotqa", "mtrag", "synthetic"]
     bundles = {ds: load_bundle(ds, policy, a.seed) for ds in datasets}
     updated = load_updated_world(policy, bundles["synthetic"])
+    t_load = time.perf_counter()
     learned = {ds: fit_learned_policy(a.policy, b, a.seed) for ds, b in bundles.items()}
     bandit_factory, bandit_name = make_bandit_factory(a.bandit)
+    t_fit = time.perf_counter()
+    specs = streams(a.quick, length, bundles)
+    online, online_tried = choose_online(specs, bundles, learned, a.seeds, a.seed)
+    print(f"loaded and fitted in {t_fit - t0:.0f}s; online settings {online}", flush=True)
     rows: list[dict] = []
     details: dict[str, Any] = {}
-    for spec, key in streams(a.quick, length, bundles):
+    for spec, key in specs:
         print(f"[{spec.name}] {a.seeds} seeds x {len(spec.phases)} phases x {length}",
               flush=True)
         pools = make_pools(spec, key, bundles[spec.dataset], updated)
         r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
                           bandit_factory, a.seeds, a.seed,
-                          RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png")
+                          RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
+                          online)
         rows.extend(r)
         details[spec.name] = {**d, "dataset": spec.dataset,
                               "policy": learned[spec.dataset].describe}
     files = {} if a.quick else {d: data_root() / d for d in datasets if d != "synthetic"}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "seeds": a.seeds,
+        "load_s": round(t_load - t0, 1), "fit_s": round(t_fit - t_load, 1),
         "length": length, "arms": bundles[datasets[0]].names,
         "base_config": policy.base_config().model_dump(mode="json"),
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
@@ -288,7 +327,9 @@ def main() -> None:
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "
                         f"eta {SH_ETA}, re-run at each shift on the new phase's queries "
                         "(served, so charged as regret)",
-            "online": {**OnlineSettings().__dict__, "method": "per-arm correction of the "
+            "online": {**online.__dict__, "chosen_on": "valid-split streams "
+                       "(choose_online)", "tried": online_tried,
+                       "method": "per-arm correction of the "
                        "policy's predicted rewards, refit every query on the last `window` "
                        "logged steps with clipped importance weights, counting each residual "
                        "by its departure from the policy's valid-split residual for that arm "

@@ -75,10 +75,16 @@ def _targets(stream: str, n_phases: int, rows: list[dict]) -> list[str]:
                        f"{r['policy_regret']:+.4f} <= 0): **met**")
         else:
             ok = r["value"] >= RATIO_TARGET
+            fs = _get(rows, stream, "frozen-static", f"regret_phase{p}")
+            why = ""
+            if not ok and fs is not None and fs["ci_low"] <= 0:
+                why = (f"; frozen-static's own phase-{p} regret is {_fmt(fs)}: this shift did "
+                       "not make the frozen config worse than the phase's best, so no policy "
+                       "can reach the ratio here")
             out.append(f"regret ratio after shift {p - 1}: {_fmt(r, '{:.2f}')} vs target >= "
                        f"{RATIO_TARGET:g}: **{'met' if ok else 'missed'}** (margin "
                        f"{r['value'] - RATIO_TARGET:+.2f}; policy regret "
-                       f"{r['policy_regret']:+.4f}/query)")
+                       f"{r['policy_regret']:+.4f}/query{why})")
     for p in range(1, n_phases + 1):
         r = _get(rows, stream, "ppo-policy", "gap_to_phase_best", p)
         ok = r["value"] <= GAP_TARGET
@@ -102,7 +108,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"`sw-bandit`: {notes['sw_bandit']}. `searcher-per-phase`: {notes['searcher']}. "
         f"`ppo-policy-online`: {notes['online']['method']} (epsilon "
         f"{notes['online']['epsilon']}, window {notes['online']['window']}, prior "
-        f"{notes['online']['prior']}, weight cap {notes['online']['max_weight']}). "
+        f"{notes['online']['prior']}, weight cap {notes['online']['max_weight']}; chosen "
+        f"from {len(notes['online'].get('tried', []))} settings by mean regret on the same "
+        "streams drawn from the valid split). "
         f"Corpus update: {notes['updated_world']}.",
     ]
     for stream, d in meta["details"].items():

@@ -288,6 +288,13 @@ class Calibration:
         return cls(greedy, explored)
 
 
+ONLINE_GRID = tuple(OnlineSettings(epsilon=e, max_weight=w, prior=p, window=n)
+                    for e in (0.02, 0.05) for w in (1.0, 5.0, 20.0) for p in (5.0, 20.0)
+                    for n in (150, 300))
+"""What `bench/drift.py` chooses `ppo-policy-online`'s settings from, on valid-split streams
+(a weight cap of 1 is plain residual means: no importance weighting)."""
+
+
 def online_policy(R: np.ndarray, scores: np.ndarray, rng: np.random.Generator,
                   s: OnlineSettings = OnlineSettings(), calib: Calibration | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
