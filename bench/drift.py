@@ -32,7 +32,8 @@ Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and band
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
   * every system's `regret_phase<p>`: mean per-query regret over phase p (reward units);
   * `frozen-static / ppo-policy` (and `/ ppo-policy-online`) `regret_ratio` after each shift
-    (phase >= 2): mean regret ratio; null value when the policy's regret is <= 0;
+    (phase >= 2): mean regret ratio; null value when the policy's regret is <= 0 (`note`:
+    unbounded, or undefined when frozen-static has no regret either);
   * `ppo-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
     policy's. Pre-registered targets (issue 19): regret_ratio >= 2, gap <= 0.01.
 Plots: `bench/results/drift-<stream>.png` (cumulative regret, mean over seeds, min-max band).
@@ -148,22 +149,32 @@ def make_bandit_factory(kind: str):
 
 def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase: int,
                seed: int) -> dict:
-    """mean(num) / mean(den) with a paired bootstrap 95% CI; a resample whose denominator is
-    <= 0 counts as +inf (the policy matched the phase's best); JSON null for inf."""
+    """mean(num) / mean(den) (frozen-static's regret over the policy's) with a paired
+    bootstrap 95% CI. Where the policy's regret is <= 0 the ratio is +inf when frozen-static
+    has regret (the policy matched or beat the phase's best while the frozen config lost),
+    and undefined when frozen-static has none either (the shift did not hurt it): JSON null,
+    said in `note`; undefined resamples are left out of the CI."""
     def ratio(a, b):
-        return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.inf)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.where(a > 0, np.inf, np.nan))
 
     boot = bootstrap_statistic(lambda idx: ratio(num[idx].mean(axis=1), den[idx].mean(axis=1)),
                                num.size, n_resamples=4000, seed=seed)
-    lo, hi = np.quantile(boot, [0.025, 0.975], method="inverted_cdf")
+    boot = boot[~np.isnan(boot)]
+    lo, hi = (np.quantile(boot, [0.025, 0.975], method="inverted_cdf") if boot.size
+              else (np.nan, np.nan))
     value = float(ratio(num.mean(), den.mean()))
+    note = ("unbounded: the policy's regret is <= 0 while frozen-static's is > 0"
+            if value == np.inf else "undefined: neither frozen-static nor the policy has "
+            "regret > 0 (the shift did not hurt the frozen config)" if np.isnan(value) else "")
 
     def fin(x):
         return float(x) if np.isfinite(x) else None
 
     return {"dataset": stream, "system": system, "metric": "regret_ratio", "phase": phase,
             "value": fin(value), "ci_low": fin(lo), "ci_high": fin(hi), "n": int(num.size),
-            "policy_regret": float(den.mean())}
+            "policy_regret": float(den.mean()), "frozen_regret": float(num.mean()),
+            "note": note}
 
 
 def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundle, learned,

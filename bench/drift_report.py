@@ -70,7 +70,11 @@ def _targets(stream: str, n_phases: int, rows: list[dict]) -> list[str]:
         r = _get(rows, stream, "frozen-static / ppo-policy", "regret_ratio", p)
         if r is None:
             continue
-        if r["value"] is None:
+        if r["value"] is None and r.get("note", "").startswith("undefined"):
+            out.append(f"regret ratio after shift {p - 1}: undefined (frozen-static regret "
+                       f"{r['frozen_regret']:+.4f}, policy regret {r['policy_regret']:+.4f}: "
+                       "the shift did not hurt the frozen config): **not informative**")
+        elif r["value"] is None:
             out.append(f"regret ratio after shift {p - 1}: unbounded (policy regret "
                        f"{r['policy_regret']:+.4f} <= 0): **met**")
         else:
@@ -113,6 +117,21 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "streams drawn from the valid split). "
         f"Corpus update: {notes['updated_world']}.",
     ]
+    parts += ["", "## Pre-registered targets (issue 19)", "",
+              f"`frozen-static / ppo-policy` regret_ratio >= {RATIO_TARGET:g} after each shift; "
+              f"`ppo-policy` gap_to_phase_best <= {GAP_TARGET} in every phase (no re-tuning).",
+              "", "| stream | ratio after shift | gap phase 1 | gap phase 2 | targets met |",
+              "|---|---|---|---|---|"]
+    for stream in meta["details"]:
+        ratio = _get(rows, stream, "frozen-static / ppo-policy", "regret_ratio", 2)
+        gaps = [_get(rows, stream, "ppo-policy", "gap_to_phase_best", p) for p in (1, 2)]
+        undefined = ratio is not None and ratio.get("note", "").startswith("undefined")
+        met = [] if undefined else [ratio is not None and (ratio["value"] is None
+                                                           or ratio["value"] >= RATIO_TARGET)]
+        met += [g is not None and g["value"] <= GAP_TARGET for g in gaps]
+        cell = "undefined (frozen not hurt)" if undefined else _fmt(ratio, "{:.2f}")
+        parts.append(f"| {stream} | {cell} | {_fmt(gaps[0])} | {_fmt(gaps[1])} | "
+                     f"{sum(met)}/{len(met)} |")
     for stream, d in meta["details"].items():
         n_ph = len(d["phases"])
         parts += ["", f"## {stream}", "",

@@ -181,3 +181,15 @@ def test_learned_policy_never_reads_the_test_split(monkeypatch):
     assert np.allclose(ref.scores(X_new), again.scores(X_new))
     with pytest.raises(Exception):  # noqa: B017 - the sentinel: NaN rewards are rejected
         fit_router(b.X["test"], b.R["test"], b.T["test"], b.X["valid"], b.R["valid"], None, 0)
+
+
+def test_regret_ratio_is_unbounded_or_undefined_when_the_policy_has_no_regret():
+    from bench.drift import _ratio_row
+
+    frozen, policy = np.full(50, 0.2), np.full(50, 0.05)
+    r = _ratio_row("s", "frozen-static / ppo-policy", frozen, policy, 2, 0)
+    assert r["value"] == pytest.approx(4.0) and r["note"] == ""
+    r = _ratio_row("s", "frozen-static / ppo-policy", frozen, -policy, 2, 0)
+    assert r["value"] is None and r["note"].startswith("unbounded")
+    r = _ratio_row("s", "frozen-static / ppo-policy", np.zeros(50), -policy, 2, 0)
+    assert r["value"] is None and r["note"].startswith("undefined")
