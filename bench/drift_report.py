@@ -27,15 +27,24 @@ def plot_stream(name: str, curves: dict[str, np.ndarray], length: int, n_phases:
     for s in SYSTEM_ORDER:
         c = curves[s]
         t = np.arange(1, c.shape[1] + 1)
-        ax.plot(t, c.mean(axis=0), label=s)
+        ax.plot(t, c.mean(axis=0), label=f"{s} (end {c[:, -1].mean():+.1f})")
         ax.fill_between(t, c.min(axis=0), c.max(axis=0), alpha=0.15)
+    # a system far above the rest (the cold-start bandit) would flatten every other curve:
+    # the axis stops at 1.5x the others' highest band, the legend keeps its end value
+    rest = [curves[s] for s in SYSTEM_ORDER if s != "sw-bandit"]
+    lo = min(float(c.min()) for c in curves.values())
+    top = max(float(c.max()) for c in rest)
+    if float(curves["sw-bandit"].max()) > 3 * max(top, 1e-9):
+        ax.set_ylim(min(lo, 0.0) * 1.1, 1.5 * top)
+        ax.text(0.99, 0.98, "sw-bandit runs off the top (end value in the legend)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=7, color="grey")
     for p in range(1, n_phases):
         ax.axvline(p * length, color="grey", ls="--", lw=1)
     ax.axhline(0, color="black", lw=0.5)
     ax.set_xlabel("query")
     ax.set_ylabel("cumulative regret vs phase-best static (reward units)")
     ax.set_title(f"{name} ({curves[SYSTEM_ORDER[0]].shape[0]} seeds, mean and min-max)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
