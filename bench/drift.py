@@ -32,8 +32,8 @@ Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and band
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
   * every system's `regret_phase<p>`: mean per-query regret over phase p (reward units);
   * `frozen-static / ppo-policy` (and `/ ppo-policy-online`) `regret_ratio` after each shift
-    (phase >= 2): mean regret ratio; null value when the policy's regret is <= 0 (`note`:
-    unbounded, or undefined when frozen-static has no regret either);
+    (phase >= 2): mean regret ratio; null when frozen-static has no regret after the shift
+    (`note`: undefined) or only the policy has none (unbounded);
   * `ppo-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
     policy's. Pre-registered targets (issue 19): regret_ratio >= 2, gap <= 0.01.
 Plots: `bench/results/drift-<stream>.png` (cumulative regret, mean over seeds, min-max band).
@@ -88,6 +88,9 @@ NAME = "drift"
 PRICE_FACTOR = 2.0
 SW_WINDOW = 150
 RATIO_SYSTEMS = ("ppo-policy", "ppo-policy-online")
+NO_REGRET = 1e-4
+"""Mean regret per query (reward units) below which a system counts as not hurt (float sums
+of equal rewards are not exactly 0)."""
 
 
 def mtrag_domain_pair(R: np.ndarray, dom: np.ndarray) -> tuple[str, str]:
@@ -150,13 +153,14 @@ def make_bandit_factory(kind: str):
 def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase: int,
                seed: int) -> dict:
     """mean(num) / mean(den) (frozen-static's regret over the policy's) with a paired
-    bootstrap 95% CI. Where the policy's regret is <= 0 the ratio is +inf when frozen-static
-    has regret (the policy matched or beat the phase's best while the frozen config lost),
-    and undefined when frozen-static has none either (the shift did not hurt it): JSON null,
-    said in `note`; undefined resamples are left out of the CI."""
+    bootstrap 95% CI. Undefined when frozen-static's regret is <= `NO_REGRET` (the shift did
+    not hurt the frozen config: no system can be 2x better than no regret); +inf when only
+    the policy's is (it matched or beat the phase's best while the frozen config lost). Both
+    are JSON null, said in `note`; undefined resamples are left out of the CI."""
     def ratio(a, b):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.where(a > 0, np.inf, np.nan))
+            return np.where(a <= NO_REGRET, np.nan,
+                            np.where(b > NO_REGRET, a / np.where(b > NO_REGRET, b, 1.0), np.inf))
 
     boot = bootstrap_statistic(lambda idx: ratio(num[idx].mean(axis=1), den[idx].mean(axis=1)),
                                num.size, n_resamples=4000, seed=seed)
@@ -164,9 +168,10 @@ def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase
     lo, hi = (np.quantile(boot, [0.025, 0.975], method="inverted_cdf") if boot.size
               else (np.nan, np.nan))
     value = float(ratio(num.mean(), den.mean()))
-    note = ("unbounded: the policy's regret is <= 0 while frozen-static's is > 0"
-            if value == np.inf else "undefined: neither frozen-static nor the policy has "
-            "regret > 0 (the shift did not hurt the frozen config)" if np.isnan(value) else "")
+    note = (f"unbounded: the policy's regret is <= {NO_REGRET:g} while frozen-static's is "
+            "larger" if value == np.inf else f"undefined: frozen-static's regret is <= "
+            f"{NO_REGRET:g} (the shift did not hurt the frozen config)" if np.isnan(value)
+            else "")
 
     def fin(x):
         return float(x) if np.isfinite(x) else None

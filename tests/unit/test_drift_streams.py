@@ -191,5 +191,6 @@ def test_regret_ratio_is_unbounded_or_undefined_when_the_policy_has_no_regret():
     assert r["value"] == pytest.approx(4.0) and r["note"] == ""
     r = _ratio_row("s", "frozen-static / ppo-policy", frozen, -policy, 2, 0)
     assert r["value"] is None and r["note"].startswith("unbounded")
-    r = _ratio_row("s", "frozen-static / ppo-policy", np.zeros(50), -policy, 2, 0)
-    assert r["value"] is None and r["note"].startswith("undefined")
+    for pol in (-policy, policy):  # frozen-static not hurt: no ratio, whatever the policy did
+        r = _ratio_row("s", "frozen-static / ppo-policy", np.full(50, 1e-17), pol, 2, 0)
+        assert r["value"] is None and r["note"].startswith("undefined")
