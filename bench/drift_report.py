@@ -114,7 +114,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "train and selected on valid; frozen-static is the valid-best arm under the phase-1 "
         f"mix. {len(meta['arms'])} arms (the headroom portfolio). Regret per query = reward "
         "of the phase's best static arm in hindsight − reward served (reward units; negative "
-        "= better than that arm). CIs: bootstrap 95% over (seed, query) steps.",
+        "= better than that arm). CIs: bootstrap 95% over (seed, query) steps. Caveat: a "
+        "phase re-draws queries from a pool of 29-300 test queries (a group of it), so steps "
+        "repeat queries and these CIs, which treat steps as independent, are narrower than "
+        "a CI over distinct queries would be.",
         "",
         "`ppo-policy` was produced by: " + "; ".join(f"{ds}: {d}" for ds, d in
                                                     notes["ppo_policy"].items()) + ".",
@@ -129,8 +132,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     parts += ["", "## Pre-registered targets (issue 19)", "",
               f"`frozen-static / ppo-policy` regret_ratio >= {RATIO_TARGET:g} after each shift; "
               f"`ppo-policy` gap_to_phase_best <= {GAP_TARGET} in every phase (no re-tuning).",
-              "", "| stream | ratio after shift | gap phase 1 | gap phase 2 | targets met |",
-              "|---|---|---|---|---|"]
+              "", "| stream | ratio after shift | gap phase 1 | gap phase 2 | targets met | "
+              "lowest cumulative regret |", "|---|---|---|---|---|---|"]
     for stream in meta["details"]:
         ratio = _get(rows, stream, "frozen-static / ppo-policy", "regret_ratio", 2)
         gaps = [_get(rows, stream, "ppo-policy", "gap_to_phase_best", p) for p in (1, 2)]
@@ -139,8 +142,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                                                            or ratio["value"] >= RATIO_TARGET)]
         met += [g is not None and g["value"] <= GAP_TARGET for g in gaps]
         cell = "n/a (frozen not hurt)" if undefined else _fmt(ratio, "{:.2f}")
+        cum = meta["details"][stream]["cum_regret_end"]
+        lowest = min(cum, key=cum.get)
         parts.append(f"| {stream} | {cell} | {_fmt(gaps[0])} | {_fmt(gaps[1])} | "
-                     f"{sum(met)}/{len(met)} |")
+                     f"{sum(met)}/{len(met)} | {lowest} ({cum[lowest]:+.1f}) |")
     for stream, d in meta["details"].items():
         n_ph = len(d["phases"])
         parts += ["", f"## {stream}", "",
