@@ -61,6 +61,8 @@ def _get(rows, stream, system, metric, phase=None):
 def _fmt(r, f="{:+.4f}") -> str:
     if r is None:
         return "–"
+    if r["value"] is None and r.get("note", "").startswith("undefined"):
+        return "n/a (frozen not hurt)"
     v = "∞" if r["value"] is None else f.format(r["value"])
     lo, hi = r.get("ci_low"), r.get("ci_high")
     if lo is None and hi is None and r["value"] is not None:
@@ -141,7 +143,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         met = [] if undefined else [ratio is not None and (ratio["value"] is None
                                                            or ratio["value"] >= RATIO_TARGET)]
         met += [g is not None and g["value"] <= GAP_TARGET for g in gaps]
-        cell = "n/a (frozen not hurt)" if undefined else _fmt(ratio, "{:.2f}")
+        cell = _fmt(ratio, "{:.2f}")
         cum = meta["details"][stream]["cum_regret_end"]
         lowest = min(cum, key=cum.get)
         parts.append(f"| {stream} | {cell} | {_fmt(gaps[0])} | {_fmt(gaps[1])} | "
