@@ -1,0 +1,362 @@
+"""Drift benchmark (issue 19 item 6): query streams whose mix, price or corpus shifts, and how
+much regret each way of configuring RAG pays against the best static config of each phase.
+
+    python bench/drift.py                  # full: HotpotQA, MTRAG and the synthetic world
+    python bench/drift.py --quick          # < 2 min: the synthetic world only
+    python bench/drift.py --render-only    # rewrite drift.md from drift.json
+
+Arms: the 30-config portfolio of `bench/headroom.py`, every arm evaluated on every query of
+train, valid and test through the tuner's per-query tables (`bench.headroom.matrices`: reward
+= `per_query_reward`, cached rows). Streams (`streams`; two phases of `--length` queries,
+drawn from the test split only, see `bench/drift_streams.py`):
+  * `hotpotqa-type-shift`: bridge/comparison 90/10 -> 10/90 (the dataset's type label);
+  * `mtrag-domain-shift`: domain A -> domain B, the ordered pair whose valid-best config of A
+    loses the most on B's valid queries (chosen on valid, never on test);
+  * `mtrag-turn-shift`: early turns (1-2) -> late turns (5 and later);
+  * `hotpotqa-price-shift`: the same mix throughout, the token price (the reward's cost weight
+    δ) doubles in phase 2: phase-2 rewards are recomputed from the stored per-query F, R,
+    latency and tokens with `RewardSpec` (δ doubled);
+  * `synthetic-corpus-update`: phase 2 asks questions about a regenerated world (new seed,
+    twice the people and companies: `UPDATE_WORLD`), its rows computed by the evaluator on the
+    new corpus, latency priced by the old world's cost model (only the corpus changes).
+`--quick`: `synthetic-type-shift`, `synthetic-price-shift`, `synthetic-corpus-update`.
+Synthetic has no train split: train and valid are the two halves of its valid split (seeded).
+
+Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
+`ppo-policy`, `ppo-policy-online`). The learned per-query policy is fitted on train and
+selected on valid only (`fit_learned_policy`); `--policy router` is the supervised router
+(`rl.policy.router.select_router`), `--policy ppo` helper A's `rl.policy.ppo_policy`
+(`auto`, the default: ppo when importable, else the router; `meta.notes` says which ran).
+
+Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and bandit /
+exploration seeds), bootstrap 95% CIs over (seed, query) steps):
+  * every system's `regret_phase<p>`: mean per-query regret over phase p (reward units);
+  * `frozen-static / ppo-policy` (and `/ ppo-policy-online`) `regret_ratio` after each shift
+    (phase >= 2): mean regret ratio; null when frozen-static has no regret after the shift
+    (`note`: undefined) or only the policy has none (unbounded);
+  * `ppo-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
+    policy's. Pre-registered targets (issue 19): regret_ratio >= 2, gap <= 0.01.
+Plots: `bench/results/drift-<stream>.png` (cumulative regret, mean over seeds, min-max band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    RESULTS,
+    make_meta,
+    metric_row,
+    rerender,
+    write_results,
+)
+from bench.drift_data import Bundle, load_bundle, load_updated_world, price_matrix  # noqa: E402
+from bench.drift_policy import fit_learned_policy  # noqa: E402
+from bench.drift_report import TITLE, markdown, plot_stream  # noqa: E402
+from bench.drift_streams import (  # noqa: E402
+    ONLINE_GRID,
+    SH_ETA,
+    SH_RUNGS,
+    SYSTEMS,
+    Calibration,
+    OnlineSettings,
+    PhaseSpec,
+    Pool,
+    SlidingWindowUCB,
+    StreamSpec,
+    online_policy,
+    phase_best,
+    realise,
+    regret,
+    run_systems,
+    static_arm_for_mix,
+)
+from rag.corpus.loaders import data_root  # noqa: E402
+from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
+from rl.tuner.settings import TunerSettings  # noqa: E402
+
+NAME = "drift"
+PRICE_FACTOR = 2.0
+SW_WINDOW = 150
+RATIO_SYSTEMS = ("ppo-policy", "ppo-policy-online")
+NO_REGRET = 1e-4
+"""Mean regret per query (reward units) below which a system counts as not hurt (float sums
+of equal rewards are not exactly 0)."""
+
+
+def mtrag_domain_pair(R: np.ndarray, dom: np.ndarray) -> tuple[str, str]:
+    """The ordered pair (A, B) of domains whose valid-best arm of A loses the most reward on
+    B's valid queries against B's valid-best arm (`R`, `dom`: the valid split)."""
+    best, worst = None, -np.inf
+    doms = sorted(set(dom))
+    for a in doms:
+        arm_a = int(np.argmax(R[dom == a].mean(axis=0)))
+        for b in doms:
+            if b == a:
+                continue
+            mb = R[dom == b].mean(axis=0)
+            loss = float(mb.max() - mb[arm_a])
+            if loss > worst:
+                best, worst = (a, b), loss
+    return best
+
+
+def streams(quick: bool, length: int, bundles: dict[str, Bundle]) -> list[tuple[StreamSpec, str]]:
+    """(stream, label key of its pools) for the run (module docstring)."""
+    shift = (PhaseSpec({"bridge": 0.9, "comparison": 0.1}),
+             PhaseSpec({"bridge": 0.1, "comparison": 0.9}))
+    price = (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, "price2"))
+    corpus = StreamSpec("synthetic-corpus-update", "synthetic",
+                        (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, "updated")), length,
+                        "phase 2: questions about a regenerated world (new seed, 2x entities)")
+    if quick:
+        return [(StreamSpec("synthetic-type-shift", "synthetic", shift, length,
+                            "bridge/comparison 90/10 -> 10/90"), "type"),
+                (StreamSpec("synthetic-price-shift", "synthetic", price, length,
+                            f"token price x{PRICE_FACTOR:g} in phase 2"), "all"), (corpus, "all")]
+    mt = bundles["mtrag"]
+    a, b = mtrag_domain_pair(mt.R["valid"], mt.labels["valid"]["domain"])
+    return [
+        (StreamSpec("hotpotqa-type-shift", "hotpotqa", shift, length,
+                    "bridge/comparison 90/10 -> 10/90"), "type"),
+        (StreamSpec("mtrag-domain-shift", "mtrag", (PhaseSpec({a: 1.0}), PhaseSpec({b: 1.0})),
+                    length, f"domain {a} -> {b} (the pair chosen on valid)"), "domain"),
+        (StreamSpec("mtrag-turn-shift", "mtrag", (PhaseSpec({"early": 1.0}),
+                                                  PhaseSpec({"late": 1.0})), length,
+                    "turns 1-2 -> turns 5+"), "turn-band"),
+        (StreamSpec("hotpotqa-price-shift", "hotpotqa", price, length,
+                    f"token price x{PRICE_FACTOR:g} in phase 2"), "all"),
+        (corpus, "all"),
+    ]
+
+
+def make_bandit_factory(kind: str):
+    """n_arms, seed -> a bandit with select()/update(arm, reward in [0, 1]): `sw-ucb` (this
+    bench's `SlidingWindowUCB`) or `rl` (`rl.policy.bandit.SlidingWindowUCB`, helper B's)."""
+    if kind == "rl":
+        from rl.policy.bandit import SlidingWindowUCB as RLSW
+
+        return lambda k, seed: RLSW(k, window=SW_WINDOW), "rl.policy.bandit.SlidingWindowUCB"
+    return (lambda k, seed: SlidingWindowUCB(k, window=SW_WINDOW, seed=seed),
+            "bench.drift_streams.SlidingWindowUCB")
+
+
+def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase: int,
+               seed: int) -> dict:
+    """mean(num) / mean(den) (frozen-static's regret over the policy's) with a paired
+    bootstrap 95% CI. Undefined when frozen-static's regret is <= `NO_REGRET` (the shift did
+    not hurt the frozen config: no system can be 2x better than no regret); +inf when only
+    the policy's is (it matched or beat the phase's best while the frozen config lost). Both
+    are JSON null, said in `note`; undefined resamples are left out of the CI."""
+    def ratio(a, b):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(a <= NO_REGRET, np.nan,
+                            np.where(b > NO_REGRET, a / np.where(b > NO_REGRET, b, 1.0), np.inf))
+
+    boot = bootstrap_statistic(lambda idx: ratio(num[idx].mean(axis=1), den[idx].mean(axis=1)),
+                               num.size, n_resamples=4000, seed=seed)
+    boot = boot[~np.isnan(boot)]
+    lo, hi = (np.quantile(boot, [0.025, 0.975], method="inverted_cdf") if boot.size
+              else (np.nan, np.nan))
+    value = float(ratio(num.mean(), den.mean()))
+    note = (f"unbounded: the policy's regret is <= {NO_REGRET:g} while frozen-static's is "
+            "larger" if value == np.inf else f"undefined: frozen-static's regret is <= "
+            f"{NO_REGRET:g} (the shift did not hurt the frozen config)" if np.isnan(value)
+            else "")
+
+    def fin(x):
+        return float(x) if np.isfinite(x) else None
+
+    return {"dataset": stream, "system": system, "metric": "regret_ratio", "phase": phase,
+            "value": fin(value), "ci_low": fin(lo), "ci_high": fin(hi), "n": int(num.size),
+            "policy_regret": float(den.mean()), "frozen_regret": float(num.mean()),
+            "note": note}
+
+
+def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundle, learned,
+               bandit_factory, seeds: int, seed0: int, png: Path,
+               online: OnlineSettings) -> tuple[list[dict], dict]:
+    """Rows and details of one stream over `seeds` seeds."""
+    valid_labels = bundle.labels["valid"][key]
+    static = static_arm_for_mix(bundle.R["valid"], valid_labels, spec.phases[0].mix)
+    calib = Calibration.from_valid(bundle.R["valid"], learned.scores(bundle.X["valid"]),
+                                   learned.act(bundle.X["valid"]))
+    Rt = bundle.R["train"]
+    rng_range = (float(Rt.min()), float(Rt.max()))
+    reg = {s: [] for s in SYSTEMS}
+    phases, picks, best_names = [], {s: [] for s in SYSTEMS}, []
+    for i in range(seeds):
+        seed = seed0 + i
+        real = realise(spec, pools, seed)
+        ch = run_systems(real, static, learned.act, learned.scores, bandit_factory, rng_range,
+                         seed, online, calib)
+        phases.append(real.phase)
+        best_names.append([bundle.names[j] for j in phase_best(real.R, real.phase)])
+        for s in SYSTEMS:
+            reg[s].append(regret(real.R, real.phase, ch[s]))
+            picks[s].append(ch[s])
+    ph = np.concatenate(phases)
+    rows = []
+    n_ph = len(spec.phases)
+    for s in SYSTEMS:
+        r = np.concatenate(reg[s])
+        for p in range(n_ph):
+            rows.append({**metric_row(spec.name, s, f"regret_phase{p + 1}", r[ph == p], seed0),
+                         "phase": p + 1})
+    pp = np.concatenate(reg["ppo-policy"])
+    for p in range(n_ph):
+        rows.append({**metric_row(spec.name, "ppo-policy", "gap_to_phase_best", pp[ph == p],
+                                  seed0), "phase": p + 1})
+    fs = np.concatenate(reg["frozen-static"])
+    for p in range(1, n_ph):
+        for s in RATIO_SYSTEMS:
+            den = np.concatenate(reg[s])[ph == p]
+            rows.append(_ratio_row(spec.name, f"frozen-static / {s}", fs[ph == p], den, p + 1,
+                                   seed0))
+    curves = {s: np.cumsum(np.vstack(reg[s]), axis=1) for s in SYSTEMS}
+    plot_stream(spec.name, curves, spec.length, n_ph, png)
+
+    def used(s: str, p: int) -> dict[str, int]:
+        a = np.concatenate(picks[s])[ph == p]
+        u, c = np.unique(a, return_counts=True)
+        order = np.argsort(-c)[:5]
+        return {bundle.names[u[j]]: int(c[j]) for j in order}
+
+    detail = {
+        "note": spec.note, "label_key": key, "length": spec.length,
+        "phases": [{"mix": ph_.mix, "pool": ph_.pool} for ph_ in spec.phases],
+        "frozen_static": bundle.names[static], "phase_best_per_seed": best_names,
+        "cum_regret_end": {s: float(curves[s][:, -1].mean()) for s in SYSTEMS},
+        "curves_every_10": {s: np.round(curves[s].mean(axis=0)[9::10], 4).tolist()
+                            for s in SYSTEMS},
+        "top_arms": {s: [used(s, p) for p in range(n_ph)] for s in SYSTEMS},
+    }
+    return rows, detail
+
+
+def choose_online(specs: list[tuple[StreamSpec, str]], bundles: dict[str, Bundle], learned,
+                  seeds: int, seed0: int) -> tuple[OnlineSettings, list[dict]]:
+    """`ppo-policy-online`'s settings: the `ONLINE_GRID` entry with the lowest mean regret on
+    the same streams drawn from the **valid** split (streams whose phases all read the main
+    pool: a price or corpus change has no valid pool), other seeds than the test streams'.
+    Returns (settings, every entry's mean valid regret)."""
+    sums = np.zeros(len(ONLINE_GRID))
+    count = 0
+    for spec, key in specs:
+        if any(p.pool != "main" for p in spec.phases):
+            continue
+        b, lp = bundles[spec.dataset], learned[spec.dataset]
+        pools = {"main": Pool(b.R["valid"], b.X["valid"], b.labels["valid"][key])}
+        cal = Calibration.from_valid(b.R["valid"], lp.scores(b.X["valid"]),
+                                     lp.act(b.X["valid"]))
+        for i in range(seeds):
+            seed = seed0 + 1000 + i
+            real = realise(spec, pools, seed)
+            sc = lp.scores(real.X)
+            for g, st in enumerate(ONLINE_GRID):
+                arms, _ = online_policy(real.R, sc, np.random.default_rng([seed, 2]), st, cal)
+                sums[g] += regret(real.R, real.phase, arms).mean()
+            count += 1
+    means = sums / max(count, 1)
+    tried = [{**st.__dict__, "valid_regret": float(m)} for st, m in zip(ONLINE_GRID, means,
+                                                                          strict=True)]
+    return ONLINE_GRID[int(np.argmin(means))], tried
+
+
+def make_pools(spec: StreamSpec, key: str, bundle: Bundle, updated: Bundle | None
+               ) -> dict[str, Pool]:
+    """The test-split pools a stream draws from (main; price2; updated)."""
+    pools = {"main": Pool(bundle.R["test"], bundle.X["test"], bundle.labels["test"][key],
+                          bundle.ids["test"])}
+    needs = {p.pool for p in spec.phases}
+    if "price2" in needs:
+        pools["price2"] = Pool(price_matrix(bundle, PRICE_FACTOR), bundle.X["test"],
+                               bundle.labels["test"][key], bundle.ids["test"])
+    if "updated" in needs:
+        pools["updated"] = Pool(updated.R["test"], updated.X["test"],
+                                updated.labels["test"][key], updated.ids["test"])
+    return pools
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--length", type=int, default=None,
+                    help="queries per phase (default 300; --quick 150)")
+    ap.add_argument("--policy", choices=("auto", "router", "ppo"), default="auto")
+    ap.add_argument("--bandit", choices=("sw-ucb", "rl"), default="sw-ucb")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rewrite the markdown from the existing JSON; evaluate nothing")
+    a = ap.parse_args()
+    if a.render_only:
+        rerender(NAME, a.quick, TITLE, markdown)
+        return
+    t0 = time.perf_counter()
+    length = a.length or (150 if a.quick else 300)
+    policy = TunerSettings.defaults()
+    datasets = ["synthetic"] if a.quick else ["hotpotqa", "mtrag", "synthetic"]
+    bundles = {ds: load_bundle(ds, policy, a.seed) for ds in datasets}
+    updated = load_updated_world(policy, bundles["synthetic"])
+    t_load = time.perf_counter()
+    learned = {ds: fit_learned_policy(a.policy, b, a.seed) for ds, b in bundles.items()}
+    bandit_factory, bandit_name = make_bandit_factory(a.bandit)
+    t_fit = time.perf_counter()
+    specs = streams(a.quick, length, bundles)
+    online, online_tried = choose_online(specs, bundles, learned, a.seeds, a.seed)
+    print(f"loaded and fitted in {t_fit - t0:.0f}s; online settings {online}", flush=True)
+    rows: list[dict] = []
+    details: dict[str, Any] = {}
+    for spec, key in specs:
+        print(f"[{spec.name}] {a.seeds} seeds x {len(spec.phases)} phases x {length}",
+              flush=True)
+        pools = make_pools(spec, key, bundles[spec.dataset], updated)
+        r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
+                          bandit_factory, a.seeds, a.seed,
+                          RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
+                          online)
+        rows.extend(r)
+        details[spec.name] = {**d, "dataset": spec.dataset,
+                              "policy": learned[spec.dataset].describe}
+    files = {} if a.quick else {d: data_root() / d for d in datasets if d != "synthetic"}
+    meta = make_meta(a.seed, files, {
+        "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "seeds": a.seeds,
+        "load_s": round(t_load - t0, 1), "fit_s": round(t_fit - t_load, 1),
+        "length": length, "arms": bundles[datasets[0]].names,
+        "base_config": policy.base_config().model_dump(mode="json"),
+        "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
+                   "cost_ref_tokens": policy.cost_ref_tokens, "price_factor": PRICE_FACTOR},
+        "notes": {
+            "ppo_policy": {ds: lp.describe for ds, lp in learned.items()},
+            "sw_bandit": f"{bandit_name}, window {SW_WINDOW}, c 0.5, rewards rescaled to "
+                         "[0, 1] by the train split's min/max",
+            "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "
+                        f"eta {SH_ETA}, re-run at each shift on the new phase's queries "
+                        "(served, so charged as regret)",
+            "online": {**online.__dict__, "chosen_on": "valid-split streams "
+                       "(choose_online)", "tried": online_tried,
+                       "method": "per-arm correction of the "
+                       "policy's predicted rewards, refit every query on the last `window` "
+                       "logged steps with clipped importance weights, counting each residual "
+                       "by its departure from the policy's valid-split residual for that arm "
+                       "(served greedily or explored); epsilon-greedy serving"},
+            "updated_world": updated.describe,
+        },
+        "bundles": {ds: b.summary() for ds, b in (bundles | {"synthetic-updated": updated})
+                    .items()},
+        "details": details})
+    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Data of the drift benchmark: per dataset the portfolio's per-query matrices on train, valid
+and test (`bench.headroom.matrices`: cached tuner rows), the query features and the group
+labels the streams mix by; the regenerated synthetic world of the corpus-update stream; and
+rewards recomputed under a changed token price.
+
+Roles: train (the learned policy is fitted on it), valid (the policy's model selection and
+frozen-static's choice), test (the only split streams draw from). Synthetic has no train
+split: train and valid are the two halves of its valid split (`_roles`, seeded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from bench.headroom import matrices, portfolio, segmentations
+from rl.tuner.reward import PII_COLUMN
+from rl.tuner.settings import TunerSettings
+
+UPDATE_WORLD = {"seed": 1, "n_people": 300, "n_companies": 180, "n_questions": 240}
+"""`make_synthetic_world` arguments of the corpus update: a new seed and twice the people and
+companies (more distractors) of the default world."""
+EARLY_TURNS, LATE_TURNS = 2, 5
+"""MTRAG turn bands: `early` = turn <= 2, `late` = turn >= 5 (3-4: `mid`, in no phase)."""
+
+
+@dataclass
+class Bundle:
+    """One dataset's matrices by role: arm `names`; `R`, `T` (n, K) reward and tokens; `X`
+    (n, d) features; `labels[role][key]` group labels; `ids[role]` query ids; `ev` the
+    evaluator and `test_tabs` the test split's tables (for price recomputation)."""
+
+    name: str
+    names: list[str]
+    R: dict[str, np.ndarray]
+    T: dict[str, np.ndarray]
+    X: dict[str, np.ndarray]
+    labels: dict[str, dict[str, np.ndarray]]
+    ids: dict[str, np.ndarray]
+    ev: Any = None
+    test_tabs: list = field(default_factory=list)
+    describe: str = ""
+    arm_descriptors: np.ndarray | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"n": {r: int(v.shape[0]) for r, v in self.R.items()},
+                "groups": {r: {k: _counts(v) for k, v in labs.items() if k != "all"}
+                           for r, labs in self.labels.items()}, "describe": self.describe}
+
+
+def _counts(labels: np.ndarray) -> dict[str, int]:
+    u, c = np.unique(labels, return_counts=True)
+    return {str(a): int(b) for a, b in zip(u, c, strict=True)}
+
+
+def _roles(data, seed: int) -> dict[str, tuple[str, np.ndarray]]:
+    """role -> (split, query indices into it)."""
+    tune = "valid"
+    n_tune = len(data.examples(tune))
+    test = ("test", np.arange(len(data.examples("test"))))
+    if "train" in data.splits:
+        return {"train": ("train", np.arange(len(data.examples("train")))),
+                "valid": (tune, np.arange(n_tune)), "test": test}
+    perm = np.random.default_rng(seed).permutation(n_tune)
+    half = n_tune // 2
+    return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
+            "test": test}
+
+
+def group_labels(ds: str, examples) -> dict[str, np.ndarray]:
+    """Every label key a stream may mix by: `all`, `bench.headroom.segmentations`' keys, and
+    for MTRAG `turn-band` (early / mid / late: `EARLY_TURNS`, `LATE_TURNS`)."""
+    out = {"all": np.array(["all"] * len(examples))}
+    out.update({k: np.asarray(v) for k, v in segmentations(ds, examples).items()})
+    if ds == "mtrag":
+        def band(e) -> str:
+            t = int((e.metadata or {}).get("turn") or 1)
+            return "early" if t <= EARLY_TURNS else "late" if t >= LATE_TURNS else "mid"
+
+        out["turn-band"] = np.array([band(e) for e in examples])
+    return out
+
+
+def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = "") -> Bundle:
+    """Matrices, features and labels of evaluator `ev`'s data by role (module docstring)."""
+    from rl.policy.features import QueryFeaturizer
+    from rl.policy.router import arm_features
+
+    configs = portfolio(policy)
+    roles = _roles(ev.data, seed)
+    full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in roles.values()})}
+    examples = {r: [ev.data.examples(s)[i] for i in idx] for r, (s, idx) in roles.items()}
+    feat = QueryFeaturizer(ev.memo, policy.base_config())
+    X = {r: feat.matrix(ex) for r, ex in examples.items()}
+    ev.memo.flush()
+    return Bundle(
+        ds, [n for n, _ in configs],
+        {r: full[s]["R"][idx] for r, (s, idx) in roles.items()},
+        {r: full[s]["T"][idx] for r, (s, idx) in roles.items()}, X,
+        {r: group_labels(ds, ex) for r, ex in examples.items()},
+        {r: np.array([e.id for e in ex]) for r, ex in examples.items()}, ev,
+        full["test"]["tabs"], describe or f"{ds}: train/valid/test of TuningData",
+        arm_features([c for _, c in configs]))
+
+
+def load_bundle(ds: str, policy: TunerSettings, seed: int) -> Bundle:
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    return build_bundle(ds, TunerEvaluator(TuningData.open(ds), policy), policy, seed)
+
+
+def load_updated_world(policy: TunerSettings, old: Bundle, seed: int = 0) -> Bundle:
+    """The corpus update: the synthetic world regenerated with `UPDATE_WORLD`, opened as
+    dataset `synthetic` (same metrics and gates), indexed under the cache and evaluated by the
+    tuner's evaluator (its own row store: tables are keyed by corpus fingerprint), latency
+    priced by the old world's cost model."""
+    from rag.corpus.hygiene import stratified_split
+    from rag.corpus.loaders import Dataset
+    from rag.corpus.synthetic import make_synthetic_world
+    from rag.indexset import IndexSet
+    from rag.models import cache_dir
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    w = make_synthetic_world(**UPDATE_WORLD)
+    ds = Dataset("synthetic", w.corpus, w.examples, {}, builtin=True)
+    m = stratified_split(ds.examples, {"valid": 0.5, "test": 0.5}, seed=13, name="synthetic")
+    by_id = {e.id: e for e in ds.examples}
+    splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in m.splits.items()}
+    d = cache_dir() / "indexes" / f"synthetic-{w.corpus.fingerprint()}"
+    idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
+        w.corpus, d, manifest=ds.manifest_dict(), show_progress=False)
+    data = TuningData("synthetic", ds, idx, splits, "synthetic", None)
+    ev = TunerEvaluator(data, policy, cost_model=old.ev.cost_model)
+    desc = (f"make_synthetic_world({', '.join(f'{k}={v}' for k, v in UPDATE_WORLD.items())}): "
+            f"{len(w.corpus)} passages, test split {len(splits['test'])} questions")
+    return build_bundle("synthetic", ev, policy, seed, desc)
+
+
+def price_matrix(bundle: Bundle, factor: float) -> np.ndarray:
+    """(n_test, K) per-query rewards with the token price (cost weight δ) multiplied by
+    `factor`, recomputed from the stored per-query F, R, latency and tokens (`RewardSpec.
+    per_query`); factor 1 reproduces `bundle.R["test"]` (checked)."""
+    ev = bundle.ev
+    spec = ev.reward_spec()
+
+    def with_price(f: float) -> np.ndarray:
+        w = spec.weights.model_copy(update={"delta": spec.weights.delta * f})
+        s = replace(spec, weights=w)
+        cols = []
+        for tab in bundle.test_tabs:
+            F, Rel = ev.quality(tab)
+            cols.append(np.asarray(s.per_query(F, Rel, tab["latency_ms"], tab["tokens"],
+                                               tab.get(PII_COLUMN)), dtype=np.float64))
+        return np.column_stack(cols)
+
+    if not np.allclose(with_price(1.0), bundle.R["test"], equal_nan=True):
+        raise AssertionError("recomputed rewards differ from the evaluator's per-query reward")
+    return with_price(factor)
