@@ -89,3 +89,26 @@ def test_search_passes_the_options_to_tune_search(monkeypatch):
     with pytest.raises(_Called) as got:
         search(Ev(), Ev.policy, "tpe", 100, tune_options=opts)
     assert {k: got.value.kwargs[k] for k in opts} == opts
+
+
+def test_fanout_workers_and_the_environment(monkeypatch):
+    """eval/index: --workers wins; a cluster address (flag or $RAY_ADDRESS) means one task per
+    CPU (0); a job server's URL in $RAY_ADDRESS is not a cluster to join."""
+    import argparse
+
+    from rag.errors import ConfigError
+    from serving.cli.cluster import fanout_workers
+
+    def ns(**kw):
+        return argparse.Namespace(**{"workers": None, "ray_address": None, **kw})
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert fanout_workers(ns()) is None
+    assert fanout_workers(ns(workers=3)) == 3
+    assert fanout_workers(ns(ray_address="127.0.0.1:6379")) == 0
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.10:6379")
+    assert fanout_workers(ns()) == 0
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.10:8265")
+    assert fanout_workers(ns()) is None
+    with pytest.raises(ConfigError, match="--workers"):
+        fanout_workers(ns(workers=0))

@@ -69,9 +69,11 @@ def check_ray_address(value: str | None) -> str | None:
 
 
 def ray_address(args: argparse.Namespace) -> str | None:
-    """The checked --ray-address, else $RAY_ADDRESS (unchecked: Ray's own), else None."""
-    return check_ray_address(getattr(args, "ray_address", None)) or \
-        os.environ.get("RAY_ADDRESS") or None
+    """The checked --ray-address, else $RAY_ADDRESS (unchecked: Ray's own) unless it is a job
+    server's http(s) URL (what `ray job submit` reads, not a cluster to join), else None."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    return check_ray_address(getattr(args, "ray_address", None)) or (
+        env if env and not env.startswith(("http://", "https://")) else None)
 
 
 def fanout_workers(args: argparse.Namespace) -> int | None:
