@@ -273,7 +273,8 @@ def body(meta: dict, rows: list[dict]) -> str:
         "identical; the dense vectors agree to float32 rounding (sentence-transformers orders "
         "each call's texts by length before batching, so a shard's batches pad differently "
         "from one process's), which leaves every passage's top-10 unchanged, and the index "
-        "fingerprints (corpus, encoder) are the same.",
+        "fingerprints (corpus, encoder) are the same. Wall times include loading the models "
+        "(in the driver, or in each task on its node), not building the indexes.",
         f"The whole run took {run.get('wall_s', nan):.0f} s, of which "
         f"{run.get('cluster_wall_s', nan):.0f} s with the cluster up (start, the runs, "
         f"shut-down)."]
@@ -301,7 +302,8 @@ def merged(old: dict | None, parts: tuple[str, ...], rows: list[dict], meta: dic
     order = {s: i for i, p in enumerate(PARTS) for s in SYSTEMS[p]}
     out_rows = sorted(keep + rows, key=lambda r: order.get(r["system"], len(order)))
     out_meta = dict(old["meta"])
-    out_meta["run"] = {**out_meta.get("run", {}), **meta["run"]}
+    # this run's own numbers (wall time, nodes) under its parts' name: the committed run's stay
+    out_meta["run"] = {**out_meta.get("run", {}), "+".join(parts): meta["run"]}
     out_meta["parts"] = {**out_meta.get("parts", {p: {k: old["meta"].get(k) for k in stamp}
                                                    for p in PARTS if p not in parts}),
                          **{p: stamp for p in parts}}

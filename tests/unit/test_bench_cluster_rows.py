@@ -42,7 +42,8 @@ def test_only_merges_into_the_committed_rows():
     rows, meta = cluster.merged(old, ("eval", "index"), cluster.rows_of(_report()), new_meta)
     assert rows[0] == old_rows[0]  # tune kept, first
     assert _value(rows, "eval-2-nodes", "nodes_used") == 2  # replaced, not duplicated
-    assert meta["commit"] == "old" and meta["run"] == {"grid": 24, "fanout_prepare_s": 9.0}
+    assert meta["commit"] == "old"
+    assert meta["run"] == {"grid": 24, "eval+index": {"fanout_prepare_s": 9.0}}
     assert meta["parts"]["tune"]["commit"] == "old" and meta["parts"]["eval"]["commit"] == "new"
     md = cluster.body(meta, rows)
     assert "| eval-2-nodes | 2 | 1 |" in md and "Parts measured at different commits" in md
