@@ -22,7 +22,7 @@ from tests.support.ray_cluster import RUNTIME_ENV, netns_command, stop_recorded
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 300
+TIMEOUT_S = 450  # ~180 s on this shared 2-core machine under load
 
 
 @pytest.fixture
