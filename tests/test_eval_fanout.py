@@ -1,7 +1,8 @@
 """`ragpilot eval` and `ragpilot index` as Ray tasks (issue 23 item 2, rl.common.fanout) give
 the in-process results: on the synthetic world, eval with 2 workers writes the same per-query
 outputs (answers, citations, contexts, candidates, tokens, scores) and the same metric means as
-eval in one process; the dense index built from vectors encoded by 2 Ray tasks has the same
+eval in one process; the dense index built from vectors encoded by 2 Ray tasks
+(`rl.common.fanout.prime_embeddings`) has the same
 vectors (allclose 1e-6), the same FAISS search results and the same fingerprints (corpus,
 encoder) as the in-process build. A local Ray runtime of 2 CPUs (one per session: run Ray
 tests serially); the two-node version of the same checks is in bench/cluster.py."""
@@ -108,7 +109,7 @@ def test_index_encoded_by_ray_tasks_equals_in_process(local_ray, tmp_path, monke
 
     one = _build(tmp_path, "one", monkeypatch)
     two = _build(tmp_path, "two", monkeypatch, "--workers", "2")
-    assert "dense encoding: 1 Ray tasks" not in capsys.readouterr().out  # split in 2
+    assert "dense encoding: 2 Ray tasks on 1 node(s)" in capsys.readouterr().out
     v1 = np.load(one / "dense-flat" / "embeddings.npy")
     v2 = np.load(two / "dense-flat" / "embeddings.npy")
     assert v1.shape == v2.shape and v1.dtype == v2.dtype == np.float32
@@ -126,8 +127,7 @@ def test_index_encoded_by_ray_tasks_equals_in_process(local_ray, tmp_path, monke
 
 def test_ray_encoder_spreads_batches_in_order(local_ray, world):
     from rag.encoders import Encoder, encode_documents
-    from rag.index.dense import passage_texts
-    from rl.common.fanout import RayDocumentEncoder
+    from rl.common.fanout import RayDocumentEncoder, passage_texts
 
     texts = passage_texts(world.corpus)[:40]
     enc = RayDocumentEncoder("minilm", workers=2,

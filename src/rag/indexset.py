@@ -53,10 +53,6 @@ class IndexSet:
         self._lock = threading.RLock()
         self.build_seconds: dict[str, float] = {}
         self._os_client = None
-        self.encode_documents = None
-        """How FAISS builds encode the corpus when its vectors are not cached: None = the
-        encoder in this process, else `encode(texts, batch_size) -> vectors` (`build_all`'s
-        `encode`, e.g. rl.common.fanout.RayDocumentEncoder); the vectors are the same."""
         self._check_backends()
 
     # ---- construction ---------------------------------------------------------------------
@@ -127,12 +123,9 @@ class IndexSet:
         return json.loads((self.root / "manifest.json").read_text())
 
     def build_all(self, bm25: tuple[str, ...] | None = None, dense: tuple[str, ...] = ("flat",),
-                  graph: bool = True, encode=None) -> dict[str, float]:
+                  graph: bool = True) -> dict[str, float]:
         """Build (or load) the named indexes now; returns seconds spent per index. `bm25=None`:
-        the lexical backend of the settings (tantivy when they leave it to the config).
-        `encode`: sets `encode_documents` (how FAISS builds encode the corpus)."""
-        if encode is not None:
-            self.encode_documents = encode
+        the lexical backend of the settings (tantivy when they leave it to the config)."""
         bm25 = tuple(bm25) if bm25 else (self.default_bm25_backend(),)
         for b in bm25:
             self.bm25(b)
@@ -227,8 +220,7 @@ class IndexSet:
                                           faiss_device=fd, faiss_key=FAISS_DEVICE_KEY),
             lambda d: DenseRetriever.build(self.corpus, self.encoder(), index=kind, directory=d,
                                            show_progress=self.show_progress, device=self.device,
-                                           faiss_device=fd, faiss_key=FAISS_DEVICE_KEY,
-                                           encode=self.encode_documents),
+                                           faiss_device=fd, faiss_key=FAISS_DEVICE_KEY),
         )
 
     def _opensearch(self, mode: str):

@@ -49,9 +49,9 @@ def prepare(root: Path) -> dict[str, Any]:
     from rag.corpus.loaders import load_dataset
     from rag.encoders import encode_documents
     from rag.evaluate import evaluate
-    from rag.index.dense import passage_texts
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline
+    from rl.common.fanout import passage_texts
 
     ds = load_dataset(DATASET)
     cfg = RAGConfig().replace(**CONFIG)

@@ -34,32 +34,16 @@ HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
 
 
-def passage_texts(corpus: Corpus) -> list[str]:
-    """What a passage's dense vector encodes: "title. text" (the text alone when untitled)."""
-    return [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
-
-
 def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: bool = False,
-                 use_cache: bool = True, encode=None) -> np.ndarray:
-    """(len(corpus), dim) unit vectors of "title. text", from the on-disk cache when present.
-    `encode(texts, batch_size) -> (n, dim) float32`: how the texts are encoded when they are
-    not cached (default: `encoder` in this process; rl.common.fanout.RayDocumentEncoder
-    spreads the batches over a Ray cluster); its vectors must come from `encoder`'s weights,
-    since they are cached under its fingerprint."""
+                 use_cache: bool = True) -> np.ndarray:
+    """(len(corpus), dim) unit vectors of "title. text", from the on-disk cache when present."""
     path = cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{encoder.fingerprint}.npy"
     if use_cache and path.exists():
         vecs = np.load(path)
         if vecs.shape == (len(corpus), encoder.dim):
             return vecs
-    texts = passage_texts(corpus)
-    if encode is None:
-        vecs = encode_documents(encoder, texts, batch_size=batch_size,
-                                show_progress=show_progress)
-    else:
-        vecs = np.ascontiguousarray(encode(texts, batch_size), dtype=np.float32)
-        if vecs.shape != (len(corpus), encoder.dim):
-            raise ValueError(f"encode returned {vecs.shape}, expected "
-                             f"{(len(corpus), encoder.dim)}")
+    texts = [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
+    vecs = encode_documents(encoder, texts, batch_size=batch_size, show_progress=show_progress)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npy")
@@ -171,11 +155,8 @@ class DenseRetriever(Retriever):
     def build(cls, corpus: Corpus, encoder, index: str = "flat",
               directory: str | Path | None = None, batch_size: int = 64,
               show_progress: bool = True, device: str = "cpu", faiss_device: str | None = None,
-              faiss_key: str = "faiss_device", encode=None) -> DenseRetriever:
-        """Embed `corpus` (`embed_corpus`; `encode`: its optional batch encoder, e.g. Ray
-        tasks) and index the vectors in corpus order; saved under `directory` if given."""
-        vecs = embed_corpus(corpus, encoder, batch_size=batch_size, show_progress=show_progress,
-                            encode=encode)
+              faiss_key: str = "faiss_device") -> DenseRetriever:
+        vecs = embed_corpus(corpus, encoder, batch_size=batch_size, show_progress=show_progress)
         r = cls(_make_index(vecs, index), vecs, corpus.ids, encoder, index, device=device,
                 faiss_device=faiss_device, faiss_key=faiss_key)
         if directory:

@@ -2,8 +2,9 @@
 `ragpilot index` with `--workers N` or a cluster address.
 
     evaluate_fanout(spec, examples, workers)  -> (rag.evaluate.EvalResult, FanoutInfo)
-    RayDocumentEncoder(encoder name, workers)  -> `encode(texts, batch_size)` for
-                                                  IndexSet.build_all(encode=...)
+    RayDocumentEncoder(encoder name, workers)  -> `encode(texts, batch_size)` over Ray tasks
+    prime_embeddings(corpus, encoder, encode)  -> the corpus vectors, encoded by `encode`, put
+                                                  where the FAISS build reads them
 
 Contract: the same outputs as in-process for the same inputs. The work splits into contiguous
 shards whose boundaries fall on multiples of the batch size, so every generator batch (eval) and
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -227,10 +229,44 @@ def encode_shard(encoder_name: str, texts: Sequence[str], batch_size: int,
             "node_id": _node_id(), "fingerprint": enc.fingerprint}
 
 
+def passage_texts(corpus: Any) -> list[str]:
+    """What a passage's dense vector encodes: "title. text" (the text alone when untitled),
+    as `rag.index.dense.embed_corpus` builds it (tests/test_eval_fanout.py checks both agree)."""
+    return [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
+
+
+def embedding_cache_path(corpus: Any, encoder: Any) -> Path:
+    """The file `rag.index.dense.embed_corpus` reads a corpus's vectors from (its formula)."""
+    from rag.index import dense
+
+    # through the dense module's own name, so whatever cache dir it sees is the one used here
+    return dense.cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{encoder.fingerprint}.npy"
+
+
+def prime_embeddings(corpus: Any, encoder: Any, encode: Callable[..., np.ndarray],
+                     batch_size: int = 64) -> bool:
+    """Encode `corpus` with `encode` (e.g. a RayDocumentEncoder) and store the vectors where
+    the FAISS build (`rag.index.dense.embed_corpus`, called by `IndexSet.dense`) reads them, so
+    the index is built from them without encoding in this process. `encoder`: the driver's
+    encoder of the index (its fingerprint and dim name the file). False, doing nothing, when
+    the file is already there with the right shape. The dense module itself is not changed:
+    its code is part of the tuner's retrieval-cache fingerprint (rl.common.memo)."""
+    path = embedding_cache_path(corpus, encoder)
+    if path.exists() and np.load(path, mmap_mode="r").shape == (len(corpus), encoder.dim):
+        return False
+    vecs = np.ascontiguousarray(encode(passage_texts(corpus), batch_size), dtype=np.float32)
+    if vecs.shape != (len(corpus), encoder.dim):
+        raise ValueError(f"encode returned {vecs.shape}, expected {(len(corpus), encoder.dim)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+    np.save(tmp, vecs)
+    tmp.replace(path)  # atomic: a concurrent reader sees the old file or the whole new one
+    return True
+
+
 class RayDocumentEncoder:
-    """`encode(texts, batch_size) -> (n, dim) float32` over Ray tasks, for
-    `IndexSet.build_all(encode=...)` / `rag.index.dense.embed_corpus(encode=...)`: the texts
-    split into `workers` shards (None/0: one per CPU of the cluster) aligned on `batch_size`,
+    """`encode(texts, batch_size) -> (n, dim) float32` over Ray tasks (`prime_embeddings`
+    stores them for the FAISS build): the texts split into `workers` shards (None/0: one per CPU of the cluster) aligned on `batch_size`,
     each encoded by `encoder_name` on its node, concatenated in order. Each call appends its
     FanoutInfo to `runs`. A node whose weights differ (another encoder fingerprint than
     `fingerprint`, when given) is an error: its vectors would not match the index's model."""

@@ -81,19 +81,18 @@ def cmd_index(args: argparse.Namespace) -> int:
     idx = IndexSet.create(ds.corpus, args.out, encoder=args.encoder,
                           manifest=ds.manifest_dict() if hasattr(ds, "manifest_dict") else None,
                           indexes=settings)
-    encode = None
-    if workers is not None:
-        from rl.common.fanout import RayDocumentEncoder
+    if workers is not None and args.dense:
+        from rl.common.fanout import RayDocumentEncoder, prime_embeddings
 
         encode = RayDocumentEncoder(idx.encoder_name, workers, ray_address(args),
                                     fingerprint=idx.encoder().fingerprint)
+        if prime_embeddings(ds.corpus, idx.encoder(), encode):
+            r = encode.runs[-1]
+            print(f"dense encoding: {len(r.shards)} Ray tasks on {len(r.nodes)} node(s)")
+        else:
+            print("dense encoding: vectors from the embedding cache (nothing encoded)")
     secs = idx.build_all(bm25=tuple(args.bm25.split(",")) if args.bm25 else None,
-                         dense=tuple(args.dense.split(",")), graph=not args.no_graph,
-                         encode=encode)
-    if encode is not None:
-        print("dense encoding: " + ("; ".join(
-            f"{len(r.shards)} Ray tasks on {len(r.nodes)} node(s)" for r in encode.runs)
-            or "vectors from the embedding cache (nothing encoded)"))
+                         dense=tuple(args.dense.split(",")), graph=not args.no_graph)
     st = idx.settings
     print(f"indexed {len(ds.corpus)} passages from {ds.name} into {args.out} (lexical: "
           f"{st.lexical or 'per config'}, dense: {st.dense}, faiss_device: "
