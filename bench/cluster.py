@@ -1,8 +1,10 @@
-"""Cluster acceptance benchmark (issue 23): Ray Tune trials and RLlib PPO env runners on a real
-two-node Ray cluster on this machine, each compared with the same seed on one node.
+"""Cluster acceptance benchmark (issue 23): Ray Tune trials, RLlib PPO env runners, `ragpilot
+eval` and dense index encoding on a real two-node Ray cluster on this machine, each compared with
+the same seed on one node (tune, ppo) or in one process (eval, index).
 
     python bench/cluster.py                # full: 24-config space, PPO 2 iterations
     python bench/cluster.py --quick        # ~2 min: 8-config space, PPO 1 iteration
+    python bench/cluster.py --only eval,index   # re-run these parts, keep the other rows
     python bench/cluster.py --render-only  # rewrite cluster.md from cluster.json
 
 The benchmark re-runs itself (`--inner ROOT OUT`) inside a private network namespace and there
@@ -15,12 +17,24 @@ the synthetic dataset, after evaluating every config of the space once into a sh
          tests/support/multinode_tune.py
   ppo    `PPOTuner` with 2 remote env runners of 1 CPU ("2 nodes"), then both pinned to the
          head ("1 node"); tests/support/multinode_ppo.py
-Rows (dataset "synthetic"; system tune-2-nodes / ppo-2-nodes, and *-1-node for wall time):
-  nodes_used                  distinct Ray nodes that ran trials (tune) or env steps (ppo)
+  eval   `rl.common.fanout.evaluate_fanout`, 2 tasks of 1 CPU (one per node) over the 240
+         questions, vs `rag.evaluate.evaluate` in the driver; tests/support/multinode_fanout.py
+  index  `rl.common.fanout.RayDocumentEncoder`, 2 tasks encoding the 300 passages for the
+         FAISS index, vs the driver's encoder; tests/support/multinode_fanout.py
+Rows (dataset "synthetic"; system tune-2-nodes / ppo-2-nodes / eval-2-nodes / index-2-nodes,
+and *-1-node for wall time):
+  nodes_used                  distinct Ray nodes that ran trials (tune), env steps (ppo) or
+                              tasks (eval, index)
   best_config_matches_1_node  1 when the best config (and its reward) equals the 1-node run's
   same_results_as_1_node      tune: every config's rung rewards equal; ppo: the step trace
                               (runner, step, config, reward), incumbent and greedy pick equal
-  wall_s                      seconds of the search / training (cluster start and warm-up apart)
+  matches_1_node              eval: every answer, citation, context, candidate, token count,
+                              metric row and mean equals the in-process run's; index: vectors
+                              allclose 1e-6 and the same top-10 for every passage as a query
+  max_abs_diff                index: largest |vector difference| (float32 rounding)
+  bytes_identical             index: 1 when the vectors (so the FAISS file) are byte-identical
+  wall_s                      seconds of the search / training / tasks (cluster start and
+                              warm-up apart; the 1-node eval/index: in the driver process)
 Both nodes share one 2-core machine, so this measures placement and determinism, not speed-up.
 """
 
@@ -46,26 +60,44 @@ NAME = "cluster"
 TITLE = "Tuning on a two-node Ray cluster (issue 23)"
 DATASET = "synthetic"
 INNER_TIMEOUT_S = 900
+PARTS = ("tune", "ppo", "eval", "index")
+SYSTEMS = {"tune": ("tune-2-nodes", "tune-1-node"), "ppo": ("ppo-2-nodes", "ppo-1-node"),
+           "eval": ("eval-2-nodes", "eval-1-node"), "index": ("index-2-nodes", "index-1-node")}
 
 
 # ---- inside the network namespace -------------------------------------------------------------
-def inner(root: Path, out: Path, quick: bool) -> None:
-    """Warm the cache, start the cluster, run PPO and Tune on 2 nodes and on 1: `out` (JSON)."""
-    from tests.support import multinode_ppo, multinode_tune
+def inner(root: Path, out: Path, quick: bool, parts: tuple[str, ...] = PARTS) -> None:
+    """Warm the cache, start the cluster, run `parts` (PPO and Tune on 2 nodes and on 1, eval
+    and index encoding on 2 nodes against the driver): `out` (JSON)."""
+    from tests.support import multinode_fanout, multinode_ppo, multinode_tune
     from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
 
     t0 = time.perf_counter()
-    ev, n_grid = multinode_tune.warm(root / "cache", full=not quick)
-    report: dict = {"quick": quick, "warm_s": time.perf_counter() - t0, "grid": n_grid}
+    report: dict = {"quick": quick, "parts": list(parts)}
+    if "tune" in parts or "ppo" in parts:
+        ev, n_grid = multinode_tune.warm(root / "cache", full=not quick)
+        report.update(warm_s=time.perf_counter() - t0, grid=n_grid)
     if quick:
         multinode_ppo.ITERATIONS = 1
     report["ppo_iterations"] = multinode_ppo.ITERATIONS
+    prep = None
+    if "eval" in parts or "index" in parts:
+        t1 = time.perf_counter()
+        prep = multinode_fanout.prepare(root / "fanout")
+        report["fanout_prepare_s"] = time.perf_counter() - t1
     with cluster_session(root, out, report):
-        multinode_tune.both_runs(ev, root, report)
-        report["ppo"] = {
-            "2-nodes": multinode_ppo.run(ev, ppo_policy(quick)),
-            "1-node": multinode_ppo.run(ev, ppo_policy(
-                quick, num_cpus_per_env_runner=0.0, env_runner_resources={HEAD_RESOURCE: 0.5}))}
+        if "tune" in parts:
+            multinode_tune.both_runs(ev, root, report)
+        if "ppo" in parts:
+            report["ppo"] = {
+                "2-nodes": multinode_ppo.run(ev, ppo_policy(quick)),
+                "1-node": multinode_ppo.run(ev, ppo_policy(
+                    quick, num_cpus_per_env_runner=0.0,
+                    env_runner_resources={HEAD_RESOURCE: 0.5}))}
+        if "eval" in parts:
+            report["eval"] = multinode_fanout.run_eval(prep)
+        if "index" in parts:
+            report["index"] = multinode_fanout.run_index(prep)
     report["wall_s"] = time.perf_counter() - t0
     out.write_text(json.dumps(report, indent=1))
 
@@ -81,7 +113,7 @@ def ppo_policy(quick: bool, **ppo):
     return p.with_overrides(ppo={**p.model_dump(mode="json", by_alias=True)["ppo"], **ppo})
 
 
-def run_cluster(quick: bool) -> dict:
+def run_cluster(quick: bool, parts: tuple[str, ...] = PARTS) -> dict:
     """`inner` in a fresh private network namespace; its JSON report. The nodes are stopped
     by `inner`, and again here by their recorded process groups (never `ray stop`)."""
     from tests.support.ray_cluster import RUNTIME_ENV, netns_command, stop_recorded
@@ -90,7 +122,8 @@ def run_cluster(quick: bool) -> dict:
     root = Path(tempfile.mkdtemp(prefix="rpb-", dir="/tmp"))
     out = root / "out.json"
     cmd = netns_command([sys.executable, str(Path(__file__).resolve()), "--inner", str(root),
-                         str(out)] + (["--quick"] if quick else []))
+                         str(out), "--only", ",".join(parts)]
+                        + (["--quick"] if quick else []))
     if cmd is None:
         raise SystemExit("no private network namespace here (unshare -n / ip link)")
     env = {**os.environ, **RUNTIME_ENV, "PYTHONPATH": os.pathsep.join(
@@ -115,7 +148,34 @@ def _trace(run: dict) -> list:
 
 
 def rows_of(rep: dict) -> list[dict]:
-    """The acceptance rows of an `inner` report."""
+    """The acceptance rows of an `inner` report (of the parts it ran)."""
+    rows = []
+    if "2-nodes" in rep:
+        rows += _tune_rows(rep)
+    if "ppo" in rep:
+        rows += _ppo_rows(rep)
+    if "eval" in rep:
+        e = rep["eval"]
+        rows += [plain_row(DATASET, "eval-2-nodes", "nodes_used", len(e["nodes"]), e["n"]),
+                 plain_row(DATASET, "eval-2-nodes", "matches_1_node",
+                           int(e["same_answers"] and e["same_rows"] and e["same_means"]),
+                           e["n"]),
+                 plain_row(DATASET, "eval-2-nodes", "wall_s", e["wall_s"], e["n"]),
+                 plain_row(DATASET, "eval-1-node", "wall_s", e["in_process_wall_s"], e["n"])]
+    if "index" in rep:
+        x = rep["index"]
+        rows += [plain_row(DATASET, "index-2-nodes", "nodes_used", len(x["nodes"]), x["n"]),
+                 plain_row(DATASET, "index-2-nodes", "matches_1_node",
+                           int(x["vectors_allclose_1e-6"] and x["same_top10"]), x["n"]),
+                 plain_row(DATASET, "index-2-nodes", "max_abs_diff", x["max_abs_diff"], x["n"]),
+                 plain_row(DATASET, "index-2-nodes", "bytes_identical",
+                           int(x["vectors_bytes_identical"]), x["n"]),
+                 plain_row(DATASET, "index-2-nodes", "wall_s", x["wall_s"], x["n"]),
+                 plain_row(DATASET, "index-1-node", "wall_s", x["in_process_wall_s"], x["n"])]
+    return rows
+
+
+def _tune_rows(rep: dict) -> list[dict]:
     rows = []
     t2, t1 = rep["2-nodes"], rep["1-node"]
     n = len(t2["trials"])
@@ -134,6 +194,11 @@ def rows_of(rep: dict) -> list[dict]:
              plain_row(DATASET, "tune-1-node", "nodes_used",
                        len({t["node_id"] for t in t1["trials"]}), len(t1["trials"])),
              plain_row(DATASET, "tune-1-node", "wall_s", t1["wall_s"], len(t1["trials"]))]
+    return rows
+
+
+def _ppo_rows(rep: dict) -> list[dict]:
+    rows = []
     p2, p1 = rep["ppo"]["2-nodes"], rep["ppo"]["1-node"]
     m = len(p2["steps"])
     same = _trace(p2) == _trace(p1) and (p2["incumbent"], p2["greedy"]) == \
@@ -157,17 +222,31 @@ def body(meta: dict, rows: list[dict]) -> str:
         sysw.setdefault(r["system"], {})[r["metric"]] = r
     lines = ["| system | nodes used | best config = 1-node's | same results as 1-node | "
              "wall s | n |", "|---|---|---|---|---|---|"]
+    fan = ["| system | nodes used | matches 1-node | max abs diff | bytes identical | wall s "
+           "| n |", "|---|---|---|---|---|---|---|"]
     for name, ms in sysw.items():
         def cell(k, ms=ms):
             r = ms.get(k)
             return "" if r is None else (f"{r['value']:.1f}" if k == "wall_s"
+                                         else f"{r['value']:.2g}" if k == "max_abs_diff"
                                          else f"{r['value']:g}")
         n = next(iter(ms.values()))["n"]
+        if name.startswith(("eval-", "index-")):
+            fan.append(f"| {name} | {cell('nodes_used')} | {cell('matches_1_node')} | "
+                       f"{cell('max_abs_diff')} | {cell('bytes_identical')} | "
+                       f"{cell('wall_s')} | {n} |")
+            continue
         lines.append(f"| {name} | {cell('nodes_used')} | "
                      f"{cell('best_config_matches_1_node')} | "
                      f"{cell('same_results_as_1_node')} | {cell('wall_s')} | {n} |")
+    if len(fan) > 2:
+        lines += ["", *fan]
     run = meta.get("run", {})
     nan = float("nan")
+    stamps = {p: (m.get("commit") or "?")[:10] for p, m in meta.get("parts", {}).items()}
+    if len(set(stamps.values())) > 1:  # a partial re-run (--only) merged into older rows
+        lines += ["", "Parts measured at different commits (`--only`): " + ", ".join(
+            f"{p} {c}" for p, c in stamps.items()) + "."]
     notes = [
         f"n = trials (tune) or env steps read from the training results (ppo). Tune: a grid "
         f"search over {run.get('grid', '?')} configs of the synthetic dataset's space, rungs "
@@ -186,35 +265,90 @@ def body(meta: dict, rows: list[dict]) -> str:
         "speed-up. Per-trial processes (`reuse_actors=False`, needed so that two short trials "
         "hold both nodes at once) cost a process start per trial; the 1-node Tune run runs "
         "its trials one at a time on the head's CPU.",
+        "Eval and index (second table; n = questions or passages): `ragpilot eval` / "
+        "`ragpilot index` with `--workers 2` on the cluster (rl.common.fanout): 2 Ray tasks "
+        "of 1 CPU, spread one per node, over shards aligned on the batch size, merged in "
+        "order; \"1 node\" = the same work in the driver process (`rag.evaluate.evaluate`, "
+        "the encoder in-process). Eval's answers, contexts, candidates, tokens and scores are "
+        "identical; the dense vectors agree to float32 rounding (sentence-transformers orders "
+        "each call's texts by length before batching, so a shard's batches pad differently "
+        "from one process's), which leaves every passage's top-10 unchanged, and the index "
+        "fingerprints (corpus, encoder) are the same. Wall times include loading the models "
+        "(in the driver, or in each task on its node), not building the indexes.",
         f"The whole run took {run.get('wall_s', nan):.0f} s, of which "
-        f"{run.get('cluster_wall_s', nan):.0f} s with the cluster up (start, the four runs, "
+        f"{run.get('cluster_wall_s', nan):.0f} s with the cluster up (start, the runs, "
         f"shut-down)."]
     return "\n".join(lines) + "\n\n" + "\n\n".join(textwrap.fill(p, 96) for p in notes)
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise SystemExit(f"--only: comma list of {', '.join(PARTS)}, got {text!r}")
+    return tuple(p for p in PARTS if p in parts)
+
+
+def merged(old: dict | None, parts: tuple[str, ...], rows: list[dict], meta: dict
+           ) -> tuple[list[dict], dict]:
+    """(rows, meta) of a run of `parts` merged into the committed results `old`: the other
+    parts' rows and meta stay as they were; `meta["parts"]` records each part's commit and
+    time. Without `old` (or for all parts): this run's."""
+    stamp = {k: meta[k] for k in ("commit", "src_dirty", "created") if k in meta}
+    if old is None or set(parts) == set(PARTS):
+        return rows, {**meta, "parts": {p: stamp for p in parts}}
+    systems = {s for p in parts for s in SYSTEMS[p]}
+    keep = [r for r in old["rows"] if r["system"] not in systems]
+    order = {s: i for i, p in enumerate(PARTS) for s in SYSTEMS[p]}
+    out_rows = sorted(keep + rows, key=lambda r: order.get(r["system"], len(order)))
+    out_meta = dict(old["meta"])
+    # this run's own numbers (wall time, nodes) under its parts' name: the committed run's stay
+    out_meta["run"] = {**out_meta.get("run", {}), "+".join(parts): meta["run"]}
+    out_meta["parts"] = {**out_meta.get("parts", {p: {k: old["meta"].get(k) for k in stamp}
+                                                   for p in PARTS if p not in parts}),
+                         **{p: stamp for p in parts}}
+    return out_rows, out_meta
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="~2 min: 8 configs, 1 PPO iteration")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma list of parts to run ({', '.join(PARTS)}; default all); the "
+                         "other parts' committed rows are kept")
     ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
     ap.add_argument("--inner", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    parts = _parts(args.only)
     if args.inner:
-        inner(Path(args.inner[0]), Path(args.inner[1]), args.quick)
+        inner(Path(args.inner[0]), Path(args.inner[1]), args.quick, parts)
         return
     if args.render_only:
         rerender(NAME, args.quick, TITLE, body)
         return
-    rep = run_cluster(args.quick)
-    keep = ("grid", "ppo_iterations", "warm_s", "cluster_wall_s", "wall_s",
-            "nodes")
+    rep = run_cluster(args.quick, parts)
+    keep = ("grid", "ppo_iterations", "warm_s", "fanout_prepare_s", "cluster_wall_s",
+            "wall_s", "nodes")
     run = {k: rep[k] for k in keep if k in rep}
-    run["tune_best"] = {k: [rep[k]["best"], rep[k]["best_reward"]] for k in ("2-nodes", "1-node")}
-    run["ppo_best"] = {k: rep["ppo"][k]["best"] for k in ("2-nodes", "1-node")}
+    if "2-nodes" in rep:
+        run["tune_best"] = {k: [rep[k]["best"], rep[k]["best_reward"]]
+                            for k in ("2-nodes", "1-node")}
+    if "ppo" in rep:
+        run["ppo_best"] = {k: rep["ppo"][k]["best"] for k in ("2-nodes", "1-node")}
+    for part in ("eval", "index"):
+        if part in rep:
+            run[f"{part}_shards"] = [{k: v for k, v in sh.items() if k != "node_id"}
+                                     | {"node": rep["nodes"].get(sh["node_id"])}
+                                     for sh in rep[part]["shards"]]
     rows = rows_of(rep)
     from tests.support import multinode_ppo, multinode_tune
 
     meta = make_meta(multinode_tune.SEED, {}, {"quick": args.quick, "run": run,
                                                "ppo_seed": multinode_ppo.SEED})
+    stem = f"{NAME}.quick" if args.quick else NAME
+    path = REPO / "bench" / "results" / f"{stem}.json"
+    old = json.loads(path.read_text()) if path.exists() else None
+    rows, meta = merged(old, parts, rows, meta)
     write_results(NAME, rows, meta, TITLE, body(meta, rows))
 
 

@@ -81,8 +81,6 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
     reranker by `Pipeline.load_models`, the indexes and query encoder by one untimed retrieval
     of the first question), so no question's latency includes a load: `summary["model_load_s"]`
     reports that time apart; `wall_s` and the per-stage percentiles exclude it."""
-    from rag.metrics import aggregate, score_answer
-
     t_load = time.perf_counter()
     if examples:
         pipeline.load_models()
@@ -107,13 +105,29 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close()
-    rows = [score_answer(a, e, k=pipeline.config.k) for a, e in zip(answers, examples,
-                                                                     strict=True)]
-    summary: dict[str, Any] = {"n": len(examples), "wall_s": wall,
-                               "model_load_s": model_load_s, **aggregate(rows),
-                               **latency_summary(answers),
-                               "tokens_in_mean": float(np.mean([a.tokens_in for a in answers]))
-                               if answers else 0.0,
-                               "tokens_out_mean": float(np.mean([a.tokens_out for a in answers]))
-                               if answers else 0.0}
-    return EvalResult(pipeline.config, answers, rows, summary)
+    rows = score_answers(answers, examples, pipeline.config.k)
+    return EvalResult(pipeline.config, answers, rows,
+                      summarize(answers, rows, wall_s=wall, model_load_s=model_load_s))
+
+
+def score_answers(answers: Sequence[Answer], examples: Sequence[Example],
+                  k: int) -> list[dict[str, float]]:
+    """One metric row per (answer, its example), in order (`rag.metrics.score_answer`)."""
+    from rag.metrics import score_answer
+
+    return [score_answer(a, e, k=k) for a, e in zip(answers, examples, strict=True)]
+
+
+def summarize(answers: Sequence[Answer], rows: Sequence[dict[str, float]], *, wall_s: float,
+              model_load_s: float) -> dict[str, Any]:
+    """The summary of an evaluation: n, wall and load seconds, the metric means
+    (`rag.metrics.aggregate`), per-stage latency percentiles (ms) and mean tokens. Shared by
+    `evaluate` and the Ray fan-out (rl.common.fanout), so both report the same keys."""
+    from rag.metrics import aggregate
+
+    return {"n": len(answers), "wall_s": wall_s, "model_load_s": model_load_s,
+            **aggregate(list(rows)), **latency_summary(answers),
+            "tokens_in_mean": float(np.mean([a.tokens_in for a in answers]))
+            if answers else 0.0,
+            "tokens_out_mean": float(np.mean([a.tokens_out for a in answers]))
+            if answers else 0.0}

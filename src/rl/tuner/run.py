@@ -121,7 +121,8 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = 
            checkpoint_dir: str | Path | None = None,
            on_iteration: OnIteration | None = None, start: Any = None,
            dataset: str | None = None, storage_path: str | Path | None = None,
-           mlflow_uri: str | None = None) -> Search:
+           mlflow_uri: str | None = None,
+           tune_options: dict[str, Any] | None = None) -> Search:
     """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`, default
     `default_unit(method)`) with `seed`.
     PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
@@ -129,7 +130,9 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = 
     (not tune-grid): `start` (a RAGConfig, e.g. the one in production) is the first trial.
     TUNE_METHODS only (`rl.tuner.tune_search`): `dataset` (what `ev` was opened from, for data
     read from a path), `storage_path` (Tune's experiment folder), `mlflow_uri` (one MLflow run
-    per trial); the Search's `history` is one record per rung evaluation."""
+    per trial), `tune_options` (more `tune_search` keywords: `max_concurrent`,
+    `resources_per_trial`, `reuse_actors`, `ray_address`); the Search's `history` is one
+    record per rung evaluation."""
     from rl.tuner import baselines
 
     check(method, budget, unit)
@@ -140,7 +143,8 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = 
 
         found = tune_search(ev, ConfigSpace(ev.policy), method=method.removeprefix("tune-"),
                             budget=budget, seed=seed, start=start, dataset=dataset,
-                            storage_path=storage_path, mlflow_uri=mlflow_uri)
+                            storage_path=storage_path, mlflow_uri=mlflow_uri,
+                            **(tune_options or {}))
         for t in found.trials:  # reports resolve configs evaluated in trial processes
             ev.seen.setdefault(t["config_hash"], t["config"])
         return Search(found.to_tune_result(), found.history)
@@ -194,7 +198,8 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
                mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
                metrics_textfile: str | Path | None = None,
                on_iteration: OnIteration | None = None,
-               warm_start: bool = False) -> TuningRun:
+               warm_start: bool = False,
+               tune_options: dict[str, Any] | None = None) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
     directory `out` (see the module docstring). `budget` (in `unit`, default
     `default_unit(method)`) defaults to `default_budget`. TUNE_METHODS keep Tune's experiment
@@ -202,7 +207,8 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     `mlflow_dir`: where the local MLflow store goes unless MLFLOW_TRACKING_URI is set (None:
     no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run.
     `warm_start`: Optuna's (and TUNE_METHODS' but tune-grid's) first trial is the settings' base config (the static default), so
-    the run cannot recommend a config that scored below the default on the tuning split."""
+    the run cannot recommend a config that scored below the default on the tuning split.
+    `tune_options`: TUNE_METHODS' cluster keywords for `tune_search` (see `search`)."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData
@@ -238,7 +244,8 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
                    on_iteration=on_iter,
                    start=settings.base_config() if warm_start else None, dataset=dataset,
                    storage_path=(out / "ray_tune").resolve(),
-                   mlflow_uri=mlflow_uri if method in TUNE_METHODS else None)
+                   mlflow_uri=mlflow_uri if method in TUNE_METHODS else None,
+                   tune_options=tune_options if method in TUNE_METHODS else None)
     res = found.result
     steps = steps_of(ev, found)
     if prom is not None:

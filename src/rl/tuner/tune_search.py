@@ -288,7 +288,8 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
                 start: RAGConfig | None = None, dataset: str | None = None,
                 mlflow_uri: str | None = None,
                 resources_per_trial: dict[str, float] | None = None,
-                reuse_actors: bool = True) -> TuneSearchResult:
+                reuse_actors: bool = True,
+                ray_address: str | None = None) -> TuneSearchResult:
     """Search `space` (a ConfigSpace) with `method` on the TunerEvaluator `evaluator` until
     `budget` query-evaluations are spent (module docstring). `split`: default the evaluator's
     tune split; `rungs`: the fidelity schedule (`fidelity.rungs_for`); `storage_path`: Tune's
@@ -303,7 +304,8 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     a pending trial the first such process, even one whose own new process is starting on
     another node: trials shorter than a process start (stored tables) then all run on the
     first node up. False starts one process per trial, so `max_concurrent` trials hold their
-    resources at once and spread over the nodes.
+    resources at once and spread over the nodes. `ray_address`: the cluster to join
+    (`rl.common.runtime.init_ray`; default $RAY_ADDRESS, else a local runtime).
     ConfigError names `method`, `budget`, `max_concurrent` or `resources_per_trial`."""
     from ray import tune
 
@@ -337,7 +339,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str = DEFAULT_SEARCHER, b
     else:
         param_space, num_samples = space.tune_param_space(), budget // sizes[0] + 1
         config_of = space.from_params
-    init_ray()
+    init_ray(address=ray_address)
     # Tune's console tables: a library call prints nothing (verbose=0 alone keeps a header)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     storage = Path(storage_path) if storage_path else Path(

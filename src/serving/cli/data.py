@@ -4,6 +4,10 @@
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
     eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost)
 
+`eval` and `index` fan out over Ray (rl.common.fanout) with `--workers N` or a cluster
+(`--ray-address`, $RAY_ADDRESS): eval's questions, index's dense encoding batches, as tasks of
+1 CPU spread over the nodes, merged in order; the outputs equal the in-process ones.
+
 `eval` picks its questions with rag.corpus.hygiene.resolve_split (a path: all of them unless
 --split), checks their gold is reachable (gold_report) and that --index holds this corpus
 (IndexSet.check_corpus); each refusal exits 2 naming the problem, never a silent 0.0.
@@ -16,6 +20,12 @@ import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
+from serving.cli.cluster import (
+    add_ray_address_argument,
+    add_workers_argument,
+    fanout_workers,
+    ray_address,
+)
 from serving.cli.common import add_set_argument, rag_config
 
 
@@ -66,10 +76,21 @@ def cmd_index(args: argparse.Namespace) -> int:
     from rag.indexset import IndexSet
 
     settings = _index_settings(args.config)
+    workers = fanout_workers(args)
     ds = load_dataset(args.dataset)
     idx = IndexSet.create(ds.corpus, args.out, encoder=args.encoder,
                           manifest=ds.manifest_dict() if hasattr(ds, "manifest_dict") else None,
                           indexes=settings)
+    if workers is not None and args.dense:
+        from rl.common.fanout import RayDocumentEncoder, prime_embeddings
+
+        encode = RayDocumentEncoder(idx.encoder_name, workers, ray_address(args),
+                                    fingerprint=idx.encoder().fingerprint)
+        if prime_embeddings(ds.corpus, idx.encoder(), encode):
+            r = encode.runs[-1]
+            print(f"dense encoding: {len(r.shards)} Ray tasks on {len(r.nodes)} node(s)")
+        else:
+            print("dense encoding: vectors from the embedding cache (nothing encoded)")
     secs = idx.build_all(bm25=tuple(args.bm25.split(",")) if args.bm25 else None,
                          dense=tuple(args.dense.split(",")), graph=not args.no_graph)
     st = idx.settings
@@ -104,6 +125,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rag.pipeline import Pipeline
 
     cfg = rag_config(args.config, args.set)
+    workers = fanout_workers(args)
     ds, split, examples = _examples_for(args.dataset, args.split, args.limit)
     gold = _check_gold(ds, examples, args.allow_missing_gold)
     if args.dry_run:
@@ -118,7 +140,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         root = Path(args.out) / "index"
         indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder, indexes=settings)
     print(f"evaluating {len(examples)} questions of {ds.name} (split {split})", file=sys.stderr)
-    result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
+    if workers is None:
+        result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
+    else:
+        result = _eval_fanout(args, cfg, indexes, settings, examples, workers)
     result.summary.update({"dataset": ds.name, "split": split,
                            "no_reachable_gold": gold["no_reachable_gold"]})
     out = result.write(args.out)
@@ -128,6 +153,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{k:<28} {v:.4f}" if isinstance(v, float) else f"{k:<28} {v}")
     print(f"wrote {out}/predictions.jsonl, contexts.jsonl, summary.json, summary.csv")
     return 0
+
+
+def _eval_fanout(args, cfg, indexes, settings, examples, workers: int):
+    """`evaluate` as Ray tasks (rl.common.fanout.evaluate_fanout) over `indexes`' directory
+    (each node opens it where it exists, else builds the dataset's indexes in its cache)."""
+    from rl.common.fanout import EvalSpec, evaluate_fanout
+
+    spec = EvalSpec(dataset=args.dataset, config=cfg.model_dump(mode="json"),
+                    index_root=str(Path(indexes.root).resolve()), indexes=settings)
+    result, info = evaluate_fanout(spec, examples, workers, ray_address(args), progress=lambda
+                                   k, n: print(f"  shard {k}/{n} done", file=sys.stderr))
+    print(f"evaluated as {len(info.shards)} Ray tasks on {len(info.nodes)} node(s)",
+          file=sys.stderr)
+    return result
 
 
 def _eval_dry_run(cfg, ds, examples) -> int:
@@ -207,6 +246,8 @@ def add_parsers(sub) -> None:
                                   "backend, else tantivy)")
     s.add_argument("--dense", default="flat", help="comma list: flat,hnsw")
     s.add_argument("--no-graph", action="store_true")
+    add_workers_argument(s, "encode the corpus for the dense indexes")
+    add_ray_address_argument(s)
     s.set_defaults(func=cmd_index)
 
     s = sub.add_parser("query", help="answer one question, with citations")
@@ -232,6 +273,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--out", help="output directory (required unless --dry-run)")
     s.add_argument("--dry-run", action="store_true",
                    help="print the projected generator/judge calls and tokens, run nothing")
+    add_workers_argument(s, "answer and score the questions")
+    add_ray_address_argument(s)
     s.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("data-report", help="counts, duplicates and answer leakage of a dataset")

@@ -19,12 +19,21 @@ Each run writes <out>/merged (a plain HF folder: base + LoRA merged) and <out>/m
 tuner's search space and the bandit's arms. SFT keeps `checkpoints/latest` and `checkpoints/best`
 (valid-split F1) and resumes from `latest` when re-run with the same --out.
 Bad config keys/values exit with code 2 naming the key.
+
+    ragpilot train-reranker --set max_items=40 --submit --job-address http://10.0.0.10:8265
+    ragpilot train-generator sft --out /srv/runs/gen-sft --submit --gpus 1 [--wait]
+
+`--submit` runs the same command as a Ray job (rl.common.jobs: `entrypoint_num_cpus` = --cpus,
+default 1; `entrypoint_num_gpus` = --gpus when given; the working directory uploaded) and prints
+the job id; `--wait` also follows it to the end and prints its logs (exit 1 unless it
+SUCCEEDED).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -104,7 +113,75 @@ def _register(out: Path, name: str, merged: Path) -> Path:
     return reg
 
 
+SUBMIT_FLAGS = ("job_address", "cpus", "gpus", "working_dir", "wait")
+RERANKER_FORWARD = ("config", "set", "run_dir", "stop_after", "no_register")
+GENERATOR_FORWARD = ("config", "set", "out", "train_jsonl", "eval_jsonl", "policy", "name",
+                     "no_merge")
+"""The options a submitted job gets (flag = `--` + dest with dashes)."""
+
+
+def forwarded_command(args: argparse.Namespace, head: list[str], spec) -> str:
+    """The `ragpilot` command line of `args` (without the --submit flags): `head` then the
+    option of each dest in `spec` the user gave; what a submitted job runs."""
+    argv = ["ragpilot", *head]
+    for dest in spec:
+        flag, value = "--" + dest.replace("_", "-"), getattr(args, dest, None)
+        if dest == "config" and value == str(default_config("rl/reranker.yaml")):
+            continue  # the shipped default: the job's own install has it
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list):
+            for v in value:
+                argv += [flag, str(v)]
+        elif value not in (None, False):
+            argv += [flag, str(value)]
+    return shlex.join(argv)
+
+
+def _submit(args: argparse.Namespace, head: list[str], spec) -> int | None:
+    """With --submit: submit the command as a Ray job, print its id (and with --wait its
+    logs); the exit code. Without: None (train here), after refusing the job-only flags."""
+    if not args.submit:
+        for dest in SUBMIT_FLAGS:
+            if getattr(args, dest) not in (None, False):
+                raise ConfigError("--" + dest.replace("_", "-"), "only with --submit")
+        return None
+    from rl.common.jobs import JobRequest, job_address, submit, wait
+
+    job = JobRequest(forwarded_command(args, head, spec), job_address(args.job_address),
+                     num_cpus=1.0 if args.cpus is None else args.cpus, num_gpus=args.gpus,
+                     working_dir=args.working_dir or ".")
+    job.check()
+    job_id = submit(job)
+    print(f"submitted Ray job {job_id} to {job.address}: {job.entrypoint}")
+    print(f"  follow it: ray job logs --address {job.address} --follow {job_id}")
+    if not args.wait:
+        return 0
+    status, logs = wait(job.address, job_id)
+    print(logs, end="" if logs.endswith("\n") else "\n")
+    print(f"job {job_id}: {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def add_submit_arguments(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("as a Ray job (rl.common.jobs)")
+    g.add_argument("--submit", action="store_true",
+                   help="submit this command to a Ray cluster's job server and print the job "
+                        "id, instead of training here")
+    g.add_argument("--job-address", help="the job server (dashboard) URL (default "
+                                         "$RAY_ADDRESS when http(s)://, else "
+                                         "http://127.0.0.1:8265)")
+    g.add_argument("--cpus", type=float, help="CPUs the job's driver reserves (default 1)")
+    g.add_argument("--gpus", type=float, help="GPUs the job's driver reserves (default none)")
+    g.add_argument("--working-dir", help="directory uploaded with the job (default .)")
+    g.add_argument("--wait", action="store_true",
+                   help="follow the job to its end, print its logs; exit 1 unless it succeeded")
+
+
 def cmd_train_reranker(args: argparse.Namespace) -> int:
+    submitted = _submit(args, ["train-reranker"], RERANKER_FORWARD)
+    if submitted is not None:
+        return submitted
     from rl.adaptation.reranker_config import RerankerTrainConfig
     from rl.adaptation.reranker_trainer import run_training
 
@@ -120,6 +197,9 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
 
 
 def cmd_train_generator(args: argparse.Namespace) -> int:
+    submitted = _submit(args, ["train-generator", args.method], GENERATOR_FORWARD)
+    if submitted is not None:
+        return submitted
     cfg = _config(args)
     from rl.adaptation.generator_model import check_qlora
 
@@ -186,6 +266,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--stop-after", type=int, help="stop after N steps (resume later)")
     s.add_argument("--no-register", action="store_true",
                    help="do not add the model to the local registry / MLflow")
+    add_submit_arguments(s)
     s.set_defaults(func=cmd_train_reranker)
 
     s = sub.add_parser("train-generator", help="LoRA SFT / DPO / IPO / ORPO of the generator")
@@ -200,4 +281,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "normally an SFT run's merged folder")
     s.add_argument("--name", help="registry name of the trained generator")
     s.add_argument("--no-merge", action="store_true", help="keep only the adapter")
+    add_submit_arguments(s)
     s.set_defaults(func=cmd_train_generator)

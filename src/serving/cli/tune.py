@@ -6,6 +6,8 @@
     ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
     ragpilot tune --dataset hotpotqa --method tpe-asha --budget 3000   # Ray Tune, query-evals
+    ragpilot tune ... --method tpe --ray-address 10.0.0.10:6379 --max-concurrent 4 \
+        --cpus-per-trial 1 --reuse-actors no          # trials spread over a cluster's nodes
     ragpilot report --run runs/tune-hotpot [--grid]
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
 
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from rag.errors import ConfigError
 from rl.tuner.run import BUDGET_UNITS, METHODS
+from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import add_set_argument, flags, rag_config, tuner_settings
 
 FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
@@ -43,11 +46,19 @@ FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-un
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rl.tuner.run import check, run_tuning
+    from rl.tuner.run import TUNE_METHODS, check, run_tuning
 
     with flags(FLAGS):
         check(args.method, args.budget, args.budget_unit)  # before the settings and data
+    cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
     settings = tuner_settings(args.policy)
+    if "ray_address" in cluster and args.method not in TUNE_METHODS:
+        if args.method != "ppo":
+            raise ConfigError("--ray-address", f"--method {args.method} runs in this process; "
+                                               "a cluster serves ppo and the Ray Tune searches")
+        from rl.common.runtime import init_ray
+
+        init_ray(address=cluster.pop("ray_address"))  # PPOTuner then keeps this runtime
 
     def log(it: int, m: dict, of: int | None, history: list) -> None:
         print(f"iteration {it + 1}{f'/{of}' if of else ''}: " + " ".join(
@@ -60,7 +71,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
                          metrics_port=args.metrics_port,
                          metrics_textfile=args.metrics_textfile, on_iteration=log,
-                         warm_start=not args.cold_start)
+                         warm_start=not args.cold_start, tune_options=cluster or None)
     if run.search.checkpoint:
         print("checkpoint:", run.search.checkpoint)
     ml = run.summary.get("mlflow")
@@ -204,6 +215,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--no-mlflow", action="store_true")
     s.add_argument("--metrics-port", type=int, help="export tuner metrics on 127.0.0.1:PORT")
     s.add_argument("--metrics-textfile", help="write tuner metrics to this .prom file")
+    add_tune_cluster_arguments(s)
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("report", help="holdout comparison, CIs and Pareto plots of a tune run")

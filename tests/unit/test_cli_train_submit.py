@@ -1,0 +1,88 @@
+"""`train-reranker` / `train-generator --submit` (issue 23 item 2): the Ray job they submit
+(entrypoint = the same command without the job flags, `entrypoint_num_cpus`,
+`entrypoint_num_gpus` only when --gpus is given, the working directory in the runtime env) and
+the refusals (exit 2 naming the flag). The job client is replaced: no Ray here (the real
+submission: tests/test_train_submit.py)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from serving.cli import main
+
+
+class FakeClient:
+    submitted: list[dict] = []
+
+    def __init__(self, address):
+        self.address = address
+
+    def submit_job(self, **kw):
+        FakeClient.submitted.append({"address": self.address, **kw})
+        return "raysubmit_test123"
+
+    def get_job_status(self, job_id):
+        return "JobStatus.SUCCEEDED"
+
+    def get_job_logs(self, job_id):
+        return "trained\n"
+
+
+@pytest.fixture
+def client(monkeypatch):
+    import rl.common.jobs as jobs
+
+    FakeClient.submitted = []
+    monkeypatch.setattr(jobs, "_client", FakeClient)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return FakeClient
+
+
+def test_reranker_submit_sends_the_command_and_resources(client, tmp_path, capsys):
+    rc = main(["train-reranker", "--set", "max_items=40", "--set", "name=tiny",
+               "--run-dir", str(tmp_path / "run"), "--submit", "--cpus", "2",
+               "--job-address", "http://10.0.0.10:8265", "--working-dir", str(tmp_path)])
+    assert rc == 0
+    (job,) = client.submitted
+    assert job["address"] == "http://10.0.0.10:8265"
+    assert shlex.split(job["entrypoint"]) == [
+        "ragpilot", "train-reranker", "--set", "max_items=40", "--set", "name=tiny",
+        "--run-dir", str(tmp_path / "run")]  # the shipped default --config is not forwarded
+    assert job["entrypoint_num_cpus"] == 2.0 and "entrypoint_num_gpus" not in job
+    assert job["runtime_env"]["working_dir"] == str(tmp_path.resolve())
+    assert job["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
+    assert "submitted Ray job raysubmit_test123 to http://10.0.0.10:8265" in \
+        capsys.readouterr().out
+
+
+def test_generator_submit_asks_for_gpus_and_waits(client, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--policy", "/srv/sft",
+               "--set", "train.max_steps=20", "--no-merge", "--submit", "--gpus", "1",
+               "--wait"])
+    assert rc == 0
+    (job,) = client.submitted
+    assert job["address"] == "http://head:8265"  # from $RAY_ADDRESS
+    assert shlex.split(job["entrypoint"]) == [
+        "ragpilot", "train-generator", "dpo", "--set", "train.max_steps=20", "--out",
+        "/srv/runs/gen", "--policy", "/srv/sft", "--no-merge"]
+    assert job["entrypoint_num_cpus"] == 1.0 and job["entrypoint_num_gpus"] == 1.0
+    out = capsys.readouterr().out
+    assert "trained" in out and out.rstrip().endswith("job raysubmit_test123: SUCCEEDED")
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--submit", "--cpus", "0"], "--cpus"),
+    (["--submit", "--gpus", "0"], "--gpus"),
+    (["--submit", "--working-dir", "/nonexistent-dir"], "--working-dir"),
+    (["--submit", "--job-address", "10.0.0.10:6379"], "--job-address"),
+    (["--gpus", "1"], "--gpus"),  # job flags need --submit
+    (["--wait"], "--wait"),
+])
+def test_bad_submit_flags_exit_2_naming_the_flag(client, extra, flag, capsys):
+    assert main(["train-reranker", "--set", "max_items=1", *extra]) == 2
+    assert f"error: {flag}:" in capsys.readouterr().err
+    assert client.submitted == []

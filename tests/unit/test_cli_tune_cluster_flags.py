@@ -1,0 +1,114 @@
+"""`ragpilot tune`'s cluster flags (issue 23 item 1): --max-concurrent, --cpus-per-trial,
+--reuse-actors and --ray-address reach `rl.tuner.tune_search.tune_search` unchanged; a bad value
+exits 2 naming the flag before any data or Ray work. No Ray runtime is started here."""
+
+from __future__ import annotations
+
+import pytest
+
+from serving.cli import main
+
+
+class _Called(Exception):
+    def __init__(self, kwargs):
+        super().__init__("called")
+        self.kwargs = kwargs
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Replace run_tuning: the test reads the keywords the CLI passed."""
+    import rl.tuner.run as run
+
+    def fake(*args, **kwargs):
+        raise _Called(kwargs)
+
+    monkeypatch.setattr(run, "run_tuning", fake)
+    return fake
+
+
+def _tune(*extra: str, method: str = "tpe"):
+    return ["tune", "--dataset", "synthetic", "--method", method, "--no-mlflow", *extra]
+
+
+def test_flags_reach_tune_search_keywords(captured):
+    with pytest.raises(_Called) as got:
+        main(_tune("--max-concurrent", "2", "--cpus-per-trial", "0.5", "--reuse-actors", "no",
+                   "--ray-address", "127.0.0.1:6390"))
+    assert got.value.kwargs["tune_options"] == {
+        "max_concurrent": 2, "resources_per_trial": {"cpu": 0.5}, "reuse_actors": False,
+        "ray_address": "127.0.0.1:6390"}
+
+
+def test_no_flags_pass_nothing(captured):
+    with pytest.raises(_Called) as got:
+        main(_tune())
+    assert got.value.kwargs["tune_options"] is None
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--max-concurrent", "0"], "--max-concurrent"),
+    (["--max-concurrent", "two"], "--max-concurrent"),
+    (["--cpus-per-trial", "0"], "--cpus-per-trial"),
+    (["--cpus-per-trial", "-1"], "--cpus-per-trial"),
+    (["--cpus-per-trial", "nan"], "--cpus-per-trial"),
+    (["--cpus-per-trial", "lots"], "--cpus-per-trial"),
+    (["--reuse-actors", "maybe"], "--reuse-actors"),
+    (["--ray-address", "not an address"], "--ray-address"),
+    (["--ray-address", "127.0.0.1:99999"], "--ray-address"),
+    (["--ray-address", "http://127.0.0.1:8265"], "--ray-address"),
+])
+def test_bad_values_exit_2_naming_the_flag(captured, extra, flag, capsys):
+    assert main(_tune(*extra)) == 2
+    assert f"error: {flag}:" in capsys.readouterr().err
+
+
+def test_trial_flags_refused_for_methods_not_on_ray_tune(captured, capsys):
+    assert main(_tune("--max-concurrent", "2", method="random")) == 2
+    assert "error: --max-concurrent: only for the Ray Tune searches" in capsys.readouterr().err
+    assert main(_tune("--ray-address", "auto", method="random")) == 2
+    assert "error: --ray-address:" in capsys.readouterr().err
+
+
+def test_search_passes_the_options_to_tune_search(monkeypatch):
+    """rl.tuner.run.search hands `tune_options` to tune_search as keywords."""
+    import rl.tuner.tune_search as ts
+    from rl.tuner.run import search
+    from rl.tuner.settings import TunerSettings
+
+    def fake(ev, space, **kwargs):
+        raise _Called(kwargs)
+
+    monkeypatch.setattr(ts, "tune_search", fake)
+
+    class Ev:
+        policy = TunerSettings.defaults()
+
+    opts = {"max_concurrent": 3, "resources_per_trial": {"cpu": 2.0}, "reuse_actors": False,
+            "ray_address": "auto"}
+    with pytest.raises(_Called) as got:
+        search(Ev(), Ev.policy, "tpe", 100, tune_options=opts)
+    assert {k: got.value.kwargs[k] for k in opts} == opts
+
+
+def test_fanout_workers_and_the_environment(monkeypatch):
+    """eval/index: --workers wins; a cluster address (flag or $RAY_ADDRESS) means one task per
+    CPU (0); a job server's URL in $RAY_ADDRESS is not a cluster to join."""
+    import argparse
+
+    from rag.errors import ConfigError
+    from serving.cli.cluster import fanout_workers
+
+    def ns(**kw):
+        return argparse.Namespace(**{"workers": None, "ray_address": None, **kw})
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert fanout_workers(ns()) is None
+    assert fanout_workers(ns(workers=3)) == 3
+    assert fanout_workers(ns(ray_address="127.0.0.1:6379")) == 0
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.10:6379")
+    assert fanout_workers(ns()) == 0
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.10:8265")
+    assert fanout_workers(ns()) is None
+    with pytest.raises(ConfigError, match="--workers"):
+        fanout_workers(ns(workers=0))
