@@ -54,7 +54,12 @@ class EvaluatorWorld:
         self._cache: dict[tuple[str, int], Outcome] = {}
 
     def _read(self, config: RAGConfig, qs: Sequence[int]) -> dict[int, Outcome]:
-        tab = self.ev.table(config, self.split, qs)
+        tab = dict(self.ev.table(config, self.split, qs))
+        n = len(tab["tokens"])
+        for name in (self.ev.slice.faithfulness, self.ev.slice.relevancy):
+            # a metric no computed row of this config has yet (e.g. `support` is absent from
+            # a row whose answer cites nothing) is NaN, which the reward leaves out
+            tab.setdefault(name, np.full(n, np.nan))
         R = self.ev.per_query_reward(tab)
         F, Rel = self.ev.quality(tab)
         Q = np.asarray(self._spec.quality(F, Rel), dtype=np.float64)
