@@ -225,11 +225,11 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
 
 
 def _ppo_settings(a: argparse.Namespace) -> PPOPolicySettings:
-    """configs/policy/ppo.yaml with the command line's overrides (--quick: 2 seeds, 4 iters)."""
+    """configs/policy/ppo.yaml with the command line's overrides (--quick: 1 seed, 3 iters)."""
     s = PPOPolicySettings.load()
     train: dict[str, Any] = {}
     if a.quick:
-        train = {"iters": 4, "seeds": (0, 1), "eval_every": 2}
+        train = {"iters": 3, "seeds": (0,), "eval_every": 3}
     if a.ppo_iters:
         train["iters"] = a.ppo_iters
     if a.ppo_seeds:
@@ -254,6 +254,11 @@ def main() -> None:
     ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
     ap.add_argument("--ppo-out", type=Path, default=None,
                     help="where the PPO checkpoints and saved policies go (default: none)")
+    ap.add_argument("--parts-dir", type=Path, default=None,
+                    help="write each dataset's rows and details to DIR/<dataset>.json (run "
+                         "datasets as separate processes) instead of the results")
+    ap.add_argument("--from-parts", type=Path, default=None,
+                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -266,11 +271,26 @@ def main() -> None:
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
-    for ds in datasets:
+    if a.from_parts:
+        datasets = []
+        for ds in a.datasets.split(","):
+            part = json.loads((a.from_parts / f"{ds}.json").read_text())
+            rows += part["rows"]
+            details[ds] = part["details"]
+            datasets.append(ds)
+            t0 -= part["details"]["wall_s"]
+    for ds in [] if a.from_parts else datasets:
         run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out)
+        if a.parts_dir:
+            a.parts_dir.mkdir(parents=True, exist_ok=True)
+            (a.parts_dir / f"{ds}.json").write_text(json.dumps(
+                {"rows": [r for r in rows if r["dataset"] == ds], "details": details[ds]}))
+    if a.parts_dir:
+        return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
+        "from_parts": bool(a.from_parts),
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),

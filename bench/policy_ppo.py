@@ -45,7 +45,9 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
         pol = PerQueryPPO.create(layout, settings, X["train"])
         hist = pol.train(worlds["train"], X["train"], worlds["valid"], X["valid"], budget,
                          seed=seed, checkpoint_dir=None if out_dir is None
-                         else out_dir / f"seed{seed}", log=lambda m: None)
+                         else out_dir / f"seed{seed}",
+                         log=lambda m, s=seed: print(f"    [{ev.data.name} seed {s}] {m}",
+                                                     flush=True))
         train_s = time.perf_counter() - t0
         cfgs = pol.act(X["test"])
         outs = worlds["test"].outcomes(cfgs)

@@ -60,22 +60,22 @@ class HeadSettings(StrictSettings):
 
 
 class TrainSettings(StrictSettings):
-    iters: int = Field(24, ge=1, le=10_000)
+    iters: int = Field(12, ge=1, le=10_000)
     batch: int = Field(256, ge=8)
     minibatch: int = Field(64, ge=8)
     epochs: int = Field(6, ge=1, le=100)
     lr: float = Field(3e-3, gt=0.0, le=1.0)
     entropy_coeff: float = Field(0.01, ge=0.0, le=1.0)
     hidden: tuple[int, ...] = (64, 64)
-    eval_every: int = Field(4, ge=1)
+    eval_every: int = Field(3, ge=1)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 
 class LagrangeSettings(StrictSettings):
-    lr: float = Field(2.0, ge=0.0)
+    lr: float = Field(0.5, ge=0.0)
     """Step size eta of the projected ascent on lambda (cost in units of C_ref tokens)."""
     init: float = Field(0.0, ge=0.0)
-    max: float = Field(5.0, ge=0.0)
+    max: float = Field(2.0, ge=0.0)
     slack: float = Field(0.05, ge=0.0, le=1.0)
     """Model selection: a checkpoint is feasible when its valid mean cost <= budget*(1+slack)."""
 
