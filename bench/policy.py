@@ -91,14 +91,17 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
     return out
 
 
-def _parts(ev, seed: int) -> dict[str, tuple[str, np.ndarray]]:
-    """role (train / valid / test) -> (split name, query indices into that split)."""
+def _parts(ev, seed: int, max_train: int | None = None) -> dict[str, tuple[str, np.ndarray]]:
+    """role (train / valid / test) -> (split name, query indices into that split). A train
+    split longer than `max_train` is a seeded random subset of that many queries."""
     tune, hold = ev.slice.tune_split, ev.slice.holdout_split
     n_tune = len(ev.data.examples(tune))
     test = (hold, np.arange(len(ev.data.examples(hold))))
     if "train" in ev.data.splits:
-        return {"train": ("train", np.arange(len(ev.data.examples("train")))),
-                "valid": (tune, np.arange(n_tune)), "test": test}
+        train = np.arange(len(ev.data.examples("train")))
+        if max_train and len(train) > max_train:
+            train = np.sort(np.random.default_rng(seed).choice(train, max_train, replace=False))
+        return {"train": ("train", train), "valid": (tune, np.arange(n_tune)), "test": test}
     perm = np.random.default_rng(seed).permutation(n_tune)
     half = n_tune // 2
     return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
@@ -147,7 +150,8 @@ def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarr
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
                 search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
-                ppo_out: Path | None = None) -> None:
+                ppo_out: Path | None = None, max_train: int | None = None,
+                ppo_deadline: float | None = None) -> None:
     """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows)."""
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
@@ -156,7 +160,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     ev = TunerEvaluator(TuningData.open(ds), policy)
     configs = arms(ds, policy, search_json)
     names = [n for n, _ in configs]
-    parts = _parts(ev, seed)
+    parts = _parts(ev, seed, max_train)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
     M = {role: {k: full[s][k][idx] for k in ("R", "Q", "T")} for role, (s, idx) in parts.items()}
     examples = {role: [ev.data.examples(s)[i] for i in idx] for role, (s, idx) in parts.items()}
@@ -192,7 +196,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     ppo_details = None
     if ppo is not None:
         got, ppo_details = run_ppo(ev, parts, X, budget, ppo, list(ppo.train.seeds),
-                                   None if ppo_out is None else ppo_out / ds)
+                                   None if ppo_out is None else ppo_out / ds, ppo_deadline)
         for metric, k in (("reward", "R"), ("quality", "Q"), ("tokens", "T")):
             rows.append(metric_row(ds, PPO, metric, got[k], seed))
         rows.extend(_delta_rows_of(ds, PPO, {k: T[k][:, base] for k in ("R", "Q", "T")},
@@ -208,6 +212,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
 
     details[ds] = {
         "n": {role: int(len(idx)) for role, (_, idx) in parts.items()},
+        "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
         "splits": {role: s for role, (s, _) in parts.items()},
         "arms": names, "best_static": names[base], "token_budget": budget,
         "router": {"selection": sel.tried, "chosen": sel.best, "token_price": price,
@@ -222,6 +227,17 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         "counters": dict(ev.counters),
     }
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
+
+
+def _deadline(hhmm: str | None) -> float | None:
+    """Epoch seconds of HH:MM UTC today, or None."""
+    if not hhmm:
+        return None
+    import datetime as dt
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = dt.datetime.now(dt.UTC)
+    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
 
 
 def _ppo_settings(a: argparse.Namespace) -> PPOPolicySettings:
@@ -254,6 +270,11 @@ def main() -> None:
     ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
     ap.add_argument("--ppo-out", type=Path, default=None,
                     help="where the PPO checkpoints and saved policies go (default: none)")
+    ap.add_argument("--ppo-deadline", default=None,
+                    help="HH:MM (UTC, today): start no PPO seed after it (the shared machine's "
+                         "time box; the seeds run are listed in the details)")
+    ap.add_argument("--max-train", type=int, default=None,
+                    help="use a seeded subset of this many train queries (the row budget)")
     ap.add_argument("--parts-dir", type=Path, default=None,
                     help="write each dataset's rows and details to DIR/<dataset>.json (run "
                          "datasets as separate processes) instead of the results")
@@ -280,7 +301,8 @@ def main() -> None:
             datasets.append(ds)
             t0 -= part["details"]["wall_s"]
     for ds in [] if a.from_parts else datasets:
-        run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out)
+        run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out,
+                    a.max_train, _deadline(a.ppo_deadline))
         if a.parts_dir:
             a.parts_dir.mkdir(parents=True, exist_ok=True)
             (a.parts_dir / f"{ds}.json").write_text(json.dumps(

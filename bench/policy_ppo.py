@@ -32,15 +32,22 @@ SYSTEM = "ppo-policy"
 
 def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarray],
             budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
-            out_dir: Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            out_dir: Path | None = None, deadline: float | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Train one policy per seed, act on test. Returns the seed-averaged per-query test arrays
-    {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time)."""
+    {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time).
+    `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
+    seeds left out are listed in the details as `seeds_not_run`."""
     examples = [e for s, _ in parts.values() for e in ev.data.examples(s)]
     layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
     worlds = {role: EvaluatorWorld(ev, s, idx) for role, (s, idx) in parts.items()}
     budget = budget_tokens / worlds["train"].cost_ref
     per_seed, arrays = [], {"R": [], "Q": [], "T": []}
+    skipped: list[int] = []
     for seed in seeds:
+        if per_seed and deadline is not None and time.time() > deadline:
+            skipped.append(seed)
+            continue
         t0 = time.perf_counter()
         pol = PerQueryPPO.create(layout, settings, X["train"])
         hist = pol.train(worlds["train"], X["train"], worlds["valid"], X["valid"], budget,
@@ -71,7 +78,8 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
         print(f"  [{ev.data.name}] ppo seed {seed}: test reward {R.mean():.4f} "
               f"tokens {T.mean():.0f} ({per_seed[-1]['wall_s']}s)", flush=True)
     mean = {k: np.mean(np.vstack(v), axis=0) for k, v in arrays.items()}
-    details = {"seeds": list(seeds), "budget_tokens": budget_tokens,
+    details = {"seeds": [p["seed"] for p in per_seed], "seeds_not_run": skipped,
+               "budget_tokens": budget_tokens,
                "heads": list(layout.names), "gates": layout.gates_spec(),
                "iters": settings.train.iters, "batch": settings.train.batch,
                "per_seed": per_seed,
