@@ -88,6 +88,16 @@ def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
                       f"({x['best']['valid_reward']:.3f}), λ {x['lambda_final']:.2f}, "
                       f"{x['distinct_test_configs']} configs, {x['wall_s']:.0f}s"
                       for x in p["per_seed"])
+    sub = d.get("n_train_split")
+    notes = []
+    if sub and sub > d["n"]["train"]:
+        notes.append(f"train is a seeded subset of {d['n']['train']} of the {sub} train "
+                     "queries (`--max-train`, the row budget of the shared machine; the router "
+                     "and per-segment table use the same subset)")
+    if p.get("seeds_not_run"):
+        notes.append(f"seeds {p['seeds_not_run']} were not run: the time box "
+                     "(`--ppo-deadline`) passed before they could start")
+    note = (" Note: " + "; ".join(notes) + ".") if notes else ""
     return (f"PPO policy on {ds} ({len(p['seeds'])} seeds × {p['iters']} iterations × "
             f"{p['batch']} queries; token budget {p['budget_tokens']:.0f}): "
             f"{_fmt(g(PPO + ' - best-static', 'delta_reward'))} reward vs best static "
@@ -95,7 +105,7 @@ def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
             f"{_fmt(g(PPO + ' - best-static', 'delta_cost_pct'), True)}%), "
             f"{_fmt(g(PPO + ' - supervised-router', 'delta_reward'))} vs the supervised "
             f"router, headroom captured {_fmt(g(PPO, 'headroom_captured'))}. Per seed: "
-            f"{seeds}.")
+            f"{seeds}.{note}")
 
 
 def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
