@@ -72,6 +72,19 @@ def _overall(meta: dict, rows: list[dict]) -> str:
                  "the room the oracle shows: either most of it is per-query outcome noise no "
                  "pre-answer signal predicts, or it needs stronger signals; this run does not "
                  "tell which.")
+    ppo = [ds for ds in dss if _get(rows, ds, PPO + " - best-static", "delta_reward")]
+    if ppo:
+        d = {ds: _get(rows, ds, PPO + " - best-static", "delta_reward") for ds in ppo}
+        v = {ds: _get(rows, ds, PPO + " - supervised-router", "delta_reward") for ds in ppo}
+        text += (" The PPO policy's reward against the best static config: "
+                 + ", ".join(f"{ds} {_fmt(d[ds])}" for ds in ppo)
+                 + "; against the supervised router: "
+                 + ", ".join(f"{ds} {_fmt(v[ds])}" for ds in ppo) + ".")
+        if all(d[ds]["ci_high"] < 0 for ds in ppo):
+            text += (" It is below the best static config everywhere: at the iterations this "
+                     "machine allowed it has not converged (see the per-seed valid rewards), so "
+                     "the supervised router stays the default per-query policy and PPO an "
+                     "option.")
     if below:
         text += (f" On {', '.join(below)} even the router chosen on valid scores below the "
                  f"best static config there; a deployment would keep the static config.")
