@@ -65,3 +65,22 @@ def test_trains_beats_random_and_round_trips(setup, tmp_path):
     cfgs, p = back.sample(X[:20], rng)
     assert len(cfgs) == 20 and np.all((p > 0) & (p <= 1))
     assert (tmp_path / "ck" / "loop.json").exists() and (tmp_path / "ck" / "best.pt").exists()
+
+
+def test_resume_continues_from_the_checkpoint(setup, tmp_path):
+    s, layout, X = setup
+    world = ToyWorld(X)
+    short = s.model_copy(update={"train": s.train.model_copy(update={"iters": 2,
+                                                                     "eval_every": 1})})
+    PerQueryPPO.create(layout, short, X).train(world, X, world, X, budget=0.01, seed=0,
+                                               checkpoint_dir=tmp_path, log=lambda m: None)
+    longer = short.model_copy(update={"train": short.train.model_copy(update={"iters": 3})})
+    msgs: list[str] = []
+    pol = PerQueryPPO.create(layout, longer, X)
+    hist = pol.train(world, X, world, X, budget=0.01, seed=0, checkpoint_dir=tmp_path,
+                     resume=True, log=msgs.append)
+    assert msgs[0].startswith("resumed at iteration 2")
+    assert [h["iter"] for h in hist] == [1, 2, 3]
+    # over budget from the start (cost k/32 >> 0.01): the multiplier only rose
+    lams = [h["lambda"] for h in hist]
+    assert lams == sorted(lams) and lams[0] > 0
