@@ -22,15 +22,19 @@ Protocol (test is touched once, after every choice is made):
     domain × turn: `bench.headroom.segmentations`, dataset labels a serving policy would not
     have), chosen on train ∪ valid; unseen segments take the train ∪ valid best arm;
   * `per-query-oracle`: each test query's best arm (the upper bound).
+  * `ppo-policy`: issue 19's per-query PPO policy (`bench/policy_ppo.py`: mixed action heads,
+    PPO-Lagrangian under best-static's valid mean tokens, trained on train, checkpoint chosen
+    on valid, 5 seeds). It picks configs outside the portfolio; their test outcomes come from
+    the same lazy per-query evaluator. The oracle stays the portfolio's per-query oracle.
 Synthetic (no train split): train and valid are the two halves of its valid split (seeded).
-SciFact: `TuningData` loads only the BEIR test qrels, so its committed train ids (809) are read
-from `qrels/train.tsv` here (`add_beir_train`).
 
 Rows on test: each system's `reward`, `quality`, `tokens` (mean, bootstrap 95% CI over
 queries); `<system> - best-static` `delta_reward`, `delta_quality` (paired bootstrap 95% CI)
 and `delta_cost_pct` (100·(mean tokens / best-static's − 1), paired bootstrap CI); and
 `<system>` `headroom_captured` = mean(system − best-static) / mean(oracle − best-static),
-paired bootstrap CI of the ratio. No `ppo-policy` rows: that policy is not built yet.
+paired bootstrap CI of the ratio. `ppo-policy` rows use its seed-averaged per-query values
+(the CI is over test queries; per-seed values in `details[ds]["ppo"]`), plus
+`ppo-policy - supervised-router` `delta_reward`.
 """
 
 from __future__ import annotations
@@ -49,11 +53,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, make_meta, metric_row, rerender, write_results  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
+from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
+from bench.policy_ppo import run_ppo  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
 from rl.policy.router import SegmentLookup, arm_features, select_router  # noqa: E402
+from rl.policy.settings import PPOPolicySettings  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
@@ -84,36 +91,17 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
     return out
 
 
-def add_beir_train(data) -> int:
-    """Give a BEIR dataset opened by `TuningData` its committed `train` split, which the loader
-    drops (it reads only `qrels/test.tsv`, so SciFact's 809 train ids find no example): the
-    manifest's train ids are read from `qrels/train.tsv` over the same corpus. Returns how many
-    train examples were added (0 when the data already has them or has no such file)."""
-    from rag.corpus.hygiene import SPLITS_DIR
-
-    qrels = data_root() / data.name / "qrels" / "train.tsv"
-    manifest = Path(SPLITS_DIR) / f"{data.name}.json"
-    if "train" in data.splits or not qrels.exists() or not manifest.exists():
-        return 0
-    from rag.corpus.loaders import load_beir
-
-    ids = json.loads(manifest.read_text())["splits"].get("train", [])
-    by_id = {e.id: e for e in load_beir(data_root() / data.name, "train").examples}
-    held = {e.id for s in data.splits.values() for e in s}
-    train = [by_id[i] for i in ids if i in by_id and i not in held]
-    if train:
-        data.splits["train"] = train
-    return len(train)
-
-
-def _parts(ev, seed: int) -> dict[str, tuple[str, np.ndarray]]:
-    """role (train / valid / test) -> (split name, query indices into that split)."""
+def _parts(ev, seed: int, max_train: int | None = None) -> dict[str, tuple[str, np.ndarray]]:
+    """role (train / valid / test) -> (split name, query indices into that split). A train
+    split longer than `max_train` is a seeded random subset of that many queries."""
     tune, hold = ev.slice.tune_split, ev.slice.holdout_split
     n_tune = len(ev.data.examples(tune))
     test = (hold, np.arange(len(ev.data.examples(hold))))
     if "train" in ev.data.splits:
-        return {"train": ("train", np.arange(len(ev.data.examples("train")))),
-                "valid": (tune, np.arange(n_tune)), "test": test}
+        train = np.arange(len(ev.data.examples("train")))
+        if max_train and len(train) > max_train:
+            train = np.sort(np.random.default_rng(seed).choice(train, max_train, replace=False))
+        return {"train": ("train", train), "valid": (tune, np.arange(n_tune)), "test": test}
     perm = np.random.default_rng(seed).permutation(n_tune)
     half = n_tune // 2
     return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
@@ -123,19 +111,27 @@ def _parts(ev, seed: int) -> dict[str, tuple[str, np.ndarray]]:
 def _delta_rows(ds: str, system: str, M: dict[str, np.ndarray], ch: np.ndarray, base: int,
                 oracle: np.ndarray, seed: int) -> list[dict]:
     """`system - best-static` deltas and the system's headroom share (module docstring)."""
+    got = {k: pick(M[k], ch) for k in ("R", "Q", "T")}
+    return _delta_rows_of(ds, system, {k: M[k][:, base] for k in ("R", "Q", "T")}, got,
+                          pick(M["R"], oracle), seed, system != "per-query-oracle")
+
+
+def _delta_rows_of(ds: str, system: str, base: dict[str, np.ndarray],
+                   got: dict[str, np.ndarray], oracle_r: np.ndarray, seed: int,
+                   headroom: bool = True) -> list[dict]:
+    """The same rows from per-query arrays {"R", "Q", "T"} of best-static (`base`) and of
+    the system (`got`); `oracle_r`: the per-query oracle's rewards."""
     name = f"{system} - {BASELINE}"
     rows = []
-    for metric, X in (("delta_reward", M["R"]), ("delta_quality", M["Q"])):
-        r = paired_bootstrap(X[:, base], pick(X, ch), seed=seed)
+    for metric, k in (("delta_reward", "R"), ("delta_quality", "Q")):
+        r = paired_bootstrap(base[k], got[k], seed=seed)
         rows.append({"dataset": ds, "system": name, "metric": metric, "value": r.mean_diff,
                      "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n})
-    Ta, Tb = M["T"][:, base], pick(M["T"], ch)
-    rows.append(_ratio_row(ds, name, "delta_cost_pct", Tb, Ta, seed,
+    rows.append(_ratio_row(ds, name, "delta_cost_pct", got["T"], base["T"], seed,
                            lambda a, b: 100.0 * (a / b - 1.0)))
-    Rb, Rs, Ro = M["R"][:, base], pick(M["R"], ch), pick(M["R"], oracle)
-    if system != "per-query-oracle":
-        rows.append(_ratio_row(ds, system, "headroom_captured", Rs - Rb, Ro - Rb, seed,
-                               lambda a, b: a / b))
+    if headroom:
+        rows.append(_ratio_row(ds, system, "headroom_captured", got["R"] - base["R"],
+                               oracle_r - base["R"], seed, lambda a, b: a / b))
     return rows
 
 
@@ -153,16 +149,18 @@ def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarr
 
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
-                search_json: Path = SEARCH_JSON) -> None:
+                search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
+                ppo_out: Path | None = None, max_train: int | None = None,
+                ppo_deadline: float | None = None) -> None:
+    """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows)."""
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
 
     t0 = time.perf_counter()
     ev = TunerEvaluator(TuningData.open(ds), policy)
-    added = add_beir_train(ev.data)
     configs = arms(ds, policy, search_json)
     names = [n for n, _ in configs]
-    parts = _parts(ev, seed)
+    parts = _parts(ev, seed, max_train)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
     M = {role: {k: full[s][k][idx] for k in ("R", "Q", "T")} for role, (s, idx) in parts.items()}
     examples = {role: [ev.data.examples(s)[i] for i in idx] for role, (s, idx) in parts.items()}
@@ -195,6 +193,18 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
             rows.append(metric_row(ds, system, metric, pick(X_, ch), seed))
     for system in SYSTEMS:
         rows.extend(_delta_rows(ds, system, T, choices[system], base, oracle, seed))
+    ppo_details = None
+    if ppo is not None:
+        got, ppo_details = run_ppo(ev, parts, X, budget, ppo, list(ppo.train.seeds),
+                                   None if ppo_out is None else ppo_out / ds, ppo_deadline)
+        for metric, k in (("reward", "R"), ("quality", "Q"), ("tokens", "T")):
+            rows.append(metric_row(ds, PPO, metric, got[k], seed))
+        rows.extend(_delta_rows_of(ds, PPO, {k: T[k][:, base] for k in ("R", "Q", "T")},
+                                   got, pick(T["R"], oracle), seed))
+        r = paired_bootstrap(pick(T["R"], plain), got["R"], seed=seed)
+        rows.append({"dataset": ds, "system": f"{PPO} - supervised-router",
+                     "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
+                     "ci_high": r.ci_high, "n": r.n})
 
     def used(ch: np.ndarray) -> dict[str, int]:
         u, c = np.unique(ch, return_counts=True)
@@ -202,6 +212,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
 
     details[ds] = {
         "n": {role: int(len(idx)) for role, (_, idx) in parts.items()},
+        "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
         "splits": {role: s for role, (s, _) in parts.items()},
         "arms": names, "best_static": names[base], "token_budget": budget,
         "router": {"selection": sel.tried, "chosen": sel.best, "token_price": price,
@@ -211,11 +222,39 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                    "test_arms": used(plain), "test_arms_equal_cost": used(eq)},
         "segments": {"key": key, "table": {s: names[j] for s, j in lookup.table.items()},
                      "fallback": names[lookup.fallback]},
-        "search_best_known": "search-best-known" in names, "train_added_from_qrels": added,
+        "search_best_known": "search-best-known" in names, "ppo": ppo_details,
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters),
     }
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
+
+
+def _deadline(hhmm: str | None) -> float | None:
+    """Epoch seconds of HH:MM UTC today, or None."""
+    if not hhmm:
+        return None
+    import datetime as dt
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    now = dt.datetime.now(dt.UTC)
+    return now.replace(hour=h, minute=m, second=0, microsecond=0).timestamp()
+
+
+def _ppo_settings(a: argparse.Namespace) -> PPOPolicySettings:
+    """configs/policy/ppo.yaml with the command line's overrides (--quick: 1 seed, 3 iters)."""
+    s = PPOPolicySettings.load()
+    train: dict[str, Any] = {}
+    if a.quick:
+        train = {"iters": 3, "seeds": (0,), "eval_every": 3}
+    if a.ppo_iters:
+        train["iters"] = a.ppo_iters
+    if a.ppo_seeds:
+        train["seeds"] = tuple(int(x) for x in a.ppo_seeds.split(","))
+    if train:
+        s = PPOPolicySettings.from_mapping({**s.model_dump(mode="json"),
+                                            "train": {**s.train.model_dump(mode="json"),
+                                                      **train}})
+    return s
 
 
 def main() -> None:
@@ -225,6 +264,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--search-json", type=Path, default=SEARCH_JSON,
                     help="bench/search.py's results, whose best-known configs join the arms")
+    ap.add_argument("--no-ppo", action="store_true", help="skip the ppo-policy system")
+    ap.add_argument("--ppo-iters", type=int, default=None,
+                    help="PPO iterations per seed (default: configs/policy/ppo.yaml)")
+    ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
+    ap.add_argument("--ppo-out", type=Path, default=None,
+                    help="where the PPO checkpoints and saved policies go (default: none)")
+    ap.add_argument("--ppo-deadline", default=None,
+                    help="HH:MM (UTC, today): start no PPO seed after it (the shared machine's "
+                         "time box; the seeds run are listed in the details)")
+    ap.add_argument("--max-train", type=int, default=None,
+                    help="use a seeded subset of this many train queries (the row budget)")
+    ap.add_argument("--parts-dir", type=Path, default=None,
+                    help="write each dataset's rows and details to DIR/<dataset>.json (run "
+                         "datasets as separate processes) instead of the results")
+    ap.add_argument("--from-parts", type=Path, default=None,
+                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -233,16 +288,34 @@ def main() -> None:
         return
     datasets = ["synthetic"] if a.quick else a.datasets.split(",")
     policy = TunerSettings.defaults()
+    ppo = None if a.no_ppo else _ppo_settings(a)
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
-    for ds in datasets:
-        run_dataset(ds, policy, a.seed, rows, details, a.search_json)
+    if a.from_parts:
+        datasets = []
+        for ds in a.datasets.split(","):
+            part = json.loads((a.from_parts / f"{ds}.json").read_text())
+            rows += part["rows"]
+            details[ds] = part["details"]
+            datasets.append(ds)
+            t0 -= part["details"]["wall_s"]
+    for ds in [] if a.from_parts else datasets:
+        run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out,
+                    a.max_train, _deadline(a.ppo_deadline))
+        if a.parts_dir:
+            a.parts_dir.mkdir(parents=True, exist_ok=True)
+            (a.parts_dir / f"{ds}.json").write_text(json.dumps(
+                {"rows": [r for r in rows if r["dataset"] == ds], "details": details[ds]}))
+    if a.parts_dir:
+        return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
+        "from_parts": bool(a.from_parts),
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
+        "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),
         "search_json": str(a.search_json) if a.search_json.exists() else None,
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens},

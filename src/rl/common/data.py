@@ -57,6 +57,7 @@ class TuningData:
         loader's dataset name (what `policy.datasets` keys and tables use)."""
         ds = load_dataset(name)
         manifest, source, path = split_manifest(ds, name, run_dir)
+        ds = with_manifest_qrels(ds, manifest)
         by_id = {e.id: e for e in ds.examples}
         splits = {s: [by_id[i] for i in ids if i in by_id] for s, ids in manifest.items()}
         splits = {s: ex for s, ex in splits.items() if ex}
@@ -85,6 +86,34 @@ class TuningData:
         if any(e.gold_passage_ids for e in ex):
             return "passages"
         return "none"
+
+
+def with_manifest_qrels(ds: Dataset, manifest: dict[str, list[str]]) -> Dataset:
+    """`ds` with the examples of every qrels split of its BEIR folder that the manifest's ids
+    need. A BEIR dataset loads one qrels file (`qrels/test.tsv`), but its committed manifest
+    splits the queries judged in all of them (SciFact: 809 train ids live in `qrels/train.tsv`);
+    without this those ids would find no example and the split would silently vanish. Data that
+    is not a BEIR folder, or whose manifest ids are all present, comes back unchanged."""
+    from dataclasses import replace
+
+    from rag.corpus.loaders import load_beir
+
+    have = {e.id for e in ds.examples}
+    missing = {i for ids in manifest.values() for i in ids} - have
+    qrels_files = [Path(p) for p in ds.sources if Path(p).parent.name == "qrels"]
+    if not missing or not qrels_files:
+        return ds
+    folder = qrels_files[0].parent.parent
+    loaded = {p.stem for p in qrels_files}
+    extra: list[Example] = []
+    for qrels in sorted(folder.glob("qrels/*.tsv")):
+        if qrels.stem in loaded or not missing:
+            continue
+        for e in load_beir(folder, qrels.stem, name=ds.name).examples:
+            if e.id in missing:
+                extra.append(e)
+                missing.discard(e.id)
+    return replace(ds, examples=ds.examples + tuple(extra)) if extra else ds
 
 
 def content_hash(ds: Dataset) -> str:

@@ -1,0 +1,88 @@
+"""The `ppo-policy` system of `bench/policy.py`: issue 19's per-query PPO policy
+(`rl.policy.ppo_policy.PerQueryPPO`) trained per seed on the train split, its checkpoint chosen
+on valid (greedy, realised reward among checkpoints within the cost budget), then served
+greedily on test once.
+
+Budget of the PPO-Lagrangian constraint: best-static's mean tokens on valid (in C_ref units).
+Its test outcomes come from the lazy evaluator on the configs it picks (most are outside the
+portfolio: that is honest, the rows are the same per-query reward); the oracle stays the
+portfolio's per-query oracle.
+
+Seeds: the per-query test reward / quality / tokens are averaged over the seeds, and the rows'
+CIs are paired bootstraps over test queries of that seed-averaged per-query value (the
+seed-to-seed spread is in `details[ds]["ppo"]["per_seed"]`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl.policy.heads import HeadLayout
+from rl.policy.ppo_policy import PerQueryPPO
+from rl.policy.settings import PPOPolicySettings
+from rl.policy.worlds import EvaluatorWorld
+from rl.tuner.space import is_conversational
+
+SYSTEM = "ppo-policy"
+
+
+def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarray],
+            budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
+            out_dir: Path | None = None, deadline: float | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Train one policy per seed, act on test. Returns the seed-averaged per-query test arrays
+    {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time).
+    `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
+    seeds left out are listed in the details as `seeds_not_run`."""
+    examples = [e for s, _ in parts.values() for e in ev.data.examples(s)]
+    layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
+    worlds = {role: EvaluatorWorld(ev, s, idx) for role, (s, idx) in parts.items()}
+    budget = budget_tokens / worlds["train"].cost_ref
+    per_seed, arrays = [], {"R": [], "Q": [], "T": []}
+    skipped: list[int] = []
+    for seed in seeds:
+        if per_seed and deadline is not None and time.time() > deadline:
+            skipped.append(seed)
+            continue
+        t0 = time.perf_counter()
+        pol = PerQueryPPO.create(layout, settings, X["train"])
+        hist = pol.train(worlds["train"], X["train"], worlds["valid"], X["valid"], budget,
+                         seed=seed, checkpoint_dir=None if out_dir is None
+                         else out_dir / f"seed{seed}",
+                         log=lambda m, s=seed: print(f"    [{ev.data.name} seed {s}] {m}",
+                                                     flush=True))
+        train_s = time.perf_counter() - t0
+        cfgs = pol.act(X["test"])
+        outs = worlds["test"].outcomes(cfgs)
+        R = np.array([o.reward for o in outs])
+        Q = np.array([o.quality for o in outs])
+        T = np.array([o.cost for o in outs]) * worlds["test"].cost_ref
+        for k, v in (("R", R), ("Q", Q), ("T", T)):
+            arrays[k].append(v)
+        if out_dir is not None:
+            pol.save(out_dir / f"seed{seed}" / "policy")
+        used = {}
+        for c in cfgs:
+            used[c.config_hash] = used.get(c.config_hash, 0) + 1
+        per_seed.append({
+            "seed": seed, "best": pol.meta["best"], "lambda_final": pol.lam,
+            "test_reward": float(R.mean()), "test_quality": float(Q.mean()),
+            "test_tokens": float(T.mean()), "distinct_test_configs": len(used),
+            "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
+            "history": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in h.items()}
+                        for h in hist]})
+        print(f"  [{ev.data.name}] ppo seed {seed}: test reward {R.mean():.4f} "
+              f"tokens {T.mean():.0f} ({per_seed[-1]['wall_s']}s)", flush=True)
+    mean = {k: np.mean(np.vstack(v), axis=0) for k, v in arrays.items()}
+    details = {"seeds": [p["seed"] for p in per_seed], "seeds_not_run": skipped,
+               "budget_tokens": budget_tokens,
+               "heads": list(layout.names), "gates": layout.gates_spec(),
+               "iters": settings.train.iters, "batch": settings.train.batch,
+               "per_seed": per_seed,
+               "seed_mean_test_reward": float(np.mean([p["test_reward"] for p in per_seed])),
+               "seed_sd_test_reward": float(np.std([p["test_reward"] for p in per_seed]))}
+    return mean, details

@@ -1,0 +1,193 @@
+"""The per-query policy's mixed action heads: the gymnasium Dict action space, the decoding of
+an action into a `RAGConfig`, which heads act in which context, and propensities.
+
+Heads (`HeadSettings` gives the values; keys in sorted order, as RLlib flattens them):
+    variant            Discrete   retriever: bm25 / dense / hybrid / graph
+    k                  Discrete   index into the coarse k set (`HeadSettings.ks`)
+    rerank             Discrete   index into `rerank_depths` (0 = off, d = rerank d candidates)
+    generator          Discrete   index into the `generator:prompt_id` arms
+    mmr_lambda         Box(0, 1)  MMR trade-off, mapped onto `mmr_range`
+    fusion_weight      Box(0, 1)  dense weight of hybrid fusion   -- gated: variant == hybrid
+    abstain_threshold  Box(0, 1)  extractive abstention threshold -- gated: an extractive
+                                  `*_abstain` generator arm
+    query_formulation  Discrete   conversational data only (absent otherwise)
+A Box head's value u in [0, 1] is what RLlib's action normalisation hands the env (a Gaussian
+sample x, clipped to [-1, 1], u = (x + 1) / 2); it maps linearly onto the head's range and then
+snaps to `box_step` (`BoxMap`), so equal decisions hit the evaluator's row cache.
+
+Gates (`HeadLayout.gates`: head -> (parent head, parent values that make it act)): a gated head
+that does not act in a sample contributes nothing to the log-probability, entropy or KL of the
+policy (`masked_sum`, `gate_weights`), so PPO never gets a gradient for a no-op choice. The
+RLlib distribution that applies them lives in `rl.policy.ppo_module`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from rag.config import RAGConfig
+from rl.policy.settings import HeadSettings
+from rl.tuner.settings import TunerSettings
+from rl.tuner.space import ConfigSpace
+
+BOX_HEADS = ("abstain_threshold", "fusion_weight", "mmr_lambda")
+
+
+@dataclass(frozen=True)
+class BoxMap:
+    """u in [0, 1] -> lo + u (hi - lo), snapped to multiples of `step` within [lo, hi]."""
+
+    lo: float
+    hi: float
+    step: float
+
+    def values(self) -> list[float]:
+        j0, j1 = math.ceil(self.lo / self.step - 1e-9), math.floor(self.hi / self.step + 1e-9)
+        return [round(j * self.step, 6) for j in range(j0, j1 + 1)] or [self.lo]
+
+    def value(self, u: float) -> float:
+        x = self.lo + float(np.clip(u, 0.0, 1.0)) * (self.hi - self.lo)
+        vals = self.values()
+        return vals[int(np.argmin([abs(v - x) for v in vals]))]
+
+    def bin_masses(self, mean: float, std: float) -> dict[float, float]:
+        """Probability of each snapped value when RLlib samples the raw action x ~ N(mean,
+        std) (u = (clip(x, -1, 1) + 1) / 2): the mass of x's interval that maps to it."""
+        from math import erf
+
+        vals = self.values()
+        span = max(self.hi - self.lo, 1e-12)
+        # raw-x edges halfway between neighbouring values; the outer bins run to +-inf
+        mids = [((a + b) / 2 - self.lo) / span * 2 - 1 for a, b in zip(vals, vals[1:], strict=False)]
+
+        edges = [-math.inf, *mids, math.inf]
+
+        def cdf(x: float) -> float:
+            if math.isinf(x):
+                return 0.0 if x < 0 else 1.0
+            return 0.5 * (1 + erf((x - mean) / (max(std, 1e-8) * math.sqrt(2))))
+
+        return {v: cdf(edges[i + 1]) - cdf(edges[i]) for i, v in enumerate(vals)}
+
+
+class HeadLayout:
+    """The action space of one dataset's policy, and action -> RAGConfig."""
+
+    def __init__(self, heads: HeadSettings, policy: TunerSettings, conversational: bool = False):
+        self.settings = heads
+        self.space = ConfigSpace(policy, conversational)
+        self.conversational = conversational
+        self.variants = tuple(heads.variants)
+        self.ks = tuple(heads.ks)
+        self.depths = tuple(heads.rerank_depths)
+        self.arms = tuple(tuple(a.split(":", 1)) for a in heads.generator_arms)
+        self.formulations = tuple(heads.query_formulations) if conversational else ()
+        w = self.space.w
+        self.boxes = {"fusion_weight": BoxMap(w.lo, w.hi, heads.box_step),
+                      "mmr_lambda": BoxMap(heads.mmr_range.min, heads.mmr_range.max,
+                                           heads.box_step),
+                      "abstain_threshold": BoxMap(heads.abstain_range.min,
+                                                  heads.abstain_range.max, heads.box_step)}
+        abstain = [i for i, (g, p) in enumerate(self.arms)
+                   if g == "extractive" and p.endswith("_abstain")]
+        self.gates: dict[str, tuple[str, tuple[int, ...]]] = {}
+        if "hybrid" in self.variants:
+            self.gates["fusion_weight"] = ("variant", (self.variants.index("hybrid"),))
+        if abstain:
+            self.gates["abstain_threshold"] = ("generator", tuple(abstain))
+        self.discrete = {"variant": len(self.variants), "k": len(self.ks),
+                         "rerank": len(self.depths), "generator": len(self.arms)}
+        if self.formulations:
+            self.discrete["query_formulation"] = len(self.formulations)
+        self.box_heads = tuple(h for h in BOX_HEADS if h == "mmr_lambda" or h in self.gates)
+        self.names = tuple(sorted([*self.discrete, *self.box_heads]))
+
+    def action_space(self) -> spaces.Dict:
+        heads: dict[str, spaces.Space] = {}
+        for h in self.names:
+            heads[h] = (spaces.Discrete(self.discrete[h]) if h in self.discrete
+                        else spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32))
+        return spaces.Dict(heads)
+
+    def gates_spec(self) -> dict[str, list]:
+        """The gates as JSON-able lists (what the RLModule's model config carries)."""
+        return {h: [p, list(v)] for h, (p, v) in self.gates.items()}
+
+    def active(self, action: Mapping[str, Any]) -> dict[str, bool]:
+        """Which heads act in `action` (ungated heads always do)."""
+        out = {h: True for h in self.names}
+        for h, (parent, vals) in self.gates.items():
+            out[h] = int(np.asarray(action[parent]).reshape(-1)[0]) in vals
+        return out
+
+    def decode(self, action: Mapping[str, Any]) -> RAGConfig:
+        """The config an action stands for (Box heads mapped and snapped; inactive heads take
+        canonical values through `ConfigSpace.make`, so equal configs hash equal)."""
+        def idx(h: str) -> int:
+            return int(np.asarray(action[h]).reshape(-1)[0])
+
+        def box(h: str) -> float | None:
+            if h not in action:
+                return None
+            return self.boxes[h].value(float(np.asarray(action[h]).reshape(-1)[0]))
+
+        variant, k = self.variants[idx("variant")], self.ks[idx("k")]
+        depth = self.depths[idx("rerank")]
+        gen, prompt = self.arms[idx("generator")]
+        w = box("fusion_weight")
+        heads: dict[str, Any] = {"mmr_lambda": box("mmr_lambda"),
+                                 "rerank_depth": depth or None,
+                                 "abstain_threshold": box("abstain_threshold")}
+        if self.formulations:
+            heads["query_formulation"] = self.formulations[idx("query_formulation")]
+        base_w = self.space.base.fusion_weight
+        cfg = self.space.make(variant, k, "on" if depth else "off",
+                              base_w if w is None else w, prompt, **heads)
+        if cfg.generator != gen:  # an LLM arm the tuner's space does not list
+            cfg = cfg.replace(generator=gen, abstain_threshold=None)
+        return cfg
+
+
+def gate_weights(probs_of_parent: Mapping[str, Any], gates: Mapping[str, tuple[str, Any]]
+                 ) -> dict[str, Any]:
+    """Per gated head, the probability (per row) that it acts: the parent categorical's mass on
+    the values that open the gate. `probs_of_parent`: parent head -> (batch, n) probabilities
+    (numpy or torch). Used to weight a gated head's entropy and KL."""
+    out = {}
+    for h, (parent, vals) in gates.items():
+        p = probs_of_parent[parent]
+        out[h] = p[:, list(vals)].sum(-1)
+    return out
+
+
+def active_masks(actions: Mapping[str, Any], gates: Mapping[str, tuple[str, Any]]
+                 ) -> dict[str, Any]:
+    """Per gated head, 1.0 where the sampled parent value opens the gate, else 0.0 (numpy or
+    torch, following the actions' type)."""
+    out = {}
+    for h, (parent, vals) in gates.items():
+        a = actions[parent]
+        a = a.reshape(-1)
+        if hasattr(a, "new_tensor"):  # torch
+            import torch
+
+            out[h] = torch.isin(a.long(), a.new_tensor(list(vals)).long()).float()
+        else:
+            out[h] = np.isin(np.asarray(a).astype(int), list(vals)).astype(np.float64)
+    return out
+
+
+def masked_sum(terms: Mapping[str, Any], weights: Mapping[str, Any]) -> Any:
+    """sum_h weights[h] * terms[h] over heads; heads without a weight count fully. With
+    `active_masks` as weights this is a log-probability that excludes inactive heads; with
+    `gate_weights` an entropy or KL that counts a gated head by how often it acts."""
+    total = 0
+    for h, t in terms.items():
+        total = total + (t * weights[h] if h in weights else t)
+    return total

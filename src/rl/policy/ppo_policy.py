@@ -1,0 +1,385 @@
+"""The per-query PPO policy (issue 19): query features -> one config per query, through mixed
+action heads (`rl.policy.heads`), trained with RLlib PPO on the new API stack under a mean-cost
+constraint (PPO-Lagrangian).
+
+MDP: one step per query (gamma = GAE lambda = 0: the next query does not depend on this
+decision). `PolicyEnv` observes a random training query's `QueryFeaturizer` features,
+standardised with the training split's mean and std (clipped to +-10); the action decodes to a
+`RAGConfig` (`HeadLayout.decode`, continuous heads snapped so the row cache hits); the reward is
+
+    r_t = reward_t - lambda * cost_t
+
+with reward_t the tuner's per-query reward of that config on that query and cost_t its tokens
+in units of C_ref (`rl.policy.worlds`).
+
+PPO-Lagrangian (`lagrange_update`): after every training iteration j, with c_j the mean cost of
+the iteration's sampled steps and b the budget (the comparison baseline's mean cost: the bench
+uses best-static's on valid),
+
+    lambda_{j+1} = clip(lambda_j + eta * (c_j - b), 0, lambda_max)
+
+(projected gradient ascent on the Lagrangian's dual); lambda reaches the env runners through
+`foreach_env_runner` before the next iteration samples.
+
+Model selection: every `eval_every` iterations (and after the last) the greedy policy serves the
+valid queries; the kept module is the one with the best realised mean reward on valid among the
+feasible ones (valid mean cost <= b * (1 + slack)), else the one with the lowest cost. Test is
+never seen here.
+
+`PerQueryPPO` is what serving calls: `act(features) -> list[RAGConfig]` (greedy),
+`sample(features, rng) -> (configs, propensities)` (the propensity of each sampled decision:
+the product of its categorical head probabilities and, per acting continuous head, the
+probability mass of its snapped value), `save(dir)` / `load(dir)` (no Ray needed to load and
+act). Checkpoints (`checkpoint_dir`) hold the RLlib algorithm and the loop state, so `resume`
+continues a killed run; metrics go to MLflow through `rl.common.tracking` when a tracking URI
+is given.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rag.config import RAGConfig
+from rl.policy.heads import HeadLayout
+from rl.policy.settings import PPOPolicySettings
+from rl.policy.worlds import QueryWorld
+from rl.tuner.settings import TunerSettings
+
+_BUNDLES: dict[str, dict[str, Any]] = {}
+OBS_CLIP = 10.0
+
+
+def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float,
+                    lam_max: float) -> float:
+    """One projected ascent step: clip(lam + lr * (mean_cost - budget), 0, lam_max)."""
+    return float(np.clip(lam + lr * (mean_cost - budget), 0.0, lam_max))
+
+
+class PolicyEnv(gym.Env):
+    """One-step episodes over the queries of a bundle registered in this process
+    (`env_config["bundle"]`: {"world", "layout", "X"}; the evaluator-backed world lives in the
+    driver, so the policy samples there: num_env_runners = 0)."""
+
+    def __init__(self, env_config: dict | None = None):
+        cfg = dict(env_config or {})
+        b = _BUNDLES[cfg["bundle"]]
+        self.world: QueryWorld = b["world"]
+        self.layout: HeadLayout = b["layout"]
+        self.X = np.asarray(b["X"], dtype=np.float32)
+        self.lam = float(cfg.get("lam", 0.0))
+        self.costs: list[float] = []
+        self.observation_space = gym.spaces.Box(-OBS_CLIP, OBS_CLIP, shape=(self.X.shape[1],),
+                                                dtype=np.float32)
+        self.action_space = self.layout.action_space()
+        self._rng = np.random.default_rng(cfg.get("seed", 0))
+        self._i = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._i = int(self._rng.integers(len(self.X)))
+        return self.X[self._i], {}
+
+    def step(self, action):
+        o = self.world.outcome(self._i, self.layout.decode(action))
+        self.costs.append(o.cost)
+        return self.X[self._i], o.reward - self.lam * o.cost, True, False, {"cost": o.cost}
+
+
+def _envs(runner) -> list[PolicyEnv]:
+    env = runner.env.unwrapped  # RLlib's vector env (gymnasium wrappers do not forward `envs`)
+    return [e.unwrapped for e in getattr(env, "envs", [env])]
+
+
+def _set_lambda(lam: float) -> Callable[[Any], int]:
+    def f(runner) -> int:
+        for e in _envs(runner):
+            e.lam = lam
+        return 1
+    return f
+
+
+def _pop_costs(runner) -> list[float]:
+    out: list[float] = []
+    for e in _envs(runner):
+        out.extend(e.costs)
+        e.costs = []
+    return out
+
+
+class PerQueryPPO:
+    """A trained (or loadable) per-query policy: an RLlib PPO module over `layout`'s heads and
+    the feature standardisation (`mean`, `std`) of its training split."""
+
+    def __init__(self, layout: HeadLayout, settings: PPOPolicySettings, mean: np.ndarray,
+                 std: np.ndarray, module: Any = None, lam: float = 0.0,
+                 meta: dict | None = None):
+        self.layout, self.settings = layout, settings
+        self.mean, self.std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+        self.module, self.lam, self.meta = module, lam, dict(meta or {})
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def create(cls, layout: HeadLayout, settings: PPOPolicySettings, X_train: np.ndarray
+               ) -> PerQueryPPO:
+        X = np.asarray(X_train, np.float64)
+        std = X.std(axis=0)
+        return cls(layout, settings, X.mean(axis=0), np.where(std > 1e-8, std, 1.0),
+                   lam=settings.lagrange.init)
+
+    def standardise(self, features: np.ndarray) -> np.ndarray:
+        z = (np.asarray(features, np.float32) - self.mean) / self.std
+        return np.clip(z, -OBS_CLIP, OBS_CLIP).astype(np.float32)
+
+    def spec(self) -> Any:
+        from rl.policy.ppo_module import module_spec
+
+        obs = gym.spaces.Box(-OBS_CLIP, OBS_CLIP, shape=(len(self.mean),), dtype=np.float32)
+        return module_spec(obs, self.layout.action_space(), list(self.settings.train.hidden),
+                           self.layout.gates_spec())
+
+    # ---- training -----------------------------------------------------------------------
+    def train(self, world: QueryWorld, X_train: np.ndarray, valid: QueryWorld,
+              X_valid: np.ndarray, budget: float, seed: int = 0,
+              checkpoint_dir: str | Path | None = None, resume: bool = False,
+              tracking_uri: str | None = None, run_name: str = "ppo-policy",
+              log: Callable[[str], None] = print) -> list[dict[str, float]]:
+        """Train on `world` (features `X_train`, raw), select on `valid` (module docstring);
+        `budget`: the mean cost bound in C_ref units. Returns one record per iteration."""
+        from rl.common.rllib import ppo_config
+        from rl.common.runtime import init_ray
+
+        init_ray()
+        t, lg = self.settings.train, self.settings.lagrange
+        key = f"ppo-policy-{id(self)}-{seed}"
+        _BUNDLES[key] = {"world": world, "layout": self.layout,
+                         "X": self.standardise(X_train)}
+        cfg = ppo_config(PolicyEnv, {"bundle": key, "seed": seed, "lam": self.lam},
+                         seed=seed, train_batch_size=t.batch, module_spec=self.spec(),
+                         disable_env_checking=True, lr=t.lr, gamma=0.0, lambda_=0.0,
+                         minibatch_size=t.minibatch, num_epochs=t.epochs,
+                         entropy_coeff=t.entropy_coeff, use_kl_loss=False)
+        algo = cfg.build_algo()
+        ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+        state = {"iter": 0, "lam": self.lam, "best": None, "history": []}
+        if resume and ckpt is not None and (ckpt / "loop.json").exists():
+            algo.restore_from_path(str((ckpt / "algo").resolve()))
+            state = json.loads((ckpt / "loop.json").read_text())
+            self.lam = state["lam"]
+            algo.env_runner_group.foreach_env_runner(_set_lambda(self.lam))
+            log(f"resumed at iteration {state['iter']} (lambda {self.lam:.3f})")
+        best_state = (self._module_state(ckpt / "best.pt") if ckpt is not None and
+                      state["best"] is not None else None)
+        mlf = _MLflow(tracking_uri, run_name, self.settings, seed, budget)
+        try:
+            for it in range(state["iter"], t.iters):
+                t0 = time.perf_counter()
+                res = algo.train()
+                costs = [c for cs in algo.env_runner_group.foreach_env_runner(_pop_costs)
+                         for c in cs]
+                mean_cost = float(np.mean(costs)) if costs else float("nan")
+                if costs:
+                    self.lam = lagrange_update(self.lam, mean_cost, budget, lg.lr, lg.max)
+                algo.env_runner_group.foreach_env_runner(_set_lambda(self.lam))
+                rec = {"iter": it + 1, "return": float(res.get("env_runners", {}).get(
+                    "episode_return_mean", np.nan)), "cost": mean_cost, "lambda": self.lam,
+                       "s": round(time.perf_counter() - t0, 2)}
+                if (it + 1) % t.eval_every == 0 or it + 1 == t.iters:
+                    self.module = algo.get_module()
+                    outs = valid.outcomes(self.act(X_valid))
+                    rec["valid_reward"] = float(np.mean([o.reward for o in outs]))
+                    rec["valid_cost"] = float(np.mean([o.cost for o in outs]))
+                    if _better(rec, state["best"], budget * (1 + lg.slack)):
+                        state["best"] = {k: rec[k] for k in ("iter", "valid_reward",
+                                                             "valid_cost")}
+                        best_state = _cpu_state(self.module)
+                        if ckpt is not None:
+                            _save_torch(best_state, ckpt / "best.pt")
+                state["history"].append(rec)
+                state["iter"], state["lam"] = it + 1, self.lam
+                mlf.log(rec)
+                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in rec.items()))
+                if ckpt is not None:
+                    ckpt.mkdir(parents=True, exist_ok=True)
+                    algo.save_to_path(str((ckpt / "algo").resolve()))
+                    (ckpt / "loop.json").write_text(json.dumps(state))
+            self.module = algo.get_module()
+            if best_state is not None:
+                self.module.set_state(best_state)
+            self.module = self._standalone(_cpu_state(self.module))
+            self.meta.update({"seed": seed, "budget": budget, "best": state["best"],
+                              "lambda": self.lam})
+        finally:
+            mlf.close(state.get("best"))
+            algo.stop()
+            _BUNDLES.pop(key, None)
+        return state["history"]
+
+    def _standalone(self, state: dict) -> Any:
+        module = self.spec().build()
+        module.set_state(state)
+        module.eval()
+        return module
+
+    @staticmethod
+    def _module_state(path: Path) -> dict | None:
+        import torch
+
+        return torch.load(path, weights_only=False) if path.exists() else None
+
+    # ---- acting -------------------------------------------------------------------------
+    def _heads(self, features: np.ndarray) -> dict[str, np.ndarray]:
+        """Per head: logits (Discrete, n_rows x n) or (mean, std) raw Gaussian (Box)."""
+        import torch
+
+        with torch.no_grad():
+            out = self.module.forward_inference(
+                {"obs": torch.as_tensor(self.standardise(np.atleast_2d(features)))})
+        z = out["action_dist_inputs"].numpy().astype(np.float64)
+        heads, j = {}, 0
+        for h in self.layout.names:
+            n = self.layout.discrete.get(h, 2)
+            heads[h] = z[:, j:j + n]
+            j += n
+        return heads
+
+    def probs(self, features: np.ndarray) -> dict[str, np.ndarray]:
+        """Per Discrete head its action probabilities (n_rows x n); per Box head its raw
+        Gaussian (mean, std) columns."""
+        out = {}
+        for h, z in self._heads(features).items():
+            if h in self.layout.discrete:
+                e = np.exp(z - z.max(axis=1, keepdims=True))
+                out[h] = e / e.sum(axis=1, keepdims=True)
+            else:
+                out[h] = np.column_stack([z[:, 0], np.exp(z[:, 1])])
+        return out
+
+    def act(self, features: np.ndarray) -> list[RAGConfig]:
+        """The greedy config for each row of `features` (raw QueryFeaturizer features)."""
+        P = self.probs(features)
+        n = len(next(iter(P.values())))
+        return [self.layout.decode({h: (int(P[h][i].argmax()) if h in self.layout.discrete
+                                        else [(np.clip(P[h][i, 0], -1, 1) + 1) / 2])
+                                    for h in self.layout.names}) for i in range(n)]
+
+    def sample(self, features: np.ndarray, rng: np.random.Generator
+               ) -> tuple[list[RAGConfig], np.ndarray]:
+        """A config per row drawn from the policy, and the propensity of each draw (module
+        docstring: categorical probabilities times the snapped-value masses of the acting
+        continuous heads; heads that do not act do not count)."""
+        P = self.probs(features)
+        n = len(next(iter(P.values())))
+        configs, props = [], np.ones(n)
+        for i in range(n):
+            a: dict[str, Any] = {}
+            for h in self.layout.names:
+                if h in self.layout.discrete:
+                    a[h] = int(rng.choice(len(P[h][i]), p=P[h][i]))
+                else:
+                    x = rng.normal(P[h][i, 0], P[h][i, 1])
+                    a[h] = [(np.clip(x, -1, 1) + 1) / 2]
+            act = self.layout.active(a)
+            for h in self.layout.names:
+                if not act[h]:
+                    continue
+                if h in self.layout.discrete:
+                    props[i] *= P[h][i, a[h]]
+                else:
+                    box = self.layout.boxes[h]
+                    props[i] *= box.bin_masses(P[h][i, 0], P[h][i, 1])[box.value(a[h][0])]
+            configs.append(self.layout.decode(a))
+        return configs, props
+
+    # ---- persistence --------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """module.pt (the RLModule state), policy.json (settings, layout inputs,
+        standardisation, lambda, meta)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        _save_torch(_cpu_state(self.module), d / "module.pt")
+        (d / "policy.json").write_text(json.dumps({
+            "settings": self.settings.model_dump(mode="json"),
+            "tuner": self.layout.space.policy.model_dump(mode="json", by_alias=True),
+            "conversational": self.layout.conversational, "mean": self.mean.tolist(),
+            "std": self.std.tolist(), "lambda": self.lam, "meta": self.meta}, indent=1))
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path) -> PerQueryPPO:
+        d = Path(directory)
+        j = json.loads((d / "policy.json").read_text())
+        settings = PPOPolicySettings.from_mapping(j["settings"])
+        layout = HeadLayout(settings.heads, TunerSettings.from_mapping(j["tuner"]),
+                            j["conversational"])
+        pol = cls(layout, settings, np.array(j["mean"]), np.array(j["std"]),
+                  lam=j["lambda"], meta=j["meta"])
+        pol.module = pol._standalone(cls._module_state(d / "module.pt"))
+        return pol
+
+
+def _better(rec: dict, best: dict | None, cap: float) -> bool:
+    if best is None:
+        return True
+    feas, bfeas = rec["valid_cost"] <= cap, best["valid_cost"] <= cap
+    if feas != bfeas:
+        return feas
+    if not feas:
+        return rec["valid_cost"] < best["valid_cost"]
+    return rec["valid_reward"] > best["valid_reward"]
+
+
+def _cpu_state(module: Any) -> dict:
+    import copy
+
+    return copy.deepcopy(module.get_state())
+
+
+def _save_torch(state: dict, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
+class _MLflow:
+    """Per-iteration metrics of one training run (no-op without a tracking URI)."""
+
+    def __init__(self, uri: str | None, run_name: str, settings: PPOPolicySettings, seed: int,
+                 budget: float):
+        self.run = None
+        if not uri:
+            return
+        import mlflow
+
+        from rl.common.tracking import code_commit, set_experiment
+
+        set_experiment("ppo-policy", uri)
+        self.run = mlflow.start_run(run_name=run_name)
+        mlflow.log_params({"seed": seed, "budget": budget, "iters": settings.train.iters,
+                           "batch": settings.train.batch, "lr": settings.train.lr,
+                           "lagrange_lr": settings.lagrange.lr, "commit": code_commit()})
+
+    def log(self, rec: dict) -> None:
+        if self.run is not None:
+            import mlflow
+
+            mlflow.log_metrics({f"charts/{k}": float(v) for k, v in rec.items()
+                                if k != "iter" and np.isfinite(v)}, step=int(rec["iter"]))
+
+    def close(self, best: dict | None) -> None:
+        if self.run is not None:
+            import mlflow
+
+            if best:
+                mlflow.log_metrics({f"best/{k}": float(v) for k, v in best.items()})
+            mlflow.end_run()

@@ -1,0 +1,88 @@
+"""What the per-query policy is trained and scored against: a `QueryWorld` answers "what does
+config c get on query i" with an `Outcome` (tuner reward, quality, cost).
+
+`EvaluatorWorld` is the real one: queries `idx` of a split of a `TunerEvaluator`'s data; the
+outcome of (config, query) is read from the evaluator's lazy per-(config, query) rows
+(`TunerEvaluator.table`, computed on first use and cached in memory and SQLite):
+    reward  = `TunerEvaluator.per_query_reward` (alpha F + beta R minus latency and cost terms)
+    quality = `RewardSpec.quality(F, R)` (alpha F + beta R, abstentions scored by answerability)
+    cost    = tokens (in + out) / C_ref (`TunerSettings.cost_ref_tokens`), the Lagrangian cost.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from rag.config import RAGConfig
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reward: float
+    quality: float
+    cost: float
+    """Tokens / C_ref."""
+
+
+class QueryWorld(Protocol):
+    n: int
+    """Queries, addressed 0 .. n-1."""
+    cost_ref: float
+    """Tokens per unit of cost (C_ref)."""
+
+    def outcome(self, i: int, config: RAGConfig) -> Outcome: ...
+
+    def outcomes(self, configs: Sequence[RAGConfig]) -> list[Outcome]:
+        """configs[i] on query i, for every query (batched where the world can)."""
+        ...
+
+
+class EvaluatorWorld:
+    """Queries `idx` (default: all) of `split` of `ev`'s data (module docstring)."""
+
+    def __init__(self, ev, split: str, idx: Sequence[int] | None = None):
+        self.ev, self.split = ev, split
+        self.idx = np.arange(len(ev.data.examples(split))) if idx is None else np.asarray(idx)
+        self.n = len(self.idx)
+        self.cost_ref = float(ev.policy.cost_ref_tokens)
+        self._spec = ev.reward_spec()
+        self._cache: dict[tuple[str, int], Outcome] = {}
+
+    def _read(self, config: RAGConfig, qs: Sequence[int]) -> dict[int, Outcome]:
+        tab = dict(self.ev.table(config, self.split, qs))
+        n = len(tab["tokens"])
+        for name in (self.ev.slice.faithfulness, self.ev.slice.relevancy):
+            # a metric no computed row of this config has yet (e.g. `support` is absent from
+            # a row whose answer cites nothing) is NaN, which the reward leaves out
+            tab.setdefault(name, np.full(n, np.nan))
+        R = self.ev.per_query_reward(tab)
+        F, Rel = self.ev.quality(tab)
+        Q = np.asarray(self._spec.quality(F, Rel), dtype=np.float64)
+        return {q: Outcome(float(R[q]), float(Q[q]), float(tab["tokens"][q]) / self.cost_ref)
+                for q in qs}
+
+    def outcome(self, i: int, config: RAGConfig) -> Outcome:
+        key = (config.config_hash, int(i))
+        got = self._cache.get(key)
+        if got is None:
+            q = int(self.idx[i])
+            got = self._cache[key] = self._read(config, [q])[q]
+        return got
+
+    def outcomes(self, configs: Sequence[RAGConfig]) -> list[Outcome]:
+        groups: dict[str, list[int]] = defaultdict(list)
+        by_hash = {}
+        for i, c in enumerate(configs):
+            if (c.config_hash, i) not in self._cache:
+                groups[c.config_hash].append(i)
+                by_hash[c.config_hash] = c
+        for h, rows in groups.items():
+            got = self._read(by_hash[h], [int(self.idx[i]) for i in rows])
+            for i in rows:
+                self._cache[(h, i)] = got[int(self.idx[i])]
+        return [self._cache[(c.config_hash, i)] for i, c in enumerate(configs)]
