@@ -23,18 +23,18 @@ drawn from the test split only, see `bench/drift_streams.py`):
 Synthetic has no train split: train and valid are the two halves of its valid split (seeded).
 
 Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
-`ppo-policy`, `ppo-policy-online`). The learned per-query policy is fitted on train and
-selected on valid only (`fit_learned_policy`); `--policy router` is the supervised router
-(`rl.policy.router.select_router`), `--policy ppo` helper A's `rl.policy.ppo_policy`
-(`auto`, the default: ppo when importable, else the router; `meta.notes` says which ran).
+`router-policy`, `router-policy-online`). The learned per-query policy is fitted on train and
+selected on valid only (`fit_learned_policy`); the learned policy is the supervised
+router (`rl.policy.router.select_router`, `bench/drift_policy.py`); issue 19's PPO policy is
+not in this benchmark (see `drift_policy`).
 
 Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and bandit /
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
   * every system's `regret_phase<p>`: mean per-query regret over phase p (reward units);
-  * `frozen-static / ppo-policy` (and `/ ppo-policy-online`) `regret_ratio` after each shift
+  * `frozen-static / router-policy` (and `/ router-policy-online`) `regret_ratio` after each shift
     (phase >= 2): mean regret ratio; null when frozen-static has no regret after the shift
     (`note`: undefined) or only the policy has none (unbounded);
-  * `ppo-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
+  * `router-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
     policy's. Pre-registered targets (issue 19): regret_ratio >= 2, gap <= 0.01.
 Plots: `bench/results/drift-<stream>.png` (cumulative regret, mean over seeds, min-max band).
 """
@@ -87,7 +87,7 @@ from rl.tuner.settings import TunerSettings  # noqa: E402
 NAME = "drift"
 PRICE_FACTOR = 2.0
 SW_WINDOW = 150
-RATIO_SYSTEMS = ("ppo-policy", "ppo-policy-online")
+RATIO_SYSTEMS = ("router-policy", "router-policy-online")
 NO_REGRET = 1e-4
 """Mean regret per query (reward units) below which a system counts as not hurt (float sums
 of equal rewards are not exactly 0)."""
@@ -212,9 +212,9 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
         for p in range(n_ph):
             rows.append({**metric_row(spec.name, s, f"regret_phase{p + 1}", r[ph == p], seed0),
                          "phase": p + 1})
-    pp = np.concatenate(reg["ppo-policy"])
+    pp = np.concatenate(reg["router-policy"])
     for p in range(n_ph):
-        rows.append({**metric_row(spec.name, "ppo-policy", "gap_to_phase_best", pp[ph == p],
+        rows.append({**metric_row(spec.name, "router-policy", "gap_to_phase_best", pp[ph == p],
                                   seed0), "phase": p + 1})
     fs = np.concatenate(reg["frozen-static"])
     for p in range(1, n_ph):
@@ -245,7 +245,7 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
 
 def choose_online(specs: list[tuple[StreamSpec, str]], bundles: dict[str, Bundle], learned,
                   seeds: int, seed0: int) -> tuple[OnlineSettings, list[dict]]:
-    """`ppo-policy-online`'s settings: the `ONLINE_GRID` entry with the lowest mean regret on
+    """`router-policy-online`'s settings: the `ONLINE_GRID` entry with the lowest mean regret on
     the same streams drawn from the **valid** split (streams whose phases all read the main
     pool: a price or corpus change has no valid pool), other seeds than the test streams'.
     Returns (settings, every entry's mean valid regret)."""
@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--length", type=int, default=None,
                     help="queries per phase (default 300; --quick 150)")
-    ap.add_argument("--policy", choices=("auto", "router", "ppo"), default="auto")
+    ap.add_argument("--policy", choices=("router",), default="router")
     ap.add_argument("--bandit", choices=("sw-ucb", "rl"), default="sw-ucb")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
@@ -337,7 +337,7 @@ def main() -> None:
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens, "price_factor": PRICE_FACTOR},
         "notes": {
-            "ppo_policy": {ds: lp.describe for ds, lp in learned.items()},
+            "router_policy": {ds: lp.describe for ds, lp in learned.items()},
             "sw_bandit": f"{bandit_name}, window {SW_WINDOW}, c 0.5, rewards rescaled to "
                          "[0, 1] by the train split's min/max",
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "

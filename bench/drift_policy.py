@@ -1,15 +1,17 @@
-"""The learned per-query policy behind the drift benchmark's `ppo-policy` systems.
+"""The learned per-query policy behind the drift benchmark's `router-policy` systems.
 
 `fit_learned_policy(kind, bundle, seed)` fits it from the bundle's train split and selects
 it on valid; it never reads the test split (the streams draw from test only). It returns a
 `LearnedPolicy`: `act(X)` the frozen choice per query, `scores(X)` (n, K) predicted reward
-per arm in reward units (what `ppo-policy-online` corrects online), `describe` the
-implementation (in `meta.notes.ppo_policy`).
+per arm in reward units (what `router-policy-online` corrects online), `describe` the
+implementation (in `meta.notes.router_policy`).
 
-Kinds: `router`: the supervised router (`rl.policy.router.select_router`, per-arm gradient
-boosting, parameters chosen by realised valid reward); `ppo`: helper A's per-query PPO
-(`rl.policy.ppo_policy.PerQueryPPO`): the integration point is `_fit_ppo`; `auto`: ppo when
-that module imports, else the router.
+Kinds: `router` (the only one): the supervised router (`rl.policy.router.select_router`,
+per-arm gradient boosting, parameters chosen by realised valid reward), the per-query policy
+the product ships as default because it beats the PPO policy on every dataset
+(`bench/results/policy.json`). Issue 19's per-query PPO (`rl.policy.ppo_policy`) acts on the
+whole config space, not on this portfolio's arms, so it is not a kind here: its drift rows
+need its trained policies' choices evaluated on each stream's queries (not built).
 """
 
 from __future__ import annotations
@@ -46,46 +48,10 @@ def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
     return LearnedPolicy(lambda X: router.choose(X, 0.0), router.predict, desc)
 
 
-def _fit_ppo(X_train, R_train, T_train, X_valid, R_valid, arms, seed) -> LearnedPolicy:
-    """Helper A's per-query PPO. Assumed API (the lead wires the final one): a
-    `PerQueryPPO(...).fit(X_train, R_train, X_valid, R_valid)` returning a
-    `rl.policy.base.PerQueryPolicy` (`act`, `probs`); per-arm scores from its `predict` when
-    it has one, else the train mean of each arm plus the reward spread × its probability (a
-    prior the online correction can overrule)."""
-    from rl.policy.ppo_policy import PerQueryPPO
-
-    pol = PerQueryPPO(n_arms=R_train.shape[1], seed=seed).fit(X_train, R_train, X_valid,
-                                                               R_valid)
-    if hasattr(pol, "predict"):
-        scores = pol.predict
-    else:
-        base, spread = R_train.mean(axis=0), float(R_train.max() - R_train.min())
-
-        def scores(X):
-            return base[None, :] + spread * np.asarray(pol.probs(X))
-    return LearnedPolicy(lambda X: np.asarray(pol.act(X), dtype=np.int64), scores,
-                         "per-query PPO (rl.policy.ppo_policy.PerQueryPPO)")
-
-
-def ppo_available() -> bool:
-    try:
-        import rl.policy.ppo_policy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def fit_learned_policy(kind: str, bundle, seed: int) -> LearnedPolicy:
     """The policy of `kind` (module docstring) from `bundle`'s train and valid roles only."""
     args = (bundle.X["train"], bundle.R["train"], bundle.T["train"], bundle.X["valid"],
             bundle.R["valid"], bundle.arm_descriptors, seed)
-    if kind == "ppo":
-        return _fit_ppo(*args)
-    if kind == "auto" and ppo_available():
-        try:
-            return _fit_ppo(*args)
-        except (TypeError, AttributeError) as e:  # its API is not the assumed one yet
-            pol = fit_router(*args)
-            pol.describe += f"; rl.policy.ppo_policy imports but could not be fitted ({e})"
-            return pol
+    if kind != "router":
+        raise ValueError(f"unknown learned policy {kind!r} (known: router)")
     return fit_router(*args)

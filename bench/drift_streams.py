@@ -30,8 +30,8 @@ Systems (names as they appear in the rows):
     regret; after the window it serves the winner.
   * `sw-bandit`: a sliding-window UCB over the portfolio (bandit feedback only: it sees the
     reward of the arm it served), rewards rescaled to [0, 1] by the train split's range.
-  * `ppo-policy`: the learned per-query policy (`act(X)`), frozen.
-  * `ppo-policy-online`: the same policy updated online from bandit feedback
+  * `router-policy`: the learned per-query policy (`act(X)`), frozen.
+  * `router-policy-online`: the same policy updated online from bandit feedback
     (`online_policy`): ε-greedy serving logs (features, arm, reward, propensity); a per-arm
     correction of the policy's predicted rewards is refit after every query on the last
     `window` logged steps with clipped importance weights (`OnlineSettings`). What it
@@ -256,7 +256,7 @@ def run_bandit(R: np.ndarray, bandit, lo: float, hi: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OnlineSettings:
-    """`ppo-policy-online`: explore uniformly with probability `epsilon`; the correction of
+    """`router-policy-online`: explore uniformly with probability `epsilon`; the correction of
     arm j is Σ w·(r − f_j(x)) / (Σ w + `prior`) over the last `window` logged steps that
     served j, with importance weights w = min(1/propensity, `max_weight`)."""
 
@@ -291,7 +291,7 @@ class Calibration:
 ONLINE_GRID = tuple(OnlineSettings(epsilon=e, max_weight=w, prior=p, window=n)
                     for e in (0.02, 0.05) for w in (1.0, 5.0, 20.0) for p in (5.0, 20.0)
                     for n in (150, 300))
-"""What `bench/drift.py` chooses `ppo-policy-online`'s settings from, on valid-split streams
+"""What `bench/drift.py` chooses `router-policy-online`'s settings from, on valid-split streams
 (a weight cap of 1 is plain residual means: no importance weighting)."""
 
 
@@ -339,12 +339,12 @@ def run_systems(real: Realised, static_arm: int, policy_act: Callable[[np.ndarra
         "frozen-static": frozen_static(n, static_arm),
         "searcher-per-phase": searcher_per_phase(R, real.phase, static_arm, rng),
         "sw-bandit": run_bandit(R, make_bandit(R.shape[1], seed), *reward_range),
-        "ppo-policy": np.asarray(policy_act(real.X), dtype=np.int64),
-        "ppo-policy-online": online_policy(R, policy_scores(real.X),
+        "router-policy": np.asarray(policy_act(real.X), dtype=np.int64),
+        "router-policy-online": online_policy(R, policy_scores(real.X),
                                            np.random.default_rng([seed, 2]), online,
                                            calib)[0],
     }
 
 
-SYSTEMS = ("frozen-static", "searcher-per-phase", "sw-bandit", "ppo-policy",
-           "ppo-policy-online")
+SYSTEMS = ("frozen-static", "searcher-per-phase", "sw-bandit", "router-policy",
+           "router-policy-online")

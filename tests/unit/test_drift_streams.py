@@ -140,10 +140,10 @@ def test_run_systems_returns_every_system_for_every_step():
     out = run_systems(real, 0, lambda X: (X[:, 0] > 0).astype(int),
                       lambda X: np.column_stack([1 - X[:, 0], X[:, 0], 0 * X[:, 0]]),
                       lambda k, s: SlidingWindowUCB(k, seed=s), (0.0, 1.0), seed=0)
-    assert set(out) == {"frozen-static", "searcher-per-phase", "sw-bandit", "ppo-policy",
-                        "ppo-policy-online"}
+    assert set(out) == {"frozen-static", "searcher-per-phase", "sw-bandit", "router-policy",
+                        "router-policy-online"}
     assert all(v.shape == (200,) for v in out.values())
-    assert regret(real.R, real.phase, out["ppo-policy"]).sum() < 0  # the per-query oracle
+    assert regret(real.R, real.phase, out["router-policy"]).sum() < 0  # the per-query oracle
 
 
 def test_learned_policy_never_reads_the_test_split(monkeypatch):
@@ -187,10 +187,10 @@ def test_regret_ratio_is_unbounded_or_undefined_when_the_policy_has_no_regret():
     from bench.drift import _ratio_row
 
     frozen, policy = np.full(50, 0.2), np.full(50, 0.05)
-    r = _ratio_row("s", "frozen-static / ppo-policy", frozen, policy, 2, 0)
+    r = _ratio_row("s", "frozen-static / router-policy", frozen, policy, 2, 0)
     assert r["value"] == pytest.approx(4.0) and r["note"] == ""
-    r = _ratio_row("s", "frozen-static / ppo-policy", frozen, -policy, 2, 0)
+    r = _ratio_row("s", "frozen-static / router-policy", frozen, -policy, 2, 0)
     assert r["value"] is None and r["note"].startswith("unbounded")
     for pol in (-policy, policy):  # frozen-static not hurt: no ratio, whatever the policy did
-        r = _ratio_row("s", "frozen-static / ppo-policy", np.full(50, 1e-17), pol, 2, 0)
+        r = _ratio_row("s", "frozen-static / router-policy", np.full(50, 1e-17), pol, 2, 0)
         assert r["value"] is None and r["note"].startswith("undefined")
