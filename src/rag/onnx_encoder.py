@@ -15,12 +15,10 @@ text alone). So the int8 encoder runs one text per call (no padding, a scale fit
 text: vectors independent of batching, as a cache keyed by text needs); fp32 ONNX uses the
 length buckets (`batch_size` texts of similar length per call, rag.batching).
 
-Threads: `threads` calls run at once, each on one ONNX Runtime thread (the session is
-thread-safe and releases the GIL). Measured on SciFact abstracts, one text per call: int8 36
-ms and fp32 59 ms of CPU per abstract; static int8 (per-tensor activation scales calibrated
-on 130 abstracts, batch-independent) lost too much (cosine 0.94 to fp32) and ORT's fused BERT
-graph saved nothing measurable, so neither is used. Parallel single-text calls keep every
-core busy where intra-op threads idle on small matrices.
+Measured on 200 SciFact abstracts (CPU time, one thread, one text per call): int8 36 ms and
+fp32 59 ms per abstract (~190 / ~300 CPU s for SciFact's 5,183). Static int8 (per-tensor
+activation scales calibrated on 130 abstracts: batch-independent) lost too much (cosine 0.94
+to fp32) and ORT's fused BERT graph saved nothing measurable, so neither is used.
 
 Needs the optional `models` extra (onnxruntime, onnx); without it `OnnxEncoder` raises
 ConfigError naming the extra. Quality versus fp32 sentence-transformers is checked in
@@ -33,7 +31,6 @@ import fcntl
 import json
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -112,9 +109,8 @@ class OnnxEncoder:
     `fingerprint` names the weights AND the runtime/precision, so dense indexes built with it
     never mix with fp32 ones.
 
-    `threads`: calls run in parallel, one ONNX Runtime thread each (default
-    $RAGPILOT_ENCODER_THREADS or 1: more only helps on an idle machine). `quantize`: int8
-    weights (default) or fp32.
+    `threads`: ONNX Runtime intra-op threads (default $RAGPILOT_ENCODER_THREADS or 1: more
+    only helps on an idle machine). `quantize`: int8 weights (default) or fp32.
     """
 
     def __init__(self, name: str, path: Path, weights_fingerprint: str, quantize: bool = True,
@@ -130,7 +126,7 @@ class OnnxEncoder:
         onnx_file = export_onnx(self.path, out, quantize=quantize)
         self.threads = int(threads or os.environ.get(THREADS_ENV, 1))
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1  # parallel calls instead (see the module docstring)
+        opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(str(onnx_file), opts,
@@ -167,18 +163,14 @@ class OnnxEncoder:
             bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text",
                        mininterval=5.0)  # one text per step with int8: keep logs short
 
-        def run(rows: np.ndarray) -> np.ndarray:
+        for rows in batches:
             tok, mask = pad_batch([ids[i] for i in rows])
             feed = {"input_ids": tok, "attention_mask": mask}
             if "token_type_ids" in self._inputs:
                 feed["token_type_ids"] = np.zeros_like(tok)
-            return mean_pool(self.session.run(["last_hidden_state"], feed)[0], mask)
-
-        with ThreadPoolExecutor(self.threads) as pool:
-            for rows, pooled in zip(batches, pool.map(run, batches), strict=True):
-                out[rows] = pooled
-                if bar:
-                    bar.update(len(rows))
+            out[rows] = mean_pool(self.session.run(["last_hidden_state"], feed)[0], mask)
+            if bar:
+                bar.update(len(rows))
         if bar:
             bar.close()
         if normalize:
