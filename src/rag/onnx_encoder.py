@@ -18,7 +18,9 @@ length buckets (`batch_size` texts of similar length per call, rag.batching).
 Measured on 200 SciFact abstracts (CPU time, one thread, one text per call): int8 36 ms and
 fp32 59 ms per abstract (~190 / ~300 CPU s for SciFact's 5,183). Static int8 (per-tensor
 activation scales calibrated on 130 abstracts: batch-independent) lost too much (cosine 0.94
-to fp32) and ORT's fused BERT graph saved nothing measurable, so neither is used.
+to fp32), ORT's fused BERT graph and torch bf16 autocast (59 and 78 ms) saved nothing, so
+none is used. On SciFact the int8 build costs ~333 CPU s, about what fp32 sentence-transformers
+costs with its padded batches (bench/results/models.md).
 
 Needs the optional `models` extra (onnxruntime, onnx); without it `OnnxEncoder` raises
 ConfigError naming the extra. Quality versus fp32 sentence-transformers is checked in
