@@ -3,16 +3,22 @@
     python bench/models.py            # full: SciFact test (5,183 docs, 300 queries), Qwen on
                                       # --llm-n HotpotQA test questions (hours on 2 cores)
     python bench/models.py --only generators --threads 1   # the Qwen acceptance rows alone
+    python bench/models.py --only encoders    # the SciFact encoder rows alone; merged into the
+                                              # committed models.json (generator rows kept)
     python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
                                       # (50 queries); nomic on --nomic-docs docs and Qwen on
                                       # --llm-n 3 questions, for per-item cost and projections
 
 Rows (bench/common conventions):
   dense-minilm / dense-minilm-fast   index_build_s (load the encoder, embed the corpus with an
-                                     empty embedding cache, build FAISS flat), ndcg@10
-  dense-nomic / hybrid-nomic         ndcg@10 (full only; hybrid = min-max fusion with tantivy
-                                     BM25, w chosen on SciFact train queries), encode_s_per_doc,
-                                     projected_index_build_s (quick: from --nomic-docs docs)
+                                     empty embedding cache, build FAISS flat; wall seconds with
+                                     --encoder-threads), index_build_cpu_s (process CPU seconds:
+                                     what the build costs whatever else runs), ndcg@10
+  dense-nomic / hybrid-nomic         ndcg@10 (full only, and only when the full encode projects
+                                     under --nomic-max-min; hybrid = min-max fusion with
+                                     tantivy BM25, w chosen on SciFact train queries),
+                                     encode_s_per_doc / encode_cpu_s_per_doc and
+                                     projected_index_build_s (from --nomic-docs docs)
   qwen2.5-coder-1.5b / smollm2-135m  answer_f1 and em on HotpotQA test questions, zero-shot,
                                      `cite_concise` prompt, both on llama.cpp; --contexts hybrid
                                      (default: the default pipeline's hybrid k=5 contexts) and/or
@@ -27,6 +33,8 @@ and their rows left out, never faked.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 import time
@@ -37,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
 from bench.models_generators import HOTPOT, generator_section  # noqa: E402
 from rag.corpus import Corpus  # noqa: E402
 from rag.corpus.loaders import data_root, load_beir  # noqa: E402
@@ -46,6 +54,8 @@ from rag.errors import RagError  # noqa: E402
 from rag.fusion import fuse_scores  # noqa: E402
 from rag.index.dense import _make_index, embed_corpus  # noqa: E402
 from rag.metrics.retrieval import per_query_scores  # noqa: E402
+from rag.models import cache_dir  # noqa: E402
+from rag.onnx_encoder import THREADS_ENV  # noqa: E402
 from rag.types import Hit  # noqa: E402
 
 
@@ -67,12 +77,13 @@ def scifact(quick: bool, seed: int):
 
 
 def dense_build(encoder_name: str, corpus: Corpus):
-    """(encoder, passage vectors, seconds): load + embed (no embedding cache) + FAISS flat."""
-    t0 = time.perf_counter()
+    """(encoder, passage vectors, wall s, CPU s): load + embed (no embedding cache) + FAISS
+    flat."""
+    t0, c0 = time.perf_counter(), time.process_time()
     enc = Encoder.from_registry(encoder_name)
     vecs = embed_corpus(corpus, enc, show_progress=True, use_cache=False)
     _make_index(vecs, "flat")
-    return enc, vecs, time.perf_counter() - t0
+    return enc, vecs, time.perf_counter() - t0, time.process_time() - c0
 
 
 def dense_hits(enc, vecs, corpus: Corpus, qs, top_n: int = 100) -> dict[str, list[Hit]]:
@@ -94,8 +105,34 @@ def hybrid(dense: dict, sparse: dict, w: float) -> dict[str, list[Hit]]:
     return {q: fuse_scores([sparse[q], dense[q]], [1 - w, w], top_n=100) for q in dense}
 
 
+def fp32_from_cache(args, corpus: Corpus, ds: str, rows: list, notes: list):
+    """The fp32 reference without its ~300 CPU s full encode: vectors from the embedding cache
+    (the same encoder fingerprint built them, so nDCG is exact) and the build cost timed on
+    --cost-docs random abstracts, projected to the corpus. Without a cache the row is reported as not run."""
+    enc = Encoder.from_registry("minilm")
+    path = cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{enc.fingerprint}.npy"
+    if not path.exists():
+        raise RagError(f"--reuse-fp32: no cached fp32 embeddings at {path}")
+    vecs = np.load(path)
+    docs = list(corpus)
+    pick = np.random.default_rng(args.seed).choice(len(docs), args.cost_docs, replace=False)
+    sample = Corpus([docs[i] for i in sorted(pick)])
+    t0, c0 = time.perf_counter(), time.process_time()
+    embed_corpus(sample, enc, use_cache=False)
+    wall, cpu = [(x / len(sample)) for x in (time.perf_counter() - t0, time.process_time() - c0)]
+    rows.append(plain_row(ds, "dense-minilm", "encode_s_per_doc", wall, len(sample)))
+    rows.append(plain_row(ds, "dense-minilm", "encode_cpu_s_per_doc", cpu, len(sample)))
+    rows.append(plain_row(ds, "dense-minilm", "projected_index_build_cpu_s", cpu * len(docs),
+                          len(docs)))
+    notes.append(f"dense-minilm (fp32 reference): nDCG from its cached embeddings ({path.name});"
+                 f" build cost timed on {len(sample)} random abstracts: {wall:.3f} s/doc wall, "
+                 f"{cpu:.3f} CPU s/doc -> ~{cpu * len(docs):.0f} CPU s for the index.")
+    return enc, vecs
+
+
 def retrieval_section(args, rows: list, notes: list) -> None:
     corpus, test_qs, qrels, train_qs, train_qrels, ds = scifact(args.quick, args.seed)
+    per_q: dict[str, np.ndarray] = {}
     for name, system in (("minilm", "dense-minilm"), ("minilm-fast", "dense-minilm-fast")):
         try:
             if name == "minilm-fast":  # the one-time ONNX export is set-up, not index build
@@ -103,15 +140,23 @@ def retrieval_section(args, rows: list, notes: list) -> None:
                 from rag import encoders
 
                 encoders._LOADED.pop((name, "cpu"), None)
-            enc, vecs, secs = dense_build(name, corpus)
+            if name == "minilm" and args.reuse_fp32 and not args.quick:
+                enc, vecs = fp32_from_cache(args, corpus, ds, rows, notes)
+            else:
+                enc, vecs, secs, cpu = dense_build(name, corpus)
+                rows.append(plain_row(ds, system, "index_build_s", secs, len(corpus)))
+                rows.append(plain_row(ds, system, "index_build_cpu_s", cpu, len(corpus)))
+                print(f"{system:<20} build {secs:.1f} s ({cpu:.0f} CPU s)", flush=True)
         except (RagError, ImportError) as exc:
             notes.append(f"{system}: not run ({exc})")
             continue
-        rows.append(plain_row(ds, system, "index_build_s", secs, len(corpus)))
         run = as_run(dense_hits(enc, vecs, corpus, test_qs))
-        rows.append(metric_row(ds, system, "ndcg@10", per_query_scores(run, qrels, "ndcg@10"),
-                               args.seed))
-        print(f"{system:<20} build {secs:.1f} s  ndcg@10 {rows[-1]['value']:.4f}", flush=True)
+        per_q[system] = np.asarray(per_query_scores(run, qrels, "ndcg@10"), dtype=float)
+        rows.append(metric_row(ds, system, "ndcg@10", per_q[system], args.seed))
+        print(f"{system:<20} ndcg@10 {rows[-1]['value']:.4f}", flush=True)
+    if len(per_q) == 2:  # the fast path's quality cost, paired over the same queries
+        rows.append(metric_row(ds, "dense-minilm-fast - dense-minilm", "ndcg@10_diff",
+                               per_q["dense-minilm-fast"] - per_q["dense-minilm"], args.seed))
     if not args.no_nomic:
         nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows, notes)
 
@@ -123,19 +168,30 @@ def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows,
     except (RagError, ImportError) as exc:
         notes.append(f"dense-nomic / hybrid-nomic: not run ({exc})")
         return
-    sample = Corpus(list(corpus)[:args.nomic_docs])
-    t0 = time.perf_counter()
+    docs = list(corpus)
+    pick = np.random.default_rng(args.seed).choice(len(docs), args.nomic_docs, replace=False)
+    sample = Corpus([docs[i] for i in sorted(pick)])  # random: the first docs are not typical
+    t0, c0 = time.perf_counter(), time.process_time()
     embed_corpus(sample, enc, use_cache=False)
     per_doc = (time.perf_counter() - t0) / len(sample)
+    cpu_doc = (time.process_time() - c0) / len(sample)
     rows.append(plain_row(ds, "dense-nomic", "encode_s_per_doc", per_doc, len(sample)))
+    rows.append(plain_row(ds, "dense-nomic", "encode_cpu_s_per_doc", cpu_doc, len(sample)))
     full_docs = 5183
     rows.append(plain_row("scifact/test", "dense-nomic", "projected_index_build_s",
                           per_doc * full_docs, full_docs))
     print(f"dense-nomic          {per_doc:.2f} s/doc -> ~{per_doc * full_docs / 3600:.1f} h "
           f"for SciFact's {full_docs} docs", flush=True)
-    if args.quick:
-        notes.append(f"dense-nomic / hybrid-nomic ndcg@10: full run only (encoding SciFact "
-                     f"takes ~{per_doc * full_docs / 3600:.1f} h here at {per_doc:.2f} s/doc).")
+    runtime = f"{type(enc).__name__}, {getattr(enc, 'threads', '?')} thread(s)"
+    notes.append(f"dense-nomic cost ({runtime}): {per_doc:.2f} s/doc wall, {cpu_doc:.2f} CPU "
+                 f"s/doc on {len(sample)} random SciFact abstracts -> ~{per_doc * full_docs / 60:.0f}"
+                 f" min for the {full_docs}-doc index on this shared machine.")
+    cached = (cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{enc.fingerprint}.npy").exists()
+    too_slow = per_doc * full_docs / 60 > args.nomic_max_min and not cached
+    if args.quick or too_slow:
+        why = (f"the full encode projects to {per_doc * full_docs / 60:.0f} min > "
+               f"--nomic-max-min {args.nomic_max_min:g}" if too_slow else "full run only")
+        notes.append(f"dense-nomic / hybrid-nomic ndcg@10: not run ({why}).")
         return
     vecs = embed_corpus(corpus, enc, show_progress=True)  # cached: a rerun encodes nothing
     dense_test = dense_hits(enc, vecs, corpus, test_qs)
@@ -159,12 +215,47 @@ def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows,
                  f"on {len(train_qs)} SciFact train queries.")
 
 
+def section_of(row: dict) -> str:
+    """Which section measured a row: SciFact rows are the encoders', the rest generators'."""
+    return "retrieval" if row["dataset"].startswith("scifact") else "generators"
+
+
+def note_section(note: str) -> str:
+    return "retrieval" if note.startswith(("dense-", "hybrid-")) else "generators"
+
+
+def merge_previous(args, sections: list[str], rows: list, notes: list) -> dict | None:
+    """With --only, keep the other section's rows and notes from the committed models.json
+    (a one-section run must not drop the other's results); returns where they came from."""
+    path = RESULTS / "models.json"
+    if not args.only or args.quick or not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    keep = [r for r in old["rows"] if section_of(r) not in sections]
+    old_meta = old["meta"]
+    old_notes = [n for n in old_meta.get("notes", []) if not n.startswith("Not run in this")
+                 and note_section(n) not in sections]
+    rows[:0] = keep
+    notes.extend(old_notes)
+    return {"sections": sorted({section_of(r) for r in keep}), "commit": old_meta.get("commit"),
+            "created": old_meta.get("created"), "argv": old_meta.get("argv")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llm-n", type=int, default=None, help="HotpotQA questions (3 quick, 100)")
-    ap.add_argument("--nomic-docs", type=int, default=50, help="docs timed for nomic's cost")
+    ap.add_argument("--nomic-docs", type=int, default=100, help="docs timed for nomic's cost")
+    ap.add_argument("--nomic-max-min", type=float, default=45.0,
+                    help="skip nomic's full SciFact encode when it projects over this many "
+                         "minutes (unless its embeddings are cached)")
+    ap.add_argument("--reuse-fp32", action="store_true",
+                    help="fp32 MiniLM reference: nDCG from cached embeddings, build cost from "
+                         "--cost-docs abstracts (a loaded machine cannot afford both encodes)")
+    ap.add_argument("--cost-docs", type=int, default=200)
+    ap.add_argument("--encoder-threads", type=int, default=2,
+                    help="encoder threads ($RAGPILOT_ENCODER_THREADS and torch's pool)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--contexts", nargs="+", choices=("hybrid", "gold"), default=["hybrid"],
                     help="generator contexts: the default hybrid k=5 retrieval and/or the gold "
@@ -173,23 +264,26 @@ def main() -> None:
                     help="llama.cpp threads (else $RAGPILOT_LLAMA_THREADS, else 1)")
     ap.add_argument("--budget-min", type=float, default=None,
                     help="start no new question after this many minutes of generation")
-    ap.add_argument("--only", choices=("retrieval", "generators"), default=None)
+    ap.add_argument("--only", choices=("encoders", "retrieval", "generators"), default=None,
+                    help="one section (encoders = retrieval: the SciFact encoder rows); its "
+                         "rows replace that section's rows in the committed models.json, the "
+                         "other section's rows are kept")
     ap.add_argument("--no-nomic", action="store_true", help="MiniLM rows only (minutes)")
     args = ap.parse_args()
+    args.only = "retrieval" if args.only == "encoders" else args.only
     args.llm_n = args.llm_n or (3 if args.quick else 100)
+    os.environ.setdefault(THREADS_ENV, str(args.encoder_threads))
+    import torch
+
+    torch.set_num_threads(args.encoder_threads)  # the fp32 sentence-transformers reference
     rows: list[dict] = []
     notes: list[str] = []
     sections = [s for s in ("retrieval", "generators") if args.only in (None, s)]
-    if args.only == "generators":
-        notes.append("Not run in this invocation (--only generators): the retrieval section "
-                     "(dense-minilm / dense-minilm-fast index_build_s and ndcg@10, dense-nomic "
-                     "/ hybrid-nomic on SciFact).")
-    if args.only == "retrieval":
-        notes.append("Not run in this invocation (--only retrieval): the generator section.")
     if "retrieval" in sections:
         retrieval_section(args, rows, notes)
     if "generators" in sections:
         generator_section(args, rows, notes)
+    kept = merge_previous(args, sections, rows, notes)
     md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
     for r in rows:
         ci = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if r["ci_low"] is not None else ""
@@ -202,7 +296,8 @@ def main() -> None:
     if "generators" in sections:
         datasets["hotpotqa"] = data_root() / HOTPOT
     extra = {"quick": args.quick, "sections_run": sections, "llm_n": args.llm_n,
-             "nomic_docs": args.nomic_docs, "notes": notes}
+             "nomic_docs": args.nomic_docs, "encoder_threads": args.encoder_threads,
+             "notes": notes, "kept_from_previous": kept}
     if "generators" in sections:
         extra["generators"] = {"contexts": args.contexts, "prompt": "cite_concise",
                                "shots": "zero-shot", "max_new_tokens": args.max_new_tokens,

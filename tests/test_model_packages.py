@@ -126,7 +126,8 @@ def test_registry_entries_match_recipes_and_name_the_pull_command(tmp_path, monk
     reg = ModelRegistry()
     for name, recipe in RECIPES.items():
         spec = reg.get(name)
-        assert spec.options["pull"] == name and spec.options["runtime"] == "llama_cpp"
+        runtime = {"nomic-embed-text-v1.5": "torch"}.get(name, "llama_cpp")
+        assert spec.options["pull"] == name and spec.options["runtime"] == runtime
         with pytest.raises(ModelNotFoundError, match=f"ragpilot models pull {name}"):
             spec.resolve()
         target = model_file(name)

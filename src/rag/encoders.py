@@ -3,7 +3,8 @@ registry (default: the packaged all-MiniLM-L6-v2 on sentence-transformers).
 
 `Encoder.from_registry(name)` picks the runtime from the registry entry: sentence-transformers
 (default); ONNX Runtime int8 when `options.runtime == "onnx"` (rag.onnx_encoder, the `models`
-extra); llama.cpp for GGUF embedders (rag.llama_runtime). Every encoder has `encode`, and
+extra); for GGUF embedders the batched PyTorch nomic-bert port when `options.runtime ==
+"torch"` (rag.nomic_port), else llama.cpp (rag.llama_runtime). Every encoder has `encode`, and
 `encode_queries` / `encode_documents` which add the model's query/document prefixes (options
 `query_prefix` / `document_prefix`, e.g. nomic's "search_query: "); retrieval code calls
 those through `encode_queries(encoder, texts)` / `encode_documents(...)` below, which fall back
@@ -93,7 +94,14 @@ def _load(cls, spec: ModelSpec, device: str):
     """The encoder for a registry entry, on the runtime its format/options name."""
     path = spec.resolve()
     runtime = spec.options.get("runtime")
-    if spec.format == "gguf" or runtime == "llama_cpp":
+    if spec.format == "gguf" and runtime == "torch":
+        if device != "cpu":
+            raise ConfigError("device", f"{spec.name}: the torch nomic port runs on cpu only")
+        from rag.nomic_port import NomicPortEncoder
+
+        enc = NomicPortEncoder(spec.name, path, threads=spec.options.get("threads"),
+                               max_length=spec.options.get("max_length"))
+    elif spec.format == "gguf" or runtime in ("llama_cpp", "llama"):
         if device != "cpu":
             raise ConfigError("device", f"{spec.name}: the llama.cpp encoder runs on cpu only")
         from rag.llama_runtime import LlamaCppEncoder

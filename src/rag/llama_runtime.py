@@ -157,7 +157,9 @@ class LlamaCppEncoder:
                          n_ubatch=n_ctx, n_threads=self.threads, n_threads_batch=self.threads,
                          verbose=False)
         self.dim = int(self.llm.n_embd())
-        self.fingerprint = f"{gguf_fingerprint(self.path)}-llama_cpp"
+        # "-gguf": the GGUF's own embedding, whichever faithful runtime computes it; the torch
+        # port (rag.nomic_port) agrees to cosine >= 0.9999, so they share cached vectors
+        self.fingerprint = f"{gguf_fingerprint(self.path)}-gguf"
         self.query_prefix = self.document_prefix = ""
         self.calls = 0
         self._lock = threading.Lock()

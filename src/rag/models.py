@@ -98,7 +98,13 @@ BUILTIN: tuple[ModelSpec, ...] = (
     ModelSpec("qwen2.5-coder-1.5b-instruct", "generator", "gguf",
               path="@cache/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
               options={"pull": "qwen2.5-coder-1.5b-instruct", "runtime": "llama_cpp"}),
+    # nomic on the batched PyTorch port of its GGUF (rag.nomic_port, the default: same vectors
+    # as llama.cpp to cosine >= 0.9999, same fingerprint) or on llama.cpp ("-llama").
     ModelSpec("nomic-embed-text-v1.5", "encoder", "gguf",
+              path="@cache/models/nomic-embed-text-v1.5.f16.gguf",
+              options={"pull": "nomic-embed-text-v1.5", "runtime": "torch",
+                       "query_prefix": "search_query: ", "document_prefix": "search_document: "}),
+    ModelSpec("nomic-embed-text-v1.5-llama", "encoder", "gguf",
               path="@cache/models/nomic-embed-text-v1.5.f16.gguf",
               options={"pull": "nomic-embed-text-v1.5", "runtime": "llama_cpp",
                        "query_prefix": "search_query: ", "document_prefix": "search_document: "}),
