@@ -157,7 +157,10 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
         beta=s.beta, learning_rate=s.lr, max_steps=s.steps, logging_steps=1,
         save_steps=s.save_steps, save_total_limit=2, seed=s.seed, use_cpu=not
         torch.cuda.is_available(), report_to=[], bf16=False, disable_dropout=True,
-        dataloader_num_workers=0, shuffle_dataset=True)
+        dataloader_num_workers=0, shuffle_dataset=True,
+        # TRL turns checkpointing on by default; on CPU with a 135M model it only makes the
+        # sampling slower (no KV cache reuse) and memory is not the limit
+        gradient_checkpointing=False)
     lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       task_type="CAUSAL_LM")
@@ -165,9 +168,21 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
                           args=args, train_dataset=ds, processing_class=tok, peft_config=lora)
     t0 = time.perf_counter()
     resume = _last_checkpoint(out / "trainer")
-    result = trainer.train(resume_from_checkpoint=resume)
+    if resume and int(resume.rsplit("-", 1)[-1]) >= s.steps:
+        # done already (or stopped by hand at a checkpoint and finalised with steps=N):
+        # HF's resume would still run one more step, so read the adapter back instead
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(trainer.model,
+                                  load_file(str(Path(resume) / "adapter_model.safetensors")))
+        trainer.state = trainer.state.load_from_json(str(Path(resume) / "trainer_state.json"))
+        train_loss = float("nan")
+    else:
+        train_loss = float(trainer.train(resume_from_checkpoint=resume).training_loss)
     seconds = time.perf_counter() - t0
     log = [r for r in trainer.state.log_history if "reward" in r]
+    (out / "trainer").mkdir(parents=True, exist_ok=True)
     with (out / "train_log.jsonl").open("w") as f:
         for r in trainer.state.log_history:
             f.write(json.dumps(r) + "\n")
@@ -181,7 +196,7 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
                      GeneratorSFTConfig().replace(prompt_id=s.prompt_id))
     summary = {"method": "grpo", "base_path": str(policy.resolve()), "settings": asdict(s),
                "steps_done": int(trainer.state.global_step), "seconds": seconds,
-               "resumed_from": resume, "train_loss": float(result.training_loss),
+               "resumed_from": resume, "train_loss": train_loss,
                "reward_first": log[0]["reward"] if log else None,
                "reward_last": log[-1]["reward"] if log else None,
                "reward_mean_last10": (sum(r["reward"] for r in log[-10:]) / len(log[-10:])
