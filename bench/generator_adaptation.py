@@ -75,7 +75,8 @@ def answer_pairs(n: int) -> list[dict]:
     return out
 
 
-def run_judge(minutes: float, quick: bool, judge_model: str, with_contexts: bool) -> dict:
+def run_judge(minutes: float, quick: bool, judge_model: str, with_contexts: bool,
+              max_pairs: int | None = None) -> dict:
     """Judge pairs in question order for at most `minutes` (wall); part `judge` or
     `judge-ctx` (passages shown: the top-5 hybrid contexts the answers were generated from)."""
     from rag.generation.factory import make_generator
@@ -95,7 +96,7 @@ def run_judge(minutes: float, quick: bool, judge_model: str, with_contexts: bool
     judge = PairwiseJudge(backend)
     t0, done = time.perf_counter(), []
     for p in pairs:
-        if time.perf_counter() - t0 > 60 * minutes:
+        if time.perf_counter() - t0 > 60 * minutes or len(done) == max_pairs:
             break
         r = judge.compare(p["question"], ctx.get(p["id"], ()), p["a"], p["b"])
         done.append({**p, **r.to_dict()})
@@ -108,7 +109,7 @@ def run_judge(minutes: float, quick: bool, judge_model: str, with_contexts: bool
            for d in done]
     stats = judge_stats(res, [d["f1_a"] for d in done], [d["f1_b"] for d in done])
     part = {"judge_model": judge_model, "pairs": done, "stats": stats,
-            "n_available": len(pairs), "seconds_per_call": backend.seconds,
+            "n_available": len(pairs), "seconds_per_call": backend.seconds + backend.replayed_seconds,
             "cache_hits": backend.cache_hits, "parse_failures": backend.parse_failures,
             "minutes": minutes, "with_contexts": with_contexts}
     _write(_part("judge-ctx" if with_contexts else "judge", quick), part)
@@ -149,6 +150,11 @@ def _judge_rows(part: dict, system: str, dataset: str) -> list[dict]:
     agree = [float(d["winner"] == ("A" if d["f1_a"] > d["f1_b"] else "B")) for d in differ]
     decisive = [a for a, d in zip(agree, differ, strict=True) if d["winner"] != "tie"]
     secs = part["seconds_per_call"]
+    timing = PARTS / "judge-timing.json"
+    if not secs and timing.exists():  # replayed from the cache: the runs' logged wall time
+        t = json.loads(timing.read_text())
+        secs = [t["run1_s_per_call"]] * (2 * t["run1_pairs"]) + \
+            [t["run2_s_per_call"]] * (2 * t["run2_pairs"])
     return [metric_row(dataset, system, "position_bias", same),
             metric_row(dataset, system, "tie_rate", ties),
             metric_row(dataset, system, "agreement_with_f1_preference", agree),
@@ -176,14 +182,24 @@ def render(quick: bool) -> None:
         st = part["stats"]
         md += [f"### `{system}` (Qwen2.5-Coder-1.5B Q4_K_M, llama.cpp, 1 thread)", "",
                f"Shown: {shown}. Pairs: (Qwen answer, SmolLM2 answer) per test question, "
-               f"{int(st['n_pairs'])} judged of {part['n_available']} with different answer "
-               f"strings (time box {part['minutes']:.0f} min); {int(st['n_f1_differ'])} pairs "
+               f"{int(st['n_pairs'])} judged (in question order) of {part['n_available']} with "
+               f"different answer strings; {int(st['n_f1_differ'])} pairs "
                f"have different gold F1. Both orders asked; disagreement = tie. Parse "
                f"failures {part['parse_failures']}, cache hits {part['cache_hits']}.", "",
                "| metric | value | 95% CI | n |", "|---|---|---|---|"]
         md += [f"| {r['metric']} | {r['value']:.3f} | " + (
             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if r["ci_low"] is not None else "-")
             + f" | {r['n']} |" for r in jr]
+        timing = PARTS / "judge-timing.json"
+        if name == "judge" and timing.exists():
+            t = json.loads(timing.read_text())
+            quiet = t["uncontended_first_3_pairs_s_per_call"]
+            lo, hi = min(quiet), max(quiet)
+            md += ["", f"Seconds per judgment (one order): {lo:.1f}-{hi:.1f} s on a quiet machine "
+                   f"(first 3 pairs), {t['run1_s_per_call']:.1f} s over the first "
+                   f"{t['run1_pairs']} pairs and {t['run2_s_per_call']:.1f} s over the next "
+                   f"{t['run2_pairs']} (load average {t['load_average_during_runs']}); the run "
+                   "was stopped at that point to leave the cores to GRPO."]
         md.append("")
     f = _part("grpo", quick)
     if f.exists():
@@ -229,13 +245,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--judge-model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--judge-minutes", type=float, default=20.0)
+    ap.add_argument("--judge-max-pairs", type=int,
+                    help="stop after N pairs (e.g. replay a killed run's cached pairs)")
     ap.add_argument("--sft", type=Path, help="merged SFT model folder")
     ap.add_argument("--grpo", type=Path, help="merged GRPO model folder")
     ap.add_argument("--eval-n", type=int, default=100)
     args = ap.parse_args()
     if args.section in ("judge", "judge-ctx"):
         run_judge(1.0 if args.quick else args.judge_minutes, args.quick, args.judge_model,
-                  args.section == "judge-ctx")
+                  args.section == "judge-ctx", args.judge_max_pairs)
     elif args.section == "grpo":
         part = eval_generators({"smollm2-sft": args.sft, "smollm2-grpo": args.grpo},
                                4 if args.quick else args.eval_n)

@@ -73,7 +73,7 @@ def parse_letter(raw: str) -> SlotVerdict | None:
 class ChatLMJudgeBackend:
     """Slot judge over a chat function (module docstring). `seconds` lists the wall time of
     every uncached call (s); `parse_failures` counts replies without a readable letter (those
-    count as a tie)."""
+    count as a tie); `replayed_seconds` what cached replies cost when they were generated."""
 
     def __init__(self, chat: ChatFn, fingerprint: str, *, with_contexts: bool = False,
                  max_tokens: int = 3, cache: JudgeCache | None = None, name: str = "chat-lm"):
@@ -81,6 +81,7 @@ class ChatLMJudgeBackend:
         self.with_contexts, self.max_tokens = with_contexts, max_tokens
         self.cache = cache if cache is not None else JudgeCache()
         self.seconds: list[float] = []
+        self.replayed_seconds: list[float] = []  # what cached replies cost when generated
         self.parse_failures = 0
         self.cache_hits = 0
 
@@ -89,11 +90,14 @@ class ChatLMJudgeBackend:
         hit = self.cache.get(key)
         if hit is not None:
             self.cache_hits += 1
+            if "seconds" in hit:
+                self.replayed_seconds.append(float(hit["seconds"]))
             return hit["text"], 0, 0  # a replayed verdict costs no tokens
         t0 = time.perf_counter()
         text, t_in, t_out = self.chat(messages, self.max_tokens)
         self.seconds.append(time.perf_counter() - t0)
-        self.cache.put(key, {"text": text, "tokens_in": t_in, "tokens_out": t_out})
+        self.cache.put(key, {"text": text, "tokens_in": t_in, "tokens_out": t_out,
+                             "seconds": self.seconds[-1]})
         return text, t_in, t_out
 
     def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
