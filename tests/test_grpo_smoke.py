@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.conftest import require_dataset
 
 from rag.errors import ConfigError
 from rl.adaptation.grpo import GRPOSettings, answer_reward, make_reward_fn
-from tests.conftest import require_dataset
 
 
 def test_reward_is_f1_plus_weighted_citation_precision():
