@@ -53,3 +53,13 @@ def test_two_grpo_steps_then_resume(tmp_path):
     assert any("kl" in r for r in rows)
     again = run_grpo(policy, tmp_path / "g", s, ex, merge=False)   # resumes at step 2: no work
     assert again["resumed_from"] and again["steps_done"] == 2
+
+
+def test_cli_grpo_refuses_bad_input(tmp_path, capsys):
+    from serving.cli import main
+
+    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o")]) == 2  # no --policy
+    assert "--policy" in capsys.readouterr().err
+    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o"), "--policy",
+                 str(tmp_path), "--grpo-set", "nope=1"]) == 2
+    assert "nope" in capsys.readouterr().err
