@@ -117,7 +117,7 @@ def run_judge(minutes: float, quick: bool, judge_model: str, with_contexts: bool
 
 
 # ---------------------------------------------------------------------------- grpo eval
-def eval_generators(models: dict[str, Path], n: int, max_new_tokens: int = 24) -> dict:
+def eval_generators(models: dict[str, Path], n: int, max_new_tokens: int = 16) -> dict:
     """{label: per-question answer F1} of merged HF models on the first `n` test questions
     with hybrid k=5 contexts (cached generations)."""
     from bench.models_generators import hotpot_test, hybrid_contexts
@@ -211,12 +211,22 @@ def render(quick: bool) -> None:
               metric_row(d, "smollm2-grpo", "answer_f1", grpo),
               metric_row(d, "smollm2-grpo - smollm2-sft", "delta_answer_f1", grpo - sft)]
         rows += gr
-        md += ["### GRPO vs SFT, end to end (hybrid k=5, cite_concise, greedy, 24 new tokens)",
+        md += ["### GRPO vs SFT, end to end (hybrid k=5, cite_concise, greedy, 16 new tokens)",
                "", "| system | metric | value | 95% CI (paired bootstrap for the delta) | n |",
                "|---|---|---|---|---|"]
         md += [f"| {r['system']} | {r['metric']} | {r['value']:+.3f} | "
                f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['n']} |" for r in gr]
-        md += ["", f"Training: {json.dumps(part.get('train', {}), default=str)}", ""]
+        t = part.get("train", {})
+        st = t.get("settings") or {}
+        md += ["", f"Training (TRL GRPOTrainer, CPU, one torch thread, nice 10 on the shared "
+               f"2-core machine): SmolLM2 SFT policy + fresh LoRA r={st.get('lora_r')}, "
+               f"{t.get('steps_done')} steps x {st.get('prompts_per_step')} HotpotQA train "
+               f"prompt(s) x {st.get('num_generations')} samples, gold paragraphs "
+               f"({st.get('max_context_chars')} chars), {st.get('max_completion_length')} new "
+               f"tokens, lr {st.get('lr')}, beta {st.get('beta')}, reward = F1 + "
+               f"{st.get('cite_weight')} x citation precision; {t.get('seconds', 0):.0f} s; "
+               f"mean reward per step {t.get('reward_by_step')}; KL at the last step "
+               f"{t.get('kl_last')}.", ""]
     else:
         md.append("- GRPO vs SFT: not run.")
     md += ["### smollm2-distilled", "",
@@ -263,6 +273,13 @@ def main() -> None:
             part["train"] = {k: m.get(k) for k in ("steps_done", "seconds", "reward_first",
                                                    "reward_last", "reward_mean_last10", "eval")}
             part["train"]["settings"] = m.get("settings")
+        log = args.grpo.parent / "train_log.jsonl"
+        if log.exists():  # per-step rows survive a stop-and-finalise (meta's seconds do not)
+            steps = [json.loads(x) for x in log.read_text().splitlines() if '"reward"' in x]
+            part.setdefault("train", {}).update(
+                steps_done=len(steps), seconds=sum(r.get("step_time", 0.0) for r in steps),
+                reward_by_step=[round(r["reward"], 3) for r in steps],
+                kl_last=steps[-1].get("kl") if steps else None)
         _write(_part("grpo", args.quick), part)
     else:
         render(args.quick)
