@@ -13,7 +13,9 @@ A target is exactly what `rag.generation.parse` reads back: `<short answer> [i][
   Read from the file, never through serving (rl must not import serving).
 * Teacher distillation: any `rag.generation.base.Generator` (an OpenAI-compatible endpoint via
   `rag.generation.openai_compat.OpenAIChatGenerator`) answers the prompts; answers that cite
-  nothing, abstain, or (when gold exists) score F1 below `min_f1` are dropped.
+  nothing, abstain, or (when gold exists) score F1 below `min_f1` are dropped. The cached,
+  resumable Qwen teacher lives in `rl.adaptation.teacher`; `distillation_sets` turns its kept
+  answers into the teacher-only and teacher+gold sets.
 
 `examples_manifest(examples)` describes the examples a run actually used (dataset, split, count,
 hashes of their ids and contents, the input files with sha256) for `rag.provenance` tags.
@@ -230,6 +232,17 @@ def teacher_sft_examples(examples: Sequence[SFTExample], teacher: Generator, *,
                               "teacher", e.answers, tuple(g.citations),
                               {**e.meta, "teacher": teacher.name}))
     return out
+
+
+def distillation_sets(gold: Sequence[SFTExample], teacher: Sequence[SFTExample]
+                      ) -> dict[str, list[SFTExample]]:
+    """The two distillation SFT sets of issue 21 from gold-target examples and the kept
+    teacher answers (`rl.adaptation.teacher.filtered_examples`):
+    "teacher"       the teacher's answers only;
+    "teacher+gold"  every gold example, then every kept teacher answer (as the CLI's
+                    `data.teacher` adds them): the student sees the gold target and, where
+                    the teacher was right, its phrasing and citations too."""
+    return {"teacher": list(teacher), "teacher+gold": [*gold, *teacher]}
 
 
 def save_examples(examples: Sequence[SFTExample], path: str | Path) -> None:

@@ -12,6 +12,8 @@ eval metrics, paths).
 
     ragpilot train-generator sft --out runs/gen-sft                       # HotpotQA train split
     ragpilot train-generator dpo --out runs/gen-dpo --policy runs/gen-sft/merged
+    ragpilot train-generator grpo --out runs/gen-grpo --policy runs/gen-sft/merged \
+        --grpo-set steps=80     # online RL (TRL GRPO); as a Ray job: ray job submit -- <this>
     RAGPILOT_MODELS=runs/gen-sft/models.yaml ragpilot eval ... --set generator=gen-sft-gen-sft
 
 Each run writes <out>/merged (a plain HF folder: base + LoRA merged) and <out>/models.yaml with a
@@ -116,7 +118,7 @@ def _register(out: Path, name: str, merged: Path) -> Path:
 SUBMIT_FLAGS = ("job_address", "cpus", "gpus", "working_dir", "wait")
 RERANKER_FORWARD = ("config", "set", "run_dir", "stop_after", "no_register")
 GENERATOR_FORWARD = ("config", "set", "out", "train_jsonl", "eval_jsonl", "policy", "name",
-                     "no_merge")
+                     "no_merge", "grpo_set")
 """The options a submitted job gets (flag = `--` + dest with dashes)."""
 
 
@@ -196,6 +198,29 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_grpo(args: argparse.Namespace, cfg, out: Path, name: str) -> int:
+    """GRPO from --policy (an SFT run's merged folder); --grpo-set KEY=VALUE overrides
+    rl.adaptation.grpo.GRPOSettings fields. Registers the merged model like SFT does."""
+    from dataclasses import fields
+
+    from rl.adaptation.grpo import GRPOSettings, run_grpo, settings_from_env
+
+    if not args.policy:
+        raise ConfigError("--policy", "grpo starts from an SFT policy: pass its merged folder")
+    types = {f.name: type(getattr(GRPOSettings(), f.name)) for f in fields(GRPOSettings)}
+    over: dict = {"seed": cfg.train.seed, "prompt_id": cfg.prompt_id}
+    for kv in args.grpo_set or []:
+        key, _, val = kv.partition("=")
+        if key not in types:
+            raise ConfigError(f"--grpo-set {key}", f"unknown GRPO setting (known: {sorted(types)})")
+        over[key] = types[key](val)
+    summary = run_grpo(args.policy, out, settings_from_env(**over), merge=not args.no_merge)
+    print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, default=str))
+    if not args.no_merge:
+        _register(out, name, Path(summary["merged"]))
+    return 0
+
+
 def cmd_train_generator(args: argparse.Namespace) -> int:
     submitted = _submit(args, ["train-generator", args.method], GENERATOR_FORWARD)
     if submitted is not None:
@@ -206,6 +231,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     check_qlora(cfg)  # fail before any data or model work
     out = Path(args.out)
     name = args.name or f"gen-{args.method}-{out.name}"
+    if args.method == "grpo":
+        return _train_grpo(args, cfg, out, name)
     train = build_train_examples(cfg, args.train_jsonl)
     if not train:
         raise ConfigError("generator_sft.data", "no training examples")
@@ -269,8 +296,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_submit_arguments(s)
     s.set_defaults(func=cmd_train_reranker)
 
-    s = sub.add_parser("train-generator", help="LoRA SFT / DPO / IPO / ORPO of the generator")
-    s.add_argument("method", choices=["sft", "dpo", "ipo", "orpo"])
+    s = sub.add_parser("train-generator",
+                       help="LoRA SFT / DPO / IPO / ORPO / GRPO of the generator")
+    s.add_argument("method", choices=["sft", "dpo", "ipo", "orpo", "grpo"])
     s.add_argument("--config", help=f"YAML with a `generator_sft:` mapping ({DEFAULT_CONFIG})")
     add_set_argument(s, help="dotted override, e.g. train.max_steps=20")
     s.add_argument("--out", required=True, help="run directory (re-run to resume)")
@@ -281,5 +309,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "normally an SFT run's merged folder")
     s.add_argument("--name", help="registry name of the trained generator")
     s.add_argument("--no-merge", action="store_true", help="keep only the adapter")
+    s.add_argument("--grpo-set", action="append", metavar="KEY=VALUE",
+                   help="grpo: a rl.adaptation.grpo.GRPOSettings field, e.g. steps=80")
     add_submit_arguments(s)
     s.set_defaults(func=cmd_train_generator)
