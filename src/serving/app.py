@@ -128,7 +128,8 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
                         TokenBucketLimiter(s.limits.rate_per_s, s.limits.burst,
                                            s.limits.max_clients))
         self.gate = InflightGate(s.limits.max_inflight)
-        self.jobs = TunerJobs(self._submit_eval, s.max_jobs, on_done=self._job_done)
+        self.jobs = TunerJobs(self._submit_eval, s.max_jobs, on_done=self._job_done,
+                              store=self.store)
         self.gates: dict[str, dict[str, bool]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._deploy_lock = asyncio.Lock()
@@ -315,7 +316,7 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
                  {h: c.model_dump(mode="json") for h, c in configs.items()})
     pool = ThreadPoolExecutor(1, thread_name_prefix="tuner-job")
     inst.jobs = TunerJobs(submit or (lambda req: pool.submit(run_evaluation, req)),
-                          s.max_jobs, on_done=inst._job_done)
+                          s.max_jobs, on_done=inst._job_done, store=inst.store)
     inst._deploy = deploy or make
     api.dependency_overrides[_servable_dependency()] = lambda: inst
     return api

@@ -3,12 +3,15 @@
 A job runs `rl.tuner.run.evaluate_request` (`rl.tuner.evaluator.evaluate(config, dataset,
 split, batch_size, seed)`) somewhere else than the ingress's event loop: `submit` is any callable returning a `concurrent.futures.Future`
 (the app passes a Ray task's `ObjectRef.future()`, so evaluations run in a worker process;
-tests pass a thread pool). Jobs live in memory; the newest `max_jobs` are kept.
+tests pass a thread pool). Jobs live in memory (the newest `max_jobs` are kept) and, given a
+`store` (`serving.store.InteractionStore`), every state change is also appended there, so any
+ingress replica answers for a job another replica took (`lookup`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Submit = Callable[[dict[str, Any]], Future]
+log = logging.getLogger(__name__)
 
 
 def run_evaluation(request: dict[str, Any]) -> dict[str, Any]:
@@ -51,8 +55,9 @@ class TunerJobs:
     """Submits evaluation jobs and tracks them; `on_done(job)` runs when one finishes."""
 
     def __init__(self, submit: Submit, max_jobs: int = 256,
-                 on_done: Callable[[Job], None] | None = None):
+                 on_done: Callable[[Job], None] | None = None, store: Any = None):
         self._submit = submit
+        self.store = store
         self.max_jobs = max_jobs
         self.on_done = on_done
         self._jobs: OrderedDict[str, Job] = OrderedDict()
@@ -68,6 +73,7 @@ class TunerJobs:
                 if oldest is None:
                     break
                 del self._jobs[oldest]
+        self._persist(job)
         try:
             fut = self._submit(request)
         except Exception as exc:  # the runner itself failed: the job fails, the API answers
@@ -85,6 +91,7 @@ class TunerJobs:
                 job.status, job.result = "done", fut.result()
             else:
                 job.status, job.error = "failed", _describe(exc)
+        self._persist(job)
         if self.on_done:
             with contextlib.suppress(Exception):  # a hook must never lose the job's result
                 self.on_done(job)
@@ -92,6 +99,26 @@ class TunerJobs:
     def get(self, job_id: str) -> Job | None:
         with self._lock:
             return self._jobs.get(job_id)
+
+    def lookup(self, job_id: str) -> dict[str, Any] | None:
+        """The job as `Job.to_dict()`: from this process, else the newest state in the store
+        (a job another ingress replica took; a running one's `elapsed_s` counts to now)."""
+        job = self.get(job_id)
+        if job is not None:
+            return job.to_dict()
+        rec = self.store.get_job(job_id) if self.store is not None else None
+        if rec is not None and rec.get("status") == "running":
+            rec["elapsed_s"] = round(time.time() - float(rec["submitted"]), 3)
+        return rec
+
+    def _persist(self, job: Job) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.save_job(job.id, job.to_dict())
+        except Exception as exc:  # the job itself goes on; only other replicas lose sight of it
+            log.warning("tuner job %s: state not stored (%s); only this replica can answer "
+                        "for it", job.id, exc)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -42,8 +42,8 @@ class TunerRoutes:
                 "poll": f"/tuner/jobs/{job.id}"}
 
     async def _tuner_job(self, job_id: str) -> dict[str, Any]:
-        job = self.jobs.get(job_id)
+        job = self.jobs.lookup(job_id)  # this replica's, else the store's (another replica)
         if job is None:
             raise ApiError("job_id", f"unknown job {job_id!r}", 404)
-        return job.to_dict()
+        return job
 

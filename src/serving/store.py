@@ -56,6 +56,9 @@ COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensit
            "context_ids", "citations", "answer", "latency_ms", "tokens_in", "tokens_out",
            "shadow", "parent_id", "scores", "error", "policy_id", "arm", "features_hash")
 
+APPEND_ONLY = ("interactions", "feedback", "routing", "tuner_jobs")
+"""Every table: rows are only ever added (a job's state change is a new `tuner_jobs` row)."""
+
 _SQLITE_DDL = [
     """CREATE TABLE IF NOT EXISTS interactions (
         id TEXT PRIMARY KEY, ts REAL NOT NULL, question TEXT NOT NULL, category TEXT NOT NULL,
@@ -72,22 +75,27 @@ _SQLITE_DDL = [
     """CREATE TABLE IF NOT EXISTS routing (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, fingerprint TEXT NOT NULL,
         action TEXT NOT NULL, state TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS tuner_jobs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, ts REAL NOT NULL,
+        record TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS tuner_jobs_id ON tuner_jobs(job_id, seq)",
     *[f"""CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t}
           BEGIN SELECT RAISE(ABORT, '{t} is append-only'); END"""
-      for t in ("interactions", "feedback", "routing") for op in ("update", "delete")],
+      for t in APPEND_ONLY for op in ("update", "delete")],
 ]
 _PG_DDL = [
     _SQLITE_DDL[0].replace(" REAL", " DOUBLE PRECISION"),
     _SQLITE_DDL[1].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
                   .replace(" REAL", " DOUBLE PRECISION"),
     _SQLITE_DDL[2],
-    _SQLITE_DDL[3].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
-                  .replace(" REAL", " DOUBLE PRECISION"),
+    *[_SQLITE_DDL[i].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+                    .replace(" REAL", " DOUBLE PRECISION") for i in (3, 4)],
+    _SQLITE_DDL[5],
     """CREATE OR REPLACE FUNCTION ragpilot_append_only() RETURNS trigger AS $$
        BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$ LANGUAGE plpgsql""",
     *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}
           FOR EACH ROW EXECUTE FUNCTION ragpilot_append_only()"""
-      for t in ("interactions", "feedback", "routing")],
+      for t in APPEND_ONLY],
 ]
 
 _MIGRATIONS = {"error": "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NULL DEFAULT 0",
@@ -277,6 +285,19 @@ class InteractionStore:
         seq, ts, fp, action, state = rows[0]
         return {"seq": int(seq), "ts": float(ts), "fingerprint": fp, "action": action,
                 "state": json.loads(state)}
+
+    def save_job(self, job_id: str, record: dict[str, Any]) -> None:
+        """Append a tuner job's state (`serving.jobs.Job.to_dict()`), so that every ingress
+        replica can answer `GET /tuner/jobs/{id}`, not only the one that took the job."""
+        self._write([("INSERT INTO tuner_jobs (job_id, ts, record) VALUES (:id, :ts, :rec)",
+                      {"id": job_id, "ts": time.time(),
+                       "rec": json.dumps(record, sort_keys=True, default=str)})])
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """The newest stored state of a tuner job, or None."""
+        rows = self._read("SELECT record FROM tuner_jobs WHERE job_id = :id ORDER BY seq DESC "
+                          "LIMIT 1", {"id": job_id})
+        return json.loads(rows[0][0]) if rows else None
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
