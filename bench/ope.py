@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import make_meta, metric_row, plain_row, rerender, write_results  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
 from bench.ope_report import TITLE, markdown  # noqa: E402
-from bench.policy import SEARCH_JSON, _delta_rows, _parts, add_beir_train, arms  # noqa: E402
+from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.bandit import select_linucb  # noqa: E402
 from rl.policy.base import RouterPolicy, one_hot  # noqa: E402
@@ -83,8 +83,7 @@ def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_J
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
 
-    ev = TunerEvaluator(TuningData.open(ds), policy)
-    add_beir_train(ev.data)
+    ev = TunerEvaluator(TuningData.open(ds), policy)  # SciFact's train qrels included
     configs = arms(ds, policy, search_json)
     parts = _parts(ev, seed)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
