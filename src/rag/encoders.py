@@ -95,12 +95,10 @@ def _load(cls, spec: ModelSpec, device: str):
     path = spec.resolve()
     runtime = spec.options.get("runtime")
     if spec.format == "gguf" and runtime == "torch":
-        if device != "cpu":
-            raise ConfigError("device", f"{spec.name}: the torch nomic port runs on cpu only")
         from rag.nomic_port import NomicPortEncoder
 
         enc = NomicPortEncoder(spec.name, path, threads=spec.options.get("threads"),
-                               max_length=spec.options.get("max_length"))
+                               max_length=spec.options.get("max_length"), device=device)
     elif spec.format == "gguf" or runtime in ("llama_cpp", "llama"):
         if device != "cpu":
             raise ConfigError("device", f"{spec.name}: the llama.cpp encoder runs on cpu only")

@@ -23,7 +23,9 @@ Agreement with llama.cpp (cosine >= 0.9999 on >= 20 texts) is tested in
 tests/test_nomic_port.py; within that tolerance both runtimes give one embedding, so both
 carry the same fingerprint (`<gguf fingerprint>-gguf`) and share cached embeddings/indexes.
 Threads: `threads`, else $RAGPILOT_ENCODER_THREADS, else 1 (torch's intra-op pool is
-process-wide: it is set for each encode call and restored after).
+process-wide: it is set for each encode call and restored after). `device="cuda"` runs the same
+fp32 forward on a GPU (TF32 matmuls stay off, torch's default), for indexing a corpus in seconds
+where a lent GPU exists; its vectors keep the shared fingerprint, checked against the CPU port.
 """
 
 from __future__ import annotations
@@ -98,12 +100,16 @@ class NomicPortEncoder:
     `max_tokens`: padded tokens per pass (bounds the attention memory)."""
 
     def __init__(self, name: str, path: Path, threads: int | None = None,
-                 max_length: int | None = None, max_tokens: int = 8192):
+                 max_length: int | None = None, max_tokens: int = 8192, device: str = "cpu"):
         import torch
 
         from rag.llama_runtime import gguf_fingerprint
 
-        self.name, self.path, self.device = name, Path(path), "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ConfigError("device", f"must be cpu or cuda, got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device", "cuda requested but no GPU is visible to torch")
+        self.name, self.path, self.device = name, Path(path), device
         meta, tensors = read_gguf(self.path)
         if meta.get("general.architecture") != ARCH:
             raise ConfigError("encoder", f"{name}: the torch port runs {ARCH} GGUFs only, not "
@@ -121,7 +127,7 @@ class NomicPortEncoder:
         self.threads = int(threads or os.environ.get(THREADS_ENV, 1))
         if self.threads < 1:
             raise ConfigError("threads", f"must be >= 1, got {self.threads}")
-        self.w = {k: torch.from_numpy(v) for k, v in tensors.items()}
+        self.w = {k: torch.from_numpy(v).to(device) for k, v in tensors.items()}
         self.tokenizer = bert_tokenizer(wordpiece_vocab(meta["tokenizer.ggml.tokens"]),
                                         self.max_length,
                                         int(meta.get("tokenizer.ggml.bos_token_id", 101)),
@@ -161,8 +167,9 @@ class NomicPortEncoder:
                 with torch.inference_mode():
                     for rows in batches:
                         tok, mask = pad_batch([ids[i] for i in rows], self.pad_id)
-                        out[rows] = self._forward(torch.from_numpy(tok),
-                                                  torch.from_numpy(mask)).numpy()
+                        out[rows] = self._forward(torch.from_numpy(tok).to(self.device),
+                                                  torch.from_numpy(mask).to(self.device)
+                                                  ).cpu().numpy()
                         if bar:
                             bar.update(len(rows))
             finally:
@@ -178,7 +185,7 @@ class NomicPortEncoder:
         inv = 1.0 / self.rope_base ** (torch.arange(half, dtype=torch.float64) / half)
         ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
         ang = torch.cat([ang, ang], dim=-1)  # NeoX: first half and second half share angles
-        return ang.cos().float(), ang.sin().float()
+        return ang.cos().float().to(self.device), ang.sin().float().to(self.device)
 
     def _forward(self, ids, mask):
         """Mean-pooled last hidden state [batch, dim] (not normalised)."""

@@ -1,6 +1,7 @@
 """`make_generator(name)`: "extractive" or a registry generator (gguf/hf -> local transformers,
 or llama.cpp when the entry says `options.runtime: llama_cpp`; openai -> an OpenAI-compatible
-endpoint)."""
+endpoint). `device="cuda"` runs every local entry on transformers in bf16 (the llama.cpp
+runtime is built for the CPU here), a GGUF dequantised at load."""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ def make_generator(name: str, registry: ModelRegistry | None = None, device: str
     spec = reg.get(name)
     if spec.kind != "generator":
         raise ConfigError("generator", f"{name!r} is a {spec.kind}, not a generator")
-    if spec.format == "gguf" and spec.options.get("runtime") == "llama_cpp":
-        if device != "cpu":
-            raise ConfigError("device", f"{name}: the llama.cpp runtime is built for cpu here")
+    if spec.format == "gguf" and spec.options.get("runtime") == "llama_cpp" and device == "cpu":
         from rag.llama_runtime import LlamaCppGenerator
 
         return LlamaCppGenerator(name, spec.resolve(), threads=spec.options.get("threads"),

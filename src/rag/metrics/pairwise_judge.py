@@ -1,5 +1,7 @@
 """A chat LM (Qwen2.5-Coder-1.5B on llama.cpp, or any chat callable) as the slot backend of
 `rag.metrics.judge.PairwiseJudge`, and the statistics that say whether a judge is worth using.
+`LogprobJudgeBackend` is the same judge read from the next-token distribution over "A"/"B"
+(transformers, e.g. bf16 on a lent GPU) instead of from a decoded reply.
 
 `ChatLMJudgeBackend(chat, fingerprint)` asks "which answer is correct, A or B?" with a short
 prompt (question first, then the two answers; the passages only when `with_contexts`) and reads
@@ -30,8 +32,8 @@ from rag.metrics.judge import JudgeResult, SlotResult, SlotVerdict
 from rag.metrics.judge_cache import JudgeCache, content_key
 from rag.types import Context
 
-__all__ = ["ChatFn", "ChatLMJudgeBackend", "short_judge_prompt", "parse_letter",
-           "llama_chat", "judge_stats"]
+__all__ = ["ChatFn", "ChatLMJudgeBackend", "ChoiceFn", "LogprobJudgeBackend",
+           "short_judge_prompt", "parse_letter", "llama_chat", "judge_stats"]
 
 ChatFn = Callable[[list[dict[str, str]], int], tuple[str, int, int]]
 """(messages, max_tokens) -> (reply text, prompt tokens, completion tokens); temperature 0."""
@@ -111,6 +113,43 @@ class ChatLMJudgeBackend:
                 v = "tie"
             out.append(SlotResult(v, {"first": 1.0, "second": -1.0, "tie": 0.0}[v], 1,
                                   t_in, t_out))
+        return out
+
+
+ChoiceFn = Callable[[list[list[dict[str, str]]], Sequence[str]], list[list[float]]]
+"""(chats, choices) -> per chat, the next-token log-probability of each choice's first token
+(`rag.generation.local.TransformersGenerator.choice_logprobs`)."""
+
+
+class LogprobJudgeBackend:
+    """Slot judge that reads the verdict from the model's next-token distribution over "A"
+    and "B" (one forward pass, no decoding, no parse failure): the slot with the higher
+    log-probability wins; its signed margin is log p(A) - log p(B), so `PairwiseJudge`'s
+    order-averaged `margin` is the judge's position-debiased log-odds for answer A. Same
+    prompt as `ChatLMJudgeBackend` (`short_judge_prompt`). `tie_margin` (nats): a slot
+    margin smaller than this is a tie."""
+
+    def __init__(self, choice_logprobs: ChoiceFn, fingerprint: str, *,
+                 with_contexts: bool = False, context_chars: int = 400,
+                 tie_margin: float = 0.0, name: str = "logprob-lm"):
+        self.choice_logprobs, self.fingerprint, self.name = choice_logprobs, fingerprint, name
+        self.with_contexts, self.context_chars = with_contexts, context_chars
+        self.tie_margin = tie_margin
+        self.seconds: list[float] = []
+
+    def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
+                    ) -> list[SlotResult]:
+        chats = [short_judge_prompt(q, c, a, b, self.with_contexts, self.context_chars)
+                 for q, c, a, b in items]
+        t0 = time.perf_counter()
+        lps = self.choice_logprobs(chats, ("A", "B"))
+        self.seconds.append(time.perf_counter() - t0)
+        out = []
+        for lp_a, lp_b in lps:
+            d = float(lp_a - lp_b)
+            v: SlotVerdict = "tie" if abs(d) <= self.tie_margin else (
+                "first" if d > 0 else "second")
+            out.append(SlotResult(v, d, 1))
         return out
 
 
