@@ -47,9 +47,14 @@ def _file_lock(path: Path):
 def open_served_data(dataset: str, index_dir: str | None = None,
                      indexes: dict[str, Any] | None = None):
     """(IndexSet, {normalised question: Example}) for the served dataset or index dir.
-    `indexes`: overrides of the directory's stored index settings (IndexSet.open)."""
+    `indexes`: overrides of the directory's stored index settings (IndexSet.open).
+    A served process encodes one question per call: those calls run on ONNX Runtime fp32
+    when it is installed (rag.encoders.set_query_runtime; same vectors as torch)."""
+    from rag.encoders import set_query_runtime
     from rag.indexset import IndexSet
     from rag.models import cache_dir
+
+    set_query_runtime("onnx")
 
     with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
         if index_dir:
