@@ -174,6 +174,9 @@ def main() -> None:
 
     # 1. in-process baseline: the replica body in this process (no Serve); measured in blocks
     #    interleaved with Serve at 1 client below, so both see the same background load
+    from rag.encoders import set_query_runtime
+
+    set_query_runtime("onnx")  # what every Serve replica runs (serving.pipelines)
     svc = PipelineService({"generator": "extractive"}, DS)
     base_ms: list[float] = []
 

@@ -282,3 +282,14 @@ def test_serve_access_log_is_a_setting_off_by_default():
 
     assert ServeSettings.from_args(None).access_log is False
     assert _access_log(None) is False and _access_log({"access_log": True}) is True
+
+
+def test_fast_query_encoding_switches_only_inside_a_serve_replica():
+    """Tests and in-process callers keep the process-wide query runtime; a Serve replica
+    (replica context set) switches its one-question encodes to ONNX Runtime fp32."""
+    from rag import encoders
+    from serving.pipelines import fast_queries_in_replica
+
+    before = encoders._QUERY_RUNTIME["mode"]
+    assert fast_queries_in_replica() is False
+    assert encoders._QUERY_RUNTIME["mode"] == before
