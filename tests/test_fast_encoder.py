@@ -45,7 +45,8 @@ def fast():
 
 def test_registry_gives_the_onnx_int8_encoder(fast, fp32):
     assert isinstance(fast, OnnxEncoder) and fast.dim == fp32.dim == 384
-    assert fast.fingerprint != fp32.fingerprint and fast.fingerprint.endswith("onnx-int8")
+    assert fast.fingerprint != fp32.fingerprint and fast.fingerprint.endswith("onnx-int8v2")
+    assert fast.onnx_file.name == "model.fused.int8.onnx"
     assert fast.threads >= 1
 
 
@@ -86,9 +87,41 @@ def test_length_buckets_keep_the_callers_order(fast):
     assert fast.encode([]).shape == (0, 384)
 
 
-def test_threads_are_configurable(monkeypatch):
+def test_threads_are_worker_threads_and_do_not_change_vectors(monkeypatch, fast):
     monkeypatch.setenv("RAGPILOT_ENCODER_THREADS", "2")
     path = ModelRegistry().get("minilm").resolve()
     enc = OnnxEncoder("minilm", path, _fingerprint(path))  # export cached: loads in < 1 s
     assert enc.threads == 2
-    assert enc.session.get_session_options().intra_op_num_threads == 2
+    # parallel over texts, each on a 1-thread session that never spins (shared 2 cores)
+    opts = enc.session.get_session_options()
+    assert opts.intra_op_num_threads == 1
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    np.testing.assert_array_equal(enc.encode(TEXTS), fast.encode(TEXTS))
+
+
+def test_query_runtime_onnx_gives_torchs_vectors_for_small_calls(fp32, monkeypatch):
+    """set_query_runtime("onnx") (what serving sets): calls of <= SMALL_CALL texts run on the
+    fp32 ONNX twin (same vectors: the index built by torch stays valid), bulk calls on torch;
+    $RAGPILOT_QUERY_RUNTIME=torch keeps torch."""
+    from rag import encoders
+
+    monkeypatch.delenv(encoders.QUERY_RUNTIME_ENV, raising=False)
+    try:
+        torch_vecs = fp32.encode(TEXTS[:4])
+        assert encoders.set_query_runtime("onnx") == "onnx"
+        calls = fp32.calls
+        fast_vecs = fp32.encode(TEXTS[:4])
+        assert fp32.calls == calls + 4  # still counted (tests prove caches by it)
+        twin = fp32._small["onnx"]
+        assert isinstance(twin, OnnxEncoder) and not twin.quantized
+        assert twin.calls == 4
+        assert (fast_vecs * torch_vecs).sum(1).min() >= 0.99999
+        fp32.encode(TEXTS)  # 10 texts > SMALL_CALL: torch
+        assert twin.calls == 4
+        monkeypatch.setenv(encoders.QUERY_RUNTIME_ENV, "torch")
+        assert encoders.set_query_runtime("onnx") == "torch"
+        fp32.encode(TEXTS[:2])
+        assert twin.calls == 4
+    finally:
+        monkeypatch.delenv(encoders.QUERY_RUNTIME_ENV, raising=False)
+        encoders.set_query_runtime("torch")

@@ -1,37 +1,54 @@
-"""A fast bi-encoder: a sentence-transformers BERT model (mean pooling) on ONNX Runtime, int8.
+"""A fast bi-encoder: a sentence-transformers BERT model (mean pooling) on ONNX Runtime.
 
-The transformer is exported once from the local weights (`torch.onnx.export`, no download) into
-`<cache>/onnx/<weights fingerprint>/model.onnx`, dynamically quantised to int8
-(`onnxruntime.quantization.quantize_dynamic`, weights only; activations stay fp32) as
-`model.int8.onnx`; both are guarded by a file lock and written atomically. Encoding tokenises
-with the model's own `tokenizer.json` (HF `tokenizers`, no torch), sorts texts by token length
-and batches neighbours together (length buckets: little padding), then mean-pools over the
-attention mask and L2-normalises, exactly as sentence-transformers' Transformer -> Pooling(mean)
--> Normalize pipeline does.
+Export (once per weights, `<cache>/onnx/<weights fingerprint>/`, under a file lock, written
+atomically): `torch.onnx.export` of the local weights with eager attention (no download), then
+ONNX Runtime's BERT fusion (`onnxruntime.transformers.optimizer`: one `Attention` op per layer
+with the Q/K/V projections in one GEMM, `SkipLayerNormalization`, `BiasGelu`,
+`EmbedLayerNormalization`) -> `model.fused.onnx` (fp32, cosine 1.0000 to sentence-transformers);
+then dynamic int8 (`quantize_dynamic`: weights int8 per output channel, 7-bit range, activations
+quantised per call) of every MatMul and Attention -> `model.fused.int8.onnx`.
 
-Dynamic int8 quantises activations with one scale per MatMul input tensor, i.e. per batch: in
-a padded batch a text's vector moved with its batch-mates (cosine down to 0.974 to the same
-text alone). So the int8 encoder runs one text per call (no padding, a scale fitted to that
-text: vectors independent of batching, as a cache keyed by text needs); fp32 ONNX uses the
-length buckets (`batch_size` texts of similar length per call, rag.batching).
+Why these choices (CPU seconds per SciFact abstract, 1 thread, measured on this AVX2-only EPYC
+with other jobs running, 60 abstracts, bench notes in bench/results/models.md):
+  * fusion: fp32 99 -> 86 ms; int8 with QAttention (Q/K/V GEMM in int8 too) 68 -> 58-60 ms.
+  * `reduce_range` (7-bit weights): this CPU has no VNNI, so ORT's u8s8 kernel multiplies
+    with `vpmaddubsw`, whose int16 pair sums saturate with full-range int8 weights; 7-bit
+    weights cannot saturate. Same speed, mean cosine to fp32 0.9923 -> 0.9936 (MatMul-only:
+    0.9950). u8u8 (no saturation either) was 15-20% slower; per-tensor weights broke (0.77).
+  * threads: ORT's intra-op pool spins while waiting; with 2 intra-op threads on a shared
+    2-core machine it burned 2x the CPU (121 vs 59 ms per abstract) and ran slower than one
+    thread. `threads` here = worker threads, each running whole texts on a 1-thread
+    session (no spinning, no per-op barrier; the session is shared, `run` is thread-safe).
 
-Measured on 200 SciFact abstracts (CPU time, one thread, one text per call): int8 36 ms and
-fp32 59 ms per abstract (~190 / ~300 CPU s for SciFact's 5,183). Static int8 (per-tensor
-activation scales calibrated on 130 abstracts: batch-independent) lost too much (cosine 0.94
-to fp32), ORT's fused BERT graph and torch bf16 autocast (59 and 78 ms) saved nothing, so
-none is used. On SciFact the int8 build costs ~333 CPU s, about what fp32 sentence-transformers
-costs with its padded batches (bench/results/models.md).
+Encoding tokenises with the model's own `tokenizer.json` (HF `tokenizers`, no torch). int8
+runs one text per call: dynamic quantisation fits activation scales per call, so in a padded
+batch a text's vector would move with its batch-mates (cosine down to 0.974 to the same text
+alone); per text there is no padding either, and vectors do not depend on batching (as a cache
+keyed by text needs). fp32 sorts texts by token length and batches neighbours (rag.batching:
+little padding). Both mean-pool over the attention mask and L2-normalise, exactly as
+sentence-transformers' Transformer -> Pooling(mean) -> Normalize does.
 
-Needs the optional `models` extra (onnxruntime, onnx); without it `OnnxEncoder` raises
-ConfigError naming the extra. Quality versus fp32 sentence-transformers is checked in
-tests/test_fast_encoder.py (cosine of embeddings) and bench/models.py (SciFact nDCG@10).
+The floor on 2 AVX2 cores (bench/models.py notes): MiniLM-L6 costs 21.2 MFLOP per token in its
+linear layers plus 4·seq·384·6 FLOP per token in attention; SciFact at 256 tokens is 1.24 M
+tokens, 26.4 TFLOP linear + 2.8 TFLOP attention. At peak (2 cores x 32 fp32 FLOP/cycle, twice
+that for u8s8 `vpmaddubsw`+`vpmaddwd`) that is >= 186 s fp32 and >= 102 s int8.
+
+`OnnxEncoder(..., quantize=False)` is also `rag.encoders.Encoder`'s twin for small (query-time)
+calls when serving asks for it (rag.encoders.set_query_runtime): same vectors as torch, without
+torch's per-module overhead (a one-question encode costs ~2.6x less CPU).
+
+Needs onnxruntime and onnx; without them `OnnxEncoder` raises ConfigError naming the packages.
+Quality versus fp32 sentence-transformers is checked in tests/test_fast_encoder.py (cosine of
+embeddings) and bench/models.py (SciFact nDCG@10).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +59,11 @@ from rag.errors import ConfigError
 from rag.models import cache_dir
 
 THREADS_ENV = "RAGPILOT_ENCODER_THREADS"
+FP32_FILE, INT8_FILE = "model.fused.onnx", "model.fused.int8.onnx"
+"""Export file names (v2: eager-attention export + BERT fusion; `model.onnx` and
+`model.int8.onnx` of the first version are left alone and never loaded)."""
+_RAW_FILE = "model.eager.onnx"
+log = logging.getLogger(__name__)
 
 
 def _require_onnx():
@@ -49,33 +71,58 @@ def _require_onnx():
         import onnxruntime  # noqa: F401
     except ImportError:
         raise ConfigError("encoder", "the ONNX encoder needs onnxruntime and onnx: "
-                                     "pip install 'ragpilot[models]'") from None
+                                     "pip install onnxruntime onnx") from None
 
 
 def export_onnx(model_dir: Path, out_dir: Path, quantize: bool = True) -> Path:
-    """Export the transformer in `model_dir` to `out_dir/model.onnx` (inputs input_ids,
+    """Export the transformer in `model_dir` to `out_dir/model.fused.onnx` (inputs input_ids,
     attention_mask, token_type_ids: int64 [batch, seq]; output last_hidden_state float32
-    [batch, seq, dim]) and, when `quantize`, `out_dir/model.int8.onnx`. Returns the file to
-    load. Idempotent; safe under concurrent callers."""
-    want = out_dir / ("model.int8.onnx" if quantize else "model.onnx")
+    [batch, seq, dim]) and, when `quantize`, `out_dir/model.fused.int8.onnx`. Returns the file
+    to load. Idempotent; safe under concurrent callers (threads and processes)."""
+    want = out_dir / (INT8_FILE if quantize else FP32_FILE)
     if want.exists():
         return want
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        fp32 = out_dir / "model.onnx"
+        fp32 = out_dir / FP32_FILE
         if not fp32.exists():
-            _export_fp32(model_dir, fp32)
+            raw = out_dir / _RAW_FILE
+            if not raw.exists():
+                _export_fp32(model_dir, raw)
+            _fuse(raw, fp32, json.loads((model_dir / "config.json").read_text()))
         if quantize and not want.exists():
+            import onnx
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             tmp = want.with_name("tmp." + want.name)
-            # per-channel int8 MatMul weights only: mean cosine 0.995 to fp32 on SciFact
-            # abstracts (per-tensor over all ops: 0.937), and the fastest variant tried.
             quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=["MatMul"])
+                             reduce_range=True, op_types_to_quantize=["MatMul", "Attention"],
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
             tmp.replace(want)
     return want
+
+
+def _fuse(raw: Path, out: Path, config: dict) -> None:
+    """ORT's BERT graph fusion of `raw` into `out` (falls back to a copy of the unfused graph,
+    logged, when the fusion does not apply: same numbers, only slower)."""
+    import shutil
+
+    tmp = out.with_name("tmp." + out.name)
+    try:
+        from onnxruntime.transformers import optimizer
+
+        model = optimizer.optimize_model(str(raw), model_type="bert",
+                                         num_heads=int(config["num_attention_heads"]),
+                                         hidden_size=int(config["hidden_size"]), opt_level=1)
+        if not model.get_fused_operator_statistics().get("Attention"):
+            raise ValueError("no Attention op fused")
+        model.save_model_to_file(str(tmp))
+    except Exception as exc:  # noqa: BLE001 - the unfused graph computes the same vectors
+        log.warning("ONNX BERT fusion not applied (%s: %s); using the unfused graph",
+                    type(exc).__name__, exc)
+        shutil.copyfile(raw, tmp)
+    tmp.replace(out)
 
 
 def _export_fp32(model_dir: Path, out: Path) -> None:
@@ -91,7 +138,9 @@ def _export_fp32(model_dir: Path, out: Path) -> None:
             return self.inner(input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids).last_hidden_state
 
-    model = _Hidden(AutoModel.from_pretrained(str(model_dir))).eval()
+    # eager attention: the SDPA export wraps the mask in IsNaN/Where nodes that block fusion
+    inner = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager")
+    model = _Hidden(inner).eval()
     ids = torch.ones((2, 8), dtype=torch.long)
     tmp = out.with_name("tmp." + out.name)
     axes = {0: "batch", 1: "seq"}
@@ -106,33 +155,40 @@ def _export_fp32(model_dir: Path, out: Path) -> None:
     tmp.replace(out)
 
 
+def _session(onnx_file: Path):
+    """A 1-thread CPU session (callers parallelise over texts, see the module docstring)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(onnx_file), opts, providers=["CPUExecutionProvider"])
+
+
 class OnnxEncoder:
     """Same contract as `rag.encoders.Encoder`: `encode(texts) -> (n, dim)` float32 unit rows;
     `fingerprint` names the weights AND the runtime/precision, so dense indexes built with it
     never mix with fp32 ones.
 
-    `threads`: ONNX Runtime intra-op threads (default $RAGPILOT_ENCODER_THREADS or 1: more
-    only helps on an idle machine). `quantize`: int8 weights (default) or fp32.
+    `threads`: worker threads, each encoding whole texts (default $RAGPILOT_ENCODER_THREADS
+    or 1). `quantize`: int8 (default) or fp32. `max_length`: tokens per text (default the
+    model's `max_seq_length`, 256 for MiniLM).
     """
 
     def __init__(self, name: str, path: Path, weights_fingerprint: str, quantize: bool = True,
                  threads: int | None = None, max_length: int | None = None):
         _require_onnx()
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         self.name, self.path = name, Path(path)
         self.device = "cpu"
-        tag = "int8" if quantize else "fp32"
+        tag = "int8v2" if quantize else "fp32"  # v2: fused graph, 7-bit per-channel weights
         out = cache_dir() / "onnx" / weights_fingerprint  # per weights, whatever the name
-        onnx_file = export_onnx(self.path, out, quantize=quantize)
-        self.threads = int(threads or os.environ.get(THREADS_ENV, 1))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(onnx_file), opts,
-                                            providers=["CPUExecutionProvider"])
+        self.onnx_file = export_onnx(self.path, out, quantize=quantize)
+        self.threads = max(1, int(threads or os.environ.get(THREADS_ENV, 1)))
+        self.session = _session(self.onnx_file)
         self._inputs = {i.name for i in self.session.get_inputs()}
         cfg = json.loads((self.path / "sentence_bert_config.json").read_text()) \
             if (self.path / "sentence_bert_config.json").exists() else {}
@@ -143,8 +199,18 @@ class OnnxEncoder:
         self.dim = int(json.loads((self.path / "config.json").read_text())["hidden_size"])
         self.quantized = quantize
         self.fingerprint = f"{weights_fingerprint}-onnx-{tag}"
+        if self.max_length != int(cfg.get("max_seq_length", self.max_length)):
+            self.fingerprint += f"-len{self.max_length}"
         self.query_prefix = self.document_prefix = ""
         self.calls = 0
+
+    def _run(self, ids: list[list[int]]) -> np.ndarray:
+        """Mean-pooled (not normalised) vectors of one padded batch."""
+        tok, mask = pad_batch(ids)
+        feed = {"input_ids": tok, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feed["token_type_ids"] = np.zeros_like(tok)
+        return mean_pool(self.session.run(["last_hidden_state"], feed)[0], mask)
 
     def encode(self, texts: Sequence[str], batch_size: int = 16, show_progress: bool = False,
                normalize: bool = True) -> np.ndarray:
@@ -158,21 +224,35 @@ class OnnxEncoder:
         if self.quantized:
             batch_size = 1  # per-text activation scale: see the module docstring
         batches = length_buckets([len(x) for x in ids], batch_size)
+        batches.reverse()  # longest first: the workers finish together
         bar = None
         if show_progress:
             from tqdm import tqdm
 
             bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text",
                        mininterval=5.0)  # one text per step with int8: keep logs short
+        todo = iter(batches)
+        lock = threading.Lock()
 
-        for rows in batches:
-            tok, mask = pad_batch([ids[i] for i in rows])
-            feed = {"input_ids": tok, "attention_mask": mask}
-            if "token_type_ids" in self._inputs:
-                feed["token_type_ids"] = np.zeros_like(tok)
-            out[rows] = mean_pool(self.session.run(["last_hidden_state"], feed)[0], mask)
-            if bar:
-                bar.update(len(rows))
+        def work() -> None:
+            while True:
+                with lock:
+                    rows = next(todo, None)
+                if rows is None:
+                    return
+                out[rows] = self._run([ids[i] for i in rows])
+                if bar:
+                    bar.update(len(rows))
+
+        workers = min(self.threads, len(batches))
+        if workers == 1:
+            work()
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(workers, thread_name_prefix="onnx-encode") as pool:
+                for fut in [pool.submit(work) for _ in range(workers)]:
+                    fut.result()
         if bar:
             bar.close()
         if normalize:

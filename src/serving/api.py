@@ -55,8 +55,8 @@ async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
     return _error(422, exc.field, exc.message)
 
 
-# Outer to inner: request counting (below) -> API keys -> body size -> FastAPI. Starlette puts
-# the last-added middleware outermost, so these two are added before the counter.
+# Outer to inner: request counting (CountRequests, below) -> API keys -> body size -> FastAPI.
+# Starlette puts the last-added middleware outermost, so these two are added before the counter.
 # State reaches them through functions of serving.limits/serving.auth (see install_guard).
 api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
 api.add_middleware(AuthMiddleware, guard=current_guard)
@@ -64,15 +64,36 @@ api.add_middleware(AuthMiddleware, guard=current_guard)
 
 REPLICA_ID = f"{socket.gethostname()}:{os.getpid()}"
 """Which ingress replica answered: every response's `X-Ragpilot-Replica` header."""
+_REPLICA_HEADER = (b"x-ragpilot-replica", REPLICA_ID.encode("latin-1"))
 
 
-@api.middleware("http")
-async def _count_requests(request: Request, call_next):
-    response = await call_next(request)
-    response.headers["X-Ragpilot-Replica"] = REPLICA_ID
-    metrics: ServeMetrics | None = current_metrics()  # see install_metrics
-    if metrics is not None:
-        metrics.request(_ENDPOINTS.get(request.url.path, "other"), response.status_code)
-    return response
+class CountRequests:
+    """Outermost ASGI middleware: the `X-Ragpilot-Replica` header on every response and the
+    request counter by endpoint and status (401/413 answers of the inner middlewares too).
+    Plain ASGI, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware runs each
+    request through an extra task group and memory streams (measurable per request)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "/")
+        root = scope.get("root_path", "")
+        if root and root != "/" and path.startswith(root):
+            path = path[len(root):] or "/"
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), _REPLICA_HEADER]}
+                metrics: ServeMetrics | None = current_metrics()  # see install_metrics
+                if metrics is not None:
+                    metrics.request(_ENDPOINTS.get(path, "other"), message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_counted)
 
 
+api.add_middleware(CountRequests)

@@ -223,13 +223,15 @@ def build_app(args: dict[str, Any] | None = None):
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)
+    logs = {"logging_config": {"enable_access_log": s.access_log}}
+    opts.update(logs)
     # warm-up with the base config only: the shared deployment's args then do not change
     # when only the declared variants do (nothing in them asks Serve to reload the indexes)
     shared = bind_shared(s.dataset, s.index_dir, opts, s.indexes, s.max_variants,
                          [s.config({}).model_dump(mode="json")])
     handles = {POLICY_HANDLE: bind_policy(s, opts)} if s.policy is not None else {}
     return Ingress.options(ray_actor_options={"num_cpus": s.ingress_num_cpus},
-                           num_replicas=s.ingress.replicas,
+                           num_replicas=s.ingress.replicas, **logs,
                            max_ongoing_requests=s.limits.max_inflight + 64).bind(
         s.model_dump(mode="json"), handles, roles,
         {h: c.model_dump(mode="json") for h, c in configs.items()}, shared)

@@ -77,9 +77,17 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     if not ray.is_initialized():
         extra = {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
         ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options={"host": host, "port": port},
+                logging_config={"enable_access_log": _access_log(args)})
     serve.run(build_app(args), name=name, route_prefix=route_prefix)
     return f"http://{host}:{port}"
+
+
+def _access_log(args: dict[str, Any] | None) -> bool:
+    """The proxy's access log follows the app's `access_log` setting (ServeSettings)."""
+    from serving.schemas import ServeSettings
+
+    return ServeSettings.from_args(args).access_log
 
 
 def update_app(args: dict[str, Any] | None, name: str = "ragpilot",

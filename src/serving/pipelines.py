@@ -44,12 +44,33 @@ def _file_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def fast_queries_in_replica() -> bool:
+    """Inside a Ray Serve replica process, encode questions (calls of a few texts) on ONNX
+    Runtime fp32: the same vectors as torch without torch's per-module overhead, which was
+    most of a pipeline replica's CPU per request (rag.encoders.set_query_runtime;
+    $RAGPILOT_QUERY_RUNTIME=torch keeps torch). Elsewhere (tests, in-process callers) the
+    process-wide setting is left alone. True when switched."""
+    try:
+        from ray import serve
+
+        serve.get_replica_context()
+    except Exception:  # noqa: BLE001 - not in a replica (or no Ray): nothing to switch
+        return False
+    from rag.encoders import set_query_runtime
+
+    return set_query_runtime("onnx") == "onnx"
+
+
 def open_served_data(dataset: str, index_dir: str | None = None,
                      indexes: dict[str, Any] | None = None):
     """(IndexSet, {normalised question: Example}) for the served dataset or index dir.
-    `indexes`: overrides of the directory's stored index settings (IndexSet.open)."""
+    `indexes`: overrides of the directory's stored index settings (IndexSet.open).
+    In a Serve replica, one-question encodes run on ONNX Runtime fp32 when it is installed
+    (see fast_queries_in_replica)."""
     from rag.indexset import IndexSet
     from rag.models import cache_dir
+
+    fast_queries_in_replica()
 
     with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
         if index_dir:

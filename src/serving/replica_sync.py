@@ -18,8 +18,9 @@ one machine, PostgreSQL across nodes). A replica never trusts only its own memor
   * rate limits: with more than one replica, serving.shared_limits.StoreTokenBucket.
 
 A replica syncs at most every `ingress.sync_interval_s` (default 0.2 s) on the request path
-(two indexed reads), immediately after its own feedback, and before it changes the routing
-(so a change applies on top of the newest split). A failed read keeps the last state (logged).
+(two indexed reads; concurrent requests wait for the one pass in flight rather than route on
+the state it is replacing), immediately after its own feedback, and before it changes the
+routing (so a change applies on top of the newest split). A failed read keeps the last state (logged).
 
 PostgreSQL sequences can commit out of order, so feedback rows are tracked by seq for
 `SETTLE_S` seconds before the watermark passes them (a late commit is still replayed once).
@@ -49,6 +50,7 @@ class ReplicaSync:
         serve from them); every stored bandit feedback is replayed."""
         self._sync_lock = threading.Lock()
         self._sync_at = time.monotonic()
+        self._sync_task: asyncio.Future | None = None
         last = self.store.last_routing()
         self._routing_seq = last["seq"] if last else 0
         self._fb_mark = 0
@@ -56,11 +58,19 @@ class ReplicaSync:
         self._sync_bandit()
 
     async def _sync_state(self, force: bool = False) -> None:
-        """Adopt siblings' routing changes and feedback (throttled unless `force`)."""
-        interval = self.settings.ingress.sync_interval_s
-        if not force and time.monotonic() - self._sync_at < interval:
+        """Adopt siblings' routing changes and feedback (throttled unless `force`). Requests
+        that find the state older than `sync_interval_s` all wait for one sync pass (single
+        flight): none routes on the stale state while a concurrent request refreshes it."""
+        if force:
+            await asyncio.to_thread(self._sync_now, True)
             return
-        await asyncio.to_thread(self._sync_now, force)
+        if time.monotonic() - self._sync_at < self.settings.ingress.sync_interval_s:
+            return
+        task = self._sync_task
+        if task is None or task.done():
+            task = self._sync_task = asyncio.ensure_future(
+                asyncio.to_thread(self._sync_now, True))
+        await asyncio.shield(task)
 
     def _sync_now(self, wait: bool = True) -> None:
         """One sync pass (blocking); without `wait`, skipped while another pass runs."""

@@ -328,15 +328,36 @@ def _decode(row: tuple) -> dict[str, Any]:
     return rec
 
 
+class _Write:
+    """One caller's statements waiting for a group commit (SQLiteStore._write)."""
+
+    __slots__ = ("statements", "done", "error")
+
+    def __init__(self, statements: list[tuple[str, dict[str, Any]]]):
+        self.statements, self.done, self.error = statements, False, None
+
+
 class SQLiteStore(InteractionStore):
-    """One connection in WAL mode; writes serialised by a lock; `synchronous=FULL` by default
-    so an acknowledged row survives a power cut, not only a process crash."""
+    """One connection in WAL mode; `synchronous=FULL` by default so an acknowledged row
+    survives a power cut, not only a process crash.
+
+    Group commit: concurrent writers (the ingress writes from worker threads) share one
+    transaction, hence one fsync of the WAL. A writer queues its statements and takes the
+    connection lock; whoever holds it commits every queued write, each inside its own
+    SAVEPOINT, so one write's error (a duplicate feedback: IntegrityError -> 409) undoes only
+    that write and is raised to its own caller. Every caller still returns only after the
+    COMMIT that made its rows durable (or raises). With one writer at a time this is exactly
+    one transaction per write, as before; under load (16 clients) an fsync costs ~6 ms here and
+    commits serialise across ingress replicas on the file's write lock, so batching them
+    shortens the queue behind the lock."""
 
     def __init__(self, path: str | Path, synchronous: str = "FULL"):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.url = str(self.path)
         self._lock = threading.Lock()
+        self._queue: list[_Write] = []
+        self._queue_lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0,
                                    isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -350,15 +371,46 @@ class SQLiteStore(InteractionStore):
                 self._db.execute(ddl)
 
     def _write(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+        job = _Write(statements)
+        with self._queue_lock:
+            self._queue.append(job)
         with self._lock:
+            if not job.done:  # else an earlier holder committed it while we waited
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit(batch)
+        if job.error is not None:
+            raise job.error
+
+    def _commit(self, batch: list[_Write]) -> None:
+        """All of `batch` in one transaction, one SAVEPOINT per write (holding `_lock`)."""
+        try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in statements:
-                    self._db.execute(sql, params)
+                for job in batch:
+                    self._db.execute("SAVEPOINT w")
+                    try:
+                        for sql, params in job.statements:
+                            self._db.execute(sql, params)
+                    except Exception as exc:  # this write only: undo it, keep the others
+                        job.error = exc
+                        self._db.execute("ROLLBACK TO w")
+                    self._db.execute("RELEASE w")
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
+        except BaseException as exc:  # nothing of the batch is stored: every caller hears it
+            for job in batch:
+                job.error = job.error or exc
+            if not isinstance(exc, Exception):
+                for job in batch:
+                    job.done = True
+                raise
+        finally:
+            for job in batch:
+                job.done = True
 
     def _read(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
         with self._lock:

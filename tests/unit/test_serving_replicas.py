@@ -140,3 +140,20 @@ def test_one_replica_keeps_the_in_memory_limiter(tmp_path):
 
     assert isinstance(replica(tmp_path, ingress={"replicas": 1}).limiter, TokenBucketLimiter)
     assert isinstance(replica(tmp_path).limiter, StoreTokenBucket)
+
+
+def test_concurrent_requests_wait_for_the_sync_in_flight(tmp_path):
+    """Once the state is older than sync_interval_s, every request arriving together waits for
+    the one sync pass and routes on the newest split (none on the split being replaced)."""
+    import time
+
+    a = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 0.2})
+    b = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 0.2})
+    asyncio.run(a._set_traffic(TrafficRequest(canary_percent=100.0)))
+    time.sleep(0.25)
+
+    async def burst():
+        return await asyncio.gather(*(b._answer(QueryRequest(question="Who?", user_id=f"u{i}"))
+                                      for i in range(16)))
+
+    assert [r.route for r in asyncio.run(burst())] == ["canary"] * 16

@@ -160,3 +160,44 @@ def test_old_log_is_migrated_and_stays_append_only(tmp_path, backend):
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             db.execute("DELETE FROM interactions")
     SQLiteStore(path).close()  # opening again does not add the column twice
+
+
+def test_group_commit_gives_each_queued_writer_its_own_outcome(tmp_path):
+    """Writes queued behind the connection lock are committed together (one transaction);
+    a failing write (duplicate id, second feedback) is undone alone and raised to its own
+    caller, and every other caller returns only once its row is stored."""
+    import threading
+    import time
+
+    s = SQLiteStore(tmp_path / "log.sqlite")
+    s.log_interaction(_it(0))
+    outcome: dict[str, object] = {}
+
+    def write(name, fn):
+        try:
+            fn()
+            outcome[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - recorded for the asserts
+            outcome[name] = exc
+
+    jobs = [(f"log{i}", lambda i=i: s.log_interaction(_it(i))) for i in range(1, 9)]
+    jobs += [("dup", lambda: s.log_interaction(_it(3, answer="again")))]
+    jobs += [(f"fb{j}", lambda j=j: s.add_feedback("i0", 0.1 * j)) for j in range(3)]
+    with s._lock:  # hold the connection: every write queues behind it
+        threads = [threading.Thread(target=write, args=job) for job in jobs]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 10
+        while len(s._queue) < len(jobs) - 3 and time.time() < deadline:  # feedback reads first
+            time.sleep(0.01)
+        assert len(s._queue) >= len(jobs) - 3
+    for t in threads:
+        t.join(10)
+    assert all(outcome[f"log{i}"] == "ok" for i in range(1, 9))
+    assert isinstance(outcome["dup"], sqlite3.IntegrityError)
+    fb = [outcome[f"fb{j}"] for j in range(3)]
+    assert fb.count("ok") == 1, fb
+    assert all(isinstance(e, StoreError) and e.status == 409 for e in fb if e != "ok")
+    assert s.get_interaction("i3")["answer"] == "a3"  # the duplicate changed nothing
+    assert s.counts() == {"interactions": 9, "shadow_interactions": 0, "feedback": 1}
+    s.close()

@@ -272,3 +272,24 @@ def test_serving_ops_files_name_tests_that_exist():
     named = {m for f in files for m in re.findall(r"tests/(?:unit/)?test_\w+\.py", f.read_text())}
     assert "tests/test_serving_prometheus.py" in named
     assert sorted(n for n in named if not (repo / n).exists()) == []
+
+
+def test_serve_access_log_is_a_setting_off_by_default():
+    """Ray Serve's per-request access lines (proxy and replicas) follow `access_log`; the
+    interaction log and Prometheus already record every request."""
+    from serving.launch import _access_log
+    from serving.schemas import ServeSettings
+
+    assert ServeSettings.from_args(None).access_log is False
+    assert _access_log(None) is False and _access_log({"access_log": True}) is True
+
+
+def test_fast_query_encoding_switches_only_inside_a_serve_replica():
+    """Tests and in-process callers keep the process-wide query runtime; a Serve replica
+    (replica context set) switches its one-question encodes to ONNX Runtime fp32."""
+    from rag import encoders
+    from serving.pipelines import fast_queries_in_replica
+
+    before = encoders._QUERY_RUNTIME["mode"]
+    assert fast_queries_in_replica() is False
+    assert encoders._QUERY_RUNTIME["mode"] == before
