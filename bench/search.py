@@ -63,6 +63,7 @@ from bench.search_stats import (  # noqa: E402
     ratio_ci,
     reach,
 )
+from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.errors import ConfigError  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
@@ -161,9 +162,13 @@ def pinned_cost_model(ev, space, out: Path, n_samples: int = 4000) -> Path:
     return out
 
 
-def best_known_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The best full-fidelity reward of every trial of every run, with its provenance."""
+def best_known_of(runs: dict[str, list[dict[str, Any]]], earlier: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The best full-fidelity reward of every trial of every run, with its provenance; `earlier`
+    (an earlier run's best-known, re-evaluated here) counts when it is higher."""
     best: tuple[float, dict[str, Any] | None] = (-np.inf, None)
+    if earlier is not None:
+        best = (earlier["reward"], {k: v for k, v in earlier.items() if k != "reward"})
     for method, rs in runs.items():
         for r in rs:
             for t in r["trials"]:
@@ -177,7 +182,8 @@ def best_known_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: float,
                 searchers: tuple[str, ...], log, warm_start: bool = True,
-                cost_model: Path | None = None, save=None) -> dict[str, Any]:
+                cost_model: Path | None = None, save=None, best_known_from: str | None = None
+                ) -> dict[str, Any]:
     """Every searcher on `name`, seed by seed (seed-major: a run stopped early keeps whole
     seeds of every searcher); `save(part)` after each seed (a part file grows as it runs)."""
     t0 = time.perf_counter()
@@ -190,6 +196,18 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
     start = default if warm_start else None
     d_valid, d_test = ev.evaluate(default, split), ev.evaluate(default, hold)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in searchers}
+    earlier = None
+    if best_known_from is not None:  # an earlier run's best-known, re-evaluated under this run
+        saved = json.loads(Path(best_known_from).read_text())["meta"]["details"][name]
+        cfg = RAGConfig.from_dict(saved["best_known"]["config"])
+        earlier = {"reward": float(ev.evaluate(cfg, split).reward), "method": "earlier-run",
+                   "seed": None, "config_hash": cfg.config_hash,
+                   "config": cfg.model_dump(mode="json"),
+                   "source": f"{best_known_from}: {saved['best_known'].get('method')} seed "
+                             f"{saved['best_known'].get('seed')}, reward there "
+                             f"{saved['best_known']['reward']:.6f}"}
+        log(f"[{name}] earlier best-known {cfg.config_hash}: {earlier['reward']:.6f} here "
+            f"({earlier['source']})")
 
     def part() -> dict[str, Any]:
         return {"dataset": name, "n_valid": n_total, "n_test": len(ev.data.examples(hold)),
@@ -197,7 +215,7 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
                 "seeds": sorted({r["seed"] for rs in runs.values() for r in rs}),
                 "default": {"valid": _summary(d_valid), "test": _summary(d_test),
                             "config_hash": default.config_hash},
-                "best_known": best_known_of(runs),
+                "best_known": best_known_of(runs, earlier), "earlier_best": earlier,
                 "weights": {"alpha": settings.reward_weights.alpha,
                             "beta": settings.reward_weights.beta},
                 "runs": runs, "cost_model": ev.cost_model.to_dict(), "warm_start": warm_start,
@@ -395,8 +413,11 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
         out += [f"## {ds}", "",
                 f"Valid split {part['n_valid']} queries, test {part['n_test']}; space "
                 f"{part['space_size']:,} configs.",
-                f"Best-known reward {bk['reward']:.4f} (found by {bk.get('method')} seed "
-                f"{bk.get('seed')}, config `{bk.get('config_hash')}`); 99% of it: "
+                f"Best-known reward {bk['reward']:.4f} (found by "
+                + (f"an earlier run — {bk.get('source')}, re-evaluated here —"
+                   if bk.get("method") == "earlier-run" else
+                   f"{bk.get('method')} seed {bk.get('seed')}")
+                + f", config `{bk.get('config_hash')}`); 99% of it: "
                 f"{target_of(bk['reward']):.4f}; static default "
                 f"{part['default']['valid']['reward']:.4f}.", "",
                 "| searcher | seeds | budget (query-evals) | reached 99% | evals to 99% (median "
@@ -456,6 +477,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="datasets in parallel processes")
     ap.add_argument("--parts-dir", default="runs/bench-search-parts",
                     help="where --jobs writes one part per dataset (and the pinned cost models)")
+    ap.add_argument("--cost-models-from", default=None,
+                    help="with --jobs: price with the cost models a results JSON stored "
+                         "(meta.details.<dataset>.cost_model) instead of measuring them now")
+    ap.add_argument("--best-known-from", default=None,
+                    help="a results JSON of an earlier run: its best-known configs are "
+                         "re-evaluated and count towards best-known (with that provenance)")
     ap.add_argument("--part-out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cost-model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--from-parts", default=None,
@@ -480,7 +507,8 @@ def main() -> None:
             tmp.write_text(json.dumps(part, default=str))
             tmp.replace(out)
 
-        save(run_dataset(datasets[0], settings, seeds, budget_x, searchers, log, warm, cm, save))
+        save(run_dataset(datasets[0], settings, seeds, budget_x, searchers, log, warm, cm, save,
+                         args.best_known_from))
         return
     dirs = [Path(d) for d in args.from_parts.split(",")] if args.from_parts else []
     if args.jobs > 1 and not dirs:
@@ -490,6 +518,10 @@ def main() -> None:
         for d in datasets:
             # the cost model every process of this dataset prices with, measured here once
             pinned = parts_dir / f"cost-model-{d}.json"
+            if not pinned.exists() and args.cost_models_from:
+                saved = json.loads(Path(args.cost_models_from).read_text())
+                pinned.write_text(json.dumps(saved["meta"]["details"][d]["cost_model"],
+                                             indent=1, sort_keys=True))
             if not pinned.exists():  # (each dataset's process starts as soon as it has one)
                 ev = TunerEvaluator(TuningData.open(d), settings)
                 pinned_cost_model(ev, ConfigSpace(settings, conversational=d in CONVERSATIONAL),
@@ -500,6 +532,7 @@ def main() -> None:
                  "--seed-start", str(args.seed_start), "--budget-x", str(budget_x),
                  "--searchers", ",".join(searchers), "--part-out", str(parts_dir / f"{d}.json"),
                  "--cost-model", str(pinned)] + (["--quick"] if args.quick else [])
+                + (["--best-known-from", args.best_known_from] if args.best_known_from else [])
                 + (["--cold-start"] if args.cold_start else [])))
         for p in procs:
             if p.wait() != 0:
@@ -511,8 +544,8 @@ def main() -> None:
         parts = merge_parts([json.loads(f.read_text()) for f in files])
         parts = [p for d in datasets for p in parts if p["dataset"] == d]
     else:
-        parts = [run_dataset(d, settings, seeds, budget_x, searchers, log, warm)
-                 for d in datasets]
+        parts = [run_dataset(d, settings, seeds, budget_x, searchers, log, warm,
+                             best_known_from=args.best_known_from) for d in datasets]
     rows, pngs = [], []
     for part in parts:
         r, _ = rows_for(part)
