@@ -323,6 +323,15 @@ def rows_for(part: dict[str, Any]) -> tuple[list[dict], dict[str, Any]]:
                          [r["test"]["cost"] - dt["cost"] for r in rs]))
         rows.append(_row(ds, method, "holdout_delta_p95_ms",
                          [r["test"]["p95_latency_ms"] - dt["p95_latency_ms"] for r in rs]))
+        # what a search cost here (for sizing a run; depends on the machine's load and on which
+        # rows earlier searches had already computed)
+        rows.append(_row(ds, method, "wall_s_per_search", [r.get("wall_s") for r in rs],
+                         "wall seconds per search on this machine, nice 10, shared cores"))
+        if all("rows_computed" in r for r in rs):
+            rows.append(_row(ds, method, "rows_computed_per_search",
+                             [r["rows_computed"] for r in rs],
+                             "rows not in the cache when the search asked (incl. its pick on "
+                             "the test split)"))
         summary[method] = {**cm, "counted": counted, "seeds": [r["seed"] for r in rs]}
     if "tpe" in summary and DEFAULT_SEARCHER in summary:
         a, b = summary[DEFAULT_SEARCHER], summary["tpe"]
@@ -422,8 +431,8 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
                 f"{part['default']['valid']['reward']:.4f}.", "",
                 "| searcher | seeds | budget (query-evals) | reached 99% | evals to 99% (median "
                 "[CI]) | best found | gap closed | regret | test Δ reward | test Δ quality | "
-                "test Δ tokens | test Δ p95 ms |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "test Δ tokens | test Δ p95 ms | wall s / search |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def f(m, metric, fmt="{:+.4f}", ds=ds):
             r = by.get((ds, m, metric))
@@ -445,7 +454,19 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
                        f"{f(m, 'regret', '{:.4f}')} | {f(m, 'holdout_delta_reward')} | "
                        f"{f(m, 'holdout_delta_quality')} | "
                        f"{f(m, 'holdout_delta_tokens', '{:+.0f}')} | "
-                       f"{f(m, 'holdout_delta_p95_ms', '{:+.1f}')} |")
+                       f"{f(m, 'holdout_delta_p95_ms', '{:+.1f}')} | "
+                       f"{f(m, 'wall_s_per_search', '{:.0f}')} |")
+        tgt = target_of(bk["reward"])
+        out += ["", "Seeds at 99% of best-known by a share of the budget (the same searches read "
+                    "at earlier points; a run with that smaller budget gives the same curve up "
+                    "to it):", ""]
+        for m, rs in part["runs"].items():
+            b = min(float(r.get("budget", part["budget"])) for r in rs)
+            got = [sum(reach(r["curve"], tgt, f * b) is not None for r in rs)
+                   for f in (0.25, 0.5, 0.75, 1.0)]
+            splits = [f"{f * b / part['n_valid']:.0f}" for f in (0.25, 0.5, 0.75, 1.0)]
+            out.append(f"- {m}: " + ", ".join(f"{g}/{len(rs)} by {x} splits"
+                                             for g, x in zip(got, splits, strict=True)))
         ratio = by.get((ds, DEFAULT_SEARCHER, "evals_to_99pct_ratio_vs_tpe"))
         if ratio:
             sign = {"measured": "", "upper": "≤ ", "lower": "≥ ", "undetermined": "~ "}[
