@@ -111,3 +111,17 @@ def test_parts_merge_by_searcher_and_refuse_incomparable_rewards():
         merge_parts([copy.deepcopy(a), copy.deepcopy(a)])
     with pytest.raises(ValueError, match="cost model"):
         merge_parts([copy.deepcopy(a), _part({"random": [_run(0, 100)]}, cost=2.0)])
+
+
+def test_a_fixed_earlier_target_is_reported_beside_the_moving_best_known():
+    asha = [_run(s, 200) for s in range(3)]
+    tpe = [_run(s, 500) for s in range(3)]
+    part = _part({"tpe-asha": asha, "tpe": tpe}, best=1.2)  # this run's best-known: 1.2
+    part["earlier_best"] = {"reward": 1.0, "method": "earlier-run", "source": "x"}
+    rows, _ = rows_for(part)
+    by = {(r["system"], r["metric"]): r for r in rows}
+    # 99% of 1.2 is above every curve: censored; 99% of the earlier 1.0 is reached
+    assert by[("tpe-asha", "evals_to_99pct")]["reached"] == 0
+    fixed = by[("tpe-asha", "evals_to_99pct_of_earlier_best_ratio_vs_tpe")]
+    assert fixed["value"] == pytest.approx(200 / 500) and fixed["bound"] == "measured"
+    assert fixed["verdict"] == "missed" and fixed["target"] == pytest.approx(0.99)
