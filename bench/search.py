@@ -4,9 +4,11 @@ query-evaluations, on the full config space (>= 10^6 configs), HotpotQA, SciFact
     python bench/search.py                 # 3 datasets x 5 searchers x 5 seeds, one process
     python bench/search.py --jobs 3        # the same, one process per dataset
     python bench/search.py --quick         # < 2 min: synthetic, 2 seeds, small budget
-    python bench/search.py --jobs 3 --searchers tpe,tpe-asha --seeds 20 --budget-x 40 \
-        --parts-dir runs/search-a          # a part of a run: writes runs/search-a/<dataset>.json
-    python bench/search.py --from-parts runs/search-a,runs/search-b
+    python bench/search.py --jobs 3 --searchers tpe-asha,tpe --seeds 20 --budget-x 24 \
+        --parts-dir runs/search-b --cost-models-from OLD.json --best-known-from OLD.json
+                                           # the committed run's parts (OLD.json: an earlier
+                                           # search.json; each part grows seed by seed)
+    python bench/search.py --from-parts runs/search-b[,runs/search-c] --searchers tpe-asha,tpe
                                            # assemble search.json/.md from parts (merged per
                                            # dataset: searchers and seed ranges run apart)
 
@@ -26,7 +28,8 @@ valid split, charged like any trial; PPO (which has no start point) is charged t
 evaluation first and keeps the default when its pick scores lower. `--cold-start` drops it
 for every searcher.
 Per dataset: best-known = the best full-valid reward any trial of any searcher reached (with its
-provenance); the static default's reward; per searcher and seed: best full-fidelity reward
+provenance; `--best-known-from` adds an earlier run's best-known, re-evaluated here, and a
+secondary ratio against 99% of it, a target fixed before the run); the static default's reward; per searcher and seed: best full-fidelity reward
 found, query-evaluations and seconds (the cost model's pipeline time of the queries evaluated)
 to reach 99% of best-known, gap closed ((found - default) / (best-known - default)) and regret
 (best-known - found), with bootstrap CIs over seeds; the final incumbent on the test split vs
