@@ -30,8 +30,8 @@ for every searcher.
 Per dataset: best-known = the best full-valid reward any trial of any searcher reached (with its
 provenance; `--best-known-from` adds an earlier run's best-known, re-evaluated here, and a
 secondary ratio against 99% of it, a target fixed before the run); the static default's
-reward; per searcher and seed: best full-fidelity reward found, query-evaluations and seconds (the cost model's pipeline time of the queries evaluated)
-to reach 99% of best-known, gap closed ((found - default) / (best-known - default)) and regret
+reward; per searcher and seed: best full-fidelity reward found, query-evaluations and
+seconds (the cost model's pipeline time of the queries evaluated) to reach 99% of best-known, gap closed ((found - default) / (best-known - default)) and regret
 (best-known - found), with bootstrap CIs over seeds; the final incumbent on the test split vs
 the default, quality (alpha F + beta R) and cost (tokens, p95) apart.
 Acceptance row: {"system": "tpe-asha", "metric": "evals_to_99pct_ratio_vs_tpe"} = median
