@@ -31,9 +31,10 @@ Per dataset: best-known = the best full-valid reward any trial of any searcher r
 provenance; `--best-known-from` adds an earlier run's best-known, re-evaluated here, and a
 secondary ratio against 99% of it, a target fixed before the run); the static default's
 reward; per searcher and seed: best full-fidelity reward found, query-evaluations and
-seconds (the cost model's pipeline time of the queries evaluated) to reach 99% of best-known, gap closed ((found - default) / (best-known - default)) and regret
-(best-known - found), with bootstrap CIs over seeds; the final incumbent on the test split vs
-the default, quality (alpha F + beta R) and cost (tokens, p95) apart.
+seconds (the cost model's pipeline time of the queries evaluated) to reach 99% of
+best-known, gap closed ((found - default) / (best-known - default)) and regret (best-known -
+found), with bootstrap CIs over seeds; the final incumbent on the test split vs the default,
+quality (alpha F + beta R) and cost (tokens, p95) apart.
 Acceptance row: {"system": "tpe-asha", "metric": "evals_to_99pct_ratio_vs_tpe"} = median
 query-evaluations to 99% of best-known of tpe-asha / of tpe (<= 1/3 is the target); a seed that
 never reaches it within its budget counts as the budget (censored). `bench/search_stats.py` says
