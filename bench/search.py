@@ -357,7 +357,8 @@ def rows_for(part: dict[str, Any]) -> tuple[list[dict], dict[str, Any]]:
                                          "censored)",
                                 "undetermined": "undetermined (both medians censored)"}[
                                     ratio["bound"]]
-                             + "; CI: bootstrap over seeds (paired by seed), censored seeds at their budget"})
+                             + "; CI: bootstrap over seeds (paired by seed), censored seeds "
+                               "at their budget"})
         if part.get("earlier_best"):
             rows += fixed_target_rows(part)
     return rows, summary
