@@ -24,8 +24,12 @@ Protocol (test is touched once, after every choice is made):
   * `per-query-oracle`: each test query's best arm (the upper bound).
   * `ppo-policy`: issue 19's per-query PPO policy (`bench/policy_ppo.py`: mixed action heads,
     PPO-Lagrangian under best-static's valid mean tokens, trained on train, checkpoint chosen
-    on valid, 5 seeds). It picks configs outside the portfolio; their test outcomes come from
-    the same lazy per-query evaluator. The oracle stays the portfolio's per-query oracle.
+    on valid, 5 seeds). By default it starts from a behaviour-cloned warm start (`--ppo-warm`:
+    the best static config, the router's train picks plain and at equal cost; the best clone
+    on valid is iteration 0 of model selection). It picks configs outside the portfolio;
+    their test outcomes come from the same lazy per-query evaluator. The oracle stays the
+    portfolio's per-query oracle. `--ppo-budget-scales 1.0,0.75` adds `ppo-policy-budget0.75`
+    (the same policy under 0.75 x the budget: the issue's cost route).
 Synthetic (no train split): train and valid are the two halves of its valid split (seeded).
 
 Rows on test: each system's `reward`, `quality`, `tokens` (mean, bootstrap 95% CI over
@@ -56,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, make_meta, metric_row, rerender, write_results  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
+from bench.policy_diagnose import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
 from bench.policy_ppo import run_ppo, with_train  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
@@ -411,9 +416,12 @@ def main() -> None:
     if a.parts_dir:
         return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
+    diag = RESULTS / "policy_diagnosis.json"
+    diagnosis = (None if a.quick or not diag.exists()
+                 else diagnosis_summary(json.loads(diag.read_text())["meta"]))
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts),
+        "from_parts": bool(a.from_parts), "diagnosis": diagnosis,
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),

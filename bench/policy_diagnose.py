@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REPO, RESULTS, make_meta, write_markdown  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
-from bench.policy import arms  # noqa: E402
 from rl.policy.heads import HeadLayout  # noqa: E402
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
 from rl.stats.headroom import best_static  # noqa: E402
@@ -53,6 +52,7 @@ def cold_run(rev: str) -> dict[str, Any]:
 
 
 def diagnose(ds: str, d: dict[str, Any], lam_max: float) -> dict[str, Any]:
+    from bench.policy import arms
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
 
@@ -129,6 +129,28 @@ def markdown(meta: dict[str, Any]) -> str:
                     f"it{k} {v:.3f}" for k, v in s["valid_curve"].items()) for s in S) + ".",
                 ""]
     return "\n".join(out)
+
+
+def summary(meta: dict[str, Any]) -> str:
+    """One paragraph for bench/results/policy.md, from policy_diagnosis.json's meta."""
+    parts = []
+    for ds, x in meta["datasets"].items():
+        S = x["seeds"]
+        caps = sum(s["lambda_cap_iter"] is not None for s in S)
+        parts.append(
+            f"{ds}: iteration 1 sampled {np.mean([s['iter1_tokens_over_budget'] for s in S]):.1f}× "
+            f"the budget's tokens, λ hit its cap in {caps}/{len(S)} seeds (final "
+            f"{np.mean([s['lambda_final'] for s in S]):.2f}), the kept greedy policy spent "
+            f"{np.mean([s['picked_valid_cost_over_budget'] for s in S]):.2f}× the budget on "
+            f"valid and scored {np.mean([s['gap_to_best_static_valid'] for s in S]):+.3f} vs "
+            f"best static there, kept at the last iteration in "
+            f"{sum(s['picked_iter'] == s['last_iter'] for s in S)}/{len(S)} seeds")
+    return ("The cold-start run (commit " + meta["cold_run"] + ", `python "
+            "bench/policy_diagnose.py`, `bench/results/policy_diagnosis.md`): " + "; ".join(parts)
+            + ". A fresh policy samples the best static config's discrete values with "
+            "probability " + ", ".join(f"{x['p_initial_samples_best_static_discrete']:.0e}"
+                                       for x in meta["datasets"].values())
+            + ", although every best static config is expressible by the heads.")
 
 
 def main() -> None:

@@ -217,7 +217,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "threshold; query formulation on MTRAG), no-op heads masked out of the loss, trained "
         "on train under a PPO-Lagrangian bound on mean tokens (best-static's on valid), "
         "checkpoint chosen on valid by realised reward among those within the bound; test "
-        "touched once. It picks configs outside the portfolio, scored by the same lazy "
+        "touched once. Where the run names warm starts (`meta.ppo_run.warm`), the module is "
+        "first behaviour-cloned (`rl.policy.warm_start`) to each of them — the best static "
+        "config, the supervised router's picks on train (plain and held to the budget) — the "
+        "clone best on valid is where PPO starts, and it is model selection's iteration 0, so "
+        "the kept policy is never worse on valid than that start. It picks configs outside "
+        "the portfolio, scored by the same lazy "
         "per-query evaluator; the oracle stays the portfolio's per-query oracle, so its "
         "`headroom_captured` can exceed 1. Its rows are over the seed-averaged per-query "
         "values (CIs over test queries); per-seed values are listed below.",
