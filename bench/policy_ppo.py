@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from rl.policy.heads import HeadLayout
-from rl.policy.ppo_policy import PerQueryPPO, better_on_valid
+from rl.policy.ppo_policy import PerQueryPPO
+from rl.policy.selection import better_on_valid
 from rl.policy.settings import PPOPolicySettings
 from rl.policy.warm_start import WarmStart
 from rl.policy.worlds import EvaluatorWorld

@@ -44,6 +44,7 @@ def test_equal_quality_oracle_takes_the_cheapest_arm_that_keeps_quality():
 
 def test_warm_starts_fall_back_to_the_best_arm_within_a_tighter_budget():
     from bench.policy import _warm_starts
+
     from rag.config import RAGConfig
 
     configs = [(f"a{i}", RAGConfig(k=i + 1)) for i in range(3)]

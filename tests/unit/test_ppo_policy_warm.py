@@ -87,3 +87,15 @@ def test_cloned_module_follows_per_query_targets(layout):
 def test_warm_start_needs_one_target_or_one_per_query(layout):
     with pytest.raises(ValueError, match="3 targets for 5"):
         WarmStart("x", [_cfg(layout)] * 3).targets(5)
+
+
+def test_selection_keeps_the_earlier_candidate_on_ties_and_prefers_feasible():
+    from rl.policy.selection import better_on_valid
+
+    warm = {"valid_reward": 0.50, "valid_cost": 1.0}
+    assert not better_on_valid({"valid_reward": 0.50, "valid_cost": 0.9}, warm, cap=1.05)
+    assert not better_on_valid({"valid_reward": 0.49, "valid_cost": 0.5}, warm, cap=1.05)
+    assert better_on_valid({"valid_reward": 0.51, "valid_cost": 1.0}, warm, cap=1.05)
+    # a higher reward over the budget never replaces a feasible start
+    assert not better_on_valid({"valid_reward": 0.90, "valid_cost": 2.0}, warm, cap=1.05)
+    assert better_on_valid(warm, {"valid_reward": 0.90, "valid_cost": 2.0}, cap=1.05)

@@ -55,6 +55,7 @@ import numpy as np
 from rag.config import RAGConfig
 from rl.policy.heads import HeadLayout
 from rl.policy.run_log import PolicyRunLog
+from rl.policy.selection import better_on_valid
 from rl.policy.settings import PPOPolicySettings
 from rl.policy.warm_start import WarmStart
 from rl.policy.worlds import QueryWorld
@@ -370,20 +371,6 @@ class PerQueryPPO:
 def _line(rec: dict) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in rec.items())
-
-
-def better_on_valid(rec: dict, best: dict | None, cap: float) -> bool:
-    """Model selection's rule: is candidate `rec` ({"valid_reward", "valid_cost"}) better than
-    `best`? Feasible (valid cost <= `cap`) beats infeasible; among feasible the higher valid
-    reward wins (ties keep `best`, the earlier one); among infeasible the lower cost."""
-    if best is None:
-        return True
-    feas, bfeas = rec["valid_cost"] <= cap, best["valid_cost"] <= cap
-    if feas != bfeas:
-        return feas
-    if not feas:
-        return rec["valid_cost"] < best["valid_cost"]
-    return rec["valid_reward"] > best["valid_reward"]
 
 
 def _cpu_state(module: Any) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rl.policy.heads import HeadLayout
+from rl.policy.selection import better_on_valid
 from rl.policy.settings import WarmStartSettings
 
 MODULE_COMPONENT = "learner_group/learner/rl_module/default_policy"
@@ -132,8 +133,6 @@ def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np
     target's reward on `world` minus the policy's lambda times its cost), score its greedy
     policy on `valid`; returns the iteration-0 records, the best one by model selection's
     rule (`better_on_valid` with cost cap `cap`) and its module."""
-    from rl.policy.ppo_policy import better_on_valid
-
     obs = policy.standardise(X_train)
     recs, best, best_module = [], None, None
     for w in warm:
