@@ -302,6 +302,16 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
 
 
+def merge_variants(part: dict, extra: dict) -> None:
+    """Add `extra`'s lower-budget PPO variants (rows of `ppo-policy-budget<x>` systems and
+    their details) to `part`, a dataset's part file from another process."""
+    names = set(extra["details"].get("ppo_variants") or {})
+    part["rows"] += [r for r in extra["rows"]
+                     if r["system"].split(" - ")[0] in names]
+    part["details"].setdefault("ppo_variants", {}).update(
+        {k: extra["details"]["ppo_variants"][k] for k in names})
+
+
 def _deadline(hhmm: str | None) -> float | None:
     """Epoch seconds of HH:MM UTC today, or None."""
     if not hhmm:
@@ -383,8 +393,10 @@ def main() -> None:
     ap.add_argument("--parts-dir", type=Path, default=None,
                     help="write each dataset's rows and details to DIR/<dataset>.json (run "
                          "datasets as separate processes) instead of the results")
-    ap.add_argument("--from-parts", type=Path, default=None,
-                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs")
+    ap.add_argument("--from-parts", type=Path, nargs="+", default=None,
+                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs; "
+                         "later DIRs add only their ppo-policy-budget<x> variants (a variant "
+                         "run as its own process)")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -401,7 +413,10 @@ def main() -> None:
     if a.from_parts:
         datasets = []
         for ds in a.datasets.split(","):
-            part = json.loads((a.from_parts / f"{ds}.json").read_text())
+            part = json.loads((a.from_parts[0] / f"{ds}.json").read_text())
+            for extra in a.from_parts[1:]:
+                if (extra / f"{ds}.json").exists():
+                    merge_variants(part, json.loads((extra / f"{ds}.json").read_text()))
             rows += part["rows"]
             details[ds] = part["details"]
             datasets.append(ds)

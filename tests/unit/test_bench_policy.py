@@ -75,3 +75,16 @@ def test_ppo_flags_parse_into_a_grid_and_bad_values_exit_2(capsys):
             _ppo_run(argparse.Namespace(**{**vars(ns), **bad}))
         assert e.value.code == 2
     assert "--ppo-grid" in capsys.readouterr().err
+
+
+def test_merge_variants_takes_only_the_variant_rows():
+    from bench.policy import merge_variants
+
+    part = {"rows": [{"system": "ppo-policy"}], "details": {"ppo_variants": {}}}
+    extra = {"rows": [{"system": "best-static"}, {"system": "ppo-policy-budget0.75"},
+                      {"system": "ppo-policy-budget0.75 - best-static"}],
+             "details": {"ppo_variants": {"ppo-policy-budget0.75": {"seeds": [0]}}}}
+    merge_variants(part, extra)
+    assert [r["system"] for r in part["rows"]] == [
+        "ppo-policy", "ppo-policy-budget0.75", "ppo-policy-budget0.75 - best-static"]
+    assert part["details"]["ppo_variants"] == {"ppo-policy-budget0.75": {"seeds": [0]}}
