@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, make_meta, metric_row, rerender, write_results  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
-from bench.policy_diagnose import summary as diagnosis_summary  # noqa: E402
+from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
 from bench.policy_ppo import run_ppo, with_train  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402

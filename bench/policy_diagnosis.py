@@ -2,8 +2,8 @@
 `bench/policy.py` (its per-iteration training records, from git) and the portfolio's cached
 valid matrices, and writes bench/results/policy_diagnosis.{json,md}.
 
-    python bench/policy_diagnose.py                  # cold run: commit e56c992's policy.json
-    python bench/policy_diagnose.py --cold-run REV   # another commit's bench/results/policy.json
+    python bench/policy_diagnosis.py                  # cold run: commit e56c992's policy.json
+    python bench/policy_diagnosis.py --cold-run REV   # another commit's bench/results/policy.json
 
 Per dataset it reports
   * start: the probability that a freshly initialised policy (near-uniform heads) samples the
@@ -102,7 +102,7 @@ def diagnose(ds: str, d: dict[str, Any], lam_max: float) -> dict[str, Any]:
 
 
 def markdown(meta: dict[str, Any]) -> str:
-    out = [f"`python bench/policy_diagnose.py --cold-run {meta['cold_run']}` · reads that "
+    out = [f"`python bench/policy_diagnosis.py --cold-run {meta['cold_run']}` · reads that "
            "commit's `bench/results/policy.json` (5 seeds × 9 iterations × 256 queries, random "
            "initial policy, PPO-Lagrangian with η 0.5, λ ≤ 2) and the portfolio's valid "
            "matrices.", ""]
@@ -153,7 +153,7 @@ def summary(meta: dict[str, Any]) -> str:
             f"best static there, kept at the last iteration in "
             f"{sum(s['picked_iter'] == s['last_iter'] for s in S)}/{len(S)} seeds")
     return ("The cold-start run (commit " + meta["cold_run"] + ", `python "
-            "bench/policy_diagnose.py`, `bench/results/policy_diagnosis.md`): " + "; ".join(parts)
+            "bench/policy_diagnosis.py`, `bench/results/policy_diagnosis.md`): " + "; ".join(parts)
             + ". A fresh policy samples the best static config's discrete values with "
             "probability " + ", ".join(f"{x['p_initial_samples_best_static_discrete']:.0e}"
                                        for x in meta["datasets"].values())
