@@ -24,8 +24,12 @@ Protocol (test is touched once, after every choice is made):
   * `per-query-oracle`: each test query's best arm (the upper bound).
   * `ppo-policy`: issue 19's per-query PPO policy (`bench/policy_ppo.py`: mixed action heads,
     PPO-Lagrangian under best-static's valid mean tokens, trained on train, checkpoint chosen
-    on valid, 5 seeds). It picks configs outside the portfolio; their test outcomes come from
-    the same lazy per-query evaluator. The oracle stays the portfolio's per-query oracle.
+    on valid, 5 seeds). By default it starts from a behaviour-cloned warm start (`--ppo-warm`:
+    the best static config, the router's train picks plain and at equal cost; the best clone
+    on valid is iteration 0 of model selection). It picks configs outside the portfolio;
+    their test outcomes come from the same lazy per-query evaluator. The oracle stays the
+    portfolio's per-query oracle. `--ppo-budget-scales 1.0,0.75` adds `ppo-policy-budget0.75`
+    (the same policy under 0.75 x the budget: the issue's cost route).
 Synthetic (no train split): train and valid are the two halves of its valid split (seeded).
 
 Rows on test: each system's `reward`, `quality`, `tokens` (mean, bootstrap 95% CI over
@@ -40,9 +44,12 @@ paired bootstrap CI of the ratio. `ppo-policy` rows use its seed-averaged per-qu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +60,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, make_meta, metric_row, rerender, write_results  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
+from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
-from bench.policy_ppo import run_ppo  # noqa: E402
+from bench.policy_ppo import run_ppo, with_train  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
 from rl.policy.router import SegmentLookup, arm_features, select_router  # noqa: E402
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
+from rl.policy.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
@@ -148,11 +157,61 @@ def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarr
             "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
 
 
+WARM_STARTS = ("best-static", "supervised-router", "supervised-router-equal-cost")
+
+
+@dataclass(frozen=True)
+class PPORun:
+    """How the bench runs the PPO policy: its warm starts (`WARM_STARTS`, or none), the
+    `train` grid chosen on valid (first seed), and the token budgets as multiples of
+    best-static's valid mean (1.0 is `ppo-policy`; others are `ppo-policy-budget<x>`)."""
+
+    warm: tuple[str, ...] = WARM_STARTS
+    grid: tuple[dict[str, Any], ...] = ({},)
+    budget_scales: tuple[float, ...] = (1.0,)
+
+
+def ppo_system(scale: float) -> str:
+    return PPO if scale == 1.0 else f"{PPO}-budget{scale:g}"
+
+
+def _warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base: int,
+                 R_valid: np.ndarray, T_valid: np.ndarray, cap_tokens: float,
+                 router_train: dict[str, np.ndarray]) -> list[WarmStart]:
+    """`best-static`: B1 (or, when B1's valid tokens exceed the budget, the best arm on valid
+    within it); `supervised-router` / `supervised-router-equal-cost`: the router's picks on
+    the training queries (plain, or with the token price that holds it to the budget on
+    valid)."""
+    out = []
+    for n in names:
+        if n == "best-static":
+            ok = np.flatnonzero(T_valid.mean(axis=0) <= cap_tokens * (1 + 1e-9))
+            j = base if base in ok or not ok.size else ok[np.argmax(R_valid[:, ok].mean(0))]
+            out.append(WarmStart(f"best-static:{configs[j][0]}", [configs[j][1]]))
+        elif n in router_train:
+            out.append(WarmStart(n, [configs[j][1] for j in router_train[n]]))
+        else:
+            raise ValueError(f"unknown warm start {n!r} ({', '.join(WARM_STARTS)})")
+    return out
+
+
+def equal_quality_oracle(T: dict[str, np.ndarray], base: int, seed: int) -> dict[str, Any]:
+    """Per test query the cheapest arm whose quality is at least best-static's there: the
+    most tokens any portfolio policy could save at no per-query quality loss (an upper bound
+    on the cost route of the acceptance)."""
+    q0, t0 = T["Q"][:, [base]], T["T"][:, base]
+    ok = T["Q"] >= q0 - 1e-12
+    cheapest = np.where(ok, T["T"], np.inf).min(axis=1)
+    r = _ratio_row("", "", "", cheapest, t0, seed, lambda a, b: 100.0 * (a / b - 1.0))
+    return {"delta_cost_pct": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
+
+
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
                 search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
                 ppo_out: Path | None = None, max_train: int | None = None,
-                ppo_deadline: float | None = None) -> None:
-    """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows)."""
+                ppo_deadline: float | None = None, ppo_run: PPORun | None = None) -> None:
+    """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows);
+    `ppo_run`: its warm starts, grid and budgets (`PPORun`)."""
     from rl.common.data import TuningData
     from rl.tuner.evaluator import TunerEvaluator
 
@@ -193,16 +252,27 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
             rows.append(metric_row(ds, system, metric, pick(X_, ch), seed))
     for system in SYSTEMS:
         rows.extend(_delta_rows(ds, system, T, choices[system], base, oracle, seed))
-    ppo_details = None
-    if ppo is not None:
-        got, ppo_details = run_ppo(ev, parts, X, budget, ppo, list(ppo.train.seeds),
-                                   None if ppo_out is None else ppo_out / ds, ppo_deadline)
+    ppo_details = {}
+    for scale in (ppo_run or PPORun()).budget_scales if ppo is not None else ():
+        run = ppo_run or PPORun()
+        system = ppo_system(scale)
+        cap = scale * budget
+        price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
+        warm = _warm_starts(run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
+                            {"supervised-router": router.choose(X["train"], 0.0),
+                             "supervised-router-equal-cost": router.choose(X["train"],
+                                                                           price_s)})
+        got, ppo_details[system] = run_ppo(
+            ev, parts, X, cap, ppo, list(ppo.train.seeds),
+            None if ppo_out is None else ppo_out / ds / system, ppo_deadline, warm,
+            run.grid, system)
+        ppo_details[system]["budget_scale"] = scale
         for metric, k in (("reward", "R"), ("quality", "Q"), ("tokens", "T")):
-            rows.append(metric_row(ds, PPO, metric, got[k], seed))
-        rows.extend(_delta_rows_of(ds, PPO, {k: T[k][:, base] for k in ("R", "Q", "T")},
+            rows.append(metric_row(ds, system, metric, got[k], seed))
+        rows.extend(_delta_rows_of(ds, system, {k: T[k][:, base] for k in ("R", "Q", "T")},
                                    got, pick(T["R"], oracle), seed))
         r = paired_bootstrap(pick(T["R"], plain), got["R"], seed=seed)
-        rows.append({"dataset": ds, "system": f"{PPO} - supervised-router",
+        rows.append({"dataset": ds, "system": f"{system} - supervised-router",
                      "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
                      "ci_high": r.ci_high, "n": r.n})
 
@@ -222,11 +292,24 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                    "test_arms": used(plain), "test_arms_equal_cost": used(eq)},
         "segments": {"key": key, "table": {s: names[j] for s, j in lookup.table.items()},
                      "fallback": names[lookup.fallback]},
-        "search_best_known": "search-best-known" in names, "ppo": ppo_details,
+        "search_best_known": "search-best-known" in names,
+        "ppo": ppo_details.get(PPO), "ppo_variants": {k: v for k, v in ppo_details.items()
+                                                       if k != PPO},
+        "equal_quality_oracle": equal_quality_oracle(T, base, seed),
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters),
     }
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
+
+
+def merge_variants(part: dict, extra: dict) -> None:
+    """Add `extra`'s lower-budget PPO variants (rows of `ppo-policy-budget<x>` systems and
+    their details) to `part`, a dataset's part file from another process."""
+    names = set(extra["details"].get("ppo_variants") or {})
+    part["rows"] += [r for r in extra["rows"]
+                     if r["system"].split(" - ")[0] in names]
+    part["details"].setdefault("ppo_variants", {}).update(
+        {k: extra["details"]["ppo_variants"][k] for k in names})
 
 
 def _deadline(hhmm: str | None) -> float | None:
@@ -251,10 +334,33 @@ def _ppo_settings(a: argparse.Namespace) -> PPOPolicySettings:
     if a.ppo_seeds:
         train["seeds"] = tuple(int(x) for x in a.ppo_seeds.split(","))
     if train:
-        s = PPOPolicySettings.from_mapping({**s.model_dump(mode="json"),
-                                            "train": {**s.train.model_dump(mode="json"),
-                                                      **train}})
+        s = with_train(s, **train)
     return s
+
+
+def _ppo_run(a: argparse.Namespace) -> PPORun:
+    """--ppo-warm, --ppo-grid ("lr=3e-4,1e-3;entropy_coeff=0,0.01": every combination) and
+    --ppo-budget-scales from the command line (exit 2 naming the flag on a bad value)."""
+    try:
+        warm = tuple(w for w in a.ppo_warm.split(",") if w and w != "none")
+        grid: tuple[dict[str, Any], ...] = ({},)
+        if a.ppo_grid:
+            axes = [(k.strip(), [float(x) for x in v.split(",")])
+                    for k, v in (part.split("=", 1) for part in a.ppo_grid.split(";"))]
+            grid = tuple(dict(zip([k for k, _ in axes], vals, strict=True))
+                         for vals in itertools.product(*[v for _, v in axes]))
+            for g in grid:
+                with_train(PPOPolicySettings(), **g)
+        scales = tuple(float(x) for x in a.ppo_budget_scales.split(","))
+        if any(x <= 0 for x in scales):
+            raise ValueError("budget scales must be > 0")
+        bad = set(warm) - set(WARM_STARTS)
+        if bad:
+            raise ValueError(f"unknown warm start {sorted(bad)} ({', '.join(WARM_STARTS)})")
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's flag
+        print(f"error: --ppo-warm/--ppo-grid/--ppo-budget-scales: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
+    return PPORun(warm, grid, scales)
 
 
 def main() -> None:
@@ -268,6 +374,15 @@ def main() -> None:
     ap.add_argument("--ppo-iters", type=int, default=None,
                     help="PPO iterations per seed (default: configs/policy/ppo.yaml)")
     ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
+    ap.add_argument("--ppo-warm", default=",".join(WARM_STARTS),
+                    help="behaviour-cloning warm starts of the PPO policy, the best on valid "
+                         "is used: " + ", ".join(WARM_STARTS) + ", or none (a random start)")
+    ap.add_argument("--ppo-grid", default=None,
+                    help='PPO train settings tried per seed, chosen on valid, e.g. '
+                         '"lr=3e-4,1e-3;entropy_coeff=0,0.01" (every combination)')
+    ap.add_argument("--ppo-budget-scales", default="1.0",
+                    help="token budgets as multiples of best-static's valid mean: 1.0 is "
+                         "ppo-policy, another x adds the system ppo-policy-budget<x>")
     ap.add_argument("--ppo-out", type=Path, default=None,
                     help="where the PPO checkpoints and saved policies go (default: none)")
     ap.add_argument("--ppo-deadline", default=None,
@@ -278,8 +393,10 @@ def main() -> None:
     ap.add_argument("--parts-dir", type=Path, default=None,
                     help="write each dataset's rows and details to DIR/<dataset>.json (run "
                          "datasets as separate processes) instead of the results")
-    ap.add_argument("--from-parts", type=Path, default=None,
-                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs")
+    ap.add_argument("--from-parts", type=Path, nargs="+", default=None,
+                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs; "
+                         "later DIRs add only their ppo-policy-budget<x> variants (a variant "
+                         "run as its own process)")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -289,20 +406,24 @@ def main() -> None:
     datasets = ["synthetic"] if a.quick else a.datasets.split(",")
     policy = TunerSettings.defaults()
     ppo = None if a.no_ppo else _ppo_settings(a)
+    ppo_run = _ppo_run(a)
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
     if a.from_parts:
         datasets = []
         for ds in a.datasets.split(","):
-            part = json.loads((a.from_parts / f"{ds}.json").read_text())
+            part = json.loads((a.from_parts[0] / f"{ds}.json").read_text())
+            for extra in a.from_parts[1:]:
+                if (extra / f"{ds}.json").exists():
+                    merge_variants(part, json.loads((extra / f"{ds}.json").read_text()))
             rows += part["rows"]
             details[ds] = part["details"]
             datasets.append(ds)
             t0 -= part["details"]["wall_s"]
     for ds in [] if a.from_parts else datasets:
         run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out,
-                    a.max_train, _deadline(a.ppo_deadline))
+                    a.max_train, _deadline(a.ppo_deadline), ppo_run)
         if a.parts_dir:
             a.parts_dir.mkdir(parents=True, exist_ok=True)
             (a.parts_dir / f"{ds}.json").write_text(json.dumps(
@@ -310,12 +431,18 @@ def main() -> None:
     if a.parts_dir:
         return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
+    diag = RESULTS / "policy_diagnosis.json"
+    diagnosis = (None if a.quick or not diag.exists()
+                 else diagnosis_summary(json.loads(diag.read_text())["meta"]))
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts),
+        "from_parts": bool(a.from_parts), "diagnosis": diagnosis,
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),
+        "ppo_run": None if ppo is None else {"warm": list(ppo_run.warm),
+                                             "grid": list(ppo_run.grid),
+                                             "budget_scales": list(ppo_run.budget_scales)},
         "search_json": str(a.search_json) if a.search_json.exists() else None,
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens},

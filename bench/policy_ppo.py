@@ -16,6 +16,7 @@ seed-to-seed spread is in `details[ds]["ppo"]["per_seed"]`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +24,60 @@ import numpy as np
 
 from rl.policy.heads import HeadLayout
 from rl.policy.ppo_policy import PerQueryPPO
+from rl.policy.selection import better_on_valid
 from rl.policy.settings import PPOPolicySettings
+from rl.policy.warm_start import WarmStart
 from rl.policy.worlds import EvaluatorWorld
 from rl.tuner.space import is_conversational
 
 SYSTEM = "ppo-policy"
 
 
+def with_train(settings: PPOPolicySettings, **train: Any) -> PPOPolicySettings:
+    """`settings` with some `train` fields replaced (validated)."""
+    return PPOPolicySettings.from_mapping({**settings.model_dump(mode="json"), "train": {
+        **settings.train.model_dump(mode="json"), **train}})
+
+
 def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarray],
             budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
-            out_dir: Path | None = None, deadline: float | None = None
-            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            out_dir: Path | None = None, deadline: float | None = None,
+            warm: Sequence[WarmStart] = (), grid: Sequence[dict[str, Any]] = ({},),
+            system: str = SYSTEM) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Train one policy per seed, act on test. Returns the seed-averaged per-query test arrays
     {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time).
+    `warm`: behaviour-cloning starts (the best on valid is where PPO starts, and it is a model
+    selection candidate); `grid`: `train` overrides (e.g. lr, entropy_coeff) tried on the
+    first seed, the run whose chosen checkpoint is best on valid (`better_on_valid`) is kept
+    and its overrides are used for every later seed (valid only: test never chooses).
     `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
     seeds left out are listed in the details as `seeds_not_run`."""
     examples = [e for s, _ in parts.values() for e in ev.data.examples(s)]
     layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
     worlds = {role: EvaluatorWorld(ev, s, idx) for role, (s, idx) in parts.items()}
     budget = budget_tokens / worlds["train"].cost_ref
+    cap = budget * (1 + settings.lagrange.slack)
     per_seed, arrays = [], {"R": [], "Q": [], "T": []}
     skipped: list[int] = []
+    chosen: dict[str, Any] = {}
     for seed in seeds:
         if per_seed and deadline is not None and time.time() > deadline:
             skipped.append(seed)
             continue
         t0 = time.perf_counter()
-        pol = PerQueryPPO.create(layout, settings, X["train"])
-        hist = pol.train(worlds["train"], X["train"], worlds["valid"], X["valid"], budget,
-                         seed=seed, checkpoint_dir=None if out_dir is None
-                         else out_dir / f"seed{seed}",
-                         log=lambda m, s=seed: print(f"    [{ev.data.name} seed {s}] {m}",
-                                                     flush=True))
+        pol, hist, hp, tried = None, [], {}, []
+        for g in (grid if not per_seed else [chosen]):
+            cand = PerQueryPPO.create(layout, with_train(settings, **g), X["train"])
+            h = cand.train(worlds["train"], X["train"], worlds["valid"], X["valid"], budget,
+                           seed=seed, checkpoint_dir=None if out_dir is None
+                           else out_dir / f"seed{seed}" / _tag(g),
+                           log=lambda m, s=seed, t=_tag(g): print(
+                               f"    [{ev.data.name} {system} seed {s} {t}] {m}", flush=True),
+                           warm=warm)
+            tried.append({**g, "best": cand.meta["best"]})
+            if pol is None or better_on_valid(cand.meta["best"], pol.meta["best"], cap):
+                pol, hist, hp = cand, h, g
+        chosen = hp
         train_s = time.perf_counter() - t0
         cfgs = pol.act(X["test"])
         outs = worlds["test"].outcomes(cfgs)
@@ -70,19 +93,25 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
             used[c.config_hash] = used.get(c.config_hash, 0) + 1
         per_seed.append({
             "seed": seed, "best": pol.meta["best"], "lambda_final": pol.lam,
+            "warm_start": pol.meta.get("warm_start"), "hp": hp, "grid": tried,
             "test_reward": float(R.mean()), "test_quality": float(Q.mean()),
             "test_tokens": float(T.mean()), "distinct_test_configs": len(used),
             "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
             "history": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in h.items()}
                         for h in hist]})
-        print(f"  [{ev.data.name}] ppo seed {seed}: test reward {R.mean():.4f} "
+        print(f"  [{ev.data.name}] {system} seed {seed}: test reward {R.mean():.4f} "
               f"tokens {T.mean():.0f} ({per_seed[-1]['wall_s']}s)", flush=True)
     mean = {k: np.mean(np.vstack(v), axis=0) for k, v in arrays.items()}
     details = {"seeds": [p["seed"] for p in per_seed], "seeds_not_run": skipped,
-               "budget_tokens": budget_tokens,
+               "budget_tokens": budget_tokens, "warm_starts": [w.name for w in warm],
+               "grid": list(grid),
                "heads": list(layout.names), "gates": layout.gates_spec(),
                "iters": settings.train.iters, "batch": settings.train.batch,
                "per_seed": per_seed,
                "seed_mean_test_reward": float(np.mean([p["test_reward"] for p in per_seed])),
                "seed_sd_test_reward": float(np.std([p["test_reward"] for p in per_seed]))}
     return mean, details
+
+
+def _tag(g: dict[str, Any]) -> str:
+    return "-".join(f"{k}{v}" for k, v in sorted(g.items())) or "default"

@@ -80,11 +80,16 @@ def _overall(meta: dict, rows: list[dict]) -> str:
                  + ", ".join(f"{ds} {_fmt(d[ds])}" for ds in ppo)
                  + "; against the supervised router: "
                  + ", ".join(f"{ds} {_fmt(v[ds])}" for ds in ppo) + ".")
-        if all(d[ds]["ci_high"] < 0 for ds in ppo):
-            text += (" It is below the best static config everywhere: at the iterations this "
-                     "machine allowed it has not converged (see the per-seed valid rewards), so "
-                     "the supervised router stays the default per-query policy and PPO an "
-                     "option.")
+        above = [ds for ds in ppo if d[ds]["ci_low"] > 0]
+        below_bs = [ds for ds in ppo if d[ds]["ci_high"] < 0]
+        text += (f" Its reward CI is above best static's on {len(above)} of {len(ppo)} "
+                 f"datasets{' (' + ', '.join(above) + ')' if above else ''} and below it on "
+                 f"{len(below_bs)}{' (' + ', '.join(below_bs) + ')' if below_bs else ''}.")
+        if any(v[ds]["value"] < -0.005 for ds in ppo):
+            worse = [ds for ds in ppo if v[ds]["value"] < -0.005]
+            text += (f" It trails the supervised router by more than 0.005 on "
+                     f"{', '.join(worse)}, so the supervised router stays the default "
+                     "per-query policy and PPO an option.")
     if below:
         text += (f" On {', '.join(below)} even the router chosen on valid scores below the "
                  f"best static config there; a deployment would keep the static config.")
@@ -95,12 +100,25 @@ def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
     p = d.get("ppo")
     if not p:
         return ""
+    return _ppo_text(ds, d, rows, p, PPO)
+
+
+def _start(x: dict) -> str:
+    """The warm start PPO began from and its valid reward (iteration 0), if any."""
+    h0 = [h for h in x["history"] if h["iter"] == 0 and h.get("start") == x.get("warm_start")]
+    if not h0:
+        return "cold start"
+    return f"start {x['warm_start']} (valid {h0[0]['valid_reward']:.3f})"
+
+
+def _ppo_text(ds: str, d: dict, rows: list[dict], p: dict, system: str) -> str:
     g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
     seeds = "; ".join(f"seed {x['seed']}: test reward {x['test_reward']:.3f}, tokens "
-                      f"{x['test_tokens']:.0f}, valid pick iter {x['best']['iter']} "
-                      f"({x['best']['valid_reward']:.3f}), λ {x['lambda_final']:.2f}, "
-                      f"{x['distinct_test_configs']} configs, {x['wall_s']:.0f}s"
-                      for x in p["per_seed"])
+                      f"{x['test_tokens']:.0f}, {_start(x)}, valid pick iter "
+                      f"{x['best']['iter']} ({x['best']['valid_reward']:.3f})"
+                      + (f" with {x['hp']}" if x.get("hp") else "")
+                      + f", λ {x['lambda_final']:.2f}, {x['distinct_test_configs']} configs, "
+                      f"{x['wall_s']:.0f}s" for x in p["per_seed"])
     sub = d.get("n_train_split")
     notes = []
     if sub and sub > d["n"]["train"]:
@@ -111,13 +129,16 @@ def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
         notes.append(f"seeds {p['seeds_not_run']} were not run: the time box "
                      "(`--ppo-deadline`) passed before they could start")
     note = (" Note: " + "; ".join(notes) + ".") if notes else ""
-    return (f"PPO policy on {ds} ({len(p['seeds'])} seeds × {p['iters']} iterations × "
-            f"{p['batch']} queries; token budget {p['budget_tokens']:.0f}): "
-            f"{_fmt(g(PPO + ' - best-static', 'delta_reward'))} reward vs best static "
-            f"(quality {_fmt(g(PPO + ' - best-static', 'delta_quality'))}, tokens "
-            f"{_fmt(g(PPO + ' - best-static', 'delta_cost_pct'), True)}%), "
-            f"{_fmt(g(PPO + ' - supervised-router', 'delta_reward'))} vs the supervised "
-            f"router, headroom captured {_fmt(g(PPO, 'headroom_captured'))}. Per seed: "
+    warm = (f"warm starts {', '.join(p['warm_starts'])}, the better on valid kept"
+            if p.get("warm_starts") else "random initial policy")
+    grid = f"; per-seed grid {p['grid']} chosen on valid" if len(p.get("grid", [])) > 1 else ""
+    return (f"`{system}` on {ds} ({len(p['seeds'])} seeds × {p['iters']} iterations × "
+            f"{p['batch']} queries; {warm}{grid}; token budget {p['budget_tokens']:.0f}): "
+            f"{_fmt(g(system + ' - best-static', 'delta_reward'))} reward vs best static "
+            f"(quality {_fmt(g(system + ' - best-static', 'delta_quality'))}, tokens "
+            f"{_fmt(g(system + ' - best-static', 'delta_cost_pct'), True)}%), "
+            f"{_fmt(g(system + ' - supervised-router', 'delta_reward'))} vs the supervised "
+            f"router, headroom captured {_fmt(g(system, 'headroom_captured'))}. Per seed: "
             f"{seeds}.{note}")
 
 
@@ -151,6 +172,24 @@ def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
         out.append(f"| {ds} | {first} | {second} | {third} |")
     out += ["", f"The first target asks for ≥ 2 of 3 datasets: met on {wins} of {len(dss)}. "
             "Nothing here was tuned on test.", ""]
+    variants = sorted({s for d in meta["details"].values() for s in (d.get("ppo_variants")
+                                                                      or {})})
+    for v in variants:
+        out += [f"The cost route by `{v}` (the same PPO policy trained under a lower token "
+                "budget; an exploratory system, not the pre-registered `ppo-policy`): "
+                "Δquality CI low ≥ −0.005 and Δcost ≤ −25% against best static.", "",
+                "| dataset | Δquality | Δcost % | Δreward | route met |", "|---|---|---|---|---|"]
+        for ds in dss:
+            dq = _get(rows, ds, v + " - best-static", "delta_quality")
+            dc = _get(rows, ds, v + " - best-static", "delta_cost_pct")
+            dr = _get(rows, ds, v + " - best-static", "delta_reward")
+            if dq is None:
+                continue
+            ok = dq["ci_low"] >= -0.005 and dc["value"] <= -25
+            out.append(f"| {ds} | {_fmt(dq)} (CI low margin {dq['ci_low'] + 0.005:+.3f}) | "
+                       f"{_fmt(dc, True)} (margin {dc['value'] + 25:+.1f} pts) | {_fmt(dr)} | "
+                       f"{'met' if ok else 'missed'} |")
+        out.append("")
     return out
 
 
@@ -178,7 +217,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "threshold; query formulation on MTRAG), no-op heads masked out of the loss, trained "
         "on train under a PPO-Lagrangian bound on mean tokens (best-static's on valid), "
         "checkpoint chosen on valid by realised reward among those within the bound; test "
-        "touched once. It picks configs outside the portfolio, scored by the same lazy "
+        "touched once. Where the run names warm starts (`meta.ppo_run.warm`), the module is "
+        "first behaviour-cloned (`rl.policy.warm_start`) to each of them — the best static "
+        "config, the supervised router's picks on train (plain and held to the budget) — the "
+        "clone best on valid is where PPO starts, and it is model selection's iteration 0, so "
+        "the kept policy is never worse on valid than that start. It picks configs outside "
+        "the portfolio, scored by the same lazy "
         "per-query evaluator; the oracle stays the portfolio's per-query oracle, so its "
         "`headroom_captured` can exceed 1. Its rows are over the seed-averaged per-query "
         "values (CIs over test queries); per-seed values are listed below.",
@@ -187,12 +231,25 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "",
     ]
     out += [_overall(meta, rows), ""]
+    if meta.get("diagnosis"):
+        out += ["## Why the cold-start PPO lost (diagnosis)", "", meta["diagnosis"], ""]
     for ds, d in meta["details"].items():
         out += [_summary(ds, d, rows), ""]
         if d.get("ppo"):
             out += [_ppo_summary(ds, d, rows), ""]
+        for system, p in (d.get("ppo_variants") or {}).items():
+            out += [_ppo_text(ds, d, rows, p, system), ""]
+        eq = d.get("equal_quality_oracle")
+        if eq:
+            out += [f"Equal-quality oracle on {ds} (per test query the cheapest arm whose "
+                    f"quality is at least best static's there): tokens "
+                    f"{eq['delta_cost_pct']:+.1f}% [{eq['ci_low']:+.1f}, {eq['ci_high']:+.1f}] "
+                    "against best static, the most any portfolio policy could save at no "
+                    "quality loss on any query.", ""]
     out += _acceptance(meta, rows)
-    systems = ["static-default", "best-static", PPO, "supervised-router",
+    variants = sorted({s for d in meta["details"].values()
+                       for s in (d.get("ppo_variants") or {})})
+    systems = ["static-default", "best-static", PPO, *variants, "supervised-router",
                "supervised-router-equal-cost", "per-segment-best", "per-query-oracle"]
     for ds in meta["details"]:
         out += [f"## {ds}", "", "| system | reward | quality | tokens |", "|---|---|---|---|"]
@@ -208,9 +265,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                        f"{_fmt(_get(rows, ds, name, 'delta_quality'))} | "
                        f"{_fmt(_get(rows, ds, name, 'delta_cost_pct'), True)} | "
                        f"{_fmt(_get(rows, ds, s, 'headroom_captured'))} |")
-        vr = _get(rows, ds, PPO + " - supervised-router", "delta_reward")
-        if vr is not None:
-            out.append(f"| {PPO} - supervised-router | {_fmt(vr)} | – | – | – |")
+        for s in [PPO, *variants]:
+            vr = _get(rows, ds, s + " - supervised-router", "delta_reward")
+            if vr is not None:
+                out.append(f"| {s} - supervised-router | {_fmt(vr)} | – | – | – |")
         arms = meta["details"][ds]["router"]["test_arms"]
         top = ", ".join(f"`{k}` {v}" for k, v in list(arms.items())[:6])
         out += ["", f"Router's test choices (top 6 of {len(arms)} arms used): {top}.", ""]

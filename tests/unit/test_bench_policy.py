@@ -29,3 +29,62 @@ def test_the_static_choice_captures_nothing():
     r = rows[("x", "headroom_captured")]
     assert r["value"] == 0.0 and r["ci_low"] == 0.0 and r["ci_high"] == 0.0
     assert rows[("x - best-static", "delta_cost_pct")]["value"] == 0.0
+
+
+def test_equal_quality_oracle_takes_the_cheapest_arm_that_keeps_quality():
+    from bench.policy import equal_quality_oracle
+
+    # arm 0 (best static, 100 tokens); arm 1 (50 tokens) keeps quality on queries 0 and 1
+    T = {"Q": np.array([[0.5, 0.5], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]]),
+         "T": np.tile([100.0, 50.0], (4, 1)), "R": np.zeros((4, 2))}
+    got = equal_quality_oracle(T, base=0, seed=0)
+    # query 3: both arms score 0, so the cheaper one keeps quality too: 3 of 4 at 50 tokens
+    assert got["delta_cost_pct"] == pytest.approx(100 * (62.5 / 100 - 1))
+
+
+def test_warm_starts_fall_back_to_the_best_arm_within_a_tighter_budget():
+    from bench.policy import _warm_starts
+
+    from rag.config import RAGConfig
+
+    configs = [(f"a{i}", RAGConfig(k=i + 1)) for i in range(3)]
+    R = np.array([[0.9, 0.5, 0.6], [0.9, 0.5, 0.6]])
+    T = np.array([[300.0, 100.0, 200.0], [300.0, 100.0, 200.0]])
+    router = {"supervised-router": np.array([2, 1])}
+    full = _warm_starts(["best-static", "supervised-router"], configs, 0, R, T, 300.0, router)
+    assert full[0].name == "best-static:a0" and full[0].targets(2)[0].k == 1
+    assert [c.k for c in full[1].targets(2)] == [3, 2]
+    tight = _warm_starts(["best-static"], configs, 0, R, T, 250.0, router)
+    assert tight[0].name == "best-static:a2"  # a0 is over budget; a2 beats a1 within it
+    with pytest.raises(ValueError, match="unknown warm start"):
+        _warm_starts(["nope"], configs, 0, R, T, 300.0, router)
+
+
+def test_ppo_flags_parse_into_a_grid_and_bad_values_exit_2(capsys):
+    import argparse
+
+    from bench.policy import _ppo_run
+
+    ns = argparse.Namespace(ppo_warm="best-static", ppo_grid="lr=3e-4,1e-3;entropy_coeff=0,0.01",
+                            ppo_budget_scales="1.0,0.75")
+    run = _ppo_run(ns)
+    assert run.warm == ("best-static",) and run.budget_scales == (1.0, 0.75)
+    assert len(run.grid) == 4 and {"lr": 1e-3, "entropy_coeff": 0.0} in run.grid
+    for bad in ({"ppo_grid": "lr=-1"}, {"ppo_warm": "oracle"}, {"ppo_budget_scales": "0"}):
+        with pytest.raises(SystemExit) as e:
+            _ppo_run(argparse.Namespace(**{**vars(ns), **bad}))
+        assert e.value.code == 2
+    assert "--ppo-grid" in capsys.readouterr().err
+
+
+def test_merge_variants_takes_only_the_variant_rows():
+    from bench.policy import merge_variants
+
+    part = {"rows": [{"system": "ppo-policy"}], "details": {"ppo_variants": {}}}
+    extra = {"rows": [{"system": "best-static"}, {"system": "ppo-policy-budget0.75"},
+                      {"system": "ppo-policy-budget0.75 - best-static"}],
+             "details": {"ppo_variants": {"ppo-policy-budget0.75": {"seeds": [0]}}}}
+    merge_variants(part, extra)
+    assert [r["system"] for r in part["rows"]] == [
+        "ppo-policy", "ppo-policy-budget0.75", "ppo-policy-budget0.75 - best-static"]
+    assert part["details"]["ppo_variants"] == {"ppo-policy-budget0.75": {"seeds": [0]}}

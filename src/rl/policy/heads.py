@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium import spaces
 
 from rag.config import RAGConfig
+from rag.generation.extractive import ExtractiveReader
 from rl.policy.settings import HeadSettings
 from rl.tuner.settings import TunerSettings
 from rl.tuner.space import ConfigSpace
@@ -152,6 +153,41 @@ class HeadLayout:
         if cfg.generator != gen:  # an LLM arm the tuner's space does not list
             cfg = cfg.replace(generator=gen, abstain_threshold=None)
         return cfg
+
+    def encode(self, config: RAGConfig) -> tuple[dict[str, Any], bool]:
+        """The action nearest to `config` (the inverse of `decode` where one exists): each head
+        takes the config's value, or the nearest one it has (k, rerank depth, box values);
+        returns (action, exact) with exact = decode(action) hashes equal to `config`. Fields no
+        head sets (normalisation, rerank mix, ...) are what make a config inexpressible."""
+        def near(vals: tuple, x: float) -> int:
+            return int(np.argmin([abs(v - x) for v in vals]))
+
+        def u(h: str, x: float) -> np.ndarray:
+            b = self.boxes[h]
+            return np.array([0.0 if b.hi == b.lo else (x - b.lo) / (b.hi - b.lo)], np.float32)
+
+        arms = [i for i, (g, p) in enumerate(self.arms) if p == config.prompt_id] or [0]
+        arm = next((i for i in arms if self.arms[i][0] == config.generator), arms[0])
+        on = [i for i, d in enumerate(self.depths) if d > 0]
+        # a depth below k is raised to k (`ConfigSpace.make`): compare the depths as applied
+        applied = tuple(min(max(self.depths[i], config.k), config.n_candidates) for i in on)
+        rerank = (0 if config.rerank == "none" or not on else
+                  on[near(applied, config.rerank_depth)])
+        label = next((v for v in self.variants
+                      if self.space._fields[v]["variant"] == config.variant), self.variants[0])
+        thr = (ExtractiveReader.abstain_below if config.abstain_threshold is None
+               else config.abstain_threshold)
+        a: dict[str, Any] = {"variant": self.variants.index(label), "k": near(self.ks, config.k),
+                             "rerank": rerank, "generator": arm,
+                             "mmr_lambda": u("mmr_lambda", config.mmr_lambda),
+                             "fusion_weight": u("fusion_weight", config.fusion_weight),
+                             "abstain_threshold": u("abstain_threshold", thr)}
+        if self.formulations:
+            qf = config.query_formulation or "last_turn"
+            a["query_formulation"] = (self.formulations.index(qf) if qf in self.formulations
+                                      else 0)
+        a = {h: a[h] for h in self.names}
+        return a, self.decode(a).config_hash == config.config_hash
 
 
 def gate_weights(probs_of_parent: Mapping[str, Any], gates: Mapping[str, tuple[str, Any]]

@@ -21,10 +21,16 @@ uses best-static's on valid),
 (projected gradient ascent on the Lagrangian's dual); lambda reaches the env runners through
 `foreach_env_runner` before the next iteration samples.
 
-Model selection: every `eval_every` iterations (and after the last) the greedy policy serves the
-valid queries; the kept module is the one with the best realised mean reward on valid among the
-feasible ones (valid mean cost <= b * (1 + slack)), else the one with the lowest cost. Test is
-never seen here.
+Warm start (`rl.policy.warm_start`, optional): before PPO samples, the module is cloned to
+known-good choices (the best static config, a router's per-query picks); each clone's greedy
+policy is scored on valid, the best one is loaded into RLlib's learner and env runners and is
+model selection's iteration-0 candidate, so PPO starts at the baseline and the kept module is
+never worse on valid than it (by the rule below).
+
+Model selection (`better_on_valid`): every `eval_every` iterations (and after the last) the
+greedy policy serves the valid queries; the kept module is the one with the best realised mean
+reward on valid among the feasible ones (valid mean cost <= b * (1 + slack)), else the one with
+the lowest cost. Test is never seen here.
 
 `PerQueryPPO` is what serving calls: `act(features) -> list[RAGConfig]` (greedy),
 `sample(features, rng) -> (configs, propensities)` (the propensity of each sampled decision:
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +54,10 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rl.policy.heads import HeadLayout
+from rl.policy.run_log import PolicyRunLog
+from rl.policy.selection import better_on_valid
 from rl.policy.settings import PPOPolicySettings
+from rl.policy.warm_start import WarmStart
 from rl.policy.worlds import QueryWorld
 from rl.tuner.settings import TunerSettings
 
@@ -151,9 +160,13 @@ class PerQueryPPO:
               X_valid: np.ndarray, budget: float, seed: int = 0,
               checkpoint_dir: str | Path | None = None, resume: bool = False,
               tracking_uri: str | None = None, run_name: str = "ppo-policy",
-              log: Callable[[str], None] = print) -> list[dict[str, float]]:
+              log: Callable[[str], None] = print, warm: Sequence[WarmStart] = ()
+              ) -> list[dict[str, Any]]:
         """Train on `world` (features `X_train`, raw), select on `valid` (module docstring);
-        `budget`: the mean cost bound in C_ref units. Returns one record per iteration."""
+        `budget`: the mean cost bound in C_ref units; `warm`: behaviour-cloning starts
+        (`rl.policy.warm_start`), the best on valid is where PPO starts and the first model
+        selection candidate (iteration 0). Returns one record per iteration (and per warm
+        start, iteration 0)."""
         from rl.common.rllib import ppo_config
         from rl.common.runtime import init_ray
 
@@ -178,8 +191,13 @@ class PerQueryPPO:
             log(f"resumed at iteration {state['iter']} (lambda {self.lam:.3f})")
         best_state = (self._module_state(ckpt / "best.pt") if ckpt is not None and
                       state["best"] is not None else None)
-        mlf = _MLflow(tracking_uri, run_name, self.settings, seed, budget)
+        mlf = PolicyRunLog(tracking_uri, run_name, self.settings, seed, budget)
         try:
+            if warm and state["iter"] == 0:
+                best_state = self._warm_start(algo, warm, world, X_train, valid, X_valid,
+                                              budget, seed, state, log)
+                if ckpt is not None:
+                    _save_torch(best_state, ckpt / "best.pt")
             for it in range(state["iter"], t.iters):
                 t0 = time.perf_counter()
                 res = algo.train()
@@ -197,17 +215,17 @@ class PerQueryPPO:
                     outs = valid.outcomes(self.act(X_valid))
                     rec["valid_reward"] = float(np.mean([o.reward for o in outs]))
                     rec["valid_cost"] = float(np.mean([o.cost for o in outs]))
-                    if _better(rec, state["best"], budget * (1 + lg.slack)):
+                    if better_on_valid(rec, state["best"], budget * (1 + lg.slack)):
                         state["best"] = {k: rec[k] for k in ("iter", "valid_reward",
                                                              "valid_cost")}
+                        state["best"]["start"] = self.meta.get("warm_start")
                         best_state = _cpu_state(self.module)
                         if ckpt is not None:
                             _save_torch(best_state, ckpt / "best.pt")
                 state["history"].append(rec)
                 state["iter"], state["lam"] = it + 1, self.lam
                 mlf.log(rec)
-                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                             for k, v in rec.items()))
+                log(_line(rec))
                 if ckpt is not None:
                     ckpt.mkdir(parents=True, exist_ok=True)
                     algo.save_to_path(str((ckpt / "algo").resolve()))
@@ -223,6 +241,29 @@ class PerQueryPPO:
             algo.stop()
             _BUNDLES.pop(key, None)
         return state["history"]
+
+    def _warm_start(self, algo: Any, warm: Sequence[WarmStart], world: QueryWorld,
+                    X_train: np.ndarray, valid: QueryWorld, X_valid: np.ndarray,
+                    budget: float, seed: int, state: dict, log: Callable[[str], None]
+                    ) -> dict:
+        """The best warm start on valid (`rl.policy.warm_start.choose_start`) goes to RLlib's
+        learner and env runners; returns its module state."""
+        import tempfile
+
+        from rl.policy.warm_start import MODULE_COMPONENT, choose_start
+
+        recs, best, module = choose_start(self, warm, world, X_train, valid, X_valid,
+                                          budget * (1 + self.settings.lagrange.slack), seed)
+        for rec in recs:
+            state["history"].append(rec)
+            log(_line(rec))
+        state["best"] = {k: best[k] for k in ("iter", "start", "valid_reward", "valid_cost")}
+        with tempfile.TemporaryDirectory() as d:
+            module.save_to_path(d)
+            algo.restore_from_path(d, component=MODULE_COMPONENT)
+        self.meta["warm_start"] = best["start"]
+        self.module = module
+        return _cpu_state(module)
 
     def _standalone(self, state: dict) -> Any:
         module = self.spec().build()
@@ -327,15 +368,9 @@ class PerQueryPPO:
         return pol
 
 
-def _better(rec: dict, best: dict | None, cap: float) -> bool:
-    if best is None:
-        return True
-    feas, bfeas = rec["valid_cost"] <= cap, best["valid_cost"] <= cap
-    if feas != bfeas:
-        return feas
-    if not feas:
-        return rec["valid_cost"] < best["valid_cost"]
-    return rec["valid_reward"] > best["valid_reward"]
+def _line(rec: dict) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in rec.items())
 
 
 def _cpu_state(module: Any) -> dict:
@@ -349,37 +384,3 @@ def _save_torch(state: dict, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)
-
-
-class _MLflow:
-    """Per-iteration metrics of one training run (no-op without a tracking URI)."""
-
-    def __init__(self, uri: str | None, run_name: str, settings: PPOPolicySettings, seed: int,
-                 budget: float):
-        self.run = None
-        if not uri:
-            return
-        import mlflow
-
-        from rl.common.tracking import code_commit, set_experiment
-
-        set_experiment("ppo-policy", uri)
-        self.run = mlflow.start_run(run_name=run_name)
-        mlflow.log_params({"seed": seed, "budget": budget, "iters": settings.train.iters,
-                           "batch": settings.train.batch, "lr": settings.train.lr,
-                           "lagrange_lr": settings.lagrange.lr, "commit": code_commit()})
-
-    def log(self, rec: dict) -> None:
-        if self.run is not None:
-            import mlflow
-
-            mlflow.log_metrics({f"charts/{k}": float(v) for k, v in rec.items()
-                                if k != "iter" and np.isfinite(v)}, step=int(rec["iter"]))
-
-    def close(self, best: dict | None) -> None:
-        if self.run is not None:
-            import mlflow
-
-            if best:
-                mlflow.log_metrics({f"best/{k}": float(v) for k, v in best.items()})
-            mlflow.end_run()

@@ -1,8 +1,9 @@
 """PPOPolicySettings: configs/policy/ppo.yaml (`ppo_policy:`), validated at load (unknown key
 or bad value -> `ConfigError` naming `ppo_policy.<section>.<key>`, with the YAML line).
 
-Three groups: `heads` (the mixed action space of `rl.policy.heads`), `train` (RLlib PPO sizing
-and model selection) and `lagrange` (the PPO-Lagrangian cost multiplier)."""
+Four groups: `heads` (the mixed action space of `rl.policy.heads`), `train` (RLlib PPO sizing
+and model selection), `lagrange` (the PPO-Lagrangian cost multiplier) and `warm_start` (the
+behaviour-cloning start of `rl.policy.warm_start`)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,19 @@ class TrainSettings(StrictSettings):
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 
+class WarmStartSettings(StrictSettings):
+    """Behaviour-cloning warm start (`rl.policy.warm_start`)."""
+
+    keep: float = Field(0.9, gt=0.5, lt=1.0)
+    """Probability the cloned module puts on each categorical head's target value (> 1/2, so
+    the greedy action is the target; the rest is PPO's initial exploration)."""
+    std: float = Field(0.2, gt=0.0, le=2.0)
+    """Raw Gaussian std of the box heads after cloning (u = (clip(x, -1, 1) + 1) / 2)."""
+    steps: int = Field(300, ge=1, le=100_000)
+    """Full-batch Adam steps of the cloning fit."""
+    lr: float = Field(1e-2, gt=0.0, le=1.0)
+
+
 class LagrangeSettings(StrictSettings):
     lr: float = Field(0.5, ge=0.0)
     """Step size eta of the projected ascent on lambda (cost in units of C_ref tokens)."""
@@ -86,6 +100,7 @@ class PPOPolicySettings(StrictSettings):
     heads: HeadSettings = HeadSettings()
     train: TrainSettings = TrainSettings()
     lagrange: LagrangeSettings = LagrangeSettings()
+    warm_start: WarmStartSettings = WarmStartSettings()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | Traversable | None = None

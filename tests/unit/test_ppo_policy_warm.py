@@ -1,0 +1,101 @@
+"""Behaviour-cloning warm start of the per-query PPO policy (no Ray runtime): `HeadLayout.encode`
+inverts `decode`, and a cloned module's greedy configs are the cloned ones (one config for
+all queries, or one per query from the features)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag.config import RAGConfig
+from rl.policy.heads import HeadLayout
+from rl.policy.ppo_policy import PerQueryPPO
+from rl.policy.settings import HeadSettings, PPOPolicySettings, WarmStartSettings
+from rl.policy.warm_start import WarmStart, clone
+from rl.tuner.settings import TunerSettings
+
+pytest.importorskip("ray.rllib")
+
+
+@pytest.fixture(scope="module")
+def layout() -> HeadLayout:
+    return HeadLayout(HeadSettings(), TunerSettings.defaults())
+
+
+def _cfg(layout: HeadLayout, **kw) -> RAGConfig:
+    a = {"variant": layout.variants.index("bm25"), "k": layout.ks.index(2), "rerank": 0,
+         "generator": 0, "mmr_lambda": np.array([1.0]), "fusion_weight": np.array([0.5]),
+         "abstain_threshold": np.array([0.5])}
+    a.update(kw)
+    return layout.decode(a)
+
+
+def test_encode_inverts_decode(layout):
+    space = layout.action_space()
+    space.seed(0)
+    for _ in range(200):
+        c = layout.decode(space.sample())
+        a, exact = layout.encode(c)
+        assert exact and layout.decode(a).config_hash == c.config_hash
+
+
+def test_encode_flags_a_config_no_head_can_express(layout):
+    c = _cfg(layout, variant=layout.variants.index("hybrid")).replace(normalisation="zscore")
+    a, exact = layout.encode(c)
+    assert not exact
+    assert layout.decode(a).variant == "hybrid" and layout.decode(a).k == 2
+
+
+def _policy(layout, X):
+    s = PPOPolicySettings.load()
+    return PerQueryPPO.create(layout, s, X)
+
+
+def test_cloned_module_acts_the_single_target(layout):
+    X = np.random.default_rng(1).normal(size=(120, 6)).astype(np.float32)
+    target = _cfg(layout, variant=layout.variants.index("hybrid"), k=layout.ks.index(3),
+                  fusion_weight=np.array([0.7]), rerank=1)
+    pol = _policy(layout, X)
+    module = pol.spec().build()
+    fit = clone(module, layout, pol.standardise(X), WarmStart("b1", [target]).targets(120),
+                np.full(120, 0.4), WarmStartSettings(), seed=0)
+    assert fit["expressible"] == 1.0 and fit["greedy_agreement"] == 1.0
+    pol.module = module
+    assert {c.config_hash for c in pol.act(X)} == {target.config_hash}
+    # the probabilities keep exploration: `keep` on the target, the rest spread
+    P = pol.probs(X)
+    assert np.allclose(P["variant"][:, layout.variants.index("hybrid")], 0.9, atol=0.03)
+    assert np.all(P["k"].min(axis=1) > 0.002)
+
+
+def test_cloned_module_follows_per_query_targets(layout):
+    X = np.random.default_rng(2).normal(size=(200, 4)).astype(np.float32)
+    bm25, dense = _cfg(layout), _cfg(layout, variant=layout.variants.index("dense"),
+                                     k=layout.ks.index(8))
+    targets = [bm25 if x < 0 else dense for x in X[:, 0]]
+    pol = _policy(layout, X)
+    module = pol.spec().build()
+    fit = clone(module, layout, pol.standardise(X), targets, None, WarmStartSettings(), seed=0)
+    assert fit["greedy_agreement"] >= 0.95
+    pol.module = module
+    Xn = np.random.default_rng(3).normal(size=(100, 4)).astype(np.float32)
+    got = [c.config_hash for c in pol.act(Xn)]
+    want = [(bm25 if x < 0 else dense).config_hash for x in Xn[:, 0]]
+    assert np.mean(np.array(got) == np.array(want)) >= 0.9
+
+
+def test_warm_start_needs_one_target_or_one_per_query(layout):
+    with pytest.raises(ValueError, match="3 targets for 5"):
+        WarmStart("x", [_cfg(layout)] * 3).targets(5)
+
+
+def test_selection_keeps_the_earlier_candidate_on_ties_and_prefers_feasible():
+    from rl.policy.selection import better_on_valid
+
+    warm = {"valid_reward": 0.50, "valid_cost": 1.0}
+    assert not better_on_valid({"valid_reward": 0.50, "valid_cost": 0.9}, warm, cap=1.05)
+    assert not better_on_valid({"valid_reward": 0.49, "valid_cost": 0.5}, warm, cap=1.05)
+    assert better_on_valid({"valid_reward": 0.51, "valid_cost": 1.0}, warm, cap=1.05)
+    # a higher reward over the budget never replaces a feasible start
+    assert not better_on_valid({"valid_reward": 0.90, "valid_cost": 2.0}, warm, cap=1.05)
+    assert better_on_valid(warm, {"valid_reward": 0.90, "valid_cost": 2.0}, cap=1.05)
