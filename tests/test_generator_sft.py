@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rag.errors import ConfigError, DataError
 from rag.generation.parse import parse_output
@@ -570,16 +571,40 @@ def test_cli_train_generator(tiny, tmp_path, capsys):
     cfg.write_text(json.dumps({"generator_sft": _cfg(tiny).model_dump(mode="json")}))
     rc = main(["train-generator", "sft", "--config", str(cfg), "--out", str(tmp_path / "run"),
                "--train-jsonl", str(data), "--eval-jsonl", str(data), "--name", "tiny-cli",
-               "--set", "train.max_steps=2"])
+               "--set", "train.max_steps=2", "--registry", str(tmp_path / "local.yaml")])
     assert rc == 0
     out = capsys.readouterr().out
     assert "tiny-cli" in out
     reg = (tmp_path / "run" / "models.yaml").read_text()
     assert "tiny-cli" in reg and "format: hf" in reg
+    # --registry: the same version also lands in the shared registry file (@v1, @best)
+    local = yaml.safe_load((tmp_path / "local.yaml").read_text())["models"]
+    assert {"tiny-cli", "tiny-cli@v1", "tiny-cli@best"} <= set(local)
+    assert local["tiny-cli@best"]["path"] == str((tmp_path / "run" / "merged").resolve())
     rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "dpo"),
                "--train-jsonl", str(data), "--policy", str(tmp_path / "run" / "merged"),
                "--set", "prefs.steps=1", "--name", "tiny-dpo"])
     assert rc == 0 and (tmp_path / "dpo" / "merged" / "config.json").exists()
+    # pairs ranked elsewhere (a judge on another machine): trained on as given
+    given = tmp_path / "judged.jsonl"
+    rows = [json.loads(x) for x in (tmp_path / "dpo" / "pairs.jsonl").read_text().splitlines()]
+    given.write_text("".join(json.dumps({**r, "ranker": "judge:test"}) + "\n" for r in rows))
+    rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "jd"),
+               "--pairs-jsonl", str(given), "--policy", str(tmp_path / "run" / "merged"),
+               "--set", "prefs.steps=1", "--name", "tiny-jdpo"])
+    assert rc == 0 and (tmp_path / "jd" / "merged" / "config.json").exists()
+    summary = json.loads((tmp_path / "jd" / "summary.json").read_text())
+    assert summary["ranker"] == "judge:test" and summary["n_pairs"] == len(rows)
+    manifest = json.loads((tmp_path / "jd" / "dataset_manifest.json").read_text())
+    assert str(given) in [i["path"] for i in manifest["inputs"]]
+    bad = tmp_path / "bad_pairs.jsonl"
+    bad.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "a"}) + "\n")
+    assert main(["train-generator", "dpo", "--out", str(tmp_path / "x"), "--pairs-jsonl",
+                 str(bad)]) == 2
+    assert "bad_pairs.jsonl" in capsys.readouterr().err
+    assert main(["train-generator", "sft", "--out", str(tmp_path / "x"), "--pairs-jsonl",
+                 str(given)]) == 2
+    assert "--pairs-jsonl" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- real weights
