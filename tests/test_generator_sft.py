@@ -348,6 +348,33 @@ def test_training_lowers_loss_and_learns_the_format(tiny, tmp_path):
     assert s["best_eval_f1"] >= 0.8  # memorised towns + citations on the training questions
 
 
+def test_first_step_loss_is_the_full_logits_loss(tiny, tmp_path):
+    """The trainer computes the LM head only where targets are predicted; its first logged
+    loss equals the answer-token cross-entropy over the full logits of the same batch."""
+    import torch
+
+    from rl.adaptation.generator_model import load_tokenizer
+
+    ex = _toy_examples()
+    cfg = _cfg(tiny, train={"max_steps": 1}, lora={"dropout": 0.0}, eval={"n": 0},
+               checkpoint={"every_steps": 1})
+    run = SFTRun(cfg, tmp_path / "one", ex, log=lambda m: None)
+    batch = run.batch_indices(0)
+    from transformers import AutoModelForCausalLM
+
+    model, tok = AutoModelForCausalLM.from_pretrained(str(tiny)), load_tokenizer(tiny)
+    total = n = 0.0
+    with torch.no_grad():
+        for i in batch:
+            ids, lab = encode_example(tok, ex[i], cfg.prompt_id, cfg.max_len)
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+            total += float(torch.nn.functional.cross_entropy(
+                logits, torch.tensor(lab[1:]), ignore_index=-100, reduction="sum"))
+            n += sum(t != -100 for t in lab)
+    run.train()  # LoRA B starts at zero: step 1's loss is the base model's
+    assert abs(_first_loss(run) - total / n) < 1e-5
+
+
 def _first_loss(run: SFTRun) -> float:
     import torch
 
