@@ -1,23 +1,33 @@
-"""Issue 21 benchmark: a Qwen pairwise judge, GRPO of SmolLM2 from the SFT policy, and (when
-teacher data exists) the distilled SmolLM2, on HotpotQA test questions.
+"""Issue 21 benchmark: generator adaptation with a real teacher, measured end to end on HotpotQA
+test (the default hybrid k=5 contexts): the distilled, GRPO and DPO SmolLM2 against the gold-SFT
+baseline, plus the Qwen judge rows.
 
-    python bench/generator_adaptation.py --section judge --judge-minutes 20   # Qwen judge
-    python bench/generator_adaptation.py --section grpo --sft DIR --grpo DIR  # eval both
-    python bench/generator_adaptation.py --section render                     # json + md
-    python bench/generator_adaptation.py --quick                              # < 2 min
+    python bench/generator_adaptation.py --section eval --system smollm2-sft=smollm2-sft@best \
+        --system smollm2-grpo=smollm2-grpo@best ...          # answer + score, merged into a part
+    python bench/generator_adaptation.py --section eval --split valid --system A=... --system B=...
+    python bench/generator_adaptation.py --section render [--extra-rows FILE]   # json + md
+    python bench/generator_adaptation.py --section judge --judge-minutes 20   # Qwen judge (llama)
+    python bench/generator_adaptation.py --section eval --quick --system ...  # 4 questions
 
-Sections write parts under <cache>/bench/generator_adaptation/ (resumable: judge replies sit in
-the judge cache, answers in the generation cache), `render` assembles
+Sections write parts under <cache>/bench/generator_adaptation/ (resumable: answers sit in the
+generation cache, judge replies in the judge cache); `render` assembles
 bench/results/generator_adaptation.{json,md}. Run each section at nice 10 with one thread.
 
+eval: every system (LABEL=REF, REF a registry name such as `smollm2-sft@best` from the local
+  registry of trained models, or a merged HF folder) answers the same first --eval-n questions
+  of the split (test: 300 = all; valid: 100, for model selection) with the default `RAGConfig()`
+  top 5 over the pooled corpus, `cite_concise`, greedy, 20 new tokens; per question answer F1/EM
+  against gold and citation precision against the gold paragraphs among the contexts. A label
+  joins the part of its split and n, so systems trained later are compared on the same
+  questions; render gives each system's mean with a bootstrap CI and every other system minus
+  `smollm2-sft` as a paired bootstrap delta.
+render: also the teacher store's answer quality per mode, the committed `judge:*` rows (kept,
+  their parts may be gone) and the rows of --extra-rows files (e.g. the lead's GPU judge run;
+  remembered for later renders).
 judge: pairs = (Qwen2.5-Coder-1.5B answer, SmolLM2-135M answer) per HotpotQA test question,
   both from bench/models_generators.py's answer log (hybrid k=5 contexts, cite_concise);
-  identical answer strings are skipped. The judge (Qwen on llama.cpp, one thread) sees the
-  question and the two answers (no passages: 5 passages cost ~700 prompt tokens = ~50 s per
-  call here) and runs both orders; pairs are judged in question order until --judge-minutes.
-grpo: the SFT and the GRPO merged models (format hf, served by rag.generation.local) answer the
-  first --eval-n test questions with the default hybrid retrieval's top 5; answer F1 against
-  gold, paired bootstrap of grpo - sft.
+  identical answer strings are skipped; both orders; pairs in question order until
+  --judge-minutes.
 """
 
 from __future__ import annotations
@@ -421,8 +431,10 @@ def _pick_line(vpart: dict) -> str:
             f"candidate with the highest valid answer F1 ({cands[best]:.3f}).")
 
 
-def render(quick: bool, extra: list[Path] = ()) -> None:
-    """bench/results/generator_adaptation.{json,md} from the parts that exist (+ carried rows)."""
+def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
+    """bench/results/generator_adaptation.{json,md} from the parts that exist (+ carried rows):
+    the test evaluation over the first `eval_n` test questions (each system's answers to a
+    prefix of a longer evaluation come from the generation cache)."""
     from rag.corpus.loaders import data_root
 
     rows, md = [], []
@@ -431,16 +443,14 @@ def render(quick: bool, extra: list[Path] = ()) -> None:
         if f.exists():  # a judge run on this machine: its rows replace the carried ones
             rows += _judge_rows(json.loads(f.read_text()), system,
                                 "hotpotqa/test[:100]/hybrid-k5/answer-pairs")
-    ev = PARTS / f"eval-test-{EVAL_N}{'.quick' if quick else ''}.json"
-    if quick:
-        ev = PARTS / "eval-test-4.json"
+    ev = PARTS / f"eval-test-{4 if quick else eval_n}.json"
     if ev.exists():
         part = json.loads(ev.read_text())
         er, emd = eval_rows(part)
         rows += er
         md += [f"### End to end: HotpotQA test, hybrid k=5 contexts, `cite_concise`, greedy, "
                f"{part['max_new_tokens']} new tokens", "",
-               f"The same {part['n']} test questions (the whole test split of "
+               f"The same {part['n']} test questions (the first of the 300 of the test split of "
                "configs/splits/hotpotqa.json) for every system; contexts = the default "
                "`RAGConfig()` top 5 over the ~10.8k pooled paragraphs; citation precision "
                "against the gold paragraphs among them. Every system is SmolLM2-135M "
@@ -527,7 +537,7 @@ def main() -> None:
         n = 4 if args.quick else args.eval_n or (EVAL_N if args.split == "test" else VALID_N)
         eval_systems(_systems(args.system), args.split, n, force=args.force)
     else:
-        render(args.quick, args.extra_rows)
+        render(args.quick, args.extra_rows, args.eval_n or EVAL_N)
 
 
 if __name__ == "__main__":
