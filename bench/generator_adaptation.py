@@ -220,6 +220,36 @@ def eval_systems(systems: dict[str, str], split: str, n: int, max_new_tokens: in
     return part
 
 
+REFERENCES = {("qwen", "cite_concise"): "qwen2.5-coder-1.5b-instruct (teacher)",
+              ("smollm2", "cite_concise"): "smollm2-135m-instruct (base)"}
+
+
+def import_references(answers: Path, n: int = EVAL_N) -> dict:
+    """Reference rows from another machine's answer file (the lead's GPU run: a JSON list, gzip
+    or not, of {model, set, id, prompt, tag, raw}) on the same test questions: answers of
+    `test-hybrid`, greedy, re-parsed and scored here like ours. Part `reference-test-<n>`."""
+    import gzip
+
+    qs = split_contexts("test", n)
+    opener = gzip.open if answers.suffix == ".gz" else open
+    with opener(answers, "rt") as fh:
+        recs = json.load(fh)
+    part = {"source": str(answers), "n": n, "systems": {}}
+    for (model, prompt), label in REFERENCES.items():
+        got = {r["id"]: r for r in recs if r.get("model") == model and r.get("prompt") == prompt
+               and r.get("set") == "test-hybrid" and r.get("tag") == "greedy"}
+        if not all(i in got for i in qs["ids"]):
+            continue
+        f1 = []
+        for qid, q, a in zip(qs["ids"], qs["questions"], qs["answers"], strict=True):
+            text, _ = parse_output(got[qid]["raw"], 5, True, q)
+            f1.append(best_em_f1(text, a)[1])
+        part["systems"][label] = {"f1": f1, "tokens_out": [got[i].get("tokens_out", 0)
+                                                           for i in qs["ids"]]}
+    _write(PARTS / f"reference-test-{n}.json", part)
+    return part
+
+
 def _judge_rows(part: dict, system: str, dataset: str) -> list[dict]:
     pairs = part["pairs"]
     same = [float(d["forward"] != d["backward"] and "tie" not in (d["forward"], d["backward"]))
@@ -463,6 +493,17 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
                       for label, r in part["systems"].items()] + [""]
     else:
         md += ["- End-to-end evaluation: not run.", ""]
+    rf = PARTS / f"reference-test-{eval_n}.json"
+    if rf.exists() and not quick:
+        ref = json.loads(rf.read_text())
+        ds = f"hotpotqa/test[:{eval_n}]/hybrid-k5"
+        refrows = [metric_row(ds, label, "answer_f1", r["f1"])
+                   for label, r in ref["systems"].items()]
+        rows += refrows
+        md += ["References on the same questions and contexts, answered on the lead's GPU (bf16, "
+               "up to 32 new tokens; `" + Path(ref["source"]).name + "`), re-parsed and scored "
+               "here: not the same runtime, so a reference, not a compared system.", "",
+               *_rows_table(refrows), ""]
     vf = PARTS / f"eval-valid-{VALID_N}.json"
     if vf.exists() and not quick:
         vpart = json.loads(vf.read_text())
@@ -510,7 +551,7 @@ def _systems(values: list[str]) -> dict[str, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--section", choices=["judge", "judge-ctx", "eval", "render"],
+    ap.add_argument("--section", choices=["judge", "judge-ctx", "eval", "reference", "render"],
                     default="render")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--judge-model", default="qwen2.5-coder-1.5b-instruct")
@@ -524,6 +565,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, help=f"eval questions (test {EVAL_N}, valid "
                                                f"{VALID_N})")
     ap.add_argument("--force", action="store_true", help="eval: re-answer a label already there")
+    ap.add_argument("--answers", type=Path, help="reference: another machine's answer file")
     ap.add_argument("--extra-rows", action="append", type=Path, default=[],
                     help="render: a results JSON ({rows: [...], note}) or JSONL of rows to "
                          "merge (kept by later renders)")
@@ -536,6 +578,10 @@ def main() -> None:
             raise SystemExit("--section eval needs at least one --system LABEL=REF")
         n = 4 if args.quick else args.eval_n or (EVAL_N if args.split == "test" else VALID_N)
         eval_systems(_systems(args.system), args.split, n, force=args.force)
+    elif args.section == "reference":
+        if not args.answers:
+            raise SystemExit("--section reference needs --answers FILE")
+        import_references(args.answers, args.eval_n or EVAL_N)
     else:
         render(args.quick, args.extra_rows, args.eval_n or EVAL_N)
 
