@@ -296,6 +296,8 @@ def carried_rows(extra: list[Path]) -> tuple[list[dict], list[str]]:
             doc = json.loads(text)
         except json.JSONDecodeError:  # JSONL of rows
             doc = [json.loads(x) for x in text.splitlines() if x.strip()]
+        if isinstance(doc, dict) and "rows" not in doc:  # a one-row JSONL
+            doc = [doc]
         rows = doc if isinstance(doc, list) else doc["rows"]
         note = "" if isinstance(doc, list) else str(doc.get("note") or doc.get("meta", {})
                                                    .get("note") or "")
