@@ -175,22 +175,28 @@ def resolve_system(ref: str) -> tuple[Path, dict]:
     return p.resolve(), json.loads(meta.read_text()) if meta.exists() else {}
 
 
+def _suffix(device: str) -> str:
+    return "" if device == "cpu" else f"-{device}"
+
+
 def eval_systems(systems: dict[str, str], split: str, n: int, max_new_tokens: int = EVAL_TOKENS,
-                 force: bool = False) -> dict:
+                 force: bool = False, device: str = "cpu") -> dict:
     """Answer the split's questions (hybrid k=5 contexts, `cite_concise`, greedy) with each
     system (label -> registry name or merged folder); per-question answer F1, EM, citation
     precision vs the gold paragraphs among the contexts, answers. Merged into part
     `eval-<split>-<n>` (a label already there with the same weights is kept unless `force`),
-    so systems trained later join the same question set."""
+    so systems trained later join the same question set. `device="cuda"` (bf16, the
+    generator's GPU path) writes part `eval-<split>-<n>-cuda`: systems are only compared with
+    systems answered on the same device."""
     from rag.generation.local import TransformersGenerator
     from rag.models import ModelSpec
     from rag.types import Context
 
     qs = split_contexts(split, n)
-    f = PARTS / f"eval-{split}-{n}.json"
+    f = PARTS / f"eval-{split}-{n}{_suffix(device)}.json"
     part = json.loads(f.read_text()) if f.exists() else {
         "split": split, "n": n, "ids": qs["ids"], "max_new_tokens": max_new_tokens,
-        "systems": {}}
+        "device": device, "systems": {}}
     if part["max_new_tokens"] != max_new_tokens or part["ids"] != qs["ids"]:
         raise SystemExit(f"{f} holds another protocol (ids or max_new_tokens); use another n")
     ctxs = [[Context(**c) for c in cs] for cs in qs["contexts"]]
@@ -201,7 +207,7 @@ def eval_systems(systems: dict[str, str], split: str, n: int, max_new_tokens: in
             print(f"[eval] {label}: kept ({old['path']})", flush=True)
             continue
         gen = TransformersGenerator(ModelSpec(label, "generator", "hf", path=str(path)),
-                                    batch_size=4)
+                                    device=device, batch_size=4 if device == "cpu" else 32)
         t0 = time.perf_counter()
         gens = gen.generate_batch(qs["questions"], ctxs, "cite_concise", max_new_tokens)
         secs = time.perf_counter() - t0
@@ -463,7 +469,8 @@ def _pick_line(vpart: dict) -> str:
             f"candidate with the highest valid answer F1 ({cands[best]:.3f}).")
 
 
-def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
+def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
+           device: str = "cpu") -> None:
     """bench/results/generator_adaptation.{json,md} from the parts that exist (+ carried rows):
     the test evaluation over the first `eval_n` test questions (each system's answers to a
     prefix of a longer evaluation come from the generation cache)."""
@@ -475,7 +482,7 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
         if f.exists():  # a judge run on this machine: its rows replace the carried ones
             rows += _judge_rows(json.loads(f.read_text()), system,
                                 "hotpotqa/test[:100]/hybrid-k5/answer-pairs")
-    ev = PARTS / f"eval-test-{4 if quick else eval_n}.json"
+    ev = PARTS / f"eval-test-{4 if quick else eval_n}{_suffix(device)}.json"
     if ev.exists():
         part = json.loads(ev.read_text())
         er, emd = eval_rows(part)
@@ -487,8 +494,11 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
                "`RAGConfig()` top 5 over the ~10.8k pooled paragraphs; citation precision "
                "against the gold paragraphs among them. Every system is SmolLM2-135M "
                "(same architecture, same prompt), so cost per answer differs only through "
-               "answer length: s/answer is wall time on the shared 2-core machine (one torch "
-               "thread, batch 4), not a controlled latency.", "", *emd, "",
+               + ("answer length: s/answer is wall time on the shared 2-core machine (one "
+                  "torch thread, batch 4, fp32), not a controlled latency."
+                  if part.get("device", "cpu") == "cpu" else
+                  f"answer length. Answered on {part['device']} (bf16, batch 32)."),
+               "", *emd, "",
                "**Acceptance (issue 21)**:", "", *acceptance_lines(er), "",
                "How each system was trained (from its merged folder's `ragpilot_meta.json`):",
                ""] + [_train_line(label, r.get("train") or {})
@@ -506,7 +516,7 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N) -> None:
                "up to 32 new tokens; `" + Path(ref["source"]).name + "`), re-parsed and scored "
                "here: not the same runtime, so a reference, not a compared system.", "",
                *_rows_table(refrows), ""]
-    vf = PARTS / f"eval-valid-{VALID_N}.json"
+    vf = PARTS / f"eval-valid-{VALID_N}{_suffix(device)}.json"
     if vf.exists() and not quick:
         vpart = json.loads(vf.read_text())
         vr, vmd = eval_rows(vpart)
@@ -566,6 +576,9 @@ def main() -> None:
     ap.add_argument("--split", choices=["test", "valid"], default="test")
     ap.add_argument("--eval-n", type=int, help=f"eval questions (test {EVAL_N}, valid "
                                                f"{VALID_N})")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="eval/render: where the generators answer (cuda: bf16, batch 32; its "
+                         "own parts, never mixed with cpu answers)")
     ap.add_argument("--force", action="store_true", help="eval: re-answer a label already there")
     ap.add_argument("--answers", type=Path, help="reference: another machine's answer file")
     ap.add_argument("--extra-rows", action="append", type=Path, default=[],
@@ -579,13 +592,13 @@ def main() -> None:
         if not args.system:
             raise SystemExit("--section eval needs at least one --system LABEL=REF")
         n = 4 if args.quick else args.eval_n or (EVAL_N if args.split == "test" else VALID_N)
-        eval_systems(_systems(args.system), args.split, n, force=args.force)
+        eval_systems(_systems(args.system), args.split, n, force=args.force, device=args.device)
     elif args.section == "reference":
         if not args.answers:
             raise SystemExit("--section reference needs --answers FILE")
         import_references(args.answers, args.eval_n or EVAL_N)
     else:
-        render(args.quick, args.extra_rows, args.eval_n or EVAL_N)
+        render(args.quick, args.extra_rows, args.eval_n or EVAL_N, args.device)
 
 
 if __name__ == "__main__":
