@@ -282,12 +282,13 @@ def _row_key(r: dict) -> tuple:
     return (r["dataset"], r["system"], r["metric"])
 
 
-def carried_rows(extra: list[Path]) -> tuple[list[dict], list[str]]:
+def carried_rows(extra: list[Path], prefix: str = "judge:") -> tuple[list[dict], list[str]]:
     """Rows this render does not measure but must keep: the committed file's `judge:*` rows
     (their parts may be gone from this machine's cache) and the rows of every --extra-rows file
     (e.g. the lead's GPU judge run), remembered in part `extra-rows` so a later render keeps
-    them; a later row replaces an earlier one with the same (dataset, system, metric). Also the
-    notes the extra files carry."""
+    them; a later row replaces an earlier one with the same (dataset, system, metric). Only
+    rows whose system starts with `prefix` are taken from an extra file (a whole results file,
+    e.g. bench/results/gpu_models.json, can be named). Also the notes the extra files carry."""
     keep: dict[tuple, dict] = {}
     committed = RESULTS / "generator_adaptation.json"
     if committed.exists():
@@ -304,7 +305,8 @@ def carried_rows(extra: list[Path]) -> tuple[list[dict], list[str]]:
             doc = [json.loads(x) for x in text.splitlines() if x.strip()]
         if isinstance(doc, dict) and "rows" not in doc:  # a one-row JSONL
             doc = [doc]
-        rows = doc if isinstance(doc, list) else doc["rows"]
+        rows = [r for r in (doc if isinstance(doc, list) else doc["rows"])
+                if str(r.get("system", "")).startswith(prefix)]
         note = "" if isinstance(doc, list) else str(doc.get("note") or doc.get("meta", {})
                                                    .get("note") or "")
         for r in rows:
@@ -330,13 +332,14 @@ def _fmt(v, signed: bool = False) -> str:
     return f"{v:+.3f}" if signed else f"{v:.3f}"
 
 
-def _rows_table(rows: list[dict], signed: bool = False) -> list[str]:
-    out = ["| system | metric | value | 95% CI | n |", "|---|---|---|---|---|"]
+def _rows_table(rows: list[dict], signed: bool = False, dataset: bool = False) -> list[str]:
+    out = ["| " + ("dataset | " if dataset else "") + "system | metric | value | 95% CI | n |",
+           "|---|" + ("---|" if dataset else "") + "---|---|---|---|"]
     for r in rows:
         ci = (f"[{_fmt(r['ci_low'], signed)}, {_fmt(r['ci_high'], signed)}]"
               if r.get("ci_low") is not None else "-")
-        out.append(f"| {r['system']} | {r['metric']} | {_fmt(r['value'], signed)} | {ci} | "
-                   f"{r['n']} |")
+        out.append("| " + (f"{r['dataset']} | " if dataset else "") + f"{r['system']} | "
+                   f"{r['metric']} | {_fmt(r['value'], signed)} | {ci} | {r['n']} |")
     return out
 
 
@@ -409,13 +412,30 @@ def eval_rows(part: dict) -> tuple[list[dict], list[str]]:
     return rows + deltas, md
 
 
+def judge_lines(rows: list[dict]) -> list[str]:
+    """Issue 21's judge rows (`judge:qwen` position bias <= 0.2, agreement with the gold-F1
+    preference >= 0.75), one verdict per dataset they were measured on."""
+    out = []
+    for metric, target, better in (("position_bias", 0.2, "le"),
+                                   ("agreement_with_f1_preference", 0.75, "ge")):
+        for r in rows:
+            if r["system"] != "judge:qwen" or r["metric"] != metric:
+                continue
+            met = r["value"] <= target if better == "le" else r["value"] >= target
+            out.append(f"- `judge:qwen` {metric} {'<=' if better == 'le' else '>='} {target} "
+                       f"on `{r['dataset']}`: {'met' if met else 'missed'} ({r['value']:.3f} "
+                       f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}], n {r['n']}; margin "
+                       f"{abs(r['value'] - target):.3f}).")
+    return out
+
+
 def acceptance_lines(rows: list[dict]) -> list[str]:
     """Issue 21's generator rows: met/missed with the measured margin."""
     by = {(r["system"], r["metric"]): r for r in rows}
     out = []
     r = by.get(("smollm2-distilled", "answer_f1"))
     out.append("- `smollm2-distilled` answer_f1 >= 0.33 end to end: " + (
-        "not run." if r is None else f"{'met' if r['value'] >= 0.33 else 'missed'} "
+        "not measured in this file." if r is None else f"{'met' if r['value'] >= 0.33 else 'missed'} "
         f"({r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}], n {r['n']}; margin "
         f"{r['value'] - 0.33:+.3f})."))
     for sysname, target in (("smollm2-distilled", None), ("smollm2-grpo", 0.02),
@@ -423,7 +443,7 @@ def acceptance_lines(rows: list[dict]) -> list[str]:
         d = by.get((f"{sysname} - {BASELINE}", "delta_answer_f1"))
         head = f"- `{sysname} - {BASELINE}` delta_answer_f1"
         if d is None:
-            out.append(f"{head}: not run.")
+            out.append(f"{head}: not measured in this file.")
             continue
         val = f"{d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], n {d['n']}"
         if target is None:
@@ -456,7 +476,8 @@ def teacher_rows() -> tuple[list[dict], list[str]]:
         md = ["Qwen2.5-Coder-1.5B-Instruct answers to the 500 HotpotQA **train** questions "
               "(written by the lead's GPU run into the teacher store; `cite_concise`); kept = "
               "cites something, F1 >= 0.5 and cites only gold paragraphs "
-              "(`rl.adaptation.teacher.keep_record`):", ""] + _rows_table(rows)
+              "(`rl.adaptation.teacher.keep_record`; the `kept` row is the kept fraction):",
+              ""] + _rows_table(rows, dataset=True)
     return rows, md
 
 
@@ -470,10 +491,11 @@ def _pick_line(vpart: dict) -> str:
 
 
 def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
-           device: str = "cpu") -> None:
+           device: str = "cpu", note: str | None = None) -> None:
     """bench/results/generator_adaptation.{json,md} from the parts that exist (+ carried rows):
     the test evaluation over the first `eval_n` test questions (each system's answers to a
-    prefix of a longer evaluation come from the generation cache)."""
+    prefix of a longer evaluation come from the generation cache). `note`: a status line
+    (what is still running, why a row is missing), kept in part `note` for later renders."""
     from rag.corpus.loaders import data_root
 
     rows, md = [], []
@@ -499,23 +521,25 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
                   if part.get("device", "cpu") == "cpu" else
                   f"answer length. Answered on {part['device']} (bf16, batch 32)."),
                "", *emd, "",
-               "**Acceptance (issue 21)**:", "", *acceptance_lines(er), "",
                "How each system was trained (from its merged folder's `ragpilot_meta.json`):",
                ""] + [_train_line(label, r.get("train") or {})
                       for label, r in part["systems"].items()] + [""]
     else:
-        md += ["- End-to-end evaluation: not run.", ""]
+        md += [f"### End to end: HotpotQA test (first {eval_n}), hybrid k=5", "",
+               "No system evaluated yet in this file.", ""]
     rf = PARTS / f"reference-test-{eval_n}.json"
+    if not rf.exists() and not quick and (PARTS / f"reference-test-{EVAL_N}.json").exists():
+        rf = PARTS / f"reference-test-{EVAL_N}.json"  # the whole split's reference answers
     if rf.exists() and not quick:
         ref = json.loads(rf.read_text())
-        ds = f"hotpotqa/test[:{eval_n}]/hybrid-k5"
+        ds = f"hotpotqa/test[:{ref['n']}]/hybrid-k5"
         refrows = [metric_row(ds, label, "answer_f1", r["f1"])
                    for label, r in ref["systems"].items()]
         rows += refrows
-        md += ["References on the same questions and contexts, answered on the lead's GPU (bf16, "
-               "up to 32 new tokens; `" + Path(ref["source"]).name + "`), re-parsed and scored "
-               "here: not the same runtime, so a reference, not a compared system.", "",
-               *_rows_table(refrows), ""]
+        md += [f"References on the same {ref['n']} test questions and contexts, answered on the "
+               "lead's H100 (transformers bf16, up to 32 new tokens; `"
+               + Path(ref["source"]).name + "`), re-parsed and scored here: another runtime, so "
+               "a reference, not a compared system.", "", *_rows_table(refrows), ""]
     vf = PARTS / f"eval-valid-{VALID_N}{_suffix(device)}.json"
     if vf.exists() and not quick:
         vpart = json.loads(vf.read_text())
@@ -528,22 +552,29 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
     if tmd:
         md += ["### Teacher data", "", *tmd, ""]
     carried, notes = carried_rows(list(extra))
+    produced = {_row_key(r) for r in rows}
+    carried = [r for r in carried if _row_key(r) not in produced]
     if carried:
-        produced = {_row_key(r) for r in rows}
-        carried = [r for r in carried if _row_key(r) not in produced]
         rows += carried
         md += ["### Judges", "",
-               "`judge:qwen` / `judge:qwen+passages` (llama.cpp Q4_K_M, one thread, 99 resp. 15 "
-               "(Qwen answer, SmolLM2 answer) pairs of the first 100 test questions, both "
-               "orders, disagreement = tie) were measured at commit 2ae860269d and are carried "
-               "over unchanged (their parts are not on this machine); other judge rows come from "
-               "the files named below.", ""]
+               "`hotpotqa/test[:100]/hybrid-k5/answer-pairs`: llama.cpp Q4_K_M, one thread, 99 "
+               "resp. 15 (Qwen answer, SmolLM2 answer) pairs of the first 100 test questions, "
+               "measured at commit 2ae860269d and carried over unchanged (their parts are not on "
+               "this machine). Other datasets: rows of the files named below (only `judge:*` "
+               "systems are taken from them).", ""]
         for ds in dict.fromkeys(r["dataset"] for r in carried):
             md += [f"`{ds}`:", "", *_rows_table([r for r in carried if r["dataset"] == ds]), ""]
         md += [f"- {n}" for n in notes] + ([""] if notes else [])
+    nf = PARTS / "note.json"
+    if note is not None:
+        _write(nf, {"note": note})
+    note = json.loads(nf.read_text())["note"] if nf.exists() and not quick else ""
+    head = ["## Acceptance (issue 21)", "", *acceptance_lines(rows), *judge_lines(rows), ""]
+    if note:
+        head += [f"Status: {note}", ""]
     meta = make_meta(0, {"hotpotqa": data_root() / "hotpotqa"}, {"quick": quick})
     write_results("generator_adaptation", rows, meta,
-                  "Generator adaptation with a real teacher (issue 21)", "\n".join(md))
+                  "Generator adaptation with a real teacher (issue 21)", "\n".join(head + md))
 
 
 def _write(path: Path, obj: dict) -> None:
@@ -580,6 +611,8 @@ def main() -> None:
                     help="eval/render: where the generators answer (cuda: bf16, batch 32; its "
                          "own parts, never mixed with cpu answers)")
     ap.add_argument("--force", action="store_true", help="eval: re-answer a label already there")
+    ap.add_argument("--note", help="render: a status line for the md (kept for later renders; "
+                                   "'' clears it)")
     ap.add_argument("--answers", type=Path, help="reference: another machine's answer file")
     ap.add_argument("--extra-rows", action="append", type=Path, default=[],
                     help="render: a results JSON ({rows: [...], note}) or JSONL of rows to "
@@ -598,7 +631,7 @@ def main() -> None:
             raise SystemExit("--section reference needs --answers FILE")
         import_references(args.answers, args.eval_n or EVAL_N)
     else:
-        render(args.quick, args.extra_rows, args.eval_n or EVAL_N, args.device)
+        render(args.quick, args.extra_rows, args.eval_n or EVAL_N, args.device, args.note)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_deltas_are_paired_against_sft_and_verdicts_carry_margins():
     distilled = by[("smollm2-distilled", "answer_f1")]["value"]
     assert any(f"missed ({distilled:.3f}" in x and f"margin {distilled - 0.33:+.3f}" in x
                for x in lines)
-    assert any("`smollm2-dpo - smollm2-sft` delta_answer_f1: not run." in x for x in lines)
+    assert any("`smollm2-dpo - smollm2-sft` delta_answer_f1: not measured in this file." in x for x in lines)
 
 
 def test_judge_rows_are_carried_and_extra_files_replace_equal_keys(tmp_path, monkeypatch):
