@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rag.errors import ConfigError, DataError
 from rag.generation.parse import parse_output
@@ -347,6 +348,33 @@ def test_training_lowers_loss_and_learns_the_format(tiny, tmp_path):
     assert s["best_eval_f1"] >= 0.8  # memorised towns + citations on the training questions
 
 
+def test_first_step_loss_is_the_full_logits_loss(tiny, tmp_path):
+    """The trainer computes the LM head only where targets are predicted; its first logged
+    loss equals the answer-token cross-entropy over the full logits of the same batch."""
+    import torch
+
+    from rl.adaptation.generator_model import load_tokenizer
+
+    ex = _toy_examples()
+    cfg = _cfg(tiny, train={"max_steps": 1}, lora={"dropout": 0.0}, eval={"n": 0},
+               checkpoint={"every_steps": 1})
+    run = SFTRun(cfg, tmp_path / "one", ex, log=lambda m: None)
+    batch = run.batch_indices(0)
+    from transformers import AutoModelForCausalLM
+
+    model, tok = AutoModelForCausalLM.from_pretrained(str(tiny)), load_tokenizer(tiny)
+    total = n = 0.0
+    with torch.no_grad():
+        for i in batch:
+            ids, lab = encode_example(tok, ex[i], cfg.prompt_id, cfg.max_len)
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+            total += float(torch.nn.functional.cross_entropy(
+                logits, torch.tensor(lab[1:]), ignore_index=-100, reduction="sum"))
+            n += sum(t != -100 for t in lab)
+    run.train()  # LoRA B starts at zero: step 1's loss is the base model's
+    assert abs(_first_loss(run) - total / n) < 1e-5
+
+
 def _first_loss(run: SFTRun) -> float:
     import torch
 
@@ -570,16 +598,40 @@ def test_cli_train_generator(tiny, tmp_path, capsys):
     cfg.write_text(json.dumps({"generator_sft": _cfg(tiny).model_dump(mode="json")}))
     rc = main(["train-generator", "sft", "--config", str(cfg), "--out", str(tmp_path / "run"),
                "--train-jsonl", str(data), "--eval-jsonl", str(data), "--name", "tiny-cli",
-               "--set", "train.max_steps=2"])
+               "--set", "train.max_steps=2", "--registry", str(tmp_path / "local.yaml")])
     assert rc == 0
     out = capsys.readouterr().out
     assert "tiny-cli" in out
     reg = (tmp_path / "run" / "models.yaml").read_text()
     assert "tiny-cli" in reg and "format: hf" in reg
+    # --registry: the same version also lands in the shared registry file (@v1, @best)
+    local = yaml.safe_load((tmp_path / "local.yaml").read_text())["models"]
+    assert {"tiny-cli", "tiny-cli@v1", "tiny-cli@best"} <= set(local)
+    assert local["tiny-cli@best"]["path"] == str((tmp_path / "run" / "merged").resolve())
     rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "dpo"),
                "--train-jsonl", str(data), "--policy", str(tmp_path / "run" / "merged"),
                "--set", "prefs.steps=1", "--name", "tiny-dpo"])
     assert rc == 0 and (tmp_path / "dpo" / "merged" / "config.json").exists()
+    # pairs ranked elsewhere (a judge on another machine): trained on as given
+    given = tmp_path / "judged.jsonl"
+    rows = [json.loads(x) for x in (tmp_path / "dpo" / "pairs.jsonl").read_text().splitlines()]
+    given.write_text("".join(json.dumps({**r, "ranker": "judge:test"}) + "\n" for r in rows))
+    rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "jd"),
+               "--pairs-jsonl", str(given), "--policy", str(tmp_path / "run" / "merged"),
+               "--set", "prefs.steps=1", "--name", "tiny-jdpo"])
+    assert rc == 0 and (tmp_path / "jd" / "merged" / "config.json").exists()
+    summary = json.loads((tmp_path / "jd" / "summary.json").read_text())
+    assert summary["ranker"] == "judge:test" and summary["n_pairs"] == len(rows)
+    manifest = json.loads((tmp_path / "jd" / "dataset_manifest.json").read_text())
+    assert str(given) in [i["path"] for i in manifest["inputs"]]
+    bad = tmp_path / "bad_pairs.jsonl"
+    bad.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "a"}) + "\n")
+    assert main(["train-generator", "dpo", "--out", str(tmp_path / "x"), "--pairs-jsonl",
+                 str(bad)]) == 2
+    assert "bad_pairs.jsonl" in capsys.readouterr().err
+    assert main(["train-generator", "sft", "--out", str(tmp_path / "x"), "--pairs-jsonl",
+                 str(given)]) == 2
+    assert "--pairs-jsonl" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- real weights

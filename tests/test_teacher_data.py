@@ -15,6 +15,7 @@ from rl.adaptation.teacher import (
     TeacherStore,
     filtered_examples,
     keep_record,
+    stored_teacher_examples,
     teacher_answers,
     teacher_examples,
 )
@@ -44,6 +45,27 @@ def test_distillation_sets_from_kept_answers():
     assert [e.id for e in sets["teacher"]] == ["a"]
     assert [(e.id, e.source) for e in sets["teacher+gold"]] == [
         ("a", "hotpotqa"), ("b", "hotpotqa"), ("a", "teacher")]
+
+
+def test_stored_answers_are_read_back_and_checked_against_this_machines_contexts(tmp_path):
+    """Answers written elsewhere (the lead's GPU run) are read by mode/model, no generator
+    needed; one whose stored scores disagree with this machine's example (the gold paragraph
+    landed elsewhere) is refused, a duplicate question counted."""
+    exs = [SFTExample(q, f"{q}?", (), format_target("Paris", (1,)), answers=("Paris",),
+                      gold_positions=(1,)) for q in ("a", "b", "c")]
+    store = TeacherStore(tmp_path / "t.sqlite")
+    store.put(_rec("a"))                                     # right answer, cites gold [1]
+    store.put(_rec("b", prec=0.0))                           # stored: [1] was not gold there
+    store.put(TeacherRecord("kz", "a", "gold", "t", "Paris [1]", "Paris", (1,), 1.0, 1.0, 1.0))
+    store.put(TeacherRecord("kh", "c", "hybrid", "t", "Paris [1]", "Paris", (1,), 1.0, 1.0,
+                            1.0))                            # another mode: not read
+    store.put(TeacherRecord("ko", "c", "gold", "other", "x", "x", (1,), 0.0, 1.0, 1.0))
+    assert {r.key for r in store.records(mode="gold", model="t")} == {"ka", "kb", "kz"}
+    assert len(store.records()) == 5
+    kept, counts = stored_teacher_examples(exs, store, "gold", model="t")
+    assert [(e.id, e.source, e.target) for e in kept] == [("a", "teacher", "Paris [1]")]
+    assert counts == {"records": 3, "unknown_question": 0, "mismatched": 1, "duplicate": 1,
+                      "used": 1, "kept": 1}
 
 
 @pytest.mark.slow

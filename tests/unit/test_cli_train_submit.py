@@ -61,14 +61,14 @@ def test_generator_submit_asks_for_gpus_and_waits(client, tmp_path, monkeypatch,
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
     monkeypatch.chdir(tmp_path)
     rc = main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--policy", "/srv/sft",
-               "--set", "train.max_steps=20", "--no-merge", "--submit", "--gpus", "1",
-               "--wait"])
+               "--set", "train.max_steps=20", "--no-merge", "--registry", "local", "--submit",
+               "--gpus", "1", "--wait"])
     assert rc == 0
     (job,) = client.submitted
     assert job["address"] == "http://head:8265"  # from $RAY_ADDRESS
     assert shlex.split(job["entrypoint"]) == [
         "ragpilot", "train-generator", "dpo", "--set", "train.max_steps=20", "--out",
-        "/srv/runs/gen", "--policy", "/srv/sft", "--no-merge"]
+        "/srv/runs/gen", "--policy", "/srv/sft", "--no-merge", "--registry", "local"]
     assert job["entrypoint_num_cpus"] == 1.0 and job["entrypoint_num_gpus"] == 1.0
     out = capsys.readouterr().out
     assert "trained" in out and out.rstrip().endswith("job raysubmit_test123: SUCCEEDED")
@@ -86,3 +86,12 @@ def test_bad_submit_flags_exit_2_naming_the_flag(client, extra, flag, capsys):
     assert main(["train-reranker", "--set", "max_items=1", *extra]) == 2
     assert f"error: {flag}:" in capsys.readouterr().err
     assert client.submitted == []
+
+
+def test_registry_flag_names_the_local_registry(tmp_path):
+    from rag.models import local_registry_path
+    from serving.cli.train import registry_file
+
+    assert registry_file(None) is None
+    assert registry_file("local") == local_registry_path()
+    assert registry_file(str(tmp_path / "r.yaml")) == tmp_path / "r.yaml"

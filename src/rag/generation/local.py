@@ -36,6 +36,19 @@ def _short_sha(path: Path) -> str:
     return h.hexdigest()[:12]
 
 
+def weights_stamp(folder: Path) -> str:
+    """12 hex digits of the weight files' names, sizes and modification times: an `hf` folder
+    re-trained in place (every merged run is `<out>/merged`) gets a new generation-cache
+    fingerprint, so cached answers of the old weights are never served for the new ones.
+    (A GGUF conversion's folder name already carries its source's hash.)"""
+    h = hashlib.sha256()
+    for f in sorted(folder.glob("*")):
+        if f.suffix in (".safetensors", ".bin", ".pt") and f.is_file():
+            st = f.stat()
+            h.update(f"{f.name}\x00{st.st_size}\x00{st.st_mtime_ns}\x01".encode())
+    return h.hexdigest()[:12]
+
+
 def ensure_converted(name: str = "smollm2-135m-instruct",
                      registry: ModelRegistry | None = None) -> Path:
     """Local safetensors folder for a registry generator (converting GGUF once if needed)."""
@@ -104,6 +117,10 @@ class TransformersGenerator(Generator):
             path = ensure_converted(spec.name, registry) if spec.format == "gguf" \
                 else spec.resolve()
             tag = Path(path).name
+            if spec.format == "hf":  # a retrained <out>/merged is another model
+                tag += f":{weights_stamp(Path(path))}"
+            if device == "cuda":     # bf16 answers are not the fp32 ones
+                tag += ":bf16"
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), padding_side="left", **src)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -152,6 +152,28 @@ def save_pairs(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
+def load_pairs(path: str | Path) -> list[dict[str, Any]]:
+    """Pair rows written by `save_pairs` (or by another machine in the same format: `prompt`
+    already chat-templated for the policy, `chosen`, `rejected`, and optionally `id`, `source`,
+    `chosen_score`, `rejected_score`, `ranker`). A row missing a field, with an empty side or
+    with chosen == rejected raises DataError(path, line)."""
+    from rag.corpus.loaders import iter_jsonl
+    from rag.errors import DataError
+
+    rows = []
+    for n, rec in iter_jsonl(path):
+        for key in PAIR_FIELDS:
+            if not isinstance(rec.get(key), str) or not rec[key].strip():
+                raise DataError(str(path), f"pair field {key!r} missing or empty", line=n)
+        if rec["chosen"].strip() == rec["rejected"].strip():
+            raise DataError(str(path), "chosen == rejected teaches nothing", line=n)
+        rows.append(rec)
+    return rows
+
+
 def pairs_manifest(pairs: Sequence[dict[str, Any]],
                    base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The dataset manifest of a preference run: the manifest of the examples the pairs were

@@ -101,6 +101,22 @@ class TeacherStore:
             c.execute("INSERT OR REPLACE INTO teacher VALUES (?, ?, ?, ?, ?)",
                       (rec.key, rec.qid, rec.mode, rec.model, json.dumps(rec.to_dict())))
 
+    def records(self, mode: str | None = None, model: str | None = None
+                ) -> list[TeacherRecord]:
+        """Every stored record (of `mode` / teacher `model` when given), in key order: what
+        `filtered_examples` reads when the answers were written elsewhere (another machine's
+        run copied in) and no teacher generator is at hand to recompute the keys."""
+        sql, args = "SELECT value FROM teacher", []
+        conds = [(c, v) for c, v in (("mode", mode), ("model", model)) if v is not None]
+        if conds:
+            sql += " WHERE " + " AND ".join(f"{c} = ?" for c, _ in conds)
+            args = [v for _, v in conds]
+        out = []
+        for (value,) in self._conn().execute(sql + " ORDER BY key", args):
+            d = json.loads(value)
+            out.append(TeacherRecord(**{**d, "citations": tuple(d["citations"])}))
+        return out
+
     def __len__(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM teacher").fetchone()[0])
 
@@ -165,6 +181,37 @@ def filtered_examples(examples: Sequence[SFTExample], records: Sequence[TeacherR
     return out
 
 
+def stored_teacher_examples(examples: Sequence[SFTExample], store: TeacherStore,
+                            mode: str, model: str = TEACHER, min_f1: float = 0.5,
+                            min_cite_precision: float = 1.0
+                            ) -> tuple[list[SFTExample], dict[str, int]]:
+    """The kept teacher answers of `mode` already in `store` (written by any machine) as SFT
+    examples over `examples` (the same `teacher_examples(mode, n)` the teacher answered), and
+    counts. A record is used only when re-scoring it against this machine's example gives
+    the stored F1 and citation precision: a retrieval that put the gold paragraphs elsewhere
+    would make its `[i]` citations point at other passages (counted as `mismatched`); a
+    question answered twice (another key) uses its first record by key."""
+    by_id = {e.id: e for e in examples}
+    seen: dict[str, TeacherRecord] = {}
+    counts = {"records": 0, "unknown_question": 0, "mismatched": 0, "duplicate": 0}
+    for r in store.records(mode=mode, model=model):
+        counts["records"] += 1
+        e = by_id.get(r.qid)
+        if e is None:
+            counts["unknown_question"] += 1
+        elif r.qid in seen:
+            counts["duplicate"] += 1
+        elif any(abs(a - b) > 1e-9 for a, b in zip(score(r.text, r.citations, e),
+                                                  (r.f1, r.cite_precision), strict=True)):
+            counts["mismatched"] += 1
+        else:
+            seen[r.qid] = r
+    recs = [seen[e.id] for e in examples if e.id in seen]
+    kept = filtered_examples(examples, recs, min_f1, min_cite_precision)
+    counts.update(used=len(recs), kept=len(kept))
+    return kept, counts
+
+
 def teacher_examples(mode: str, n: int, seed: int = 0) -> list[SFTExample]:
     """The first `n` HotpotQA train questions with `mode` contexts (module docstring)."""
     from rl.adaptation.sft_data import hotpot_split
@@ -222,6 +269,32 @@ def run_teacher_job(model: str = TEACHER, mode: str = "gold", n: int = 500, shar
                         for k in range(shards)]))
 
 
+def export_sets(out_dir: str | Path, n: int = 500, store_path: str | None = None,
+                model: str = TEACHER, modes: Sequence[str] = ("gold", "hybrid")) -> dict:
+    """Write the distillation SFT sets (`sft_data.distillation_sets`) of the kept stored
+    answers of `modes` over the first `n` train questions: <out>/teacher.jsonl and
+    <out>/teacher+gold.jsonl (gold = the SFT recipe's gold-paragraph examples), + counts."""
+    from rl.adaptation.sft_data import distillation_sets, save_examples
+
+    store = TeacherStore(store_path)
+    gold = teacher_examples("gold", n)
+    kept: list[SFTExample] = []
+    counts = {}
+    for mode in modes:
+        exs = gold if mode == "gold" else teacher_examples(mode, n)
+        k, c = stored_teacher_examples(exs, store, mode, model)
+        kept += k
+        counts[mode] = c
+    out = Path(out_dir)
+    sets = distillation_sets(gold, kept)
+    for name, exs in sets.items():
+        save_examples(exs, out / f"{name}.jsonl")
+    summary = {"counts": counts, "sets": {k: len(v) for k, v in sets.items()},
+               "out": str(out)}
+    (out / "sets.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def main() -> None:
     from rag.env import configure_runtime_env
 
@@ -233,7 +306,13 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--budget-s", type=float)
     ap.add_argument("--store")
+    ap.add_argument("--export-sets", metavar="DIR",
+                    help="write the distillation SFT sets of the stored answers (both modes) "
+                         "to DIR instead of answering")
     a = ap.parse_args()
+    if a.export_sets:
+        print(json.dumps(export_sets(a.export_sets, a.n, a.store, a.model)))
+        return
     done = run_teacher_job(a.model, a.mode, a.n, a.shards, a.budget_s, a.store)
     print(json.dumps({"answers": done, "store": str(TeacherStore(a.store).path)}))
 

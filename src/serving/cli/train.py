@@ -106,19 +106,37 @@ def _eval_examples(cfg, eval_jsonl: str | None) -> list:
     return sd.hotpot_split("valid", cfg.eval.n) if cfg.eval.n else []
 
 
-def _register(out: Path, name: str, merged: Path) -> Path:
+def registry_file(value: str | None) -> Path | None:
+    """--registry: `local` = the local registry of trained models (`<cache>/models/
+    registry.yaml`, which `rag.models.default_registry()` reads), else a YAML path."""
+    if not value:
+        return None
+    if value == "local":
+        from rag.models import local_registry_path
+
+        return local_registry_path()
+    return Path(value)
+
+
+def _register(out: Path, name: str, merged: Path, registry: str | None = None) -> Path:
+    """`<out>/models.yaml`, and the --registry file too when given (a new version of `name`
+    there: `<name>@v<N>`, `<name>@best` by valid F1)."""
     from rl.adaptation.generator_export import write_registry_entry
 
     reg = write_registry_entry(out / "models.yaml", name, merged)
     print(f"registered generator {name!r} -> {merged}")
     print(f"  select it: RAGPILOT_MODELS={reg} ... --set generator={name}")
+    extra = registry_file(registry)
+    if extra is not None:
+        write_registry_entry(extra, name, merged)
+        print(f"  and in {extra} (select it: --set generator={name} or {name}@best)")
     return reg
 
 
 SUBMIT_FLAGS = ("job_address", "cpus", "gpus", "working_dir", "wait")
 RERANKER_FORWARD = ("config", "set", "run_dir", "stop_after", "no_register")
 GENERATOR_FORWARD = ("config", "set", "out", "train_jsonl", "eval_jsonl", "policy", "name",
-                     "no_merge", "grpo_set")
+                     "no_merge", "grpo_set", "registry", "pairs_jsonl")
 """The options a submitted job gets (flag = `--` + dest with dashes)."""
 
 
@@ -217,8 +235,23 @@ def _train_grpo(args: argparse.Namespace, cfg, out: Path, name: str) -> int:
     summary = run_grpo(args.policy, out, settings_from_env(**over), merge=not args.no_merge)
     print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, default=str))
     if not args.no_merge:
-        _register(out, name, Path(summary["merged"]))
+        _register(out, name, Path(summary["merged"]), args.registry)
     return 0
+
+
+def _given_pairs(paths: list[str]) -> tuple[list[dict], dict]:
+    """--pairs-jsonl files (rl.adaptation.prefs pair rows) concatenated, and their manifest
+    (pair rows' ids/sources/ranker + each file's sha256)."""
+    from rag.corpus.loaders import sha256_file
+    from rl.adaptation.prefs import load_pairs, pairs_manifest
+
+    pairs = [row for p in paths for row in load_pairs(p)]
+    if not pairs:
+        raise ConfigError("--pairs-jsonl", "no pair rows in the given files")
+    manifest = pairs_manifest(pairs)
+    manifest["inputs"] = [*manifest.get("inputs", []),
+                          *({"path": str(p), "sha256": sha256_file(p)} for p in paths)]
+    return pairs, manifest
 
 
 def cmd_train_generator(args: argparse.Namespace) -> int:
@@ -229,17 +262,21 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     from rl.adaptation.generator_model import check_qlora
 
     check_qlora(cfg)  # fail before any data or model work
+    if args.pairs_jsonl and args.method in ("sft", "grpo"):
+        raise ConfigError("--pairs-jsonl", "only for dpo, ipo and orpo")
     out = Path(args.out)
     name = args.name or f"gen-{args.method}-{out.name}"
     if args.method == "grpo":
         return _train_grpo(args, cfg, out, name)
-    train = build_train_examples(cfg, args.train_jsonl)
-    if not train:
-        raise ConfigError("generator_sft.data", "no training examples")
-    from rl.adaptation.sft_data import save_examples
-
     out.mkdir(parents=True, exist_ok=True)
-    save_examples(train, out / "train.jsonl")
+    train: list = []
+    if not args.pairs_jsonl:  # given pairs need no SFT examples
+        train = build_train_examples(cfg, args.train_jsonl)
+        if not train:
+            raise ConfigError("generator_sft.data", "no training examples")
+        from rl.adaptation.sft_data import save_examples
+
+        save_examples(train, out / "train.jsonl")
     if args.method == "sft":
         from rl.adaptation.generator_export import merge_adapter
         from rl.adaptation.generator_trainer import SFTRun, alias_path
@@ -266,21 +303,25 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         )
 
         policy = Path(args.policy) if args.policy else resolve_base(cfg.base_model)
-        ranker_name, ranker = make_ranker(cfg.prefs.ranker)
-        tok = load_tokenizer(policy)
-        model = load_base_model(policy, cfg)
-        used = train[: cfg.prefs.n_pairs]
-        pairs = build_pairs(model, tok, used, cfg, ranker)
-        del model
+        if args.pairs_jsonl:  # ranked elsewhere (e.g. a judge on a GPU): train on them as is
+            pairs, manifest = _given_pairs(args.pairs_jsonl)
+        else:
+            ranker_name, ranker = make_ranker(cfg.prefs.ranker)
+            tok = load_tokenizer(policy)
+            model = load_base_model(policy, cfg)
+            used = train[: cfg.prefs.n_pairs]
+            pairs = build_pairs(model, tok, used, cfg, ranker)
+            del model
+            manifest = pairs_manifest(pairs, train_manifest(cfg, args.train_jsonl, used))
         save_pairs(pairs, out / "pairs.jsonl")
-        print(f"{len(pairs)} preference pairs (ranker {ranker_name})")
-        m = train_preferences(args.method, policy, pairs, cfg, out, data_manifest=pairs_manifest(
-            pairs, train_manifest(cfg, args.train_jsonl, used)))
+        print(f"{len(pairs)} preference pairs (ranker "
+              f"{'+'.join(sorted({str(p.get('ranker')) for p in pairs}))})")
+        m = train_preferences(args.method, policy, pairs, cfg, out, data_manifest=manifest)
         print(json.dumps(m, default=str))
         if args.no_merge:
             return 0
         merged = merge_adapter(out / "adapter", out / "merged", base_path=policy)
-    _register(out, name, merged)
+    _register(out, name, merged, args.registry)
     return 0
 
 
@@ -308,7 +349,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--policy", help="dpo/ipo/orpo: the model to align (default: base_model); "
                                     "normally an SFT run's merged folder")
     s.add_argument("--name", help="registry name of the trained generator")
+    s.add_argument("--pairs-jsonl", action="append", metavar="FILE",
+                   help="dpo/ipo/orpo: train on these preference pairs (rl.adaptation.prefs "
+                        "rows, e.g. judge-ranked elsewhere) instead of ranking the policy's own "
+                        "samples; repeatable")
     s.add_argument("--no-merge", action="store_true", help="keep only the adapter")
+    s.add_argument("--registry", help="also register the merged model in this registry YAML; "
+                                      "`local` = <cache>/models/registry.yaml, which every "
+                                      "config, the tuner and the bandit read by default")
     s.add_argument("--grpo-set", action="append", metavar="KEY=VALUE",
                    help="grpo: a rl.adaptation.grpo.GRPOSettings field, e.g. steps=80")
     add_submit_arguments(s)

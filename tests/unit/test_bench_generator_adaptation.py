@@ -1,0 +1,64 @@
+"""bench/generator_adaptation.py's row logic: paired deltas against the SFT baseline, the
+acceptance verdicts with their margins, and carried-over judge rows (committed file + extra
+files, later files replacing equal keys) — on synthetic parts, no model."""
+
+from __future__ import annotations
+
+import json
+
+import bench.generator_adaptation as ga
+import numpy as np
+import pytest
+
+
+def _part(f1s: dict[str, list[float]]) -> dict:
+    n = len(next(iter(f1s.values())))
+    return {"split": "test", "n": n, "ids": [str(i) for i in range(n)], "max_new_tokens": 20,
+            "systems": {k: {"f1": v, "em": [float(x == 1.0) for x in v],
+                            "citation_precision": [1.0] * n, "seconds": float(n),
+                            "tokens_out": [6] * n, "train": {}} for k, v in f1s.items()}}
+
+
+def test_deltas_are_paired_against_sft_and_verdicts_carry_margins():
+    rng = np.random.default_rng(0)
+    base = rng.random(200)
+    part = _part({"smollm2-sft": base.tolist(),
+                  "smollm2-grpo": (base + 0.05).tolist(),          # +0.05 on every question
+                  "smollm2-distilled": np.clip(base - 0.3, 0, 1).tolist()})
+    rows, md = ga.eval_rows(part)
+    by = {(r["system"], r["metric"]): r for r in rows}
+    d = by[("smollm2-grpo - smollm2-sft", "delta_answer_f1")]
+    assert d["value"] == pytest.approx(0.05) and d["ci_low"] == pytest.approx(0.05)
+    assert ("smollm2-sft - smollm2-sft", "delta_answer_f1") not in by
+    assert any("| smollm2-grpo - smollm2-sft | delta_answer_f1 | +0.050 |" in x for x in md)
+    lines = ga.acceptance_lines(rows)
+    assert any(x.startswith("- `smollm2-grpo - smollm2-sft` delta_answer_f1 with CI above 0")
+               and ": met (+0.050" in x for x in lines)
+    distilled = by[("smollm2-distilled", "answer_f1")]["value"]
+    assert any(f"missed ({distilled:.3f}" in x and f"margin {distilled - 0.33:+.3f}" in x
+               for x in lines)
+    assert any("`smollm2-dpo - smollm2-sft` delta_answer_f1: not measured in this file." in x for x in lines)
+
+
+def test_judge_rows_are_carried_and_extra_files_replace_equal_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(ga, "PARTS", tmp_path / "parts")
+    monkeypatch.setattr(ga, "RESULTS", tmp_path)
+    row = {"dataset": "d", "system": "judge:qwen", "metric": "position_bias", "value": 0.5,
+           "ci_low": 0.4, "ci_high": 0.6, "n": 99}
+    other = {**row, "system": "smollm2-grpo", "metric": "answer_f1"}
+    (tmp_path / "generator_adaptation.json").write_text(json.dumps({"rows": [row, other]}))
+    extra = tmp_path / "lead.json"
+    new = {**row, "value": 0.1}
+    extra.write_text(json.dumps({"rows": [new, {**row, "metric": "tie_rate"}],
+                                 "note": "GPU run"}))
+    rows, notes = ga.carried_rows([extra])
+    assert {(r["metric"], r["value"]) for r in rows} == {("position_bias", 0.1),
+                                                          ("tie_rate", 0.5)}
+    assert notes == [f"{extra}: GPU run"]
+    extra.unlink()  # remembered in the part: a later render keeps the rows
+    assert {(r["metric"], r["value"]) for r in ga.carried_rows([])[0]} == {
+        ("position_bias", 0.1), ("tie_rate", 0.5)}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"system": "judge:x", "metric": "m"}) + "\n")
+    with pytest.raises(SystemExit, match="lacks"):
+        ga.carried_rows([bad])
