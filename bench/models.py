@@ -337,6 +337,16 @@ def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows,
                            per_query_scores(run, qrels, "ndcg@10"), args.seed))
     notes.append(f"hybrid-nomic: min-max fusion with tantivy BM25, w={w} (dense weight) chosen "
                  f"on {len(train_qs)} SciFact train queries.")
+    if cached:
+        gpu = RESULTS / "gpu_models.json"
+        cos = next((r["value"] for r in (json.loads(gpu.read_text())["rows"] if gpu.exists()
+                                         else []) if r["metric"] == "min_cosine_gpu_vs_cpu"),
+                   float("nan"))
+        notes.append(f"dense-nomic / hybrid-nomic ndcg@10: the corpus vectors are the embedding "
+                     f"cache's ({corpus.fingerprint()}-{enc.fingerprint}.npy), which the lent-GPU "
+                     f"run built with this port on cuda (bench/gpu_models.py; min cosine to the "
+                     f"CPU port's vectors {cos:.8f} on 16 abstracts); the queries were encoded "
+                     f"here on the CPU.")
 
 
 GPU_ROWS = ("hotpotqa/test/hybrid-k5", "hotpotqa/valid/hybrid-k5")
@@ -358,12 +368,14 @@ def gpu_rows(rows: list, notes: list) -> None:
             or (r["system"] == "dense-nomic" and r["metric"] == "gpu_index_build_s")]
     rows.extend(keep)
     dev = g["meta"].get("device_run", {})
+    vf = ", ".join(f"{k} {v:.3f}" for k, v in
+                   dev.get("qwen_prompt", {}).get("valid_f1", {}).items())
     notes.append(f"GPU rows ({len(keep)}, datasets {', '.join(GPU_ROWS)} and dense-nomic "
                  f"gpu_index_build_s) are carried from bench/results/gpu_models.json (commit "
                  f"{g['meta']['commit'][:10]}): {dev.get('device')}, transformers "
                  f"{dev.get('transformers')} bf16, the Q4_K_M GGUF dequantised at load; Qwen's "
                  f"test prompt `{dev.get('qwen_prompt', {}).get('chosen')}` was chosen on the 300 "
-                 f"valid questions (valid F1 {dev.get('qwen_prompt', {}).get('valid_f1')}), so "
+                 f"valid questions (valid F1 {vf}), so "
                  f"its answer_f1 is tuned (prompt only), not zero-shot; gpu_s_per_answer is "
                  f"batched (48 per batch) on one H100.")
 
