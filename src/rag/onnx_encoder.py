@@ -49,7 +49,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -74,11 +74,15 @@ def _require_onnx():
                                      "pip install onnxruntime onnx") from None
 
 
-def export_onnx(model_dir: Path, out_dir: Path, quantize: bool = True) -> Path:
+def export_onnx(model_dir: Path, out_dir: Path, quantize: bool = True,
+                export_raw: Callable[[Path, Path], None] | None = None) -> Path:
     """Export the transformer in `model_dir` to `out_dir/model.fused.onnx` (inputs input_ids,
     attention_mask, token_type_ids: int64 [batch, seq]; output last_hidden_state float32
     [batch, seq, dim]) and, when `quantize`, `out_dir/model.fused.int8.onnx`. Returns the file
-    to load. Idempotent; safe under concurrent callers (threads and processes)."""
+    to load. Idempotent; safe under concurrent callers (threads and processes).
+
+    `export_raw(model_dir, out_file)` writes the unfused graph (default: the bi-encoder's
+    hidden states; rag.onnx_rerank passes a sequence-classification head's logit)."""
     want = out_dir / (INT8_FILE if quantize else FP32_FILE)
     if want.exists():
         return want
@@ -89,7 +93,7 @@ def export_onnx(model_dir: Path, out_dir: Path, quantize: bool = True) -> Path:
         if not fp32.exists():
             raw = out_dir / _RAW_FILE
             if not raw.exists():
-                _export_fp32(model_dir, raw)
+                (export_raw or _export_fp32)(model_dir, raw)
             _fuse(raw, fp32, json.loads((model_dir / "config.json").read_text()))
         if quantize and not want.exists():
             import onnx

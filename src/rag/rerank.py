@@ -5,12 +5,12 @@
   lookup is given, so only the query is encoded).
 - `cross_encoder`: a sequence-classification model from a LOCAL directory (no cross-encoder ships
   on PyPI: train one with the model-adaptation tools, register it in configs/rag/models.yaml).
+  A registry entry with `options: {runtime: onnx}` runs the same model on ONNX Runtime, int8 by
+  default (rag.onnx_rerank, the `models` extra).
 """
 
 from __future__ import annotations
 
-import json
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,24 +19,10 @@ import numpy as np
 from rag.encoders import encode_documents, encode_queries
 from rag.errors import ConfigError
 from rag.models import ModelRegistry, default_registry
-from rag.types import Hit, Passage
+from rag.rerank_base import Reranker, trained_max_length
+from rag.types import Passage
 
-
-class Reranker(ABC):
-    name: str = "reranker"
-
-    @abstractmethod
-    def scores(self, query: str, passages: Sequence[Passage]) -> np.ndarray:
-        """One relevance score per passage (higher is better)."""
-
-    def rerank(self, query: str, passages: Sequence[Passage], top_k: int | None = None
-               ) -> list[Hit]:
-        if not passages:
-            return []
-        s = self.scores(query, passages)
-        hits = sorted((Hit(float(v), p.id) for v, p in zip(s, passages, strict=True)),
-                      key=lambda h: (-h.score, h.id))
-        return hits[:top_k] if top_k else hits
+__all__ = ["Reranker", "NoRerank", "CosineReranker", "CrossEncoderReranker", "make_reranker"]
 
 
 class NoRerank(Reranker):
@@ -86,7 +72,7 @@ class CrossEncoderReranker(Reranker):
         self.tokenizer = AutoTokenizer.from_pretrained(str(p))
         self.model = AutoModelForSequenceClassification.from_pretrained(str(p)).to(device).eval()
         if max_length is None:
-            max_length = _trained_max_length(p) or 256
+            max_length = trained_max_length(p) or 256
         self.device, self.batch_size, self.max_length = device, batch_size, max_length
         self._torch = torch
 
@@ -105,22 +91,11 @@ class CrossEncoderReranker(Reranker):
         return np.concatenate(out)
 
 
-def _trained_max_length(model_dir: Path) -> int | None:
-    """`config.max_length` of a `ragpilot train-reranker` manifest, if there is one."""
-    man = model_dir / "manifest.json"
-    if not man.exists():
-        return None
-    try:
-        value = json.loads(man.read_text()).get("config", {}).get("max_length")
-    except (OSError, ValueError):
-        return None
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
 def make_reranker(kind: str, model: str = "minilm", device: str = "cpu",
                   registry: ModelRegistry | None = None,
                   passage_vectors: Callable[[list[str]], np.ndarray] | None = None) -> Reranker:
-    """kind: none | cosine | cross_encoder; model: a registry name or a local directory."""
+    """kind: none | cosine | cross_encoder; model: a registry name or a local directory (a
+    cross_encoder entry with `options.runtime: onnx` runs on rag.onnx_rerank)."""
     reg = registry or default_registry()
     if kind == "none":
         return NoRerank()
@@ -137,5 +112,13 @@ def make_reranker(kind: str, model: str = "minilm", device: str = "cpu",
                 raise ConfigError("reranker_model", f"{model!r} is a {spec.kind}, not a "
                                                     "cross_encoder; train one or give a path")
             path = spec.resolve()
+            runtime = spec.options.get("runtime", "torch")
+            if runtime == "onnx":
+                from rag.onnx_rerank import from_spec
+
+                return from_spec(spec.name, path, spec.options, device=device)
+            if runtime != "torch":
+                raise ConfigError(f"models.{spec.name}.options.runtime",
+                                  f"must be torch or onnx for a cross_encoder, got {runtime!r}")
         return CrossEncoderReranker(path, device=device)
     raise ConfigError("rerank", f"unknown reranker {kind!r} (none | cosine | cross_encoder)")
