@@ -7,6 +7,8 @@
                                               # committed models.json (generator rows kept)
     python bench/models.py --only encoders --reuse-fp32 --no-nomic   # MiniLM rows only; the
                                               # committed nomic rows are kept
+    python bench/models.py --only rerank      # the cross-encoder rows alone (torch vs ONNX
+                                              # fp32/int8, bench/models_rerank.py); merged
     python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
                                       # (50 queries); nomic on --nomic-docs docs and Qwen on
                                       # --llm-n 3 questions, for per-item cost and projections
@@ -33,6 +35,9 @@ Rows (bench/common conventions):
                                      gold (rows `<label>@gold`: the generator ceiling);
                                      generate_s_per_q, prefill/decode_tok_s, load_s, and the
                                      paired F1 difference with its CI (bench/models_generators.py)
+  rerank-ce-minilm-{torch-fp32, onnx-fp32, onnx-int8}   cpu_s_per_query, spearman_vs_torch, ...
+                                     (bench/models_rerank.py; an untrained head: cost and
+                                     fidelity to torch, not quality)
 Qwen and nomic need `ragpilot models pull ...` and the llama.cpp runtime
 (scripts/build_llama_cpp.sh); minilm-fast needs the `models` extra. Missing pieces are reported
 and their rows left out, never faked.
@@ -381,11 +386,16 @@ def gpu_rows(rows: list, notes: list) -> None:
 
 
 def section_of(row: dict) -> str:
-    """Which section measured a row: SciFact rows are the encoders', the rest generators'."""
+    """Which section measured a row: rerank-* rows the reranker's, other SciFact rows the
+    encoders', the rest generators'."""
+    if row["system"].startswith("rerank-"):
+        return "rerank"
     return "retrieval" if row["dataset"].startswith("scifact") else "generators"
 
 
 def note_section(note: str) -> str:
+    if note.startswith("rerank-"):
+        return "rerank"
     return "retrieval" if note.startswith(("dense-", "hybrid-")) else "generators"
 
 
@@ -438,7 +448,11 @@ def main() -> None:
                     help="llama.cpp threads (else $RAGPILOT_LLAMA_THREADS, else 1)")
     ap.add_argument("--budget-min", type=float, default=None,
                     help="start no new question after this many minutes of generation")
-    ap.add_argument("--only", choices=("encoders", "retrieval", "generators", "nomic"),
+    ap.add_argument("--rerank-queries", type=int, default=20)
+    ap.add_argument("--rerank-depth", type=int, default=20, help="BM25 candidates per query")
+    ap.add_argument("--rerank-threads", type=int, default=1,
+                    help="threads per cross-encoder runtime in the rerank section")
+    ap.add_argument("--only", choices=("encoders", "retrieval", "generators", "nomic", "rerank"),
                     default=None,
                     help="one section (encoders = retrieval: the SciFact encoder rows; nomic: "
                          "only nomic's rows, e.g. from vectors a GPU run put in the embedding "
@@ -455,7 +469,7 @@ def main() -> None:
     torch.set_num_threads(args.encoder_threads)  # the fp32 sentence-transformers reference
     rows: list[dict] = []
     notes: list[str] = []
-    sections = [s for s in ("retrieval", "generators") if args.only in (None, s)]
+    sections = [s for s in ("retrieval", "generators", "rerank") if args.only in (None, s)]
     if args.only == "nomic":
         sections = ["retrieval"]
         corpus, test_qs, qrels, train_qs, train_qrels, ds = scifact(args.quick, args.seed)
@@ -464,6 +478,10 @@ def main() -> None:
         retrieval_section(args, rows, notes)
     if "generators" in sections:
         generator_section(args, rows, notes)
+    if "rerank" in sections:
+        from bench.models_rerank import rerank_section
+
+        rerank_section(args, rows, notes)
     kept = merge_previous(args, sections, rows, notes)
     gpu_rows(rows, notes)
     md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
@@ -473,7 +491,7 @@ def main() -> None:
                   f"| {r['n']} |")
     md += [""] + [f"- {n}" for n in notes]
     datasets = {}
-    if "retrieval" in sections:
+    if "retrieval" in sections or "rerank" in sections:
         datasets["scifact"] = data_root() / "scifact"
     if "generators" in sections:
         datasets["hotpotqa"] = data_root() / HOTPOT
