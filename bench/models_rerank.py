@@ -12,8 +12,9 @@ relevance signal, so the rows measure cost and fidelity to torch, not ranking qu
                                candidates, --rerank-threads threads), wall_s_per_query
   rerank-ce-minilm-onnx-*      spearman_vs_torch (per query, over its candidates),
                                top1_agree_vs_torch, cpu_speedup_vs_torch (per-query torch CPU
-                               s / this runtime's), export_s (one-time export + quantise; 0
-                               when the cache already held it)
+                               s / this runtime's), export_s (constructor wall seconds: the
+                               one-time export + quantise on a cold cache, only the session
+                               load when the cache already holds the graph)
   rerank-ce-minilm-onnx-fp32   max_abs_diff_vs_torch
 """
 
