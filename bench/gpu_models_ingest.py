@@ -127,7 +127,8 @@ def _judge_rows(judge, rows, notes) -> None:
 
 
 def _pair_rows(judge, sets, notes_dir: Path, rows, notes) -> None:
-    """dpo_pairs_<mode>.jsonl from the train verdicts (ties dropped)."""
+    """dpo_pairs_<mode>.jsonl from the train verdicts (ties dropped; a pair with an empty side
+    or two identical targets (answer and citations) is dropped and counted: a DPO trainer refuses it, `rl.adaptation.prefs`)."""
     from transformers import AutoTokenizer
 
     from rag.generation.local import ensure_converted
@@ -141,16 +142,20 @@ def _pair_rows(judge, sets, notes_dir: Path, rows, notes) -> None:
         set_name = f"train-{mode}"
         by_id = {r["id"]: r for r in sets[set_name]}
         pairs = [j for j in judge if j["set"] == set_name]
-        out = []
+        out, degenerate = [], 0
         for j in pairs:
             if j["winner"] == "tie":
                 continue
             r = by_id[j["id"]]
             win, lose = (("a", "b") if j["winner"] == "A" else ("b", "a"))
+            chosen = format_target(j[f"text_{win}"], j.get(f"cites_{win}", []))
+            rejected = format_target(j[f"text_{lose}"], j.get(f"cites_{lose}", []))
+            if not j[f"text_{win}"].strip() or not j[f"text_{lose}"].strip() or chosen == rejected:
+                degenerate += 1
+                continue
             ctxs = [Context(c["id"], c["title"], c["text"], c["score"]) for c in r["contexts"]]
             out.append({"prompt": render_prompt(tok, r["question"], ctxs, "cite_concise"),
-                        "chosen": format_target(j[f"text_{win}"], j.get(f"cites_{win}", [])),
-                        "rejected": format_target(j[f"text_{lose}"], j.get(f"cites_{lose}", [])),
+                        "chosen": chosen, "rejected": rejected,
                         "id": r["id"], "source": f"hotpotqa-train-{mode}",
                         "chosen_score": abs(j["margin"]), "rejected_score": -abs(j["margin"]),
                         "ranker": "judge:qwen", "chosen_model": j[win],
@@ -162,7 +167,8 @@ def _pair_rows(judge, sets, notes_dir: Path, rows, notes) -> None:
                               "preference_pairs", len(out), len(pairs)))
         qwen_won = sum(x["chosen_model"] == "qwen" for x in out)
         notes.append(f"Preference pairs ({mode} contexts): {len(out)} decisive of {len(pairs)} "
-                     f"judged (Qwen preferred in {qwen_won}); {path}.")
+                     f"judged (Qwen preferred in {qwen_won}; {degenerate} decisive pairs "
+                     f"dropped for an empty answer on one side or two identical targets); {path}.")
 
 
 def _teacher(jobs, answers, info, notes_dir: Path, rows, notes, store_path=None) -> None:
