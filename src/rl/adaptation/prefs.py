@@ -223,6 +223,22 @@ def _log_run(cfg: GeneratorSFTConfig, out: Path, meta: dict[str, Any],
         return run.info.run_id
 
 
+def trainer_args(cfg: GeneratorSFTConfig, output_dir: str | Path) -> dict[str, Any]:
+    """The TRL DPO/ORPO arguments shared by every method. Mixed precision follows the device:
+    TRL's configs default to `bf16=True`, which on a CPU autocasts every matmul to bf16 — on
+    AVX2 without bf16 instructions a scalar kernel (`bf16_dot_with_fp32_arith`): one 2-pair
+    step at max_len 768 ran > 10 minutes without finishing here, where the earlier fp32 run
+    took 19 s per step at max_len 384 (bench/results/adaptation_generator.json)."""
+    p = cfg.prefs
+    return {"output_dir": str(output_dir), "max_steps": p.steps,
+            "per_device_train_batch_size": p.batch_size, "learning_rate": p.lr,
+            "beta": p.beta, "max_length": cfg.max_len, "logging_steps": 1,
+            "save_strategy": "no", "report_to": "none", "seed": cfg.train.seed,
+            "use_cpu": cfg.device == "cpu", "bf16": cfg.device == "cuda", "fp16": False,
+            "lr_scheduler_type": "constant", "gradient_checkpointing": False,
+            "dataloader_num_workers": 0}
+
+
 def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict[str, Any]],
                       cfg: GeneratorSFTConfig, out_dir: str | Path, *,
                       data_manifest: Mapping[str, Any] | None = None,
@@ -255,12 +271,7 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
                           lora_dropout=cfg.lora.dropout,
                           target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
     p = cfg.prefs
-    common = {"output_dir": str(out / "trl"), "max_steps": p.steps,
-              "per_device_train_batch_size": p.batch_size, "learning_rate": p.lr,
-              "beta": p.beta, "max_length": cfg.max_len, "logging_steps": 1,
-              "save_strategy": "no", "report_to": "none", "seed": cfg.train.seed,
-              "use_cpu": cfg.device == "cpu", "lr_scheduler_type": "constant",
-              "gradient_checkpointing": False, "dataloader_num_workers": 0}
+    common = trainer_args(cfg, out / "trl")
     t0 = time.perf_counter()
     if method == "orpo":
         import os

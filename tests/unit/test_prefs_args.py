@@ -1,0 +1,21 @@
+"""TRL preference-trainer arguments: mixed precision follows the device (TRL defaults to bf16,
+which on a CPU without bf16 instructions runs every matmul through a scalar kernel)."""
+
+from rl.adaptation.generator_config import GeneratorSFTConfig
+from rl.adaptation.prefs import trainer_args
+
+
+def test_cpu_trains_in_fp32_and_cuda_in_bf16(tmp_path):
+    cpu = trainer_args(GeneratorSFTConfig.from_dict({}), tmp_path)
+    assert cpu["bf16"] is False and cpu["fp16"] is False and cpu["use_cpu"] is True
+    gpu = trainer_args(GeneratorSFTConfig.from_dict({"device": "cuda"}), tmp_path)
+    assert gpu["bf16"] is True and gpu["use_cpu"] is False
+
+
+def test_args_carry_the_prefs_settings(tmp_path):
+    cfg = GeneratorSFTConfig.from_dict({"max_len": 512, "prefs": {"steps": 7, "beta": 0.3,
+                                                                  "lr": 1e-4, "batch_size": 3}})
+    a = trainer_args(cfg, tmp_path / "trl")
+    assert (a["max_steps"], a["beta"], a["learning_rate"], a["per_device_train_batch_size"],
+            a["max_length"]) == (7, 0.3, 1e-4, 3, 512)
+    assert a["output_dir"] == str(tmp_path / "trl")
