@@ -1,13 +1,15 @@
 """Length-bucketed batching for encoders: texts of similar token length share a batch, so a
 padded batch wastes little compute, and batches stay under a token budget (bounded memory).
 
-Pure functions on token counts (no model): `rag.onnx_encoder` and `rag.nomic_port` use them,
+Functions on token counts (no model) and the worker queue `run_longest_first`: `rag.onnx_encoder`,
+`rag.onnx_rerank` and `rag.nomic_port` use them,
 and tests/unit/test_batching.py checks them without weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -36,6 +38,33 @@ def length_buckets(lengths: Sequence[int], batch_size: int,
     if start < len(order):
         batches.append(order[start:])
     return batches
+
+
+def run_longest_first(batches: Sequence[np.ndarray], run: Callable[[np.ndarray], None],
+                      threads: int, name: str) -> None:
+    """Call `run(rows)` once per batch, longest batches first (the order `length_buckets`
+    returns, reversed, so the workers finish together), on up to `threads` worker threads
+    pulling from one queue; `run` writes its own results. An exception in a worker is raised
+    here."""
+    todo, lock = iter(list(batches)[::-1]), threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                rows = next(todo, None)
+            if rows is None:
+                return
+            run(rows)
+
+    workers = min(threads, len(batches))
+    if workers <= 1:
+        work()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+        for fut in [pool.submit(work) for _ in range(workers)]:
+            fut.result()
 
 
 def pad_batch(ids: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

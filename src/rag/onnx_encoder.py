@@ -48,13 +48,12 @@ import fcntl
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from rag.batching import l2_normalize, length_buckets, mean_pool, pad_batch
+from rag.batching import l2_normalize, length_buckets, mean_pool, pad_batch, run_longest_first
 from rag.errors import ConfigError
 from rag.models import cache_dir
 
@@ -228,35 +227,19 @@ class OnnxEncoder:
         if self.quantized:
             batch_size = 1  # per-text activation scale: see the module docstring
         batches = length_buckets([len(x) for x in ids], batch_size)
-        batches.reverse()  # longest first: the workers finish together
         bar = None
         if show_progress:
             from tqdm import tqdm
 
             bar = tqdm(total=len(texts), desc=f"encode {self.name}", unit="text",
                        mininterval=5.0)  # one text per step with int8: keep logs short
-        todo = iter(batches)
-        lock = threading.Lock()
 
-        def work() -> None:
-            while True:
-                with lock:
-                    rows = next(todo, None)
-                if rows is None:
-                    return
-                out[rows] = self._run([ids[i] for i in rows])
-                if bar:
-                    bar.update(len(rows))
+        def run(rows: np.ndarray) -> None:
+            out[rows] = self._run([ids[i] for i in rows])
+            if bar:
+                bar.update(len(rows))
 
-        workers = min(self.threads, len(batches))
-        if workers == 1:
-            work()
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(workers, thread_name_prefix="onnx-encode") as pool:
-                for fut in [pool.submit(work) for _ in range(workers)]:
-                    fut.result()
+        run_longest_first(batches, run, self.threads, "onnx-encode")
         if bar:
             bar.close()
         if normalize:

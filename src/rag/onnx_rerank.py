@@ -27,13 +27,12 @@ rank correlation) and in bench/models.py `--only rerank` (CPU seconds per query,
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from rag.batching import length_buckets, pad_batch
+from rag.batching import length_buckets, pad_batch, run_longest_first
 from rag.errors import ConfigError
 from rag.models import cache_dir
 from rag.rerank_base import Reranker, trained_max_length
@@ -142,26 +141,11 @@ class OnnxCrossEncoderReranker(Reranker):
         enc = self.tokenizer.encode_batch([(query, t) for t in texts])
         ids, types = [e.ids for e in enc], [e.type_ids for e in enc]
         batches = length_buckets([len(x) for x in ids], 1 if self.quantized else self.batch_size)
-        batches.reverse()  # longest first: the workers finish together
-        todo, lock = iter(batches), threading.Lock()
 
-        def work() -> None:
-            while True:
-                with lock:
-                    rows = next(todo, None)
-                if rows is None:
-                    return
-                out[rows] = self._run([ids[i] for i in rows], [types[i] for i in rows])
+        def run(rows: np.ndarray) -> None:
+            out[rows] = self._run([ids[i] for i in rows], [types[i] for i in rows])
 
-        workers = min(self.threads, len(batches))
-        if workers == 1:
-            work()
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(workers, thread_name_prefix="onnx-rerank") as pool:
-                for fut in [pool.submit(work) for _ in range(workers)]:
-                    fut.result()
+        run_longest_first(batches, run, self.threads, "onnx-rerank")
         return out
 
 

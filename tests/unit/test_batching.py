@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.batching import l2_normalize, length_buckets, mean_pool, pad_batch
+from rag.batching import l2_normalize, length_buckets, mean_pool, pad_batch, run_longest_first
 
 
 def test_buckets_cover_every_index_once_in_length_order():
@@ -45,3 +45,30 @@ def test_pad_and_mean_pool_ignore_padding():
     np.testing.assert_allclose(pooled, [[2.0, 3.0], [7.0, 8.0]])
     unit = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0]]))
     np.testing.assert_allclose(unit, [[0.6, 0.8], [0.0, 0.0]])
+
+
+def test_run_longest_first_runs_each_batch_once_longest_first():
+    import threading
+
+    lengths = [5, 1, 9, 3, 7, 2]
+    batches = length_buckets(lengths, 2)
+    seen, lock = [], threading.Lock()
+
+    def run(rows):
+        with lock:
+            seen.append(tuple(int(i) for i in rows))
+
+    run_longest_first(batches, run, threads=1, name="t")
+    assert seen == [tuple(int(i) for i in b) for b in reversed(batches)]  # one worker: in order
+    seen.clear()
+    run_longest_first(batches, run, threads=3, name="t")
+    assert sorted(seen) == sorted(tuple(int(i) for i in b) for b in batches)
+    run_longest_first([], run, threads=2, name="t")  # nothing to do: no pool, no error
+
+
+def test_run_longest_first_raises_a_worker_error():
+    def run(rows):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_longest_first(length_buckets([1, 2, 3, 4], 1), run, threads=2, name="t")
