@@ -318,15 +318,16 @@ def run(cargo: Path, out_dir: Path, only: set[str] | None, device: str = "cuda",
             out.flush()
             return None
 
-    if "qwen" in want:
-        def load_qwen():
-            t0 = time.perf_counter()
-            g = make_generator(qwen_name, device=device, cache=False)
-            g.batch_size = 48
-            out.stage("qwen/load", time.perf_counter() - t0, fingerprint=g.fingerprint)
-            return g
+    def load(label: str, name: str, batch_size: int):
+        """The generator on the device, its load time recorded as stage `<label>/load`."""
+        t0 = time.perf_counter()
+        g = make_generator(name, device=device, cache=False)
+        g.batch_size = batch_size
+        out.stage(f"{label}/load", time.perf_counter() - t0, fingerprint=g.fingerprint)
+        return g
 
-        qwen = guarded("qwen/load", load_qwen)
+    if "qwen" in want:
+        qwen = guarded("qwen/load", lambda: load("qwen", qwen_name, 48))
     if qwen is not None:
         for p in PROMPTS:
             guarded(f"qwen/valid/{p}",
@@ -346,10 +347,7 @@ def run(cargo: Path, out_dir: Path, only: set[str] | None, device: str = "cuda",
                                                 f"train-{mode}", "cite_concise"))
     if "smollm2" in want:
         def smol():
-            t0 = time.perf_counter()
-            g = make_generator(smol_name, device=device, cache=False)
-            g.batch_size = 96
-            out.stage("smollm2/load", time.perf_counter() - t0, fingerprint=g.fingerprint)
+            g = load("smollm2", smol_name, 96)
             _generate(g, out, "smollm2", sets["test-hybrid"], "test-hybrid", "cite_concise")
             for mode in ("gold", "hybrid"):
                 rows = sets[f"train-{mode}"]

@@ -53,18 +53,23 @@ def cache(tmp_path_factory):
 def tiny_ce(tmp_path_factory):
     """2-layer random BERT, 1 logit; initializer_range 0.2 so scores spread (std ~0.1) instead
     of sitting within 1e-5 of each other as with BERT's default 0.02."""
+    d = _tiny_bert(tmp_path_factory.mktemp("tiny-ce"), seed=0, layers=2, labels=1)
+    (d / "manifest.json").write_text(json.dumps({"config": {"max_length": MAX_LEN}}))
+    return d
+
+
+def _tiny_bert(d, *, seed: int, layers: int, labels: int):
+    """A random BERT sequence classifier with MiniLM's tokenizer saved in `d`."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    d = tmp_path_factory.mktemp("tiny-ce")
     tok = AutoTokenizer.from_pretrained(str(ModelRegistry().get("minilm").resolve()))
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=2, intermediate_size=64, num_labels=1,
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers,
+                     num_attention_heads=2, intermediate_size=64, num_labels=labels,
                      initializer_range=0.2)
     BertForSequenceClassification(cfg).save_pretrained(d)
     tok.save_pretrained(d)
-    (d / "manifest.json").write_text(json.dumps({"config": {"max_length": MAX_LEN}}))
     return d
 
 
@@ -191,16 +196,7 @@ def test_unknown_runtime_and_missing_onnxruntime_are_typed_errors(tiny_ce, monke
 
 def test_two_label_head_scores_its_last_logit(cache, tmp_path):
     """A 2-label classifier (e.g. fine-tuned with cross-entropy): both runtimes read logit 1."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tok = AutoTokenizer.from_pretrained(str(ModelRegistry().get("minilm").resolve()))
-    torch.manual_seed(1)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                     num_attention_heads=2, intermediate_size=64, num_labels=2,
-                     initializer_range=0.2)
-    BertForSequenceClassification(cfg).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    _tiny_bert(tmp_path, seed=1, layers=1, labels=2)
     want = CrossEncoderReranker(tmp_path).scores(QUERY, _passages(8))
     got = _onnx(tmp_path, quantize=False).scores(QUERY, _passages(8))
     assert np.abs(got - want).max() < 1e-4
