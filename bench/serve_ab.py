@@ -1,0 +1,138 @@
+"""Serve request path: this checkout against an earlier commit, on the same machine, interleaved.
+
+    python bench/serve_ab.py --ref 997923b            # 3 rounds of `serve_load.py --quick` each
+    python bench/serve_ab.py --ref 997923b --quick    # 1 round (writes serve_ab.quick.*)
+
+Why: `bench/serve_load.py` numbers from different days are not comparable here. The 2 cores
+are shared with other tenants and their speed moves between days (the same code, 997923b,
+measured 43 req/s at c=16 on one day and about half that on another). A change in the
+request path is judged only against its predecessor measured in the same window: the ref is
+checked out into a temporary `git worktree`, and each round runs `serve_load.py --quick` of
+HEAD and of the ref (same seed, same environment; the order alternates between rounds), so
+slow spells hit both sides.
+
+Rows (dataset `synthetic`): per side (`head`, `ref:<sha>`) and round, the c=16 level's
+`latency_p95_ms`, `latency_p50_ms`, `throughput_rps` as `serve_load.py` measured them (CIs are
+its bootstrap over requests); `head / ref` `throughput_ratio` and `latency_p95_ratio` over
+rounds (mean, with the min and max of the per-round ratios as the interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.common import make_meta, plain_row, write_results  # noqa: E402
+
+DS = "synthetic"
+LEVEL = "serve/c=16"
+METRICS = ("latency_p95_ms", "latency_p50_ms", "throughput_rps")
+
+
+def checkout(ref: str, where: Path) -> str:
+    """A detached worktree of `ref` at `where` (its configs importable as `ragpilot_configs`,
+    as the installed package maps them); returns the full sha."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO,
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise SystemExit(f"--ref {ref}: not a commit of this repository ({sha.stderr.strip()})")
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), sha.stdout.strip()],
+                   cwd=REPO, check=True, capture_output=True)
+    shim = where / ".abshim"
+    shim.mkdir()
+    (shim / "ragpilot_configs").symlink_to(where / "configs")
+    return sha.stdout.strip()
+
+
+def run_side(tree: Path, seed: int) -> dict[str, dict]:
+    """`serve_load.py --quick` in `tree`; its c=16 rows (first pass) keyed by metric."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(tree / ".abshim"), str(tree)]
+                                        if tree != REPO else [str(REPO / "src"), str(REPO)])
+    out = subprocess.run([sys.executable, "bench/serve_load.py", "--quick", "--seed", str(seed)],
+                         cwd=tree, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"serve_load.py in {tree} failed:\n{out.stderr[-3000:]}")
+    rows = json.loads((tree / "bench/results/serve_load.quick.json").read_text())["rows"]
+    got = {r["metric"]: r for r in rows if r["system"] == LEVEL and r["metric"] in METRICS}
+    missing = set(METRICS) - set(got)
+    if missing:
+        raise SystemExit(f"{tree}: serve_load.quick.json has no {LEVEL} rows {sorted(missing)}")
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ref", required=True, help="the commit to compare HEAD with")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rounds = 1 if args.quick else args.rounds
+    tmp = Path(tempfile.mkdtemp(prefix="serve-ab-")) / "ref"
+    sha = checkout(args.ref, tmp)
+    ref_name = f"ref:{sha[:7]}"
+    rows: list[dict] = []
+    per: dict[str, list[dict]] = {"head": [], ref_name: []}
+    loads: list[tuple[float, float]] = []
+    try:
+        for i in range(rounds):
+            order = [("head", REPO), (ref_name, tmp)]
+            for side, tree in order if i % 2 == 0 else order[::-1]:  # ABBA: drift hits both
+                load0 = os.getloadavg()[0]
+                t0 = time.perf_counter()
+                got = run_side(tree, args.seed)
+                per[side].append(got)
+                loads.append((load0, os.getloadavg()[0]))
+                print(f"round {i + 1} {side}: p95 {got['latency_p95_ms']['value']:.1f} ms, "
+                      f"{got['throughput_rps']['value']:.1f} req/s "
+                      f"({time.perf_counter() - t0:.0f} s, load {load0:.1f})", flush=True)
+                for r in got.values():
+                    rows.append({**r, "system": f"{side}/c=16 round {i + 1}"})
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tmp)], cwd=REPO,
+                       capture_output=True)
+    ratios = {}
+    for metric, name in (("throughput_rps", "throughput_ratio"),
+                         ("latency_p95_ms", "latency_p95_ratio")):
+        r = np.array([h[metric]["value"] / o[metric]["value"]
+                      for h, o in zip(per["head"], per[ref_name], strict=True)])
+        ratios[name] = r
+        rows.append({**plain_row(DS, f"head / {ref_name}", name, float(r.mean()), rounds),
+                     "ci_low": float(r.min()), "ci_high": float(r.max())})
+    md = [f"HEAD against `{sha[:10]}` (`--ref {args.ref}`), {rounds} round(s), each "
+          "`serve_load.py --quick` of HEAD and of the ref (order alternating) in a temporary "
+          "worktree, same seed and environment. Level c=16 (128 requests a pass, the first "
+          "pass). Load average (1 min) at each pass's start: "
+          + ", ".join(f"{a:.1f}" for a, _ in loads) + ".", "",
+          "| round | side | p50 ms | p95 ms [95% CI] | req/s |", "|---|---|---|---|---|"]
+    for i in range(rounds):
+        for side in ("head", ref_name):
+            g = per[side][i]
+            p95 = g["latency_p95_ms"]
+            md.append(f"| {i + 1} | {side} | {g['latency_p50_ms']['value']:.1f} | "
+                      f"{p95['value']:.1f} [{p95['ci_low']:.1f}, {p95['ci_high']:.1f}] | "
+                      f"{g['throughput_rps']['value']:.1f} |")
+    md += ["", f"HEAD / ref: throughput ×{ratios['throughput_ratio'].mean():.2f} "
+               f"(rounds {', '.join(f'{x:.2f}' for x in ratios['throughput_ratio'])}), "
+               f"c=16 p95 ×{ratios['latency_p95_ratio'].mean():.2f} "
+               f"(rounds {', '.join(f'{x:.2f}' for x in ratios['latency_p95_ratio'])})."]
+    meta = make_meta(args.seed, {}, {"ref": sha, "rounds": rounds, "quick": args.quick,
+                                     "loadavg_at_passes": loads})
+    write_results("serve_ab", rows, meta, "Serve request path: HEAD vs an earlier commit, "
+                  "interleaved on the same machine", "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
