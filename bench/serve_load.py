@@ -136,6 +136,32 @@ EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense",
 """Variants added at run time for the memory phase (same stages, other parameters)."""
 
 
+ROLES = (("proxy", "ray::ProxyActor"), ("ingress", "ray::ServeReplica:ragpilot:Ingress"),
+         ("pipelines", "ray::ServeReplica:ragpilot:SharedPipelines"), ("other ray", "ray"))
+"""Process roles for CPU accounting: (role, command-line prefix), first match wins; the load
+generator (this process) is `client`."""
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each role's processes on this machine."""
+    import psutil
+
+    out = {role: 0.0 for role, _ in ROLES} | {"client": 0.0}
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        cmd, t = " ".join(proc.info.get("cmdline") or []), proc.info.get("cpu_times")
+        if t is None:
+            continue
+        if proc.info["pid"] == me:
+            role = "client"
+        else:
+            role = next((r for r, prefix in ROLES if cmd.startswith(prefix)
+                         or (r == "other ray" and "/site-packages/ray/" in cmd)), None)
+        if role:
+            out[role] += t.user + t.system
+    return out
+
+
 def replica_rss() -> dict[str, float]:
     """Resident memory (MB) of each Ray Serve replica process, keyed by its title + pid."""
     import psutil
@@ -231,8 +257,17 @@ def main() -> None:
         for c, n, sysname in levels:
             key = c if sysname == f"serve/c={c}" else f"{c} (2nd)"
             load_avg[key] = os.getloadavg()[0]  # the machine is shared: say how busy it was
+            cpu0 = cpu_by_role()
             res, wall = asyncio.run(load(url, payloads(n), c))
+            cpu1 = cpu_by_role()
             ok = [r for r in res if r[0] == 200]
+            if sysname == "serve/c=16":  # where the 2 cores go at the level with a target
+                for role in cpu0:
+                    rows.append(plain_row(DS, f"{sysname} cpu {role}", "cpu_ms_per_request",
+                                          1000.0 * (cpu1[role] - cpu0[role]) / max(len(ok), 1),
+                                          len(ok)))
+                cpu_share = {role: 1000.0 * (cpu1[role] - cpu0[role]) / max(len(ok), 1)
+                             for role in cpu0}
             ms = [r[1] for r in ok]
             rows.append(plain_row(DS, sysname, "loadavg_1m_start", load_avg[key], 1))
             rows.append(plain_row(DS, sysname, "loadavg_1m_end", os.getloadavg()[0], 1))
@@ -422,6 +457,11 @@ def main() -> None:
            + ", ".join(f"c={c}: {v:.1f}" for c, v in load_avg.items())
            + " on 2 cores; the 634 ms of the per-config topology was measured at a load "
            "average of ~6).",
+           "", "CPU per request at c=16 by process (user + system, all processes of a role; "
+           "the load generator runs on the same 2 cores): "
+           + ", ".join(f"{k} {v:.1f} ms" for k, v in cpu_share.items())
+           + f"; total {sum(cpu_share.values()):.1f} ms, i.e. at most "
+           f"{2000.0 / max(sum(cpu_share.values()), 1e-9):.0f} requests/s on 2 cores.",
            "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
            f"network namespace: {isolated}; load average at the end "
            f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores)."]
