@@ -1,0 +1,34 @@
+"""bench/serve_ab.py's checkout: a ref that is not a commit is a clear error naming it, and a
+good ref gives a detached worktree whose configs import as `ragpilot_configs` (the shim the
+ref's serve_load.py runs with). No Serve here: the A/B itself is a benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from bench import serve_ab
+
+
+def test_a_ref_that_is_not_a_commit_is_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit, match="--ref no-such-ref-xyz: not a commit"):
+        serve_ab.checkout("no-such-ref-xyz", tmp_path / "ref")
+    assert not (tmp_path / "ref").exists()
+
+
+def test_checkout_gives_a_detached_worktree_with_the_configs_shim(tmp_path):
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=serve_ab.REPO,
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout (e.g. an unpacked wheel)")
+    where = tmp_path / "ref"
+    sha = serve_ab.checkout("HEAD", where)
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert head == sha and len(sha) == 40
+        shim = where / ".abshim" / "ragpilot_configs"
+        assert shim.resolve() == (where / "configs").resolve()
+        assert (shim / "rag").is_dir()
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)],
+                       cwd=serve_ab.REPO, capture_output=True)
