@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tmp)], cwd=REPO,
                        capture_output=True)
+        shutil.rmtree(tmp.parent, ignore_errors=True)  # mkdtemp's folder around the worktree
     ratios = {}
     for metric, name in (("throughput_rps", "throughput_ratio"),
                          ("latency_p95_ms", "latency_p95_ratio")):

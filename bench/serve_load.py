@@ -137,16 +137,16 @@ EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense",
 
 
 ROLES = (("proxy", "ray::ProxyActor"), ("ingress", "ray::ServeReplica:ragpilot:Ingress"),
-         ("pipelines", "ray::ServeReplica:ragpilot:SharedPipelines"), ("other ray", "ray"))
-"""Process roles for CPU accounting: (role, command-line prefix), first match wins; the load
-generator (this process) is `client`."""
+         ("pipelines", "ray::ServeReplica:ragpilot:SharedPipelines"))
+"""Process roles for CPU accounting: (role, command-line prefix), first match wins; any other
+Ray process (actors, raylet, GCS) is `other ray`, the load generator (this process) `client`."""
 
 
 def cpu_by_role() -> dict[str, float]:
     """CPU seconds (user + system) used so far by each role's processes on this machine."""
     import psutil
 
-    out = {role: 0.0 for role, _ in ROLES} | {"client": 0.0}
+    out = {role: 0.0 for role, _ in ROLES} | {"other ray": 0.0, "client": 0.0}
     me = os.getpid()
     for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
         cmd, t = " ".join(proc.info.get("cmdline") or []), proc.info.get("cpu_times")
@@ -154,11 +154,11 @@ def cpu_by_role() -> dict[str, float]:
             continue
         if proc.info["pid"] == me:
             role = "client"
+        elif cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
+            role = next((r for r, prefix in ROLES if cmd.startswith(prefix)), "other ray")
         else:
-            role = next((r for r, prefix in ROLES if cmd.startswith(prefix)
-                         or (r == "other ray" and "/site-packages/ray/" in cmd)), None)
-        if role:
-            out[role] += t.user + t.system
+            continue
+        out[role] += t.user + t.system
     return out
 
 
@@ -262,12 +262,10 @@ def main() -> None:
             cpu1 = cpu_by_role()
             ok = [r for r in res if r[0] == 200]
             if sysname == "serve/c=16":  # where the 2 cores go at the level with a target
-                for role in cpu0:
-                    rows.append(plain_row(DS, f"{sysname} cpu {role}", "cpu_ms_per_request",
-                                          1000.0 * (cpu1[role] - cpu0[role]) / max(len(ok), 1),
-                                          len(ok)))
                 cpu_share = {role: 1000.0 * (cpu1[role] - cpu0[role]) / max(len(ok), 1)
                              for role in cpu0}
+                rows += [plain_row(DS, f"{sysname} cpu {role}", "cpu_ms_per_request", ms_req,
+                                   len(ok)) for role, ms_req in cpu_share.items()]
             ms = [r[1] for r in ok]
             rows.append(plain_row(DS, sysname, "loadavg_1m_start", load_avg[key], 1))
             rows.append(plain_row(DS, sysname, "loadavg_1m_end", os.getloadavg()[0], 1))
