@@ -41,19 +41,25 @@ LEVEL = "serve/c=16"
 METRICS = ("latency_p95_ms", "latency_p50_ms", "throughput_rps")
 
 
-def checkout(ref: str, where: Path) -> str:
-    """A detached worktree of `ref` at `where` (its configs importable as `ragpilot_configs`,
-    as the installed package maps them); returns the full sha."""
+def commit_of(ref: str) -> str:
+    """The full sha `ref` names (argparse type of --ref: a ref that is not a commit of this
+    repository is a usage error naming it, exit 2)."""
     sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO,
                          capture_output=True, text=True)
     if sha.returncode != 0:
-        raise SystemExit(f"--ref {ref}: not a commit of this repository ({sha.stderr.strip()})")
-    subprocess.run(["git", "worktree", "add", "--detach", str(where), sha.stdout.strip()],
+        raise argparse.ArgumentTypeError(
+            f"{ref}: not a commit of this repository ({sha.stderr.strip()})")
+    return sha.stdout.strip()
+
+
+def checkout(sha: str, where: Path) -> None:
+    """A detached worktree of commit `sha` at `where` (its configs importable as
+    `ragpilot_configs`, as the installed package maps them)."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), sha],
                    cwd=REPO, check=True, capture_output=True)
     shim = where / ".abshim"
     shim.mkdir()
     (shim / "ragpilot_configs").symlink_to(where / "configs")
-    return sha.stdout.strip()
 
 
 def run_side(tree: Path, seed: int) -> dict[str, dict]:
@@ -73,16 +79,25 @@ def run_side(tree: Path, seed: int) -> dict[str, dict]:
     return got
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", required=True, help="the commit to compare HEAD with")
+    ap.add_argument("--ref", required=True, type=commit_of,
+                    help="the commit to compare HEAD with")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round")
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"argument --rounds: {args.rounds}: must be >= 1")
     rounds = 1 if args.quick else args.rounds
     tmp = Path(tempfile.mkdtemp(prefix="serve-ab-")) / "ref"
-    sha = checkout(args.ref, tmp)
+    sha = args.ref
+    checkout(sha, tmp)
     ref_name = f"ref:{sha[:7]}"
     rows: list[dict] = []
     per: dict[str, list[dict]] = {"head": [], ref_name: []}
@@ -113,7 +128,7 @@ def main() -> None:
         ratios[name] = r
         rows.append({**plain_row(DS, f"head / {ref_name}", name, float(r.mean()), rounds),
                      "ci_low": float(r.min()), "ci_high": float(r.max())})
-    md = [f"HEAD against `{sha[:10]}` (`--ref {args.ref}`), {rounds} round(s), each "
+    md = [f"HEAD against `{sha[:10]}`, {rounds} round(s), each "
           "`serve_load.py --quick` of HEAD and of the ref (order alternating) in a temporary "
           "worktree, same seed and environment. Level c=16 (128 requests a pass, the first "
           "pass). Load average (1 min) at each pass's start: "
