@@ -9,9 +9,10 @@ the same seed on one node (tune, ppo) or in one process (eval, index).
 
 The benchmark re-runs itself (`--inner ROOT OUT`) inside a private network namespace and there
 starts a head and a second node with `ray start` (1 CPU each, custom resources `head` /
-`worker_node`: tests/support/ray_cluster.py, the fixture tests/test_ray_multinode.py uses) on
-the synthetic dataset, after evaluating every config of the space once into a shared cache
-(so rewards do not depend on the node that reads them):
+`worker_node`: tests/support/ray_cluster.py; tests/test_multinode.py runs the same parts in
+one session through tests/support/multinode.py) on the synthetic dataset, after evaluating
+every config of the space once into a shared cache (so rewards do not depend on the node that
+reads them):
   tune   `tune_search(method="grid", max_concurrent=2, reuse_actors=False)`, 1 CPU per trial
          ("2 nodes"), then every trial also holding the head's resource ("1 node");
          tests/support/multinode_tune.py

@@ -1,22 +1,22 @@
 """`ragpilot eval` and dense index encoding fanned out over a real two-node Ray cluster
-(rl.common.fanout), each compared with the same work in one process (bench/cluster.py rows
-eval-2-nodes / index-2-nodes; tests/test_fanout_multinode.py runs this script inside a private
-network namespace: tests/support/ray_cluster.py says why).
+(rl.common.fanout), each compared with the same work in one process: the pieces
+tests/support/multinode.py (the test's cluster session) and bench/cluster.py (rows
+eval-2-nodes / index-2-nodes) run.
 
-    python tests/support/multinode_fanout.py ROOT OUT.json
+- `prepare(root)` (before the cluster, in the driver: "1 node"): the synthetic world's indexes
+  under `root` (bm25s, dense flat), the evaluation of every question (RAGConfig
+  `variant=hybrid`), and the corpus vectors encoded by MiniLM;
+- `run_eval(prep)`: `evaluate_fanout` with 2 workers (1 CPU each, SPREAD: one per node), every
+  task opening the prepared index directory;
+- `run_index(prep)`: `RayDocumentEncoder` with 2 workers over the corpus texts, then a FAISS
+  flat index of the vectors.
 
-1. in the driver (one process, "1 node"): the synthetic world's indexes under ROOT (bm25s,
-   dense flat), the evaluation of every question (RAGConfig `variant=hybrid`), and the corpus
-   vectors encoded by MiniLM;
-2. starts a head and a second node (1 CPU each), connects;
-3. eval: `evaluate_fanout` with 2 workers (1 CPU each, SPREAD: one per node), every task
-   opening ROOT's index directory; index: `RayDocumentEncoder` with 2 workers over the corpus
-   texts, then a FAISS flat index of the vectors;
-4. writes OUT.json: per part the nodes that ran the tasks, whether the outputs equal the
-   in-process ones (eval: every answer, citation, context, candidate, token count and metric
-   row; index: vectors allclose 1e-6, byte equality reported apart, the same top-10 for every
-   passage as a query, the same fingerprints), and wall seconds; stops the cluster.
+Each reports the nodes that ran the tasks, whether the outputs equal the in-process ones (eval:
+every answer, citation, context, candidate, token count and metric row; index: vectors allclose
+1e-6, byte equality reported apart, the same top-10 for every passage as a query, the same
+fingerprints), and wall seconds.
 """
+
 
 from __future__ import annotations
 
@@ -122,19 +122,3 @@ def both(root: Path, prep: dict[str, Any], report: dict) -> None:
     """Steps 3 (inside `cluster_session`): report["eval"], report["index"]."""
     report["eval"] = run_eval(prep)
     report["index"] = run_index(prep)
-
-
-def main(root: Path, out: Path) -> None:
-    from tests.support.ray_cluster import cluster_session
-
-    t0 = time.perf_counter()
-    prep = prepare(root)
-    report: dict = {"prepare_s": time.perf_counter() - t0}
-    with cluster_session(root, out, report):
-        both(root, prep, report)
-    report["wall_s"] = time.perf_counter() - t0
-    out.write_text(json.dumps(report, indent=1))
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))

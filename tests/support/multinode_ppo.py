@@ -1,19 +1,15 @@
-"""The tuner's PPO on a real two-node Ray cluster (tests/test_ray_multinode.py runs this script
-inside a private network namespace: tests/support/ray_cluster.py says why).
+"""The tuner's PPO on a real two-node Ray cluster: the pieces tests/support/multinode.py (the
+test's cluster session) and bench/cluster.py run.
 
-    python tests/support/multinode_ppo.py ROOT OUT.json
-
-1. opens the synthetic dataset and evaluates every config of a small space once into a cache
-   under ROOT (so every later step reads a stored table: rewards then do not depend on which
-   process or node computed them);
-2. starts a head and a second node (1 CPU each), connects;
-3. trains PPO with 2 remote env runners, 1 CPU each, so Ray must put one on each node
-   ("2-nodes"); then the same seed with both runners pinned to the head by its custom
-   resource ("1-node");
-4. writes OUT.json: the cluster's node ids and, per run, the best config, the incumbent, the
-   greedy config and every training step's (runner, node_id, config_hash, reward); stops the
-   cluster.
+- `policy(**ppo)`: a 24-config space, PPO with 2 remote env runners of 1 CPU each;
+- `warm(cache)`: every config of that space evaluated once into `cache`, so every later step
+  reads a stored table (rewards then do not depend on which process or node computed them);
+- `run(ev, policy)`: `ITERATIONS` of training, then the greedy read-out: the best config, the
+  incumbent, the greedy config and every step's (runner, node_id, config_hash, reward, seq).
+  With 1 CPU per runner Ray must put one runner on each node ("2-nodes"); with both holding
+  the head's custom resource, both run on the head ("1-node").
 """
+
 
 from __future__ import annotations
 
@@ -73,19 +69,3 @@ def run(ev, p) -> dict:
             "evaluations": res.evaluations, "wall_s": time.perf_counter() - t0,
             "steps": [{k: h[k] for k in ("runner", "node_id", "config_hash", "reward", "seq")}
                       for h in tuner.history]}
-
-
-def main(root: Path, out: Path) -> None:
-    from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
-
-    t0 = time.perf_counter()
-    ev, n_grid = warm(root / "cache")
-    report: dict = {"grid": n_grid, "warm_s": time.perf_counter() - t0}
-    with cluster_session(root, out, report, started=t0, wall_key="wall_s"):
-        report["2-nodes"] = run(ev, policy())
-        report["1-node"] = run(ev, policy(num_cpus_per_env_runner=0.0,
-                                          env_runner_resources={HEAD_RESOURCE: 0.5}))
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))

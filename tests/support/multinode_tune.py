@@ -1,20 +1,15 @@
-"""Ray Tune config search on a real two-node Ray cluster (tests/test_ray_multinode.py runs this
-script inside a private network namespace: tests/support/ray_cluster.py says why; bench/cluster.py
-reuses `search`; the cluster session is `ray_cluster.cluster_session`).
+"""Ray Tune config search on a real two-node Ray cluster: the pieces tests/support/multinode.py
+(the test's cluster session) and bench/cluster.py run.
 
-    python tests/support/multinode_tune.py ROOT OUT.json [--full]
-
-1. evaluates every config of `tune_policy()`'s space (8 configs; with --full the 24 of
-   `multinode_ppo.policy`) once into a cache under ROOT, so every trial only reads stored
-   tables (rewards then do not depend on which process or node computed them);
-2. starts a head and a second node (1 CPU each), connects;
-3. runs `tune_search(method="grid", max_concurrent=2, reuse_actors=False)`, each trial in its
-   own process holding 1 CPU, so Ray must run the two trials at once on different nodes
-   ("2-nodes"); then the same seed with every trial also holding the head's custom resource,
-   so all run on the head, one at a time ("1-node");
-4. writes OUT.json: the cluster's node ids and, per run, the best config and reward, the query
-   evaluations, the wall seconds and every trial's (config_hash, node_id, rung rewards); stops
-   the cluster.
+- `tune_policy()`: `multinode_ppo.policy()` cut to 8 configs;
+- `warm(cache, full)`: every config of that space (with `full` the 24 of
+  `multinode_ppo.policy`) evaluated once into `cache`, so every trial only reads stored tables;
+- `both_runs(ev, root, report)`: `tune_search(method="grid", max_concurrent=2,
+  reuse_actors=False)`, each trial in its own process holding 1 CPU, so Ray must run the two
+  trials at once on different nodes ("2-nodes"); then the same seed with every trial also
+  holding the head's custom resource, so all run on the head, one at a time ("1-node"). Each
+  run: the best config and reward, the query evaluations, the wall seconds and every trial's
+  (config_hash, node_id, rung rewards).
 
 What is deterministic with 2 trials at once: the grid fixes the set of configs (all of them,
 the budget covers each on the whole split), the stored tables fix each one's rewards, and the
@@ -22,11 +17,10 @@ incumbent breaks ties by trial creation order, so the best config does not depen
 trial reported first. The order of results does, and is not compared.
 """
 
+
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -94,19 +88,3 @@ def both_runs(ev: Any, root: Path, report: dict) -> None:
 
     report["2-nodes"] = search(ev, root / "tune-2", {"cpu": 1})
     report["1-node"] = search(ev, root / "tune-1", {"cpu": 1, HEAD_RESOURCE: 1})
-
-
-def main(root: Path, out: Path, full: bool = False) -> None:
-    from tests.support.ray_cluster import cluster_session
-
-    t0 = time.perf_counter()
-    ev, n_grid = warm(root / "cache", full)
-    report: dict = {"grid": n_grid, "warm_s": time.perf_counter() - t0}
-    with cluster_session(root, out, report):
-        both_runs(ev, root, report)
-    report["wall_s"] = time.perf_counter() - t0
-    out.write_text(json.dumps(report, indent=1))
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), "--full" in sys.argv[3:])

@@ -1,6 +1,6 @@
 """A real two-node Ray cluster on this machine: a head and a second node started with
 `ray start` (own resources, own temp dir, loopback only), for tests that need work to run on
-two nodes (tests/test_ray_multinode.py). runbooks/ray_cluster.md shows the same commands
+two nodes (tests/test_multinode.py). runbooks/ray_cluster.md shows the same commands
 (`head_command`, `worker_command`; tests/unit/test_kuberay_manifests.py compares them).
 
     # inside a private network namespace (`netns_command`): see RUNTIME_ENV
