@@ -99,11 +99,13 @@ def test_a_config_costs_the_same_first_again_or_after_another(data, tmp_path, re
     y = RAGConfig(variant="hybrid", k=3)  # shares x's dense retrievals
     ex = data.examples("valid")[:N]
     qs = _questions(data)
-    first_ev = TunerEvaluator(data, cache_root=tmp_path / "a", resources=resources)
+    first_ev = TunerEvaluator(data, cache_root=tmp_path / "a", resources=resources,
+                              memo_root=tmp_path / "a")  # not the session's shared memo
     first = _measured_retrieve(first_ev, x, ex)  # fresh memo: every retrieval is a miss
     again = _measured_retrieve(first_ev, x, ex)
     stored_a = _stored_dense_ms(first_ev.memo, qs)
-    after_ev = TunerEvaluator(data, cache_root=tmp_path / "b", resources=resources)
+    after_ev = TunerEvaluator(data, cache_root=tmp_path / "b", resources=resources,
+                              memo_root=tmp_path / "b")
     after_ev._compute(y, ex)
     after = _measured_retrieve(after_ev, x, ex)  # every retrieval memoised by y
     stored_b = _stored_dense_ms(after_ev.memo, qs)

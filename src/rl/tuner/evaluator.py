@@ -3,7 +3,8 @@ call. It returns faithfulness F, relevancy R, latency p50/p95 (ms), cost (tokens
 the reward and the gate verdicts for one RAGConfig on a slice (a split, or a batch of it).
 
 How a step stays cheap (`TunerEvaluator`):
-  1. retrieval is memoised per question (`rl.common.memo`, on disk);
+  1. retrieval is memoised per question (`rl.common.memo`, on disk: beside the rows, or in
+     `$RAGPILOT_MEMO_DIR` when set, so runs with their own row caches share one memo);
   2. rows are per (config, query) and lazy: an evaluation on queries `idx` of a split answers
      only those of them no earlier evaluation answered, with `Pipeline.run_traced` (the stage
      code Serve runs) over the memoised indexes (`MemoIndexSet`, a
@@ -36,6 +37,7 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -82,6 +84,11 @@ UNANSWERABLE_LABELS = frozenset({"unanswerable"})
 """Answerability labels (`Example.metadata["answerability"]`, lower-cased) that mark a question
 unanswerable. MTRAG's PARTIAL and UNDERSPECIFIED are not: their gold is a partial answer or a
 clarifying question, which an abstention does not give."""
+MEMO_DIR_ENV = "RAGPILOT_MEMO_DIR"
+"""Where the retrieval memo lives when set (default: the evaluator's cache root, beside its
+rows). The memo depends only on the corpus, the encoder, the retrievers and their code (its
+file name carries all four), never on a run's configs or rewards, so any number of row caches
+can share one: a cluster's shared volume, or a test session's runs on fresh row caches."""
 QUALITY_VERSION = "quality-v1"
 QUALITY_SOURCES = ("rag.metrics.quality",)
 
@@ -154,12 +161,15 @@ class TunerEvaluator:
 
     def __init__(self, data: TuningData, policy: TunerSettings | None = None,
                  cache_root: str | Path | None = None, resources: Resources | None = None,
-                 cost_model: CostModel | str | Path | None = None):
+                 cost_model: CostModel | str | Path | None = None,
+                 memo_root: str | Path | None = None):
         self.data = data
         self.policy = policy or TunerSettings.defaults()
         self.root = Path(cache_root) if cache_root else cache_dir() / "tuner"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.memo = MemoIndexSet(data.indexes, self.root)
+        # the retrieval memo: `memo_root`, else $RAGPILOT_MEMO_DIR, else beside the rows
+        memo = memo_root or os.environ.get(MEMO_DIR_ENV) or self.root
+        self.memo = MemoIndexSet(data.indexes, Path(memo))
         self.resources = resources or Resources()
         # a dataset the policy does not name scores with what gold it has
         default = DatasetSlice.for_gold(data.gold_kind())
