@@ -24,7 +24,10 @@ replicas open gRPC on every interface). Phases, each bounded in requests:
      (what a variant cost when each config had its own deployment).
 Topology (serving.app): `--ingress-replicas` ingress replicas (default 2) in front of one
 shared pipeline deployment with `--replicas` replicas (default 1) serving every variant.
-Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests.
+Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests,
+except the canary shares of phase 3: over users (`user_share_stats`), since a user's two
+requests share one route. `canary_share_diff_pp` = |replica A's share − replica B's|, its CI
+the image of the signed difference's (`canary_share_diff_signed_pp`) CI.
 
 API keys stay on (the default, `auth.enabled: true`): the benchmark creates an `admin` key in
 the key file the app reads (`auth.keys_file`, here in the run's temporary directory) through
@@ -48,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bootstrap_ci, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
@@ -67,6 +70,44 @@ def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
     return {"dataset": DS, "system": system, "metric": metric, "value": float(np.percentile(x, q)),
             "ci_low": float(np.quantile(boots, 0.025)), "ci_high": float(np.quantile(boots, 0.975)),
             "n": int(x.size)}
+
+
+def user_share_stats(user: np.ndarray, replica: np.ndarray, on: np.ndarray, seed: int,
+                     n_boot: int = 2000) -> dict[str, tuple[float, float, float]]:
+    """Canary share overall and the signed difference between two ingress replicas, in
+    percentage points, each (value, ci_low, ci_high) with a 95% bootstrap CI over *users*:
+    a user's requests share one route (sticky routing), so they are resampled together, not as
+    independent requests. `user`: a user key per request; `replica`: 0 or 1 per request (which
+    ingress answered); `on`: 1 where the request was routed to the canary.
+
+    Returns {"share": ..., "diff": replica 0's share minus replica 1's, "abs_diff": |diff|}.
+    The CI of |diff| is the image of the signed CI under |.|: it starts at 0 when the signed CI
+    contains 0 (bootstrapping |diff| directly cannot reach 0: every resample's |diff| > 0)."""
+    _, u = np.unique(np.asarray(user), return_inverse=True)
+    on = np.asarray(on, dtype=np.float64)
+    a = np.asarray(replica) == 0
+    rng = np.random.default_rng(seed)
+    n_users = int(u.max()) + 1
+
+    def stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(share, diff) in pp for each row of request weights `w` (draws x requests)."""
+        share = w @ on / w.sum(axis=1)
+        diff = (w[:, a] @ on[a] / w[:, a].sum(axis=1)
+                - w[:, ~a] @ on[~a] / w[:, ~a].sum(axis=1))
+        return share * 100, diff * 100
+
+    draws = np.stack([np.bincount(rng.integers(0, n_users, n_users), minlength=n_users)
+                      for _ in range(n_boot)]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a draw with no request on a side
+        b_share, b_diff = stats(draws[:, u])
+    (share,), (diff,) = stats(np.ones((1, on.size)))
+    keep = np.isfinite(b_diff)
+    s_lo, s_hi = np.quantile(b_share, [0.025, 0.975])
+    d_lo, d_hi = np.quantile(b_diff[keep], [0.025, 0.975])
+    abs_lo = 0.0 if d_lo <= 0.0 <= d_hi else min(abs(d_lo), abs(d_hi))
+    return {"share": (float(share), float(s_lo), float(s_hi)),
+            "diff": (float(diff), float(d_lo), float(d_hi)),
+            "abs_diff": (float(abs(diff)), float(abs_lo), float(max(abs(d_lo), abs(d_hi))))}
 
 
 async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/query"
@@ -297,16 +338,20 @@ def main() -> None:
             p["user_id"] = users[j % n_users]
         res, _ = asyncio.run(load(url, cp, 16))
         ok = [r for r in res if r[0] == 200]
+        ok_users = [p["user_id"] for p, r in zip(cp, res, strict=True) if r[0] == 200]
         on = np.array([r[2]["route"] == "canary" for r in ok], dtype=float)
-        lo, hi = bootstrap_ci(on, seed=args.seed)
+        replicas = sorted({r[3] for r in ok})
+        rep_idx = np.array([replicas.index(r[3]) for r in ok])
+        # CIs over users (their two requests share a route), not over requests
+        st = user_share_stats(np.array(ok_users), rep_idx, on, args.seed)
         share = float(on.mean())
+        lo, hi = st["share"][1] / 100, st["share"][2] / 100
         rows.append({"dataset": DS, "system": "canary 10%", "metric": "canary_share",
                      "value": share, "ci_low": lo, "ci_high": hi, "n": int(on.size)})
         rows.append(plain_row(DS, "canary 10%", "abs_error_pp", abs(share - 0.10) * 100,
                               on.size))
         props = sorted({r[2]["propensity"] for r in ok})
         print(f"canary share {share:.4f} over {on.size} (propensities {props})", flush=True)
-        replicas = sorted({r[3] for r in ok})
         rep_on = {k: np.array([r[2]["route"] == "canary" for r in ok if r[3] == k], dtype=float)
                   for k in replicas}
         by_user: dict[str, set[str]] = {}
@@ -314,17 +359,13 @@ def main() -> None:
             if r[0] == 200:
                 by_user.setdefault(p["user_id"], set()).add(r[2]["route"])
         disagree = sum(len(v) > 1 for v in by_user.values())
-        if len(replicas) >= 2:
-            a_on, b_on = rep_on[replicas[0]], rep_on[replicas[1]]
-            diff = abs(a_on.mean() - b_on.mean()) * 100
-            boots = [abs(a_on[rng.integers(0, a_on.size, a_on.size)].mean()
-                         - b_on[rng.integers(0, b_on.size, b_on.size)].mean()) * 100
-                     for _ in range(2000)]
-            rows.append({"dataset": DS, "system": "serve/2-ingress",
-                         "metric": "canary_share_diff_pp", "value": float(diff),
-                         "ci_low": float(np.quantile(boots, 0.025)),
-                         "ci_high": float(np.quantile(boots, 0.975)),
-                         "n": int(a_on.size + b_on.size)})
+        if len(replicas) == 2:
+            for metric, key in (("canary_share_diff_pp", "abs_diff"),
+                                ("canary_share_diff_signed_pp", "diff")):
+                value, lo, hi = st[key]
+                rows.append({"dataset": DS, "system": "serve/2-ingress", "metric": metric,
+                             "value": value, "ci_low": lo, "ci_high": hi,
+                             "n": int(on.size)})
         rows.append(plain_row(DS, "serve/2-ingress", "users_routed_differently", disagree,
                               len(by_user)))
         rows.append(plain_row(DS, "serve/2-ingress", "replicas_answering", len(replicas),
@@ -426,9 +467,16 @@ def main() -> None:
            f"propensities: {', '.join(f'{p:g}' for p in props)}.",
            "", f"Two ingress replicas ({len(replicas)} answered): canary share per replica "
            + ", ".join(f"{v.mean() * 100:.2f}% (n={v.size})" for v in rep_on.values())
+           + (f"; difference **{st['abs_diff'][0]:.2f} pp** (signed "
+              f"{st['diff'][0]:+.2f}, 95% CI over users {st['diff'][1]:+.2f} to "
+              f"{st['diff'][2]:+.2f}; target ≤ 2 pp: "
+              f"{'met' if st['abs_diff'][0] <= 2 else 'MISSED'})" if len(replicas) == 2 else "")
            + f"; users routed differently by two replicas: **{disagree}** of {len(by_user)} "
            "(each user sent 2 requests; the split is a deterministic hash of the user id, and "
-           "the routing state comes from the store, serving.replica_sync).",
+           "the routing state comes from the store, serving.replica_sync). Which users' "
+           "requests each replica answered is the proxy's choice, so the two shares differ by "
+           "sampling alone: a signed CI that contains 0 is what two replicas routing alike "
+           "look like.",
            "", f"Feedback: {len(acked)} acknowledged, **{in_store} in the store** "
            f"({len(acked) - in_store} lost; per replica "
            f"{', '.join(str(v) for v in fb_by_replica.values())}); all {rows_q} acknowledged "
