@@ -362,10 +362,9 @@ def main() -> None:
         if len(replicas) == 2:
             for metric, key in (("canary_share_diff_pp", "abs_diff"),
                                 ("canary_share_diff_signed_pp", "diff")):
-                value, lo, hi = st[key]
+                d, d_lo, d_hi = st[key]
                 rows.append({"dataset": DS, "system": "serve/2-ingress", "metric": metric,
-                             "value": value, "ci_low": lo, "ci_high": hi,
-                             "n": int(on.size)})
+                             "value": d, "ci_low": d_lo, "ci_high": d_hi, "n": int(on.size)})
         rows.append(plain_row(DS, "serve/2-ingress", "users_routed_differently", disagree,
                               len(by_user)))
         rows.append(plain_row(DS, "serve/2-ingress", "replicas_answering", len(replicas),
