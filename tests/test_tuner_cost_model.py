@@ -123,3 +123,35 @@ def test_a_component_another_process_measured_is_read_not_measured_again(tmp_pat
     a, b = CostModel(path, measure), CostModel(path, measure)  # two processes, one file
     first = a.component("retrieve:bm25-tantivy")
     assert b.component("retrieve:bm25-tantivy") == first and calls == ["retrieve:bm25-tantivy"]
+
+
+def test_the_retrieval_memo_lives_where_configured_and_is_shared(data, tmp_path, monkeypatch):
+    from rl.tuner.evaluator import MEMO_DIR_ENV
+
+    def memo_rows(ev):
+        ev.memo.flush()
+        return ev.memo.store._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0]
+
+    monkeypatch.delenv(MEMO_DIR_ENV, raising=False)
+    assert TunerEvaluator(data, cache_root=tmp_path / "r0").memo.store.path.parent == \
+        tmp_path / "r0"  # default: beside the rows
+    own = TunerEvaluator(data, cache_root=tmp_path / "r1", memo_root=tmp_path / "own")
+    assert own.memo.store.path.parent == tmp_path / "own"
+    monkeypatch.setenv(MEMO_DIR_ENV, str(tmp_path / "shared"))
+    model = tmp_path / "cost-model.json"  # one cost model: latency columns priced alike
+    first = TunerEvaluator(data, cache_root=tmp_path / "r2", cost_model=model)
+    assert first.memo.store.path.parent == tmp_path / "shared"
+    cfg = RAGConfig(variant="hybrid", k=5)
+    assert first.ensure_rows(cfg, "valid", range(10)) == 10
+    filled = memo_rows(first)
+    assert filled > 0
+    # a second run with its own row cache over the same memo: its rows are computed, but no
+    # question is retrieved again, and the rows are the first run's
+    second = TunerEvaluator(data, cache_root=tmp_path / "r3", cost_model=model)
+    assert second.ensure_rows(cfg, "valid", range(10)) == 10
+    assert memo_rows(second) == filled
+    a, b = first.table(cfg, "valid"), second.table(cfg, "valid")
+    cols = sorted(c for c in a if not c.startswith("measured_"))  # wall times differ
+    assert "tokens" in cols and set(cols) == {c for c in b if not c.startswith("measured_")}
+    for col in cols:
+        np.testing.assert_array_equal(a[col][:10], b[col][:10], err_msg=col)
