@@ -33,16 +33,10 @@ script be killed (never `ray stop`, which would stop every Ray runtime on the ma
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from tests.support.ray_cluster import RUNTIME_ENV, netns_command, stop_recorded
+from tests.support.ray_cluster import netns_command, netns_script_report
 
 pytestmark = pytest.mark.ray
 
@@ -57,24 +51,9 @@ def report():
     if netns_command(["true"]) is None:
         pytest.skip("no private network namespace here (unshare -n / ip link): the two "
                     "nodes would have to bind a non-loopback address")
-    # short: Ray's unix socket paths under the temp dirs must stay below ~107 characters
-    root = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
-    out = root / "out.json"
-    env = {**os.environ, **RUNTIME_ENV, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "src"), str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    cmd = netns_command([sys.executable, str(REPO / "tests" / "support" / "multinode.py"),
-                         str(root), str(out)])
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        data = json.loads(out.read_text()) if out.exists() else {}
-        assert proc.returncode == 0 and "error" not in data, (
-            f"rc={proc.returncode} {data.get('error')}\n{data.get('ray_start_logs', '')}\n"
-            f"{proc.stderr[-4000:]}")
+    with netns_script_report(REPO / "tests" / "support" / "multinode.py", "rp-", TIMEOUT_S,
+                             logs_key="ray_start_logs", cluster_subdir="c") as data:
         yield data
-    finally:
-        stop_recorded(root / "c")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _part(report: dict, name: str) -> dict:

@@ -8,17 +8,11 @@ forwarded from the submitter). The head is always stopped by its process group."
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from tests.support.ray_cluster import RUNTIME_ENV, netns_command, stop_recorded
+from tests.support.ray_cluster import netns_command, netns_script_report
 
 pytestmark = pytest.mark.ray
 
@@ -30,23 +24,9 @@ TIMEOUT_S = 150
 def report():
     if netns_command(["true"]) is None:
         pytest.skip("no private network namespace here (unshare -n / ip link)")
-    root = Path(tempfile.mkdtemp(prefix="rj-", dir="/tmp"))  # short: Ray's socket paths
-    out = root / "out.json"
-    env = {**os.environ, **RUNTIME_ENV, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "src"), str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    cmd = netns_command([sys.executable, str(REPO / "tests" / "support" / "job_submit.py"),
-                         str(root), str(out)])
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-        data = json.loads(out.read_text()) if out.exists() else {}
-        assert proc.returncode == 0 and "error" not in data, (
-            f"rc={proc.returncode} {data.get('error')}\n{data.get('head_log', '')}\n"
-            f"{proc.stderr[-4000:]}")
+    with netns_script_report(REPO / "tests" / "support" / "job_submit.py", "rj-", TIMEOUT_S,
+                             logs_key="head_log") as data:
         yield data
-    finally:
-        stop_recorded(root)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_train_reranker_runs_as_a_ray_job(report):

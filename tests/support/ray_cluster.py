@@ -60,6 +60,38 @@ def netns_command(argv: list[str]) -> list[str] | None:
     return ["unshare", "-n", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *argv]
 
 
+@contextlib.contextmanager
+def netns_script_report(script: str | Path, prefix: str, timeout_s: float, *, logs_key: str,
+                        cluster_subdir: str = "") -> Iterator[dict]:
+    """Run `python SCRIPT ROOT ROOT/out.json` in a private network namespace (`netns_command`;
+    `RUNTIME_ENV`, this tree on PYTHONPATH), ROOT a fresh /tmp/`prefix`* folder (short: Ray's
+    unix socket paths must stay below ~107 characters); yield its JSON report once it exited
+    0 without an "error" (else AssertionError with the exit code, the error, the report's
+    `logs_key` and stderr's tail). Always: SIGKILL the node process groups the script recorded
+    under ROOT/`cluster_subdir` (`stop_recorded`, should it have been killed first), remove ROOT.
+    Callers check `netns_command(["true"])` first (and skip with their reason)."""
+    import json
+    import shutil
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    out = root / "out.json"
+    cmd = netns_command([sys.executable, str(script), str(root), str(out)])
+    try:
+        assert cmd is not None, "no private network namespace here (unshare -n / ip link)"
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                              timeout=timeout_s)
+        data = json.loads(out.read_text()) if out.exists() else {}
+        assert proc.returncode == 0 and "error" not in data, (
+            f"rc={proc.returncode} {data.get('error')}\n{data.get(logs_key, '')}\n"
+            f"{proc.stderr[-4000:]}")
+        yield data
+    finally:
+        stop_recorded(root / cluster_subdir)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
