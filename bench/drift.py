@@ -23,10 +23,12 @@ drawn from the test split only, see `bench/drift_streams.py`):
 Synthetic has no train split: train and valid are the two halves of its valid split (seeded).
 
 Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
-`router-policy`, `router-policy-online`). The learned per-query policy is fitted on train and
-selected on valid only (`fit_learned_policy`); the learned policy is the supervised
-router (`rl.policy.router.select_router`, `bench/drift_policy.py`); issue 19's PPO policy is
-not in this benchmark (see `drift_policy`).
+`router-policy`, `router-policy-online`) and `ppo-policy` (`bench/drift_ppo.py`; `--no-ppo`
+leaves it out). The learned per-query policies are fitted on train and selected on valid
+only: `router-policy` is the supervised router (`rl.policy.router.select_router`,
+`bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
+policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen;
+it picks configs outside the portfolio and is scored by its own picks' rows.
 
 Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and bandit /
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
@@ -34,8 +36,9 @@ exploration seeds), bootstrap 95% CIs over (seed, query) steps):
   * `frozen-static / router-policy` (and `/ router-policy-online`) `regret_ratio` after each shift
     (phase >= 2): mean regret ratio; null when frozen-static has no regret after the shift
     (`note`: undefined) or only the policy has none (unbounded);
-  * `router-policy` `gap_to_phase_best` per phase: the phase-best static's mean reward minus the
-    policy's. Pre-registered targets (issue 19): regret_ratio >= 2, gap <= 0.01.
+  * `router-policy` and `ppo-policy` `gap_to_phase_best` per phase: the phase-best static's
+    mean reward minus the policy's; `frozen-static / ppo-policy` `regret_ratio` as above.
+    Pre-registered targets (issue 19, for `ppo-policy`): regret_ratio >= 2, gap <= 0.01.
 Plots: `bench/results/drift-<stream>.png` (cumulative regret, mean over seeds, min-max band).
 """
 
@@ -52,6 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import drift_ppo  # noqa: E402
 from bench.common import (  # noqa: E402
     RESULTS,
     make_meta,
@@ -61,6 +65,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.drift_data import Bundle, load_bundle, load_updated_world, price_matrix  # noqa: E402
 from bench.drift_policy import fit_learned_policy  # noqa: E402
+from bench.drift_ppo import SYSTEM as PPO_SYSTEM  # noqa: E402
 from bench.drift_report import TITLE, markdown, plot_stream  # noqa: E402
 from bench.drift_streams import (  # noqa: E402
     ONLINE_GRID,
@@ -77,6 +82,7 @@ from bench.drift_streams import (  # noqa: E402
     phase_best,
     realise,
     regret,
+    regret_of_served,
     run_systems,
     static_arm_for_mix,
 )
@@ -88,6 +94,8 @@ NAME = "drift"
 PRICE_FACTOR = 2.0
 SW_WINDOW = 150
 RATIO_SYSTEMS = ("router-policy", "router-policy-online")
+GAP_SYSTEMS = (PPO_SYSTEM,)
+"""Systems outside the portfolio that get the targets' rows (gap, ratio) too."""
 NO_REGRET = 1e-4
 """Mean regret per query (reward units) below which a system counts as not hurt (float sums
 of equal rewards are not exactly 0)."""
@@ -192,7 +200,9 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
                                    learned.act(bundle.X["valid"]))
     Rt = bundle.R["train"]
     rng_range = (float(Rt.min()), float(Rt.max()))
-    reg = {s: [] for s in SYSTEMS}
+    extra = sorted(pools["main"].extra)
+    systems = SYSTEMS + tuple(extra)
+    reg = {s: [] for s in systems}
     phases, picks, best_names = [], {s: [] for s in SYSTEMS}, []
     for i in range(seeds):
         seed = seed0 + i
@@ -204,25 +214,29 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
         for s in SYSTEMS:
             reg[s].append(regret(real.R, real.phase, ch[s]))
             picks[s].append(ch[s])
+        for s in extra:  # stream seed i is served by the system's copy i mod S
+            got = real.extra[s]
+            reg[s].append(regret_of_served(real.R, real.phase, got[:, i % got.shape[1]]))
     ph = np.concatenate(phases)
     rows = []
     n_ph = len(spec.phases)
-    for s in SYSTEMS:
+    for s in systems:
         r = np.concatenate(reg[s])
         for p in range(n_ph):
             rows.append({**metric_row(spec.name, s, f"regret_phase{p + 1}", r[ph == p], seed0),
                          "phase": p + 1})
-    pp = np.concatenate(reg["router-policy"])
-    for p in range(n_ph):
-        rows.append({**metric_row(spec.name, "router-policy", "gap_to_phase_best", pp[ph == p],
-                                  seed0), "phase": p + 1})
+    for s in ("router-policy", *[x for x in extra if x in GAP_SYSTEMS]):
+        pp = np.concatenate(reg[s])
+        for p in range(n_ph):
+            rows.append({**metric_row(spec.name, s, "gap_to_phase_best", pp[ph == p], seed0),
+                         "phase": p + 1})
     fs = np.concatenate(reg["frozen-static"])
     for p in range(1, n_ph):
-        for s in RATIO_SYSTEMS:
+        for s in (*RATIO_SYSTEMS, *[x for x in extra if x in GAP_SYSTEMS]):
             den = np.concatenate(reg[s])[ph == p]
             rows.append(_ratio_row(spec.name, f"frozen-static / {s}", fs[ph == p], den, p + 1,
                                    seed0))
-    curves = {s: np.cumsum(np.vstack(reg[s]), axis=1) for s in SYSTEMS}
+    curves = {s: np.cumsum(np.vstack(reg[s]), axis=1) for s in systems}
     plot_stream(spec.name, curves, spec.length, n_ph, png)
 
     def used(s: str, p: int) -> dict[str, int]:
@@ -235,9 +249,9 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
         "note": spec.note, "label_key": key, "length": spec.length,
         "phases": [{"mix": ph_.mix, "pool": ph_.pool} for ph_ in spec.phases],
         "frozen_static": bundle.names[static], "phase_best_per_seed": best_names,
-        "cum_regret_end": {s: float(curves[s][:, -1].mean()) for s in SYSTEMS},
+        "cum_regret_end": {s: float(curves[s][:, -1].mean()) for s in systems},
         "curves_every_10": {s: np.round(curves[s].mean(axis=0)[9::10], 4).tolist()
-                            for s in SYSTEMS},
+                            for s in systems},
         "top_arms": {s: [used(s, p) for p in range(n_ph)] for s in SYSTEMS},
     }
     return rows, detail
@@ -272,18 +286,22 @@ def choose_online(specs: list[tuple[StreamSpec, str]], bundles: dict[str, Bundle
     return ONLINE_GRID[int(np.argmin(means))], tried
 
 
-def make_pools(spec: StreamSpec, key: str, bundle: Bundle, updated: Bundle | None
-               ) -> dict[str, Pool]:
-    """The test-split pools a stream draws from (main; price2; updated)."""
+def make_pools(spec: StreamSpec, key: str, bundle: Bundle, updated: Bundle | None,
+               extra: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Pool]:
+    """The test-split pools a stream draws from (main; price2; updated). `extra`: pool name
+    -> {system: (n, S) rewards} of the systems outside the portfolio."""
+    extra = extra or {}
     pools = {"main": Pool(bundle.R["test"], bundle.X["test"], bundle.labels["test"][key],
-                          bundle.ids["test"])}
+                          bundle.ids["test"], extra.get("main", {}))}
     needs = {p.pool for p in spec.phases}
     if "price2" in needs:
         pools["price2"] = Pool(price_matrix(bundle, PRICE_FACTOR), bundle.X["test"],
-                               bundle.labels["test"][key], bundle.ids["test"])
+                               bundle.labels["test"][key], bundle.ids["test"],
+                               extra.get("price2", {}))
     if "updated" in needs:
         pools["updated"] = Pool(updated.R["test"], updated.X["test"],
-                                updated.labels["test"][key], updated.ids["test"])
+                                updated.labels["test"][key], updated.ids["test"],
+                                extra.get("updated", {}))
     return pools
 
 
@@ -296,6 +314,8 @@ def main() -> None:
                     help="queries per phase (default 300; --quick 150)")
     ap.add_argument("--policy", choices=("router",), default="router")
     ap.add_argument("--bandit", choices=("sw-ucb", "rl"), default="sw-ucb")
+    ap.add_argument("--no-ppo", action="store_true",
+                    help="leave out the ppo-policy system (issue 19's per-query PPO policy)")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -312,6 +332,16 @@ def main() -> None:
     learned = {ds: fit_learned_policy(a.policy, b, a.seed) for ds, b in bundles.items()}
     bandit_factory, bandit_name = make_bandit_factory(a.bandit)
     t_fit = time.perf_counter()
+    ppo = {} if a.no_ppo else {ds: drift_ppo.train(b, learned[ds].router,
+                                                   drift_ppo.settings(a.quick), a.seed)
+                               for ds, b in bundles.items()}
+    extra = {ds: {"main": {PPO_SYSTEM: drift_ppo.pool_rewards(t, bundles[ds])},
+                  "price2": {PPO_SYSTEM: drift_ppo.pool_rewards(t, bundles[ds], PRICE_FACTOR)}}
+             for ds, t in ppo.items()}
+    if "synthetic" in ppo:
+        extra["synthetic"]["updated"] = {PPO_SYSTEM: drift_ppo.pool_rewards(ppo["synthetic"],
+                                                                            updated)}
+    t_ppo = time.perf_counter()
     specs = streams(a.quick, length, bundles)
     online, online_tried = choose_online(specs, bundles, learned, a.seeds, a.seed)
     print(f"loaded and fitted in {t_fit - t0:.0f}s; online settings {online}", flush=True)
@@ -320,7 +350,7 @@ def main() -> None:
     for spec, key in specs:
         print(f"[{spec.name}] {a.seeds} seeds x {len(spec.phases)} phases x {length}",
               flush=True)
-        pools = make_pools(spec, key, bundles[spec.dataset], updated)
+        pools = make_pools(spec, key, bundles[spec.dataset], updated, extra.get(spec.dataset))
         r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
                           bandit_factory, a.seeds, a.seed,
                           RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
@@ -332,12 +362,14 @@ def main() -> None:
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "seeds": a.seeds,
         "load_s": round(t_load - t0, 1), "fit_s": round(t_fit - t_load, 1),
+        "ppo_s": round(t_ppo - t_fit, 1),
         "length": length, "arms": bundles[datasets[0]].names,
         "base_config": policy.base_config().model_dump(mode="json"),
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens, "price_factor": PRICE_FACTOR},
         "notes": {
             "router_policy": {ds: lp.describe for ds, lp in learned.items()},
+            "ppo_policy": {ds: t.describe for ds, t in ppo.items()},
             "sw_bandit": f"{bandit_name}, window {SW_WINDOW}, c 0.5, rewards rescaled to "
                          "[0, 1] by the train split's min/max",
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "
@@ -354,6 +386,8 @@ def main() -> None:
         },
         "bundles": {ds: b.summary() for ds, b in (bundles | {"synthetic-updated": updated})
                     .items()},
+        "ppo": {ds: {**t.details, "distinct_test_configs": drift_ppo.distinct_configs(
+            t, bundles[ds])} for ds, t in ppo.items()},
         "details": details})
     write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
 

@@ -140,23 +140,52 @@ def load_updated_world(policy: TunerSettings, old: Bundle, seed: int = 0) -> Bun
     return build_bundle("synthetic", ev, policy, seed, desc)
 
 
+def priced_reward(ev, tab, factor: float) -> np.ndarray:
+    """Per-query reward of table `tab` with the token price (cost weight δ) times `factor`,
+    from its stored F, R, latency and tokens (`RewardSpec.per_query`)."""
+    spec = ev.reward_spec()
+    w = spec.weights.model_copy(update={"delta": spec.weights.delta * factor})
+    F, Rel = ev.quality(tab)
+    return np.asarray(replace(spec, weights=w).per_query(F, Rel, tab["latency_ms"],
+                                                         tab["tokens"], tab.get(PII_COLUMN)),
+                      dtype=np.float64)
+
+
 def price_matrix(bundle: Bundle, factor: float) -> np.ndarray:
     """(n_test, K) per-query rewards with the token price (cost weight δ) multiplied by
-    `factor`, recomputed from the stored per-query F, R, latency and tokens (`RewardSpec.
-    per_query`); factor 1 reproduces `bundle.R["test"]` (checked)."""
+    `factor`, recomputed from the stored per-query F, R, latency and tokens (`priced_reward`);
+    factor 1 reproduces `bundle.R["test"]` (checked)."""
     ev = bundle.ev
-    spec = ev.reward_spec()
 
     def with_price(f: float) -> np.ndarray:
-        w = spec.weights.model_copy(update={"delta": spec.weights.delta * f})
-        s = replace(spec, weights=w)
-        cols = []
-        for tab in bundle.test_tabs:
-            F, Rel = ev.quality(tab)
-            cols.append(np.asarray(s.per_query(F, Rel, tab["latency_ms"], tab["tokens"],
-                                               tab.get(PII_COLUMN)), dtype=np.float64))
-        return np.column_stack(cols)
+        return np.column_stack([priced_reward(ev, tab, f) for tab in bundle.test_tabs])
 
     if not np.allclose(with_price(1.0), bundle.R["test"], equal_nan=True):
         raise AssertionError("recomputed rewards differ from the evaluator's per-query reward")
     return with_price(factor)
+
+
+def served_rewards(ev, split: str, configs, factor: float = 1.0) -> np.ndarray:
+    """(n,) reward of configs[i] on query i of `split` (every query of it), with the token
+    price times `factor`: what a system that picks any config of the space (not an arm) got.
+    Rows come from the evaluator's lazy per-(config, query) tables (computed when missing);
+    factor 1 reproduces `TunerEvaluator.per_query_reward` (checked)."""
+    n = len(ev.data.examples(split))
+    if len(configs) != n:
+        raise ValueError(f"{len(configs)} configs for the {n} queries of split {split!r}")
+    groups: dict[str, list[int]] = {}
+    by_hash = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(c.config_hash, []).append(i)
+        by_hash[c.config_hash] = c
+    out = np.full(n, np.nan)
+    for h, qs in groups.items():
+        tab = dict(ev.table(by_hash[h], split, qs))
+        for name in (ev.slice.faithfulness, ev.slice.relevancy):
+            tab.setdefault(name, np.full(n, np.nan))  # as `rl.policy.worlds.EvaluatorWorld`
+        if not np.allclose(priced_reward(ev, tab, 1.0)[qs], ev.per_query_reward(tab)[qs],
+                           equal_nan=True):
+            raise AssertionError("recomputed rewards differ from the evaluator's per-query "
+                                 "reward")
+        out[qs] = priced_reward(ev, tab, factor)[qs]
+    return out

@@ -8,16 +8,16 @@ implementation (in `meta.notes.router_policy`).
 
 Kinds: `router` (the only one): the supervised router (`rl.policy.router.select_router`,
 per-arm gradient boosting, parameters chosen by realised valid reward), the per-query policy
-the product ships as default because it beats the PPO policy on every dataset
-(`bench/results/policy.json`). Issue 19's per-query PPO (`rl.policy.ppo_policy`) acts on the
-whole config space, not on this portfolio's arms, so it is not a kind here: its drift rows
-need its trained policies' choices evaluated on each stream's queries (not built).
+the product ships as default (`bench/results/policy.json`). Issue 19's per-query PPO
+(`rl.policy.ppo_policy`) acts on the whole config space, not on this portfolio's arms, so it
+is not a kind here: `bench/drift_ppo.py` trains it and scores its own choices per query.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class LearnedPolicy:
     act: Callable[[np.ndarray], np.ndarray]
     scores: Callable[[np.ndarray], np.ndarray]
     describe: str
+    router: Any = None
+    """The fitted `rl.policy.router.Router` behind `act` (the PPO policy's warm starts)."""
 
 
 def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
@@ -45,7 +47,7 @@ def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
     desc = (f"supervised router (rl.policy.router.select_router; chosen on valid: max_iter "
             f"{p['max_iter']}, leaves {p['max_leaf_nodes']}, shrink {p['shrink']}, pooled "
             f"{p['pooled']}; valid reward {p['valid_reward']:.4f})")
-    return LearnedPolicy(lambda X: router.choose(X, 0.0), router.predict, desc)
+    return LearnedPolicy(lambda X: router.choose(X, 0.0), router.predict, desc, router)
 
 
 def fit_learned_policy(kind: str, bundle, seed: int) -> LearnedPolicy:

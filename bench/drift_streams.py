@@ -18,6 +18,10 @@ Vocabulary.
   * A *system* returns the arm it served at every step (N,). Its per-query regret at step t
     is R[t, b_p] − R[t, a_t], with b_p the best static arm of t's phase in hindsight (the arm
     with the highest mean reward over that phase's drawn queries): `regret`.
+  * A system that acts outside the portfolio (the per-query PPO policy picks any config of
+    the space) brings its own per-query rewards: a pool's `extra[name]` is (n, S), the reward
+    of its S trained copies (one per seed) on each query, carried through `realise`; its
+    regret is R[t, b_p] − its reward at t (`regret_of_served`).
 
 Systems (names as they appear in the rows):
   * `frozen-static`: one arm for the whole stream, the best on the valid split weighted by
@@ -84,17 +88,20 @@ class Pool:
     X: np.ndarray
     labels: np.ndarray
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    """System name -> (n, S) per-query rewards of a system outside the arms (S copies)."""
 
 
 @dataclass
 class Realised:
-    """One seed's stream: rewards R (N, K), features X (N, d), phase (N,) ints, and per
-    phase the pool and the drawn query indices."""
+    """One seed's stream: rewards R (N, K), features X (N, d), phase (N,) ints, per phase
+    the pool and the drawn query indices, and the pools' `extra` systems' rewards (N, S)."""
 
     R: np.ndarray
     X: np.ndarray
     phase: np.ndarray
     draws: list[tuple[str, np.ndarray]]
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def phase_counts(mix: dict[str, float], length: int) -> dict[str, int]:
@@ -128,7 +135,14 @@ def draw_phase(labels: np.ndarray, mix: dict[str, float], length: int,
 def realise(spec: StreamSpec, pools: dict[str, Pool], seed: int) -> Realised:
     """The stream of `spec` for `seed` (module docstring)."""
     rng = np.random.default_rng(seed)
+    used = [pools[phase.pool] for phase in spec.phases]
+    names = set().union(*(p.extra for p in used))
+    missing = sorted(n for n in names if any(n not in p.extra for p in used))
+    if missing:
+        raise ValueError(f"stream {spec.name}: systems {missing} have rewards in some of its "
+                         "pools but not in all")
     Rs, Xs, ph, draws = [], [], [], []
+    extra: dict[str, list[np.ndarray]] = {n: [] for n in sorted(names)}
     for p, phase in enumerate(spec.phases):
         pool = pools[phase.pool]
         idx = draw_phase(pool.labels, phase.mix, spec.length, rng)
@@ -136,7 +150,10 @@ def realise(spec: StreamSpec, pools: dict[str, Pool], seed: int) -> Realised:
         Xs.append(pool.X[idx])
         ph.append(np.full(idx.size, p))
         draws.append((phase.pool, idx))
-    return Realised(np.vstack(Rs), np.vstack(Xs), np.concatenate(ph), draws)
+        for n in extra:
+            extra[n].append(pool.extra[n][idx])
+    return Realised(np.vstack(Rs), np.vstack(Xs), np.concatenate(ph), draws,
+                    {n: np.vstack(v) for n, v in extra.items()})
 
 
 def static_arm_for_mix(R_valid: np.ndarray, labels_valid: Sequence, mix: dict[str, float]
@@ -168,6 +185,13 @@ def regret(R: np.ndarray, phase: np.ndarray, choices: np.ndarray) -> np.ndarray:
     best = phase_best(R, phase)
     t = np.arange(R.shape[0])
     return R[t, best[phase]] - R[t, np.asarray(choices, dtype=np.int64)]
+
+
+def regret_of_served(R: np.ndarray, phase: np.ndarray, served: np.ndarray) -> np.ndarray:
+    """Per-step regret of a system that reports the reward it got (N,) instead of an arm:
+    R[t, b_p] − served[t] (a system outside the portfolio, module docstring)."""
+    best = phase_best(R, phase)
+    return R[np.arange(R.shape[0]), best[phase]] - np.asarray(served, dtype=np.float64)
 
 
 # ---- systems ------------------------------------------------------------------------------

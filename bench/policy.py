@@ -175,7 +175,7 @@ def ppo_system(scale: float) -> str:
     return PPO if scale == 1.0 else f"{PPO}-budget{scale:g}"
 
 
-def _warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base: int,
+def warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base: int,
                  R_valid: np.ndarray, T_valid: np.ndarray, cap_tokens: float,
                  router_train: dict[str, np.ndarray]) -> list[WarmStart]:
     """`best-static`: B1 (or, when B1's valid tokens exceed the budget, the best arm on valid
@@ -258,7 +258,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         system = ppo_system(scale)
         cap = scale * budget
         price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
-        warm = _warm_starts(run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
+        warm = warm_starts(run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
                             {"supervised-router": router.choose(X["train"], 0.0),
                              "supervised-router-equal-cost": router.choose(X["train"],
                                                                            price_s)})

@@ -43,7 +43,8 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
             budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
             out_dir: Path | None = None, deadline: float | None = None,
             warm: Sequence[WarmStart] = (), grid: Sequence[dict[str, Any]] = ({},),
-            system: str = SYSTEM) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            system: str = SYSTEM, keep: list[PerQueryPPO] | None = None
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Train one policy per seed, act on test. Returns the seed-averaged per-query test arrays
     {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time).
     `warm`: behaviour-cloning starts (the best on valid is where PPO starts, and it is a model
@@ -51,7 +52,8 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
     first seed, the run whose chosen checkpoint is best on valid (`better_on_valid`) is kept
     and its overrides are used for every later seed (valid only: test never chooses).
     `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
-    seeds left out are listed in the details as `seeds_not_run`."""
+    seeds left out are listed in the details as `seeds_not_run`. `keep`: a list the chosen
+    policy of each seed run is appended to (in seed order), to act on other queries."""
     examples = [e for s, _ in parts.values() for e in ev.data.examples(s)]
     layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
     worlds = {role: EvaluatorWorld(ev, s, idx) for role, (s, idx) in parts.items()}
@@ -88,6 +90,8 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
             arrays[k].append(v)
         if out_dir is not None:
             pol.save(out_dir / f"seed{seed}" / "policy")
+        if keep is not None:
+            keep.append(pol)
         used = {}
         for c in cfgs:
             used[c.config_hash] = used.get(c.config_hash, 0) + 1

@@ -42,8 +42,8 @@ def test_equal_quality_oracle_takes_the_cheapest_arm_that_keeps_quality():
     assert got["delta_cost_pct"] == pytest.approx(100 * (62.5 / 100 - 1))
 
 
-def test_warm_starts_fall_back_to_the_best_arm_within_a_tighter_budget():
-    from bench.policy import _warm_starts
+def testwarm_starts_fall_back_to_the_best_arm_within_a_tighter_budget():
+    from bench.policy import warm_starts
 
     from rag.config import RAGConfig
 
@@ -51,13 +51,13 @@ def test_warm_starts_fall_back_to_the_best_arm_within_a_tighter_budget():
     R = np.array([[0.9, 0.5, 0.6], [0.9, 0.5, 0.6]])
     T = np.array([[300.0, 100.0, 200.0], [300.0, 100.0, 200.0]])
     router = {"supervised-router": np.array([2, 1])}
-    full = _warm_starts(["best-static", "supervised-router"], configs, 0, R, T, 300.0, router)
+    full = warm_starts(["best-static", "supervised-router"], configs, 0, R, T, 300.0, router)
     assert full[0].name == "best-static:a0" and full[0].targets(2)[0].k == 1
     assert [c.k for c in full[1].targets(2)] == [3, 2]
-    tight = _warm_starts(["best-static"], configs, 0, R, T, 250.0, router)
+    tight = warm_starts(["best-static"], configs, 0, R, T, 250.0, router)
     assert tight[0].name == "best-static:a2"  # a0 is over budget; a2 beats a1 within it
     with pytest.raises(ValueError, match="unknown warm start"):
-        _warm_starts(["nope"], configs, 0, R, T, 300.0, router)
+        warm_starts(["nope"], configs, 0, R, T, 300.0, router)
 
 
 def test_ppo_flags_parse_into_a_grid_and_bad_values_exit_2(capsys):

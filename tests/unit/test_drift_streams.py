@@ -194,3 +194,65 @@ def test_regret_ratio_is_unbounded_or_undefined_when_the_policy_has_no_regret():
     for pol in (-policy, policy):  # frozen-static not hurt: no ratio, whatever the policy did
         r = _ratio_row("s", "frozen-static / router-policy", np.full(50, 1e-17), pol, 2, 0)
         assert r["value"] is None and r["note"].startswith("undefined")
+
+
+def _with_extra(pool: Pool, served: np.ndarray) -> Pool:
+    return Pool(pool.R, pool.X, pool.labels, pool.ids, {"ppo-policy": served})
+
+
+def test_a_system_outside_the_arms_is_charged_its_own_rewards():
+    from bench.drift_streams import regret_of_served
+
+    pool = _planted()
+    # copy 0 serves arm 0's reward on every query; copy 1 does 0.1 better than the best arm
+    served = np.column_stack([pool.R[:, 0], pool.R.max(axis=1) + 0.1])
+    real = realise(SHIFT, {"main": _with_extra(pool, served)}, seed=4)
+    got = real.extra["ppo-policy"]
+    assert got.shape == (200, 2)
+    as_arm0 = regret(real.R, real.phase, np.zeros(200, dtype=np.int64))
+    assert np.allclose(regret_of_served(real.R, real.phase, got[:, 0]), as_arm0)
+    # copy 1 beats the phase's best arm by 0.1 where that arm is the query's best, 0.6 where
+    # the minority group's arm is
+    r1 = regret_of_served(real.R, real.phase, got[:, 1])
+    best = phase_best(real.R, real.phase)[real.phase]
+    minority = real.R[np.arange(200), best] < 1.0
+    assert np.allclose(r1[~minority], -0.1) and np.allclose(r1[minority], -0.6)
+    assert minority.sum() == 20
+    # the same draws as a stream without the extra system
+    assert np.array_equal(realise(SHIFT, {"main": pool}, seed=4).R, real.R)
+
+
+def test_a_stream_refuses_an_outside_system_missing_from_one_of_its_pools():
+    pool = _planted()
+    spec = StreamSpec("two-pools", "planted", (PhaseSpec({"a": 1.0}),
+                                               PhaseSpec({"a": 1.0}, "price2")), 20)
+    pools = {"main": _with_extra(pool, pool.R[:, :1]), "price2": pool}
+    with pytest.raises(ValueError, match="ppo-policy"):
+        realise(spec, pools, seed=0)
+
+
+def test_run_stream_reports_the_targets_rows_for_the_outside_system(tmp_path):
+    from bench.drift import run_stream
+    from bench.drift_data import Bundle
+    from bench.drift_policy import LearnedPolicy
+
+    pool = _planted()
+    # the outside system knows each query's group (as the per-query oracle): no regret, while
+    # frozen arm 0 loses 0.5 a query on group b after the shift
+    served = np.column_stack([pool.R.max(axis=1)] * 2)
+    roles = ("train", "valid", "test")
+    b = Bundle("planted", ["a0", "a1", "a2"], {r: pool.R for r in roles},
+               {r: np.ones_like(pool.R) for r in roles}, {r: pool.X for r in roles},
+               {r: {"type": pool.labels} for r in roles}, {r: pool.ids for r in roles})
+    lp = LearnedPolicy(lambda X: np.zeros(len(X), dtype=np.int64),
+                       lambda X: np.tile([1.0, 0.5, 0.2], (len(X), 1)), "arm 0 always")
+    rows, detail = run_stream(SHIFT, "type", {"main": _with_extra(pool, served)}, b, lp,
+                              lambda k, s: SlidingWindowUCB(k, seed=s), 2, 0,
+                              tmp_path / "planted.png", OnlineSettings())
+    gap = {r["phase"]: r["value"] for r in rows
+           if r["system"] == "ppo-policy" and r["metric"] == "gap_to_phase_best"}
+    assert gap[1] == pytest.approx(-0.05) and gap[2] == pytest.approx(-0.05)
+    ratio = next(r for r in rows if r["system"] == "frozen-static / ppo-policy")
+    assert ratio["value"] is None and ratio["note"].startswith("unbounded")
+    assert ratio["frozen_regret"] == pytest.approx(0.4)  # 0.9 x 0.5 lost, 0.1 x 0.5 won
+    assert "ppo-policy" in detail["cum_regret_end"] and (tmp_path / "planted.png").exists()
