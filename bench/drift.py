@@ -23,12 +23,14 @@ drawn from the test split only, see `bench/drift_streams.py`):
 Synthetic has no train split: train and valid are the two halves of its valid split (seeded).
 
 Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
-`router-policy`, `router-policy-online`) and `ppo-policy` (`bench/drift_ppo.py`; `--no-ppo`
-leaves it out). The learned per-query policies are fitted on train and selected on valid
+`router-policy`, `router-policy-online`) and `ppo-policy` / `ppo-policy-online`
+(`bench/drift_ppo.py`; `--no-ppo` leaves them out). The learned per-query policies are fitted on train and selected on valid
 only: `router-policy` is the supervised router (`rl.policy.router.select_router`,
 `bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
 policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen;
-it picks configs outside the portfolio and is scored by its own picks' rows.
+it picks configs outside the portfolio and is scored by its own picks' rows;
+`ppo-policy-online` is that policy updated by PPO on the stream from the rewards of the
+configs it served (`rl.policy.ppo_online`).
 
 Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and bandit /
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
@@ -65,6 +67,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.drift_data import Bundle, load_bundle, load_updated_world, price_matrix  # noqa: E402
 from bench.drift_policy import fit_learned_policy  # noqa: E402
+from bench.drift_ppo import ONLINE as PPO_ONLINE  # noqa: E402
 from bench.drift_ppo import SYSTEM as PPO_SYSTEM  # noqa: E402
 from bench.drift_report import TITLE, markdown, plot_stream  # noqa: E402
 from bench.drift_streams import (  # noqa: E402
@@ -192,15 +195,19 @@ def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase
 
 def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundle, learned,
                bandit_factory, seeds: int, seed0: int, png: Path,
-               online: OnlineSettings) -> tuple[list[dict], dict]:
-    """Rows and details of one stream over `seeds` seeds."""
+               online: OnlineSettings, adapters: dict[str, Any] | None = None
+               ) -> tuple[list[dict], dict]:
+    """Rows and details of one stream over `seeds` seeds. `adapters`: system name ->
+    f(realised stream, seed index) -> (N,) served rewards, for systems outside the portfolio
+    that learn on the stream (`ppo-policy-online`)."""
     valid_labels = bundle.labels["valid"][key]
     static = static_arm_for_mix(bundle.R["valid"], valid_labels, spec.phases[0].mix)
     calib = Calibration.from_valid(bundle.R["valid"], learned.scores(bundle.X["valid"]),
                                    learned.act(bundle.X["valid"]))
     Rt = bundle.R["train"]
     rng_range = (float(Rt.min()), float(Rt.max()))
-    extra = sorted(pools["main"].extra)
+    adapters = adapters or {}
+    extra = sorted(pools["main"].extra) + sorted(adapters)
     systems = SYSTEMS + tuple(extra)
     reg = {s: [] for s in systems}
     phases, picks, best_names = [], {s: [] for s in SYSTEMS}, []
@@ -215,6 +222,9 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
             reg[s].append(regret(real.R, real.phase, ch[s]))
             picks[s].append(ch[s])
         for s in extra:  # stream seed i is served by the system's copy i mod S
+            if s in adapters:
+                reg[s].append(regret_of_served(real.R, real.phase, adapters[s](real, i)))
+                continue
             got = real.extra[s]
             reg[s].append(regret_of_served(real.R, real.phase, got[:, i % got.shape[1]]))
     ph = np.concatenate(phases)
@@ -232,7 +242,7 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
                          "phase": p + 1})
     fs = np.concatenate(reg["frozen-static"])
     for p in range(1, n_ph):
-        for s in (*RATIO_SYSTEMS, *[x for x in extra if x in GAP_SYSTEMS]):
+        for s in (*RATIO_SYSTEMS, *[x for x in extra if x in GAP_SYSTEMS + (PPO_ONLINE,)]):
             den = np.concatenate(reg[s])[ph == p]
             rows.append(_ratio_row(spec.name, f"frozen-static / {s}", fs[ph == p], den, p + 1,
                                    seed0))
@@ -351,10 +361,12 @@ def main() -> None:
         print(f"[{spec.name}] {a.seeds} seeds x {len(spec.phases)} phases x {length}",
               flush=True)
         pools = make_pools(spec, key, bundles[spec.dataset], updated, extra.get(spec.dataset))
+        adapters = ({} if spec.dataset not in ppo else {PPO_ONLINE: drift_ppo.online_served(
+            ppo[spec.dataset], bundles[spec.dataset], updated, PRICE_FACTOR)})
         r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
                           bandit_factory, a.seeds, a.seed,
                           RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
-                          online)
+                          online, adapters)
         rows.extend(r)
         details[spec.name] = {**d, "dataset": spec.dataset,
                               "policy": learned[spec.dataset].describe}
@@ -370,6 +382,11 @@ def main() -> None:
         "notes": {
             "router_policy": {ds: lp.describe for ds, lp in learned.items()},
             "ppo_policy": {ds: t.describe for ds, t in ppo.items()},
+            "ppo_online": (f"rl.policy.ppo_online.adapt_online: configs sampled from the "
+                           f"trained ppo-policy, a PPO update every {drift_ppo.ONLINE_BATCH} "
+                           "served requests from their rewards only (bandit feedback), the "
+                           "Lagrange multiplier stepped with the training budget; no model "
+                           "selection") if ppo else None,
             "sw_bandit": f"{bandit_name}, window {SW_WINDOW}, c 0.5, rewards rescaled to "
                          "[0, 1] by the train split's min/max",
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "

@@ -13,6 +13,11 @@ PPO starts), the checkpoint chosen on valid. Stream seed i is served by policy i
 Pools: `main` (the test split), `price2` (the same choices re-priced: the policy does not see
 the price, so a frozen policy keeps its picks), `updated` (the regenerated synthetic world:
 the policy acts on its queries' features and its picks are evaluated on the new corpus).
+
+`ppo-policy-online` (`online_served`): the same trained policy, updated online on the stream
+(`rl.policy.ppo_online.adapt_online`): it serves configs sampled from itself, observes only
+the served config's reward (re-priced or on the new corpus in the phases that say so), and
+runs a PPO update every `ONLINE_BATCH` requests, its cost bound the training budget.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.drift_data import Bundle, _roles, served_rewards
+from bench.drift_data import Bundle, _roles, priced_reward, served_rewards
 from bench.headroom import portfolio
 from bench.policy import WARM_STARTS, warm_starts
 from bench.policy_ppo import run_ppo, with_train
+from rl.policy.worlds import EvaluatorWorld, Outcome
 
 SYSTEM = "ppo-policy"
+ONLINE = "ppo-policy-online"
+ONLINE_BATCH = 64
+"""Requests between two online PPO updates (a 2 x 300 stream: 9 updates)."""
 
 
 @dataclass
@@ -90,3 +99,69 @@ def distinct_configs(trained: TrainedPPO, bundle: Bundle) -> list[int]:
     """How many distinct configs each policy picks over `bundle`'s test queries."""
     return [len({c.config_hash for c in pol.act(bundle.X["test"])})
             for pol in trained.policies]
+
+
+class PricedWorld(EvaluatorWorld):
+    """An `EvaluatorWorld` whose rewards charge tokens at `factor` times the stored price
+    (`priced_reward`); quality and cost are unchanged."""
+
+    def __init__(self, ev, split: str, idx, factor: float = 1.0):
+        super().__init__(ev, split, idx)
+        self.factor = factor
+
+    def _read(self, config, qs):
+        got = super()._read(config, qs)
+        if self.factor == 1.0:
+            return got
+        tab = dict(self.ev.table(config, self.split, qs))
+        n = len(tab["tokens"])
+        for name in (self.ev.slice.faithfulness, self.ev.slice.relevancy):
+            tab.setdefault(name, np.full(n, np.nan))
+        R = priced_reward(self.ev, tab, self.factor)
+        return {q: Outcome(float(R[q]), o.quality, o.cost) for q, o in got.items()}
+
+
+class StreamWorld:
+    """A realised stream as one `QueryWorld`: step t is query draws[p][j] of phase p's pool
+    (`worlds[pool]` builds that pool's world over given query indices)."""
+
+    def __init__(self, draws, worlds):
+        self.parts, self.offsets = [], []
+        n = 0
+        for pool, idx in draws:
+            self.parts.append(worlds[pool](idx))
+            self.offsets.append(n)
+            n += len(idx)
+        self.n = n
+        self.cost_ref = self.parts[0].cost_ref
+
+    def _part(self, i: int):
+        p = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self.parts[p], i - self.offsets[p]
+
+    def outcome(self, i, config):
+        w, j = self._part(int(i))
+        return w.outcome(j, config)
+
+    def outcomes(self, configs):
+        return [self.outcome(i, c) for i, c in enumerate(configs)]
+
+
+def online_served(trained: TrainedPPO, bundle: Bundle, updated: Bundle | None,
+                  price_factor: float):
+    """real, i -> (N,) served rewards of `ppo-policy-online` on realised stream `real` (stream
+    seed index i: policy i mod S, RLlib seed i)."""
+    from rl.policy.ppo_online import adapt_online
+
+    worlds = {"main": lambda idx: EvaluatorWorld(bundle.ev, "test", idx),
+              "price2": lambda idx: PricedWorld(bundle.ev, "test", idx, price_factor)}
+    if updated is not None:
+        worlds["updated"] = lambda idx: EvaluatorWorld(updated.ev, "test", idx)
+    budget = trained.details["budget_tokens"] / float(bundle.ev.policy.cost_ref_tokens)
+
+    def served(real, i: int) -> np.ndarray:
+        pol = trained.policies[i % len(trained.policies)]
+        world = StreamWorld(real.draws, worlds)
+        return adapt_online(pol, world, real.X, budget, ONLINE_BATCH, seed=i).reward
+
+    return served

@@ -11,7 +11,7 @@ TITLE = "Drift: regret against each phase's best static config when the query mi
 RATIO_TARGET = 2.0
 GAP_TARGET = 0.01
 SYSTEM_ORDER = ("frozen-static", "searcher-per-phase", "sw-bandit", "router-policy",
-                "router-policy-online", "ppo-policy")
+                "router-policy-online", "ppo-policy", "ppo-policy-online")
 TARGET_SYSTEMS = ("ppo-policy", "router-policy")
 """The systems the pre-registered targets are read for: issue 19 names `ppo-policy`; the
 shipped per-query policy is `router-policy`."""
@@ -118,10 +118,13 @@ def _ppo_paragraph(notes: dict) -> str:
     if not ppo:
         return ("`ppo-policy` (issue 19's per-query PPO policy, `rl.policy.ppo_policy`) was left "
                 "out of this run (`--no-ppo`): its drift rows are **not run**.")
-    return ("`ppo-policy`: issue 19's per-query PPO policy, frozen after training; it picks "
+    text = ("`ppo-policy`: issue 19's per-query PPO policy, frozen after training; it picks "
             "any config of the space, so its per-query rewards are its own picks' rows (not "
             "a portfolio arm); stream seed i is served by the policy of training seed i mod S "
             "(`bench/drift_ppo.py`). " + "; ".join(f"{ds}: {d}" for ds, d in ppo.items()) + ".")
+    if notes.get("ppo_online"):
+        text += f" `ppo-policy-online`: {notes['ppo_online']}."
+    return text
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -182,11 +185,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                      range(1, n_ph + 1)]
             parts.append(f"| {s} | " + " | ".join(cells)
                          + f" | {d['cum_regret_end'][s]:+.2f} |")
-        online = [_get(rows, stream, "frozen-static / router-policy-online", "regret_ratio", p)
+        online = [(s, _get(rows, stream, f"frozen-static / {s}", "regret_ratio", p))
+                  for s in ("router-policy-online", "ppo-policy-online")
                   for p in range(2, n_ph + 1)]
         parts += ["", "Targets (pre-registered):", ""]
         parts += [f"- {t}" for system in systems for t in _targets(stream, n_ph, rows, system)]
-        parts += [f"- (not a target) frozen-static / router-policy-online after shift {i + 1}: "
-                  f"{_fmt(r, '{:.2f}')}" for i, r in enumerate(online) if r is not None]
+        parts += [f"- (not a target) frozen-static / {s} after shift {r['phase'] - 1}: "
+                  f"{_fmt(r, '{:.2f}')}" for s, r in online if r is not None]
         parts.append(f"\n![{stream}](drift-{stream}{'.quick' if meta.get('quick') else ''}.png)")
     return "\n".join(parts)

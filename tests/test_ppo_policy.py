@@ -1,6 +1,6 @@
-"""The per-query PPO policy with real RLlib on a closed-form synthetic world (< 90 s): it
-trains, saves, loads, acts, samples with propensities, and beats a random policy on the
-world's train reward."""
+"""The per-query PPO policy with real RLlib on a closed-form synthetic world (< 2 min): it
+trains, saves, loads, acts, samples with propensities, beats a random policy on the world's
+train reward, and adapts online to a drifted world from the requests it serves."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ class ToyWorld:
 
     def outcomes(self, configs):
         return [self.outcome(i, c) for i, c in enumerate(configs)]
+
+
+class FlippedWorld(ToyWorld):
+    """The toy world after a drift: dense is right where x0 < 0, bm25 elsewhere."""
+
+    def outcome(self, i, config):
+        want = "dense" if self.X[i, 0] < 0 else "bm25"
+        q = float(config.variant == want) + 0.5 * float(config.k == 2)
+        return Outcome(q, q, config.k / 32)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +126,34 @@ def test_warm_start_reaches_the_samplers_and_selection_never_drops_below_it(setu
     assert pol.meta["best"]["valid_reward"] >= starts[1]["valid_reward"]
     got = np.mean([o.reward for o in world.outcomes(pol.act(X))])
     assert got == pytest.approx(pol.meta["best"]["valid_reward"])
+
+
+def test_online_adaptation_learns_from_served_requests_only(setup):
+    """`rl.policy.ppo_online.adapt_online`: a barely trained policy (one PPO iteration) serves
+    a stream of the toy world with the variants' roles swapped (the world drifted); from the
+    rewards of what it served alone, PPO updates every 128 requests lift the stream's last
+    quarter well above its first quarter and above what the frozen policy earns there; every request is served once, in order, and
+    the trained policy itself is left unchanged. (PPO's clipped steps move a near-greedy
+    policy slowly: from a confident clone the same stream barely changes it.)"""
+    from rl.policy.ppo_online import adapt_online
+
+    s, layout, X = setup
+    world = ToyWorld(X)
+    short = s.model_copy(update={"train": s.train.model_copy(update={"iters": 1,
+                                                                     "eval_every": 1})})
+    pol = PerQueryPPO.create(layout, short, X)
+    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    before = pol.act(X)
+    order = np.random.default_rng(5).integers(0, len(X), size=1536)
+    stream = FlippedWorld(X[order])
+    got = adapt_online(pol, stream, X[order], budget=1.0, batch=128, seed=0)
+    assert got.reward.shape == (1536,) and len(got.config_hash) == 1536
+    assert len(got.lambdas) == 12
+    q = 1536 // 4
+    frozen = np.array([stream.outcome(i, before[j]).reward for i, j in enumerate(order)])
+    # measured: first quarter 0.54, last 1.43, frozen 0.45 (the optimum is 1.5)
+    assert got.reward[-q:].mean() > got.reward[:q].mean() + 0.5, (
+        got.reward[:q].mean(), got.reward[-q:].mean())
+    assert got.reward[-q:].mean() > frozen[-q:].mean() + 0.5, (
+        frozen[-q:].mean(), got.reward[-q:].mean())
+    assert [c.config_hash for c in pol.act(X)] == [c.config_hash for c in before]
