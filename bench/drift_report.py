@@ -113,7 +113,7 @@ def _targets(stream: str, n_phases: int, rows: list[dict], system: str) -> list[
     return out
 
 
-def _ppo_paragraph(notes: dict) -> str:
+def _ppo_paragraph(notes: dict, details: dict | None = None) -> str:
     ppo = notes.get("ppo_policy")
     if not ppo:
         return ("`ppo-policy` (issue 19's per-query PPO policy, `rl.policy.ppo_policy`) was left "
@@ -122,6 +122,13 @@ def _ppo_paragraph(notes: dict) -> str:
             "any config of the space, so its per-query rewards are its own picks' rows (not "
             "a portfolio arm); stream seed i is served by the policy of training seed i mod S "
             "(`bench/drift_ppo.py`). " + "; ".join(f"{ds}: {d}" for ds, d in ppo.items()) + ".")
+    for ds, d in (details or {}).items():
+        seeds = d.get("per_seed", [])
+        at_start = sum(1 for p in seeds if (p.get("best") or {}).get("iter") == 0)
+        text += (f" On {ds} the kept checkpoints are the warm start itself (iteration 0) in "
+                 f"{at_start} of {len(seeds)} seeds, and the policies pick "
+                 f"{'/'.join(str(x) for x in d.get('distinct_test_configs', []))} distinct "
+                 "configs over the test queries.")
     if notes.get("ppo_online"):
         text += f" `ppo-policy-online`: {notes['ppo_online']}."
     return text
@@ -142,7 +149,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "",
         "`router-policy` was produced by: " + "; ".join(f"{ds}: {d}" for ds, d in
                                                     notes["router_policy"].items()) + ".",
-        _ppo_paragraph(notes),
+        _ppo_paragraph(notes, meta.get("ppo")),
         f"`sw-bandit`: {notes['sw_bandit']}. `searcher-per-phase`: {notes['searcher']}. "
         f"`router-policy-online`: {notes['online']['method']} (epsilon "
         f"{notes['online']['epsilon']}, window {notes['online']['window']}, prior "
