@@ -16,6 +16,9 @@ drawn from the test split only, see `bench/drift_streams.py`):
   * `hotpotqa-price-shift`: the same mix throughout, the token price (the reward's cost weight
     δ) doubles in phase 2: phase-2 rewards are recomputed from the stored per-query F, R,
     latency and tokens with `RewardSpec` (δ doubled);
+  * `hotpotqa-price-drop`: the same, the price cut in phase 2 by the mildest factor of
+    `PRICE_DROPS` that changes the valid split's best static config (chosen on valid; added
+    after the doubled price was found not to move the best config);
   * `synthetic-corpus-update`: phase 2 asks questions about a regenerated world (new seed,
     twice the people and companies: `UPDATE_WORLD`), its rows computed by the evaluator on the
     new corpus, latency priced by the old world's cost model (only the corpus changes).
@@ -95,6 +98,10 @@ from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "drift"
 PRICE_FACTOR = 2.0
+PRICE_DROPS = (0.5, 0.25, 0.1)
+"""Candidate token-price cuts of the price-drop stream; the mildest that changes the valid
+split's best static config is used (`price_drop_on_valid`), so the stream is a shift that
+matters, chosen without the test split."""
 SW_WINDOW = 150
 RATIO_SYSTEMS = ("router-policy", "router-policy-online")
 GAP_SYSTEMS = (PPO_SYSTEM,)
@@ -121,11 +128,31 @@ def mtrag_domain_pair(R: np.ndarray, dom: np.ndarray) -> tuple[str, str]:
     return best
 
 
+def price_pool(factor: float) -> str:
+    """The name of the pool whose rewards charge tokens at `factor` times the price."""
+    return f"price{factor:g}"
+
+
+def pool_price(name: str) -> float | None:
+    """The price factor of a `price_pool` name, None for another pool."""
+    return float(name[len("price"):]) if name.startswith("price") else None
+
+
+def price_drop_on_valid(bundle: Bundle) -> float | None:
+    """The mildest `PRICE_DROPS` factor under which the valid split's best static arm is not
+    the one at today's price (None: no candidate changes it)."""
+    now = int(np.argmax(bundle.R["valid"].mean(axis=0)))
+    for f in PRICE_DROPS:
+        if int(np.argmax(price_matrix(bundle, f, "valid").mean(axis=0))) != now:
+            return f
+    return None
+
+
 def streams(quick: bool, length: int, bundles: dict[str, Bundle]) -> list[tuple[StreamSpec, str]]:
     """(stream, label key of its pools) for the run (module docstring)."""
     shift = (PhaseSpec({"bridge": 0.9, "comparison": 0.1}),
              PhaseSpec({"bridge": 0.1, "comparison": 0.9}))
-    price = (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, "price2"))
+    price = (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, price_pool(PRICE_FACTOR)))
     corpus = StreamSpec("synthetic-corpus-update", "synthetic",
                         (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, "updated")), length,
                         "phase 2: questions about a regenerated world (new seed, 2x entities)")
@@ -136,6 +163,12 @@ def streams(quick: bool, length: int, bundles: dict[str, Bundle]) -> list[tuple[
                             f"token price x{PRICE_FACTOR:g} in phase 2"), "all"), (corpus, "all")]
     mt = bundles["mtrag"]
     a, b = mtrag_domain_pair(mt.R["valid"], mt.labels["valid"]["domain"])
+    drop = price_drop_on_valid(bundles["hotpotqa"])
+    dropped = [] if drop is None else [(StreamSpec(
+        "hotpotqa-price-drop", "hotpotqa",
+        (PhaseSpec({"all": 1.0}), PhaseSpec({"all": 1.0}, price_pool(drop))), length,
+        f"token price x{drop:g} in phase 2 (the mildest of {list(PRICE_DROPS)} that changes "
+        "the valid split's best static config)"), "all")]
     return [
         (StreamSpec("hotpotqa-type-shift", "hotpotqa", shift, length,
                     "bridge/comparison 90/10 -> 10/90"), "type"),
@@ -146,6 +179,7 @@ def streams(quick: bool, length: int, bundles: dict[str, Bundle]) -> list[tuple[
                     "turns 1-2 -> turns 5+"), "turn-band"),
         (StreamSpec("hotpotqa-price-shift", "hotpotqa", price, length,
                     f"token price x{PRICE_FACTOR:g} in phase 2"), "all"),
+        *dropped,
         (corpus, "all"),
     ]
 
@@ -298,16 +332,16 @@ def choose_online(specs: list[tuple[StreamSpec, str]], bundles: dict[str, Bundle
 
 def make_pools(spec: StreamSpec, key: str, bundle: Bundle, updated: Bundle | None,
                extra: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, Pool]:
-    """The test-split pools a stream draws from (main; price2; updated). `extra`: pool name
-    -> {system: (n, S) rewards} of the systems outside the portfolio."""
+    """The test-split pools a stream draws from (main; price<x>; updated). `extra`: pool
+    name -> {system: (n, S) rewards} of the systems outside the portfolio."""
     extra = extra or {}
     pools = {"main": Pool(bundle.R["test"], bundle.X["test"], bundle.labels["test"][key],
                           bundle.ids["test"], extra.get("main", {}))}
     needs = {p.pool for p in spec.phases}
-    if "price2" in needs:
-        pools["price2"] = Pool(price_matrix(bundle, PRICE_FACTOR), bundle.X["test"],
-                               bundle.labels["test"][key], bundle.ids["test"],
-                               extra.get("price2", {}))
+    for name in sorted(n for n in needs if pool_price(n) is not None):
+        pools[name] = Pool(price_matrix(bundle, pool_price(name)), bundle.X["test"],
+                           bundle.labels["test"][key], bundle.ids["test"],
+                           extra.get(name, {}))
     if "updated" in needs:
         pools["updated"] = Pool(updated.R["test"], updated.X["test"],
                                 updated.labels["test"][key], updated.ids["test"],
@@ -319,7 +353,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="stream seeds (default 5; --quick 3)")
     ap.add_argument("--length", type=int, default=None,
                     help="queries per phase (default 300; --quick 150)")
     ap.add_argument("--policy", choices=("router",), default="router")
@@ -334,6 +369,7 @@ def main() -> None:
         return
     t0 = time.perf_counter()
     length = a.length or (150 if a.quick else 300)
+    a.seeds = a.seeds or (3 if a.quick else 5)
     policy = TunerSettings.defaults()
     datasets = ["synthetic"] if a.quick else ["hotpotqa", "mtrag", "synthetic"]
     bundles = {ds: load_bundle(ds, policy, a.seed) for ds in datasets}
@@ -345,14 +381,16 @@ def main() -> None:
     ppo = {} if a.no_ppo else {ds: drift_ppo.train(b, learned[ds].router,
                                                    drift_ppo.settings(a.quick), a.seed)
                                for ds, b in bundles.items()}
-    extra = {ds: {"main": {PPO_SYSTEM: drift_ppo.pool_rewards(t, bundles[ds])},
-                  "price2": {PPO_SYSTEM: drift_ppo.pool_rewards(t, bundles[ds], PRICE_FACTOR)}}
-             for ds, t in ppo.items()}
-    if "synthetic" in ppo:
-        extra["synthetic"]["updated"] = {PPO_SYSTEM: drift_ppo.pool_rewards(ppo["synthetic"],
-                                                                            updated)}
-    t_ppo = time.perf_counter()
     specs = streams(a.quick, length, bundles)
+    extra: dict[str, dict[str, dict]] = {ds: {} for ds in ppo}
+    for spec, _ in specs:  # the frozen PPO policies' rewards on every pool a stream reads
+        for name in {p.pool for p in spec.phases} if spec.dataset in ppo else ():
+            if name not in extra[spec.dataset]:
+                t = ppo[spec.dataset]
+                got = (drift_ppo.pool_rewards(t, updated) if name == "updated" else
+                       drift_ppo.pool_rewards(t, bundles[spec.dataset], pool_price(name) or 1.0))
+                extra[spec.dataset][name] = {PPO_SYSTEM: got}
+    t_ppo = time.perf_counter()
     online, online_tried = choose_online(specs, bundles, learned, a.seeds, a.seed)
     print(f"loaded and fitted in {t_fit - t0:.0f}s; online settings {online}", flush=True)
     rows: list[dict] = []
@@ -362,7 +400,7 @@ def main() -> None:
               flush=True)
         pools = make_pools(spec, key, bundles[spec.dataset], updated, extra.get(spec.dataset))
         adapters = ({} if spec.dataset not in ppo else {PPO_ONLINE: drift_ppo.online_served(
-            ppo[spec.dataset], bundles[spec.dataset], updated, PRICE_FACTOR)})
+            ppo[spec.dataset], bundles[spec.dataset], updated, pool_price)})
         r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
                           bandit_factory, a.seeds, a.seed,
                           RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
@@ -378,7 +416,8 @@ def main() -> None:
         "length": length, "arms": bundles[datasets[0]].names,
         "base_config": policy.base_config().model_dump(mode="json"),
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
-                   "cost_ref_tokens": policy.cost_ref_tokens, "price_factor": PRICE_FACTOR},
+                   "cost_ref_tokens": policy.cost_ref_tokens, "price_factor": PRICE_FACTOR,
+                   "price_drops": list(PRICE_DROPS)},
         "notes": {
             "router_policy": {ds: lp.describe for ds, lp in learned.items()},
             "ppo_policy": {ds: t.describe for ds, t in ppo.items()},

@@ -30,7 +30,8 @@ EARLY_TURNS, LATE_TURNS = 2, 5
 class Bundle:
     """One dataset's matrices by role: arm `names`; `R`, `T` (n, K) reward and tokens; `X`
     (n, d) features; `labels[role][key]` group labels; `ids[role]` query ids; `ev` the
-    evaluator and `test_tabs` the test split's tables (for price recomputation)."""
+    evaluator and `tabs[role]` (the role's split's tables per arm, the role's query indices
+    into that split: for price recomputation)."""
 
     name: str
     names: list[str]
@@ -40,7 +41,7 @@ class Bundle:
     labels: dict[str, dict[str, np.ndarray]]
     ids: dict[str, np.ndarray]
     ev: Any = None
-    test_tabs: list = field(default_factory=list)
+    tabs: dict[str, tuple[list, np.ndarray]] = field(default_factory=dict)
     describe: str = ""
     arm_descriptors: np.ndarray | None = None
 
@@ -101,7 +102,8 @@ def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = 
         {r: full[s]["T"][idx] for r, (s, idx) in roles.items()}, X,
         {r: group_labels(ds, ex) for r, ex in examples.items()},
         {r: np.array([e.id for e in ex]) for r, ex in examples.items()}, ev,
-        full["test"]["tabs"], describe or f"{ds}: train/valid/test of TuningData",
+        {r: (full[s]["tabs"], idx) for r, (s, idx) in roles.items()},
+        describe or f"{ds}: train/valid/test of TuningData",
         arm_features([c for _, c in configs]))
 
 
@@ -151,16 +153,17 @@ def priced_reward(ev, tab, factor: float) -> np.ndarray:
                       dtype=np.float64)
 
 
-def price_matrix(bundle: Bundle, factor: float) -> np.ndarray:
-    """(n_test, K) per-query rewards with the token price (cost weight δ) multiplied by
+def price_matrix(bundle: Bundle, factor: float, role: str = "test") -> np.ndarray:
+    """(n, K) per-query rewards of `role` with the token price (cost weight δ) multiplied by
     `factor`, recomputed from the stored per-query F, R, latency and tokens (`priced_reward`);
-    factor 1 reproduces `bundle.R["test"]` (checked)."""
+    factor 1 reproduces `bundle.R[role]` (checked)."""
     ev = bundle.ev
+    tabs, idx = bundle.tabs[role]
 
     def with_price(f: float) -> np.ndarray:
-        return np.column_stack([priced_reward(ev, tab, f) for tab in bundle.test_tabs])
+        return np.column_stack([priced_reward(ev, tab, f)[idx] for tab in tabs])
 
-    if not np.allclose(with_price(1.0), bundle.R["test"], equal_nan=True):
+    if not np.allclose(with_price(1.0), bundle.R[role], equal_nan=True):
         raise AssertionError("recomputed rewards differ from the evaluator's per-query reward")
     return with_price(factor)
 

@@ -10,7 +10,7 @@ one policy per seed of configs/policy/ppo.yaml, trained on train under the PPO-L
 bound on best-static's mean valid tokens, behaviour-cloning warm starts (the best static arm,
 the supervised router's train picks plain and held to the budget; the best on valid is where
 PPO starts), the checkpoint chosen on valid. Stream seed i is served by policy i mod S.
-Pools: `main` (the test split), `price2` (the same choices re-priced: the policy does not see
+Pools: `main` (the test split), `price<x>` (the same choices re-priced: the policy does not see
 the price, so a frozen policy keeps its picks), `updated` (the regenerated synthetic world:
 the policy acts on its queries' features and its picks are evaluated on the new corpus).
 
@@ -148,15 +148,21 @@ class StreamWorld:
 
 
 def online_served(trained: TrainedPPO, bundle: Bundle, updated: Bundle | None,
-                  price_factor: float):
+                  pool_price):
     """real, i -> (N,) served rewards of `ppo-policy-online` on realised stream `real` (stream
-    seed index i: policy i mod S, RLlib seed i)."""
+    seed index i: policy i mod S, RLlib seed i). `pool_price(name)`: a pool's token price
+    factor (None: not a re-priced pool)."""
     from rl.policy.ppo_online import adapt_online
 
-    worlds = {"main": lambda idx: EvaluatorWorld(bundle.ev, "test", idx),
-              "price2": lambda idx: PricedWorld(bundle.ev, "test", idx, price_factor)}
-    if updated is not None:
-        worlds["updated"] = lambda idx: EvaluatorWorld(updated.ev, "test", idx)
+    class Worlds(dict):
+        def __missing__(self, name: str):
+            if name == "updated" and updated is not None:
+                return lambda idx: EvaluatorWorld(updated.ev, "test", idx)
+            if name == "main" or pool_price(name) is not None:
+                return lambda idx: PricedWorld(bundle.ev, "test", idx, pool_price(name) or 1.0)
+            raise KeyError(name)
+
+    worlds = Worlds()
     budget = trained.details["budget_tokens"] / float(bundle.ev.policy.cost_ref_tokens)
 
     def served(real, i: int) -> np.ndarray:
