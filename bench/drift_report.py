@@ -160,6 +160,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     ]
     systems = [t for t in TARGET_SYSTEMS
                if any(r["system"] == t and r["metric"] == "gap_to_phase_best" for r in rows)]
+    parts += [f"Stream not run: `{x['stream']}`: {x['reason']}." for x in
+              meta.get("skipped_streams", [])]
     parts += ["", "## Pre-registered targets (issue 19)", "",
               f"`frozen-static / X` regret_ratio >= {RATIO_TARGET:g} after each shift; `X` "
               f"gap_to_phase_best <= {GAP_TARGET} in every phase (no re-tuning). The issue "
