@@ -509,12 +509,16 @@ def main() -> None:
            f"{2000.0 / max(sum(cpu_share.values()), 1e-9):.0f} requests/s on 2 cores.",
            "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
            f"network namespace: {isolated}; load average at the end "
-           f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores)."]
+           f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores). "
+           "RAY_SERVE_THROUGHPUT_OPTIMIZED="
+           f"{os.environ.get('RAY_SERVE_THROUGHPUT_OPTIMIZED')} (serving.launch.THROUGHPUT_MODE)."]
     write_results("serve_load", rows, make_meta(args.seed, {}, extra={
         "quick": q, "replicas": args.replicas, "ingress_replicas": args.ingress_replicas,
         "isolated_netns": isolated, "loadavg_at_client_levels": load_avg,
         "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
-        "loadavg_end": os.getloadavg()}), md_title="Ray Serve load (synthetic world, 127.0.0.1)",
+        "loadavg_end": os.getloadavg(),
+        "serve_throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED")}),
+        md_title="Ray Serve load (synthetic world, 127.0.0.1)",
         md_body="\n".join(md))
 
 
