@@ -124,6 +124,10 @@ def _poll(api: str, query: str, ok, timeout: float = 60.0) -> list[dict]:
     while time.time() < deadline:
         try:
             r = httpx.get(f"{api}/api/v1/query", params={"query": query}, timeout=5)
+            if r.status_code != 200:  # Prometheus answers 503 until its TSDB is ready
+                last = f"HTTP {r.status_code}: {r.text[:80]}"
+                time.sleep(0.5)
+                continue
             last = r.json()
             if last.get("status") == "success" and ok(last["data"]["result"]):
                 return last["data"]["result"]
