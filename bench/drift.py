@@ -103,9 +103,10 @@ PRICE_DROPS = (0.5, 0.25, 0.1)
 split's best static config is used (`price_drop_on_valid`), so the stream is a shift that
 matters, chosen without the test split."""
 SW_WINDOW = 150
-RATIO_SYSTEMS = ("router-policy", "router-policy-online")
-GAP_SYSTEMS = (PPO_SYSTEM,)
-"""Systems outside the portfolio that get the targets' rows (gap, ratio) too."""
+RATIO_SYSTEMS = ("router-policy", "router-policy-online", PPO_SYSTEM, PPO_ONLINE)
+"""Systems with a `frozen-static / <system>` regret_ratio row (those in the run)."""
+GAP_SYSTEMS = ("router-policy", PPO_SYSTEM)
+"""Systems with `gap_to_phase_best` rows (those in the run)."""
 NO_REGRET = 1e-4
 """Mean regret per query (reward units) below which a system counts as not hurt (float sums
 of equal rewards are not exactly 0)."""
@@ -286,14 +287,14 @@ def run_stream(spec: StreamSpec, key: str, pools: dict[str, Pool], bundle: Bundl
         for p in range(n_ph):
             rows.append({**metric_row(spec.name, s, f"regret_phase{p + 1}", r[ph == p], seed0),
                          "phase": p + 1})
-    for s in ("router-policy", *[x for x in extra if x in GAP_SYSTEMS]):
+    for s in [x for x in GAP_SYSTEMS if x in reg]:
         pp = np.concatenate(reg[s])
         for p in range(n_ph):
             rows.append({**metric_row(spec.name, s, "gap_to_phase_best", pp[ph == p], seed0),
                          "phase": p + 1})
     fs = np.concatenate(reg["frozen-static"])
     for p in range(1, n_ph):
-        for s in (*RATIO_SYSTEMS, *[x for x in extra if x in GAP_SYSTEMS + (PPO_ONLINE,)]):
+        for s in [x for x in RATIO_SYSTEMS if x in reg]:
             den = np.concatenate(reg[s])[ph == p]
             rows.append(_ratio_row(spec.name, f"frozen-static / {s}", fs[ph == p], den, p + 1,
                                    seed0))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bench.headroom import matrices, portfolio, segmentations
+from rl.policy.worlds import EvaluatorWorld
 from rl.tuner.reward import PII_COLUMN
 from rl.tuner.settings import TunerSettings
 
@@ -168,27 +169,32 @@ def price_matrix(bundle: Bundle, factor: float, role: str = "test") -> np.ndarra
     return with_price(factor)
 
 
+class PricedWorld(EvaluatorWorld):
+    """An `EvaluatorWorld` whose rewards charge tokens at `factor` times the stored price
+    (`priced_reward`); quality and cost are unchanged. Each table it re-prices is first checked
+    to reproduce `TunerEvaluator.per_query_reward` at price 1 on the rows computed so far."""
+
+    def __init__(self, ev, split: str, idx=None, factor: float = 1.0):
+        super().__init__(ev, split, idx)
+        self.factor = factor
+
+    def reward(self, tab: dict) -> np.ndarray:
+        base = super().reward(tab)
+        if self.factor == 1.0:
+            return base
+        done = np.isfinite(np.asarray(tab["tokens"], dtype=np.float64))
+        if not np.allclose(priced_reward(self.ev, tab, 1.0)[done], base[done], equal_nan=True):
+            raise AssertionError("recomputed rewards differ from the evaluator's per-query "
+                                 "reward")
+        return priced_reward(self.ev, tab, self.factor)
+
+
 def served_rewards(ev, split: str, configs, factor: float = 1.0) -> np.ndarray:
     """(n,) reward of configs[i] on query i of `split` (every query of it), with the token
     price times `factor`: what a system that picks any config of the space (not an arm) got.
-    Rows come from the evaluator's lazy per-(config, query) tables (computed when missing);
-    factor 1 reproduces `TunerEvaluator.per_query_reward` (checked)."""
+    Rows come from the evaluator's lazy per-(config, query) tables (computed when missing;
+    `PricedWorld`)."""
     n = len(ev.data.examples(split))
     if len(configs) != n:
         raise ValueError(f"{len(configs)} configs for the {n} queries of split {split!r}")
-    groups: dict[str, list[int]] = {}
-    by_hash = {}
-    for i, c in enumerate(configs):
-        groups.setdefault(c.config_hash, []).append(i)
-        by_hash[c.config_hash] = c
-    out = np.full(n, np.nan)
-    for h, qs in groups.items():
-        tab = dict(ev.table(by_hash[h], split, qs))
-        for name in (ev.slice.faithfulness, ev.slice.relevancy):
-            tab.setdefault(name, np.full(n, np.nan))  # as `rl.policy.worlds.EvaluatorWorld`
-        if not np.allclose(priced_reward(ev, tab, 1.0)[qs], ev.per_query_reward(tab)[qs],
-                           equal_nan=True):
-            raise AssertionError("recomputed rewards differ from the evaluator's per-query "
-                                 "reward")
-        out[qs] = priced_reward(ev, tab, factor)[qs]
-    return out
+    return np.array([o.reward for o in PricedWorld(ev, split, None, factor).outcomes(configs)])

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.drift_data import Bundle, _roles, priced_reward, served_rewards
+from bench.drift_data import Bundle, PricedWorld, _roles, served_rewards
 from bench.headroom import portfolio
 from bench.policy import WARM_STARTS, warm_starts
 from bench.policy_ppo import run_ppo, with_train
-from rl.policy.worlds import EvaluatorWorld, Outcome
+from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
 ONLINE = "ppo-policy-online"
@@ -101,35 +101,15 @@ def distinct_configs(trained: TrainedPPO, bundle: Bundle) -> list[int]:
             for pol in trained.policies]
 
 
-class PricedWorld(EvaluatorWorld):
-    """An `EvaluatorWorld` whose rewards charge tokens at `factor` times the stored price
-    (`priced_reward`); quality and cost are unchanged."""
-
-    def __init__(self, ev, split: str, idx, factor: float = 1.0):
-        super().__init__(ev, split, idx)
-        self.factor = factor
-
-    def _read(self, config, qs):
-        got = super()._read(config, qs)
-        if self.factor == 1.0:
-            return got
-        tab = dict(self.ev.table(config, self.split, qs))
-        n = len(tab["tokens"])
-        for name in (self.ev.slice.faithfulness, self.ev.slice.relevancy):
-            tab.setdefault(name, np.full(n, np.nan))
-        R = priced_reward(self.ev, tab, self.factor)
-        return {q: Outcome(float(R[q]), o.quality, o.cost) for q, o in got.items()}
-
-
 class StreamWorld:
     """A realised stream as one `QueryWorld`: step t is query draws[p][j] of phase p's pool
-    (`worlds[pool]` builds that pool's world over given query indices)."""
+    (`world(pool, idx)` builds that pool's world over the given query indices)."""
 
-    def __init__(self, draws, worlds):
+    def __init__(self, draws, world):
         self.parts, self.offsets = [], []
         n = 0
         for pool, idx in draws:
-            self.parts.append(worlds[pool](idx))
+            self.parts.append(world(pool, idx))
             self.offsets.append(n)
             n += len(idx)
         self.n = n
@@ -154,20 +134,17 @@ def online_served(trained: TrainedPPO, bundle: Bundle, updated: Bundle | None,
     factor (None: not a re-priced pool)."""
     from rl.policy.ppo_online import adapt_online
 
-    class Worlds(dict):
-        def __missing__(self, name: str):
-            if name == "updated" and updated is not None:
-                return lambda idx: EvaluatorWorld(updated.ev, "test", idx)
-            if name == "main" or pool_price(name) is not None:
-                return lambda idx: PricedWorld(bundle.ev, "test", idx, pool_price(name) or 1.0)
-            raise KeyError(name)
+    def world(pool: str, idx) -> EvaluatorWorld:
+        if pool == "updated" and updated is not None:
+            return EvaluatorWorld(updated.ev, "test", idx)
+        if pool == "main" or pool_price(pool) is not None:
+            return PricedWorld(bundle.ev, "test", idx, pool_price(pool) or 1.0)
+        raise KeyError(pool)
 
-    worlds = Worlds()
     budget = trained.details["budget_tokens"] / float(bundle.ev.policy.cost_ref_tokens)
 
     def served(real, i: int) -> np.ndarray:
         pol = trained.policies[i % len(trained.policies)]
-        world = StreamWorld(real.draws, worlds)
-        return adapt_online(pol, world, real.X, budget, ONLINE_BATCH, seed=i).reward
+        return adapt_online(pol, StreamWorld(real.draws, world), real.X, budget, ONLINE_BATCH, seed=i).reward
 
     return served

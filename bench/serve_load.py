@@ -230,7 +230,7 @@ def main() -> None:
 
     from rag.corpus.synthetic import make_synthetic_world
     from serving import netns
-    from serving.launch import start_local, stop_local
+    from serving.launch import THROUGHPUT_MODE, start_local, stop_local
     from serving.pipelines import PipelineService
 
     examples = list(make_synthetic_world().examples)
@@ -510,14 +510,13 @@ def main() -> None:
            "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
            f"network namespace: {isolated}; load average at the end "
            f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores). "
-           "RAY_SERVE_THROUGHPUT_OPTIMIZED="
-           f"{os.environ.get('RAY_SERVE_THROUGHPUT_OPTIMIZED')} (serving.launch.THROUGHPUT_MODE)."]
+           f"{THROUGHPUT_MODE}={os.environ.get(THROUGHPUT_MODE)} (serving.launch)."]
     write_results("serve_load", rows, make_meta(args.seed, {}, extra={
         "quick": q, "replicas": args.replicas, "ingress_replicas": args.ingress_replicas,
         "isolated_netns": isolated, "loadavg_at_client_levels": load_avg,
         "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
         "loadavg_end": os.getloadavg(),
-        "serve_throughput_optimized": os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED")}),
+        "serve_throughput_optimized": os.environ.get(THROUGHPUT_MODE)}),
         md_title="Ray Serve load (synthetic world, 127.0.0.1)",
         md_body="\n".join(md))
 

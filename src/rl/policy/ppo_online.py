@@ -127,4 +127,3 @@ def adapt_online(policy: PerQueryPPO, world: QueryWorld, X: np.ndarray, budget: 
         _STREAMS.pop(key, None)
     r, c, h = zip(*log[:world.n], strict=True)
     return Served(np.array(r), np.array(c), list(h), lams)
-

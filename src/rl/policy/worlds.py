@@ -60,11 +60,16 @@ class EvaluatorWorld:
             # a metric no computed row of this config has yet (e.g. `support` is absent from
             # a row whose answer cites nothing) is NaN, which the reward leaves out
             tab.setdefault(name, np.full(n, np.nan))
-        R = self.ev.per_query_reward(tab)
+        R = self.reward(tab)
         F, Rel = self.ev.quality(tab)
         Q = np.asarray(self._spec.quality(F, Rel), dtype=np.float64)
         return {q: Outcome(float(R[q]), float(Q[q]), float(tab["tokens"][q]) / self.cost_ref)
                 for q in qs}
+
+    def reward(self, tab: dict) -> np.ndarray:
+        """Per-query reward of a config's table (`TunerEvaluator.per_query_reward`; a world
+        that prices differently overrides this)."""
+        return self.ev.per_query_reward(tab)
 
     def outcome(self, i: int, config: RAGConfig) -> Outcome:
         key = (config.config_hash, int(i))
