@@ -382,6 +382,9 @@ def main() -> None:
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
+    for flag, v in (("--seeds", a.seeds), ("--length", a.length)):
+        if v is not None and v < 1:
+            ap.error(f"{flag}: must be >= 1 (got {v})")
     if a.render_only:
         rerender(NAME, a.quick, TITLE, markdown)
         return
