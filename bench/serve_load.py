@@ -57,6 +57,10 @@ from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
 configure_runtime_env()
 DS = "synthetic"
+PROXY_TEXT = {"serve": "Ray Serve's Python proxy actor forwards each request to an ingress "
+                       "replica through Ray",
+              "haproxy": "Ray Serve's HAProxy mode: HAProxy in front of the ingress replicas' "
+                         "own HTTP servers (direct ingress), serving.launch.PROXIES"}
 CANARY = {"variant": "bm25"}
 SHADOW = {"variant": "hybrid", "k": 8}  # as costly as the stable config: the honest case
 SYNC_WAIT_S = 0.5
@@ -177,18 +181,23 @@ EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense",
 """Variants added at run time for the memory phase (same stages, other parameters)."""
 
 
-ROLES = (("proxy", "ray::ProxyActor"), ("ingress", "ray::ServeReplica:ragpilot:Ingress"),
+ROLES = (("proxy", "ray::ProxyActor"), ("proxy", "ray::HAProxyManager"),
+         ("ingress", "ray::ServeReplica:ragpilot:Ingress"),
          ("pipelines", "ray::ServeReplica:ragpilot:SharedPipelines"))
-"""Process roles for CPU accounting: (role, command-line prefix), first match wins; any other
-Ray process (actors, raylet, GCS) is `other ray`, the load generator (this process) `client`."""
+"""Process roles for CPU accounting: (role, command-line prefix), first match wins; the haproxy
+processes Serve starts (HAProxy mode) are `proxy` too; any other Ray process (actors, raylet,
+GCS) is `other ray`, the load generator (this process) `client`."""
 
 
 def cpu_by_role() -> dict[str, float]:
     """CPU seconds (user + system) used so far by each role's processes on this machine."""
     import psutil
 
+    from serving.launch import haproxy_binary
+
     out = {role: 0.0 for role, _ in ROLES} | {"other ray": 0.0, "client": 0.0}
     me = os.getpid()
+    haproxy = haproxy_binary() or "haproxy"
     for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
         cmd, t = " ".join(proc.info.get("cmdline") or []), proc.info.get("cpu_times")
         if t is None:
@@ -197,6 +206,8 @@ def cpu_by_role() -> dict[str, float]:
             role = "client"
         elif cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
             role = next((r for r, prefix in ROLES if cmd.startswith(prefix)), "other ray")
+        elif cmd.startswith(haproxy):
+            role = "proxy"
         else:
             continue
         out[role] += t.user + t.system
@@ -222,6 +233,11 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1,
                     help="replicas of the shared pipeline deployment")
     ap.add_argument("--ingress-replicas", type=int, default=2)
+    ap.add_argument("--proxy", choices=("auto", "serve", "haproxy"), default="auto",
+                    help="what answers on the HTTP port (serving.launch.PROXIES); auto: "
+                         "haproxy when the binary is installed, else serve")
+    ap.add_argument("--out", default="serve_load",
+                    help="results name: bench/results/<out>.json and .md")
     args = ap.parse_args()
     q = args.quick
     n_c = {1: 100, 4: 100, 16: 128} if q else {1: 300, 4: 600, 16: 1200}
@@ -230,8 +246,10 @@ def main() -> None:
 
     from rag.corpus.synthetic import make_synthetic_world
     from serving import netns
-    from serving.launch import THROUGHPUT_MODE, start_local, stop_local
+    from serving.launch import THROUGHPUT_MODE, haproxy_binary, start_local, stop_local
     from serving.pipelines import PipelineService
+
+    proxy = args.proxy if args.proxy != "auto" else ("haproxy" if haproxy_binary() else "serve")
 
     examples = list(make_synthetic_world().examples)
     questions = [e.question for e in examples]
@@ -270,9 +288,9 @@ def main() -> None:
                 "pipelines": {"num_replicas": args.replicas, "autoscaling": None,
                               "num_cpus": 0.1, "max_ongoing_requests": 32}}
     t0 = time.perf_counter()
-    url = start_local(settings, port=port)
+    url = start_local(settings, port=port, proxy=proxy)
     ready_s = time.perf_counter() - t0
-    print(f"serve ready in {ready_s:.1f} s (isolated={isolated})", flush=True)
+    print(f"serve ready in {ready_s:.1f} s (isolated={isolated}, proxy={proxy})", flush=True)
 
     def payloads(n: int, users: bool = False) -> list[dict]:
         idx = rng.integers(0, len(questions), size=n)
@@ -510,13 +528,15 @@ def main() -> None:
            "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
            f"network namespace: {isolated}; load average at the end "
            f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores). "
-           f"{THROUGHPUT_MODE}={os.environ.get(THROUGHPUT_MODE)} (serving.launch)."]
-    write_results("serve_load", rows, make_meta(args.seed, {}, extra={
+           f"{THROUGHPUT_MODE}={os.environ.get(THROUGHPUT_MODE)} (serving.launch).",
+           "", f"Proxy: **{proxy}** ({PROXY_TEXT[proxy]}); command: `python bench/serve_load.py "
+           f"{' '.join(sys.argv[1:])}`."]
+    write_results(args.out, rows, make_meta(args.seed, {}, extra={
         "quick": q, "replicas": args.replicas, "ingress_replicas": args.ingress_replicas,
         "isolated_netns": isolated, "loadavg_at_client_levels": load_avg,
         "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
         "loadavg_end": os.getloadavg(),
-        "serve_throughput_optimized": os.environ.get(THROUGHPUT_MODE)}),
+        "serve_throughput_optimized": os.environ.get(THROUGHPUT_MODE), "proxy": proxy}),
         md_title="Ray Serve load (synthetic world, 127.0.0.1)",
         md_body="\n".join(md))
 

@@ -5,12 +5,17 @@ through one of them, store every acknowledged feedback, serve a variant added at
 without a deployment of its own, and take a changed variant declaration through Serve's own
 config update from the driver (`serving.launch.update_app`).
 
+Every test runs twice, once per proxy in front of the ingress replicas (`serving.launch.PROXIES`):
+Serve's Python proxy and HAProxy (Serve's HAProxy mode, direct ingress). The HAProxy run is
+skipped without the haproxy binary locally and fails under CI=true (.ci/run installs it).
+
 Runs in a private network namespace when permitted (like test_serving_app.py); restarts Serve
 for itself (module fixture), so it can run after test_serving_app.py in one session.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,21 +43,26 @@ def args(store: Path, canary: dict = CANARY) -> dict:
             "max_variants": 6, "rollout_dir": str(store.parent / "rollout")}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture(scope="module", params=["serve", "haproxy"])
+def served(request, tmp_path_factory):
     import ray
 
     from serving import netns
     from serving.auth import KeyFile
-    from serving.launch import start_local, stop_local
+    from serving.launch import haproxy_binary, start_local, stop_local
 
-    if ray.is_initialized():  # another module's app: this one needs its own topology
+    proxy = request.param
+    if proxy == "haproxy" and haproxy_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("haproxy not installed (CI): .ci/run installs Debian's haproxy")
+        pytest.skip("haproxy not installed (apt-get install -y haproxy): HAProxy mode not run")
+    if ray.is_initialized():  # another module's app (or the other proxy): a fresh cluster
         stop_local()
     if not netns.in_private_netns() and not netns.enter_private_netns():
         print(f"not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     store = tmp_path_factory.mktemp("scaleout") / "interactions.sqlite"
     token, _ = KeyFile(store.parent / "keys.json").create("admin", name="test")
-    url = start_local(args(store), port=netns.free_port())
+    url = start_local(args(store), port=netns.free_port(), proxy=proxy)
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
         yield client, store
     stop_local()
@@ -125,3 +135,21 @@ def test_run_time_variant_and_declared_variant_update(served):
     rs = _ask_all(client, [f"dec-{i}" for i in range(60)])
     got = {r.json()["variant_id"] for r in rs if r.json()["route"] == "canary"}
     assert got == {declared_id}
+
+
+def test_the_chosen_proxy_answers(served, request):
+    """HAProxy mode: a haproxy process runs from this cluster's own config directory
+    (serving.launch._haproxy_env) and answers on the app's port; Serve-proxy mode: none does."""
+    import psutil
+
+    client, _ = served
+    assert client.get("/healthz").status_code == 200
+    run_dir = os.path.dirname(os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/nonexistent"))
+    ours = [p for p in psutil.process_iter(["name", "cmdline"])
+            if p.info["name"] == "haproxy" and run_dir in " ".join(p.info["cmdline"] or [])]
+    if request.node.callspec.params["served"] == "haproxy":
+        assert ours, "no haproxy process serves this cluster"
+        assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    else:
+        assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+        assert not ours

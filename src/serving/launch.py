@@ -15,7 +15,9 @@ deployment overrides, docs/operations.md); other runtime_env keys are left to `s
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,25 +71,88 @@ existing cluster takes it from the environment of its `ray start`. Measured:
 `bench/results/serve_load.md` (on) against `serve_load.mode_off.md` (off, the same hour)."""
 
 
+PROXIES = ("serve", "haproxy")
+"""What answers on the HTTP port: `serve`, Ray Serve's Python proxy actor, which forwards each
+request to an ingress replica through Ray; `haproxy`, Ray Serve's HAProxy mode (HAProxy, a C
+load balancer Serve configures and keeps current, in front of the ingress replicas' own HTTP
+servers: direct ingress). HAProxy mode needs the `haproxy` binary and binds the replicas'
+ports (30000-31000) and HAProxy's stats (8404) and metrics (9101) ports on every interface
+(docs/serving.md: what else changes). `PROXY_ENV` picks the default."""
+PROXY_ENV = "RAGPILOT_SERVE_PROXY"
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+
+
+def resolve_proxy(proxy: str | None) -> str:
+    """`proxy`, or $RAGPILOT_SERVE_PROXY, or `haproxy` when Ray's own switch
+    ($RAY_SERVE_ENABLE_HA_PROXY=1) is set, else `serve`; a typed error names a bad value."""
+    value = (proxy or os.environ.get(PROXY_ENV)
+             or ("haproxy" if os.environ.get(HAPROXY_ENV) == "1" else "serve"))
+    if value not in PROXIES:
+        field = "proxy" if proxy else PROXY_ENV
+        raise ConfigError(field, f"must be one of {', '.join(PROXIES)}, got {value!r}")
+    return value
+
+
+def haproxy_binary() -> str | None:
+    """The haproxy executable Serve would run ($RAY_SERVE_HAPROXY_BINARY_PATH, else PATH,
+    else /usr/sbin), or None."""
+    env = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+def _haproxy_env() -> None:
+    """Environment of a cluster this process starts in HAProxy mode: the binary, and HAProxy's
+    config, admin socket and server-state files in a directory of its own (Ray's default is one
+    fixed /tmp/haproxy-serve for every cluster on the machine). The directory is short on
+    purpose: Serve adds a 56-character subdirectory and HAProxy refuses an admin socket path
+    longer than 97 characters."""
+    exe = haproxy_binary()
+    if exe is None:
+        raise ConfigError("proxy", "haproxy mode needs the haproxy binary (Debian: apt-get "
+                                   "install haproxy; or set RAY_SERVE_HAPROXY_BINARY_PATH)")
+    run_dir = Path(tempfile.mkdtemp(prefix="rph-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    for var, value in (("RAY_SERVE_HAPROXY_BINARY_PATH", exe),
+                       ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", run_dir / "haproxy.cfg"),
+                       ("RAY_SERVE_HAPROXY_SOCKET_PATH", run_dir / "admin.sock"),
+                       ("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", run_dir),
+                       ("RAY_SERVE_HAPROXY_SERVER_STATE_FILE", run_dir / "server-state")):
+        os.environ.setdefault(var, str(value))
+    os.environ[HAPROXY_ENV] = "1"
+
+
 def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
                 name: str = "ragpilot", route_prefix: str = "/", private_netns: bool = False,
-                log_to_driver: bool = False, env_vars: dict[str, str] | None = None) -> str:
+                log_to_driver: bool = False, env_vars: dict[str, str] | None = None,
+                proxy: str | None = None) -> str:
     """Start Ray + Serve in this process and deploy the app; returns its base URL once ready.
     With `private_netns`, first move into a private network namespace (if permitted).
-    `env_vars` go into the job's runtime_env, which every replica inherits."""
+    `env_vars` go into the job's runtime_env, which every replica inherits. `proxy`: `serve`
+    or `haproxy` (`PROXIES`; default $RAGPILOT_SERVE_PROXY, else `serve`)."""
     import ray
     from ray import serve
 
     from serving import netns
     from serving.app import build_app
 
+    proxy = resolve_proxy(proxy)
+    if ray.is_initialized() and (proxy == "haproxy") != (os.environ.get(HAPROXY_ENV) == "1"):
+        # a cluster this process did not start (or started in the other mode) keeps its proxy
+        raise ConfigError("proxy", f"{proxy!r} asked for, but Ray was started in this process "
+                                   f"with {HAPROXY_ENV}={os.environ.get(HAPROXY_ENV)}: the "
+                                   "proxy is chosen when the cluster starts")
     if private_netns and not ray.is_initialized() and not netns.enter_private_netns():
         print(f"note: not isolated ({netns.last_error}); HTTP stays on {host}")
     if not ray.is_initialized():
         # this process starts the cluster, so Serve's controller, proxy and replicas inherit
         # its environment: Serve's throughput-optimized mode unless the caller set the variable
-        # (THROUGHPUT_MODE)
+        # (THROUGHPUT_MODE), and HAProxy mode when asked for
         os.environ.setdefault(THROUGHPUT_MODE, "1")
+        if proxy == "haproxy":
+            _haproxy_env()
+        else:
+            os.environ[HAPROXY_ENV] = "0"
         extra = {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
         ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
     serve.start(http_options={"host": host, "port": port},
@@ -125,8 +190,9 @@ def stop_local() -> None:
 
 
 def run_server(config: str | Path, host: str | None = None, port: int | None = None,
-               private_netns: bool = False) -> int:
-    """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM."""
+               private_netns: bool = False, proxy: str | None = None) -> int:
+    """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
+    `PROXIES`."""
     http, apps = read_serve_yaml(config)
     env_vars = app_env_vars(apps[0])
     host = host or http.get("host") or "127.0.0.1"
@@ -136,7 +202,7 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
         if i == 0:
             url = start_local(a.get("args"), host, port, a.get("name", "ragpilot"),
                               a.get("route_prefix", "/"), private_netns, log_to_driver=True,
-                              env_vars=env_vars)
+                              env_vars=env_vars, proxy=proxy)
         else:
             from ray import serve
 
@@ -144,7 +210,8 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
 
             serve.run(build_app(a.get("args")), name=a.get("name", f"app{i}"),
                       route_prefix=a.get("route_prefix"))
-    print(f"ragpilot serving at {url} (docs: {url}/docs); Ctrl-C or SIGTERM stops it",
+    print(f"ragpilot serving at {url} (docs: {url}/docs; proxy: {resolve_proxy(proxy)}); "
+          "Ctrl-C or SIGTERM stops it",
           flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -293,3 +294,54 @@ def test_fast_query_encoding_switches_only_inside_a_serve_replica():
     before = encoders._QUERY_RUNTIME["mode"]
     assert fast_queries_in_replica() is False
     assert encoders._QUERY_RUNTIME["mode"] == before
+
+
+def test_proxy_choice_defaults_env_and_typed_errors(monkeypatch):
+    """serving.launch.resolve_proxy: argument > $RAGPILOT_SERVE_PROXY > Ray's own switch >
+    `serve`; a bad value is a ConfigError naming where it came from."""
+    from serving.launch import PROXY_ENV, resolve_proxy
+
+    monkeypatch.delenv(PROXY_ENV, raising=False)
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    assert resolve_proxy(None) == "serve"
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    assert resolve_proxy(None) == "haproxy"
+    monkeypatch.setenv(PROXY_ENV, "serve")
+    assert resolve_proxy(None) == "serve"
+    assert resolve_proxy("haproxy") == "haproxy"
+    with pytest.raises(ConfigError) as e:
+        resolve_proxy("nginx")
+    assert e.value.field == "proxy" and "nginx" in e.value.message
+    monkeypatch.setenv(PROXY_ENV, "envoy")
+    with pytest.raises(ConfigError) as e:
+        resolve_proxy(None)
+    assert e.value.field == PROXY_ENV
+
+
+def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_path):
+    """Without haproxy, HAProxy mode is a typed error that says how to install it; with one,
+    HAProxy's files go to a directory of their own whose admin socket path (Serve adds a
+    56-character subdirectory) stays within HAProxy's 97-character limit."""
+    from serving import launch
+
+    for var in ("RAY_SERVE_HAPROXY_BINARY_PATH", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE", "RAY_SERVE_ENABLE_HA_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(launch.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(ConfigError) as e:
+        launch._haproxy_env()
+    assert e.value.field == "proxy" and "apt-get install haproxy" in e.value.message
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    fake = tmp_path / "haproxy"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(fake))
+    launch._haproxy_env()
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    sock = os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+    run_dir = os.path.dirname(sock)
+    assert os.path.dirname(os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"]) == run_dir
+    assert len(os.path.join(run_dir, "x" * 56, os.path.basename(sock))) <= 97
+    os.rmdir(run_dir)

@@ -15,7 +15,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from serving.launch import run_server
 
     return run_server(args.config, host=args.host, port=args.port,
-                      private_netns=args.private_netns)
+                      private_netns=args.private_netns, proxy=args.proxy)
 
 
 def cmd_export_interactions(args: argparse.Namespace) -> int:
@@ -38,6 +38,10 @@ def add_parsers(sub) -> None:
     s.add_argument("--port", type=int)
     s.add_argument("--private-netns", action="store_true",
                    help="run Ray inside a private network namespace (needs CAP_SYS_ADMIN)")
+    s.add_argument("--proxy", choices=("serve", "haproxy"), default=None,
+                   help="what answers on the HTTP port: Serve's Python proxy (default) or "
+                        "HAProxy in front of the ingress replicas (needs the haproxy binary; "
+                        "docs/serving.md)")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export-interactions", help="interaction log -> JSONL for training")
