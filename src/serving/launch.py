@@ -68,7 +68,8 @@ THROUGHPUT_MODE = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 in a thread pool; router on the caller's loop; buffered request-path logs; direct ingress; GC
 frozen after start-up). On for the clusters `start_local` starts (set it to 0 to opt out); an
 existing cluster takes it from the environment of its `ray start`. Measured:
-`bench/results/serve_load.md` (on) against `serve_load.mode_off.md` (off, the same hour)."""
+`bench/results/serve_load.mode_on.md` (on) against `serve_load.mode_off.md` (off, the same hour),
+both with Serve's proxy."""
 
 
 PROXIES = ("serve", "haproxy")
