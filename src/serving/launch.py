@@ -103,6 +103,19 @@ def haproxy_binary() -> str | None:
     return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
 
 
+_SET_ENV: dict[str, str | None] = {}
+"""Variables `start_local` set for the cluster it started, with their values before (None: unset);
+`stop_local` puts them back, so the next cluster this process starts chooses its proxy afresh."""
+_RUN_DIRS: list[Path] = []
+
+
+def _set_env(var: str, value: str, overwrite: bool = True) -> None:
+    if not overwrite and var in os.environ:
+        return
+    _SET_ENV.setdefault(var, os.environ.get(var))
+    os.environ[var] = value
+
+
 def _haproxy_env() -> None:
     """Environment of a cluster this process starts in HAProxy mode: the binary, and HAProxy's
     config, admin socket and server-state files in a directory of its own (Ray's default is one
@@ -114,13 +127,14 @@ def _haproxy_env() -> None:
         raise ConfigError("proxy", "haproxy mode needs the haproxy binary (Debian: apt-get "
                                    "install haproxy; or set RAY_SERVE_HAPROXY_BINARY_PATH)")
     run_dir = Path(tempfile.mkdtemp(prefix="rph-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    _RUN_DIRS.append(run_dir)
     for var, value in (("RAY_SERVE_HAPROXY_BINARY_PATH", exe),
                        ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", run_dir / "haproxy.cfg"),
                        ("RAY_SERVE_HAPROXY_SOCKET_PATH", run_dir / "admin.sock"),
                        ("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", run_dir),
                        ("RAY_SERVE_HAPROXY_SERVER_STATE_FILE", run_dir / "server-state")):
-        os.environ.setdefault(var, str(value))
-    os.environ[HAPROXY_ENV] = "1"
+        _set_env(var, str(value), overwrite=False)
+    _set_env(HAPROXY_ENV, "1")
 
 
 def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
@@ -153,7 +167,7 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
         if proxy == "haproxy":
             _haproxy_env()
         else:
-            os.environ[HAPROXY_ENV] = "0"
+            _set_env(HAPROXY_ENV, "0")
         extra = {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
         ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
     serve.start(http_options={"host": host, "port": port},
@@ -183,11 +197,21 @@ def update_app(args: dict[str, Any] | None, name: str = "ragpilot",
 
 
 def stop_local() -> None:
+    """Shut Serve and Ray down; put back the environment `start_local` set and remove HAProxy's
+    directory."""
     import ray
     from ray import serve
 
     serve.shutdown()
     ray.shutdown()
+    for var, before in _SET_ENV.items():
+        if before is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = before
+    _SET_ENV.clear()
+    while _RUN_DIRS:
+        shutil.rmtree(_RUN_DIRS.pop(), ignore_errors=True)
 
 
 def run_server(config: str | Path, host: str | None = None, port: int | None = None,

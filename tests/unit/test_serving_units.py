@@ -324,6 +324,8 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     56-character subdirectory) stays within HAProxy's 97-character limit."""
     from serving import launch
 
+    monkeypatch.setattr(launch, "_SET_ENV", {})
+    monkeypatch.setattr(launch, "_RUN_DIRS", [])
     for var in ("RAY_SERVE_HAPROXY_BINARY_PATH", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
                 "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
                 "RAY_SERVE_HAPROXY_SERVER_STATE_FILE", "RAY_SERVE_ENABLE_HA_PROXY"):
@@ -344,4 +346,11 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     run_dir = os.path.dirname(sock)
     assert os.path.dirname(os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"]) == run_dir
     assert len(os.path.join(run_dir, "x" * 56, os.path.basename(sock))) <= 97
-    os.rmdir(run_dir)
+    # stop_local puts the environment back and removes the directory, so the next cluster
+    # this process starts chooses its proxy afresh (Ray is not running here: nothing to stop)
+    launch.stop_local()
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    assert os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(fake)  # the caller's own value
+    assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in os.environ
+    assert not os.path.exists(run_dir)
+    assert launch.resolve_proxy(None) == "serve"
