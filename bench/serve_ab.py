@@ -62,9 +62,19 @@ def checkout(sha: str, where: Path) -> None:
     (shim / "ragpilot_configs").symlink_to(where / "configs")
 
 
-def run_side(tree: Path, seed: int) -> dict[str, dict]:
-    """`serve_load.py --quick` in `tree`; its c=16 rows (first pass) keyed by metric."""
+def has_proxy_choice(sha: str) -> bool:
+    """Whether commit `sha`'s serving.launch reads $RAGPILOT_SERVE_PROXY (older commits always
+    serve through Serve's proxy)."""
+    out = subprocess.run(["git", "show", f"{sha}:src/serving/launch.py"], cwd=REPO,
+                         capture_output=True, text=True)
+    return out.returncode == 0 and "RAGPILOT_SERVE_PROXY" in out.stdout
+
+
+def run_side(tree: Path, seed: int, proxy: str = "serve") -> dict[str, dict]:
+    """`serve_load.py --quick` in `tree` behind `proxy` (both sides the same, so the A/B
+    compares code, not topologies); its c=16 rows (first pass) keyed by metric."""
     env = dict(os.environ)
+    env["RAGPILOT_SERVE_PROXY"] = proxy
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(tree / ".abshim"), str(tree)]
                                         if tree != REPO else [str(REPO / "src"), str(REPO)])
     out = subprocess.run([sys.executable, "bench/serve_load.py", "--quick", "--seed", str(seed)],
@@ -86,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--proxy", choices=("serve", "haproxy"), default="serve",
+                    help="the proxy both sides serve behind (default serve: what every commit "
+                         "before the HAProxy option used; haproxy needs a ref that has it)")
     return ap
 
 
@@ -95,8 +108,11 @@ def main() -> None:
     if args.rounds < 1:
         ap.error(f"argument --rounds: {args.rounds}: must be >= 1")
     rounds = 1 if args.quick else args.rounds
-    tmp = Path(tempfile.mkdtemp(prefix="serve-ab-")) / "ref"
     sha = args.ref
+    if args.proxy != "serve" and not has_proxy_choice(sha):
+        ap.error(f"argument --proxy: {sha[:7]} predates the proxy choice and always serves "
+                 "through Serve's proxy; compare with --proxy serve")
+    tmp = Path(tempfile.mkdtemp(prefix="serve-ab-")) / "ref"
     checkout(sha, tmp)
     ref_name = f"ref:{sha[:7]}"
     rows: list[dict] = []
@@ -108,7 +124,7 @@ def main() -> None:
             for side, tree in order if i % 2 == 0 else order[::-1]:  # ABBA: drift hits both
                 load0 = os.getloadavg()[0]
                 t0 = time.perf_counter()
-                got = run_side(tree, args.seed)
+                got = run_side(tree, args.seed, args.proxy)
                 per[side].append(got)
                 loads.append((load0, os.getloadavg()[0]))
                 print(f"round {i + 1} {side}: p95 {got['latency_p95_ms']['value']:.1f} ms, "
@@ -146,6 +162,7 @@ def main() -> None:
                f"c=16 p95 ×{ratios['latency_p95_ratio'].mean():.2f} "
                f"(rounds {', '.join(f'{x:.2f}' for x in ratios['latency_p95_ratio'])})."]
     meta = make_meta(args.seed, {}, {"ref": sha, "rounds": rounds, "quick": args.quick,
+                                     "proxy": args.proxy,
                                      "loadavg_at_passes": loads})
     write_results("serve_ab", rows, meta, "Serve request path: HEAD vs an earlier commit, "
                   "interleaved on the same machine", "\n".join(md) + "\n")

@@ -235,7 +235,8 @@ def main() -> None:
     ap.add_argument("--ingress-replicas", type=int, default=2)
     ap.add_argument("--proxy", choices=("auto", "serve", "haproxy"), default="auto",
                     help="what answers on the HTTP port (serving.launch.PROXIES); auto: "
-                         "haproxy when the binary is installed, else serve")
+                         "$RAGPILOT_SERVE_PROXY when set, else haproxy when the binary is "
+                         "installed, else serve")
     ap.add_argument("--out", default="serve_load",
                     help="results name: bench/results/<out>.json and .md")
     args = ap.parse_args()
@@ -246,10 +247,20 @@ def main() -> None:
 
     from rag.corpus.synthetic import make_synthetic_world
     from serving import netns
-    from serving.launch import THROUGHPUT_MODE, haproxy_binary, start_local, stop_local
+    from serving.launch import (
+        PROXY_ENV,
+        THROUGHPUT_MODE,
+        haproxy_binary,
+        resolve_proxy,
+        start_local,
+        stop_local,
+    )
     from serving.pipelines import PipelineService
 
-    proxy = args.proxy if args.proxy != "auto" else ("haproxy" if haproxy_binary() else "serve")
+    # auto: $RAGPILOT_SERVE_PROXY when set (bench/serve_ab.py pins both sides), else haproxy
+    # when it is installed
+    proxy = resolve_proxy(args.proxy if args.proxy != "auto" else (
+        os.environ.get(PROXY_ENV) or ("haproxy" if haproxy_binary() else "serve")))
 
     examples = list(make_synthetic_world().examples)
     questions = [e.question for e in examples]

@@ -46,3 +46,21 @@ def test_checkout_gives_a_detached_worktree_with_the_configs_shim(tmp_path):
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(where)],
                        cwd=serve_ab.REPO, capture_output=True)
+
+
+def test_haproxy_against_a_ref_without_the_choice_is_a_usage_error(monkeypatch, capsys):
+    """Both sides serve behind the same proxy; a ref older than the proxy choice always used
+    Serve's, so `--proxy haproxy` against it would compare topologies, not code."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=serve_ab.REPO,
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout (e.g. an unpacked wheel)")
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=serve_ab.REPO,
+                           capture_output=True, text=True).stdout.split()[0]
+    assert serve_ab.has_proxy_choice(serve_ab.commit_of("HEAD"))
+    if serve_ab.has_proxy_choice(first):
+        pytest.skip("shallow clone: its oldest commit already has the proxy choice")
+    monkeypatch.setattr("sys.argv", ["serve_ab.py", "--ref", first, "--proxy", "haproxy"])
+    with pytest.raises(SystemExit) as exit_:
+        serve_ab.main()
+    assert exit_.value.code == 2
+    assert "argument --proxy" in capsys.readouterr().err
