@@ -64,12 +64,15 @@ class ReplicaSync:
         if force:
             await asyncio.to_thread(self._sync_now, True)
             return
+        task = self._sync_task
+        if task is not None and not task.done():
+            # a pass is running: `_sync_at` already reads fresh (it is set when the pass
+            # starts), but the state is still the one being replaced until the pass ends
+            await asyncio.shield(task)
+            return
         if time.monotonic() - self._sync_at < self.settings.ingress.sync_interval_s:
             return
-        task = self._sync_task
-        if task is None or task.done():
-            task = self._sync_task = asyncio.ensure_future(
-                asyncio.to_thread(self._sync_now, True))
+        task = self._sync_task = asyncio.ensure_future(asyncio.to_thread(self._sync_now, True))
         await asyncio.shield(task)
 
     def _sync_now(self, wait: bool = True) -> None:

@@ -157,3 +157,31 @@ def test_concurrent_requests_wait_for_the_sync_in_flight(tmp_path):
                                       for i in range(16)))
 
     assert [r.route for r in asyncio.run(burst())] == ["canary"] * 16
+
+
+def test_a_request_arriving_while_a_sync_runs_waits_for_it(tmp_path):
+    """A sync pass marks the state fresh when it starts; a request arriving while it still runs
+    must wait for it, not route on the split it is replacing (the scale-out test saw one such
+    request serve the old canary right after a routing change)."""
+    import time
+
+    a = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 0.2})
+    b = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 0.2})
+    asyncio.run(a._set_traffic(TrafficRequest(canary_percent=100.0)))
+    time.sleep(0.25)
+    read = b.store.last_routing
+
+    def slow_read():
+        time.sleep(0.3)
+        return read()
+
+    b.store.last_routing = slow_read
+
+    async def late_arrival():
+        first = asyncio.ensure_future(b._answer(QueryRequest(question="Who?", user_id="u0")))
+        await asyncio.sleep(0.1)  # the pass has started in its thread and is still reading
+        assert time.monotonic() - b._sync_at < 0.2  # so the state reads fresh
+        second = await b._answer(QueryRequest(question="Who?", user_id="u1"))
+        return [await first, second]
+
+    assert [r.route for r in asyncio.run(late_arrival())] == ["canary", "canary"]
