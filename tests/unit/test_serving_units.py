@@ -348,8 +348,11 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     assert len(os.path.join(run_dir, "x" * 56, os.path.basename(sock))) <= 97
     # stop_local puts the environment back and removes the directory, so the next cluster
     # this process starts chooses its proxy afresh (Ray is not running here: nothing to stop)
+    monkeypatch.delenv(launch.DRAIN_ENV, raising=False)
+    launch._set_env(launch.DRAIN_ENV, launch.LOCAL_DRAIN_S, overwrite=False)  # as start_local
     launch.stop_local()
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    assert launch.DRAIN_ENV not in os.environ
     assert os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(fake)  # the caller's own value
     assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in os.environ
     assert not os.path.exists(run_dir)
