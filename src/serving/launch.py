@@ -150,7 +150,7 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     """Start Ray + Serve in this process and deploy the app; returns its base URL once ready.
     With `private_netns`, first move into a private network namespace (if permitted).
     `env_vars` go into the job's runtime_env, which every replica inherits. `proxy`: `serve`
-    or `haproxy` (`PROXIES`; default $RAGPILOT_SERVE_PROXY, else `serve`)."""
+    or `haproxy` (`PROXIES`; None: `resolve_proxy`'s default)."""
     import ray
     from ray import serve
 
