@@ -10,8 +10,14 @@ portfolio + the searchers' best-known config), its train / valid / test parts an
 (queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows),
 features from `rl.policy.features.QueryFeaturizer`.
 
-Logging policy: ε-greedy around the best static arm (chosen on valid), ε = 0.1 uniform over
-the M arms, so every propensity is >= 0.1 / M (`rl.policy.decision_log`).
+Logging policies (`rl.policy.decision_log`): ε-greedy around the best static arm (chosen on
+valid), ε = 0.1 uniform over the M arms, so every propensity is >= 0.1 / M; and the same with
+candidate-aware exploration (`rl.policy.base.explore_mix`): the candidate policy awaiting its
+gate — the supervised router — is given `CANDIDATE_SHARE` of the requests on top of the
+uniform ε, so the arms it chooses are logged with propensity >= `CANDIDATE_SHARE` (what
+`serve.policy.candidate_dir` / `candidate_share` do in the Serve app). The share, 0.1, was fixed
+before the run that introduced it (the earlier run, ε-uniform only, missed the target on
+SciFact and MTRAG).
 
 1. B4 `linucb`: `rl.policy.bandit.LinUCB` fitted on one ε-greedy pass over train (each train
    query logged once, its reward only for the arm served), ridge penalty and deployment
@@ -22,19 +28,24 @@ the M arms, so every propensity is >= 0.1 / M (`rl.policy.decision_log`).
    way: `select_router` on train/valid), `linucb` and `best-static`; logs of the ε-greedy
    policy on test, either one pass (each test query once) or a stream of `STREAM_ROUNDS`
    requests drawn uniformly from the test queries (a production log is far longer than a test
-   split; the length was fixed before any full run). For each of `N_DRAWS` seeded logs: IPS, SNIPS and DR (cross-fitted ridge q̂ on the
-   log) against the target's true test value from the full matrix. Row `ope_abs_error` = mean
-   |estimate − truth| over the draws (bootstrap 95% CI over draws), `ci_coverage` = share of
-   draws whose 95% CI covers the truth. The pre-registered rows (system exactly `dr` / `ips` /
-   `snips`) are the supervised router on the stream; the others are named
-   `<estimator> <target> <log>`. `dr-trainq`: DR with q̂ = the router's own predictions
+   split; the length was fixed before any full run), each with the ε-uniform logging policy
+   (logs `one-pass`, `stream`) and the candidate-aware one (`one-pass+candidate`,
+   `stream+candidate`). For each of `N_DRAWS` seeded logs: IPS, SNIPS and DR (cross-fitted
+   ridge q̂ on the log) against the target's true test value from the full matrix. Row
+   `ope_abs_error` = mean |estimate − truth| over the draws (bootstrap 95% CI over draws),
+   `ci_coverage` = share of draws whose 95% CI covers the truth. The headline rows (system
+   exactly `dr` / `ips` / `snips`) are the supervised router on `HEADLINE_LOG`
+   (`stream+candidate`: the logging policy item 5 of issue 19 asks to fix); the others are
+   named `<estimator> <target> <log>`. `dr-trainq`: DR with q̂ = the router's own predictions
    (fitted on train's full-information rows, never on the logged test rounds).
 3. `policy-router` latency of `serving.policy_router.PolicyRouter.pick` over the dataset's
    real indexes for every test question (after 5 warm-up picks), from the pick's own timers:
    `pick_ms_p95` / `_p50` = the pick itself (the policy's arm probabilities from the features
    + the ε-mixture + the draw); `features_ms_p95` / `_p50` = the featurizer (BM25, dense with
    the query encoder, graph retrievals + question features; in the Serve app they go through
-   `SharedRetrievals`, so the chosen pipeline reuses them); `pick_total_ms_p95` = both.
+   `SharedRetrievals`, so the chosen pipeline reuses them); `pick_total_ms_p95` = both;
+   `pick_ms_p95_with_candidate`: the pick with LinUCB explored beside the router at
+   `CANDIDATE_SHARE` (one more policy's probabilities per request).
 """
 
 from __future__ import annotations
@@ -74,6 +85,12 @@ EPSILON = 0.1
 N_DRAWS = 20
 STREAM_ROUNDS = 100_000
 HEADLINE = "supervised-router"
+CANDIDATE_SHARE = 0.1
+HEADLINE_LOG = "stream+candidate"
+LOGS = (("one-pass", None, 0.0), ("stream", STREAM_ROUNDS, 0.0),
+        ("one-pass+candidate", None, CANDIDATE_SHARE),
+        ("stream+candidate", STREAM_ROUNDS, CANDIDATE_SHARE))
+"""(name, rounds (None = each test query once), candidate share) of the simulated logs."""
 ESTIMATORS = ("ips", "snips", "dr", "dr-trainq")
 
 
@@ -98,15 +115,19 @@ def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_J
 
 def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: np.ndarray,
               R: np.ndarray, greedy: np.ndarray, seed: int, log: str,
-              n_rounds: int | None) -> tuple[list[dict], dict]:
-    """ope_abs_error and ci_coverage rows of every estimator for one target and log length."""
+              n_rounds: int | None, candidate: np.ndarray | None = None,
+              share: float = 0.0) -> tuple[list[dict], dict]:
+    """ope_abs_error and ci_coverage rows of every estimator for one target and log (length,
+    and the candidate's probabilities and share when the logging policy explores one)."""
     truth = true_value(probs, R)
     errs: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
     cover: dict[str, list[bool]] = {k: [] for k in ESTIMATORS}
     ests: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
     for d in range(N_DRAWS):
         rng = np.random.default_rng([seed, d, 7])
-        logs = log_epsilon_greedy(X, R, greedy, EPSILON, rng, n_rounds)
+        logs = log_epsilon_greedy(X, R, greedy, EPSILON, rng, n_rounds,
+                                  candidate_probs=candidate if share else None,
+                                  candidate_share=share)
         out = ope_error(probs[logs.qidx], logs, truth, seed=d)
         out["dr-trainq"] = ope_error(probs[logs.qidx], logs, truth,
                                      q_hat=q_router[logs.qidx])["dr"]
@@ -116,13 +137,15 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
             ests[k].append(out[k]["value"])
     rows = []
     for k in ESTIMATORS:
-        system = k if (target == HEADLINE and log == "stream" and k != "dr-trainq") \
+        system = k if (target == HEADLINE and log == HEADLINE_LOG and k != "dr-trainq") \
             else f"{k} {target} {log}"
         e = np.asarray(errs[k])
         ok = e[np.isfinite(e)]  # SNIPS is undefined on a log without any target action
         extra = {"target": target, "log": log, "n_rounds": int(n_rounds or len(X)),
                  "draws": N_DRAWS, "undefined": int(e.size - ok.size), "true_value": truth,
-                 "epsilon": EPSILON}
+                 "epsilon": EPSILON, "candidate_share": share,
+                 "min_propensity": float(np.min(epsilon_greedy_probs(
+                     greedy, R.shape[1], EPSILON, candidate if share else None, share)))}
         ci = bootstrap_mean_ci(ok, 10_000, seed) if ok.size > 1 else None
         rows.append({"dataset": ds, "system": system, "metric": "ope_abs_error",
                      "value": float(ok.mean()) if ok.size else float("nan"),
@@ -133,12 +156,14 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
     detail = {k: {"mean_estimate": float(np.nanmean(ests[k])),
                   "sd_estimate": float(np.nanstd(ests[k])),
                   "mean_abs_error": float(np.nanmean(errs[k]))} for k in ESTIMATORS}
-    return rows, {"true_value": truth, **detail}
+    return rows, {"true_value": truth, "candidate_share": share, **detail}
 
 
 def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSettings,
-                 seed: int, rows: list[dict]) -> dict[str, float]:
-    """`PolicyRouter.pick` over the real indexes for every test question (module doc, 3)."""
+                 seed: int, rows: list[dict], candidate=None) -> dict[str, float]:
+    """`PolicyRouter.pick` over the real indexes for every test question (module doc, 3);
+    `candidate`: a policy on the same arms, explored beside the router at CANDIDATE_SHARE for
+    `pick_ms_p95_with_candidate`."""
     from rl.policy.base import LoadedPolicy
     from serving.policy_router import PolicyRouter
 
@@ -158,6 +183,16 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
            "features_ms_p50": float(np.percentile(feat, 50)),
            "features_ms_p95": float(np.percentile(feat, 95)),
            "pick_total_ms_p95": float(np.percentile(tot, 95))}
+    if candidate is not None:  # features are cached by now: the pick's own time only
+        lc = LoadedPolicy(candidate, names, policy.base_config(), EPSILON, list(FEATURE_NAMES),
+                          type(candidate).__name__, "bench-candidate")
+        pc = PolicyRouter(lp, pr.featurizer.indexes, EPSILON, seed, lc, CANDIDATE_SHARE)
+        pc.featurizer = pr.featurizer
+        for q in qs[:5]:
+            pc.pick(q + " warm")
+        dec_c = [pc.pick(q).decide_ms for q in qs]
+        out["pick_ms_p50_with_candidate"] = float(np.percentile(dec_c, 50))
+        out["pick_ms_p95_with_candidate"] = float(np.percentile(dec_c, 95))
     for metric, v in out.items():
         rows.append(plain_row(ds, "policy-router", metric, v, len(qs)))
     return out
@@ -196,12 +231,13 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                "linucb": lin.probs(X["test"]), "best-static": one_hot(greedy, m)}
     ope: dict[str, Any] = {}
     for target, probs in targets.items():
-        for log, n_rounds in (("one-pass", None), ("stream", STREAM_ROUNDS)):
+        for log, n_rounds, share in LOGS:
             r, det = _ope_rows(ds, target, probs, q_router, X["test"], T["R"], greedy, seed,
-                               log, n_rounds)
+                               log, n_rounds, targets[HEADLINE], share)
             rows.extend(r)
             ope[f"{target} {log}"] = det
-    lat = pick_latency(ds, data, router, names, policy, seed, rows) if latency else {}
+    lat = pick_latency(ds, data, router, names, policy, seed, rows,
+                       candidate=lin) if latency else {}
 
     def used(ch: np.ndarray) -> dict[str, int]:
         u, c = np.unique(ch, return_counts=True)
@@ -245,6 +281,7 @@ def main() -> None:
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "epsilon": EPSILON,
+        "candidate_share": CANDIDATE_SHARE, "headline_log": HEADLINE_LOG,
         "draws": N_DRAWS, "stream_rounds": STREAM_ROUNDS, "target_ope_abs_error": 0.01,
         "base_config": policy.base_config().model_dump(mode="json"), "details": details})
     write_results(NAME, rows, meta, TITLE, markdown(meta, rows))

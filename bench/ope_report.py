@@ -21,19 +21,47 @@ def _get(rows: list[dict], ds: str, system: str, metric: str) -> dict | None:
 
 
 def _ope_cell(rows: list[dict], ds: str, target: str, log: str, est: str,
-              metric: str = "ope_abs_error") -> str:
-    """One estimator's cell; the headline rows (router, stream) carry the bare name."""
-    headline = target == "supervised-router" and log == "stream" and est != "dr-trainq"
+              metric: str = "ope_abs_error", headline_log: str = "stream") -> str:
+    """One estimator's cell; the headline rows (router, `headline_log`) carry the bare name."""
+    headline = target == "supervised-router" and log == headline_log and est != "dr-trainq"
     r = _get(rows, ds, est if headline else f"{est} {target} {log}", metric)
     return _fmt(r, "{:.3f}" if metric == "ci_coverage" else "{:.4f}")
 
 
+def _acceptance(meta: dict, rows: list[dict], head: str) -> list[str]:
+    """The pre-registered row per dataset, with the ε-uniform log's result beside it."""
+    t = meta["target_ope_abs_error"]
+    out = ["## Acceptance (issue 19: `dr` `ope_abs_error` ≤ "
+           f"{t} for the policy's value on test)", "",
+           f"| dataset | `dr` on `{head}` (headline) | met | DR on `stream` (ε-uniform log) |",
+           "|---|---|---|---|"]
+    for ds in meta["details"]:
+        r = _get(rows, ds, "dr", "ope_abs_error")
+        old = _get(rows, ds, "dr supervised-router stream", "ope_abs_error")
+        met = "–" if r is None else (
+            f"met (margin {t - r['value']:+.4f})" if r["value"] <= t
+            else f"missed (margin {t - r['value']:+.4f})")
+        out.append(f"| {ds} | {_fmt(r)} | {met} | {_fmt(old)} |")
+    return out + [""]
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
-    out = [f"Logging policy: ε-greedy around the best static arm, ε = {meta['epsilon']} "
-           f"(min propensity ε/M); {meta['draws']} seeded logs per cell; one-pass = each test "
+    head = meta.get("headline_log", "stream")
+    share = meta.get("candidate_share")
+    out = [f"Logging policies: ε-greedy around the best static arm, ε = {meta['epsilon']} "
+           f"(min propensity ε/M; logs `one-pass`, `stream`)"
+           + (f", and the same with candidate-aware exploration: the supervised router (the "
+              f"candidate awaiting its gate) given {share} of the requests on top of the "
+              f"uniform ε, so its own choices are logged with propensity ≥ {share} (logs "
+              f"`one-pass+candidate`, `stream+candidate`; `serve.policy.candidate_share` in "
+              f"the Serve app)" if share else "")
+           + f"; {meta['draws']} seeded logs per cell; one-pass = each test "
            f"query once; stream = {meta['stream_rounds']:,} requests drawn from the test "
            f"queries. Pre-registered target: `dr` "
-           f"`ope_abs_error` ≤ {meta['target_ope_abs_error']} (supervised router, stream).", ""]
+           f"`ope_abs_error` ≤ {meta['target_ope_abs_error']} (supervised router, `{head}`).",
+           ""]
+    if share:
+        out += _acceptance(meta, rows, head)
     for ds, d in meta["details"].items():
         def g(s: str, m: str, ds: str = ds) -> dict | None:
             return _get(rows, ds, s, m)
@@ -54,9 +82,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         for key, det in d["ope"].items():
             target, log = key.rsplit(" ", 1)
 
-            cells = [_ope_cell(rows, ds, target, log, est) for est in
+            cells = [_ope_cell(rows, ds, target, log, est, headline_log=head) for est in
                      ("ips", "snips", "dr", "dr-trainq")]
-            cells.append(_ope_cell(rows, ds, target, log, "dr", "ci_coverage"))
+            cells.append(_ope_cell(rows, ds, target, log, "dr", "ci_coverage", head))
             out.append(f"| {target} | {log} | {det['true_value']:.4f} | "
                        + " | ".join(cells) + " |")
         if d.get("pick"):
@@ -65,7 +93,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                         f"draw) p50 {p['pick_ms_p50']:.2f} ms, p95 {p['pick_ms_p95']:.2f} ms; "
                         f"the features over the real indexes p50 {p['features_ms_p50']:.1f} "
                         f"ms, p95 {p['features_ms_p95']:.1f} ms (retrievals the chosen "
-                        f"pipeline reuses); total p95 {p['pick_total_ms_p95']:.1f} ms."]
+                        f"pipeline reuses); total p95 {p['pick_total_ms_p95']:.1f} ms"
+                        + (f"; with LinUCB explored beside it at {share}: pick p50 "
+                           f"{p['pick_ms_p50_with_candidate']:.2f} ms, p95 "
+                           f"{p['pick_ms_p95_with_candidate']:.2f} ms"
+                           if "pick_ms_p95_with_candidate" in p else "") + "."]
         out.append("")
     out.append("Cells: mean |estimate − true value| over the seeded logs [bootstrap 95% CI].")
     return "\n".join(out)

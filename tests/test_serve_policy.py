@@ -1,7 +1,8 @@
 """The per-query policy served by the real Serve app (issue 19, item 5): with the traffic mode
 `policy`, the Policy deployment picks a config per request from the question's features with
-ε-exploration, answers with it, and the interaction log keeps the propensity, arm, policy id
-and features hash of every pick; the OPE gate evaluates a candidate policy from that log.
+ε-exploration and a candidate policy explored beside it (candidate-aware exploration), answers
+with it, and the interaction log keeps the propensity (the mixture's), arm, policy id, candidate
+id and features hash of every pick; the OPE gate evaluates a candidate policy from that log.
 
 Synthetic world, extractive generator, a 3-arm router fitted on random features (what the
 policy chooses is not under test here, only that it is served and logged). Runs inside a
@@ -25,14 +26,16 @@ pytestmark = pytest.mark.ray
 BASE = {"generator": "extractive"}
 ARMS = [RAGConfig(**BASE), RAGConfig(**BASE, variant="bm25"), RAGConfig(**BASE, k=3)]
 EPSILON = 0.3
+SHARE = 0.2
+"""The candidate policy's share (candidate-aware exploration, rl.policy.base)."""
 
 
-def _save_policy(d: Path) -> Path:
+def _save_policy(d: Path, seed: int = 0) -> Path:
     from rl.policy.base import RouterPolicy, save_policy
     from rl.policy.features import FEATURE_NAMES, N_FEATURES
     from rl.policy.router import RouterParams, SupervisedRouter
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     X = rng.normal(size=(200, N_FEATURES))
     R = rng.random((200, len(ARMS)))
     router = SupervisedRouter(RouterParams(max_iter=10, min_samples_leaf=10)).fit(X, R)
@@ -56,11 +59,13 @@ def served(tmp_path_factory):
             print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     root = tmp_path_factory.mktemp("serve-policy")
     policy_dir = _save_policy(root / "policy")
+    candidate_dir = _save_policy(root / "candidate", seed=1)
     store = root / "interactions.sqlite"
     token, _ = KeyFile(root / "keys.json").create("admin", name="test")
     args = {"store_url": str(store), "auth": {"keys_file": str(root / "keys.json")},
             "base": BASE, "traffic": {"mode": "policy"},
-            "policy": {"dir": str(policy_dir), "epsilon": EPSILON, "seed": 1},
+            "policy": {"dir": str(policy_dir), "epsilon": EPSILON, "seed": 1,
+                       "candidate_dir": str(candidate_dir), "candidate_share": SHARE},
             "limits": {"rate_per_s": 1000.0, "burst": 1000.0},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
             "rollout_dir": str(root / "rollout")}
@@ -68,7 +73,7 @@ def served(tmp_path_factory):
     url = start_local(args, port=netns.free_port())
     print(f"serve app with a policy ready in {time.perf_counter() - t0:.1f} s")
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
-        yield client, store, policy_dir
+        yield client, store, policy_dir, candidate_dir
     stop_local()
 
 
@@ -79,7 +84,7 @@ def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):
     from rl.promotion.log_evaluators import policy_from_log
     from serving.store import open_store
 
-    client, store, policy_dir = served
+    client, store, policy_dir, candidate_dir = served
     examples = make_synthetic_world().examples[:24]
     hashes = [c.config_hash for c in ARMS]
     got = []
@@ -119,9 +124,15 @@ def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):
     assert X.shape == (len(got), N_FEATURES)
     from rl.policy.base import Exploring
 
-    probs = Exploring(lp.policy, EPSILON).probs(X)
+    lc = load_policy(candidate_dir)
+    probs = Exploring(lp.policy, EPSILON, lc.policy, SHARE).probs(X)
     assert np.allclose([probs[i, r["arm"]] for i, r in enumerate(logged)],
                        [r["propensity"] for r in logged], atol=1e-6)
+    assert {r["features"]["policy_candidate_id"] for r in logged} == {lc.policy_id}
+    # the candidate's own choices were logged with at least its share
+    c_arm = lc.policy.act(X)
+    assert all(r["propensity"] >= SHARE for r, c in zip(logged, c_arm, strict=True)
+               if r["arm"] == c)
     # the OPE gate runs on this log (synthetic gold: reward = the logged F1)
     rep = policy_from_log(logged, lp.policy.probs, hashes, reward_key="f1", margin=0.05)
     assert rep.kind == "offline" and rep.meta["rows"] == len(got)

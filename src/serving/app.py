@@ -310,7 +310,8 @@ def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | Non
 
         handles[POLICY_HANDLE] = LocalHandle(services.get(POLICY_HANDLE) or PolicyService(
             s.policy.dir, s.dataset, s.index_dir, s.policy.epsilon, s.policy.seed,
-            indexes=s.indexes))
+            indexes=s.indexes, candidate_dir=s.policy.candidate_dir,
+            candidate_share=s.policy.candidate_share))
     # the class defined above: the first base of Serve's ASGI wrapper with its own __init__
     cls = next(b for b in Ingress.func_or_class.__mro__[1:] if "__init__" in b.__dict__)
     inst = cls.__new__(cls)

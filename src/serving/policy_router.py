@@ -8,7 +8,14 @@ request from the question's features and answers with it.
 `PolicyRouter` (no Ray) holds the loaded policy (`rl.policy.base.load_policy`: the supervised
 router, LinUCB, or any `PerQueryPolicy`) behind ε-uniform exploration (`Exploring`, ε >= 0.1:
 every arm keeps a propensity >= ε/M) and a `QueryFeaturizer` over the replica's already-open
-indexes with the policy's own base config. `pick(question)` computes the features, the arm
+indexes with the policy's own base config. With `candidate_dir` and `candidate_share` δ, a
+candidate policy awaiting its off-policy gate (same portfolio, same features) is given δ of
+the requests on top of the uniform ε (candidate-aware exploration, `rl.policy.base`), so its
+own choices are logged with a propensity >= δ and its DR estimate from the log is usable:
+
+    serve:
+      policy: {dir: runs/policy/v1, epsilon: 0.1, candidate_dir: runs/policy/v2,
+               candidate_share: 0.1} `pick(question)` computes the features, the arm
 probabilities, draws an arm and returns a `PolicyPick`: the arm, its config and hash, the
 propensity it was drawn with, the features and their hash, and the pick time in ms.
 
@@ -37,11 +44,12 @@ from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
+from rag.errors import ConfigError
 from rl.policy.base import (
     MIN_EPSILON,
     Exploring,
     LoadedPolicy,
-    epsilon_mix,
+    explore_mix,
     load_policy,
     sample_arms,
 )
@@ -59,7 +67,8 @@ class PolicyPick:
     drawn with (in (0, 1]), the greedy arm, the features (float list) and their 12-hex hash,
     the policy id, and times [ms]: `features_ms` (the featurizer's retrievals and question
     features), `decide_ms` (the policy's probabilities + the draw: the pick itself) and
-    `pick_ms` (both)."""
+    `pick_ms` (both); `candidate_id` / `candidate_share`: the candidate policy explored beside
+    it and its share ("" / 0.0 without one)."""
 
     arm: int
     arm_name: str
@@ -73,6 +82,8 @@ class PolicyPick:
     features_ms: float
     decide_ms: float
     pick_ms: float
+    candidate_id: str = ""
+    candidate_share: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,19 +98,25 @@ class PolicyRouter:
     """Picks a config per question (module docstring). Thread-safe (one RNG under a lock)."""
 
     def __init__(self, loaded: LoadedPolicy, indexes, epsilon: float | None = None,
-                 seed: int = 0):
+                 seed: int = 0, candidate: LoadedPolicy | None = None,
+                 candidate_share: float = 0.0):
         self.loaded = loaded
+        self.candidate = candidate
         eps = max(loaded.epsilon, MIN_EPSILON) if epsilon is None else epsilon
-        self.policy = Exploring(loaded.policy, eps)
+        if candidate is not None:
+            _same_features(loaded, candidate)
+        self.policy = Exploring(loaded.policy, eps, candidate.policy if candidate else None,
+                                candidate_share)
         self.arms: list[RAGConfig] = list(loaded.policy.arms)
         self.featurizer = QueryFeaturizer(indexes, loaded.base_config)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, policy_dir: str, indexes, epsilon: float | None = None,
-             seed: int = 0) -> PolicyRouter:
-        return cls(load_policy(policy_dir), indexes, epsilon, seed)
+    def open(cls, policy_dir: str, indexes, epsilon: float | None = None, seed: int = 0,
+             candidate_dir: str | None = None, candidate_share: float = 0.0) -> PolicyRouter:
+        cand = load_policy(candidate_dir) if candidate_dir else None
+        return cls(load_policy(policy_dir), indexes, epsilon, seed, cand, candidate_share)
 
     @property
     def epsilon(self) -> float:
@@ -115,7 +132,9 @@ class PolicyRouter:
         t1 = time.perf_counter()
         X = x[None, :].astype(np.float64)
         inner = self.loaded.policy.probs(X)  # one prediction: greedy and mixture from it
-        probs = epsilon_mix(inner, self.policy.epsilon)
+        share = self.policy.candidate_share
+        cand = self.candidate.policy.probs(X) if share > 0.0 else None
+        probs = explore_mix(inner, self.policy.epsilon, cand, share)
         greedy = int(np.argmax(inner[0]))
         with self._lock:
             arm, prop = sample_arms(probs, self._rng)
@@ -127,7 +146,23 @@ class PolicyRouter:
         return PolicyPick(j, self.loaded.names[j], cfg.config_hash, cfg.model_dump(mode="json"),
                           float(prop[0]), greedy, [float(v) for v in x], features_hash(x),
                           self.loaded.policy_id, (t1 - t0) * 1000.0, (t2 - t1) * 1000.0,
-                          (t2 - t0) * 1000.0)
+                          (t2 - t0) * 1000.0,
+                          self.candidate.policy_id if self.candidate else "", share)
+
+
+def _same_features(served: LoadedPolicy, candidate: LoadedPolicy) -> None:
+    """ConfigError naming `candidate` unless the candidate decides on the served policy's
+    features: the same featurizer base config and feature names (one featurizer computes
+    them for both, and the log stores one feature vector per request)."""
+    if candidate.base_config.config_hash != served.base_config.config_hash:
+        raise ConfigError("candidate", f"the candidate policy {candidate.policy_id} was built "
+                                       f"on another featurizer base config than the served "
+                                       f"{served.policy_id}")
+    if list(candidate.feature_names) != list(served.feature_names):
+        raise ConfigError("candidate", f"the candidate policy {candidate.policy_id} uses "
+                                       f"other features ({len(candidate.feature_names)}) than "
+                                       f"the served {served.policy_id} "
+                                       f"({len(served.feature_names)})")
 
 
 class _CachedSearch:
@@ -200,14 +235,16 @@ class PolicyService:
 
     def __init__(self, policy_dir: str, dataset: str = "synthetic", index_dir: str | None = None,
                  epsilon: float | None = None, seed: int = 0, warmup: bool = True,
-                 indexes: dict[str, Any] | None = None):
+                 indexes: dict[str, Any] | None = None, candidate_dir: str | None = None,
+                 candidate_share: float = 0.0):
         configure_runtime_env()
         from rag.pipeline import Pipeline
         from serving.pipelines import WARMUP_QUESTION, open_served_data
 
         index_set, self.gold = open_served_data(dataset, index_dir, indexes)
         index_set = SharedRetrievals(index_set)
-        self.router = PolicyRouter.open(policy_dir, index_set, epsilon, seed)
+        self.router = PolicyRouter.open(policy_dir, index_set, epsilon, seed, candidate_dir,
+                                        candidate_share)
         self.pipelines = [Pipeline(index_set, c) for c in self.router.arms]
         if warmup:
             for p in self.pipelines:
@@ -239,10 +276,12 @@ class PolicyService:
         return out
 
     def info(self) -> dict[str, Any]:
-        lp = self.router.loaded
+        lp, cand = self.router.loaded, self.router.candidate
         return {"variant_id": POLICY_HANDLE, "policy_id": lp.policy_id, "kind": lp.kind,
                 "arms": lp.names, "epsilon": self.router.epsilon, "pid": os.getpid(),
-                "gold_questions": len(self.gold)}
+                "gold_questions": len(self.gold),
+                "candidate_id": cand.policy_id if cand else None,
+                "candidate_share": self.router.policy.candidate_share}
 
 
 @serve.deployment(name="Policy")
@@ -256,4 +295,5 @@ def bind_policy(s, options: dict[str, Any]):
     p = s.policy
     extra = {"indexes": s.indexes} if s.indexes is not None else {}
     return PolicyDeployment.options(name="Policy", **options).bind(
-        p.dir, s.dataset, s.index_dir, p.epsilon, p.seed, **extra)
+        p.dir, s.dataset, s.index_dir, p.epsilon, p.seed, candidate_dir=p.candidate_dir,
+        candidate_share=p.candidate_share, **extra)

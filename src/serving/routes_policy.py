@@ -6,7 +6,9 @@ picks the config per request and answers; the ingress logs the pick and measures
 a policy-routed request: route `policy`, `variant_id` = the drawn arm's config hash,
 `propensity` = the probability it was drawn with (>= epsilon / M), `policy_id`, `arm`,
 `features_hash`, and the feature vector in `features.policy_x` (for off-policy evaluation of
-another policy on the same log: `rl.promotion.log_evaluators.policy_from_log`).
+another policy on the same log: `rl.promotion.log_evaluators.policy_from_log`); with a candidate
+explored beside the policy, `features.policy_candidate_id` and `policy_candidate_share` too
+(the propensity is then the mixture's, candidate share included).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class PolicyRoutes:
         lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
         feats = {**query_features(body, d), "policy_x": pick["features"],
                  "policy_arm_name": pick["arm_name"], "policy_greedy_arm": pick["greedy_arm"]}
+        if pick.get("candidate_id"):  # candidate-aware exploration: whose share it was drawn in
+            feats["policy_candidate_id"] = pick["candidate_id"]
+            feats["policy_candidate_share"] = pick["candidate_share"]
         row = Interaction(id=iid, question=self._stored(body.question), variant_id=d.variant,
                           route="policy", propensity=d.propensity,
                           answer=self._stored(res["answer"]), category=category,

@@ -69,7 +69,25 @@ class PolicyServeSettings(StrictSettings):
     """A policy directory (rl.policy.base.save_policy: policy.json + model.pkl)."""
     epsilon: float = Field(0.1, ge=0.1, le=1.0)
     """Uniform exploration share: every arm keeps a propensity of at least epsilon / M."""
+    candidate_dir: str | None = None
+    """A candidate policy directory (same arms, same features) explored beside the served one
+    until its off-policy gate: candidate-aware exploration (rl.policy.base.Exploring)."""
+    candidate_share: float = Field(0.0, ge=0.0, le=0.5)
+    """Share of requests the candidate chooses (on top of the uniform epsilon); its own choices
+    are then logged with a propensity of at least this, not epsilon / M."""
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _candidate(self):
+        if self.candidate_share > 0.0 and not self.candidate_dir:
+            raise ValueError("candidate_share > 0 needs candidate_dir")
+        if self.candidate_dir and self.candidate_share == 0.0:
+            raise ValueError("candidate_dir without candidate_share: the candidate would "
+                             "never be explored (set candidate_share, e.g. 0.1)")
+        if self.epsilon + self.candidate_share > 1.0:
+            raise ValueError(f"epsilon {self.epsilon} + candidate_share "
+                             f"{self.candidate_share} must not exceed 1")
+        return self
 
 
 class LimitSettings(StrictSettings):

@@ -14,6 +14,15 @@ helper A's PPO policy. `Exploring(policy, epsilon)` is the ε-mixture every *ser
 runs behind: probs = (1 − ε)·policy.probs + ε/M, so every arm keeps a propensity of at least
 ε/M and the logged propensities make off-policy estimates of any other policy possible.
 
+Candidate-aware exploration (`Exploring(policy, epsilon, candidate, candidate_share=δ)`):
+probs = (1 − ε − δ)·policy.probs + δ·candidate.probs + ε/M. The uniform floor ε/M stays; the
+candidate policy awaiting its off-policy gate gets δ of the traffic on top, so the arms it
+would choose are logged with a propensity of at least δ instead of ε/M (1/310 for 31 arms at
+ε = 0.1). The importance weights of the candidate's own estimate are then bounded by 1/δ
+instead of M/ε, which is what makes its IPS/DR value usable from a log of realistic length
+(`bench/ope.py` measures both logging policies). The exposure is bounded too: the candidate
+can only choose arms of the same portfolio, every one of which the uniform ε already serves.
+
 `save_policy(policy, dir)` / `load_policy(dir)`: a policy directory = `policy.json` (kind, arm
 configs and names, feature names, base config of the featurizer, the default ε) + `model.pkl`
 (the pickled policy object). The Serve app loads one with `load_policy`.
@@ -35,6 +44,8 @@ from rag.errors import ConfigError
 
 MIN_EPSILON = 0.1
 """Exploration share a served policy never goes below (min propensity = MIN_EPSILON / M)."""
+MAX_CANDIDATE_SHARE = 0.5
+"""Share of requests a candidate policy may be given by candidate-aware exploration, at most."""
 POLICY_FILE = "policy.json"
 MODEL_FILE = "model.pkl"
 
@@ -64,6 +75,28 @@ def epsilon_mix(probs: np.ndarray, epsilon: float) -> np.ndarray:
         raise ConfigError("epsilon", f"must be in [0, 1], got {epsilon}")
     p = np.asarray(probs, dtype=np.float64)
     return (1.0 - epsilon) * p + epsilon / p.shape[1]
+
+
+def explore_mix(probs: np.ndarray, epsilon: float, candidate_probs: np.ndarray | None = None,
+                candidate_share: float = 0.0) -> np.ndarray:
+    """(1 − ε − δ)·probs + δ·candidate_probs + ε/M per row (module docstring); δ = 0 (the
+    default) is `epsilon_mix`."""
+    if not 0.0 <= candidate_share <= MAX_CANDIDATE_SHARE:
+        raise ConfigError("candidate_share", f"must be in [0, {MAX_CANDIDATE_SHARE}], "
+                                             f"got {candidate_share}")
+    if candidate_share == 0.0:
+        return epsilon_mix(probs, epsilon)
+    if candidate_probs is None:
+        raise ConfigError("candidate_share", f"{candidate_share} > 0 needs a candidate policy")
+    p = np.asarray(probs, dtype=np.float64)
+    c = np.asarray(candidate_probs, dtype=np.float64)
+    if c.shape != p.shape:
+        raise ConfigError("candidate", f"candidate probabilities {c.shape} for a policy's "
+                                       f"{p.shape}: the two must share their arms")
+    if not 0.0 <= epsilon <= 1.0 - candidate_share:
+        raise ConfigError("epsilon", f"epsilon {epsilon} + candidate_share {candidate_share} "
+                                     f"must not exceed 1")
+    return (1.0 - epsilon - candidate_share) * p + candidate_share * c + epsilon / p.shape[1]
 
 
 def sample_arms(probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -119,15 +152,29 @@ class RouterPolicy:
 
 @dataclass
 class Exploring:
-    """`policy` behind ε-uniform exploration (module docstring); `act` stays the greedy one."""
+    """`policy` behind ε-uniform exploration, and optionally a `candidate` policy given
+    `candidate_share` of the traffic (module docstring); `act` stays the greedy one."""
 
     policy: PerQueryPolicy
     epsilon: float = MIN_EPSILON
+    candidate: PerQueryPolicy | None = None
+    candidate_share: float = 0.0
 
     def __post_init__(self):
         if not MIN_EPSILON <= self.epsilon <= 1.0:
             raise ConfigError("epsilon", f"a served policy explores with epsilon in "
                                          f"[{MIN_EPSILON}, 1], got {self.epsilon}")
+        if not 0.0 <= self.candidate_share <= MAX_CANDIDATE_SHARE:
+            raise ConfigError("candidate_share", f"must be in [0, {MAX_CANDIDATE_SHARE}], "
+                                                 f"got {self.candidate_share}")
+        if self.candidate_share > 0.0 and self.candidate is None:
+            raise ConfigError("candidate_share", f"{self.candidate_share} > 0 needs a "
+                                                 f"candidate policy")
+        if self.epsilon + self.candidate_share > 1.0:
+            raise ConfigError("epsilon", f"epsilon {self.epsilon} + candidate_share "
+                                         f"{self.candidate_share} must not exceed 1")
+        if self.candidate is not None:
+            same_arms(self.policy, self.candidate)
 
     @property
     def arms(self) -> Sequence[RAGConfig]:
@@ -137,7 +184,22 @@ class Exploring:
         return self.policy.act(X)
 
     def probs(self, X: np.ndarray) -> np.ndarray:
-        return epsilon_mix(self.policy.probs(X), self.epsilon)
+        cand = self.candidate.probs(X) if self.candidate_share > 0.0 else None
+        return explore_mix(self.policy.probs(X), self.epsilon, cand, self.candidate_share)
+
+
+def same_arms(policy: PerQueryPolicy, candidate: PerQueryPolicy) -> None:
+    """ConfigError naming `candidate` unless both policies choose among the same configs, in
+    the same order (arm j must mean the same config in both, or a logged arm index would
+    point at another config for the candidate's estimate)."""
+    a = [c.config_hash for c in policy.arms]
+    b = [c.config_hash for c in candidate.arms]
+    if a != b:
+        diff = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                    min(len(a), len(b)))
+        raise ConfigError("candidate", f"the candidate policy's arms differ from the served "
+                                       f"policy's ({len(b)} vs {len(a)} arms, first difference "
+                                       f"at arm {diff}): both must share one portfolio")
 
 
 # --------------------------------------------------------------------------- policy dirs

@@ -7,6 +7,10 @@ minimum propensity is ε/M and importance weights stay bounded by M/ε). One rec
 
     {"query_id", "features": [...], "arm": j, "config_hash", "propensity", "reward"}
 
+With a candidate policy (`candidate_probs`, share δ; `rl.policy.base.explore_mix`), the
+logging policy is candidate-aware: (1 − ε − δ) on `greedy[i]`, δ on the candidate's choice,
+ε/M uniform; the candidate's arms are then logged with propensity >= δ.
+
 `log_epsilon_greedy` simulates such a log from a full-information reward matrix R (queries ×
 arms; `bench/policy.py`'s matrices): each query once (`n_rounds=None`, in order), or a stream of
 `n_rounds` requests drawn uniformly with replacement from the queries (a production log is far
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.errors import ConfigError
-from rl.policy.base import MIN_EPSILON, epsilon_mix, one_hot, sample_arms
+from rl.policy.base import MIN_EPSILON, epsilon_mix, explore_mix, one_hot, sample_arms
 
 ESTIMATORS = ("ips", "snips", "dr")
 
@@ -75,27 +79,39 @@ class DecisionLogs:
                    np.array([r["reward"] for r in recs], dtype=np.float64))
 
 
-def epsilon_greedy_probs(greedy: np.ndarray, n_arms: int, epsilon: float) -> np.ndarray:
-    """(n, n_arms) probabilities of ε-greedy around the arms `greedy` (n,)."""
+def epsilon_greedy_probs(greedy: np.ndarray, n_arms: int, epsilon: float,
+                         candidate_probs: np.ndarray | None = None,
+                         candidate_share: float = 0.0) -> np.ndarray:
+    """(n, n_arms) probabilities of ε-greedy around the arms `greedy` (n,); with
+    `candidate_probs` (n, n_arms) and `candidate_share` δ > 0, candidate-aware (module
+    docstring)."""
     if not MIN_EPSILON <= epsilon <= 1.0:
         raise ConfigError("epsilon", f"the logging policy needs epsilon in [{MIN_EPSILON}, 1] "
                                      f"(min propensity epsilon/M), got {epsilon}")
-    return epsilon_mix(one_hot(greedy, n_arms), epsilon)
+    if candidate_share == 0.0:
+        return epsilon_mix(one_hot(greedy, n_arms), epsilon)
+    return explore_mix(one_hot(greedy, n_arms), epsilon, candidate_probs, candidate_share)
 
 
 def log_epsilon_greedy(X: np.ndarray, R: np.ndarray, greedy: np.ndarray, epsilon: float,
                        rng: np.random.Generator, n_rounds: int | None = None,
                        query_ids: Sequence[str] | None = None,
-                       config_hashes: Sequence[str] | None = None) -> DecisionLogs:
+                       config_hashes: Sequence[str] | None = None,
+                       candidate_probs: np.ndarray | None = None,
+                       candidate_share: float = 0.0) -> DecisionLogs:
     """Simulate the ε-greedy logging policy over queries with features `X` (n, d) and
     full-information rewards `R` (n, M) (module docstring). `greedy` (n,): the base policy's
-    arm per query. Returns the log (rewards read from R)."""
+    arm per query; `candidate_probs` (n, M): a candidate policy's probabilities per query,
+    given `candidate_share` of the rounds. Returns the log (rewards read from R)."""
     X, R = np.asarray(X, dtype=np.float64), np.asarray(R, dtype=np.float64)
     n, m = R.shape
     if X.shape[0] != n or np.asarray(greedy).shape != (n,):
         raise ConfigError("X", f"X {X.shape}, R {R.shape} and greedy must agree on n")
+    if candidate_probs is not None and np.shape(candidate_probs) != (n, m):
+        raise ConfigError("candidate_probs", f"{np.shape(candidate_probs)}, expected {(n, m)}")
     qidx = np.arange(n) if n_rounds is None else rng.integers(0, n, size=int(n_rounds))
-    P = epsilon_greedy_probs(np.asarray(greedy)[qidx], m, epsilon)
+    cand = None if candidate_probs is None else np.asarray(candidate_probs)[qidx]
+    P = epsilon_greedy_probs(np.asarray(greedy)[qidx], m, epsilon, cand, candidate_share)
     arms, prop = sample_arms(P, rng)
     ids = list(query_ids) if query_ids is not None else [str(i) for i in range(n)]
     hashes = list(config_hashes) if config_hashes is not None else [f"arm-{j}" for j in range(m)]

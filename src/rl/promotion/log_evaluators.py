@@ -134,7 +134,10 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     `variant_id` is one of the candidate's arms `arm_hashes` (config hashes, arm order).
     `candidate_probs(X)` -> (n, len(arm_hashes)) action probabilities of the candidate.
     `stable_value`: the stable (logging) policy's value; default = the mean logged reward
-    (on-policy). The report's `diff` = V_DR(candidate) − stable_value and its CI is the DR
+    (on-policy), or, when the log was written with a candidate explored beside the served
+    policy (rows with `features.policy_candidate_id`, serving.policy_router), the DR estimate
+    of the served policy's greedy choice (`features.policy_greedy_arm`): the logged mean would
+    then mix in the candidate's own share (`meta.stable_estimator` says which). The report's `diff` = V_DR(candidate) − stable_value and its CI is the DR
     interval shifted by the same amount, so `ci_low` >= −`margin` says: the DR lower bound is
     at least the stable value minus the margin. `meta.margin` carries the margin to the state
     machine, which then lets the candidate into shadow on exactly that condition. The arm
@@ -157,7 +160,21 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     rew = np.asarray([_row_reward(r, reward_key) for r in used])
     pi = np.asarray(candidate_probs(x), dtype=np.float64)
     est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
-    base = float(rew.mean()) if stable_value is None else float(stable_value)
+    stable_est = "given"
+    if stable_value is not None:
+        base = float(stable_value)
+    elif any((r.get("features") or {}).get("policy_candidate_id") for r in used):
+        g = [(r.get("features") or {}).get("policy_greedy_arm") for r in used]
+        if any(v is None for v in g):
+            raise ConfigError("rows", "a log with candidate exploration needs "
+                                      "features.policy_greedy_arm on every row to estimate "
+                                      "the served policy's value (or pass stable_value)")
+        pi_s = np.zeros_like(pi)
+        pi_s[np.arange(len(g)), np.asarray(g, dtype=np.int64)] = 1.0
+        base = doubly_robust(a, p, rew, pi_s, x=x, n_folds=n_folds, seed=seed, ci=ci).value
+        stable_est = "dr-greedy"
+    else:
+        base, stable_est = float(rew.mean()), "on-policy-mean"
     greedy = pi.argmax(axis=1)
     mine = [r for r, g, j in zip(used, greedy, a, strict=True) if g == j] or used
     c = _summary(_row_arm(mine, reward_key).arrays("candidate"), latency_slo_ms)
@@ -167,4 +184,5 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
         est.ci_high - base, _gates(c, thresholds or Thresholds()), ci, "dr-normal",
         meta={"estimator": "dr", "margin": margin, "rows": len(used),
               "candidate_value": est.value, "stable_value": base, "ess": est.ess,
+              "stable_estimator": stable_est,
               "min_propensity": float(p.min())})
