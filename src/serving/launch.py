@@ -209,8 +209,9 @@ def stop_local() -> None:
     import ray
     from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
+    if ray.is_initialized():  # else serve.shutdown() starts a local Ray only to find nothing
+        serve.shutdown()
+        ray.shutdown()
     for var, before in _SET_ENV.items():
         if before is None:
             os.environ.pop(var, None)

@@ -350,6 +350,14 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     # this process starts chooses its proxy afresh (Ray is not running here: nothing to stop)
     monkeypatch.delenv(launch.DRAIN_ENV, raising=False)
     launch._set_env(launch.DRAIN_ENV, launch.LOCAL_DRAIN_S, overwrite=False)  # as start_local
+    import ray
+
+    assert not ray.is_initialized()
+
+    def no_init(*a, **k):  # serve.shutdown() without a cluster starts one only to find nothing
+        raise AssertionError("stop_local started a Ray instance")
+
+    monkeypatch.setattr(ray, "init", no_init)
     launch.stop_local()
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
     assert launch.DRAIN_ENV not in os.environ
