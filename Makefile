@@ -12,7 +12,7 @@ demo: setup
 
 test: setup
 	$(RUN)/ruff check src tests bench
-	$(RUN)/python -m pytest -q tests
+	$(RUN)/python -m pytest -q --durations=30 tests
 
 # The fast tier (tests/unit: no Ray, no model weights, no index builds); `make test` runs it too.
 test-unit: setup

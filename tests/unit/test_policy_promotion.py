@@ -104,6 +104,9 @@ def test_a_candidate_explored_in_the_log_is_judged_against_the_served_greedy_val
     # truth for `bad`: 0.5 − 0.3·sqrt(2/pi) ≈ 0.261
     assert rep.meta["candidate_value"] == pytest.approx(0.261, abs=0.03)
     assert rep.ci_high < -0.01
+    # the paired DR difference: the stable estimate's own error is inside the interval
+    assert rep.diff == pytest.approx(rep.meta["candidate_value"] - rep.meta["stable_value"])
+    assert rep.ci_low < rep.diff < rep.ci_high and rep.meta["estimator"] == "dr"
     plain = policy_from_log(_log(3000, 2), bad, ARMS, margin=0.01)
     assert plain.meta["stable_estimator"] == "on-policy-mean"
     assert rep.ci_high - rep.ci_low < plain.ci_high - plain.ci_low

@@ -137,13 +137,15 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     (on-policy), or, when the log was written with a candidate explored beside the served
     policy (rows with `features.policy_candidate_id`, serving.policy_router), the DR estimate
     of the served policy's greedy choice (`features.policy_greedy_arm`): the logged mean would
-    then mix in the candidate's own share (`meta.stable_estimator` says which). The report's `diff` = V_DR(candidate) − stable_value and its CI is the DR
+    then mix in the candidate's own share (`meta.stable_estimator` says which); the report's
+    `diff` and CI are then the paired DR difference of the two (same rounds, same q̂), so the
+    stable estimate's own error is in the interval. The report's `diff` = V_DR(candidate) − stable_value and its CI is the DR
     interval shifted by the same amount, so `ci_low` >= −`margin` says: the DR lower bound is
     at least the stable value minus the margin. `meta.margin` carries the margin to the state
     machine, which then lets the candidate into shadow on exactly that condition. The arm
     summaries (gates, latency) are the logged rows whose arm is the candidate's greedy choice
     (candidate) and all used rows (stable)."""
-    from rl.stats.ope import doubly_robust
+    from rl.stats.ope import doubly_robust, doubly_robust_difference
 
     if not 0.0 <= margin < 1.0:
         raise ConfigError("margin", f"must be in [0, 1), got {margin}")
@@ -160,7 +162,7 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     rew = np.asarray([_row_reward(r, reward_key) for r in used])
     pi = np.asarray(candidate_probs(x), dtype=np.float64)
     est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
-    stable_est = "given"
+    stable_est, diff = "given", None
     if stable_value is not None:
         base = float(stable_value)
     elif any((r.get("features") or {}).get("policy_candidate_id") for r in used):
@@ -171,17 +173,21 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
                                       "the served policy's value (or pass stable_value)")
         pi_s = np.zeros_like(pi)
         pi_s[np.arange(len(g)), np.asarray(g, dtype=np.int64)] = 1.0
-        base = doubly_robust(a, p, rew, pi_s, x=x, n_folds=n_folds, seed=seed, ci=ci).value
-        stable_est = "dr-greedy"
+        est, st, diff = doubly_robust_difference(a, p, rew, pi, pi_s, x=x, n_folds=n_folds,
+                                                 seed=seed, ci=ci)
+        base, stable_est = st.value, "dr-greedy"
     else:
         base, stable_est = float(rew.mean()), "on-policy-mean"
     greedy = pi.argmax(axis=1)
     mine = [r for r, g, j in zip(used, greedy, a, strict=True) if g == j] or used
     c = _summary(_row_arm(mine, reward_key).arrays("candidate"), latency_slo_ms)
     s = _summary(_row_arm(used, reward_key).arrays("stable"), latency_slo_ms)
+    if diff is None:  # the stable value taken as known: the candidate's CI, shifted
+        diff = type(est)(est.value - base, est.ci_low - base, est.ci_high - base, est.se,
+                         est.n, "dr", ci, est.ess)
     return EvaluationReport(
-        "offline", False, c, s, est.value - base, est.se, est.ci_low - base,
-        est.ci_high - base, _gates(c, thresholds or Thresholds()), ci, "dr-normal",
+        "offline", False, c, s, diff.value, diff.se, diff.ci_low, diff.ci_high,
+        _gates(c, thresholds or Thresholds()), ci, "dr-normal",
         meta={"estimator": "dr", "margin": margin, "rows": len(used),
               "candidate_value": est.value, "stable_value": base, "ess": est.ess,
               "stable_estimator": stable_est,
