@@ -67,8 +67,31 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
 
 
+FREE_PORTS = (20000, 29999)
+"""Where `free_port` looks: below the kernel's ephemeral range (32768-60999 by default), above
+Ray's worker ports (10002-19999) and below the replica ports of Serve's HAProxy mode
+(30000-31000)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (tiny race: fine for tests and benchmarks)."""
-    with socket.socket() as s:
+    """A TCP port nobody uses right now, for a server this process starts next (tests and
+    benchmarks). Not one the kernel hands out for port 0: those come from the ephemeral range,
+    where every outgoing connection also takes its local port, and Ray opens many while it
+    starts, so such a port could be taken before Serve binds it ("Failed to bind to address
+    127.0.0.1:35267" in a CI run). A random free port of `FREE_PORTS` instead; two callers can
+    still race for one port (1 in 10,000)."""
+    import random
+
+    rng = random.Random()  # never the seeded global generator
+    lo, hi = FREE_PORTS
+    for _ in range(200):
+        port = rng.randint(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is full: the kernel's choice, race and all
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -351,13 +351,16 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     monkeypatch.delenv(launch.DRAIN_ENV, raising=False)
     launch._set_env(launch.DRAIN_ENV, launch.LOCAL_DRAIN_S, overwrite=False)  # as start_local
     import ray
+    from ray import serve
 
-    assert not ray.is_initialized()
+    def not_here(*a, **k):  # serve.shutdown() without a cluster starts one to find nothing
+        raise AssertionError("stop_local touched Ray although none was running")
 
-    def no_init(*a, **k):  # serve.shutdown() without a cluster starts one only to find nothing
-        raise AssertionError("stop_local started a Ray instance")
-
-    monkeypatch.setattr(ray, "init", no_init)
+    # no Ray in this process as far as stop_local can tell (an earlier test's runtime, if any,
+    # is neither seen nor shut down here)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for mod, name in ((ray, "init"), (ray, "shutdown"), (serve, "shutdown")):
+        monkeypatch.setattr(mod, name, not_here)
     launch.stop_local()
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
     assert launch.DRAIN_ENV not in os.environ
@@ -365,3 +368,28 @@ def test_haproxy_mode_needs_the_binary_and_a_short_socket_path(monkeypatch, tmp_
     assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in os.environ
     assert not os.path.exists(run_dir)
     assert launch.resolve_proxy(None) == "serve"
+
+
+def test_free_port_avoids_the_ephemeral_range_and_ports_in_use(monkeypatch):
+    """free_port's ports come from FREE_PORTS, not from the kernel's ephemeral range where Ray's
+    own outgoing connections take their local ports; a port in use is skipped."""
+    import random
+    import socket
+
+    from serving import netns
+
+    lo, hi = netns.FREE_PORTS
+    from pathlib import Path
+
+    eph = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    eph_lo, eph_hi = int(eph[0]), int(eph[1])
+    assert hi < eph_lo or lo > eph_hi  # disjoint from this machine's ephemeral range
+    ports = {netns.free_port() for _ in range(20)}
+    assert all(lo <= p <= hi for p in ports) and len(ports) > 1
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken, free = busy.getsockname()[1], netns.free_port()
+        draws = iter([taken, free])
+        monkeypatch.setattr(random.Random, "randint", lambda self, a, b: next(draws))
+        assert netns.free_port() == free
