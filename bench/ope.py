@@ -83,6 +83,8 @@ from rl.tuner.settings import TunerSettings  # noqa: E402
 NAME = "ope"
 EPSILON = 0.1
 N_DRAWS = 20
+QUICK_DRAWS = 5
+"""Seeded logs per cell with --quick (a smoke run of the synthetic world, never committed)."""
 STREAM_ROUNDS = 100_000
 HEADLINE = "supervised-router"
 CANDIDATE_SHARE = 0.1
@@ -116,14 +118,14 @@ def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_J
 def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: np.ndarray,
               R: np.ndarray, greedy: np.ndarray, seed: int, log: str,
               n_rounds: int | None, candidate: np.ndarray | None = None,
-              share: float = 0.0) -> tuple[list[dict], dict]:
+              share: float = 0.0, draws: int = N_DRAWS) -> tuple[list[dict], dict]:
     """ope_abs_error and ci_coverage rows of every estimator for one target and log (length,
     and the candidate's probabilities and share when the logging policy explores one)."""
     truth = true_value(probs, R)
     errs: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
     cover: dict[str, list[bool]] = {k: [] for k in ESTIMATORS}
     ests: dict[str, list[float]] = {k: [] for k in ESTIMATORS}
-    for d in range(N_DRAWS):
+    for d in range(draws):
         rng = np.random.default_rng([seed, d, 7])
         logs = log_epsilon_greedy(X, R, greedy, EPSILON, rng, n_rounds,
                                   candidate_probs=candidate if share else None,
@@ -142,7 +144,7 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
         e = np.asarray(errs[k])
         ok = e[np.isfinite(e)]  # SNIPS is undefined on a log without any target action
         extra = {"target": target, "log": log, "n_rounds": int(n_rounds or len(X)),
-                 "draws": N_DRAWS, "undefined": int(e.size - ok.size), "true_value": truth,
+                 "draws": draws, "undefined": int(e.size - ok.size), "true_value": truth,
                  "epsilon": EPSILON, "candidate_share": share,
                  "min_propensity": float(np.min(epsilon_greedy_probs(
                      greedy, R.shape[1], EPSILON, candidate if share else None, share)))}
@@ -151,7 +153,7 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
                      "value": float(ok.mean()) if ok.size else float("nan"),
                      "ci_low": ci.ci_low if ci else None, "ci_high": ci.ci_high if ci else None,
                      "n": int(ok.size), **extra})
-        rows.append({**plain_row(ds, system, "ci_coverage", float(np.mean(cover[k])), N_DRAWS),
+        rows.append({**plain_row(ds, system, "ci_coverage", float(np.mean(cover[k])), draws),
                      **extra})
     detail = {k: {"mean_estimate": float(np.nanmean(ests[k])),
                   "sd_estimate": float(np.nanstd(ests[k])),
@@ -199,7 +201,8 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
 
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
-                search_json: Path = SEARCH_JSON, latency: bool = True) -> None:
+                search_json: Path = SEARCH_JSON, latency: bool = True,
+                draws: int = N_DRAWS) -> None:
     t0 = time.perf_counter()
     data = load(ds, policy, seed, search_json)
     M, X, configs = data["M"], data["X"], data["configs"]
@@ -233,7 +236,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     for target, probs in targets.items():
         for log, n_rounds, share in LOGS:
             r, det = _ope_rows(ds, target, probs, q_router, X["test"], T["R"], greedy, seed,
-                               log, n_rounds, targets[HEADLINE], share)
+                               log, n_rounds, targets[HEADLINE], share, draws)
             rows.extend(r)
             ope[f"{target} {log}"] = det
     lat = pick_latency(ds, data, router, names, policy, seed, rows,
@@ -277,12 +280,14 @@ def main() -> None:
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
     for ds in datasets:
-        run_dataset(ds, policy, a.seed, rows, details, latency=not a.no_latency)
+        run_dataset(ds, policy, a.seed, rows, details, latency=not a.no_latency,
+                    draws=QUICK_DRAWS if a.quick else N_DRAWS)
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "epsilon": EPSILON,
         "candidate_share": CANDIDATE_SHARE, "headline_log": HEADLINE_LOG,
-        "draws": N_DRAWS, "stream_rounds": STREAM_ROUNDS, "target_ope_abs_error": 0.01,
+        "draws": QUICK_DRAWS if a.quick else N_DRAWS, "stream_rounds": STREAM_ROUNDS,
+        "target_ope_abs_error": 0.01,
         "base_config": policy.base_config().model_dump(mode="json"), "details": details})
     write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
 
