@@ -138,6 +138,8 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
             cover[k].append(out[k]["covered"])
             ests[k].append(out[k]["value"])
     rows = []
+    min_prop = float(np.min(epsilon_greedy_probs(greedy, R.shape[1], EPSILON,
+                                                 candidate if share else None, share)))
     for k in ESTIMATORS:
         system = k if (target == HEADLINE and log == HEADLINE_LOG and k != "dr-trainq") \
             else f"{k} {target} {log}"
@@ -145,9 +147,7 @@ def _ope_rows(ds: str, target: str, probs: np.ndarray, q_router: np.ndarray, X: 
         ok = e[np.isfinite(e)]  # SNIPS is undefined on a log without any target action
         extra = {"target": target, "log": log, "n_rounds": int(n_rounds or len(X)),
                  "draws": draws, "undefined": int(e.size - ok.size), "true_value": truth,
-                 "epsilon": EPSILON, "candidate_share": share,
-                 "min_propensity": float(np.min(epsilon_greedy_probs(
-                     greedy, R.shape[1], EPSILON, candidate if share else None, share)))}
+                 "epsilon": EPSILON, "candidate_share": share, "min_propensity": min_prop}
         ci = bootstrap_mean_ci(ok, 10_000, seed) if ok.size > 1 else None
         rows.append({"dataset": ds, "system": system, "metric": "ope_abs_error",
                      "value": float(ok.mean()) if ok.size else float("nan"),

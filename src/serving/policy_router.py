@@ -15,9 +15,11 @@ own choices are logged with a propensity >= δ and its DR estimate from the log 
 
     serve:
       policy: {dir: runs/policy/v1, epsilon: 0.1, candidate_dir: runs/policy/v2,
-               candidate_share: 0.1} `pick(question)` computes the features, the arm
-probabilities, draws an arm and returns a `PolicyPick`: the arm, its config and hash, the
-propensity it was drawn with, the features and their hash, and the pick time in ms.
+               candidate_share: 0.1}
+
+`pick(question)` computes the features, the arm probabilities, draws an arm and returns a
+`PolicyPick`: the arm, its config and hash, the propensity it was drawn with, the features and
+their hash, and the pick time in ms.
 
 `PolicyService` is the replica body: the served dataset's indexes opened once, one
 `rag.pipeline.Pipeline` per arm sharing them behind `SharedRetrievals` (so the pipeline reuses

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.errors import ConfigError
-from rl.policy.base import MIN_EPSILON, epsilon_mix, explore_mix, one_hot, sample_arms
+from rl.policy.base import MIN_EPSILON, explore_mix, one_hot, sample_arms
 
 ESTIMATORS = ("ips", "snips", "dr")
 
@@ -88,8 +88,6 @@ def epsilon_greedy_probs(greedy: np.ndarray, n_arms: int, epsilon: float,
     if not MIN_EPSILON <= epsilon <= 1.0:
         raise ConfigError("epsilon", f"the logging policy needs epsilon in [{MIN_EPSILON}, 1] "
                                      f"(min propensity epsilon/M), got {epsilon}")
-    if candidate_share == 0.0:
-        return epsilon_mix(one_hot(greedy, n_arms), epsilon)
     return explore_mix(one_hot(greedy, n_arms), epsilon, candidate_probs, candidate_share)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -161,11 +162,9 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     p = np.asarray([float(r.get("propensity") or 0.0) for r in used])
     rew = np.asarray([_row_reward(r, reward_key) for r in used])
     pi = np.asarray(candidate_probs(x), dtype=np.float64)
-    est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
-    stable_est, diff = "given", None
-    if stable_value is not None:
-        base = float(stable_value)
-    elif any((r.get("features") or {}).get("policy_candidate_id") for r in used):
+    diff = None
+    if stable_value is None and any((r.get("features") or {}).get("policy_candidate_id")
+                                    for r in used):
         g = [(r.get("features") or {}).get("policy_greedy_arm") for r in used]
         if any(v is None for v in g):
             raise ConfigError("rows", "a log with candidate exploration needs "
@@ -177,14 +176,18 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
                                                  seed=seed, ci=ci)
         base, stable_est = st.value, "dr-greedy"
     else:
-        base, stable_est = float(rew.mean()), "on-policy-mean"
+        est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
+        if stable_value is not None:
+            base, stable_est = float(stable_value), "given"
+        else:
+            base, stable_est = float(rew.mean()), "on-policy-mean"
     greedy = pi.argmax(axis=1)
     mine = [r for r, g, j in zip(used, greedy, a, strict=True) if g == j] or used
     c = _summary(_row_arm(mine, reward_key).arrays("candidate"), latency_slo_ms)
     s = _summary(_row_arm(used, reward_key).arrays("stable"), latency_slo_ms)
     if diff is None:  # the stable value taken as known: the candidate's CI, shifted
-        diff = type(est)(est.value - base, est.ci_low - base, est.ci_high - base, est.se,
-                         est.n, "dr", ci, est.ess)
+        diff = replace(est, value=est.value - base, ci_low=est.ci_low - base,
+                       ci_high=est.ci_high - base)
     return EvaluationReport(
         "offline", False, c, s, diff.value, diff.se, diff.ci_low, diff.ci_high,
         _gates(c, thresholds or Thresholds()), ci, "dr-normal",

@@ -260,16 +260,28 @@ def doubly_robust(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *,
     The better q_hat, the smaller the residuals the weights multiply, and the smaller the
     variance compared with IPS."""
     av, pv, rv, pm = _logged(a, p, r, pi)
-    n, k = pm.shape
-    if q_hat is None:
-        if x is None:
-            raise ConfigError("x", "contexts are needed to fit a reward model (or pass q_hat)")
-        qm = cross_fit_q(x, av, rv, k, n_folds=n_folds, seed=seed, l2=l2)
-    else:
-        qm = _q_matrix(q_hat, n, k)
-    w = _weights(av, pv, pm, clip)
-    terms = np.sum(pm * qm, axis=1) + w * (rv - qm[np.arange(n), av])
+    qm = _dr_reward_model(x, q_hat, av, rv, pm.shape, n_folds, seed, l2)
+    terms, w = _dr_terms(av, pv, rv, pm, qm, clip)
     return _estimate("dr", terms.mean(), terms, ci, _ess(w))
+
+
+def _dr_reward_model(x: ArrayLike | None, q_hat: ArrayLike | None, a: np.ndarray,
+                     r: np.ndarray, shape: tuple[int, int], n_folds: int, seed: int,
+                     l2: float) -> np.ndarray:
+    """DR's q̂ (n, K): `q_hat` as given, else cross-fitted ridge predictions on the log."""
+    n, k = shape
+    if q_hat is not None:
+        return _q_matrix(q_hat, n, k)
+    if x is None:
+        raise ConfigError("x", "contexts are needed to fit a reward model (or pass q_hat)")
+    return cross_fit_q(x, a, r, k, n_folds=n_folds, seed=seed, l2=l2)
+
+
+def _dr_terms(a: np.ndarray, p: np.ndarray, r: np.ndarray, pm: np.ndarray, qm: np.ndarray,
+              clip: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-round DR terms sum_k pi(k|x_i) q̂(x_i, k) + w_i (r_i − q̂(x_i, a_i)), and the w."""
+    w = _weights(a, p, pm, clip)
+    return np.sum(pm * qm, axis=1) + w * (r - qm[np.arange(a.size), a]), w
 
 
 def doubly_robust_difference(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi_a: ArrayLike,
@@ -284,19 +296,11 @@ def doubly_robust_difference(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi_a: Arr
     difference's `ess` is pi_a's."""
     av, pv, rv, pa = _logged(a, p, r, pi_a)
     pb = _policy(pi_b)
-    n, k = pa.shape
     if pb.shape != pa.shape:
         raise ConfigError("pi_b", f"shape {pb.shape}, expected {pa.shape}")
-    if q_hat is None:
-        if x is None:
-            raise ConfigError("x", "contexts are needed to fit a reward model (or pass q_hat)")
-        qm = cross_fit_q(x, av, rv, k, n_folds=n_folds, seed=seed, l2=l2)
-    else:
-        qm = _q_matrix(q_hat, n, k)
-    resid = rv - qm[np.arange(n), av]
-    wa, wb = _weights(av, pv, pa, clip), _weights(av, pv, pb, clip)
-    ta = np.sum(pa * qm, axis=1) + wa * resid
-    tb = np.sum(pb * qm, axis=1) + wb * resid
+    qm = _dr_reward_model(x, q_hat, av, rv, pa.shape, n_folds, seed, l2)
+    ta, wa = _dr_terms(av, pv, rv, pa, qm, clip)
+    tb, wb = _dr_terms(av, pv, rv, pb, qm, clip)
     return (_estimate("dr", ta.mean(), ta, ci, _ess(wa)),
             _estimate("dr", tb.mean(), tb, ci, _ess(wb)),
             _estimate("dr-difference", (ta - tb).mean(), ta - tb, ci, _ess(wa)))
