@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from rag.config import RAGConfig
+from rag.errors import ConfigError
 from rl.policy.base import RouterPolicy
 from rl.policy.fast_trees import PackedTrees
-from rl.policy.router import RouterParams, SupervisedRouter, arm_features
+from rl.policy.router import RouterParams, SupervisedRouter, _pooled, arm_features
 
 
 def _data(n: int = 300, d: int = 8, k: int = 4, seed: int = 0):
@@ -31,6 +32,39 @@ def test_packed_trees_equal_sklearn_including_missing_values():
     ref = np.column_stack([m.predict(X) for m in models])
     assert np.allclose(PackedTrees(models).predict(X), ref, atol=1e-10)
     assert np.allclose(PackedTrees(models).predict(X[5]), ref[5:6], atol=1e-10)
+
+
+def test_tailed_trees_equal_sklearn_on_pooled_rows():
+    """The pooled router's model over (features, arm block): the arm block's node tests done
+    once at load give exactly sklearn's prediction of every (query, arm) row, also for
+    missing query features, with trees of up to 63 leaves (the bitmask's width)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    X, R, _ = _data(n=400, k=6)
+    X[:40, 1] = np.nan
+    arms = np.random.default_rng(1).normal(size=(6, 3))
+    model = HistGradientBoostingRegressor(max_iter=30, max_leaf_nodes=63, min_samples_leaf=5,
+                                          early_stopping=False, random_state=0)
+    model.fit(_pooled(X, arms), R.reshape(-1))
+    assert max(int(p.nodes["is_leaf"].sum()) for (p,) in model._predictors) > 40
+    ref = model.predict(_pooled(X, arms)).reshape(X.shape[0], 6)
+    tailed = PackedTrees([model]).with_tails(np.hstack([np.eye(6), arms]))
+    assert np.allclose(tailed.predict(X)[:, :, 0], ref, atol=1e-10)
+    assert np.allclose(tailed.predict(X[0])[0, :, 0], ref[0], atol=1e-10)
+    with pytest.raises(ConfigError, match="columns"):
+        tailed.predict(X[:, :3])
+    with pytest.raises(ConfigError, match="tails"):
+        PackedTrees([model]).with_tails(np.zeros((6, X.shape[1] + 99)))
+
+
+def test_trees_wider_than_the_bitmask_are_refused():
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    X, R, _ = _data(n=600)
+    model = HistGradientBoostingRegressor(max_iter=2, max_leaf_nodes=100, min_samples_leaf=2,
+                                          early_stopping=False).fit(X, R[:, 0])
+    with pytest.raises(ConfigError, match="max_leaf_nodes"):
+        PackedTrees([model])
 
 
 @pytest.mark.parametrize("pooled,shrink", [(False, 1.0), (False, 0.5), (True, 1.0)])

@@ -129,16 +129,17 @@ class RouterPolicy:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The router's predicted reward per arm (n, M), as `router.predict(X)`."""
         from rl.policy.fast_trees import PackedTrees
-        from rl.policy.router import _pooled
 
         r = self.router
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
         if self._packed is None:
-            self._packed = PackedTrees(r.models)
+            packed = PackedTrees(r.models)
+            # pooled: one model over (features, arm one-hot, arm descriptors) for every arm
+            self._packed = (packed.with_tails(np.hstack([np.eye(r.n_arms), r._arms]))
+                            if r.params.pooled else packed)
+        raw = self._packed.predict(X)
         if r.params.pooled:
-            raw = self._packed.predict(_pooled(X, r._arms))[:, 0].reshape(X.shape[0], r.n_arms)
-        else:
-            raw = self._packed.predict(X)
+            raw = raw[:, :, 0]
         s = r.params.shrink
         return (1.0 - s) * r.arm_mean[None, :] + s * raw
 
