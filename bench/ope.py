@@ -7,8 +7,8 @@ logs, and the serving policy's pick latency, on HotpotQA, SciFact and MTRAG.
 
 Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config headroom
 portfolio + the searchers' best-known config), its train / valid / test parts and the
-(queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows),
-features from `rl.policy.features.QueryFeaturizer`.
+(queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows;
+latency priced with search.json's cost model: `bench.policy.evaluator`), features from `rl.policy.features.QueryFeaturizer`.
 
 Logging policies (`rl.policy.decision_log`): ε-greedy around the best static arm (chosen on
 valid), ε = 0.1 uniform over the M arms, so every propensity is >= 0.1 / M; and the same with
@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import make_meta, metric_row, plain_row, rerender, write_results  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
 from bench.ope_report import TITLE, markdown  # noqa: E402
-from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms  # noqa: E402
+from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms, cost_model_used, evaluator  # noqa: E402, E501
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.bandit import select_linucb  # noqa: E402
 from rl.policy.base import RouterPolicy, one_hot  # noqa: E402
@@ -99,10 +99,7 @@ ESTIMATORS = ("ips", "snips", "dr", "dr-trainq")
 def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_JSON
          ) -> dict[str, Any]:
     """bench/policy.py's arms, parts, matrices and features for `ds`."""
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-
-    ev = TunerEvaluator(TuningData.open(ds), policy)  # SciFact's train qrels included
+    ev, cost_source = evaluator(ds, policy, search_json)  # SciFact's train qrels included
     configs = arms(ds, policy, search_json)
     parts = _parts(ev, seed)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
@@ -111,7 +108,8 @@ def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_J
     feat = QueryFeaturizer(ev.memo, policy.base_config())
     X = {role: feat.matrix(e).astype(np.float64) for role, e in ex.items()}
     ev.memo.flush()
-    return {"ev": ev, "configs": configs, "M": M, "X": X, "examples": ex,
+    return {"ev": ev, "cost_model": cost_source, "configs": configs, "M": M, "X": X,
+            "examples": ex,
             "n": {role: len(idx) for role, (_, idx) in parts.items()}}
 
 
@@ -258,7 +256,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                    "test_arms": used(targets["supervised-router"].argmax(axis=1)),
                    "share_off_best_static": float(
                        (targets["supervised-router"].argmax(axis=1) != base).mean())},
-        "ope": ope, "pick": lat, "wall_s": round(time.perf_counter() - t0, 1)}
+        "ope": ope, "pick": lat, "cost_model": cost_model_used(data["ev"], data["cost_model"]),
+        "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"[{ds}] done in {details[ds]['wall_s']}s", flush=True)
 
 

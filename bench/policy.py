@@ -9,7 +9,9 @@ Arms: the 30-config portfolio of `bench/headroom.py` (`PORTFOLIO`), plus the bes
 of the searchers' benchmark (`bench/results/search.json`, `meta.details[<dataset>].best_known`)
 when that file exists. Every arm is evaluated on every query of train, valid and test through
 the tuner's per-query tables (`TunerEvaluator.table`): reward = `per_query_reward`, quality =
-αF + βR, cost = tokens. Features: `rl.policy.features.QueryFeaturizer` over the memoised
+αF + βR, cost = tokens. Latency is priced with the cost model that search.json stored for the
+dataset (`evaluator`: the same rewards on any machine or day; measured here only without
+one; `details[ds]["cost_model"]` says which). Features: `rl.policy.features.QueryFeaturizer` over the memoised
 indexes with the policy's base config (no gold).
 
 Protocol (test is touched once, after every choice is made):
@@ -88,6 +90,47 @@ def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
     details = json.loads(path.read_text()).get("meta", {}).get("details", {})
     cfg = (details.get(ds) or {}).get("best_known", {}).get("config")
     return RAGConfig.from_dict(cfg) if cfg else None
+
+
+PINNED = RESULTS.parents[1] / "runs" / "cost-models"
+"""Where `evaluator` writes the cost models it prices with (git-ignored)."""
+
+
+def evaluator(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
+              ) -> tuple[Any, dict[str, Any]]:
+    """(`ds`'s TunerEvaluator, where its cost model came from). Latency is priced with the
+    cost model `search_json` stored for `ds` (`meta.details.<ds>.cost_model`, measured by
+    bench/search.py and committed), so a rerun on another machine or day gives the same
+    rewards; without one, the evaluator's own (measured on first use and cached beside the
+    rows: the machine's load that day goes into every reward)."""
+    import hashlib
+
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    saved = None
+    if search_json.exists():
+        details = json.loads(search_json.read_text()).get("meta", {}).get("details", {})
+        saved = (details.get(ds) or {}).get("cost_model")
+    if not saved:
+        ev = TunerEvaluator(TuningData.open(ds), policy)
+        return ev, {"source": "measured", "path": str(ev.cost_model.path)}
+    text = json.dumps(saved, indent=1, sort_keys=True)
+    path = PINNED / f"cost-model-{ds}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    ev = TunerEvaluator(TuningData.open(ds), policy, cost_model=path)
+    return ev, {"source": str(search_json), "measured_at": saved.get("meta", {}).get(
+        "measured_at"), "components": sorted(saved.get("components", {}))}
+
+
+def cost_model_used(ev, provenance: dict[str, Any]) -> dict[str, Any]:
+    """`provenance` plus the components measured during this run (missing from the pinned
+    model: `CostModel` measures a component on first use)."""
+    have = set(provenance.get("components", []))
+    added = sorted(set(ev.cost_model.components) - have) if have else []
+    return {**{k: v for k, v in provenance.items() if k != "components"}, "added": added}
 
 
 def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
@@ -212,11 +255,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                 ppo_deadline: float | None = None, ppo_run: PPORun | None = None) -> None:
     """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows);
     `ppo_run`: its warm starts, grid and budgets (`PPORun`)."""
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-
     t0 = time.perf_counter()
-    ev = TunerEvaluator(TuningData.open(ds), policy)
+    ev, cost_source = evaluator(ds, policy, search_json)
     configs = arms(ds, policy, search_json)
     names = [n for n, _ in configs]
     parts = _parts(ev, seed, max_train)
@@ -297,7 +337,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                                                        if k != PPO},
         "equal_quality_oracle": equal_quality_oracle(T, base, seed),
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
-        "counters": dict(ev.counters),
+        "counters": dict(ev.counters), "cost_model": cost_model_used(ev, cost_source),
     }
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
 
