@@ -20,7 +20,7 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -184,10 +184,12 @@ class SupervisedRouter:
 
 @dataclass
 class Selection:
-    """What `select_router` tried: per candidate its params and mean valid reward."""
+    """What `select_router` tried: per candidate its params and mean valid reward, and the
+    fitted routers in the same order."""
 
     best: int
     tried: list[dict]
+    routers: list[SupervisedRouter] = field(default_factory=list, repr=False)
 
 
 def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
@@ -205,7 +207,7 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
         tried.append({**asdict(params), "valid_reward": value})
         routers.append(r)
     best = int(np.argmax([t["valid_reward"] for t in tried]))
-    return routers[best], Selection(best, tried)
+    return routers[best], Selection(best, tried, routers)
 
 
 class SegmentLookup:
