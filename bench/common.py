@@ -128,3 +128,44 @@ def rerender(name: str, quick: bool, md_title: str, body) -> Path:
 def rerendered_note(name: str, quick: bool) -> str:
     return (f"Re-rendered from {name}{'.quick' if quick else ''}.json by `python bench/{name}.py "
             f"--render-only{' --quick' if quick else ''}` (no evaluation rerun).")
+
+
+PINNED = RESULTS.parent.parent / "runs" / "cost-models"
+"""Where `evaluator` writes the cost models it prices with (git-ignored)."""
+
+
+def evaluator(ds: str, policy, search_json: Path = RESULTS / "search.json"
+              ) -> tuple[Any, dict[str, Any]]:
+    """(`ds`'s TunerEvaluator, where its cost model came from). Latency is priced with the
+    cost model `search_json` stored for `ds` (`meta.details.<ds>.cost_model`, measured by
+    bench/search.py and committed), so a rerun on another machine or day gives the same
+    rewards; without one, the evaluator's own (measured on first use and cached beside the
+    rows: the machine's load that day goes into every reward). `policy`: TunerSettings."""
+    import hashlib
+
+    from rl.common.data import TuningData
+    from rl.tuner.evaluator import TunerEvaluator
+
+    saved = None
+    if search_json.exists():
+        details = json.loads(search_json.read_text()).get("meta", {}).get("details", {})
+        saved = (details.get(ds) or {}).get("cost_model")
+    if not saved:
+        ev = TunerEvaluator(TuningData.open(ds), policy)
+        return ev, {"source": "measured", "path": str(ev.cost_model.path)}
+    text = json.dumps(saved, indent=1, sort_keys=True)
+    path = PINNED / f"cost-model-{ds}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    ev = TunerEvaluator(TuningData.open(ds), policy, cost_model=path)
+    return ev, {"source": str(search_json), "measured_at": saved.get("meta", {}).get(
+        "measured_at"), "components": sorted(saved.get("components", {}))}
+
+
+def cost_model_used(ev, provenance: dict[str, Any]) -> dict[str, Any]:
+    """`provenance` plus the components measured during this run (missing from the pinned
+    model: `CostModel` measures a component on first use)."""
+    have = set(provenance.get("components", []))
+    added = sorted(set(ev.cost_model.components) - have) if have else []
+    return {**{k: v for k, v in provenance.items() if k != "components"}, "added": added}

@@ -109,10 +109,9 @@ def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = 
 
 
 def load_bundle(ds: str, policy: TunerSettings, seed: int) -> Bundle:
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
+    from bench.common import evaluator
 
-    return build_bundle(ds, TunerEvaluator(TuningData.open(ds), policy), policy, seed)
+    return build_bundle(ds, evaluator(ds, policy)[0], policy, seed)
 
 
 def load_updated_world(policy: TunerSettings, old: Bundle, seed: int = 0) -> Bundle:

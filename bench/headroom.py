@@ -9,7 +9,8 @@ A fixed portfolio of configs (`PORTFOLIO`: the static default plus 29 spread ove
 k, fusion weight and normalisation, MMR, cosine rerank and the two prompts, each made from the
 policy's base config) is evaluated on every query of the dataset's tune split (`valid`) and,
 as a check, its holdout (`test`), through the tuner's own per-query tables
-(`TunerEvaluator.table`). Per query: reward = `TunerEvaluator.per_query_reward` (no batch
+(`TunerEvaluator.table`; latency priced with the cost model bench/search.py committed for
+the dataset, `bench.common.evaluator`, recorded in `details[ds]["cost_model"]`). Per query: reward = `TunerEvaluator.per_query_reward` (no batch
 gates), quality = `RewardSpec.quality` of the evaluator's F and R (αF + βR), cost = tokens.
 From the (queries × configs) matrices (`rl.stats.headroom`), rows (reward units unless said):
 
@@ -46,7 +47,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, rerender, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    cost_model_used,
+    evaluator,
+    make_meta,
+    metric_row,
+    rerender,
+    write_results,
+)
 from bench.headroom_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
@@ -245,11 +253,8 @@ def study(ds: str, split: str, M: dict[str, Any], names: list[str], segs: dict[s
 
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict) -> None:
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-
     t0 = time.perf_counter()
-    ev = TunerEvaluator(TuningData.open(ds), policy)
+    ev, cost_source = evaluator(ds, policy)
     configs = portfolio(policy)
     names = [n for n, _ in configs]
     details[ds] = {}
@@ -262,6 +267,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         rows.extend(r)
         details[ds][split] = d
     details[ds]["wall_s"] = round(time.perf_counter() - t0, 1)
+    details[ds]["cost_model"] = cost_model_used(ev, cost_source)
     details[ds]["counters"] = dict(ev.counters)
     print(f"[{ds}] done in {details[ds]['wall_s']}s", flush=True)
 

@@ -65,10 +65,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, plain_row, rerender, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    cost_model_used,
+    evaluator,
+    make_meta,
+    metric_row,
+    plain_row,
+    rerender,
+    write_results,
+)
 from bench.headroom import matrices  # noqa: E402
 from bench.ope_report import TITLE, markdown  # noqa: E402
-from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms, cost_model_used, evaluator  # noqa: E402, E501
+from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.bandit import select_linucb  # noqa: E402
 from rl.policy.base import RouterPolicy, one_hot  # noqa: E402

@@ -60,7 +60,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, make_meta, metric_row, rerender, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS,
+    cost_model_used,
+    evaluator,
+    make_meta,
+    metric_row,
+    rerender,
+    write_results,
+)
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
 from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
@@ -90,47 +98,6 @@ def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
     details = json.loads(path.read_text()).get("meta", {}).get("details", {})
     cfg = (details.get(ds) or {}).get("best_known", {}).get("config")
     return RAGConfig.from_dict(cfg) if cfg else None
-
-
-PINNED = RESULTS.parents[1] / "runs" / "cost-models"
-"""Where `evaluator` writes the cost models it prices with (git-ignored)."""
-
-
-def evaluator(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
-              ) -> tuple[Any, dict[str, Any]]:
-    """(`ds`'s TunerEvaluator, where its cost model came from). Latency is priced with the
-    cost model `search_json` stored for `ds` (`meta.details.<ds>.cost_model`, measured by
-    bench/search.py and committed), so a rerun on another machine or day gives the same
-    rewards; without one, the evaluator's own (measured on first use and cached beside the
-    rows: the machine's load that day goes into every reward)."""
-    import hashlib
-
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-
-    saved = None
-    if search_json.exists():
-        details = json.loads(search_json.read_text()).get("meta", {}).get("details", {})
-        saved = (details.get(ds) or {}).get("cost_model")
-    if not saved:
-        ev = TunerEvaluator(TuningData.open(ds), policy)
-        return ev, {"source": "measured", "path": str(ev.cost_model.path)}
-    text = json.dumps(saved, indent=1, sort_keys=True)
-    path = PINNED / f"cost-model-{ds}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    ev = TunerEvaluator(TuningData.open(ds), policy, cost_model=path)
-    return ev, {"source": str(search_json), "measured_at": saved.get("meta", {}).get(
-        "measured_at"), "components": sorted(saved.get("components", {}))}
-
-
-def cost_model_used(ev, provenance: dict[str, Any]) -> dict[str, Any]:
-    """`provenance` plus the components measured during this run (missing from the pinned
-    model: `CostModel` measures a component on first use)."""
-    have = set(provenance.get("components", []))
-    added = sorted(set(ev.cost_model.components) - have) if have else []
-    return {**{k: v for k, v in provenance.items() if k != "components"}, "added": added}
 
 
 def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON

@@ -53,12 +53,11 @@ def cold_run(rev: str) -> dict[str, Any]:
 
 
 def diagnose(ds: str, d: dict[str, Any], lam_max: float) -> dict[str, Any]:
+    from bench.common import evaluator
     from bench.policy import arms
-    from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
 
     policy = TunerSettings.defaults()
-    ev = TunerEvaluator(TuningData.open(ds), policy)
+    ev, _ = evaluator(ds, policy)
     configs = arms(ds, policy)
     names = [n for n, _ in configs]
     split = ev.slice.tune_split

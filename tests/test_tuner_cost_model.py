@@ -13,6 +13,7 @@ from rl.common.data import TuningData
 from rl.tuner.baselines import random_search
 from rl.tuner.cost_model import CostModel, Linear
 from rl.tuner.evaluator import TunerEvaluator
+from rl.tuner.settings import TunerSettings
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +156,34 @@ def test_the_retrieval_memo_lives_where_configured_and_is_shared(data, tmp_path,
     assert "tokens" in cols and set(cols) == {c for c in b if not c.startswith("measured_")}
     for col in cols:
         np.testing.assert_array_equal(a[col][:10], b[col][:10], err_msg=col)
+
+
+def test_benchmarks_price_with_the_cost_model_search_json_committed(data, tmp_path, monkeypatch):
+    """bench.common.evaluator: the benchmarks over the tuner's rows price latency with the
+    model bench/results/search.json stored for the dataset, not one measured on the machine
+    that reruns them; without one the evaluator measures its own and says so."""
+    import bench.common as common
+
+    monkeypatch.setattr(common, "PINNED", tmp_path / "pinned")
+    config = RAGConfig(variant="bm25", k=3)
+    names = [*CostModel.retrieval_names(config), CostModel.generate_name(config)]
+    # deliberately unlike this machine: 40 ms per stage, 0.01 ms per token in
+    model = {"meta": {"measured_at": "2026-01-01T00:00:00Z"},
+             "components": {n: {"intercept_ms": 40.0, "n": 12,
+                                "slopes": {"tokens_in": 0.01} if n.startswith("generate") else {}}
+                            for n in names}}
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps({"meta": {"details": {"synthetic": {"cost_model": model}}}}))
+    ev, source = common.evaluator("synthetic", TunerSettings.defaults(), search)
+    assert source["source"] == str(search) and source["measured_at"] == "2026-01-01T00:00:00Z"
+    assert ev.cost_model.path.parent == tmp_path / "pinned"
+    assert {n: c.intercept_ms for n, c in ev.cost_model.components.items()} == \
+        {n: 40.0 for n in names}
+    tab = ev.table(config, "valid")
+    want = 40.0 * len(names) + 0.01 * np.asarray(tab["tokens_in"], dtype=np.float64)
+    assert np.allclose(tab["latency_ms"], want)
+    assert common.cost_model_used(ev, source)["added"] == []  # nothing measured here
+    # a dataset search.json has no model for: measured, and named as such
+    search.write_text(json.dumps({"meta": {"details": {}}}))
+    _, measured = common.evaluator("synthetic", TunerSettings.defaults(), search)
+    assert measured["source"] == "measured"
