@@ -130,11 +130,13 @@ def rerendered_note(name: str, quick: bool) -> str:
             f"--render-only{' --quick' if quick else ''}` (no evaluation rerun).")
 
 
+SEARCH_JSON = RESULTS / "search.json"
+"""bench/search.py's committed results: per dataset its best-known config and cost model."""
 PINNED = RESULTS.parent.parent / "runs" / "cost-models"
 """Where `evaluator` writes the cost models it prices with (git-ignored)."""
 
 
-def evaluator(ds: str, policy, search_json: Path = RESULTS / "search.json"
+def evaluator(ds: str, policy, search_json: Path = SEARCH_JSON
               ) -> tuple[Any, dict[str, Any]]:
     """(`ds`'s TunerEvaluator, where its cost model came from). Latency is priced with the
     cost model `search_json` stored for `ds` (`meta.details.<ds>.cost_model`, measured by

@@ -8,7 +8,8 @@ logs, and the serving policy's pick latency, on HotpotQA, SciFact and MTRAG.
 Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config headroom
 portfolio + the searchers' best-known config), its train / valid / test parts and the
 (queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows;
-latency priced with search.json's cost model: `bench.policy.evaluator`), features from `rl.policy.features.QueryFeaturizer`.
+latency priced with search.json's cost model: `bench.common.evaluator`), features from
+`rl.policy.features.QueryFeaturizer`.
 
 Logging policies (`rl.policy.decision_log`): ε-greedy around the best static arm (chosen on
 valid), ε = 0.1 uniform over the M arms, so every propensity is >= 0.1 / M; and the same with
@@ -66,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
+    SEARCH_JSON,
     cost_model_used,
     evaluator,
     make_meta,
@@ -76,7 +78,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.headroom import matrices  # noqa: E402
 from bench.ope_report import TITLE, markdown  # noqa: E402
-from bench.policy import SEARCH_JSON, _delta_rows, _parts, arms  # noqa: E402
+from bench.policy import _delta_rows, _parts, arms  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.bandit import select_linucb  # noqa: E402
 from rl.policy.base import RouterPolicy, one_hot  # noqa: E402
@@ -182,8 +184,21 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
     from serving.policy_router import PolicyRouter
 
     configs = [c for _, c in data["configs"]]
-    lp = LoadedPolicy(RouterPolicy(router, configs), names, policy.base_config(), EPSILON,
-                      list(FEATURE_NAMES), "RouterPolicy", "bench")
+
+    def loaded(pol, label: str) -> LoadedPolicy:
+        return LoadedPolicy(pol, names, policy.base_config(), EPSILON, list(FEATURE_NAMES),
+                            type(pol).__name__, label)
+
+    def cached_picks(served: LoadedPolicy, cand: LoadedPolicy | None = None) -> list[float]:
+        """The pick's own ms per test question, features cached by `pr` (after 5 warm-ups)."""
+        px = PolicyRouter(served, pr.featurizer.indexes, EPSILON, seed, cand,
+                          CANDIDATE_SHARE if cand is not None else 0.0)
+        px.featurizer = pr.featurizer
+        for q in qs[:5]:
+            px.pick(q + " warm")
+        return [px.pick(q).decide_ms for q in qs]
+
+    lp = loaded(RouterPolicy(router, configs), "bench")
     pr = PolicyRouter(lp, data["ev"].data.indexes, EPSILON, seed)
     qs = [e.question for e in data["examples"]["test"]]
     for q in qs[:5]:
@@ -197,25 +212,13 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
            "features_ms_p50": float(np.percentile(feat, 50)),
            "features_ms_p95": float(np.percentile(feat, 95)),
            "pick_total_ms_p95": float(np.percentile(tot, 95))}
-    if candidate is not None:  # features are cached by now: the pick's own time only
-        lc = LoadedPolicy(candidate, names, policy.base_config(), EPSILON, list(FEATURE_NAMES),
-                          type(candidate).__name__, "bench-candidate")
-        pc = PolicyRouter(lp, pr.featurizer.indexes, EPSILON, seed, lc, CANDIDATE_SHARE)
-        pc.featurizer = pr.featurizer
-        for q in qs[:5]:
-            pc.pick(q + " warm")
-        dec_c = [pc.pick(q).decide_ms for q in qs]
+    if candidate is not None:
+        dec_c = cached_picks(lp, loaded(candidate, "bench-candidate"))
         out["pick_ms_p50_with_candidate"] = float(np.percentile(dec_c, 50))
         out["pick_ms_p95_with_candidate"] = float(np.percentile(dec_c, 95))
     grid = []
-    for params, r in zip(PARAM_GRID, grid_routers, strict=True):  # features cached by now
-        lg = LoadedPolicy(RouterPolicy(r, configs), names, policy.base_config(), EPSILON,
-                          list(FEATURE_NAMES), "RouterPolicy", "bench-grid")
-        pg = PolicyRouter(lg, pr.featurizer.indexes, EPSILON, seed)
-        pg.featurizer = pr.featurizer
-        for q in qs[:5]:
-            pg.pick(q + " warm")
-        dec_g = [pg.pick(q).decide_ms for q in qs]
+    for params, r in zip(PARAM_GRID, grid_routers, strict=True):
+        dec_g = cached_picks(loaded(RouterPolicy(r, configs), "bench-grid"))
         grid.append({**asdict(params), "tree_evals": sum(m.n_iter_ for m in r.models) * (
             r.n_arms if params.pooled else 1), "pick_ms_p95": float(np.percentile(dec_g, 95))})
     if grid:

@@ -123,8 +123,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                            if "pick_ms_p95_with_candidate" in p else "") + "."]
             if d.get("pick_by_router"):
                 out += ["", "Pick p95 of every router `select_router` tries (the one served "
-                            "is whichever valid chooses; timed like the candidate row, features cached, which "
-                            "reads a little lower than the served pick's own p95):", "",
+                            "is whichever valid chooses; timed like the candidate row, "
+                            "features cached, which reads a little lower than the served "
+                            "pick's own p95):", "",
                         "| router | tree evaluations per pick | pick p95 |", "|---|---|---|"]
                 for g in d["pick_by_router"]:
                     out.append(f"| {'pooled' if g['pooled'] else 'per arm'}, {g['max_iter']} "

@@ -10,9 +10,10 @@ of the searchers' benchmark (`bench/results/search.json`, `meta.details[<dataset
 when that file exists. Every arm is evaluated on every query of train, valid and test through
 the tuner's per-query tables (`TunerEvaluator.table`): reward = `per_query_reward`, quality =
 αF + βR, cost = tokens. Latency is priced with the cost model that search.json stored for the
-dataset (`evaluator`: the same rewards on any machine or day; measured here only without
-one; `details[ds]["cost_model"]` says which). Features: `rl.policy.features.QueryFeaturizer` over the memoised
-indexes with the policy's base config (no gold).
+dataset (`bench.common.evaluator`: the same rewards on any machine or day; measured here only
+without one; `details[ds]["cost_model"]` says which). Features:
+`rl.policy.features.QueryFeaturizer` over the memoised indexes with the policy's base config
+(no gold).
 
 Protocol (test is touched once, after every choice is made):
   * `best-static`: the arm with the best mean reward on valid;
@@ -62,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
     RESULTS,
+    SEARCH_JSON,
     cost_model_used,
     evaluator,
     make_meta,
@@ -88,7 +90,6 @@ NAME = "policy"
 BASELINE = "best-static"
 SYSTEMS = ("supervised-router", "supervised-router-equal-cost", "per-segment-best",
            "per-query-oracle")
-SEARCH_JSON = RESULTS / "search.json"
 
 
 def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
