@@ -74,7 +74,7 @@ from bench.common import (  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
 from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
-from bench.policy_ppo import run_ppo, with_train  # noqa: E402
+from bench.policy_ppo import Part, Segment, run_ppo, segments, with_train  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
@@ -217,26 +217,77 @@ def equal_quality_oracle(T: dict[str, np.ndarray], base: int, seed: int) -> dict
     return {"delta_cost_pct": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
 
 
-def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
-                search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
-                ppo_out: Path | None = None, max_train: int | None = None,
-                ppo_deadline: float | None = None, ppo_run: PPORun | None = None) -> None:
-    """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows);
-    `ppo_run`: its warm starts, grid and budgets (`PPORun`)."""
-    t0 = time.perf_counter()
-    ev, cost_source = evaluator(ds, policy, search_json)
-    configs = arms(ds, policy, search_json)
-    names = [n for n, _ in configs]
-    parts = _parts(ev, seed, max_train)
-    full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
-    M = {role: {k: full[s][k][idx] for k in ("R", "Q", "T")} for role, (s, idx) in parts.items()}
-    examples = {role: [ev.data.examples(s)[i] for i in idx] for role, (s, idx) in parts.items()}
-    t1 = time.perf_counter()
-    feat = QueryFeaturizer(ev.memo, policy.base_config())
-    X = {role: feat.matrix(ex) for role, ex in examples.items()}
-    ev.memo.flush()
-    feat_s = time.perf_counter() - t1
+def conversation_of(example) -> str:
+    """The group a query is cross-fitted with: its conversation (`metadata.conversation_id`,
+    else the MTRAG task id's part before `<::>`), else the query itself."""
+    meta = example.metadata or {}
+    return str(meta.get("conversation_id") or str(example.id).split("<::>")[0])
 
+
+def crossfit_parts(ev, k: int, seed: int) -> list[dict[str, list[Segment]]]:
+    """`k` cross-fitted folds over every query of the data's train, tune and holdout splits:
+    conversations (`conversation_of`) are shuffled (seeded) and dealt to the fold with the
+    fewest queries so far; fold f is test once, fold f+1 (mod k) its valid, the rest its
+    train. Every query is in exactly one test fold and no conversation straddles roles."""
+    if k < 3:
+        raise ValueError(f"cross-fitting needs k >= 3 folds (test, valid, train), got {k}")
+    names = list(dict.fromkeys(s for s in ("train", ev.slice.tune_split,
+                                           ev.slice.holdout_split) if s in ev.data.splits))
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for s in names:
+        for i, e in enumerate(ev.data.examples(s)):
+            groups.setdefault(conversation_of(e), []).append((s, i))
+    if len(groups) < k:
+        raise ValueError(f"{len(groups)} conversations cannot fill {k} folds")
+    order = np.random.default_rng(seed).permutation(sorted(groups))
+    fold_of, size = {}, np.zeros(k, dtype=int)
+    for g in order:
+        f = int(np.argmin(size))
+        fold_of[g] = f
+        size[f] += len(groups[g])
+
+    def role(folds: set[int]) -> list[Segment]:
+        out = []
+        for s in names:
+            idx = sorted(i for g, qs in groups.items() if fold_of[g] in folds
+                         for s_, i in qs if s_ == s)
+            if idx:
+                out.append((s, np.asarray(idx, dtype=int)))
+        return out
+
+    return [{"train": role(set(range(k)) - {f, (f + 1) % k}), "valid": role({(f + 1) % k}),
+             "test": role({f})} for f in range(k)]
+
+
+def _rows_of(M: dict[str, dict[str, np.ndarray]], part: Part) -> dict[str, np.ndarray]:
+    """A role's (queries × arms) R, Q, T from the per-split matrices `M`, in `part`'s order."""
+    return {k: np.vstack([M[s][k][idx] for s, idx in segments(part)]) for k in ("R", "Q", "T")}
+
+
+@dataclass
+class FoldResult:
+    """One train / valid / test protocol's test outcomes: per system the per-query arrays
+    {"R", "Q", "T"} (test order), the oracle's rewards, the details."""
+
+    got: dict[str, dict[str, np.ndarray]]
+    oracle_r: np.ndarray
+    eq_oracle: tuple[np.ndarray, np.ndarray]
+    """Per test query: the cheapest equal-quality arm's tokens, best-static's tokens."""
+    details: dict[str, Any]
+
+
+def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Part],
+          full: dict[str, dict[str, np.ndarray]], Xs: dict[str, dict[int, np.ndarray]],
+          seed: int, ppo: PPOPolicySettings | None, ppo_out: Path | None,
+          ppo_deadline: float | None, ppo_run: PPORun) -> FoldResult:
+    """Every system chosen on `parts`' train and valid, acted once on its test (the protocol
+    of the module docstring). `Xs[split][i]`: query i's features."""
+    names = [n for n, _ in configs]
+    M = {role: _rows_of(full, part) for role, part in parts.items()}
+    examples = {role: [ev.data.examples(s)[i] for s, idx in segments(part) for i in idx]
+                for role, part in parts.items()}
+    X = {role: np.vstack([Xs[s][int(i)] for s, idx in segments(part) for i in idx])
+         for role, part in parts.items()}
     base = best_static(M["valid"]["R"])
     budget = float(M["valid"]["T"][:, base].mean())
     router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
@@ -255,43 +306,32 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     choices = {BASELINE: np.full(len(oracle), base), "static-default": np.zeros_like(oracle),
                "supervised-router": plain, "supervised-router-equal-cost": eq,
                "per-segment-best": seg, "per-query-oracle": oracle}
-    for system, ch in choices.items():
-        for metric, X_ in (("reward", T["R"]), ("quality", T["Q"]), ("tokens", T["T"])):
-            rows.append(metric_row(ds, system, metric, pick(X_, ch), seed))
-    for system in SYSTEMS:
-        rows.extend(_delta_rows(ds, system, T, choices[system], base, oracle, seed))
+    got = {system: {k: pick(T[k], ch) for k in ("R", "Q", "T")}
+           for system, ch in choices.items()}
     ppo_details = {}
-    for scale in (ppo_run or PPORun()).budget_scales if ppo is not None else ():
-        run = ppo_run or PPORun()
+    for scale in ppo_run.budget_scales if ppo is not None else ():
         system = ppo_system(scale)
         cap = scale * budget
         price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
-        warm = warm_starts(run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
-                            {"supervised-router": router.choose(X["train"], 0.0),
-                             "supervised-router-equal-cost": router.choose(X["train"],
-                                                                           price_s)})
-        got, ppo_details[system] = run_ppo(
+        warm = warm_starts(ppo_run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
+                           {"supervised-router": router.choose(X["train"], 0.0),
+                            "supervised-router-equal-cost": router.choose(X["train"],
+                                                                          price_s)})
+        got[system], ppo_details[system] = run_ppo(
             ev, parts, X, cap, ppo, list(ppo.train.seeds),
-            None if ppo_out is None else ppo_out / ds / system, ppo_deadline, warm,
-            run.grid, system)
+            None if ppo_out is None else ppo_out / system, ppo_deadline, warm,
+            ppo_run.grid, system)
         ppo_details[system]["budget_scale"] = scale
-        for metric, k in (("reward", "R"), ("quality", "Q"), ("tokens", "T")):
-            rows.append(metric_row(ds, system, metric, got[k], seed))
-        rows.extend(_delta_rows_of(ds, system, {k: T[k][:, base] for k in ("R", "Q", "T")},
-                                   got, pick(T["R"], oracle), seed))
-        r = paired_bootstrap(pick(T["R"], plain), got["R"], seed=seed)
-        rows.append({"dataset": ds, "system": f"{system} - supervised-router",
-                     "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
-                     "ci_high": r.ci_high, "n": r.n})
 
     def used(ch: np.ndarray) -> dict[str, int]:
         u, c = np.unique(ch, return_counts=True)
         return {names[i]: int(k) for i, k in sorted(zip(u, c, strict=True), key=lambda x: -x[1])}
 
-    details[ds] = {
-        "n": {role: int(len(idx)) for role, (_, idx) in parts.items()},
-        "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
-        "splits": {role: s for role, (s, _) in parts.items()},
+    q0 = T["Q"][:, [base]]
+    cheapest = np.where(T["Q"] >= q0 - 1e-12, T["T"], np.inf).min(axis=1)
+    details = {
+        "n": {role: len(ex) for role, ex in examples.items()},
+        "splits": {role: "+".join(s for s, _ in segments(part)) for role, part in parts.items()},
         "arms": names, "best_static": names[base], "token_budget": budget,
         "router": {"selection": sel.tried, "chosen": sel.best, "token_price": price,
                    "valid_reward": float(pick(M["valid"]["R"], router.choose(X["valid"], 0.0))
@@ -300,10 +340,96 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                    "test_arms": used(plain), "test_arms_equal_cost": used(eq)},
         "segments": {"key": key, "table": {s: names[j] for s, j in lookup.table.items()},
                      "fallback": names[lookup.fallback]},
-        "search_best_known": "search-best-known" in names,
         "ppo": ppo_details.get(PPO), "ppo_variants": {k: v for k, v in ppo_details.items()
                                                        if k != PPO},
         "equal_quality_oracle": equal_quality_oracle(T, base, seed),
+    }
+    return FoldResult(got, pick(T["R"], oracle), (cheapest, T["T"][:, base]), details)
+
+
+def system_rows(ds: str, got: dict[str, dict[str, np.ndarray]], oracle_r: np.ndarray,
+                seed: int) -> list[dict]:
+    """The rows of the module docstring from per-query test arrays per system (one
+    protocol's, or cross-fitted folds' concatenated: then `best-static` is each fold's)."""
+    rows = []
+    for system, arr in got.items():
+        for metric, k in (("reward", "R"), ("quality", "Q"), ("tokens", "T")):
+            rows.append(metric_row(ds, system, metric, arr[k], seed))
+    ppos = [s for s in got if s == PPO or s.startswith(PPO + "-budget")]
+    for system in (*SYSTEMS, *ppos):
+        rows.extend(_delta_rows_of(ds, system, got[BASELINE], got[system], oracle_r, seed,
+                                   system != "per-query-oracle"))
+    for system in ppos:
+        r = paired_bootstrap(got["supervised-router"]["R"], got[system]["R"], seed=seed)
+        rows.append({"dataset": ds, "system": f"{system} - supervised-router",
+                     "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
+                     "ci_high": r.ci_high, "n": r.n})
+    return rows
+
+
+def _features(ev, policy: TunerSettings, all_parts: list[dict[str, Part]]
+              ) -> dict[str, dict[int, np.ndarray]]:
+    """Features of every query some role uses, per split (each query featurised once)."""
+    feat = QueryFeaturizer(ev.memo, policy.base_config())
+    need: dict[str, set[int]] = {}
+    for parts in all_parts:
+        for part in parts.values():
+            for s, idx in segments(part):
+                need.setdefault(s, set()).update(int(i) for i in idx)
+    out = {}
+    for s, idx in need.items():
+        order = sorted(idx)
+        X = feat.matrix([ev.data.examples(s)[i] for i in order])
+        out[s] = dict(zip(order, X, strict=True))
+    ev.memo.flush()
+    return out
+
+
+def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
+                search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
+                ppo_out: Path | None = None, max_train: int | None = None,
+                ppo_deadline: float | None = None, ppo_run: PPORun | None = None,
+                folds: int = 1) -> None:
+    """All systems on `ds`; `ppo`: the PPO policy's settings (None: no `ppo-policy` rows);
+    `ppo_run`: its warm starts, grid and budgets (`PPORun`). `folds` > 1: cross-fitted
+    (`crossfit_parts`: every query is test once, in its fold; the rows are over all of them
+    and `details[ds]["crossfit"]` holds each fold's choices); else the committed splits."""
+    t0 = time.perf_counter()
+    run = ppo_run or PPORun()
+    ev, cost_source = evaluator(ds, policy, search_json)
+    configs = arms(ds, policy, search_json)
+    all_parts = crossfit_parts(ev, folds, seed) if folds > 1 else [_parts(ev, seed, max_train)]
+    split_names = sorted({s for parts in all_parts for part in parts.values()
+                          for s, _ in segments(part)})
+    full = {s: matrices(ev, configs, s) for s in split_names}
+    t1 = time.perf_counter()
+    Xs = _features(ev, policy, all_parts)
+    feat_s = time.perf_counter() - t1
+    results = []
+    for f, parts in enumerate(all_parts):
+        out = (None if ppo_out is None else
+               ppo_out / ds / (f"fold{f}" if folds > 1 else ""))
+        results.append(_fold(ds, ev, configs, parts, full, Xs, seed, ppo, out, ppo_deadline,
+                             run))
+        if folds > 1:
+            print(f"[{ds}] fold {f + 1}/{folds} done", flush=True)
+    got = {system: {k: np.concatenate([r.got[system][k] for r in results])
+                    for k in ("R", "Q", "T")} for system in results[0].got}
+    rows.extend(system_rows(ds, got, np.concatenate([r.oracle_r for r in results]), seed))
+    if folds > 1:
+        cheapest, t0_ = (np.concatenate([r.eq_oracle[j] for r in results]) for j in (0, 1))
+        e = _ratio_row("", "", "", cheapest, t0_, seed, lambda a, b: 100.0 * (a / b - 1.0))
+        d = {"crossfit": {"k": folds, "seed": seed, "group": "conversation",
+                          "folds": [r.details for r in results]},
+             "n": {"test": int(len(got[BASELINE]["R"]))}, "arms": results[0].details["arms"],
+             "equal_quality_oracle": {"delta_cost_pct": e["value"], "ci_low": e["ci_low"],
+                                      "ci_high": e["ci_high"]}}
+    else:
+        d = results[0].details
+    details[ds] = {
+        **d,
+        "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
+        "search_best_known": "search-best-known" in d["arms"],
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters), "cost_model": cost_model_used(ev, cost_source),
     }
@@ -371,6 +497,24 @@ def _ppo_run(a: argparse.Namespace) -> PPORun:
     return PPORun(warm, grid, scales)
 
 
+def _crossfit(text: str) -> dict[str, int]:
+    """--crossfit "mtrag=5,scifact=4" -> {dataset: folds} ("none": {}); exit 2 naming the
+    flag on a bad value."""
+    if text.strip() in ("", "none"):
+        return {}
+    try:
+        out = {}
+        for item in text.split(","):
+            ds, k = item.split("=", 1)
+            out[ds.strip()] = int(k)
+            if out[ds.strip()] < 3:
+                raise ValueError(f"{item!r}: K must be >= 3 (test, valid and train folds)")
+    except ValueError as e:
+        print(f"error: --crossfit: {e} (expected DATASET=K[,...] or none)", file=sys.stderr)
+        raise SystemExit(2) from e
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
@@ -398,6 +542,10 @@ def main() -> None:
                          "time box; the seeds run are listed in the details)")
     ap.add_argument("--max-train", type=int, default=None,
                     help="use a seeded subset of this many train queries (the row budget)")
+    ap.add_argument("--crossfit", default="mtrag=5",
+                    help="datasets evaluated by cross-fitted folds instead of their committed "
+                         "splits, as DATASET=K[,...] (K >= 3), or none (issue 19: MTRAG is "
+                         "small)")
     ap.add_argument("--parts-dir", type=Path, default=None,
                     help="write each dataset's rows and details to DIR/<dataset>.json (run "
                          "datasets as separate processes) instead of the results")
@@ -415,6 +563,7 @@ def main() -> None:
     policy = TunerSettings.defaults()
     ppo = None if a.no_ppo else _ppo_settings(a)
     ppo_run = _ppo_run(a)
+    crossfit = _crossfit(a.crossfit)
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -431,7 +580,8 @@ def main() -> None:
             t0 -= part["details"]["wall_s"]
     for ds in [] if a.from_parts else datasets:
         run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out,
-                    a.max_train, _deadline(a.ppo_deadline), ppo_run)
+                    a.max_train, _deadline(a.ppo_deadline), ppo_run,
+                    folds=crossfit.get(ds, 1))
         if a.parts_dir:
             a.parts_dir.mkdir(parents=True, exist_ok=True)
             (a.parts_dir / f"{ds}.json").write_text(json.dumps(
@@ -444,7 +594,7 @@ def main() -> None:
                  else diagnosis_summary(json.loads(diag.read_text())["meta"]))
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts), "diagnosis": diagnosis,
+        "from_parts": bool(a.from_parts), "diagnosis": diagnosis, "crossfit": crossfit,
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),

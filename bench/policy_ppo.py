@@ -27,10 +27,29 @@ from rl.policy.ppo_policy import PerQueryPPO
 from rl.policy.selection import better_on_valid
 from rl.policy.settings import PPOPolicySettings
 from rl.policy.warm_start import WarmStart
-from rl.policy.worlds import EvaluatorWorld
+from rl.policy.worlds import ConcatWorld, EvaluatorWorld
 from rl.tuner.space import is_conversational
 
 SYSTEM = "ppo-policy"
+
+
+Segment = tuple[str, np.ndarray]
+"""(split name, query indices into that split)."""
+Part = Segment | list[Segment]
+"""A role's queries (train / valid / test): one split's, or several splits' (a cross-fitted
+fold, `bench.policy.crossfit_parts`), in this order."""
+
+
+def segments(part: Part) -> list[Segment]:
+    return list(part) if isinstance(part, list) else [part]
+
+
+def world_of(ev, part: Part) -> EvaluatorWorld | ConcatWorld:
+    """The query world of a role: the evaluator's rows of its queries, in `part`'s order."""
+    segs = segments(part)
+    if len(segs) == 1:
+        return EvaluatorWorld(ev, *segs[0])
+    return ConcatWorld([EvaluatorWorld(ev, s, idx) for s, idx in segs])
 
 
 def with_train(settings: PPOPolicySettings, **train: Any) -> PPOPolicySettings:
@@ -39,7 +58,7 @@ def with_train(settings: PPOPolicySettings, **train: Any) -> PPOPolicySettings:
         **settings.train.model_dump(mode="json"), **train}})
 
 
-def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarray],
+def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],
             budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
             out_dir: Path | None = None, deadline: float | None = None,
             warm: Sequence[WarmStart] = (), grid: Sequence[dict[str, Any]] = ({},),
@@ -54,9 +73,10 @@ def run_ppo(ev, parts: dict[str, tuple[str, np.ndarray]], X: dict[str, np.ndarra
     `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
     seeds left out are listed in the details as `seeds_not_run`. `keep`: a list the chosen
     policy of each seed run is appended to (in seed order), to act on other queries."""
-    examples = [e for s, _ in parts.values() for e in ev.data.examples(s)]
+    examples = [e for part in parts.values() for s, _ in segments(part)
+                for e in ev.data.examples(s)]
     layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
-    worlds = {role: EvaluatorWorld(ev, s, idx) for role, (s, idx) in parts.items()}
+    worlds = {role: world_of(ev, part) for role, part in parts.items()}
     budget = budget_tokens / worlds["train"].cost_ref
     cap = budget * (1 + settings.lagrange.slack)
     per_seed, arrays = [], {"R": [], "Q": [], "T": []}

@@ -26,6 +26,55 @@ def _get(rows: list[dict], ds: str, system: str, metric: str) -> dict | None:
                  and r["metric"] == metric), None)
 
 
+def _folds(d: dict) -> list[dict]:
+    """A dataset's protocols: its cross-fitted folds' details, or itself (committed splits)."""
+    return d["crossfit"]["folds"] if d.get("crossfit") else [d]
+
+
+def _has_ppo(d: dict) -> bool:
+    return any(f.get("ppo") for f in _folds(d))
+
+
+def _test_arms(d: dict) -> dict[str, int]:
+    """The router's test choices, summed over folds, most used first."""
+    out: dict[str, int] = {}
+    for f in _folds(d):
+        for k, v in f["router"]["test_arms"].items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda x: -x[1]))
+
+
+def _crossfit_summary(ds: str, d: dict, rows: list[dict]) -> str:
+    """A cross-fitted dataset: pooled rows, then what each fold chose."""
+    g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
+    c = d["crossfit"]
+    folds = "; ".join(
+        f"fold {i + 1}: train {f['n']['train']} / valid {f['n']['valid']} / test "
+        f"{f['n']['test']}, best static `{f['best_static']}`, router (max_iter "
+        f"{f['router']['selection'][f['router']['chosen']]['max_iter']}, leaves "
+        f"{f['router']['selection'][f['router']['chosen']]['max_leaf_nodes']}) valid "
+        f"{f['router']['valid_reward']:.3f} vs {f['router']['valid_best_static_reward']:.3f}"
+        for i, f in enumerate(c["folds"]))
+    return " ".join([
+        f"**{ds}** (cross-fitted: {c['k']} folds by {c['group']} over all {d['n']['test']} "
+        f"queries of its train, valid and test splits, seed {c['seed']}; {len(d['arms'])} "
+        f"arms). Every system is chosen afresh in each fold and acts once on that fold's "
+        f"test queries, so each row below is over all {d['n']['test']} queries; "
+        f"`best-static` is each fold's valid choice (test reward "
+        f"{_fmt(g('best-static', 'reward'))}). Per fold: {folds}.",
+        f"The supervised router gains "
+        f"{_fmt(g('supervised-router - best-static', 'delta_reward'))} reward (quality "
+        f"{_fmt(g('supervised-router - best-static', 'delta_quality'))}, tokens "
+        f"{_fmt(g('supervised-router - best-static', 'delta_cost_pct'), True)}%) and captures "
+        f"{_fmt(g('supervised-router', 'headroom_captured'))} of the per-query oracle's "
+        f"headroom ({_fmt(g('per-query-oracle - best-static', 'delta_reward'))}); held to "
+        f"each fold's best-static valid tokens: "
+        f"{_fmt(g('supervised-router-equal-cost - best-static', 'delta_reward'))}. "
+        f"Per-segment lookup ({c['folds'][0]['segments']['key']}, chosen per fold on train ∪ "
+        f"valid): {_fmt(g('per-segment-best - best-static', 'delta_reward'))} reward.",
+    ])
+
+
 def _summary(ds: str, d: dict, rows: list[dict]) -> str:
     g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
     r = d["router"]
@@ -60,7 +109,8 @@ def _overall(meta: dict, rows: list[dict]) -> str:
     wins = [ds for ds in dss if (_get(rows, ds, "supervised-router - best-static",
                                       "delta_reward") or {}).get("ci_low", -1) > 0]
     below = [ds for ds, d in meta["details"].items()
-             if d["router"]["valid_reward"] < d["router"]["valid_best_static_reward"]]
+             if all(f["router"]["valid_reward"] < f["router"]["valid_best_static_reward"]
+                    for f in _folds(d))]
     text = (f"Share of the per-query oracle's headroom over the best static config that the "
             f"supervised router captures on test: {cap}. Its reward gain has a 95% CI above 0 "
             f"on {len(wins)} of {len(dss)} datasets{' (' + ', '.join(wins) + ')' if wins else ''}"
@@ -97,10 +147,39 @@ def _overall(meta: dict, rows: list[dict]) -> str:
 
 
 def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
+    if d.get("crossfit"):
+        return _crossfit_ppo_text(ds, d, rows, PPO)
     p = d.get("ppo")
     if not p:
         return ""
     return _ppo_text(ds, d, rows, p, PPO)
+
+
+def _crossfit_ppo_text(ds: str, d: dict, rows: list[dict], system: str) -> str:
+    """PPO on a cross-fitted dataset: pooled rows, then per fold its seeds' test means."""
+    g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
+    key = "ppo" if system == PPO else None
+    ps = [(f.get(key) if key else (f.get("ppo_variants") or {}).get(system))
+          for f in d["crossfit"]["folds"]]
+    if not all(ps):
+        return ""
+    p0 = ps[0]
+    per_fold = "; ".join(
+        f"fold {i + 1} (budget {p['budget_tokens']:.0f} tokens): "
+        + ", ".join(f"seed {x['seed']} {x['test_reward']:.3f} ({_start(x)}, pick iter "
+                    f"{x['best']['iter']})" for x in p["per_seed"])
+        for i, p in enumerate(ps))
+    warm = (f"warm starts {', '.join(p0['warm_starts'])}, the better on valid kept"
+            if p0.get("warm_starts") else "random initial policy")
+    return (f"`{system}` on {ds} (per fold {len(p0['seeds'])} seeds × {p0['iters']} "
+            f"iterations × {p0['batch']} queries; {warm}; token budget = that fold's "
+            f"best-static valid mean): {_fmt(g(system + ' - best-static', 'delta_reward'))} "
+            f"reward vs best static (quality "
+            f"{_fmt(g(system + ' - best-static', 'delta_quality'))}, tokens "
+            f"{_fmt(g(system + ' - best-static', 'delta_cost_pct'), True)}%), "
+            f"{_fmt(g(system + ' - supervised-router', 'delta_reward'))} vs the supervised "
+            f"router, headroom captured {_fmt(g(system, 'headroom_captured'))}. Per fold, "
+            f"test reward per seed: {per_fold}.")
 
 
 def _start(x: dict) -> str:
@@ -144,7 +223,7 @@ def _ppo_text(ds: str, d: dict, rows: list[dict], p: dict, system: str) -> str:
 
 def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
     """Issue 19's pre-registered targets for ppo-policy, each met or missed with its margin."""
-    dss = [ds for ds, d in meta["details"].items() if d.get("ppo")]
+    dss = [ds for ds, d in meta["details"].items() if _has_ppo(d)]
     if not dss:
         return []
     out = ["## Acceptance (issue 19, pre-registered; ppo-policy)", "",
@@ -170,10 +249,13 @@ def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
         third = (f"{'met' if hc['value'] >= 0.30 else 'missed'}: {_fmt(hc)} (margin "
                  f"{hc['value'] - 0.30:+.3f})")
         out.append(f"| {ds} | {first} | {second} | {third} |")
+    crossfit = [ds for ds in dss if meta["details"][ds].get("crossfit")]
     out += ["", f"The first target asks for ≥ 2 of 3 datasets: met on {wins} of {len(dss)}. "
-            "Nothing here was tuned on test.", ""]
-    variants = sorted({s for d in meta["details"].values() for s in (d.get("ppo_variants")
-                                                                      or {})})
+            "Nothing here was tuned on test"
+            + (f" ({', '.join(crossfit)}: cross-fitted, each query tested by the fold that "
+               "did not train or choose on it)" if crossfit else "") + ".", ""]
+    variants = sorted({s for d in meta["details"].values() for f in _folds(d)
+                       for s in (f.get("ppo_variants") or {})})
     for v in variants:
         out += [f"The cost route by `{v}` (the same PPO policy trained under a lower token "
                 "budget; an exploratory system, not the pre-registered `ppo-policy`): "
@@ -193,6 +275,23 @@ def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
     return out
 
 
+def _protocol(meta: dict) -> str:
+    """How each dataset's train / valid / test were formed: committed splits or folds."""
+    out = []
+    for ds, d in meta["details"].items():
+        if d.get("crossfit"):
+            c = d["crossfit"]
+            out.append(f"{ds} is cross-fitted ({c['k']} folds by {c['group']}, seed "
+                       f"{c['seed']}: its splits are pooled, each fold is test once with the "
+                       f"next fold as valid and the rest as train, and its rows are over all "
+                       f"{d['n']['test']} queries, each acted on by a policy that neither "
+                       "trained nor chose on it).")
+        elif ds == "mtrag":
+            out.append(f"MTRAG's train split ({d['n']['train']} queries) is used as is (not "
+                       "cross-fitted: the committed splits).")
+    return (" ".join(out) + " ") if out else ""
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     covered = ", ".join(d for d, x in meta["details"].items() if x.get("search_best_known"))
     out = [
@@ -210,9 +309,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "and `best-static` is the portfolio's best on valid.")
         + " The router is fitted on train, its hyper-parameters and token price chosen on "
         "valid; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
-        "turn) that a serving policy would not have. MTRAG's train split (203 queries) is used "
-        "as is (no cross-fitting: train 203 / valid 152 / test 152 are the committed splits). "
-        "`ppo-policy` (issue 19, `rl.policy.ppo_policy`): RLlib PPO with mixed action heads "
+        "turn) that a serving policy would not have. "
+        + _protocol(meta)
+        + "`ppo-policy` (issue 19, `rl.policy.ppo_policy`): RLlib PPO with mixed action heads "
         "(variant incl. graph, k, rerank depth, generator arm, fusion weight, MMR λ, abstain "
         "threshold; query formulation on MTRAG), no-op heads masked out of the loss, trained "
         "on train under a PPO-Lagrangian bound on mean tokens (best-static's on valid), "
@@ -234,11 +333,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     if meta.get("diagnosis"):
         out += ["## Why the cold-start PPO lost (diagnosis)", "", meta["diagnosis"], ""]
     for ds, d in meta["details"].items():
-        out += [_summary(ds, d, rows), ""]
-        if d.get("ppo"):
-            out += [_ppo_summary(ds, d, rows), ""]
-        for system, p in (d.get("ppo_variants") or {}).items():
-            out += [_ppo_text(ds, d, rows, p, system), ""]
+        if d.get("crossfit"):
+            out += [_crossfit_summary(ds, d, rows), "", _ppo_summary(ds, d, rows), ""]
+            for system in sorted({s for f in _folds(d) for s in (f.get("ppo_variants") or {})}):
+                out += [_crossfit_ppo_text(ds, d, rows, system), ""]
+        else:
+            out += [_summary(ds, d, rows), ""]
+            if d.get("ppo"):
+                out += [_ppo_summary(ds, d, rows), ""]
+            for system, p in (d.get("ppo_variants") or {}).items():
+                out += [_ppo_text(ds, d, rows, p, system), ""]
         eq = d.get("equal_quality_oracle")
         if eq:
             out += [f"Equal-quality oracle on {ds} (per test query the cheapest arm whose "
@@ -247,8 +351,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                     "against best static, the most any portfolio policy could save at no "
                     "quality loss on any query.", ""]
     out += _acceptance(meta, rows)
-    variants = sorted({s for d in meta["details"].values()
-                       for s in (d.get("ppo_variants") or {})})
+    variants = sorted({s for d in meta["details"].values() for f in _folds(d)
+                       for s in (f.get("ppo_variants") or {})})
     systems = ["static-default", "best-static", PPO, *variants, "supervised-router",
                "supervised-router-equal-cost", "per-segment-best", "per-query-oracle"]
     for ds in meta["details"]:
@@ -269,7 +373,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             vr = _get(rows, ds, s + " - supervised-router", "delta_reward")
             if vr is not None:
                 out.append(f"| {s} - supervised-router | {_fmt(vr)} | – | – | – |")
-        arms = meta["details"][ds]["router"]["test_arms"]
+        arms = _test_arms(meta["details"][ds])
         top = ", ".join(f"`{k}` {v}" for k, v in list(arms.items())[:6])
         out += ["", f"Router's test choices (top 6 of {len(arms)} arms used): {top}.", ""]
     return "\n".join(out)

@@ -88,3 +88,100 @@ def test_merge_variants_takes_only_the_variant_rows():
     assert [r["system"] for r in part["rows"]] == [
         "ppo-policy", "ppo-policy-budget0.75", "ppo-policy-budget0.75 - best-static"]
     assert part["details"]["ppo_variants"] == {"ppo-policy-budget0.75": {"seeds": [0]}}
+
+
+class _Ex:
+    def __init__(self, id_, meta=None):
+        self.id, self.metadata = id_, meta
+
+
+class _Data:
+    def __init__(self, splits):
+        self._s = splits
+        self.splits = list(splits)
+
+    def examples(self, split):
+        return self._s[split]
+
+
+class _Slice:
+    tune_split, holdout_split = "valid", "test"
+
+
+class _Ev:
+    def __init__(self, splits):
+        self.data, self.slice = _Data(splits), _Slice()
+
+
+def _mtrag_like():
+    """Three splits; conversations c0..c9 with 1-4 turns each, some spread over splits."""
+    rng = np.random.default_rng(3)
+    splits = {"train": [], "valid": [], "test": []}
+    for c in range(10):
+        for t in range(1 + c % 4):
+            splits[["train", "valid", "test"][rng.integers(3)]].append(_Ex(f"c{c}<::>{t + 1}"))
+    return _Ev(splits)
+
+
+def test_crossfit_folds_test_every_query_once_and_keep_conversations_together():
+    from bench.policy import conversation_of, crossfit_parts
+
+    ev = _mtrag_like()
+    folds = crossfit_parts(ev, 4, seed=0)
+    assert len(folds) == 4
+    everyone = {(s, i) for s in ev.data.splits for i in range(len(ev.data.examples(s)))}
+    tested: list[tuple[str, int]] = []
+    for f, parts in enumerate(folds):
+        roles = {r: {(s, int(i)) for s, idx in parts[r] for i in idx} for r in parts}
+        assert roles["train"] | roles["valid"] | roles["test"] == everyone
+        assert not (roles["train"] & roles["valid"] or roles["train"] & roles["test"]
+                    or roles["valid"] & roles["test"])
+        # valid is the next fold's test: fold f+1 (mod k)
+        nxt = {(s, int(i)) for s, idx in folds[(f + 1) % 4]["test"] for i in idx}
+        assert roles["valid"] == nxt
+        conv = {r: {conversation_of(ev.data.examples(s)[i]) for s, i in q}
+                for r, q in roles.items()}
+        assert not (conv["train"] & conv["test"] or conv["valid"] & conv["test"]
+                    or conv["train"] & conv["valid"])
+        tested += sorted(roles["test"])
+    assert sorted(tested) == sorted(everyone)  # each query tested exactly once
+    sizes = [sum(len(idx) for _, idx in p["test"]) for p in folds]
+    assert max(sizes) - min(sizes) <= 4  # dealt to the emptiest fold: within one conversation
+    assert crossfit_parts(ev, 4, seed=0)[2]["test"][0][1].tolist() == folds[2]["test"][0][1].tolist()
+
+
+def test_crossfit_refuses_too_few_folds_or_conversations_and_bad_flags(capsys):
+    from bench.policy import _crossfit, crossfit_parts
+
+    with pytest.raises(ValueError, match="k >= 3"):
+        crossfit_parts(_mtrag_like(), 2, seed=0)
+    with pytest.raises(ValueError, match="2 conversations cannot fill 3 folds"):
+        crossfit_parts(_Ev({"valid": [_Ex("a<::>1")], "test": [_Ex("b<::>1"), _Ex("b<::>2")]}),
+                       3, seed=0)
+    assert _crossfit("mtrag=5,scifact=4") == {"mtrag": 5, "scifact": 4}
+    assert _crossfit("none") == {}
+    for bad in ("mtrag=2", "mtrag", "mtrag=x"):
+        with pytest.raises(SystemExit) as e:
+            _crossfit(bad)
+        assert e.value.code == 2
+    assert "--crossfit" in capsys.readouterr().err
+
+
+def test_pooled_rows_use_each_folds_own_best_static():
+    """Cross-fitted rows are over the folds' concatenated per-query arrays: a system equal to
+    each fold's best static gains exactly 0 even though the folds chose different arms."""
+    from bench.policy import system_rows
+
+    a = {"R": np.array([0.5, 0.6]), "Q": np.array([0.5, 0.6]), "T": np.array([10.0, 10.0])}
+    b = {"R": np.array([0.2, 0.9]), "Q": np.array([0.3, 0.9]), "T": np.array([20.0, 40.0])}
+    cat = {k: np.concatenate([a[k], b[k]]) for k in a}
+    better = {k: v + (0.1 if k != "T" else 0.0) for k, v in cat.items()}
+    got = {"best-static": cat, "static-default": cat, "supervised-router": better,
+           "supervised-router-equal-cost": cat, "per-segment-best": cat,
+           "per-query-oracle": {k: v + (0.2 if k != "T" else 0.0) for k, v in cat.items()}}
+    rows = {(r["system"], r["metric"]): r for r in system_rows("toy", got, got[
+        "per-query-oracle"]["R"], seed=0)}
+    assert rows[("per-segment-best - best-static", "delta_reward")]["value"] == 0.0
+    assert rows[("supervised-router - best-static", "delta_reward")]["value"] == pytest.approx(0.1)
+    assert rows[("supervised-router", "headroom_captured")]["value"] == pytest.approx(0.5)
+    assert rows[("best-static", "tokens")]["n"] == 4

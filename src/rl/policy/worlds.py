@@ -91,3 +91,38 @@ class EvaluatorWorld:
             for i in rows:
                 self._cache[(h, i)] = got[int(self.idx[i])]
         return [self._cache[(c.config_hash, i)] for i, c in enumerate(configs)]
+
+
+class ConcatWorld:
+    """Several worlds as one: query i of the first, then of the second, ... (a role that
+    spans splits, e.g. a cross-fitted fold's train part made of train, valid and test
+    queries). All parts must price cost alike (one `cost_ref`)."""
+
+    def __init__(self, parts: Sequence[QueryWorld]):
+        if not parts:
+            raise ValueError("ConcatWorld needs at least one world")
+        refs = {float(p.cost_ref) for p in parts}
+        if len(refs) != 1:
+            raise ValueError(f"worlds price cost differently (cost_ref {sorted(refs)})")
+        self.parts = list(parts)
+        self.cost_ref = refs.pop()
+        self._starts = np.cumsum([0] + [p.n for p in self.parts])
+        self.n = int(self._starts[-1])
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(f"query {i} outside 0..{self.n - 1}")
+        j = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return j, i - int(self._starts[j])
+
+    def outcome(self, i: int, config: RAGConfig) -> Outcome:
+        j, k = self._locate(int(i))
+        return self.parts[j].outcome(k, config)
+
+    def outcomes(self, configs: Sequence[RAGConfig]) -> list[Outcome]:
+        if len(configs) != self.n:
+            raise ValueError(f"{len(configs)} configs for {self.n} queries")
+        out: list[Outcome] = []
+        for j, p in enumerate(self.parts):
+            out += p.outcomes(configs[self._starts[j]:self._starts[j + 1]])
+        return out
