@@ -99,3 +99,35 @@ def test_selection_keeps_the_earlier_candidate_on_ties_and_prefers_feasible():
     # a higher reward over the budget never replaces a feasible start
     assert not better_on_valid({"valid_reward": 0.90, "valid_cost": 2.0}, warm, cap=1.05)
     assert better_on_valid(warm, {"valid_reward": 0.90, "valid_cost": 2.0}, cap=1.05)
+
+
+def test_the_evidence_rule_needs_a_gain_whose_paired_ci_is_above_zero():
+    from rl.policy.selection import has_evidence, replaces
+
+    rng = np.random.default_rng(0)
+    inc = rng.uniform(0, 1, 100)
+    noise = rng.normal(0.0, 0.2, 100)
+    noisy = inc + 0.01 + noise - noise.mean()  # +0.01 on average, CI spans 0
+    steady = inc + rng.uniform(0.005, 0.02, 100)  # small but on every query
+    assert noisy.mean() > inc.mean() and not has_evidence(noisy, inc)
+    assert has_evidence(steady, inc)
+    best = {"valid_reward": float(inc.mean()), "valid_cost": 1.0}
+
+    def rec(r, cost=1.0):
+        return {"valid_reward": float(np.mean(r)), "valid_cost": cost}
+
+    # the mean rule takes the lucky checkpoint, the evidence rule keeps the incumbent
+    assert replaces(rec(noisy), best, 1.05, noisy, inc, rule="mean")
+    assert not replaces(rec(noisy), best, 1.05, noisy, inc, rule="evidence")
+    assert replaces(rec(steady), best, 1.05, steady, inc, rule="evidence")
+    # feasibility still comes first: an infeasible incumbent is replaced without evidence,
+    # and a lower mean never replaces, whatever the rule
+    assert replaces(rec(noisy), {**best, "valid_cost": 2.0}, 1.05, noisy, inc, "evidence")
+    assert not replaces(rec(inc - 0.01), best, 1.05, inc - 0.01, inc, "evidence")
+    assert replaces(rec(noisy), None, 1.05, noisy, None, "evidence")  # nothing to beat yet
+    with pytest.raises(ValueError, match="both per-query"):
+        replaces(rec(steady), best, 1.05, steady, None, "evidence")
+    with pytest.raises(ValueError, match="different queries"):
+        has_evidence(steady[:50], inc)
+    with pytest.raises(ValueError, match="unknown selection rule"):
+        replaces(rec(steady), best, 1.05, steady, inc, "vote")

@@ -27,10 +27,13 @@ policy is scored on valid, the best one is loaded into RLlib's learner and env r
 model selection's iteration-0 candidate, so PPO starts at the baseline and the kept module is
 never worse on valid than it (by the rule below).
 
-Model selection (`better_on_valid`): every `eval_every` iterations (and after the last) the
-greedy policy serves the valid queries; the kept module is the one with the best realised mean
-reward on valid among the feasible ones (valid mean cost <= b * (1 + slack)), else the one with
-the lowest cost. Test is never seen here.
+Model selection (`rl.policy.selection.replaces`): every `eval_every` iterations (and after
+the last) the greedy policy serves the valid queries; a checkpoint replaces the incumbent (the
+warm start, or the last checkpoint kept) when it is feasible (valid mean cost <= b * (1 +
+slack)) and the incumbent is not, or, both feasible, when its realised mean reward on valid is
+higher and (`train.selection: evidence`, the default) the paired bootstrap 95% CI of its
+per-query gain over the incumbent is above 0; both infeasible: the lower cost. Test is never
+seen here.
 
 `PerQueryPPO` is what serving calls: `act(features) -> list[RAGConfig]` (greedy),
 `sample(features, rng) -> (configs, propensities)` (the propensity of each sampled decision:
@@ -55,7 +58,7 @@ import numpy as np
 from rag.config import RAGConfig
 from rl.policy.heads import HeadLayout
 from rl.policy.run_log import PolicyRunLog
-from rl.policy.selection import better_on_valid
+from rl.policy.selection import replaces
 from rl.policy.settings import PPOPolicySettings
 from rl.policy.warm_start import WarmStart
 from rl.policy.worlds import QueryWorld
@@ -213,12 +216,15 @@ class PerQueryPPO:
                 if (it + 1) % t.eval_every == 0 or it + 1 == t.iters:
                     self.module = algo.get_module()
                     outs = valid.outcomes(self.act(X_valid))
-                    rec["valid_reward"] = float(np.mean([o.reward for o in outs]))
+                    per_query = [o.reward for o in outs]
+                    rec["valid_reward"] = float(np.mean(per_query))
                     rec["valid_cost"] = float(np.mean([o.cost for o in outs]))
-                    if better_on_valid(rec, state["best"], budget * (1 + lg.slack)):
+                    if replaces(rec, state["best"], budget * (1 + lg.slack), per_query,
+                                state.get("best_valid_rewards"), t.selection):
                         state["best"] = {k: rec[k] for k in ("iter", "valid_reward",
                                                              "valid_cost")}
                         state["best"]["start"] = self.meta.get("warm_start")
+                        state["best_valid_rewards"] = per_query
                         best_state = _cpu_state(self.module)
                         if ckpt is not None:
                             _save_torch(best_state, ckpt / "best.pt")
@@ -258,11 +264,12 @@ class PerQueryPPO:
             state["history"].append(rec)
             log(_line(rec))
         state["best"] = {k: best[k] for k in ("iter", "start", "valid_reward", "valid_cost")}
+        self.module = module
+        state["best_valid_rewards"] = [o.reward for o in valid.outcomes(self.act(X_valid))]
         with tempfile.TemporaryDirectory() as d:
             module.save_to_path(d)
             algo.restore_from_path(d, component=MODULE_COMPONENT)
         self.meta["warm_start"] = best["start"]
-        self.module = module
         return _cpu_state(module)
 
     def _standalone(self, state: dict) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from importlib.resources.abc import Traversable
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -70,6 +71,11 @@ class TrainSettings(StrictSettings):
     hidden: tuple[int, ...] = (64, 64)
     eval_every: int = Field(3, ge=1)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    selection: Literal["mean", "evidence"] = "evidence"
+    """How a later checkpoint replaces the incumbent (the warm start, or an earlier
+    checkpoint) on valid: "mean" (higher valid mean reward, within the cost cap) or
+    "evidence" (also a paired bootstrap 95% CI of the per-query gain above 0:
+    `rl.policy.selection.replaces`)."""
 
 
 class WarmStartSettings(StrictSettings):
