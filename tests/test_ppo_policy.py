@@ -108,7 +108,7 @@ def test_warm_start_reaches_the_samplers_and_selection_never_drops_below_it(setu
                                                                      "eval_every": 1})})
     base = {"rerank": 0, "generator": 0, "mmr_lambda": np.array([1.0]),
             "fusion_weight": np.array([0.5]), "abstain_threshold": np.array([0.5]),
-            "k": layout.ks.index(2)}
+            "k": layout.ks.index(2), "normalisation": 0}
     bm25 = layout.decode({**base, "variant": layout.variants.index("bm25")})
     dense = layout.decode({**base, "variant": layout.variants.index("dense")})
     best = WarmStart("oracle", [bm25 if x < 0 else dense for x in X[:, 0]])

@@ -23,15 +23,19 @@ def layout() -> HeadLayout:
 def _action(layout, variant="bm25", w=0.3, arm=0, **kw):
     a = {"variant": layout.variants.index(variant), "k": layout.ks.index(5), "rerank": 0,
          "generator": arm, "mmr_lambda": np.array([1.0]), "fusion_weight": np.array([w]),
-         "abstain_threshold": np.array([0.5])}
+         "abstain_threshold": np.array([0.5]), "normalisation": 0}
     a.update(kw)
-    return a
+    return {h: a[h] for h in layout.names}
 
 
 # ---- masking ------------------------------------------------------------------------------------
 def test_gates_name_the_no_op_heads(layout):
     assert layout.gates["fusion_weight"] == ("variant", (layout.variants.index("hybrid"),))
     assert layout.gates["abstain_threshold"][0] == "generator"
+    assert layout.gates["normalisation"] == layout.gates["fusion_weight"]
+    one = HeadLayout(HeadSettings(normalisations=("zscore",)), TunerSettings.defaults())
+    assert "normalisation" not in one.names  # one value: no head, hybrid always uses it
+    assert one.decode(_action(one, "hybrid")).normalisation == "zscore"
     assert "query_formulation" not in layout.names  # single-turn data: no such head
     conv = HeadLayout(HeadSettings(), TunerSettings.defaults(), conversational=True)
     assert "query_formulation" in conv.names
@@ -91,7 +95,8 @@ def test_inactive_head_log_prob_is_excluded(layout):
     assert torch.count_nonzero(logits2["fusion_weight"].grad) > 0
     # the per-head sum minus the inactive heads' terms is what logp returns
     parts = dist.head_logps(t(_action(layout, "bm25", w=0.8, arm=0)))
-    expect = sum(v for h, v in parts.items() if h not in ("fusion_weight", "abstain_threshold"))
+    expect = sum(v for h, v in parts.items()
+                 if h not in ("fusion_weight", "abstain_threshold", "normalisation"))
     assert torch.allclose(lp2, expect)
 
 
@@ -101,8 +106,9 @@ def test_gated_entropy_counts_by_gate_probability(layout):
     p_hyb = kids["variant"]._dist.probs[0, layout.variants.index("hybrid")]
     p_abs = kids["generator"]._dist.probs[0, list(layout.gates["abstain_threshold"][1])].sum()
     expect = sum(d.entropy() for h, d in kids.items()
-                 if h not in ("fusion_weight", "abstain_threshold"))
-    expect = expect + p_hyb * kids["fusion_weight"].entropy() \
+                 if h not in ("fusion_weight", "abstain_threshold", "normalisation"))
+    expect = expect + p_hyb * (kids["fusion_weight"].entropy()
+                               + kids["normalisation"].entropy()) \
         + p_abs * kids["abstain_threshold"].entropy()
     assert torch.allclose(dist.entropy(), expect)
 

@@ -25,9 +25,9 @@ def layout() -> HeadLayout:
 def _cfg(layout: HeadLayout, **kw) -> RAGConfig:
     a = {"variant": layout.variants.index("bm25"), "k": layout.ks.index(2), "rerank": 0,
          "generator": 0, "mmr_lambda": np.array([1.0]), "fusion_weight": np.array([0.5]),
-         "abstain_threshold": np.array([0.5])}
+         "abstain_threshold": np.array([0.5]), "normalisation": 0}
     a.update(kw)
-    return layout.decode(a)
+    return layout.decode({h: a[h] for h in layout.names})
 
 
 def test_encode_inverts_decode(layout):
@@ -40,10 +40,17 @@ def test_encode_inverts_decode(layout):
 
 
 def test_encode_flags_a_config_no_head_can_express(layout):
-    c = _cfg(layout, variant=layout.variants.index("hybrid")).replace(normalisation="zscore")
+    hybrid = _cfg(layout, variant=layout.variants.index("hybrid"), rerank=1)
+    c = hybrid.replace(rerank_mix=0.5)  # no head sets the rerank mix
     a, exact = layout.encode(c)
     assert not exact
     assert layout.decode(a).variant == "hybrid" and layout.decode(a).k == 2
+    # the normalisation head expresses hybrid's zscore / rrf (the router's arms need them)
+    for norm in ("zscore", "rrf"):
+        a, exact = layout.encode(hybrid.replace(normalisation=norm))
+        assert exact and layout.decode(a).normalisation == norm
+    narrow = HeadLayout(HeadSettings(normalisations=("minmax",)), TunerSettings.defaults())
+    assert not narrow.encode(hybrid.replace(normalisation="rrf"))[1]
 
 
 def _policy(layout, X):

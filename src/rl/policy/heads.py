@@ -8,6 +8,8 @@ Heads (`HeadSettings` gives the values; keys in sorted order, as RLlib flattens 
     generator          Discrete   index into the `generator:prompt_id` arms
     mmr_lambda         Box(0, 1)  MMR trade-off, mapped onto `mmr_range`
     fusion_weight      Box(0, 1)  dense weight of hybrid fusion   -- gated: variant == hybrid
+    normalisation      Discrete   hybrid's score normalisation    -- gated: variant == hybrid
+                                  (absent when `normalisations` lists one value)
     abstain_threshold  Box(0, 1)  extractive abstention threshold -- gated: an extractive
                                   `*_abstain` generator arm
     query_formulation  Discrete   conversational data only (absent otherwise)
@@ -89,6 +91,7 @@ class HeadLayout:
         self.depths = tuple(heads.rerank_depths)
         self.arms = tuple(tuple(a.split(":", 1)) for a in heads.generator_arms)
         self.formulations = tuple(heads.query_formulations) if conversational else ()
+        self.norms = tuple(heads.normalisations)
         w = self.space.w
         self.boxes = {"fusion_weight": BoxMap(w.lo, w.hi, heads.box_step),
                       "mmr_lambda": BoxMap(heads.mmr_range.min, heads.mmr_range.max,
@@ -100,12 +103,16 @@ class HeadLayout:
         self.gates: dict[str, tuple[str, tuple[int, ...]]] = {}
         if "hybrid" in self.variants:
             self.gates["fusion_weight"] = ("variant", (self.variants.index("hybrid"),))
+            if len(self.norms) > 1:
+                self.gates["normalisation"] = ("variant", (self.variants.index("hybrid"),))
         if abstain:
             self.gates["abstain_threshold"] = ("generator", tuple(abstain))
         self.discrete = {"variant": len(self.variants), "k": len(self.ks),
                          "rerank": len(self.depths), "generator": len(self.arms)}
         if self.formulations:
             self.discrete["query_formulation"] = len(self.formulations)
+        if "normalisation" in self.gates:
+            self.discrete["normalisation"] = len(self.norms)
         self.box_heads = tuple(h for h in BOX_HEADS if h == "mmr_lambda" or h in self.gates)
         self.names = tuple(sorted([*self.discrete, *self.box_heads]))
 
@@ -147,6 +154,10 @@ class HeadLayout:
                                  "abstain_threshold": box("abstain_threshold")}
         if self.formulations:
             heads["query_formulation"] = self.formulations[idx("query_formulation")]
+        if "normalisation" in self.discrete:
+            heads["normalisation"] = self.norms[idx("normalisation")]
+        elif len(self.norms) == 1:
+            heads["normalisation"] = self.norms[0]
         base_w = self.space.base.fusion_weight
         cfg = self.space.make(variant, k, "on" if depth else "off",
                               base_w if w is None else w, prompt, **heads)
@@ -158,7 +169,8 @@ class HeadLayout:
         """The action nearest to `config` (the inverse of `decode` where one exists): each head
         takes the config's value, or the nearest one it has (k, rerank depth, box values);
         returns (action, exact) with exact = decode(action) hashes equal to `config`. Fields no
-        head sets (normalisation, rerank mix, ...) are what make a config inexpressible."""
+        head sets (rerank mix, a normalisation the head does not list, ...) are what make a
+        config inexpressible."""
         def near(vals: tuple, x: float) -> int:
             return int(np.argmin([abs(v - x) for v in vals]))
 
@@ -186,6 +198,9 @@ class HeadLayout:
             qf = config.query_formulation or "last_turn"
             a["query_formulation"] = (self.formulations.index(qf) if qf in self.formulations
                                       else 0)
+        if "normalisation" in self.discrete:
+            a["normalisation"] = (self.norms.index(config.normalisation)
+                                  if config.normalisation in self.norms else 0)
         a = {h: a[h] for h in self.names}
         return a, self.decode(a).config_hash == config.config_hash
 

@@ -42,6 +42,9 @@ class HeadSettings(StrictSettings):
     """`generator:prompt_id` arms; the abstain head acts on extractive `*_abstain` arms only."""
     query_formulations: tuple[str, ...] = ("last_turn", "last_two_user", "all_user")
     """Conversational data only (the head does not exist on single-turn data)."""
+    normalisations: tuple[str, ...] = ("minmax", "zscore", "rrf")
+    """Hybrid fusion's score normalisation (categorical head, acts on `hybrid` only; one
+    value: no head, every hybrid config uses it)."""
     box_step: float = Field(0.1, gt=0.0, le=0.5)
     """Continuous heads snap to multiples of this before evaluation (row-cache hits)."""
     mmr_range: Range = Range(min=0.5, max=1.0)
@@ -55,6 +58,9 @@ class HeadSettings(StrictSettings):
             raise ValueError(f"ks must lie in [1, 32], got {list(self.ks)}")
         if any(d < 0 or d > 100 for d in self.rerank_depths):
             raise ValueError("rerank_depths must lie in [0, 100] (0 = off)")
+        if not self.normalisations or set(self.normalisations) - {"minmax", "zscore", "rrf"}:
+            raise ValueError(f"normalisations are minmax, zscore or rrf (at least one), got "
+                             f"{list(self.normalisations)}")
         bad = [a for a in self.generator_arms if ":" not in a]
         if bad:
             raise ValueError(f"generator_arms are `generator:prompt_id`, got {bad}")
