@@ -204,9 +204,9 @@ def _clone_fidelity(d: dict) -> str:
     if not out:
         return ""
     return (" The router's clone (the `supervised-router` warm start): " + "; ".join(out)
-            + ". A pick is inexpressible when PPO's heads cannot set it (e.g. the hybrid "
-            "normalisation, which no head chooses); the clone then targets the nearest "
-            "expressible config.")
+            + ". A pick is inexpressible when PPO's heads cannot set it (a rerank mix, a "
+            "depth or k outside the heads' lists, or, before the normalisation head, a zscore "
+            "or rrf hybrid); the clone then targets the nearest expressible config.")
 
 
 def _start(x: dict) -> str:
