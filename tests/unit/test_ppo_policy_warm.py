@@ -138,3 +138,22 @@ def test_the_evidence_rule_needs_a_gain_whose_paired_ci_is_above_zero():
         has_evidence(steady[:50], inc)
     with pytest.raises(ValueError, match="unknown selection rule"):
         replaces(rec(steady), best, 1.05, steady, inc, "vote")
+
+
+def test_a_policy_saved_before_the_normalisation_head_still_loads(tmp_path):
+    import json
+
+    old = HeadSettings(normalisations=("minmax",))
+    layout = HeadLayout(old, TunerSettings.defaults())
+    s = PPOPolicySettings.load()
+    s = s.model_copy(update={"heads": old})
+    X = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    pol = PerQueryPPO.create(layout, s, X)
+    pol.module = pol.spec().build()
+    pol.save(tmp_path)
+    j = json.loads((tmp_path / "policy.json").read_text())
+    del j["settings"]["heads"]["normalisations"]  # what an older version wrote
+    (tmp_path / "policy.json").write_text(json.dumps(j))
+    back = PerQueryPPO.load(tmp_path)
+    assert "normalisation" not in back.layout.names
+    assert [c.config_hash for c in back.act(X)] == [c.config_hash for c in pol.act(X)]

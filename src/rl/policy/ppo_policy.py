@@ -366,9 +366,13 @@ class PerQueryPPO:
     def load(cls, directory: str | Path) -> PerQueryPPO:
         d = Path(directory)
         j = json.loads((d / "policy.json").read_text())
+        tuner = TunerSettings.from_mapping(j["tuner"])
+        heads = j["settings"].setdefault("heads", {})
+        if "normalisations" not in heads:
+            # saved before the normalisation head: its hybrids used the base config's only
+            heads["normalisations"] = [tuner.base_config().normalisation]
         settings = PPOPolicySettings.from_mapping(j["settings"])
-        layout = HeadLayout(settings.heads, TunerSettings.from_mapping(j["tuner"]),
-                            j["conversational"])
+        layout = HeadLayout(settings.heads, tuner, j["conversational"])
         pol = cls(layout, settings, np.array(j["mean"]), np.array(j["std"]),
                   lam=j["lambda"], meta=j["meta"])
         pol.module = pol._standalone(cls._module_state(d / "module.pt"))
