@@ -279,10 +279,10 @@ def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
     crossfit = [ds for ds in dss if meta["details"][ds].get("crossfit")]
     out += ["", f"The first target asks for ≥ 2 of 3 datasets: met on {wins} of {len(dss)}. "
             "Nothing here was tuned on test"
-            + (", except the checkpoint rule (chosen after the previous run's SciFact test "
-               "read; see above)" if _selection(meta) else "")
             + (f" ({', '.join(crossfit)}: cross-fitted, each query tested by the fold that "
-               "did not train or choose on it)" if crossfit else "") + ".", ""]
+               "did not train or choose on it)" if crossfit else "")
+            + (", except the checkpoint rule, chosen after the previous run's SciFact test "
+               "read (see above)" if _selection(meta) else "") + ".", ""]
     variants = sorted({s for d in meta["details"].values() for f in _folds(d)
                        for s in (f.get("ppo_variants") or {})})
     for v in variants:
