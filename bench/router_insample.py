@@ -1,6 +1,6 @@
 """How the supervised router scores on the queries it was fitted on, against valid and test:
-why a behaviour clone of its *training* picks (the PPO policy's `supervised-router` warm start,
-`bench/policy.py`) learns labels the features cannot predict.
+what a behaviour clone of its *training* picks (the PPO policy's `supervised-router` warm
+start, `bench/policy.py`) is fitted to.
 
     python bench/router_insample.py            # hotpotqa, scifact, mtrag (committed splits)
     python bench/router_insample.py --quick    # the synthetic world (< 2 min)
