@@ -206,15 +206,28 @@ def warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base
     return out
 
 
+def equal_quality_tokens(T: dict[str, np.ndarray], base: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Per test query: the tokens of the cheapest arm whose quality is at least best-static's
+    there, and best-static's tokens."""
+    ok = T["Q"] >= T["Q"][:, [base]] - 1e-12
+    return np.where(ok, T["T"], np.inf).min(axis=1), T["T"][:, base]
+
+
+def equal_quality_summary(cheapest: np.ndarray, base_tokens: np.ndarray, seed: int
+                          ) -> dict[str, Any]:
+    """`delta_cost_pct` of the per-query cheapest equal-quality arm against best static, with
+    its paired bootstrap CI."""
+    r = _ratio_row("", "", "", cheapest, base_tokens, seed,
+                   lambda a, b: 100.0 * (a / b - 1.0))
+    return {"delta_cost_pct": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
+
+
 def equal_quality_oracle(T: dict[str, np.ndarray], base: int, seed: int) -> dict[str, Any]:
     """Per test query the cheapest arm whose quality is at least best-static's there: the
     most tokens any portfolio policy could save at no per-query quality loss (an upper bound
     on the cost route of the acceptance)."""
-    q0, t0 = T["Q"][:, [base]], T["T"][:, base]
-    ok = T["Q"] >= q0 - 1e-12
-    cheapest = np.where(ok, T["T"], np.inf).min(axis=1)
-    r = _ratio_row("", "", "", cheapest, t0, seed, lambda a, b: 100.0 * (a / b - 1.0))
-    return {"delta_cost_pct": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
+    return equal_quality_summary(*equal_quality_tokens(T, base), seed)
 
 
 def conversation_of(example) -> str:
@@ -264,6 +277,18 @@ def _rows_of(M: dict[str, dict[str, np.ndarray]], part: Part) -> dict[str, np.nd
     return {k: np.vstack([M[s][k][idx] for s, idx in segments(part)]) for k in ("R", "Q", "T")}
 
 
+def role_data(ev, parts: dict[str, Part], full: dict[str, dict[str, np.ndarray]],
+              Xs: dict[str, dict[int, np.ndarray]]) -> tuple[dict, dict, dict]:
+    """Per role (train / valid / test), in `parts`' query order: its (queries × arms) R, Q, T
+    (`_rows_of`), its feature matrix (from `_features`' `Xs`) and its examples."""
+    M = {role: _rows_of(full, part) for role, part in parts.items()}
+    X = {role: np.vstack([Xs[s][int(i)] for s, idx in segments(part) for i in idx])
+         for role, part in parts.items()}
+    examples = {role: [ev.data.examples(s)[i] for s, idx in segments(part) for i in idx]
+                for role, part in parts.items()}
+    return M, X, examples
+
+
 @dataclass
 class FoldResult:
     """One train / valid / test protocol's test outcomes: per system the per-query arrays
@@ -283,11 +308,7 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     """Every system chosen on `parts`' train and valid, acted once on its test (the protocol
     of the module docstring). `Xs[split][i]`: query i's features."""
     names = [n for n, _ in configs]
-    M = {role: _rows_of(full, part) for role, part in parts.items()}
-    examples = {role: [ev.data.examples(s)[i] for s, idx in segments(part) for i in idx]
-                for role, part in parts.items()}
-    X = {role: np.vstack([Xs[s][int(i)] for s, idx in segments(part) for i in idx])
-         for role, part in parts.items()}
+    M, X, examples = role_data(ev, parts, full, Xs)
     base = best_static(M["valid"]["R"])
     budget = float(M["valid"]["T"][:, base].mean())
     router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
@@ -327,8 +348,7 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
         u, c = np.unique(ch, return_counts=True)
         return {names[i]: int(k) for i, k in sorted(zip(u, c, strict=True), key=lambda x: -x[1])}
 
-    q0 = T["Q"][:, [base]]
-    cheapest = np.where(T["Q"] >= q0 - 1e-12, T["T"], np.inf).min(axis=1)
+    eq_tokens = equal_quality_tokens(T, base)
     details = {
         "n": {role: len(ex) for role, ex in examples.items()},
         "splits": {role: "+".join(s for s, _ in segments(part)) for role, part in parts.items()},
@@ -342,9 +362,9 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
                      "fallback": names[lookup.fallback]},
         "ppo": ppo_details.get(PPO), "ppo_variants": {k: v for k, v in ppo_details.items()
                                                        if k != PPO},
-        "equal_quality_oracle": equal_quality_oracle(T, base, seed),
+        "equal_quality_oracle": equal_quality_summary(*eq_tokens, seed),
     }
-    return FoldResult(got, pick(T["R"], oracle), (cheapest, T["T"][:, base]), details)
+    return FoldResult(got, pick(T["R"], oracle), eq_tokens, details)
 
 
 def system_rows(ds: str, got: dict[str, dict[str, np.ndarray]], oracle_r: np.ndarray,
@@ -417,13 +437,12 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
                     for k in ("R", "Q", "T")} for system in results[0].got}
     rows.extend(system_rows(ds, got, np.concatenate([r.oracle_r for r in results]), seed))
     if folds > 1:
-        cheapest, t0_ = (np.concatenate([r.eq_oracle[j] for r in results]) for j in (0, 1))
-        e = _ratio_row("", "", "", cheapest, t0_, seed, lambda a, b: 100.0 * (a / b - 1.0))
+        eq = equal_quality_summary(*(np.concatenate([r.eq_oracle[j] for r in results])
+                                     for j in (0, 1)), seed)
         d = {"crossfit": {"k": folds, "seed": seed, "group": "conversation",
                           "folds": [r.details for r in results]},
              "n": {"test": int(len(got[BASELINE]["R"]))}, "arms": results[0].details["arms"],
-             "equal_quality_oracle": {"delta_cost_pct": e["value"], "ci_low": e["ci_low"],
-                                      "ci_high": e["ci_high"]}}
+             "equal_quality_oracle": eq}
     else:
         d = results[0].details
     details[ds] = {

@@ -22,14 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import cost_model_used, evaluator, make_meta, metric_row, write_results  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
-from bench.policy import _features, _parts, _rows_of, arms  # noqa: E402
+from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.router import arm_features, select_router  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
@@ -47,9 +45,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, max_train: int | None
     configs = arms(ds, policy)
     parts = _parts(ev, seed, max_train)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
-    M = {r: _rows_of(full, p) for r, p in parts.items()}
-    Xs = _features(ev, policy, [parts])
-    X = {r: np.vstack([Xs[s][int(i)] for i in idx]) for r, (s, idx) in parts.items()}
+    M, X, _ = role_data(ev, parts, full, _features(ev, policy, [parts]))
     base = best_static(M["valid"]["R"])
     router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
                                 M["train"]["T"], seed=seed,

@@ -258,18 +258,19 @@ class PerQueryPPO:
 
         from rl.policy.warm_start import MODULE_COMPONENT, choose_start
 
-        recs, best, module = choose_start(self, warm, world, X_train, valid, X_valid,
-                                          budget * (1 + self.settings.lagrange.slack), seed)
+        recs, best, module, rewards = choose_start(
+            self, warm, world, X_train, valid, X_valid,
+            budget * (1 + self.settings.lagrange.slack), seed)
         for rec in recs:
             state["history"].append(rec)
             log(_line(rec))
         state["best"] = {k: best[k] for k in ("iter", "start", "valid_reward", "valid_cost")}
-        self.module = module
-        state["best_valid_rewards"] = [o.reward for o in valid.outcomes(self.act(X_valid))]
+        state["best_valid_rewards"] = rewards
         with tempfile.TemporaryDirectory() as d:
             module.save_to_path(d)
             algo.restore_from_path(d, component=MODULE_COMPONENT)
         self.meta["warm_start"] = best["start"]
+        self.module = module
         return _cpu_state(module)
 
     def _standalone(self, state: dict) -> Any:

@@ -128,13 +128,14 @@ def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RA
 
 def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np.ndarray,
                  valid: Any, X_valid: np.ndarray, cap: float, seed: int = 0
-                 ) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any], Any, list[float]]:
     """Clone a fresh module of `policy` (`PerQueryPPO`) to each warm start (value head: the
     target's reward on `world` minus the policy's lambda times its cost), score its greedy
     policy on `valid`; returns the iteration-0 records, the best one by model selection's
-    rule (`better_on_valid` with cost cap `cap`) and its module."""
+    rule (`better_on_valid` with cost cap `cap`), its module and its per-query valid rewards
+    (what a later checkpoint must beat under the evidence rule)."""
     obs = policy.standardise(X_train)
-    recs, best, best_module = [], None, None
+    recs, best, best_module, best_rewards = [], None, None, []
     for w in warm:
         targets = w.targets(world.n)
         values = np.array([o.reward - policy.lam * o.cost for o in world.outcomes(targets)])
@@ -143,13 +144,14 @@ def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np
                     seed)
         policy.module = module
         outs = valid.outcomes(policy.act(X_valid))
+        rewards = [o.reward for o in outs]
         rec = {"iter": 0, "start": w.name, "lambda": policy.lam,
-               "valid_reward": float(np.mean([o.reward for o in outs])),
+               "valid_reward": float(np.mean(rewards)),
                "valid_cost": float(np.mean([o.cost for o in outs])),
                **{k: round(v, 4) for k, v in fit.items()}}
         recs.append(rec)
         if better_on_valid(rec, best, cap):
-            best, best_module = rec, module
+            best, best_module, best_rewards = rec, module, rewards
     if best is None:
         raise ValueError("choose_start needs at least one warm start")
-    return recs, best, best_module
+    return recs, best, best_module, best_rewards
