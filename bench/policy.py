@@ -583,6 +583,11 @@ def main() -> None:
     ppo = None if a.no_ppo else _ppo_settings(a)
     ppo_run = _ppo_run(a)
     crossfit = _crossfit(a.crossfit)
+    unknown = sorted(set(crossfit) - set(datasets))
+    if unknown and a.crossfit != ap.get_default("crossfit"):
+        print(f"error: --crossfit: {unknown} not among the datasets run "
+              f"({', '.join(datasets)}): nothing would be cross-fitted", file=sys.stderr)
+        raise SystemExit(2)
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -613,7 +618,8 @@ def main() -> None:
                  else diagnosis_summary(json.loads(diag.read_text())["meta"]))
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts), "diagnosis": diagnosis, "crossfit": crossfit,
+        "from_parts": bool(a.from_parts), "diagnosis": diagnosis,
+        "crossfit": {ds: d["crossfit"]["k"] for ds, d in details.items() if d.get("crossfit")},
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),

@@ -185,3 +185,16 @@ def test_pooled_rows_use_each_folds_own_best_static():
     assert rows[("supervised-router - best-static", "delta_reward")]["value"] == pytest.approx(0.1)
     assert rows[("supervised-router", "headroom_captured")]["value"] == pytest.approx(0.5)
     assert rows[("best-static", "tokens")]["n"] == 4
+
+
+def test_a_crossfit_dataset_that_is_not_run_exits_2(monkeypatch, capsys):
+    import sys
+
+    from bench.policy import main
+
+    monkeypatch.setattr(sys, "argv", ["policy.py", "--datasets", "mtrag", "--crossfit",
+                                      "mtrg=5", "--no-ppo"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2
+    assert "['mtrg'] not among the datasets run (mtrag)" in capsys.readouterr().err
