@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.drift_data import Bundle, PricedWorld, _roles, served_rewards
 from bench.headroom import portfolio
-from bench.policy import WARM_STARTS, warm_starts
+from bench.policy import DEFAULT_WARM, warm_starts
 from bench.policy_ppo import run_ppo, with_train
 from rl.policy.worlds import EvaluatorWorld
 
@@ -59,7 +59,7 @@ def settings(quick: bool):
 
 
 def train(bundle: Bundle, router, ppo_settings, seed: int,
-          warm: tuple[str, ...] = WARM_STARTS) -> TrainedPPO:
+          warm: tuple[str, ...] = DEFAULT_WARM["none"]) -> TrainedPPO:
     """One policy per seed on `bundle`'s train role, selected on valid (module docstring).
     `router`: the fitted supervised router of the `router-policy` system (its train picks are
     warm starts)."""

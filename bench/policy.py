@@ -74,12 +74,27 @@ from bench.common import (  # noqa: E402
 from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
 from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
-from bench.policy_ppo import Part, Segment, run_ppo, segments, with_train  # noqa: E402
+from bench.policy_ppo import (  # noqa: E402
+    Part,
+    Segment,
+    run_ppo,
+    segments,
+    with_heads,
+    with_train,
+)
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
-from rl.policy.router import SegmentLookup, arm_features, select_router  # noqa: E402
+from rl.policy.router import (  # noqa: E402
+    ROUTER_FEATURE_NAMES,
+    SegmentLookup,
+    SupervisedRouter,
+    arm_features,
+    out_of_fold_scores,
+    router_features,
+    select_router,
+)
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
 from rl.policy.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
@@ -168,18 +183,27 @@ def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarr
             "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
 
 
-WARM_STARTS = ("best-static", "supervised-router", "supervised-router-equal-cost")
+WARM_STARTS = ("best-static", "supervised-router", "supervised-router-equal-cost",
+               "defer-to-router")
+BASES = ("router", "none")
+DEFAULT_WARM = {"router": ("best-static", "defer-to-router"),
+                "none": ("best-static", "supervised-router", "supervised-router-equal-cost")}
+"""The warm starts tried when --ppo-warm is not given, per --ppo-base."""
 
 
 @dataclass(frozen=True)
 class PPORun:
     """How the bench runs the PPO policy: its warm starts (`WARM_STARTS`, or none), the
-    `train` grid chosen on valid (first seed), and the token budgets as multiples of
-    best-static's valid mean (1.0 is `ppo-policy`; others are `ppo-policy-budget<x>`)."""
+    `train` grid chosen on valid (first seed), the token budgets as multiples of
+    best-static's valid mean (1.0 is `ppo-policy`; others are `ppo-policy-budget<x>`) and its
+    base policy: "router" (a residual policy: a `defer` head hands a query to the supervised
+    router held to the same budget, and the router's out-of-fold view of each query joins the
+    observation, `stacked`) or "none" (PPO alone on the query features)."""
 
-    warm: tuple[str, ...] = WARM_STARTS
+    warm: tuple[str, ...] = DEFAULT_WARM["router"]
     grid: tuple[dict[str, Any], ...] = ({},)
     budget_scales: tuple[float, ...] = (1.0,)
+    base: str = "router"
 
 
 def ppo_system(scale: float) -> str:
@@ -192,7 +216,8 @@ def warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base
     """`best-static`: B1 (or, when B1's valid tokens exceed the budget, the best arm on valid
     within it); `supervised-router` / `supervised-router-equal-cost`: the router's picks on
     the training queries (plain, or with the token price that holds it to the budget on
-    valid)."""
+    valid); `defer-to-router`: defer = 1 on every query (`router_train["defer-to-router"]`:
+    the base picks, what the other heads learn)."""
     out = []
     for n in names:
         if n == "best-static":
@@ -200,7 +225,8 @@ def warm_starts(names: Sequence[str], configs: list[tuple[str, RAGConfig]], base
             j = base if base in ok or not ok.size else ok[np.argmax(R_valid[:, ok].mean(0))]
             out.append(WarmStart(f"best-static:{configs[j][0]}", [configs[j][1]]))
         elif n in router_train:
-            out.append(WarmStart(n, [configs[j][1] for j in router_train[n]]))
+            out.append(WarmStart(n, [configs[j][1] for j in router_train[n]],
+                                 defer=n == "defer-to-router"))
         else:
             raise ValueError(f"unknown warm start {n!r} ({', '.join(WARM_STARTS)})")
     return out
@@ -301,6 +327,34 @@ class FoldResult:
     details: dict[str, Any]
 
 
+STACK_FOLDS = 5
+"""Folds of the training queries' out-of-fold router view (`stacked`)."""
+
+
+def stacked(router: SupervisedRouter, price: float, static_arm: int,
+            X: dict[str, np.ndarray], M: dict[str, dict[str, np.ndarray]],
+            examples: dict[str, list], configs: list[tuple[str, RAGConfig]], seed: int
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The residual PPO policy's observations and base picks per role: the query features
+    followed by the router's view of the query (`rl.policy.router.router_features`, priced
+    at `price`). On train the router's scores are out of fold (`out_of_fold_scores`, folds
+    grouped by conversation, the router's chosen hyper-parameters); on valid and test they
+    are the router fitted on all of train, the one the router rows use."""
+    arm_desc = arm_features([c for _, c in configs])
+    scores = {"train": out_of_fold_scores(
+        router.params, X["train"], M["train"]["R"], M["train"]["T"],
+        arm_desc,
+        [conversation_of(e) for e in examples["train"]], STACK_FOLDS, seed)}
+    for role in X:
+        if role != "train":
+            scores[role] = router.predict(X[role])
+    Xo, arms_ = {}, {}
+    for role, S in scores.items():
+        arms_[role], F = router_features(S, price, router.arm_tokens, static_arm, arm_desc)
+        Xo[role] = np.hstack([X[role], F])
+    return Xo, arms_
+
+
 def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Part],
           full: dict[str, dict[str, np.ndarray]], Xs: dict[str, dict[int, np.ndarray]],
           seed: int, ppo: PPOPolicySettings | None, ppo_out: Path | None,
@@ -334,15 +388,31 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
         system = ppo_system(scale)
         cap = scale * budget
         price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
+        picks = {"supervised-router": router.choose(X["train"], 0.0),
+                 "supervised-router-equal-cost": router.choose(X["train"], price_s)}
+        X_ppo, bases, settings = X, None, ppo
+        if ppo_run.base == "router":
+            X_ppo, base_arms = stacked(router, price_s, base, X, M, examples, configs, seed)
+            bases = {role: [configs[j][1] for j in arms_] for role, arms_ in base_arms.items()}
+            picks["defer-to-router"] = base_arms["train"]
+            settings = with_heads(ppo, defer=True)
         warm = warm_starts(ppo_run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
-                           {"supervised-router": router.choose(X["train"], 0.0),
-                            "supervised-router-equal-cost": router.choose(X["train"],
-                                                                          price_s)})
+                           picks)
         got[system], ppo_details[system] = run_ppo(
-            ev, parts, X, cap, ppo, list(ppo.train.seeds),
+            ev, parts, X_ppo, cap, settings, list(ppo.train.seeds),
             None if ppo_out is None else ppo_out / system, ppo_deadline, warm,
-            ppo_run.grid, system)
+            ppo_run.grid, system, base=bases)
         ppo_details[system]["budget_scale"] = scale
+        if bases is not None:
+            b_test = pick(T["R"], base_arms["test"])
+            ppo_details[system]["base"] = {
+                "policy": "supervised-router-equal-cost", "token_price": price_s,
+                "oof_folds": STACK_FOLDS, "features": list(ROUTER_FEATURE_NAMES),
+                "train_oof_reward": float(pick(M["train"]["R"], base_arms["train"]).mean()),
+                "train_insample_reward": float(pick(M["train"]["R"], picks[
+                    "supervised-router-equal-cost"]).mean()),
+                "valid_reward": float(pick(M["valid"]["R"], base_arms["valid"]).mean()),
+                "test_reward": float(b_test.mean())}
 
     def used(ch: np.ndarray) -> dict[str, int]:
         u, c = np.unique(ch, return_counts=True)
@@ -495,7 +565,12 @@ def _ppo_run(a: argparse.Namespace) -> PPORun:
     """--ppo-warm, --ppo-grid ("lr=3e-4,1e-3;entropy_coeff=0,0.01": every combination) and
     --ppo-budget-scales from the command line (exit 2 naming the flag on a bad value)."""
     try:
-        warm = tuple(w for w in a.ppo_warm.split(",") if w and w != "none")
+        if a.ppo_base not in BASES:
+            raise ValueError(f"--ppo-base {a.ppo_base!r}: one of {', '.join(BASES)}")
+        text = ",".join(DEFAULT_WARM[a.ppo_base]) if a.ppo_warm is None else a.ppo_warm
+        warm = tuple(w for w in text.split(",") if w and w != "none")
+        if "defer-to-router" in warm and a.ppo_base != "router":
+            raise ValueError("the defer-to-router warm start needs --ppo-base router")
         grid: tuple[dict[str, Any], ...] = ({},)
         if a.ppo_grid:
             axes = [(k.strip(), [float(x) for x in v.split(",")])
@@ -511,9 +586,10 @@ def _ppo_run(a: argparse.Namespace) -> PPORun:
         if bad:
             raise ValueError(f"unknown warm start {sorted(bad)} ({', '.join(WARM_STARTS)})")
     except Exception as e:  # noqa: BLE001 - any parse error is the user's flag
-        print(f"error: --ppo-warm/--ppo-grid/--ppo-budget-scales: {e}", file=sys.stderr)
+        print(f"error: --ppo-warm/--ppo-grid/--ppo-budget-scales/--ppo-base: {e}",
+              file=sys.stderr)
         raise SystemExit(2) from e
-    return PPORun(warm, grid, scales)
+    return PPORun(warm, grid, scales, a.ppo_base)
 
 
 def _crossfit(text: str) -> dict[str, int]:
@@ -545,9 +621,15 @@ def main() -> None:
     ap.add_argument("--ppo-iters", type=int, default=None,
                     help="PPO iterations per seed (default: configs/policy/ppo.yaml)")
     ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
-    ap.add_argument("--ppo-warm", default=",".join(WARM_STARTS),
+    ap.add_argument("--ppo-base", default="router",
+                    help="router: PPO is a residual policy over the supervised router held to "
+                         "its budget (a defer head; the router's out-of-fold view joins the "
+                         "observation); none: PPO alone on the query features")
+    ap.add_argument("--ppo-warm", default=None,
                     help="behaviour-cloning warm starts of the PPO policy, the best on valid "
-                         "is used: " + ", ".join(WARM_STARTS) + ", or none (a random start)")
+                         "is used: " + ", ".join(WARM_STARTS) + ", or none (a random start); "
+                         "default: " + "; ".join(f"{k}: {','.join(v)}"
+                                                 for k, v in DEFAULT_WARM.items()))
     ap.add_argument("--ppo-grid", default=None,
                     help='PPO train settings tried per seed, chosen on valid, e.g. '
                          '"lr=3e-4,1e-3;entropy_coeff=0,0.01" (every combination)')
@@ -623,7 +705,7 @@ def main() -> None:
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),
         "ppo_settings": None if ppo is None else ppo.model_dump(mode="json"),
-        "ppo_run": None if ppo is None else {"warm": list(ppo_run.warm),
+        "ppo_run": None if ppo is None else {"warm": list(ppo_run.warm), "base": ppo_run.base,
                                              "grid": list(ppo_run.grid),
                                              "budget_scales": list(ppo_run.budget_scales)},
         "search_json": str(a.search_json) if a.search_json.exists() else None,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rag.config import RAGConfig
 from rl.policy.heads import HeadLayout
 from rl.policy.ppo_policy import PerQueryPPO
 from rl.policy.selection import better_on_valid
@@ -58,11 +59,18 @@ def with_train(settings: PPOPolicySettings, **train: Any) -> PPOPolicySettings:
         **settings.train.model_dump(mode="json"), **train}})
 
 
+def with_heads(settings: PPOPolicySettings, **heads: Any) -> PPOPolicySettings:
+    """`settings` with some `heads` fields replaced (validated)."""
+    return PPOPolicySettings.from_mapping({**settings.model_dump(mode="json"), "heads": {
+        **settings.heads.model_dump(mode="json"), **heads}})
+
+
 def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],
             budget_tokens: float, settings: PPOPolicySettings, seeds: list[int],
             out_dir: Path | None = None, deadline: float | None = None,
             warm: Sequence[WarmStart] = (), grid: Sequence[dict[str, Any]] = ({},),
-            system: str = SYSTEM, keep: list[PerQueryPPO] | None = None
+            system: str = SYSTEM, keep: list[PerQueryPPO] | None = None,
+            base: dict[str, list[RAGConfig]] | None = None
             ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Train one policy per seed, act on test. Returns the seed-averaged per-query test arrays
     {"R", "Q", "T"} and the details (per seed: valid choice, test means, wall time).
@@ -72,7 +80,9 @@ def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],
     and its overrides are used for every later seed (valid only: test never chooses).
     `deadline` (epoch seconds): no new seed starts after it (at least one always runs); the
     seeds left out are listed in the details as `seeds_not_run`. `keep`: a list the chosen
-    policy of each seed run is appended to (in seed order), to act on other queries."""
+    policy of each seed run is appended to (in seed order), to act on other queries.
+    `base`: per role the base policy's config per query (a residual policy: settings with
+    the `defer` head); the details then count the test queries each seed defers."""
     examples = [e for part in parts.values() for s, _ in segments(part)
                 for e in ev.data.examples(s)]
     layout = HeadLayout(settings.heads, ev.policy, is_conversational(examples))
@@ -95,13 +105,14 @@ def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],
                            else out_dir / f"seed{seed}" / _tag(g),
                            log=lambda m, s=seed, t=_tag(g): print(
                                f"    [{ev.data.name} {system} seed {s} {t}] {m}", flush=True),
-                           warm=warm)
+                           warm=warm, base_train=None if base is None else base["train"],
+                           base_valid=None if base is None else base["valid"])
             tried.append({**g, "best": cand.meta["best"]})
             if pol is None or better_on_valid(cand.meta["best"], pol.meta["best"], cap):
                 pol, hist, hp = cand, h, g
         chosen = hp
         train_s = time.perf_counter() - t0
-        cfgs = pol.act(X["test"])
+        cfgs = pol.act(X["test"], None if base is None else base["test"])
         outs = worlds["test"].outcomes(cfgs)
         R = np.array([o.reward for o in outs])
         Q = np.array([o.quality for o in outs])
@@ -120,6 +131,7 @@ def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],
             "warm_start": pol.meta.get("warm_start"), "hp": hp, "grid": tried,
             "test_reward": float(R.mean()), "test_quality": float(Q.mean()),
             "test_tokens": float(T.mean()), "distinct_test_configs": len(used),
+            "test_deferred": float(pol.deferred(X["test"]).mean()),
             "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
             "history": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in h.items()}
                         for h in hist]})

@@ -66,11 +66,19 @@ def test_ppo_flags_parse_into_a_grid_and_bad_values_exit_2(capsys):
     from bench.policy import _ppo_run
 
     ns = argparse.Namespace(ppo_warm="best-static", ppo_grid="lr=3e-4,1e-3;entropy_coeff=0,0.01",
-                            ppo_budget_scales="1.0,0.75")
+                            ppo_budget_scales="1.0,0.75", ppo_base="router")
     run = _ppo_run(ns)
     assert run.warm == ("best-static",) and run.budget_scales == (1.0, 0.75)
+    assert run.base == "router"
+    # the default warm starts follow the base: defer to the router, or clone it
+    assert _ppo_run(argparse.Namespace(**{**vars(ns), "ppo_warm": None})).warm == (
+        "best-static", "defer-to-router")
+    assert "defer-to-router" not in _ppo_run(argparse.Namespace(
+        **{**vars(ns), "ppo_warm": None, "ppo_base": "none"})).warm
     assert len(run.grid) == 4 and {"lr": 1e-3, "entropy_coeff": 0.0} in run.grid
-    for bad in ({"ppo_grid": "lr=-1"}, {"ppo_warm": "oracle"}, {"ppo_budget_scales": "0"}):
+    for bad in ({"ppo_grid": "lr=-1"}, {"ppo_warm": "oracle"}, {"ppo_budget_scales": "0"},
+                {"ppo_base": "bandit"},
+                {"ppo_warm": "defer-to-router", "ppo_base": "none"}):
         with pytest.raises(SystemExit) as e:
             _ppo_run(argparse.Namespace(**{**vars(ns), **bad}))
         assert e.value.code == 2

@@ -75,3 +75,46 @@ def test_segment_lookup_with_fallback():
     lk = SegmentLookup().fit(R, ["a", "a", "b", "b"])
     assert lk.table == {"a": 0, "b": 1}
     assert lk.choose(["b", "a", "unseen"]).tolist() == [1, 0, lk.fallback]
+
+
+def test_out_of_fold_scores_never_see_their_own_rows_or_group():
+    from rl.policy.router import group_folds, out_of_fold_scores
+
+    X, R, T = _world(300, 4)
+    groups = [f"conv{i // 3}" for i in range(300)]  # conversations of 3 queries
+    folds = group_folds(groups, 5, seed=0)
+    for g in set(groups):  # a conversation never straddles folds
+        assert len({int(folds[i]) for i in range(300) if groups[i] == g}) == 1
+    assert max(np.bincount(folds)) - min(np.bincount(folds)) <= 3  # balanced
+    p = RouterParams(max_iter=50)
+    S = out_of_fold_scores(p, X, R, T, None, groups, 5, seed=0)
+    # rewriting fold 0's rewards cannot move fold 0's scores (they come from the other folds)
+    R2 = R.copy()
+    R2[folds == 0] = -R2[folds == 0]
+    S2 = out_of_fold_scores(p, X, R2, T, None, groups, 5, seed=0)
+    assert np.allclose(S[folds == 0], S2[folds == 0]) and not np.allclose(S, S2)
+    # out of fold, the router still learns the context (arm 0 iff x0 > 0)
+    assert np.mean(S.argmax(axis=1)[:, None] == np.where(X[:, :1] > 0, 0, 1)) > 0.9
+    with pytest.raises(ConfigError, match="2 groups cannot fill 5 folds"):
+        group_folds(["a", "b"] * 10, 5)
+
+
+def test_router_features_pick_what_the_priced_router_picks():
+    from rl.policy.router import ROUTER_FEATURE_NAMES, router_features
+
+    X, R, T = _world(200, 5)
+    configs = [RAGConfig(variant="bm25", k=3), RAGConfig(variant="dense", k=8),
+               RAGConfig(variant="hybrid", k=2)]
+    router = SupervisedRouter(RouterParams(max_iter=50)).fit(X, R, T)
+    for price in (0.0, 0.01):
+        picks, F = router_features(router.predict(X), price, router.arm_tokens, 2,
+                                   arm_features(configs))
+        assert np.array_equal(picks, router.choose(X, price))
+        assert F.shape == (200, len(ROUTER_FEATURE_NAMES))
+        S = router.predict(X)
+        assert np.allclose(F[:, 0], S[np.arange(200), picks])  # predicted reward of the pick
+        assert np.allclose(F[:, 2], F[:, 0] - S[:, 2])  # its gain over the static arm
+        assert np.all(F[:, 3] >= 0)  # margin over the runner-up
+    # a high token price sends every query to the cheapest arm (arm 2, 50 tokens)
+    picks, F = router_features(router.predict(X), 1.0, router.arm_tokens, 2, arm_features(configs))
+    assert set(picks) == {2} and np.allclose(F[:, 4], np.log1p(50.0))

@@ -191,3 +191,40 @@ def test_settings_reject_unknown_keys_and_bad_values():
         PPOPolicySettings.from_mapping({"heads": {"kk": [1]}})
     with pytest.raises(ConfigError):
         PPOPolicySettings.from_mapping({"heads": {"ks": [0, 40]}})
+
+
+# ---- the defer head (a residual policy over a base policy) ---------------------------------------
+def test_defer_gates_every_other_head_and_chains_with_variant():
+    d = HeadLayout(HeadSettings(defer=True), TunerSettings.defaults())
+    assert "defer" in d.names and d.discrete["defer"] == 2
+    assert all(d.gates[h] == ("defer", (0,)) for h in d.names
+               if h not in ("defer", "fusion_weight", "normalisation", "abstain_threshold"))
+    own = _action(d, "hybrid", arm=1, defer=0)  # arm 1: the abstain arm, so every head acts
+    assert all(d.active(own).values())
+    assert d.active({**own, "defer": 1}) == {h: h == "defer" for h in d.names}
+    # the fusion weight acts only when defer == 0 *and* the variant is hybrid
+    assert not d.active(_action(d, "bm25", defer=0))["fusion_weight"]
+    acts = {"defer": np.array([0, 1, 0]), "variant": np.array([2, 2, 0])}
+    acts.update({h: np.zeros(3) for h in ("generator",)})
+    m = active_masks(acts, d.gates)
+    assert m["fusion_weight"].tolist() == [1.0, 0.0, 0.0] and m["k"].tolist() == [1, 0, 1]
+    # gate weights multiply along the chain: P(defer=0) * P(variant=hybrid)
+    from rl.policy.heads import gate_weights
+
+    probs = {"defer": np.array([[0.25, 0.75]]), "variant": np.array([[0.1, 0.1, 0.6, 0.2]]),
+             "generator": np.array([[0.5, 0.5]])}
+    w = gate_weights(probs, d.gates)
+    assert np.isclose(w["fusion_weight"][0], 0.25 * 0.6) and np.isclose(w["k"][0], 0.25)
+    with pytest.raises(ValueError, match="cycle"):
+        gate_weights(probs, {"a": ("b", (0,)), "b": ("a", (0,))})
+
+
+def test_defer_decodes_to_the_base_config_and_needs_one():
+    d = HeadLayout(HeadSettings(defer=True), TunerSettings.defaults())
+    base = d.decode(_action(d, "dense", defer=0))
+    assert d.decode(_action(d, "bm25", defer=1), base).config_hash == base.config_hash
+    assert d.decode(_action(d, "bm25", defer=0), base).variant == "bm25"
+    with pytest.raises(ValueError, match="no base config"):
+        d.decode(_action(d, "bm25", defer=1))
+    a, exact = d.encode(base)  # encode never defers: it names the config with the heads
+    assert exact and a["defer"] == 0

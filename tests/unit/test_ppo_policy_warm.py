@@ -157,3 +157,32 @@ def test_a_policy_saved_before_the_normalisation_head_still_loads(tmp_path):
     back = PerQueryPPO.load(tmp_path)
     assert "normalisation" not in back.layout.names
     assert [c.config_hash for c in back.act(X)] == [c.config_hash for c in pol.act(X)]
+
+
+def test_a_defer_clone_acts_as_the_base_policy_and_needs_its_configs():
+    d = HeadLayout(HeadSettings(defer=True), TunerSettings.defaults())
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(150, 5)).astype(np.float32)
+    bm25, dense = _cfg(layout=d, defer=0), _cfg(d, variant=d.variants.index("dense"), defer=0)
+    base = [bm25 if x < 0 else dense for x in X[:, 1]]
+    s = PPOPolicySettings.load().model_copy(update={"heads": HeadSettings(defer=True)})
+    pol = PerQueryPPO.create(d, s, X)
+    module = pol.spec().build()
+    fit = clone(module, d, pol.standardise(X), base, None, WarmStartSettings(), seed=0,
+                defer=True, base=base)
+    assert fit["greedy_agreement"] == 1.0
+    pol.module = module
+    assert pol.deferred(X).all()
+    # acting defers: whatever base it is handed comes back, row by row
+    other = list(reversed(base))
+    assert [c.config_hash for c in pol.act(X, other)] == [c.config_hash for c in other]
+    P = pol.probs(X)
+    assert np.allclose(P["defer"][:, 1], 0.9, atol=0.03)  # keep: PPO still explores
+    _, props = pol.sample(X[:20], np.random.default_rng(0), base[:20])
+    assert np.all(props > 0)
+    with pytest.raises(ValueError, match="defer head and needs the base"):
+        pol.act(X)
+    with pytest.raises(ValueError, match="needs a layout with the defer head"):
+        clone(_policy(HeadLayout(HeadSettings(), TunerSettings.defaults()), X).spec().build(),
+              HeadLayout(HeadSettings(), TunerSettings.defaults()), X, base, None,
+              WarmStartSettings(), defer=True, base=base)

@@ -13,11 +13,17 @@ Heads (`HeadSettings` gives the values; keys in sorted order, as RLlib flattens 
     abstain_threshold  Box(0, 1)  extractive abstention threshold -- gated: an extractive
                                   `*_abstain` generator arm
     query_formulation  Discrete   conversational data only (absent otherwise)
+    defer              Discrete   (`HeadSettings.defer` only) 1 = take the base policy's config
+                                  for this query (a residual policy over e.g. the supervised
+                                  router), 0 = the heads above decide; every other head is
+                                  gated on defer == 0
 A Box head's value u in [0, 1] is what RLlib's action normalisation hands the env (a Gaussian
 sample x, clipped to [-1, 1], u = (x + 1) / 2); it maps linearly onto the head's range and then
 snaps to `box_step` (`BoxMap`), so equal decisions hit the evaluator's row cache.
 
-Gates (`HeadLayout.gates`: head -> (parent head, parent values that make it act)): a gated head
+Gates (`HeadLayout.gates`: head -> (parent head, parent values that make it act)); gates chain
+(a head acts when its parent has an opening value and the parent itself acts: with `defer`, the
+fusion weight acts when defer == 0 and variant == hybrid). A gated head
 that does not act in a sample contributes nothing to the log-probability, entropy or KL of the
 policy (`masked_sum`, `gate_weights`), so PPO never gets a gradient for a no-op choice. The
 RLlib distribution that applies them lives in `rl.policy.ppo_module`.
@@ -26,7 +32,7 @@ RLlib distribution that applies them lives in `rl.policy.ppo_module`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +120,11 @@ class HeadLayout:
         if "normalisation" in self.gates:
             self.discrete["normalisation"] = len(self.norms)
         self.box_heads = tuple(h for h in BOX_HEADS if h == "mmr_lambda" or h in self.gates)
+        self.defers = bool(heads.defer)
+        if self.defers:
+            for h in [*self.discrete, *self.box_heads]:
+                self.gates.setdefault(h, ("defer", (0,)))
+            self.discrete["defer"] = 2
         self.names = tuple(sorted([*self.discrete, *self.box_heads]))
 
     def action_space(self) -> spaces.Dict:
@@ -128,15 +139,26 @@ class HeadLayout:
         return {h: [p, list(v)] for h, (p, v) in self.gates.items()}
 
     def active(self, action: Mapping[str, Any]) -> dict[str, bool]:
-        """Which heads act in `action` (ungated heads always do)."""
-        out = {h: True for h in self.names}
-        for h, (parent, vals) in self.gates.items():
-            out[h] = int(np.asarray(action[parent]).reshape(-1)[0]) in vals
-        return out
+        """Which heads act in `action` (ungated heads always do; gates chain)."""
+        m = active_masks({h: np.asarray(action[h]).reshape(-1)[:1] for h in self.names
+                          if h in self.discrete}, self.gates)
+        return {h: bool(m[h][0]) if h in m else True for h in self.names}
 
-    def decode(self, action: Mapping[str, Any]) -> RAGConfig:
+    def defers_in(self, action: Mapping[str, Any]) -> bool:
+        """Whether `action` hands the query to the base policy (the `defer` head says 1)."""
+        return self.defers and int(np.asarray(action["defer"]).reshape(-1)[0]) == 1
+
+    def decode(self, action: Mapping[str, Any], base: RAGConfig | None = None) -> RAGConfig:
         """The config an action stands for (Box heads mapped and snapped; inactive heads take
-        canonical values through `ConfigSpace.make`, so equal configs hash equal)."""
+        canonical values through `ConfigSpace.make`, so equal configs hash equal). With a
+        `defer` head saying 1 it is `base`, the base policy's config for this query (an error
+        when none is given)."""
+        if self.defers_in(action):
+            if base is None:
+                raise ValueError("the action defers to the base policy, but no base config "
+                                 "was given for this query")
+            return base
+
         def idx(h: str) -> int:
             return int(np.asarray(action[h]).reshape(-1)[0])
 
@@ -201,37 +223,56 @@ class HeadLayout:
         if "normalisation" in self.discrete:
             a["normalisation"] = (self.norms.index(config.normalisation)
                                   if config.normalisation in self.norms else 0)
+        if self.defers:
+            a["defer"] = 0
         a = {h: a[h] for h in self.names}
         return a, self.decode(a).config_hash == config.config_hash
+
+
+def _chain(gates: Mapping[str, tuple[str, Any]], own: Callable[[str, Any], Any]
+           ) -> dict[str, Any]:
+    """Per gated head h with gate (parent, vals): own(parent, vals) times the parent's value
+    when the parent is itself gated (gates chain; a cycle is an error)."""
+    out: dict[str, Any] = {}
+
+    def of(h: str, seen: tuple[str, ...]) -> Any:
+        if h in out:
+            return out[h]
+        if h in seen:
+            raise ValueError(f"head gates form a cycle through {h!r}")
+        parent, vals = gates[h]
+        up = of(parent, (*seen, h)) if parent in gates else None
+        v = own(parent, vals) if up is None else own(parent, vals) * up
+        out[h] = v
+        return v
+
+    for h in gates:
+        of(h, ())
+    return out
 
 
 def gate_weights(probs_of_parent: Mapping[str, Any], gates: Mapping[str, tuple[str, Any]]
                  ) -> dict[str, Any]:
     """Per gated head, the probability (per row) that it acts: the parent categorical's mass on
-    the values that open the gate. `probs_of_parent`: parent head -> (batch, n) probabilities
-    (numpy or torch). Used to weight a gated head's entropy and KL."""
-    out = {}
-    for h, (parent, vals) in gates.items():
-        p = probs_of_parent[parent]
-        out[h] = p[:, list(vals)].sum(-1)
-    return out
+    the values that open the gate, times the parent's own probability of acting (chained
+    gates). `probs_of_parent`: parent head -> (batch, n) probabilities (numpy or torch). Used
+    to weight a gated head's entropy and KL."""
+    return _chain(gates, lambda parent, vals: probs_of_parent[parent][:, list(vals)].sum(-1))
 
 
 def active_masks(actions: Mapping[str, Any], gates: Mapping[str, tuple[str, Any]]
                  ) -> dict[str, Any]:
-    """Per gated head, 1.0 where the sampled parent value opens the gate, else 0.0 (numpy or
-    torch, following the actions' type)."""
-    out = {}
-    for h, (parent, vals) in gates.items():
-        a = actions[parent]
-        a = a.reshape(-1)
+    """Per gated head, 1.0 where the sampled parent value opens the gate and the parent acts
+    itself, else 0.0 (numpy or torch, following the actions' type)."""
+    def own(parent: str, vals: Any) -> Any:
+        a = actions[parent].reshape(-1)
         if hasattr(a, "new_tensor"):  # torch
             import torch
 
-            out[h] = torch.isin(a.long(), a.new_tensor(list(vals)).long()).float()
-        else:
-            out[h] = np.isin(np.asarray(a).astype(int), list(vals)).astype(np.float64)
-    return out
+            return torch.isin(a.long(), a.new_tensor(list(vals)).long()).float()
+        return np.isin(np.asarray(a).astype(int), list(vals)).astype(np.float64)
+
+    return _chain(gates, own)
 
 
 def masked_sum(terms: Mapping[str, Any], weights: Mapping[str, Any]) -> Any:

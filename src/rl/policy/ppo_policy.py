@@ -76,8 +76,9 @@ def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float,
 
 class PolicyEnv(gym.Env):
     """One-step episodes over the queries of a bundle registered in this process
-    (`env_config["bundle"]`: {"world", "layout", "X"}; the evaluator-backed world lives in the
-    driver, so the policy samples there: num_env_runners = 0)."""
+    (`env_config["bundle"]`: {"world", "layout", "X", "base"}; "base": the base policy's
+    config per query for a layout with a `defer` head, else None; the evaluator-backed world
+    lives in the driver, so the policy samples there: num_env_runners = 0)."""
 
     def __init__(self, env_config: dict | None = None):
         cfg = dict(env_config or {})
@@ -85,6 +86,7 @@ class PolicyEnv(gym.Env):
         self.world: QueryWorld = b["world"]
         self.layout: HeadLayout = b["layout"]
         self.X = np.asarray(b["X"], dtype=np.float32)
+        self.base: Sequence[RAGConfig] | None = b.get("base")
         self.lam = float(cfg.get("lam", 0.0))
         self.costs: list[float] = []
         self.observation_space = gym.spaces.Box(-OBS_CLIP, OBS_CLIP, shape=(self.X.shape[1],),
@@ -101,7 +103,8 @@ class PolicyEnv(gym.Env):
         return self.X[self._i], {}
 
     def step(self, action):
-        o = self.world.outcome(self._i, self.layout.decode(action))
+        base = None if self.base is None else self.base[self._i]
+        o = self.world.outcome(self._i, self.layout.decode(action, base))
         self.costs.append(o.cost)
         return self.X[self._i], o.reward - self.lam * o.cost, True, False, {"cost": o.cost}
 
@@ -163,21 +166,25 @@ class PerQueryPPO:
               X_valid: np.ndarray, budget: float, seed: int = 0,
               checkpoint_dir: str | Path | None = None, resume: bool = False,
               tracking_uri: str | None = None, run_name: str = "ppo-policy",
-              log: Callable[[str], None] = print, warm: Sequence[WarmStart] = ()
-              ) -> list[dict[str, Any]]:
+              log: Callable[[str], None] = print, warm: Sequence[WarmStart] = (),
+              base_train: Sequence[RAGConfig] | None = None,
+              base_valid: Sequence[RAGConfig] | None = None) -> list[dict[str, Any]]:
         """Train on `world` (features `X_train`, raw), select on `valid` (module docstring);
         `budget`: the mean cost bound in C_ref units; `warm`: behaviour-cloning starts
         (`rl.policy.warm_start`), the best on valid is where PPO starts and the first model
-        selection candidate (iteration 0). Returns one record per iteration (and per warm
-        start, iteration 0)."""
+        selection candidate (iteration 0); `base_train` / `base_valid`: the base policy's
+        config per query, what the `defer` head hands a query to (needed with that head).
+        Returns one record per iteration (and per warm start, iteration 0)."""
         from rl.common.rllib import ppo_config
         from rl.common.runtime import init_ray
 
         init_ray()
         t, lg = self.settings.train, self.settings.lagrange
         key = f"ppo-policy-{id(self)}-{seed}"
+        self._check_base(base_train, len(X_train), "base_train")
+        self._check_base(base_valid, len(X_valid), "base_valid")
         _BUNDLES[key] = {"world": world, "layout": self.layout,
-                         "X": self.standardise(X_train)}
+                         "X": self.standardise(X_train), "base": base_train}
         cfg = ppo_config(PolicyEnv, {"bundle": key, "seed": seed, "lam": self.lam},
                          seed=seed, train_batch_size=t.batch, module_spec=self.spec(),
                          disable_env_checking=True, lr=t.lr, gamma=0.0, lambda_=0.0,
@@ -198,7 +205,8 @@ class PerQueryPPO:
         try:
             if warm and state["iter"] == 0:
                 best_state = self._warm_start(algo, warm, world, X_train, valid, X_valid,
-                                              budget, seed, state, log)
+                                              budget, seed, state, log, base_train,
+                                              base_valid)
                 if ckpt is not None:
                     _save_torch(best_state, ckpt / "best.pt")
             for it in range(state["iter"], t.iters):
@@ -215,7 +223,7 @@ class PerQueryPPO:
                        "s": round(time.perf_counter() - t0, 2)}
                 if (it + 1) % t.eval_every == 0 or it + 1 == t.iters:
                     self.module = algo.get_module()
-                    outs = valid.outcomes(self.act(X_valid))
+                    outs = valid.outcomes(self.act(X_valid, base_valid))
                     per_query = [o.reward for o in outs]
                     rec["valid_reward"] = float(np.mean(per_query))
                     rec["valid_cost"] = float(np.mean([o.cost for o in outs]))
@@ -250,8 +258,9 @@ class PerQueryPPO:
 
     def _warm_start(self, algo: Any, warm: Sequence[WarmStart], world: QueryWorld,
                     X_train: np.ndarray, valid: QueryWorld, X_valid: np.ndarray,
-                    budget: float, seed: int, state: dict, log: Callable[[str], None]
-                    ) -> dict:
+                    budget: float, seed: int, state: dict, log: Callable[[str], None],
+                    base_train: Sequence[RAGConfig] | None = None,
+                    base_valid: Sequence[RAGConfig] | None = None) -> dict:
         """The best warm start on valid (`rl.policy.warm_start.choose_start`) goes to RLlib's
         learner and env runners; returns its module state."""
         import tempfile
@@ -260,7 +269,7 @@ class PerQueryPPO:
 
         recs, best, module, rewards = choose_start(
             self, warm, world, X_train, valid, X_valid,
-            budget * (1 + self.settings.lagrange.slack), seed)
+            budget * (1 + self.settings.lagrange.slack), seed, base_train, base_valid)
         for rec in recs:
             state["history"].append(rec)
             log(_line(rec))
@@ -272,6 +281,12 @@ class PerQueryPPO:
         self.meta["warm_start"] = best["start"]
         self.module = module
         return _cpu_state(module)
+
+    def _check_base(self, base: Sequence[RAGConfig] | None, n: int, name: str) -> None:
+        if self.layout.defers and (base is None or len(base) != n):
+            got = "none" if base is None else f"{len(base)}"
+            raise ValueError(f"{name}: the policy has a defer head and needs the base "
+                             f"policy's config for each of the {n} queries, got {got}")
 
     def _standalone(self, state: dict) -> Any:
         module = self.spec().build()
@@ -313,21 +328,35 @@ class PerQueryPPO:
                 out[h] = np.column_stack([z[:, 0], np.exp(z[:, 1])])
         return out
 
-    def act(self, features: np.ndarray) -> list[RAGConfig]:
-        """The greedy config for each row of `features` (raw QueryFeaturizer features)."""
+    def act(self, features: np.ndarray, base: Sequence[RAGConfig] | None = None
+            ) -> list[RAGConfig]:
+        """The greedy config for each row of `features` (the observation features the policy
+        was trained on); `base`: the base policy's config per row (a `defer` head needs it)."""
         P = self.probs(features)
         n = len(next(iter(P.values())))
+        self._check_base(base, n, "base")
         return [self.layout.decode({h: (int(P[h][i].argmax()) if h in self.layout.discrete
                                         else [(np.clip(P[h][i, 0], -1, 1) + 1) / 2])
-                                    for h in self.layout.names}) for i in range(n)]
+                                    for h in self.layout.names},
+                                   None if base is None else base[i]) for i in range(n)]
 
-    def sample(self, features: np.ndarray, rng: np.random.Generator
+    def deferred(self, features: np.ndarray) -> np.ndarray:
+        """Per row, whether the greedy action defers to the base policy (all False without a
+        `defer` head)."""
+        if not self.layout.defers:
+            return np.zeros(len(np.atleast_2d(features)), dtype=bool)
+        return self.probs(features)["defer"].argmax(axis=1) == 1
+
+    def sample(self, features: np.ndarray, rng: np.random.Generator,
+               base: Sequence[RAGConfig] | None = None
                ) -> tuple[list[RAGConfig], np.ndarray]:
         """A config per row drawn from the policy, and the propensity of each draw (module
         docstring: categorical probabilities times the snapped-value masses of the acting
-        continuous heads; heads that do not act do not count)."""
+        continuous heads; heads that do not act do not count). A draw that defers takes
+        `base[i]`; its propensity is the defer head's probability of deferring."""
         P = self.probs(features)
         n = len(next(iter(P.values())))
+        self._check_base(base, n, "base")
         configs, props = [], np.ones(n)
         for i in range(n):
             a: dict[str, Any] = {}
@@ -346,7 +375,7 @@ class PerQueryPPO:
                 else:
                     box = self.layout.boxes[h]
                     props[i] *= box.bin_masses(P[h][i, 0], P[h][i, 1])[box.value(a[h][0])]
-            configs.append(self.layout.decode(a))
+            configs.append(self.layout.decode(a, None if base is None else base[i]))
         return configs, props
 
     # ---- persistence --------------------------------------------------------------------

@@ -13,6 +13,12 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
   towards the arm's training mean (0 = always the best static arm of train, 1 = the model).
 - `select_router`: model selection over `PARAM_GRID` by the mean realised reward of the
   router's choices on a validation split (never the test split).
+- `out_of_fold_scores` / `router_features`: the router's view of a query as observation
+  features for a policy stacked on it (the residual PPO policy's `defer` head): its predicted
+  reward of its pick, of the best static arm, its margin, the pick's cost and descriptors. On
+  the training queries the predictions are out of fold (grouped K-fold: no query's features
+  come from a router that trained on it, or on its conversation), so the stacked policy sees
+  the router as good as it is on new queries, not as good as it is on the queries it fitted.
 - `SegmentLookup`: the best arm per segment label (`rl.stats.headroom.segment_choice`), the
   best static arm for a label it never saw.
 """
@@ -208,6 +214,64 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
         routers.append(r)
     best = int(np.argmax([t["valid_reward"] for t in tried]))
     return routers[best], Selection(best, tried, routers)
+
+
+def group_folds(groups: Sequence[str], k: int, seed: int = 0) -> np.ndarray:
+    """Fold (0 .. k-1) of each row: groups shuffled (seeded) and dealt to the fold with the
+    fewest rows so far, so a group never straddles folds."""
+    labels = [str(g) for g in groups]
+    uniq = sorted(set(labels))
+    if len(uniq) < k:
+        raise ConfigError("groups", f"{len(uniq)} groups cannot fill {k} folds")
+    rng = np.random.default_rng(seed)
+    size = {g: 0 for g in uniq}
+    for g in labels:
+        size[g] += 1
+    fold_of, load = {}, np.zeros(k, dtype=np.int64)
+    for j in rng.permutation(len(uniq)):
+        f = int(np.argmin(load))
+        fold_of[uniq[j]] = f
+        load[f] += size[uniq[j]]
+    return np.array([fold_of[g] for g in labels], dtype=np.int64)
+
+
+def out_of_fold_scores(params: RouterParams, X: np.ndarray, R: np.ndarray,
+                       T: np.ndarray | None, arms: np.ndarray | None, groups: Sequence[str],
+                       k: int = 5, seed: int = 0) -> np.ndarray:
+    """(n, K) predicted rewards of every arm for every row of `X`, each from a router with
+    `params` fitted on the other folds (`group_folds`)."""
+    X, R = _check(X, R, "R")
+    folds = group_folds(groups, k, seed)
+    out = np.zeros_like(R)
+    for f in range(k):
+        held = folds == f
+        r = SupervisedRouter(params, seed).fit(X[~held], R[~held],
+                                               None if T is None else np.asarray(T)[~held],
+                                               arms)
+        out[held] = r.predict(X[held])
+    return out
+
+
+ROUTER_FEATURE_NAMES = ("router_pred_pick", "router_pred_static", "router_gain_over_static",
+                        "router_margin", "router_log_tokens",
+                        *(f"router_pick_{n}" for n in ARM_FEATURE_NAMES))
+
+
+def router_features(scores: np.ndarray, token_price: float, arm_tokens: np.ndarray,
+                    static_arm: int, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The router's pick per row (argmax of `scores` − price × the arm's tokens) and the
+    features `ROUTER_FEATURE_NAMES`: predicted reward of the pick and of `static_arm` (the
+    best static arm), their gap, the margin of the pick over the runner-up (price-adjusted),
+    log(1 + the pick's mean tokens) and the pick's descriptors (`arm_features` rows `arms`)."""
+    S = np.asarray(scores, dtype=np.float64)
+    adj = S - token_price * np.asarray(arm_tokens, dtype=np.float64)[None, :]
+    pick = np.argmax(adj, axis=1)
+    rows = np.arange(len(S))
+    top2 = np.sort(adj, axis=1)[:, -2] if S.shape[1] > 1 else adj[:, 0]
+    F = np.column_stack([S[rows, pick], S[:, static_arm], S[rows, pick] - S[:, static_arm],
+                         adj[rows, pick] - top2, np.log1p(np.asarray(arm_tokens)[pick]),
+                         np.asarray(arms)[pick]])
+    return pick, F
 
 
 class SegmentLookup:

@@ -45,6 +45,10 @@ class HeadSettings(StrictSettings):
     normalisations: tuple[str, ...] = ("minmax", "zscore", "rrf")
     """Hybrid fusion's score normalisation (categorical head, acts on `hybrid` only; one
     value: no head, every hybrid config uses it)."""
+    defer: bool = False
+    """A `defer` head (residual policy): 1 = the base policy's config for this query (the
+    caller supplies one per query, e.g. the supervised router's pick), 0 = the heads decide.
+    Every other head is gated on defer == 0."""
     box_step: float = Field(0.1, gt=0.0, le=0.5)
     """Continuous heads snap to multiples of this before evaluation (row-cache hits)."""
     mmr_range: Range = Range(min=0.5, max=1.0)

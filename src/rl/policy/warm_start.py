@@ -4,7 +4,9 @@ training query, so iteration 0 already acts like a baseline and PPO only moves o
 
 A `WarmStart` names the target config of each training query: one config for all (the best
 static config, B1) or one per query (e.g. the supervised router's picks). `HeadLayout.encode`
-turns each into an action; `clone` fits the module to them:
+turns each into an action; a `defer` warm start (a layout with the defer head) also sets
+defer = 1 (hand every query to the base policy; the other heads still learn the targets, so a
+later defer = 0 starts from them); `clone` fits the module to them:
 
     loss = sum_{categorical h} CE_smooth(logits_h, a_h; keep)          (label smoothing)
          + sum_{box h} [(mu_h - (2 u_h - 1))^2 + (log sigma_h - log sigma_0)^2]
@@ -46,6 +48,8 @@ class WarmStart:
 
     name: str
     configs: Sequence[RAGConfig]
+    defer: bool = False
+    """Clone defer = 1 (the layout needs a `defer` head): act as the base policy."""
 
     def targets(self, n: int) -> list[RAGConfig]:
         cs = list(self.configs)
@@ -68,18 +72,26 @@ def _columns(layout: HeadLayout) -> dict[str, slice]:
 
 
 def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RAGConfig],
-          values: np.ndarray | None, settings: WarmStartSettings, seed: int = 0
-          ) -> dict[str, float]:
+          values: np.ndarray | None, settings: WarmStartSettings, seed: int = 0,
+          defer: bool = False, base: Sequence[RAGConfig] | None = None) -> dict[str, float]:
     """Fit `module` (a built RLModule of `layout`'s action space) to act `configs[i]` on
-    `obs[i]` (standardised observations), and its value head to `values` (None: leave it).
-    Returns the final loss, the share of targets `layout` can express exactly and the share
-    of rows whose greedy config is the target."""
+    `obs[i]` (standardised observations), and its value head to `values` (None: leave it);
+    `defer`: the target's defer head says 1 (`base[i]`, the base policy's config, is then
+    what the greedy action stands for). Returns the final loss, the share of targets `layout`
+    can express exactly and the share of rows whose greedy config is the target."""
     import torch
     import torch.nn.functional as F
 
+    if defer and not layout.defers:
+        raise ValueError("a defer warm start needs a layout with the defer head")
+    if layout.defers and (base is None or len(base) != len(configs)):
+        raise ValueError("a layout with the defer head needs the base config of every row")
     torch.manual_seed(seed)
     enc = [layout.encode(c) for c in configs]
-    acts = [a for a, _ in enc]
+    acts = [{**a, "defer": 1} if defer else a for a, _ in enc]
+    if defer:
+        enc = [(a, True) for a, _ in enc]
+    base_of = (lambda i: None) if base is None else (lambda i: base[i])
     x = torch.as_tensor(np.asarray(obs, np.float32))
     cols = _columns(layout)
     tgt: dict[str, torch.Tensor] = {}
@@ -119,31 +131,35 @@ def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RA
         z = module.forward_inference({"obs": x})["action_dist_inputs"].numpy()
     greedy = [layout.decode({h: (int(z[i, cols[h]].argmax()) if h in layout.discrete
                                  else [(np.clip(z[i, cols[h]][0], -1, 1) + 1) / 2])
-                             for h in layout.names}) for i in range(len(z))]
-    same = np.mean([g.config_hash == layout.decode(a).config_hash
-                    for g, a in zip(greedy, acts, strict=True)])
+                             for h in layout.names}, base_of(i)) for i in range(len(z))]
+    same = np.mean([g.config_hash == layout.decode(a, base_of(i)).config_hash
+                    for i, (g, a) in enumerate(zip(greedy, acts, strict=True))])
     return {"loss": float(loss.detach()), "expressible": float(np.mean([e for _, e in enc])),
             "greedy_agreement": float(same)}
 
 
 def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np.ndarray,
-                 valid: Any, X_valid: np.ndarray, cap: float, seed: int = 0
+                 valid: Any, X_valid: np.ndarray, cap: float, seed: int = 0,
+                 base_train: Sequence[RAGConfig] | None = None,
+                 base_valid: Sequence[RAGConfig] | None = None
                  ) -> tuple[list[dict[str, Any]], dict[str, Any], Any, list[float]]:
     """Clone a fresh module of `policy` (`PerQueryPPO`) to each warm start (value head: the
     target's reward on `world` minus the policy's lambda times its cost), score its greedy
     policy on `valid`; returns the iteration-0 records, the best one by model selection's
     rule (`better_on_valid` with cost cap `cap`), its module and its per-query valid rewards
-    (what a later checkpoint must beat under the evidence rule)."""
+    (what a later checkpoint must beat under the evidence rule). `base_train` /
+    `base_valid`: the base policy's configs (a layout with the defer head)."""
     obs = policy.standardise(X_train)
     recs, best, best_module, best_rewards = [], None, None, []
     for w in warm:
         targets = w.targets(world.n)
-        values = np.array([o.reward - policy.lam * o.cost for o in world.outcomes(targets)])
+        acted = list(base_train) if w.defer and base_train is not None else targets
+        values = np.array([o.reward - policy.lam * o.cost for o in world.outcomes(acted)])
         module = policy.spec().build()
         fit = clone(module, policy.layout, obs, targets, values, policy.settings.warm_start,
-                    seed)
+                    seed, w.defer, base_train)
         policy.module = module
-        outs = valid.outcomes(policy.act(X_valid))
+        outs = valid.outcomes(policy.act(X_valid, base_valid))
         rewards = [o.reward for o in outs]
         rec = {"iter": 0, "start": w.name, "lambda": policy.lam,
                "valid_reward": float(np.mean(rewards)),
