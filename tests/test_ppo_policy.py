@@ -128,6 +128,40 @@ def test_warm_start_reaches_the_samplers_and_selection_never_drops_below_it(setu
     assert got == pytest.approx(pol.meta["best"]["valid_reward"])
 
 
+def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup):
+    """A defer head over a base policy that is right on half the queries (bm25 k=2: right
+    where x0 < 0), warm-started to defer everywhere with its own heads cloned to dense k=2
+    (right on the other half): PPO learns per query when to hand the query to the base and
+    when to act itself, so its greedy reward beats the base's and the start's."""
+    from rl.policy.warm_start import WarmStart
+
+    s, _, X = setup
+    s = s.model_copy(update={"heads": s.heads.model_copy(update={"defer": True})})
+    layout = HeadLayout(s.heads, TunerSettings.defaults())
+    world = ToyWorld(X)
+    fixed = {"rerank": 0, "generator": 0, "mmr_lambda": np.array([1.0]),
+             "fusion_weight": np.array([0.5]), "abstain_threshold": np.array([0.5]),
+             "k": layout.ks.index(2), "normalisation": 0, "defer": 0}
+    base = [layout.decode({**fixed, "variant": layout.variants.index("bm25")})] * len(X)
+    with pytest.raises(ValueError, match="needs the base policy's config"):
+        PerQueryPPO.create(layout, s, X).train(world, X, world, X, budget=1.0,
+                                               log=lambda m: None)
+    dense = layout.decode({**fixed, "variant": layout.variants.index("dense")})
+    pol = PerQueryPPO.create(layout, s, X)
+    hist = pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None,
+                     base_train=base, base_valid=base,
+                     warm=[WarmStart("defer", [dense], defer=True)])
+    assert hist[0]["start"] == "defer" and hist[0]["valid_reward"] == pytest.approx(1.0,
+                                                                                  abs=0.1)
+    base_reward = np.mean([o.reward for o in world.outcomes(base)])
+    got = np.array([o.reward for o in world.outcomes(pol.act(X, base))])
+    assert base_reward == pytest.approx(1.0, abs=0.1)
+    assert got.mean() > base_reward + 0.2, (got.mean(), base_reward)
+    wrong = X[:, 0] >= 0  # where the base is wrong, the policy's own heads take over...
+    assert np.mean(~pol.deferred(X)[wrong]) > 0.3
+    assert np.mean(pol.deferred(X)[~wrong]) > 0.9  # ... and only there
+
+
 def test_online_adaptation_learns_from_served_requests_only(setup):
     """`rl.policy.ppo_online.adapt_online`: a barely trained policy (one PPO iteration) serves
     a stream of the toy world with the variants' roles swapped (the world drifted); from the
