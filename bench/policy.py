@@ -450,10 +450,11 @@ def system_rows(ds: str, got: dict[str, dict[str, np.ndarray]], oracle_r: np.nda
         rows.extend(_delta_rows_of(ds, system, got[BASELINE], got[system], oracle_r, seed,
                                    system != "per-query-oracle"))
     for system in ppos:
-        r = paired_bootstrap(got["supervised-router"]["R"], got[system]["R"], seed=seed)
-        rows.append({"dataset": ds, "system": f"{system} - supervised-router",
-                     "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
-                     "ci_high": r.ci_high, "n": r.n})
+        for other in ("supervised-router", "supervised-router-equal-cost"):
+            r = paired_bootstrap(got[other]["R"], got[system]["R"], seed=seed)
+            rows.append({"dataset": ds, "system": f"{system} - {other}",
+                         "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
+                         "ci_high": r.ci_high, "n": r.n})
     return rows
 
 

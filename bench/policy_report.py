@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 TITLE = ("Per-query policies vs the best static config: PPO policy, supervised router (B3), "
          "per-segment (B2)")
 PPO = "ppo-policy"
@@ -184,8 +186,37 @@ def _crossfit_ppo_text(ds: str, d: dict, rows: list[dict], system: str) -> str:
             f"{_fmt(g(system + ' - best-static', 'delta_quality'))}, tokens "
             f"{_fmt(g(system + ' - best-static', 'delta_cost_pct'), True)}%), "
             f"{_fmt(g(system + ' - supervised-router', 'delta_reward'))} vs the supervised "
-            f"router, headroom captured {_fmt(g(system, 'headroom_captured'))}. Per fold, "
-            f"test reward per seed: {per_fold}." + (_clone_fidelity(d) if system == PPO else ""))
+            f"router{_vs_base(g, system)}, headroom captured "
+            f"{_fmt(g(system, 'headroom_captured'))}. Per fold, "
+            f"test reward per seed: {per_fold}." + _base_text(ps)
+            + (_clone_fidelity(d) if system == PPO else ""))
+
+
+def _vs_base(g: Any, system: str) -> str:
+    r = g(system + " - supervised-router-equal-cost", "delta_reward")
+    return "" if r is None else f" ({_fmt(r)} vs the router held to the budget)"
+
+
+def _base_text(ps: list[dict]) -> str:
+    """A residual PPO's base (the router it defers to), per protocol: the router's reward on
+    train out of fold (what PPO's defer head was trained against) and in sample, on valid
+    and on test, and the share of test queries each seed deferred."""
+    out = []
+    for i, p in enumerate(ps):
+        b = p.get("base")
+        if not b:
+            continue
+        where = f"fold {i + 1}: " if len(ps) > 1 else ""
+        deferred = ", ".join(f"{x.get('test_deferred', float('nan')):.0%}"
+                             for x in p["per_seed"])
+        out.append(f"{where}router reward train {b['train_oof_reward']:.3f} out of fold "
+                   f"({b['train_insample_reward']:.3f} in sample), valid "
+                   f"{b['valid_reward']:.3f}, test {b['test_reward']:.3f}; test queries "
+                   f"deferred per seed {deferred}")
+    if not out:
+        return ""
+    return (" Its base, `supervised-router-equal-cost` (the defer head's target): "
+            + "; ".join(out) + ".")
 
 
 def _clone_fidelity(d: dict) -> str:
@@ -244,8 +275,10 @@ def _ppo_text(ds: str, d: dict, rows: list[dict], p: dict, system: str) -> str:
             f"(quality {_fmt(g(system + ' - best-static', 'delta_quality'))}, tokens "
             f"{_fmt(g(system + ' - best-static', 'delta_cost_pct'), True)}%), "
             f"{_fmt(g(system + ' - supervised-router', 'delta_reward'))} vs the supervised "
-            f"router, headroom captured {_fmt(g(system, 'headroom_captured'))}. Per seed: "
-            f"{seeds}.{note}" + (_clone_fidelity(d) if system == PPO else ""))
+            f"router{_vs_base(g, system)}, headroom captured "
+            f"{_fmt(g(system, 'headroom_captured'))}. Per seed: "
+            f"{seeds}.{note}" + _base_text([p])
+            + (_clone_fidelity(d) if system == PPO else ""))
 
 
 def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
@@ -321,6 +354,25 @@ def _protocol(meta: dict) -> str:
     return (" ".join(out) + " ") if out else ""
 
 
+def _residual(meta: dict) -> str:
+    """What PPO is built on (`meta.ppo_run.base`): alone, or a residual policy over the
+    router."""
+    if ((meta.get("ppo_run") or {}).get("base") or "none") != "router":
+        return ""
+    return ("Here PPO is a residual policy over the supervised router (`--ppo-base router`): "
+            "a `defer` head hands a query to `supervised-router-equal-cost` (the router held "
+            "to the same token budget), its other heads act only when it does not defer, and "
+            "its observation adds the router's view of the query (predicted reward of its pick "
+            "and of the best static arm, their gap, the pick's margin, tokens and "
+            "descriptors: `rl.policy.router.router_features`). On train that view and the "
+            "base picks come from routers fitted out of fold (5 folds grouped by "
+            "conversation), so PPO learns against the router as good as it is on new "
+            "queries. Warm starts: defer everywhere (own heads cloned to the router's "
+            "out-of-fold picks) and the best static config. The previous design, PPO alone "
+            "on the query features, is `bench/results/policy-standalone.json` (commit "
+            "869309b). ")
+
+
 def _selection(meta: dict) -> str:
     """The checkpoint rule the run used (`ppo_policy.train.selection`) and where it came from."""
     rule = ((meta.get("ppo_settings") or {}).get("train") or {}).get("selection", "mean")
@@ -362,6 +414,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "config, the supervised router's picks on train (plain and held to the budget) — the "
         "clone best on valid is where PPO starts, and it is model selection's iteration 0, so "
         "the kept policy is never worse on valid than that start. "
+        + _residual(meta)
         + _selection(meta)
         + "It picks configs outside "
         "the portfolio, scored by the same lazy "
@@ -413,9 +466,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                        f"{_fmt(_get(rows, ds, name, 'delta_cost_pct'), True)} | "
                        f"{_fmt(_get(rows, ds, s, 'headroom_captured'))} |")
         for s in [PPO, *variants]:
-            vr = _get(rows, ds, s + " - supervised-router", "delta_reward")
-            if vr is not None:
-                out.append(f"| {s} - supervised-router | {_fmt(vr)} | – | – | – |")
+            for other in ("supervised-router", "supervised-router-equal-cost"):
+                vr = _get(rows, ds, f"{s} - {other}", "delta_reward")
+                if vr is not None:
+                    out.append(f"| {s} - {other} | {_fmt(vr)} | – | – | – |")
         arms = _test_arms(meta["details"][ds])
         top = ", ".join(f"`{k}` {v}" for k, v in list(arms.items())[:6])
         out += ["", f"Router's test choices (top 6 of {len(arms)} arms used): {top}.", ""]
