@@ -193,6 +193,13 @@ def test_pooled_rows_use_each_folds_own_best_static():
     assert rows[("supervised-router - best-static", "delta_reward")]["value"] == pytest.approx(0.1)
     assert rows[("supervised-router", "headroom_captured")]["value"] == pytest.approx(0.5)
     assert rows[("best-static", "tokens")]["n"] == 4
+    # a PPO system is compared with both routers: plain, and the one held to the budget
+    got["ppo-policy"] = cat
+    rows = {(r["system"], r["metric"]): r for r in system_rows("toy", got, got[
+        "per-query-oracle"]["R"], seed=0)}
+    assert rows[("ppo-policy - supervised-router", "delta_reward")]["value"] == \
+        pytest.approx(-0.1)
+    assert rows[("ppo-policy - supervised-router-equal-cost", "delta_reward")]["value"] == 0.0
 
 
 def test_a_crossfit_dataset_that_is_not_run_exits_2(monkeypatch, capsys):
