@@ -148,10 +148,31 @@ def _overall(meta: dict, rows: list[dict]) -> str:
             text += (f" It trails the supervised router by more than 0.005 on "
                      f"{', '.join(worse)}, so the supervised router stays the default "
                      "per-query policy and PPO an option.")
+    text += _rl_phase(meta)
     if below:
         text += (f" On {', '.join(below)} even the router chosen on valid scores below the "
                  f"best static config there; a deployment would keep the static config.")
     return text
+
+
+def _rl_phase(meta: dict) -> str:
+    """What PPO's own updates contributed: over every seed run (per fold), how many kept a
+    checkpoint after iteration 0 (one that beat its warm start on valid under the selection
+    rule) rather than the warm start itself, and which starts were kept."""
+    runs = [x for d in meta["details"].values() for f in _folds(d)
+            for x in (f.get("ppo") or {}).get("per_seed", [])]
+    if not runs:
+        return ""
+    moved = sum(1 for x in runs if (x.get("best") or {}).get("iter", 0) > 0)
+    starts: dict[str, int] = {}
+    for x in runs:
+        k = str(x.get("warm_start") or "cold start").split(":")[0]
+        starts[k] = starts.get(k, 0) + 1
+    kept = ", ".join(f"{k} {v}" for k, v in sorted(starts.items(), key=lambda t: -t[1]))
+    return (f" PPO's own updates: {moved} of {len(runs)} seed runs (all datasets and folds) "
+            f"kept a checkpoint from after its warm start; {len(runs) - moved} kept the start itself "
+            f"(starts kept: {kept}), so where no checkpoint moved, the `ppo-policy` rows are "
+            f"those of its start.")
 
 
 def _ppo_summary(ds: str, d: dict, rows: list[dict]) -> str:
