@@ -155,6 +155,18 @@ def _overall(meta: dict, rows: list[dict]) -> str:
     return text
 
 
+def _kept_starts(meta: dict) -> str:
+    """Where every seed run kept its warm start, the targets met are the start's, not PPO's."""
+    runs = [x for d in meta["details"].values() for f in _folds(d)
+            for x in (f.get("ppo") or {}).get("per_seed", [])]
+    if not runs or any((x.get("best") or {}).get("iter", 0) > 0 for x in runs):
+        return ""
+    return (f" No seed run kept a PPO update (0 of {len(runs)}): every `ppo-policy` row is "
+            "the warm start model selection kept (deferring to the router held to the "
+            "budget, or the best static config), so a target met here is met by that start, "
+            "not by what PPO learnt.")
+
+
 def _rl_phase(meta: dict) -> str:
     """What PPO's own updates contributed: over every seed run (per fold), how many kept a
     checkpoint after iteration 0 (one that beat its warm start on valid under the selection
@@ -336,7 +348,8 @@ def _acceptance(meta: dict, rows: list[dict]) -> list[str]:
             + (f" ({', '.join(crossfit)}: cross-fitted, each query tested by the fold that "
                "did not train or choose on it)" if crossfit else "")
             + (", except the checkpoint rule, chosen after the previous run's SciFact test "
-               "read (see above)" if _selection(meta) else "") + ".", ""]
+               "read (see above)" if _selection(meta) else "") + "." + _kept_starts(meta),
+            ""]
     variants = sorted({s for d in meta["details"].values() for f in _folds(d)
                        for s in (f.get("ppo_variants") or {})})
     for v in variants:
