@@ -98,7 +98,7 @@ from rl.policy.router import (  # noqa: E402
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
 from rl.policy.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
-from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
+from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "policy"
@@ -278,12 +278,8 @@ def crossfit_parts(ev, k: int, seed: int) -> list[dict[str, list[Segment]]]:
             groups.setdefault(conversation_of(e), []).append((s, i))
     if len(groups) < k:
         raise ValueError(f"{len(groups)} conversations cannot fill {k} folds")
-    order = np.random.default_rng(seed).permutation(sorted(groups))
-    fold_of, size = {}, np.zeros(k, dtype=int)
-    for g in order:
-        f = int(np.argmin(size))
-        fold_of[g] = f
-        size[f] += len(groups[g])
+    labels = [g for g, qs in groups.items() for _ in qs]
+    fold_of = dict(zip(labels, group_folds(labels, k, seed).tolist(), strict=True))
 
     def role(folds: set[int]) -> list[Segment]:
         out = []

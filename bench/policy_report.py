@@ -155,10 +155,15 @@ def _overall(meta: dict, rows: list[dict]) -> str:
     return text
 
 
+def _seed_runs(meta: dict) -> list[dict]:
+    """Every `ppo-policy` seed run's record, over datasets and folds."""
+    return [x for d in meta["details"].values() for f in _folds(d)
+            for x in (f.get("ppo") or {}).get("per_seed", [])]
+
+
 def _kept_starts(meta: dict) -> str:
     """Where every seed run kept its warm start, the targets met are the start's, not PPO's."""
-    runs = [x for d in meta["details"].values() for f in _folds(d)
-            for x in (f.get("ppo") or {}).get("per_seed", [])]
+    runs = _seed_runs(meta)
     if not runs or any((x.get("best") or {}).get("iter", 0) > 0 for x in runs):
         return ""
     return (f" No seed run kept a PPO update (0 of {len(runs)}): every `ppo-policy` row is "
@@ -171,8 +176,7 @@ def _rl_phase(meta: dict) -> str:
     """What PPO's own updates contributed: over every seed run (per fold), how many kept a
     checkpoint after iteration 0 (one that beat its warm start on valid under the selection
     rule) rather than the warm start itself, and which starts were kept."""
-    runs = [x for d in meta["details"].values() for f in _folds(d)
-            for x in (f.get("ppo") or {}).get("per_seed", [])]
+    runs = _seed_runs(meta)
     if not runs:
         return ""
     moved = sum(1 for x in runs if (x.get("best") or {}).get("iter", 0) > 0)

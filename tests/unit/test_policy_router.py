@@ -78,7 +78,8 @@ def test_segment_lookup_with_fallback():
 
 
 def test_out_of_fold_scores_never_see_their_own_rows_or_group():
-    from rl.policy.router import group_folds, out_of_fold_scores
+    from rl.policy.router import out_of_fold_scores
+    from rl.stats.headroom import group_folds
 
     X, R, T = _world(300, 4)
     groups = [f"conv{i // 3}" for i in range(300)]  # conversations of 3 queries

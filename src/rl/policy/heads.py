@@ -241,10 +241,9 @@ def _chain(gates: Mapping[str, tuple[str, Any]], own: Callable[[str, Any], Any]
         if h in seen:
             raise ValueError(f"head gates form a cycle through {h!r}")
         parent, vals = gates[h]
-        up = of(parent, (*seen, h)) if parent in gates else None
-        v = own(parent, vals) if up is None else own(parent, vals) * up
-        out[h] = v
-        return v
+        up = of(parent, (*seen, h)) if parent in gates else 1.0
+        out[h] = own(parent, vals) * up
+        return out[h]
 
     for h in gates:
         of(h, ())

@@ -17,7 +17,8 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
   features for a policy stacked on it (the residual PPO policy's `defer` head): its predicted
   reward of its pick, of the best static arm, its margin, the pick's cost and descriptors. On
   the training queries the predictions are out of fold (grouped K-fold: no query's features
-  come from a router that trained on it, or on its conversation), so the stacked policy sees
+  come from a router that trained on it, or on its conversation: `rl.stats.headroom.group_folds`),
+  so the stacked policy sees
   the router as good as it is on new queries, not as good as it is on the queries it fitted.
 - `SegmentLookup`: the best arm per segment label (`rl.stats.headroom.segment_choice`), the
   best static arm for a label it never saw.
@@ -32,7 +33,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.stats.headroom import best_static, lowest_price, pick, segment_choice
+from rl.stats.headroom import best_static, group_folds, lowest_price, pick, segment_choice
 
 
 @dataclass(frozen=True)
@@ -214,25 +215,6 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
         routers.append(r)
     best = int(np.argmax([t["valid_reward"] for t in tried]))
     return routers[best], Selection(best, tried, routers)
-
-
-def group_folds(groups: Sequence[str], k: int, seed: int = 0) -> np.ndarray:
-    """Fold (0 .. k-1) of each row: groups shuffled (seeded) and dealt to the fold with the
-    fewest rows so far, so a group never straddles folds."""
-    labels = [str(g) for g in groups]
-    uniq = sorted(set(labels))
-    if len(uniq) < k:
-        raise ConfigError("groups", f"{len(uniq)} groups cannot fill {k} folds")
-    rng = np.random.default_rng(seed)
-    size = {g: 0 for g in uniq}
-    for g in labels:
-        size[g] += 1
-    fold_of, load = {}, np.zeros(k, dtype=np.int64)
-    for j in rng.permutation(len(uniq)):
-        f = int(np.argmin(load))
-        fold_of[uniq[j]] = f
-        load[f] += size[uniq[j]]
-    return np.array([fold_of[g] for g in labels], dtype=np.int64)
 
 
 def out_of_fold_scores(params: RouterParams, X: np.ndarray, R: np.ndarray,

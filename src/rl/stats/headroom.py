@@ -11,6 +11,8 @@ every answer is deterministic.
 - `equal_cost_oracle`: the per-query oracle held to a mean cost budget (Lagrangian, bisection).
 - `segment_choice` / `segment_values`: the best config per segment, chosen in-sample.
 - `crossfit_segment_gain`: the same chosen on one half of the queries and scored on the other.
+- `fold_assignment` / `group_folds`: folds stratified by label, or whole groups (conversations)
+  dealt to the emptiest fold, for cross-fitting.
 - `rung_spearman`: rank agreement of configs' means on m-query subsets with the full means.
 """
 
@@ -143,6 +145,25 @@ def fold_assignment(labels: Sequence, n_folds: int, seed: int) -> np.ndarray:
         idx = idx[rng.permutation(idx.size)]
         folds[idx] = (np.arange(idx.size) + rng.integers(n_folds)) % n_folds
     return folds
+
+
+def group_folds(groups: Sequence[str], k: int, seed: int = 0) -> np.ndarray:
+    """Fold (0 .. k-1) of each row: groups shuffled (seeded) and dealt to the fold with the
+    fewest rows so far, so a group never straddles folds."""
+    labels = [str(g) for g in groups]
+    uniq = sorted(set(labels))
+    if len(uniq) < k:
+        raise ConfigError("groups", f"{len(uniq)} groups cannot fill {k} folds")
+    rng = np.random.default_rng(seed)
+    size = {g: 0 for g in uniq}
+    for g in labels:
+        size[g] += 1
+    fold_of, load = {}, np.zeros(k, dtype=np.int64)
+    for j in rng.permutation(len(uniq)):
+        f = int(np.argmin(load))
+        fold_of[uniq[j]] = f
+        load[f] += size[uniq[j]]
+    return np.array([fold_of[g] for g in labels], dtype=np.int64)
 
 
 def crossfit_segment_gain(R: ArrayLike, labels: Sequence, n_folds: int = 2, repeats: int = 10,
