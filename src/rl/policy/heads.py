@@ -144,6 +144,14 @@ class HeadLayout:
                           if h in self.discrete}, self.gates)
         return {h: bool(m[h][0]) if h in m else True for h in self.names}
 
+    def check_base(self, base: Any, n: int, name: str) -> None:
+        """With a `defer` head, `base` must give the base policy's config for each of the `n`
+        queries (a ValueError naming `name` otherwise); without one it is not needed."""
+        if self.defers and (base is None or len(base) != n):
+            got = "none" if base is None else f"{len(base)}"
+            raise ValueError(f"{name}: the policy has a defer head and needs the base "
+                             f"policy's config for each of the {n} queries, got {got}")
+
     def defers_in(self, action: Mapping[str, Any]) -> bool:
         """Whether `action` hands the query to the base policy (the `defer` head says 1)."""
         return self.defers and int(np.asarray(action["defer"]).reshape(-1)[0]) == 1

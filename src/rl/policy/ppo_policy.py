@@ -181,8 +181,8 @@ class PerQueryPPO:
         init_ray()
         t, lg = self.settings.train, self.settings.lagrange
         key = f"ppo-policy-{id(self)}-{seed}"
-        self._check_base(base_train, len(X_train), "base_train")
-        self._check_base(base_valid, len(X_valid), "base_valid")
+        self.layout.check_base(base_train, len(X_train), "base_train")
+        self.layout.check_base(base_valid, len(X_valid), "base_valid")
         _BUNDLES[key] = {"world": world, "layout": self.layout,
                          "X": self.standardise(X_train), "base": base_train}
         cfg = ppo_config(PolicyEnv, {"bundle": key, "seed": seed, "lam": self.lam},
@@ -282,12 +282,6 @@ class PerQueryPPO:
         self.module = module
         return _cpu_state(module)
 
-    def _check_base(self, base: Sequence[RAGConfig] | None, n: int, name: str) -> None:
-        if self.layout.defers and (base is None or len(base) != n):
-            got = "none" if base is None else f"{len(base)}"
-            raise ValueError(f"{name}: the policy has a defer head and needs the base "
-                             f"policy's config for each of the {n} queries, got {got}")
-
     def _standalone(self, state: dict) -> Any:
         module = self.spec().build()
         module.set_state(state)
@@ -334,7 +328,7 @@ class PerQueryPPO:
         was trained on); `base`: the base policy's config per row (a `defer` head needs it)."""
         P = self.probs(features)
         n = len(next(iter(P.values())))
-        self._check_base(base, n, "base")
+        self.layout.check_base(base, n, "base")
         return [self.layout.decode({h: (int(P[h][i].argmax()) if h in self.layout.discrete
                                         else [(np.clip(P[h][i, 0], -1, 1) + 1) / 2])
                                     for h in self.layout.names},
@@ -356,7 +350,7 @@ class PerQueryPPO:
         `base[i]`; its propensity is the defer head's probability of deferring."""
         P = self.probs(features)
         n = len(next(iter(P.values())))
-        self._check_base(base, n, "base")
+        self.layout.check_base(base, n, "base")
         configs, props = [], np.ones(n)
         for i in range(n):
             a: dict[str, Any] = {}

@@ -84,14 +84,13 @@ def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RA
 
     if defer and not layout.defers:
         raise ValueError("a defer warm start needs a layout with the defer head")
-    if layout.defers and (base is None or len(base) != len(configs)):
-        raise ValueError("a layout with the defer head needs the base config of every row")
+    layout.check_base(base, len(configs), "base")
     torch.manual_seed(seed)
     enc = [layout.encode(c) for c in configs]
     acts = [{**a, "defer": 1} if defer else a for a, _ in enc]
     if defer:
         enc = [(a, True) for a, _ in enc]
-    base_of = (lambda i: None) if base is None else (lambda i: base[i])
+    bases = [None] * len(configs) if base is None else list(base)
     x = torch.as_tensor(np.asarray(obs, np.float32))
     cols = _columns(layout)
     tgt: dict[str, torch.Tensor] = {}
@@ -131,9 +130,9 @@ def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RA
         z = module.forward_inference({"obs": x})["action_dist_inputs"].numpy()
     greedy = [layout.decode({h: (int(z[i, cols[h]].argmax()) if h in layout.discrete
                                  else [(np.clip(z[i, cols[h]][0], -1, 1) + 1) / 2])
-                             for h in layout.names}, base_of(i)) for i in range(len(z))]
-    same = np.mean([g.config_hash == layout.decode(a, base_of(i)).config_hash
-                    for i, (g, a) in enumerate(zip(greedy, acts, strict=True))])
+                             for h in layout.names}, bases[i]) for i in range(len(z))]
+    same = np.mean([g.config_hash == layout.decode(a, b).config_hash
+                    for g, a, b in zip(greedy, acts, bases, strict=True)])
     return {"loss": float(loss.detach()), "expressible": float(np.mean([e for _, e in enc])),
             "greedy_agreement": float(same)}
 
