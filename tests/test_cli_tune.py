@@ -94,6 +94,8 @@ def test_tuner_eval_prints_report(capsys):
     (["tune", "--method", "nope"], "--method"),
     (["tune", "--budget", "0"], "--budget"),
     (["tune", "--budget-unit", "tokens"], "--budget-unit"),
+    (["tune", "--checkpoint"], "--checkpoint"),  # PPO's: the default searcher has none
+    (["tune", "--method", "optuna", "--resume", "runs/x"], "--resume"),
     (["tuner-eval", "--set", "k=99"], "rag.k"),
     (["tuner-eval", "--split", "nope"], "split"),
     (["report", "--run", "/nonexistent"], "--run"),

@@ -138,6 +138,16 @@ def test_the_tuning_run_dispatches_ray_tune_methods(setup, tmp_path):
         check("tpe", 100, "steps")
     with pytest.raises(ConfigError, match="budget_unit"):
         check("ppo", 100, "queries")
+    with pytest.raises(ConfigError, match="resume"):  # it would be ignored: refused instead
+        search(ev, ev.policy, "tune-random", BUDGET, resume=tmp_path, storage_path=tmp_path)
+
+
+def test_the_default_method_is_the_default_searcher():
+    from rl.tuner.run import DEFAULT_METHOD
+    from rl.tuner.tune_search import DEFAULT_SEARCHER
+    from serving.demo.offline import SEARCHER
+
+    assert DEFAULT_METHOD == DEFAULT_SEARCHER == SEARCHER
 
 
 @pytest.mark.parametrize("method", ["tpe", "random"])

@@ -96,11 +96,13 @@ def _choices(parser, flag):
 
 
 def test_enums_are_choices(capsys):
-    from rl.tuner.run import BUDGET_UNITS, METHODS
+    from rl.tuner.run import BUDGET_UNITS, DEFAULT_METHOD, METHODS
 
     p = build_parser()
     tune = _subparser(p, "tune")
     assert tuple(_choices(tune, "--method")) == METHODS
+    assert next(a for a in tune._actions if "--method" in a.option_strings).default == \
+        DEFAULT_METHOD == "tpe-asha"
     assert tuple(_choices(tune, "--budget-unit")) == BUDGET_UNITS
     assert main(["tune", "--budget-unit", "tokens"]) == 2
     assert "--budget-unit" in capsys.readouterr().err

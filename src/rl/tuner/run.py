@@ -5,7 +5,7 @@ tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
     search(ev, settings, "ppo", budget=100, unit="steps", seed=0) -> Search
         the search alone on an open TunerEvaluator (the benchmarks share one evaluator between
         methods and seeds, so each table is computed once);
-    run_tuning(dataset, settings, "ppo", budget=100, out="runs/tune", ...) -> TuningRun
+    run_tuning(dataset, settings, "tpe-asha", budget=3000, out="runs/tune", ...) -> TuningRun
         search + the artefacts of a run directory (`dataset`: a name or any path the loaders
         read; data without a committed split manifest gets a seeded split, written to
         split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a `rag:` file
@@ -41,6 +41,10 @@ query-evaluations (unit "queries")."""
 METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid", *TUNE_METHODS)
 """`optuna` is the in-process TPE loop of `baselines.optuna_search` (today's behaviour, kept
 for the committed benchmarks); `tpe` is the same sampler on `tune.Tuner` with gate constraints."""
+DEFAULT_METHOD = "tpe-asha"
+"""What `run_tuning`, `ragpilot tune` and `ragpilot demo` search with unless told otherwise:
+`rl.tuner.tune_search.DEFAULT_SEARCHER` (TPE + ASHA over fidelity rungs), the searcher with the
+lowest regret on every dataset of `bench/results/search.md`."""
 BUDGET_UNITS = ("steps", "configs", "queries")
 WARM_STARTS = ("optuna", *(m for m in TUNE_METHODS if m != "tune-grid"))
 """Methods whose first trial can be a given config (`search(start=...)`)."""
@@ -82,12 +86,18 @@ def default_unit(method: str) -> str:
     return "queries" if method in TUNE_METHODS else "steps"
 
 
-def check(method: str, budget: int | None, unit: str | None) -> None:
+def check(method: str, budget: int | None, unit: str | None, *, resume: Any = None,
+          checkpoint: bool = False) -> None:
     """ConfigError unless `method` is one of METHODS, `unit` one of BUDGET_UNITS that fits it
     (None: `default_unit`; TUNE_METHODS count "queries" only, the others "steps" or
-    "configs") and `budget` None or >= 1."""
+    "configs"), `budget` None or >= 1, and `resume` / `checkpoint` (PPO's) asked of ppo
+    only: another method would ignore them."""
     if method not in METHODS:
         raise ConfigError("method", f"must be one of {', '.join(METHODS)}")
+    for name, given in (("resume", resume), ("checkpoint", checkpoint)):
+        if given and method != "ppo":
+            raise ConfigError(name, f"is PPO's (a policy checkpoint); --method {method} has "
+                                    "none: add --method ppo")
     if budget is not None and budget < 1:
         raise ConfigError("budget", "must be >= 1")
     unit = unit or default_unit(method)
@@ -135,7 +145,7 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = 
     record per rung evaluation."""
     from rl.tuner import baselines
 
-    check(method, budget, unit)
+    check(method, budget, unit, resume=resume, checkpoint=checkpoint_dir is not None)
     unit = unit or default_unit(method)
     if method in TUNE_METHODS:
         from rl.tuner.space import ConfigSpace
@@ -192,7 +202,8 @@ def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
     return steps
 
 
-def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | None = None,
+def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
+               budget: int | None = None,
                *, unit: str | None = None, seed: int = 0, out: str | Path = "runs/tune",
                resume: str | Path | None = None, checkpoint: bool = False,
                mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
@@ -216,7 +227,7 @@ def run_tuning(dataset: str, settings: Any, method: str = "ppo", budget: int | N
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
-    check(method, budget, unit)
+    check(method, budget, unit, resume=resume, checkpoint=checkpoint)
     unit = unit or default_unit(method)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

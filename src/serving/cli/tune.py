@@ -2,10 +2,12 @@
 `tune` is `rl.tuner.run.run_tuning` (the one tuning run); `tuner-eval` is
 `rl.tuner.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
 
-    ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-hotpot
+    ragpilot tune --dataset hotpotqa --out runs/tune-hotpot   # tpe-asha, 20 valid splits of
+                                                              # query-evaluations
+    ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-ppo
     ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
-    ragpilot tune --dataset hotpotqa --method tpe-asha --budget 3000   # Ray Tune, query-evals
+    ragpilot tune --dataset hotpotqa --budget 3000        # tpe-asha on 3000 query-evals
     ragpilot tune ... --method tpe --ray-address 10.0.0.10:6379 --max-concurrent 4 \
         --cpus-per-trial 1 --reuse-actors no          # trials spread over a cluster's nodes
     ragpilot report --run runs/tune-hotpot [--grid]
@@ -37,19 +39,20 @@ import json
 from pathlib import Path
 
 from rag.errors import ConfigError
-from rl.tuner.run import BUDGET_UNITS, METHODS
+from rl.tuner.run import BUDGET_UNITS, DEFAULT_METHOD, METHODS
 from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import add_set_argument, flags, rag_config, tuner_settings
 
 FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
-         "resume": "--resume"}
+         "resume": "--resume", "checkpoint": "--checkpoint"}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from rl.tuner.run import TUNE_METHODS, check, run_tuning
 
     with flags(FLAGS):
-        check(args.method, args.budget, args.budget_unit)  # before the settings and data
+        check(args.method, args.budget, args.budget_unit, resume=args.resume,
+              checkpoint=args.checkpoint)  # before the settings and data
     cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
     settings = tuner_settings(args.policy)
     if "ray_address" in cluster and args.method not in TUNE_METHODS:
@@ -188,13 +191,13 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    s = sub.add_parser("tune", help="tune a RAG config (PPO or a baseline) on a dataset")
+    s = sub.add_parser("tune", help="tune a RAG config on a dataset (default: tpe-asha)")
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
-    s.add_argument("--method", default="ppo", choices=METHODS,
-                   help="ppo and the in-process baselines, or a search on Ray Tune (tpe, "
-                        "tpe-asha: the project's searcher, tpe-hyperband, hyperopt, "
-                        "tune-random, tune-grid); optuna = the in-process TPE loop")
+    s.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS,
+                   help=f"a search on Ray Tune (tpe, {DEFAULT_METHOD}: the default, "
+                        "tpe-hyperband, hyperopt, tune-random, tune-grid), or ppo and the "
+                        "in-process baselines; optuna = the in-process TPE loop")
     s.add_argument("--cold-start", action="store_true",
                    help="optuna and the Ray Tune searches: do not evaluate the static default "
                         "as the first trial")

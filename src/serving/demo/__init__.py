@@ -37,10 +37,10 @@ N_STAGES = 6
 
 @dataclass(frozen=True)
 class Budget:
-    """How much the demo spends: distinct configs the searcher evaluates, the most simulated
-    requests, simulated users."""
+    """How much the demo spends: the search's budget in full valid splits of
+    query-evaluations, the most simulated requests, simulated users."""
 
-    tune_configs: int
+    tune_splits: int
     max_requests: int
     users: int
 
@@ -134,10 +134,10 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
 
         console.print(f"  MLflow: mlflow ui --backend-store-uri {tracking_uri(mlflow_dir)}",
                       soft_wrap=True)  # a command to copy: never wrapped
-    with st.stage("tune", f"{offline.SEARCHER} over the config space, {budget.tune_configs} "
-                          "configs") as r:
-        run = offline.tune_stage(settings, budget.tune_configs, out / "tune", seed, mlflow_dir,
-                                 warm_start=warm_start)
+    with st.stage("tune", f"{offline.SEARCHER} over the config space, {budget.tune_splits} "
+                          "valid splits of query-evaluations") as r:
+        run = offline.tune_stage(data, settings, budget.tune_splits, out / "tune", seed,
+                                 mlflow_dir, warm_start=warm_start)
         tuned = run.best
         r["result"] = (f"best {tuned.config_hash} ({tuned.variant}, k={tuned.k}, rerank="
                        f"{tuned.rerank}, w={tuned.fusion_weight}, {tuned.prompt_id}); valid "

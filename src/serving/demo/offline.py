@@ -1,6 +1,6 @@
 """The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
-tune (`rl.tuner.run.run_tuning`, the project's default searcher, Optuna TPE, on a small budget of
-distinct configs), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
+tune (`rl.tuner.run.run_tuning` with the project's default searcher, `tpe-asha`: Ray Tune's
+TPE with ASHA over fidelity rungs, on a budget of query-evaluations), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
 quality and cost apart, Pareto and reward-curve PNGs).
 
 Nothing here prints; the orchestrator (`serving.demo`) shows progress and results.
@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from rl.tuner.run import DEFAULT_METHOD
+
 DATASET = "synthetic"
-SEARCHER = "optuna"
+SEARCHER = DEFAULT_METHOD
 
 
 @dataclass
@@ -42,13 +44,16 @@ def index_stage() -> Any:
     return TuningData.open(DATASET)
 
 
-def tune_stage(settings: Any, budget: int, out: Path, seed: int = 0,
+def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
                mlflow_dir: Path | None = None, warm_start: bool = True) -> Any:
-    """`run_tuning` with the default searcher under a budget of `budget` distinct configs;
-    writes `out` (best_config.yaml, curve.jsonl, plots/reward-curve.png, ...). The TuningRun."""
+    """`run_tuning` with the default searcher under a budget of `splits` full valid splits of
+    query-evaluations (one config on one query: a trial ASHA stops at a low rung spends only
+    its rung's queries, so the search tries more configs than `splits`); writes `out`
+    (best_config.yaml, curve.jsonl, plots/reward-curve.png, ...). The TuningRun."""
     from rl.tuner.run import run_tuning
 
-    return run_tuning(DATASET, settings, SEARCHER, budget, unit="configs", seed=seed, out=out,
+    budget = splits * len(data.examples("valid"))  # the synthetic world tunes on "valid"
+    return run_tuning(DATASET, settings, SEARCHER, budget, seed=seed, out=out,
                       mlflow_dir=mlflow_dir, warm_start=warm_start)
 
 
@@ -84,7 +89,8 @@ def _paired(a: np.ndarray, b: np.ndarray, seed: int) -> tuple[float, float, floa
 def holdout_stage(run: Any, tuned: Any, default: Any, out: Path, seed: int = 0
                   ) -> HoldoutReport:
     """Compare `tuned` with `default` on the holdout split of `run.evaluator`, and
-    draw the Pareto fronts (valid split, every config the search evaluated) and reward curve."""
+    draw the Pareto fronts (valid split, every config the search evaluated on all of it) and
+    the reward curve."""
     from rl.tuner.report import compare, plot_pareto
 
     ev = run.evaluator
@@ -113,7 +119,10 @@ def holdout_stage(run: Any, tuned: Any, default: Any, out: Path, seed: int = 0
     rows.append({"metric": "p95 latency ms", "kind": "cost", **p95,  # a quantile: no paired CI
                  "delta": p95["tuned"] - p95["default"], "ci_low": math.nan,
                  "ci_high": math.nan})
-    reports = [ev.evaluate(cfg) for cfg in ev.seen.values()]
+    # configs the search scored on the whole valid split: one ASHA stopped at a lower rung is
+    # not completed here (that would spend evaluations the search's budget did not)
+    tune = ev.slice.tune_split
+    reports = [ev.evaluate(cfg) for cfg in ev.seen.values() if ev.is_cached(cfg, tune)]
     pts = [{"quality": w.alpha * r.faithfulness + w.beta * r.relevancy,
             "p95_latency_ms": r.p95_latency_ms, "cost": r.cost} for r in reports]
     marked = {}
@@ -122,7 +131,7 @@ def holdout_stage(run: Any, tuned: Any, default: Any, out: Path, seed: int = 0
         marked[name] = {"quality": w.alpha * r.faithfulness + w.beta * r.relevancy,
                         "p95_latency_ms": r.p95_latency_ms, "cost": r.cost}
     plots = {f"pareto-{k}": plot_pareto(pts, marked, out / f"pareto-{k}.png", k,
-                                        f"{DATASET} (valid split): {len(pts)} configs evaluated")
+                                        f"{DATASET} (valid split): {len(pts)} configs evaluated on all of it")
              for k in ("cost", "p95_latency_ms")}
     curve = run.out / "plots" / "reward-curve.png"
     if curve.exists():
