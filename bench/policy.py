@@ -96,6 +96,7 @@ from rl.policy.router import (  # noqa: E402
     select_router,
 )
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
+from rl.policy.train import role_indices  # noqa: E402
 from rl.policy.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402
@@ -127,20 +128,10 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
 
 
 def _parts(ev, seed: int, max_train: int | None = None) -> dict[str, tuple[str, np.ndarray]]:
-    """role (train / valid / test) -> (split name, query indices into that split). A train
-    split longer than `max_train` is a seeded random subset of that many queries."""
-    tune, hold = ev.slice.tune_split, ev.slice.holdout_split
-    n_tune = len(ev.data.examples(tune))
-    test = (hold, np.arange(len(ev.data.examples(hold))))
-    if "train" in ev.data.splits:
-        train = np.arange(len(ev.data.examples("train")))
-        if max_train and len(train) > max_train:
-            train = np.sort(np.random.default_rng(seed).choice(train, max_train, replace=False))
-        return {"train": ("train", train), "valid": (tune, np.arange(n_tune)), "test": test}
-    perm = np.random.default_rng(seed).permutation(n_tune)
-    half = n_tune // 2
-    return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
-            "test": test}
+    """role (train / valid / test) -> (split name, query indices into that split): the shipped
+    router's roles (`rl.policy.train.role_indices`; a train split longer than `max_train` is a
+    seeded random subset of that many queries)."""
+    return role_indices(ev, seed, max_train)
 
 
 def _delta_rows(ds: str, system: str, M: dict[str, np.ndarray], ch: np.ndarray, base: int,

@@ -40,13 +40,13 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from serving.cli import data, demo, keys, rollout, selection, serve, train, tune
+    from serving.cli import data, demo, keys, policy, rollout, selection, serve, train, tune
 
     p = argparse.ArgumentParser(prog="ragpilot",
                                 description="ragpilot: auto-tuning control plane for RAG")
     p.add_argument("--version", action="version", version=f"ragpilot {version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (data, demo, serve, tune, rollout, keys, train, selection):
+    for group in (data, demo, serve, tune, policy, rollout, keys, train, selection):
         group.add_parsers(sub)
     return p
 

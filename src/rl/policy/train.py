@@ -1,0 +1,242 @@
+"""Train the shipped per-query policy on a dataset: the supervised router (issue 19's B3,
+`rl.policy.router`) over the config portfolio (`rl.policy.portfolio`, plus any configs given),
+checked on the holdout split against the best static config and the static default, and
+saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.policy_router`).
+
+    run = train_router_policy("synthetic", TunerSettings.defaults(), "runs/policy/synthetic")
+    run.rows        # holdout rows (bench row shape): each system's reward / quality / tokens,
+                    # router − best static and router − default with paired bootstrap 95% CIs
+    run.verdict     # "router" when its reward CI over best static is above 0, else "best-static"
+
+Roles (`role_indices`, also bench/policy.py's): train = the dataset's `train` split when it has
+one (a seeded subset of `max_train` queries when longer), valid = its tune split; data without
+a train split (the synthetic world, a user's folder) trains on a seeded half of the tune split
+and chooses on the other half. The router's hyper-parameters (`select_router`) are chosen on
+valid by realised reward, and with `equal_cost` a token price holds its mean tokens on valid
+to the best static config's (`SupervisedRouter.fit_token_price`). The holdout split is read
+once, after every choice was made.
+
+Rewards are the tuner's per-query rewards (`TunerEvaluator.per_query_reward`: quality − latency
+and token cost, no batch gates), quality = αF + βR of the evaluator's F and R, cost = tokens;
+every (config, query) row comes from the evaluator's lazy per-query cache, so a second run on
+the same data computes nothing. The directory holds `policy.json` + `model.pkl`
+(`rl.policy.base.save_policy`, ε = `MIN_EPSILON`) and `report.json` / `report.md`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+
+SYSTEMS = ("supervised-router", "best-static", "static-default")
+
+
+def role_indices(ev: Any, seed: int, max_train: int | None = None
+                 ) -> dict[str, tuple[str, np.ndarray]]:
+    """role (train / valid / test) -> (split name, query indices into that split) of the
+    TunerEvaluator `ev` (module docstring)."""
+    tune, hold = ev.slice.tune_split, ev.slice.holdout_split
+    n_tune = len(ev.data.examples(tune))
+    test = (hold, np.arange(len(ev.data.examples(hold))))
+    if "train" in ev.data.splits:
+        train = np.arange(len(ev.data.examples("train")))
+        if max_train and len(train) > max_train:
+            train = np.sort(np.random.default_rng(seed).choice(train, max_train, replace=False))
+        return {"train": ("train", train), "valid": (tune, np.arange(n_tune)), "test": test}
+    perm = np.random.default_rng(seed).permutation(n_tune)
+    half = n_tune // 2
+    return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
+            "test": test}
+
+
+def split_matrices(ev: Any, configs: list[RAGConfig], split: str) -> dict[str, np.ndarray]:
+    """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`."""
+    spec = ev.reward_spec()
+    cols: dict[str, list[np.ndarray]] = {"R": [], "Q": [], "T": []}
+    for cfg in configs:
+        tab = ev.table(cfg, split)
+        F, Rel = ev.quality(tab)
+        cols["R"].append(ev.per_query_reward(tab))
+        cols["Q"].append(np.asarray(spec.quality(F, Rel), dtype=np.float64))
+        cols["T"].append(np.asarray(tab["tokens"], dtype=np.float64))
+    return {k: np.column_stack(v) for k, v in cols.items()}
+
+
+@dataclass
+class RouterRun:
+    """What `train_router_policy` wrote and measured."""
+
+    out: Path
+    names: list[str]
+    n: dict[str, int]
+    best_static: str
+    router: dict[str, Any]
+    rows: list[dict[str, Any]]
+    verdict: str
+    choices: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "arms": self.names, "n": self.n,
+                "best_static": self.best_static, "router": self.router, "rows": self.rows,
+                "verdict": self.verdict, "test_choices": self.choices}
+
+
+def _row(dataset: str, system: str, metric: str, value: float, lo: float | None = None,
+         hi: float | None = None, n: int = 0) -> dict[str, Any]:
+    return {"dataset": dataset, "system": system, "metric": metric, "value": float(value),
+            "ci_low": None if lo is None else float(lo),
+            "ci_high": None if hi is None else float(hi), "n": int(n)}
+
+
+def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.ndarray],
+                 seed: int = 0) -> list[dict[str, Any]]:
+    """Rows of the holdout matrices `M` (R, Q, T) for each system's arm per query (`picks`):
+    its mean reward, quality and tokens with bootstrap 95% CIs, and `supervised-router - X`
+    for the other systems: delta_reward, delta_quality (paired bootstrap 95% CIs over
+    queries) and delta_cost_pct (100 · (mean tokens / X's − 1), CI from the same resamples)."""
+    from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap
+    from rl.stats.headroom import pick
+
+    rows = []
+    got = {s: {k: pick(M[k], ch) for k in ("R", "Q", "T")} for s, ch in picks.items()}
+    n = len(M["R"])
+    for s, g in got.items():
+        for k, metric in (("R", "reward"), ("Q", "quality"), ("T", "tokens")):
+            b = bootstrap_mean_ci(g[k], seed=seed)
+            rows.append(_row(dataset, s, metric, b.mean_diff, b.ci_low, b.ci_high, n))
+    r = got["supervised-router"]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, (4000, n))
+    for other in (s for s in got if s != "supervised-router"):
+        o = got[other]
+        for k, metric in (("R", "delta_reward"), ("Q", "delta_quality")):
+            b = paired_bootstrap(o[k], r[k], seed=seed)
+            rows.append(_row(dataset, f"supervised-router - {other}", metric, b.mean_diff,
+                             b.ci_low, b.ci_high, n))
+        ratio = r["T"][idx].mean(axis=1) / np.maximum(o["T"][idx].mean(axis=1), 1e-9)
+        point = 100.0 * (r["T"].mean() / max(o["T"].mean(), 1e-9) - 1.0)
+        lo, hi = np.percentile(100.0 * (ratio - 1.0), [2.5, 97.5])
+        rows.append(_row(dataset, f"supervised-router - {other}", "delta_cost_pct", point,
+                         lo, hi, n))
+    return rows
+
+
+def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
+                        max_train: int | None = None,
+                        extra: list[tuple[str, RAGConfig]] | None = None,
+                        equal_cost: bool = False) -> RouterRun:
+    """Fit, choose, check and save the router policy of `dataset` (a name or a path the
+    loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
+    (module docstring). `extra`: (name, config) arms added to the portfolio (e.g. the config
+    `ragpilot tune` found); a name or config already in it is a ConfigError naming `extra`."""
+    from rl.common.data import TuningData
+    from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
+    from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
+    from rl.policy.portfolio import portfolio
+    from rl.policy.router import arm_features, select_router
+    from rl.stats.headroom import best_static, pick
+    from rl.tuner.evaluator import TunerEvaluator
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = portfolio(settings)
+    for name, cfg in extra or []:
+        if name in {n for n, _ in arms} or cfg.config_hash in {c.config_hash for _, c in arms}:
+            raise ConfigError("extra", f"{name} ({cfg.config_hash}) is already in the portfolio")
+        arms.append((name, cfg))
+    names, configs = [n for n, _ in arms], [c for _, c in arms]
+    if Path(dataset).exists():
+        dataset = str(Path(dataset).resolve())
+    ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+    parts = role_indices(ev, seed, max_train)
+    if min(len(idx) for _, idx in parts.values()) < 2:
+        raise ConfigError("dataset", f"{dataset}: train, valid and test need >= 2 queries each "
+                                     f"(got {({r: len(i) for r, (_, i) in parts.items()})})")
+    full = {s: split_matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
+    feat = QueryFeaturizer(ev.memo, settings.base_config())
+    M, X = {}, {}
+    for role, (split, idx) in parts.items():
+        M[role] = {k: v[idx] for k, v in full[split].items()}
+        X[role] = feat.matrix([ev.data.examples(split)[int(i)] for i in idx])
+    ev.memo.flush()
+    router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
+                                M["train"]["T"], seed=seed, arms=arm_features(configs))
+    static = best_static(M["valid"]["R"])
+    price = 0.0
+    if equal_cost:
+        price = router.fit_token_price(X["valid"], M["valid"]["T"],
+                                       float(M["valid"]["T"][:, static].mean()))
+    else:
+        router.token_price = 0.0
+    test = M["test"]
+    n_test = len(test["R"])
+    ch = router.choose(X["test"])
+    picks = {"supervised-router": ch, "best-static": np.full(n_test, static),
+             "static-default": np.zeros(n_test, dtype=int)}
+    name = ev.data.name
+    rows = holdout_rows(name, test, picks, seed)
+    gain = next(r for r in rows if r["system"] == "supervised-router - best-static"
+                and r["metric"] == "delta_reward")
+    verdict = "router" if gain["ci_low"] > 0 else "best-static"
+    save_policy(RouterPolicy(router, configs), out, base_config=settings.base_config(),
+                names=names, feature_names=FEATURE_NAMES, epsilon=MIN_EPSILON, kind="router")
+    valid_reward = float(pick(M["valid"]["R"], router.choose(X["valid"])).mean())
+    used, counts = np.unique(ch, return_counts=True)
+    run = RouterRun(out, names, {r: len(i) for r, (_, i) in parts.items()}, names[static],
+                    {"params": sel.tried[sel.best], "token_price": price,
+                     "equal_cost": equal_cost, "valid_reward": valid_reward,
+                     "best_static_valid_reward": float(M["valid"]["R"][:, static].mean())},
+                    rows, verdict,
+                    {names[int(a)]: int(c) for a, c in sorted(zip(used, counts, strict=True),
+                                                              key=lambda t: -t[1])})
+    (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
+    (out / "report.md").write_text(markdown(run, dataset))
+    return run
+
+
+def markdown(run: RouterRun, dataset: str) -> str:
+    """`report.md` of a RouterRun: what was trained, the holdout table, the verdict."""
+    def fmt(r: dict[str, Any], pct: bool = False) -> str:
+        f = "{:+.1f}%" if pct else ("{:+.4f}" if r["metric"].startswith("delta") else "{:.4f}")
+        ci = (f" [{f.format(r['ci_low'])}, {f.format(r['ci_high'])}]"
+              if r["ci_low"] is not None else "")
+        return f.format(r["value"]) + ci
+
+    by = {(r["system"], r["metric"]): r for r in run.rows}
+    params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items()
+                       if k != "valid_reward")
+    lines = [f"# Per-query router policy: {dataset}", "",
+             f"Arms: {len(run.names)} configs (`rl.policy.portfolio` + given). Queries: "
+             + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "
+             f"`{run.best_static}`. Router chosen on valid: {params} (valid "
+             f"reward {run.router['valid_reward']:.4f} vs best static "
+             f"{run.router['best_static_valid_reward']:.4f}; token price "
+             f"{run.router['token_price']:.2e}).", "",
+             "Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
+             "| system | reward | quality | tokens |", "|---|---|---|---|"]
+    for s in SYSTEMS:
+        lines.append(f"| {s} | {fmt(by[(s, 'reward')])} | {fmt(by[(s, 'quality')])} | "
+                     f"{by[(s, 'tokens')]['value']:.0f} |")
+    lines += ["", "| comparison | delta_reward | delta_quality | delta_cost_pct |",
+              "|---|---|---|---|"]
+    for other in SYSTEMS[1:]:
+        c = f"supervised-router - {other}"
+        lines.append(f"| {c} | {fmt(by[(c, 'delta_reward')])} | "
+                     f"{fmt(by[(c, 'delta_quality')])} | "
+                     f"{fmt(by[(c, 'delta_cost_pct')], pct=True)} |")
+    top = ", ".join(f"`{k}` {v}" for k, v in list(run.choices.items())[:6])
+    lines += ["", f"Router's holdout choices (top 6): {top}.", "",
+              ("Verdict: **serve the router** — its reward gain over the best static config "
+               "has a 95% CI above 0." if run.verdict == "router" else
+               f"Verdict: **serve the best static config** (`{run.best_static}`) — the "
+               "router's reward gain over it has no 95% CI above 0 on this holdout."),
+              "", f"Serve it: `serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
+              "(`serving.policy_router`).", ""]
+    return "\n".join(lines)
