@@ -45,8 +45,13 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
     assert "Serve and Ray stopped" in log
 
     s = json.loads((out / "summary.json").read_text())
-    assert [x["stage"] for x in s["stages"]] == ["index", "tune", "holdout", "serve",
+    assert [x["stage"] for x in s["stages"]] == ["index", "tune", "holdout", "router", "serve",
                                                  "promotion", "summary"]
+    router = s["router"]  # the per-query router against the tuned config, on the same holdout
+    assert router["systems"][-1] in router["arms"] and (out / "policy" / "policy.json").exists()
+    g = next(r for r in router["rows"] if r["metric"] == "delta_reward"
+             and r["system"] == f"supervised-router - {router['systems'][-1]}")
+    assert g["ci_low"] <= g["value"] <= g["ci_high"] and g["n"] == s["holdout_delta"]["n"]
     tuned = s["tuned_config"]
     assert re.fullmatch(r"[0-9a-f]{12}", tuned["config_hash"]) and tuned["config"]
     h = s["holdout_delta"]

@@ -81,9 +81,16 @@ class RouterRun:
     rows: list[dict[str, Any]]
     verdict: str
     choices: dict[str, int] = field(default_factory=dict)
+    systems: tuple[str, ...] = SYSTEMS
+
+    def delta(self, other: str, metric: str = "delta_reward") -> dict[str, Any]:
+        """The `supervised-router - other` row of `metric`."""
+        return next(r for r in self.rows if r["system"] == f"supervised-router - {other}"
+                    and r["metric"] == metric)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "arms": self.names, "n": self.n,
+        return {"out": str(self.out), "arms": self.names, "systems": list(self.systems),
+                "n": self.n,
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
                 "verdict": self.verdict, "test_choices": self.choices}
 
@@ -131,11 +138,14 @@ def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.nda
 def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
                         max_train: int | None = None,
                         extra: list[tuple[str, RAGConfig]] | None = None,
-                        equal_cost: bool = False) -> RouterRun:
+                        equal_cost: bool = False, compare_to: tuple[str, ...] = ()
+                        ) -> RouterRun:
     """Fit, choose, check and save the router policy of `dataset` (a name or a path the
     loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
     (module docstring). `extra`: (name, config) arms added to the portfolio (e.g. the config
-    `ragpilot tune` found); a name or config already in it is a ConfigError naming `extra`."""
+    `ragpilot tune` found); a name or config already in it is a ConfigError naming `extra`.
+    `compare_to`: arm names compared with the router on the holdout besides best static and
+    the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
     from rl.common.data import TuningData
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
@@ -152,6 +162,9 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
             raise ConfigError("extra", f"{name} ({cfg.config_hash}) is already in the portfolio")
         arms.append((name, cfg))
     names, configs = [n for n, _ in arms], [c for _, c in arms]
+    for name in compare_to:
+        if name not in names:
+            raise ConfigError("compare_to", f"{name!r} is not an arm ({', '.join(names)})")
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
@@ -179,7 +192,8 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     n_test = len(test["R"])
     ch = router.choose(X["test"])
     picks = {"supervised-router": ch, "best-static": np.full(n_test, static),
-             "static-default": np.zeros(n_test, dtype=int)}
+             "static-default": np.zeros(n_test, dtype=int),
+             **{name: np.full(n_test, names.index(name)) for name in compare_to}}
     name = ev.data.name
     rows = holdout_rows(name, test, picks, seed)
     gain = next(r for r in rows if r["system"] == "supervised-router - best-static"
@@ -195,7 +209,8 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                      "best_static_valid_reward": float(M["valid"]["R"][:, static].mean())},
                     rows, verdict,
                     {names[int(a)]: int(c) for a, c in sorted(zip(used, counts, strict=True),
-                                                              key=lambda t: -t[1])})
+                                                              key=lambda t: -t[1])},
+                    tuple(picks))
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
     (out / "report.md").write_text(markdown(run, dataset))
     return run
@@ -221,12 +236,12 @@ def markdown(run: RouterRun, dataset: str) -> str:
              f"{run.router['token_price']:.2e}).", "",
              "Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
              "| system | reward | quality | tokens |", "|---|---|---|---|"]
-    for s in SYSTEMS:
+    for s in run.systems:
         lines.append(f"| {s} | {fmt(by[(s, 'reward')])} | {fmt(by[(s, 'quality')])} | "
                      f"{by[(s, 'tokens')]['value']:.0f} |")
     lines += ["", "| comparison | delta_reward | delta_quality | delta_cost_pct |",
               "|---|---|---|---|"]
-    for other in SYSTEMS[1:]:
+    for other in run.systems[1:]:
         c = f"supervised-router - {other}"
         lines.append(f"| {c} | {fmt(by[(c, 'delta_reward')])} | "
                      f"{fmt(by[(c, 'delta_quality')])} | "

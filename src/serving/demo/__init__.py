@@ -1,18 +1,22 @@
 """`ragpilot demo`: the control plane's loop end to end on the embedded defaults (synthetic
 world; tantivy + FAISS + graph indexes; SQLite interaction log; local MLflow).
 
-    index -> tune -> holdout report -> serve (stable = default, canary = tuned)
+    index -> tune -> holdout report (+ the per-query router against the tuned config)
+          -> serve (stable = default, canary = tuned)
           -> simulated users + feedback -> promotion (advance or roll back) -> summary
 
 Each stage is a library call (serving.demo.offline, serving.demo.live; decisions come from
 rl.promotion) shown with a progress indicator and a one-line result. Writes under `out`
 (default runs/demo): summary.json (each stage's result: `tuned_config`, `holdout_delta` with its
-CI, `promotion` with the decision and the deciding statistic), report.html (self-contained:
-tables, Pareto and reward-curve PNGs inline, the promotion timeline), tune/ (the tuning run),
+CI, `router` (the per-query router's holdout rows and verdict), `promotion` with the decision
+and the deciding statistic), report.html (self-contained: tables, Pareto and reward-curve PNGs
+inline, the promotion timeline), tune/ (the tuning run), policy/ (the router's servable
+policy directory and report.md),
 rollout/ (state.json, audit.jsonl), serve/ (interactions.sqlite), mlflow/ (local store).
 
-Budgets (2 cores, after set-up): the full run tunes 40 configs (the first is the static
-default) and sends at most 400 simulated requests; `fast` tunes 16 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
+Budgets (2 cores, after set-up): the full run tunes with 40 valid splits of query-evaluations
+(the first trial is the static default) and sends at most 400 simulated requests; `fast` tunes
+with 16 and sends at most 300. The rollout policy is configs/rl/rollout.demo.yaml
 (the production tests with stage sizes for a few hundred requests). Serve and Ray are shut down
 on every exit, Ctrl-C included; a busy port is a ConfigError naming the port and `--port`.
 """
@@ -167,6 +171,16 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
                        f"{hold.reward['ci_high']:+.4f}]; quality {q['delta']:+.4f} "
                        f"[{q['ci_low']:+.4f}, {q['ci_high']:+.4f}]; cost {c['delta']:+.1f} "
                        f"tokens/query (n = {hold.n})")
+    with st.stage("router", "per-query router over the config portfolio + the tuned config",
+                  counted=False) as r:
+        routed = offline.router_stage(tuned, settings, out / "policy", seed)
+        vs = routed.systems[-1]  # the tuned config's arm
+        g, q = routed.delta(vs), routed.delta(vs, "delta_quality")
+        c = routed.delta(vs, "delta_cost_pct")
+        r["result"] = (f"vs the tuned config: Δ reward {g['value']:+.4f} [{g['ci_low']:+.4f}, "
+                       f"{g['ci_high']:+.4f}]; quality {q['value']:+.4f} [{q['ci_low']:+.4f}, "
+                       f"{q['ci_high']:+.4f}]; tokens {c['value']:+.1f}% (n = {g['n']}); "
+                       f"verdict: {routed.verdict}")
     summary: dict[str, Any] = {
         "seed": seed, "fast": fast, "budget": vars(budget),
         "tuned_config": {"config_hash": tuned.config_hash, "config": tuned.model_dump(
@@ -177,7 +191,8 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
             "evaluations": run.summary["evaluations"], "run_dir": str(run.out)},
         "default_config": {"config_hash": default.config_hash},
         "holdout_delta": {"split": hold.split, "n": hold.n, **hold.reward, "rows": hold.rows,
-                          "gates": hold.gates}}
+                          "gates": hold.gates},
+        "router": routed.to_dict()}
     promo = _live(out, data, run, default, tuned, budget, seed, port, private_netns, console,
                   st)
     summary["promotion"] = promo

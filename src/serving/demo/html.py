@@ -62,6 +62,22 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
             [[e(r["metric"]), _f(r["default"]), _f(r["tuned"]), _f(r["delta"], "{:+.4f}"),
               "—" if not math.isfinite(r["ci_low"])
               else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"] for r in rows]))
+    router = summary.get("router")
+    if router:
+        by = {(r["system"], r["metric"]): r for r in router["rows"]}
+        parts.append(
+            f"<h2>Per-query router ({len(router['arms'])} configs; verdict: "
+            f"{e(router['verdict'])})</h2><p>Trained on half the valid split, chosen on the "
+            f"other half, read once on the holdout; policy directory "
+            f"<code>{e(router['out'])}</code>.</p>" + _table(
+                ["comparison", "Δ reward [95% CI]", "Δ quality [95% CI]", "Δ tokens %"],
+                [[e(f"router - {o}")] + [
+                    f"{_f(d['value'], '{:+.4f}')} [{_f(d['ci_low'], '{:+.4f}')}, "
+                    f"{_f(d['ci_high'], '{:+.4f}')}]"
+                    for d in (by[(f"supervised-router - {o}", m)]
+                              for m in ("delta_reward", "delta_quality"))]
+                 + [_f(by[(f"supervised-router - {o}", "delta_cost_pct")]["value"], "{:+.1f}")]
+                 for o in router["systems"][1:]]))
     parts.append("<h2>Plots</h2>")
     parts += [f'<figure><img alt="{e(name)}" src="{data_uri(p)}"><figcaption>{e(name)}'
               "</figcaption></figure>" for name, p in plots.items()]

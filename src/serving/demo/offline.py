@@ -1,6 +1,7 @@
 """The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
 tune (`rl.tuner.run.run_tuning` with the project's default searcher, `tpe-asha`: Ray Tune's
-TPE with ASHA over fidelity rungs, on a budget of query-evaluations), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
+TPE with ASHA over fidelity rungs, on a budget of query-evaluations), the per-query router
+(`rl.policy.train`: the shipped per-query policy over a config portfolio plus the tuned config), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
 quality and cost apart, Pareto and reward-curve PNGs).
 
 Nothing here prints; the orchestrator (`serving.demo`) shows progress and results.
@@ -55,6 +56,22 @@ def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
     budget = splits * len(data.examples("valid"))  # the synthetic world tunes on "valid"
     return run_tuning(DATASET, settings, SEARCHER, budget, seed=seed, out=out,
                       mlflow_dir=mlflow_dir, warm_start=warm_start)
+
+
+def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
+    """The shipped per-query policy (`rl.policy.train.train_router_policy`): the supervised
+    router over the 30-config portfolio plus the tuned config (arm "tuned" unless the
+    portfolio has it), trained and chosen on the two halves of the valid split, compared on
+    the holdout with the tuned config, the best static arm and the default; a servable policy
+    directory and report.md under `out`. The RouterRun."""
+    from rl.policy.portfolio import portfolio
+    from rl.policy.train import train_router_policy
+
+    known = {c.config_hash: n for n, c in portfolio(settings)}
+    name = known.get(tuned.config_hash, "tuned")
+    extra = [] if tuned.config_hash in known else [("tuned", tuned)]
+    return train_router_policy(DATASET, settings, out, seed=seed, extra=extra,
+                               compare_to=(name,))
 
 
 def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
