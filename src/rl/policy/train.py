@@ -194,8 +194,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     picks = {"supervised-router": ch, "best-static": np.full(n_test, static),
              "static-default": np.zeros(n_test, dtype=int),
              **{name: np.full(n_test, names.index(name)) for name in compare_to}}
-    name = ev.data.name
-    rows = holdout_rows(name, test, picks, seed)
+    rows = holdout_rows(ev.data.name, test, picks, seed)
     gain = next(r for r in rows if r["system"] == "supervised-router - best-static"
                 and r["metric"] == "delta_reward")
     verdict = "router" if gain["ci_low"] > 0 else "best-static"
