@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.headroom import matrices, portfolio, segmentations
+from bench.headroom import matrices, segmentations
+from rl.policy.portfolio import portfolio
 from rl.policy.worlds import EvaluatorWorld
 from rl.tuner.reward import PII_COLUMN
 from rl.tuner.settings import TunerSettings

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from bench.drift_data import Bundle, PricedWorld, _roles, served_rewards
-from bench.headroom import portfolio
 from bench.policy import DEFAULT_WARM, warm_starts
 from bench.policy_ppo import run_ppo, with_train
+from rl.policy.portfolio import portfolio
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"

@@ -58,7 +58,7 @@ from bench.common import (  # noqa: E402
 from bench.headroom_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.portfolio import PORTFOLIO, portfolio  # noqa: E402,F401 (bench users import them here)
+from rl.policy.portfolio import PORTFOLIO, portfolio  # noqa: E402
 from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import (  # noqa: E402
     best_static,
@@ -106,9 +106,9 @@ def matrices(ev, configs: list[tuple[str, RAGConfig]], split: str) -> dict[str, 
         tab = ev.table(cfg, split)
         tabs.append(tab)
         cols["R"].append(ev.per_query_reward(tab))
-        F, Rel = ev.quality(tab)
-        cols["Q"].append(np.asarray(spec.quality(F, Rel), dtype=np.float64))
+        cols["Q"].append(ev.per_query_quality(tab))
         # the same reward with the config's mean latency for every query: no timing noise
+        F, Rel = ev.quality(tab)
         lat = np.full_like(tab["latency_ms"], tab["latency_ms"].mean())
         cols["Rm"].append(np.asarray(spec.per_query(F, Rel, lat, tab["tokens"],
                                                     tab.get(PII_COLUMN)), dtype=np.float64))

@@ -71,7 +71,7 @@ from bench.common import (  # noqa: E402
     rerender,
     write_results,
 )
-from bench.headroom import MAIN_SEGMENTS, matrices, portfolio, segmentations  # noqa: E402
+from bench.headroom import MAIN_SEGMENTS, matrices, segmentations  # noqa: E402
 from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
 from bench.policy_ppo import (  # noqa: E402
@@ -86,6 +86,7 @@ from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
+from rl.policy.portfolio import portfolio  # noqa: E402
 from rl.policy.router import (  # noqa: E402
     ROUTER_FEATURE_NAMES,
     SegmentLookup,

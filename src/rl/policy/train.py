@@ -26,7 +26,7 @@ the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +58,11 @@ def role_indices(ev: Any, seed: int, max_train: int | None = None
 
 def split_matrices(ev: Any, configs: list[RAGConfig], split: str) -> dict[str, np.ndarray]:
     """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`."""
-    spec = ev.reward_spec()
     cols: dict[str, list[np.ndarray]] = {"R": [], "Q": [], "T": []}
     for cfg in configs:
         tab = ev.table(cfg, split)
-        F, Rel = ev.quality(tab)
         cols["R"].append(ev.per_query_reward(tab))
-        cols["Q"].append(np.asarray(spec.quality(F, Rel), dtype=np.float64))
+        cols["Q"].append(ev.per_query_quality(tab))
         cols["T"].append(np.asarray(tab["tokens"], dtype=np.float64))
     return {k: np.column_stack(v) for k, v in cols.items()}
 
@@ -108,7 +106,7 @@ def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.nda
     its mean reward, quality and tokens with bootstrap 95% CIs, and `supervised-router - X`
     for the other systems: delta_reward, delta_quality (paired bootstrap 95% CIs over
     queries) and delta_cost_pct (100 · (mean tokens / X's − 1), CI from the same resamples)."""
-    from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap
+    from rl.stats.bootstrap import bootstrap_mean_ci, bootstrap_statistic, paired_bootstrap
     from rl.stats.headroom import pick
 
     rows = []
@@ -119,17 +117,21 @@ def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.nda
             b = bootstrap_mean_ci(g[k], seed=seed)
             rows.append(_row(dataset, s, metric, b.mean_diff, b.ci_low, b.ci_high, n))
     r = got["supervised-router"]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, (4000, n))
+
+    def cost_pct(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return 100.0 * (a / np.maximum(b, 1e-9) - 1.0)
+
     for other in (s for s in got if s != "supervised-router"):
         o = got[other]
         for k, metric in (("R", "delta_reward"), ("Q", "delta_quality")):
             b = paired_bootstrap(o[k], r[k], seed=seed)
             rows.append(_row(dataset, f"supervised-router - {other}", metric, b.mean_diff,
                              b.ci_low, b.ci_high, n))
-        ratio = r["T"][idx].mean(axis=1) / np.maximum(o["T"][idx].mean(axis=1), 1e-9)
-        point = 100.0 * (r["T"].mean() / max(o["T"].mean(), 1e-9) - 1.0)
-        lo, hi = np.percentile(100.0 * (ratio - 1.0), [2.5, 97.5])
+        boot = bootstrap_statistic(lambda idx, o=o: cost_pct(r["T"][idx].mean(axis=1),
+                                                             o["T"][idx].mean(axis=1)),
+                                   n, seed=seed)
+        point = float(cost_pct(r["T"].mean(), o["T"].mean()))
+        lo, hi = np.percentile(boot, [2.5, 97.5])
         rows.append(_row(dataset, f"supervised-router - {other}", "delta_cost_pct", point,
                          lo, hi, n))
     return rows
@@ -179,15 +181,12 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
         M[role] = {k: v[idx] for k, v in full[split].items()}
         X[role] = feat.matrix([ev.data.examples(split)[int(i)] for i in idx])
     ev.memo.flush()
-    router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
-                                M["train"]["T"], seed=seed, arms=arm_features(configs))
+    router, _ = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
+                              M["train"]["T"], seed=seed, arms=arm_features(configs))
     static = best_static(M["valid"]["R"])
-    price = 0.0
-    if equal_cost:
-        price = router.fit_token_price(X["valid"], M["valid"]["T"],
-                                       float(M["valid"]["T"][:, static].mean()))
-    else:
-        router.token_price = 0.0
+    if equal_cost:  # else the price select_router's router has: 0
+        router.fit_token_price(X["valid"], M["valid"]["T"],
+                               float(M["valid"]["T"][:, static].mean()))
     test = M["test"]
     n_test = len(test["R"])
     ch = router.choose(X["test"])
@@ -203,7 +202,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     valid_reward = float(pick(M["valid"]["R"], router.choose(X["valid"])).mean())
     used, counts = np.unique(ch, return_counts=True)
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in parts.items()}, names[static],
-                    {"params": sel.tried[sel.best], "token_price": price,
+                    {"params": asdict(router.params), "token_price": router.token_price,
                      "equal_cost": equal_cost, "valid_reward": valid_reward,
                      "best_static_valid_reward": float(M["valid"]["R"][:, static].mean())},
                     rows, verdict,
@@ -224,8 +223,7 @@ def markdown(run: RouterRun, dataset: str) -> str:
         return f.format(r["value"]) + ci
 
     by = {(r["system"], r["metric"]): r for r in run.rows}
-    params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items()
-                       if k != "valid_reward")
+    params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items())
     lines = [f"# Per-query router policy: {dataset}", "",
              f"Arms: {len(run.names)} configs (`rl.policy.portfolio` + given). Queries: "
              + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "

@@ -50,7 +50,6 @@ class EvaluatorWorld:
         self.idx = np.arange(len(ev.data.examples(split))) if idx is None else np.asarray(idx)
         self.n = len(self.idx)
         self.cost_ref = float(ev.policy.cost_ref_tokens)
-        self._spec = ev.reward_spec()
         self._cache: dict[tuple[str, int], Outcome] = {}
 
     def _read(self, config: RAGConfig, qs: Sequence[int]) -> dict[int, Outcome]:
@@ -61,8 +60,7 @@ class EvaluatorWorld:
             # a row whose answer cites nothing) is NaN, which the reward leaves out
             tab.setdefault(name, np.full(n, np.nan))
         R = self.reward(tab)
-        F, Rel = self.ev.quality(tab)
-        Q = np.asarray(self._spec.quality(F, Rel), dtype=np.float64)
+        Q = self.ev.per_query_quality(tab)
         return {q: Outcome(float(R[q]), float(Q[q]), float(tab["tokens"][q]) / self.cost_ref)
                 for q in qs}
 

@@ -368,6 +368,12 @@ class TunerEvaluator:
                           (time.perf_counter() - t0) * 1000, cached,
                           float(spec.shaped_reward(m)), viol)
 
+    def per_query_quality(self, tab: QueryTable) -> np.ndarray:
+        """Quality of each query alone, αF + βR (`RewardSpec.quality` of `quality`'s F and R):
+        the quality side of `per_query_reward`, which per-query tables report apart."""
+        F, R = self.quality(tab)
+        return np.asarray(self.reward_spec().quality(F, R), dtype=np.float64)
+
     def per_query_reward(self, tab: QueryTable) -> np.ndarray:
         """Reward of each query alone (`RewardSpec.per_query`: latency and cost per query, no
         batch gates): what a per-query policy is trained on and what paired bootstraps
