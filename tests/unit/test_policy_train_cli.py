@@ -12,8 +12,43 @@ from serving.cli import main
     (["--add-config", "no-equals-sign"], "--add-config"),
     (["--add-config", "x=/nonexistent/best_config.yaml"], "--add-config"),
     (["--max-train", "1"], "--max-train"),
+    (["--seed", "-1"], "--seed"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv, flag, tmp_path, capsys):
     assert main(["policy", "train", "--out", str(tmp_path), *argv]) == 2
     assert flag in capsys.readouterr().err
     assert not (tmp_path / "policy.json").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize(("yamls", "says"), [
+    ({"static-default": "rag: {k: 7}\n"}, "'static-default' is already an arm's name"),
+    ({"x": "rag: {k: 7}\n", "y": "rag: {k: 7}\n"}, "same config as arm 'x'"),
+    ({"mine": "rag: {variant: bm25, k: 3}\n"}, "same config as arm 'bm25-k3'"),
+])
+def test_an_added_arm_that_clashes_is_refused_naming_what_it_clashes_with(yamls, says,
+                                                                            tmp_path, capsys):
+    argv = []
+    for name, text in yamls.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+        argv += ["--add-config", f"{name}={tmp_path / name}.yaml"]
+    out = tmp_path / "run"
+    assert main(["policy", "train", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "--add-config" in err and says in err
+    assert not out.exists()  # refused before the run directory is made
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_out_that_cannot_be_a_directory_exits_2(below, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory\n")
+    out = tmp_path / "file" / below
+    assert main(["policy", "train", "--out", str(out)]) == 2  # no traceback
+    assert "error: --out: cannot create directory" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "not a directory\n"
+
+
+def test_max_train_on_data_without_a_train_split_is_refused(tmp_path, capsys):
+    # the synthetic world has valid/test only: the cap would be silently ignored
+    assert main(["policy", "train", "--out", str(tmp_path), "--max-train", "5"]) == 2
+    assert "--max-train: synthetic has no train split" in capsys.readouterr().err
+    assert not (tmp_path / "policy.json").exists()

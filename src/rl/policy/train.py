@@ -144,8 +144,10 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                         ) -> RouterRun:
     """Fit, choose, check and save the router policy of `dataset` (a name or a path the
     loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
-    (module docstring). `extra`: (name, config) arms added to the portfolio (e.g. the config
-    `ragpilot tune` found); a name or config already in it is a ConfigError naming `extra`.
+    (module docstring); `max_train` on data without a train split is a ConfigError naming
+    `max_train`, an `out` that cannot be a directory one naming `out`. `extra`: (name, config)
+    arms added to the portfolio (e.g. the config `ragpilot tune` found); a name or config
+    already in it is a ConfigError naming `extra`.
     `compare_to`: arm names compared with the router on the holdout besides best static and
     the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
     from rl.common.data import TuningData
@@ -157,19 +159,30 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     from rl.tuner.evaluator import TunerEvaluator
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     arms = portfolio(settings)
     for name, cfg in extra or []:
-        if name in {n for n, _ in arms} or cfg.config_hash in {c.config_hash for _, c in arms}:
-            raise ConfigError("extra", f"{name} ({cfg.config_hash}) is already in the portfolio")
+        if name in {n for n, _ in arms}:
+            raise ConfigError("extra", f"{name!r} is already an arm's name (the portfolio's or "
+                                       "one given before)")
+        same = [n for n, c in arms if c.config_hash == cfg.config_hash]
+        if same:
+            raise ConfigError("extra", f"{name} ({cfg.config_hash}) is the same config as arm "
+                                       f"{same[0]!r}")
         arms.append((name, cfg))
     names, configs = [n for n, _ in arms], [c for _, c in arms]
     for name in compare_to:
         if name not in names:
             raise ConfigError("compare_to", f"{name!r} is not an arm ({', '.join(names)})")
+    try:  # after the checks above: refused input leaves no directory behind
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or above it
+        raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+    if max_train and "train" not in ev.data.splits:  # role_indices would ignore it
+        raise ConfigError("max_train", f"{ev.data.name} has no train split: the router trains "
+                                       "on a seeded half of its valid split (drop the cap)")
     parts = role_indices(ev, seed, max_train)
     if min(len(idx) for _, idx in parts.values()) < 2:
         raise ConfigError("dataset", f"{dataset}: train, valid and test need >= 2 queries each "

@@ -18,7 +18,8 @@ from pathlib import Path
 from rag.errors import ConfigError
 from serving.cli.common import flags, tuner_settings
 
-FLAGS = {"extra": "--add-config", "dataset": "--dataset"}
+FLAGS = {"extra": "--add-config", "dataset": "--dataset", "out": "--out",
+         "max_train": "--max-train"}
 
 
 def _extra(specs: list[str] | None):
@@ -31,7 +32,8 @@ def _extra(specs: list[str] | None):
             raise ConfigError("--add-config", f"{spec!r}: expected NAME=PATH (a rag: YAML, "
                                               "e.g. best_config.yaml of ragpilot tune)")
         if not Path(path).is_file():
-            raise ConfigError("--add-config", f"{path} does not exist")
+            raise ConfigError("--add-config", f"{path} is not a file" if Path(path).exists()
+                              else f"{path} does not exist")
         out.append((name, RAGConfig.from_yaml(path)))
     return out
 
@@ -41,6 +43,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.max_train is not None and args.max_train < 2:
         raise ConfigError("--max-train", "must be >= 2")
+    if args.seed < 0:  # numpy's generators take no negative seed
+        raise ConfigError("--seed", "must be >= 0")
     extra = _extra(args.add_config)
     settings = tuner_settings(args.policy)
     with flags(FLAGS):
@@ -66,7 +70,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--add-config", action="append", metavar="NAME=PATH",
                    help="one more arm: a rag: YAML (e.g. ragpilot tune's best_config.yaml)")
     s.add_argument("--max-train", type=int,
-                   help="train on a seeded subset of this many train-split queries")
+                   help="train on a seeded subset of this many train-split queries "
+                        "(data with a train split, e.g. hotpotqa, scifact)")
     s.add_argument("--equal-cost", action="store_true",
                    help="hold the router's mean tokens on valid to the best static config's")
     s.add_argument("--seed", type=int, default=0)
