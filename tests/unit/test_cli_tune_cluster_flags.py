@@ -1,6 +1,7 @@
 """`ragpilot tune`'s cluster flags (issue 23 item 1): --max-concurrent, --cpus-per-trial,
 --reuse-actors and --ray-address reach `rl.tuner.tune_search.tune_search` unchanged; a bad value
-exits 2 naming the flag before any data or Ray work. No Ray runtime is started here."""
+exits 2 naming the flag before any data or Ray work, as does an `--out` that cannot be a
+directory. No Ray runtime is started here."""
 
 from __future__ import annotations
 
@@ -112,3 +113,15 @@ def test_fanout_workers_and_the_environment(monkeypatch):
     assert fanout_workers(ns()) is None
     with pytest.raises(ConfigError, match="--workers"):
         fanout_workers(ns(workers=0))
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_out_that_cannot_be_a_directory_exits_2_naming_out(tmp_path, below, capsys):
+    """`--out` an existing file (or a path under one): exit 2 naming `--out`, not mkdir's
+    traceback; the file is left as it was."""
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    out = f / below if below else f
+    assert main(["tune", "--dataset", "synthetic", "--out", str(out), "--no-mlflow"]) == 2
+    assert "error: --out: cannot create directory" in capsys.readouterr().err
+    assert f.read_text() == "keep me"

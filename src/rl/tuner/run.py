@@ -230,7 +230,10 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     check(method, budget, unit, resume=resume, checkpoint=checkpoint)
     unit = unit or default_unit(method)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or above it
+        raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)

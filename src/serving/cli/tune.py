@@ -44,7 +44,7 @@ from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import add_set_argument, flags, rag_config, tuner_settings
 
 FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
-         "resume": "--resume", "checkpoint": "--checkpoint"}
+         "resume": "--resume", "checkpoint": "--checkpoint", "out": "--out"}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
