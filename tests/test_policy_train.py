@@ -46,10 +46,15 @@ def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
     from rl.common.data import TuningData
     from rl.policy.base import load_policy
     from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
+    from serving.launch import read_serve_yaml
     from serving.policy_router import PolicyRouter
+    from serving.schemas import ServeSettings
 
     out, rep = trained
-    loaded = load_policy(out)
+    # the serve.yaml written beside it deploys this directory in policy mode
+    s = ServeSettings.from_args(read_serve_yaml(out / "serve.yaml")[1][0]["args"])
+    assert s.traffic.mode == "policy" and s.policy.dir == str(out.resolve())
+    loaded = load_policy(s.policy.dir)
     assert loaded.kind == "router" and loaded.names == rep["arms"]
     assert loaded.feature_names == list(FEATURE_NAMES)
     data = TuningData.open("synthetic")

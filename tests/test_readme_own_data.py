@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from tests.test_tune_own_data import _beir
 
+from rag.config import RAGConfig
+from serving.launch import read_serve_yaml
+from serving.schemas import ServeSettings
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -51,3 +55,12 @@ def test_readme_own_data_path_runs_as_written(tmp_path):
     report = (run / "report.md").read_text()
     assert "default" in report and "95%" in report
     assert "bm25" in proc.stdout or "hybrid" in proc.stdout or "dense" in proc.stdout  # best_config
+    # the README's next step serves the run's serve.yaml: default as stable, tuned as canary
+    tuned = RAGConfig.from_yaml(run / "best_config.yaml")
+    if (run / "serve.yaml").exists():
+        s = ServeSettings.from_args(read_serve_yaml(run / "serve.yaml")[1][0]["args"])
+        assert s.config(s.canary).config_hash == tuned.config_hash
+        assert s.dataset == str(data.resolve())
+        assert "ragpilot serve --config runs/my-tune/serve.yaml" in proc.stdout
+    else:  # the search kept the default
+        assert "nothing to roll out" in proc.stdout

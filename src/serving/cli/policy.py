@@ -51,9 +51,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
                                   max_train=args.max_train, extra=extra,
                                   equal_cost=args.equal_cost)
+    from serving.serve_yaml import SERVE_FILE, policy_args, write_serve_yaml
+
+    serve = write_serve_yaml(run.out / SERVE_FILE,
+                             policy_args(args.dataset, settings.base_config(), run.out),
+                             note=f"ragpilot policy train, policy {run.out}")
     print((run.out / "report.md").read_text())
-    print(f"wrote {run.out} (policy.json, model.pkl, report.json, report.md); verdict: "
-          f"{run.verdict}")
+    print(f"wrote {run.out} (policy.json, model.pkl, report.json, report.md, {SERVE_FILE}); "
+          f"verdict: {run.verdict}")
+    if run.verdict == "router":
+        print(f"serve it: ragpilot serve --config {serve}")
+    else:  # written all the same: serving it logs propensities that a later run can learn from
+        print(f"the router is not ahead of the best static config `{run.best_static}` on the "
+              f"holdout: serve that config, or serve the policy anyway to log exploration "
+              f"data (ragpilot serve --config {serve})")
     return 0
 
 

@@ -86,7 +86,30 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"valid reward {valid.reward:.4f}; holdout reward {test.reward:.4f} "
           f"(gates {'pass' if test.gates['passed'] else 'FAIL'}); "
           f"{run.summary['evaluations']} evaluations; wrote {run.out}")
+    _serve_next(run, settings)
     return 0
+
+
+def _serve_next(run, settings) -> None:
+    """`<out>/serve.yaml` (stable = default, canary = the tuned config at 0%) and the two
+    commands that serve and promote it; nothing to serve when the tuned config is the default."""
+    from rl.tuner.space import ConfigSpace
+    from serving.serve_yaml import SERVE_FILE, tuned_args, write_serve_yaml
+
+    default = ConfigSpace(settings).base
+    if run.best.config_hash == default.config_hash:
+        print("the tuned config is the static default: nothing to roll out")
+        return
+    out = Path(run.out)
+    path = write_serve_yaml(out / SERVE_FILE,
+                            tuned_args(run.summary["dataset"], default, run.best, out),
+                            note=f"ragpilot tune, run {out}")
+    split = run.summary["split"]
+    manifest = split["path"] or run.summary["dataset_name"]
+    print(f"serve it: ragpilot serve --config {path}\n"
+          f"promote it: ragpilot rollout start --candidate {out / 'best_config.yaml'} "
+          f"--stable {default.config_hash} --manifest {manifest} --state-dir {out / 'rollout'}"
+          "   (runbooks/canary_promotion.md)")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
