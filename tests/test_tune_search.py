@@ -27,7 +27,8 @@ def setup(tmp_path_factory):
     policy = TunerSettings.defaults().with_overrides(
         k_grid=[3, 5], fusion_grid=0.5, fusion_step=0.5,
         discrete={"variant": ["bm25", "hybrid"], "rerank": ["off"],
-                  "prompt_id": ["cite_concise"]})
+                  "prompt_id": ["cite_concise"]}).with_legacy_space()  # the later heads pinned
+    assert len(list(ConfigSpace(policy).grid())) == 8
     ev = TunerEvaluator(TuningData.open("synthetic"), policy,
                         cache_root=tmp_path_factory.mktemp("tune-cache"))
     grid = grid_search(ev)  # every table once, here

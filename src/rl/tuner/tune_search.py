@@ -249,6 +249,11 @@ def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid
     trials: dict[str, dict[str, Any]] = {}
     inc, configs = Incumbent(), {}
     history, curve, spent = [], [], 0
+    # a config's full-fidelity reward is one number (the same rows of the same split): a trial
+    # that repeats the config adds no evidence, and averaging the repeats would move the
+    # incumbent's reward by float rounding (np.mean of three equal floats can differ in the
+    # last bit), making the best-so-far curve non-monotone
+    full_seen: set[str] = set()
     for tid, params, m, t in results:
         tr = trials.get(tid)
         if tr is None:
@@ -261,7 +266,8 @@ def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid
         tr.update(query_evals=m["query_evals"], full_fidelity=bool(m["full_fidelity"]),
                   seconds=float(m.get("time_total_s", 0.0)))
         tr["rung_rewards"].append(m["reward"])
-        if m["full_fidelity"] and np.isfinite(m["reward"]):
+        if m["full_fidelity"] and np.isfinite(m["reward"]) and m["config_hash"] not in full_seen:
+            full_seen.add(m["config_hash"])
             inc.add(m["config_hash"], m["reward"])
             configs[m["config_hash"]] = tr["config"]
         best = inc.best() if len(inc) else (None, None)
@@ -269,10 +275,11 @@ def _summarise(method: str, seed: int, budget: int, rungs: tuple[int, ...], grid
                         "trial_id": tid, "cum_query_evals": spent, "seconds": t})
         curve.append({"query_evals": spent, "seconds": t, "best_reward": best[1],
                       "incumbent": best[0]})
-    final = Incumbent()
+    final, full_seen = Incumbent(), set()
     rank = created or {}
     for _tid, _, m, _ in sorted(results, key=lambda x: rank.get(x[0], len(rank))):  # stable
-        if m["full_fidelity"] and np.isfinite(m["reward"]):
+        if m["full_fidelity"] and np.isfinite(m["reward"]) and m["config_hash"] not in full_seen:
+            full_seen.add(m["config_hash"])
             final.add(m["config_hash"], m["reward"])
     h, r = final.best() if len(final) else (None, None)
     return TuneSearchResult(method, seed, budget, rungs, grid, list(trials.values()), history,
