@@ -263,5 +263,6 @@ def markdown(run: RouterRun, dataset: str) -> str:
                f"Verdict: **serve the best static config** (`{run.best_static}`) — the "
                "router's reward gain over it has no 95% CI above 0 on this holdout."),
               "", f"Serve it: `serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
-              "(`serving.policy_router`).", ""]
+              "(`serving.policy_router`); `ragpilot policy train` writes that Serve config "
+              f"as `{run.out}/serve.yaml` (`ragpilot serve --config` it).", ""]
     return "\n".join(lines)
