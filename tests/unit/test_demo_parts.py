@@ -68,6 +68,31 @@ def test_deciding_text_names_the_statistic():
     assert "CI [-0.0500, -0.0100]" in deciding_text({"offline": off})
 
 
+def test_canary_sizing_is_the_smallest_unpaired_canary_with_the_asked_power():
+    """The demo's rollback line: from the last look (n candidate requests, se of Δ at a 5%
+    split) the per-request sd, then the candidate requests whose unpaired one-sided test
+    detects the offline gain with 80% power, checked here against the power formula."""
+    from scipy.stats import norm
+
+    from serving.demo.live import canary_sizing, sizing_text
+
+    stat = {"last_look": {"look": 1, "n": 11, "diff": -0.037, "se": 0.120, "z": -0.3}}
+    z = canary_sizing(stat, 0.0157, 5.0, alpha=0.05)
+    ratio = 1 + 5 / 95
+    sd = 0.120 * math.sqrt(11 / ratio)
+    assert z["sd"] == pytest.approx(sd)
+
+    def power(n_c):  # unpaired: the stable arm has 19 requests for each candidate request
+        return norm.cdf(0.0157 / (sd * math.sqrt(ratio / n_c)) - norm.ppf(0.95))
+
+    n = z["candidate_requests"]
+    assert power(n) >= 0.8 > power(n - 2) and 3000 < n < 5000
+    assert z["total_requests"] == math.ceil(n * 20)
+    assert f"~{n:,} canary requests" in sizing_text(z) and "this canary had 11" in sizing_text(z)
+    # nothing to size without a look or without a gain
+    assert canary_sizing({}, 0.0157, 5.0) is None and canary_sizing(stat, -0.01, 5.0) is None
+
+
 def test_report_is_self_contained(tmp_path):
     import matplotlib
 

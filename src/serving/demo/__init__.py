@@ -271,6 +271,11 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                 loop.step(lambda: bar.advance(task))
                 bar.update(task, description=f"stage {loop.sm.stage}")
             promo = loop.outcome()
+            if promo["decision"] == "rolled_back" and "inconclusive" in promo["reason"] \
+                    and promo["last_stage"].startswith("canary_"):
+                promo["sizing"] = live.canary_sizing(
+                    promo["statistic"], offline_report.diff,
+                    float(promo["last_stage"].split("_")[1]), policy.alpha)
             r["result"] = (f"{promo['decision']} at {promo['last_stage']} after "
                            f"{promo['requests']} requests: {promo['reason']}")
     return {**promo, "timeline": loop.timeline, "user_errors": users.errors,
@@ -292,5 +297,9 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
                                f"{p['requests']} "
                                f"requests): {p['reason']}")
     table.add_row("deciding statistic", p.get("deciding") or "—")
+    if p.get("sizing"):
+        from serving.demo.live import sizing_text
+
+        table.add_row("to decide it", sizing_text(p["sizing"]))
     table.add_row("files", f"{s['tuned_config']['run_dir']}, report.html, summary.json")
     console.print(table)

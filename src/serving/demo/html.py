@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from serving.demo.live import sizing_text
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}img{max-width:480px;margin:4px}
@@ -83,7 +85,9 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
               "</figcaption></figure>" for name, p in plots.items()]
     parts += [f"<h2>Promotion: <span class={e(promo['decision'])}>{e(promo['decision'])}"
               f"</span> at {e(promo.get('last_stage', promo['stage']))}</h2>",
-              f"<p>{e(promo['reason'])}<br>{e(promo['deciding'])}</p>",
+              f"<p>{e(promo['reason'])}<br>{e(promo['deciding'])}"
+              + (f"<br>To decide it: {e(sizing_text(promo['sizing']))}"
+                 if promo.get("sizing") else "") + "</p>",
               _table(["t (s)", "requests", "action", "from → to", "reason"],
                      [[_f(t["t_s"], "{:.1f}"), t["requests"], e(t["action"]),
                        e(f"{t['from']} → {t['to']}"), e(t["reason"])]

@@ -304,6 +304,41 @@ def _numbers(ev: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def canary_sizing(stat: dict[str, Any], delta: float, percent: float, alpha: float = 0.05,
+                  power: float = 0.8) -> dict[str, Any] | None:
+    """What a canary stage that ended undecided would have needed: the candidate requests (and
+    all requests, at the stage's `percent` share) for its unpaired test to detect `delta` (the
+    offline gain) with `power` at one-sided `alpha`, at the spread this run observed. The
+    per-request sd comes from the last look: se² = sd²/n_c · (1 + p/(100 − p)) with the stable
+    arm p/(100 − p) times larger. A fixed-sample normal approximation (the stage's sequential
+    test needs a few % more). None without a look or a positive `delta`."""
+    import math
+
+    from rl.stats.power import required_sample_size
+
+    look = stat.get("last_look") or {}
+    n, se = look.get("n"), look.get("se")
+    if not (n and se and delta and delta > 0 and 0 < percent < 100):
+        return None
+    ratio = 1.0 + percent / (100.0 - percent)
+    sd = float(se) * math.sqrt(float(n) / ratio)
+    need = math.ceil(required_sample_size(delta, sd, alpha, power, paired=True, sided=1)
+                     * ratio)
+    return {"delta": float(delta), "sd": sd, "power": power, "alpha": alpha,
+            "percent": percent, "candidate_requests": need,
+            "total_requests": math.ceil(need * 100.0 / percent), "observed_n": int(n)}
+
+
+def sizing_text(z: dict[str, Any] | None) -> str:
+    """One line for `canary_sizing`'s numbers."""
+    if not z:
+        return ""
+    return (f"detecting the offline gain ({z['delta']:+.4f}) at this spread (sd "
+            f"{z['sd']:.2f} per request) with {z['power']:.0%} power needs ~"
+            f"{z['candidate_requests']:,} canary requests (~{z['total_requests']:,} in all at "
+            f"{z['percent']:g}%); this canary had {z['observed_n']}")
+
+
 def deciding_text(stat: dict[str, Any]) -> str:
     """One line naming the statistic a decision rests on: the sequential z against its
     boundary, or the offline CI."""
