@@ -65,6 +65,13 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
     assert p["timeline"] and p["timeline"][0]["from"] == "candidate"
     if p["decision"] == "promoted":
         assert p["stage"] == "full"
+    if "inconclusive" in p["reason"] and p["last_stage"].startswith("canary_"):
+        # it says what deciding it would take: more canary requests than it had, for the
+        # offline gate's Δ (its own evaluation of the holdout: the holdout Δ to ~1e-7)
+        z = p["sizing"]
+        assert z["candidate_requests"] > z["observed_n"] and z["delta"] == pytest.approx(
+            h["delta"], rel=1e-4)
+        assert "to decide it" in log
     audit = (out / "rollout" / "audit.jsonl").read_text().splitlines()
     assert json.loads(audit[-1])["to"] == p["stage"]  # the state machine's own record agrees
     assert 0 <= p["requests"] <= s["budget"]["max_requests"]
