@@ -8,7 +8,8 @@ configs/serve/default.yaml:
 The file is the packaged configs/serve/default.yaml with its first application's `args`
 replaced key by key (`args` validated by ServeSettings before anything is written, so a file
 written here always deploys) and every path absolute, so it serves from any directory. The
-interaction store and the rollout state live under `<run>/serve` and `<run>/rollout`.
+interaction store and the rollout state live under `<run>/serve` and `<run>/rollout`; the API
+keys file stays the template's.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def _changed(config: Any, default: Any) -> dict[str, Any]:
 
 
 def _run_paths(run: Path) -> dict[str, Any]:
+    """The run's own interaction store and rollout state. API keys stay where `ragpilot keys
+    create` puts them without `--config` (the template's `auth.keys_file`): an operator's
+    credential, not a run's."""
     run = run.resolve()
     return {"store_url": str(run / "serve" / "interactions.sqlite"),
-            "rollout_dir": str(run / "rollout"),
-            "auth": {"keys_file": str(run / "serve" / "keys.json")}}
+            "rollout_dir": str(run / "rollout")}
 
 
 def _dataset(dataset: str) -> str:
@@ -65,7 +68,7 @@ def policy_args(dataset: str, base: Any, policy_dir: str | Path) -> dict[str, An
 
 def write_serve_yaml(path: str | Path, args: dict[str, Any], note: str = "") -> Path:
     """configs/serve/default.yaml with `args` set over its first application's (key by key;
-    `auth` and `traffic` merged one level down), validated, written to `path`."""
+    `traffic` merged one level down), validated, written to `path`."""
     template = default_config("serve/default.yaml")
     data = yaml.safe_load(template.read_text())
     read_serve_yaml(template)  # the packaged template is itself a valid Serve config
@@ -73,7 +76,7 @@ def write_serve_yaml(path: str | Path, args: dict[str, Any], note: str = "") -> 
     merged = dict(app.get("args") or {})
     for k, v in args.items():
         merged[k] = ({**(merged.get(k) or {}), **v}
-                     if k in ("auth", "traffic") and isinstance(v, dict) else v)
+                     if k == "traffic" and isinstance(v, dict) else v)
     ServeSettings.from_args(merged)  # ConfigError naming serve.<key> before anything is written
     app["args"] = merged
     path = Path(path)
