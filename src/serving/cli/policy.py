@@ -75,7 +75,9 @@ def add_parsers(sub) -> None:
                                     "the holdout split, save a servable policy directory")
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
-    s.add_argument("--out", default="runs/policy")
+    s.add_argument("--out", default="runs/policy",
+                   help="policy directory: policy.json, model.pkl, report.json/.md and "
+                        "serve.yaml (ragpilot serve --config it)")
     s.add_argument("--policy", help="tuner policy YAML (reward, base config; "
                                     "configs/rl/policy.defaults.yaml)")
     s.add_argument("--add-config", action="append", metavar="NAME=PATH",

@@ -234,7 +234,10 @@ def add_parsers(sub) -> None:
                         "query-evaluations over all trials (the Ray Tune searches). Default: "
                         "queries for the Ray Tune searches, else steps")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", default="runs/tune")
+    s.add_argument("--out", default="runs/tune",
+                   help="run directory: best_config.yaml, summary.json, the holdout, and "
+                        "serve.yaml (default as stable, tuned as a 0%% canary) when the tuned "
+                        "config differs from the default")
     s.add_argument("--checkpoint", action="store_true", help="save the PPO checkpoint")
     s.add_argument("--resume", help="PPO checkpoint directory to continue from")
     s.add_argument("--mlflow-dir", default="runs/mlflow")
