@@ -20,13 +20,13 @@ from typing import Any
 import yaml
 
 from rag.resources import default_config
-from serving.launch import read_serve_yaml
 from serving.schemas import ServeSettings
 
 SERVE_FILE = "serve.yaml"
 
 
-def _changed(config: Any, default: Any) -> dict[str, Any]:
+def changed_keys(config: Any, default: Any) -> dict[str, Any]:
+    """The fields of `config` (a RAGConfig) whose values differ from `default`'s."""
     a, b = config.model_dump(mode="json"), default.model_dump(mode="json")
     return {k: v for k, v in a.items() if b.get(k) != v}
 
@@ -51,7 +51,7 @@ def tuned_args(dataset: str, default: Any, tuned: Any, run: str | Path) -> dict[
     `base` is the default config in full, so stable is exactly the config the run compared
     against and the canary's overrides are only the keys the tuning changed."""
     return {"dataset": _dataset(dataset), "base": default.model_dump(mode="json"),
-            "stable": {}, "canary": _changed(tuned, default), "shadow": None,
+            "stable": {}, "canary": changed_keys(tuned, default), "shadow": None,
             "traffic": {"mode": "split", "canary_percent": 0.0, "shadow_percent": 0.0},
             **_run_paths(Path(run))}
 
@@ -71,7 +71,6 @@ def write_serve_yaml(path: str | Path, args: dict[str, Any], note: str = "") -> 
     `traffic` merged one level down), validated, written to `path`."""
     template = default_config("serve/default.yaml")
     data = yaml.safe_load(template.read_text())
-    read_serve_yaml(template)  # the packaged template is itself a valid Serve config
     app = data["applications"][0]
     merged = dict(app.get("args") or {})
     for k, v in args.items():

@@ -78,21 +78,17 @@ class _Stages:
                            f"({secs:.1f} s): {box.get('result', '')}")
 
 
-def _changed(tuned: Any, default: Any) -> dict[str, Any]:
-    a, b = tuned.model_dump(mode="json"), default.model_dump(mode="json")
-    return {k: v for k, v in a.items() if b.get(k) != v}
-
-
 def serve_args(out: Path, default: Any, tuned: Any) -> dict[str, Any]:
-    """ServeSettings for the demo app: stable = `default`, canary = `tuned` at 0% (the rollout
-    sets the split), its own store, key file and rollout dir under `out`."""
-    return {"store_url": str(out / "serve" / "interactions.sqlite"),
+    """ServeSettings for the demo app: what `ragpilot tune`'s serve.yaml serves (stable =
+    `default`, canary = `tuned` at 0%, the rollout sets the split; store and rollout dir under
+    `out`: `serving.serve_yaml.tuned_args`), with its own key file and small limits."""
+    from serving.serve_yaml import tuned_args
+
+    return {**tuned_args("synthetic", default, tuned, out),
             "auth": {"keys_file": str(out / "serve" / "keys.json")},
-            "base": default.model_dump(mode="json"), "canary": tuned.model_dump(mode="json"),
-            "traffic": {"canary_percent": 0.0, "shadow_percent": 0.0},
             "limits": {"max_inflight": 8, "rate_per_s": 1000.0, "burst": 1000.0},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
-            "max_variants": 4, "rollout_dir": str(out / "rollout"), "restore_routing": False}
+            "max_variants": 4, "restore_routing": False}
 
 
 def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
@@ -108,6 +104,7 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
     from rl.tuner.space import ConfigSpace
     from serving.demo import live, offline
     from serving.demo.html import write_report
+    from serving.serve_yaml import changed_keys
 
     if console is None:  # piped output (CI logs) gets rich's 80 columns: too narrow here
         console = Console()
@@ -184,7 +181,7 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
     summary: dict[str, Any] = {
         "seed": seed, "fast": fast, "budget": vars(budget),
         "tuned_config": {"config_hash": tuned.config_hash, "config": tuned.model_dump(
-            mode="json"), "changed": _changed(tuned, default), "source": source,
+            mode="json"), "changed": changed_keys(tuned, default), "source": source,
             "searcher": offline.SEARCHER, "searcher_valid_reward": run.valid.reward,
             "policy_valid_reward": learned.reward if learned is not None else None,
             "holdout_reward": hold.reward["tuned_reward"],
@@ -218,6 +215,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
     from rag.resources import default_config
     from rl.promotion import service
     from rl.promotion.evaluators import OfflineEvaluator
+    from rl.promotion.state_machine import CANARY_PERCENT
     from serving.demo import live
 
     if tuned.config_hash == default.config_hash:
@@ -274,8 +272,8 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
             if promo["decision"] == "rolled_back" and "inconclusive" in promo["reason"] \
                     and promo["last_stage"].startswith("canary_"):
                 promo["sizing"] = live.canary_sizing(
-                    promo["statistic"], offline_report.diff,
-                    float(promo["last_stage"].split("_")[1]), policy.alpha)
+                    promo["statistic"], offline_report.diff, CANARY_PERCENT[promo["last_stage"]],
+                    policy.alpha)
             r["result"] = (f"{promo['decision']} at {promo['last_stage']} after "
                            f"{promo['requests']} requests: {promo['reason']}")
     return {**promo, "timeline": loop.timeline, "user_errors": users.errors,
