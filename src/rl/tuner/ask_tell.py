@@ -38,8 +38,8 @@ from rl.tuner.fidelity import rung_indices, rungs_for
 from rl.tuner.searchers import SEARCH_METRIC, make_scheduler, make_searcher
 from rl.tuner.tune_search import trial_metrics
 
-METHODS = ("random", "tpe", "tpe-asha", "tpe-hyperband", "hyperopt")
-MULTI_FIDELITY = ("tpe-asha", "tpe-hyperband")
+METHODS = ("random", "tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt")
+MULTI_FIDELITY = ("tpe-asha", "local-asha", "tpe-hyperband")
 
 
 @dataclass

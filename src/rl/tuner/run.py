@@ -34,7 +34,8 @@ from typing import Any
 
 from rag.errors import ConfigError
 
-TUNE_METHODS = ("tpe", "tpe-asha", "tpe-hyperband", "hyperopt", "tune-random", "tune-grid")
+TUNE_METHODS = ("tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt", "tune-random",
+                "tune-grid")
 """Searches on Ray Tune (`rl.tuner.tune_search`; `tune-random` / `tune-grid` are its random and
 grid methods, apart from the in-process `random` / `grid` baselines). Their budget is counted in
 query-evaluations (unit "queries")."""

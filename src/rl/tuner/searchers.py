@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from rag.config import RAGConfig
@@ -107,6 +107,8 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
     (not for grid), at most `max_concurrent` trials at once."""
     first = None if method == "grid" else start_point(space, start)
     points = [first] if first is not None else None
+    from_params = getattr(space, "from_params", None)
+    key = (lambda p: from_params(p).config_hash) if from_params is not None else None
     if method.startswith("tpe"):
         import optuna
 
@@ -118,6 +120,9 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
 
         searcher = HyperOptSearch(metric=SEARCH_METRIC, mode="max", random_state_seed=seed,
                                   points_to_evaluate=points)
+    elif method == "local-asha":
+        searcher = LocalSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
+                               points_to_evaluate=points, key=key)
     elif method in ("random", "grid"):
         return BasicVariantGenerator(points_to_evaluate=points, max_concurrent=max_concurrent,
                                      random_state=seed)
@@ -131,9 +136,195 @@ def make_scheduler(method: str, rungs: tuple[int, ...], seed: int = 0) -> Any:
     over `rungs` (concrete sizes; the time axis is `query_evals`, the grace period the first
     rung, the reduction factor rung 2 / rung 1, default 3); None for the other methods (every
     trial runs to the full split)."""
-    if method not in ("tpe-asha", "tpe-hyperband"):
+    if method not in ("tpe-asha", "local-asha", "tpe-hyperband"):
         return None
     rf = rungs[1] / rungs[0] if len(rungs) > 1 else 3.0
     return SeededAsyncHyperBand(time_attr="query_evals", max_t=rungs[-1],
                                 grace_period=rungs[0], reduction_factor=rf,
-                                brackets=1 if method == "tpe-asha" else len(rungs), seed=seed)
+                                brackets=len(rungs) if method == "tpe-hyperband" else 1,
+                                seed=seed)
+
+
+class LocalSearch(Searcher):
+    """Local search over a Tune param space (`local-asha`), first-improvement with a pattern
+    move, for a multi-fidelity scheduler to cut.
+
+    First the `points_to_evaluate` (e.g. the config in production). Then the neighbours of the
+    parent, in a seeded random order: every other value of each categorical head, and for
+    each ordered head (k, the continuous heads) one step down and one up, of a random size
+    (k times or divided by a factor drawn log-uniformly in [1.3, 3]; a continuous head by
+    10-40% of its range, snapped to its grid). The parent is the best trial at the highest
+    rung any trial reached (rungs are nested prefixes of one permutation, so scores at one rung
+    compare like with like): under ASHA a neighbour that scores well at 25 queries is promoted,
+    and becomes the parent only once it also leads on the full split. A new parent's
+    neighbourhood starts with the move that made it (the same head, the same direction again:
+    Hooke and Jeeves' pattern move). Once a parent's neighbourhood is spent, two heads change
+    at once. With probability `explore` a suggestion is a point drawn uniformly from the whole
+    space. A point whose `key` (default: the params; the tuner passes the config hash, so a
+    change to a head inactive in the parent is no change) was suggested before is skipped.
+
+    Why: the tuner's space is large (> 10^6 configs), but good configs differ from the default
+    in a few heads, and the reward moves monotonically with the ordered ones over long
+    stretches (k above all: tokens grow with it); TPE's first draws are uniform over every head.
+    Gate violations reach it through the score only (its penalty ranks infeasible configs low).
+    Deterministic for a fixed seed and result sequence."""
+
+    def __init__(self, metric: str | None = None, mode: str | None = None, seed: int = 0,
+                 points_to_evaluate: list[dict[str, Any]] | None = None,
+                 key: Any = None, explore: float = 0.05, max_tries: int = 50):
+        super().__init__(metric=metric, mode=mode)
+        self._rng = np.random.default_rng(seed)
+        self._queue = [dict(p) for p in points_to_evaluate or []]
+        self._key = key or (lambda p: tuple(sorted(p.items())))
+        self.explore, self.max_tries = explore, max_tries
+        self._space: dict[str, Any] = {}
+        self._params: dict[str, dict[str, Any]] = {}
+        self._moves: dict[str, tuple[str, int] | None] = {}  # trial -> (head, direction)
+        self._seen: set[Any] = set()
+        self._scores: dict[str, tuple[int, float]] = {}  # trial -> (rung level, score)
+        self._hood: list[tuple[str, int | Any]] = []  # the parent's untried moves
+        self._hood_of: str | None = None
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
+                              **spec: Any) -> bool:
+        if self._space:
+            return False
+        self._space = dict(config)
+        if metric:
+            self._metric = metric
+        if mode:
+            self._mode = mode
+        return True
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if not self._space:
+            raise ConfigError("searcher", "LocalSearch needs a param space "
+                                          "(set_search_properties)")
+        point, move = None, None
+        while self._queue and point is None:
+            p = self._queue.pop(0)
+            point = None if self._key(p) in self._seen else p
+        for _ in range(self.max_tries if point is None else 0):
+            point, move = self._draw()
+            if self._key(point) not in self._seen:
+                break
+        self._seen.add(self._key(point))
+        self._params[trial_id], self._moves[trial_id] = point, move
+        return dict(point)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._record(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        if result and not error:
+            self._record(trial_id, result)
+
+    def parent(self) -> str | None:
+        """The trial with the best score at the highest rung reached (None before any)."""
+        if not self._scores:
+            return None
+        sign = -1.0 if self._mode == "min" else 1.0
+        return max(self._scores, key=lambda t: (self._scores[t][0], sign * self._scores[t][1]))
+
+    def _record(self, trial_id: str, result: dict) -> None:
+        score = result.get(self._metric)
+        if trial_id in self._params and score is not None and np.isfinite(score):
+            level = int(result.get("training_iteration", 1))
+            self._scores[trial_id] = (level, float(score))
+
+    def _draw(self) -> tuple[dict[str, Any], tuple[str, int] | None]:
+        parent = self.parent()
+        if parent is None or self._rng.random() < self.explore:
+            return {h: self._uniform(d) for h, d in self._space.items()}, None
+        point = dict(self._params[parent])
+        if parent != self._hood_of:  # a new parent: its neighbourhood, the pattern move first
+            self._hood_of, self._hood = parent, self._neighbourhood()
+            last = self._moves.get(parent)
+            if last is not None and last[0] in self._space:
+                self._hood.insert(0, last)
+        if self._hood:
+            head, step = self._hood.pop(0)
+            point[head] = self._apply(head, point[head], step)
+            return point, ((head, step) if isinstance(step, int) else None)
+        heads = [h for h, d in self._space.items() if self._movable(d)]
+        for h in self._rng.choice(heads, size=min(2, len(heads)), replace=False):
+            point[str(h)] = self._apply(str(h), point[str(h)], self._random_step(str(h)))
+        return point, None
+
+    # ---- moves of one head ------------------------------------------------------------------
+    def _neighbourhood(self) -> list[tuple[str, Any]]:
+        from ray.tune.search.sample import Categorical
+
+        moves: list[tuple[str, Any]] = []
+        for h, d in self._space.items():
+            if not self._movable(d):
+                continue
+            if isinstance(d, Categorical):
+                moves += [(h, ("=", c)) for c in d.categories]
+            else:
+                moves += [(h, -1), (h, +1)]
+        order = self._rng.permutation(len(moves))
+        return [moves[i] for i in order]
+
+    def _random_step(self, head: str) -> Any:
+        from ray.tune.search.sample import Categorical
+
+        d = self._space[head]
+        if isinstance(d, Categorical):
+            return ("=", d.categories[int(self._rng.integers(len(d.categories)))])
+        return int(self._rng.choice([-1, 1]))
+
+    def _apply(self, head: str, x: Any, step: Any) -> Any:
+        """`x` moved by `step`: ("=", value) sets a categorical head; -1 / +1 moves an ordered
+        one down / up by a random amount (unchanged at its bound)."""
+        from ray.tune.search.sample import Integer
+
+        d = self._space[head]
+        if isinstance(step, tuple):
+            return step[1]
+        if isinstance(d, Integer):  # upper is exclusive
+            f = float(np.exp(self._rng.uniform(np.log(1.3), np.log(3.0))))
+            y = int(round(x * f)) if step > 0 else int(round(x / f))
+            y = y + step if y == x else y
+            return int(min(max(y, d.lower), d.upper - 1))
+        dx = float(self._rng.uniform(0.1, 0.4)) * (d.upper - d.lower)
+        return self._snap(d, float(x) + step * dx)
+
+    @staticmethod
+    def _movable(d: Any) -> bool:
+        from ray.tune.search.sample import Categorical
+
+        if isinstance(d, Categorical):
+            return len(d.categories) > 1
+        return d.upper - d.lower > 0
+
+    def _uniform(self, d: Any) -> Any:
+        from ray.tune.search.sample import Categorical, Integer
+
+        if isinstance(d, Categorical):
+            return d.categories[int(self._rng.integers(len(d.categories)))]
+        if isinstance(d, Integer):
+            return int(self._rng.integers(d.lower, d.upper))
+        return self._snap(d, float(self._rng.uniform(d.lower, d.upper)))
+
+    @staticmethod
+    def _snap(d: Any, x: float) -> float:
+        q = getattr(d.get_sampler(), "q", None)
+        x = min(max(x, d.lower), d.upper)
+        if q:
+            x = d.lower + round((x - d.lower) / q) * q
+            x = round(min(max(x, d.lower), d.upper), 10)
+        return float(x)
+
+    def save(self, checkpoint_path: str) -> None:
+        import pickle
+
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({k: v for k, v in self.__dict__.items() if k != "_key"}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        import pickle
+
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))

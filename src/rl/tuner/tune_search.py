@@ -70,7 +70,7 @@ from rl.tuner.results import Incumbent, TuneResult
 from rl.tuner.reward import HARD_GATES
 from rl.tuner.searchers import SEARCH_METRIC, search_score
 
-METHODS = ("tpe", "tpe-asha", "tpe-hyperband", "hyperopt", "random", "grid")
+METHODS = ("tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt", "random", "grid")
 DEFAULT_SEARCHER = "tpe-asha"
 """The project's searcher: TPE proposes, ASHA spends full-split evaluations only on configs
 that rank in the top third of their rung."""
