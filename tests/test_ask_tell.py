@@ -85,7 +85,7 @@ def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(
     full = [t for t in res.trials if t.full is not None]
     assert full and res.best_reward == max(t.full["reward"] for t in full)
     assert res.curve[-1]["seconds"] == pytest.approx(res.query_evals * 10.0 / 1000)
-    if method in ("tpe-asha", "tpe-hyperband"):
+    if method in ("tpe-asha", "local-asha", "tpe-hyperband"):
         # ASHA stops trials at the first rung: more trials than full-split evaluations buy
         assert len(res.trials) > 8 and any(len(t.rungs) == 1 for t in res.trials)
         assert {n for _, n in ev.asked} == {25, 75, N}
@@ -138,3 +138,13 @@ def test_rung_scores_leave_out_the_instability_term():
 def test_search_finds_the_toy_optimum_region():
     res = run_search(ToyEvaluator(), ToySpace(), "tpe-asha", budget=40 * N, seed=0)
     assert res.best_config.variant == "hybrid" and abs(res.best_config.fusion_weight - 0.7) <= 0.2
+
+
+def test_local_search_starts_from_the_start_point_and_finds_the_toy_optimum():
+    start = RAGConfig(variant="bm25", fusion_weight=0.5)
+    res = run_search(ToyEvaluator(), ToySpace(), "local-asha", budget=20 * N, seed=0,
+                     start=start)
+    assert res.trials[0].config.config_hash == start.config_hash
+    assert res.best_config.variant == "hybrid" and abs(res.best_config.fusion_weight - 0.7) <= 0.1
+    hashes = [t.config.config_hash for t in res.trials][:30]  # the space has 42 configs
+    assert len(hashes) == 30 and len(set(hashes)) == 30  # no config is suggested twice

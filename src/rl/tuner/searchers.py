@@ -161,7 +161,9 @@ class LocalSearch(Searcher):
     Hooke and Jeeves' pattern move). Once a parent's neighbourhood is spent, two heads change
     at once. With probability `explore` a suggestion is a point drawn uniformly from the whole
     space. A point whose `key` (default: the params; the tuner passes the config hash, so a
-    change to a head inactive in the parent is no change) was suggested before is skipped.
+    change to a head inactive in the parent is no change) was suggested before is skipped; when
+    `max_tries` local draws all were, the suggestion is drawn uniformly (taken after as many
+    more tries: a spent space).
 
     Why: the tuner's space is large (> 10^6 configs), but good configs differ from the default
     in a few heads, and the reward moves monotonically with the ordered ones over long
@@ -204,8 +206,9 @@ class LocalSearch(Searcher):
         while self._queue and point is None:
             p = self._queue.pop(0)
             point = None if self._key(p) in self._seen else p
-        for _ in range(self.max_tries if point is None else 0):
-            point, move = self._draw()
+        for i in range(2 * self.max_tries if point is None else 0):
+            # a spent neighbourhood (every nearby point seen): uniform draws after max_tries
+            point, move = self._draw(uniform=i >= self.max_tries)
             if self._key(point) not in self._seen:
                 break
         self._seen.add(self._key(point))
@@ -233,9 +236,9 @@ class LocalSearch(Searcher):
             level = int(result.get("training_iteration", 1))
             self._scores[trial_id] = (level, float(score))
 
-    def _draw(self) -> tuple[dict[str, Any], tuple[str, int] | None]:
+    def _draw(self, uniform: bool = False) -> tuple[dict[str, Any], tuple[str, int] | None]:
         parent = self.parent()
-        if parent is None or self._rng.random() < self.explore:
+        if uniform or parent is None or self._rng.random() < self.explore:
             return {h: self._uniform(d) for h, d in self._space.items()}, None
         point = dict(self._params[parent])
         if parent != self._hood_of:  # a new parent: its neighbourhood, the pattern move first
