@@ -1,4 +1,4 @@
-"""`ragpilot tune --method tpe-asha` end to end: a Ray Tune search under a query budget writes
+"""`ragpilot tune` with its default method (local-asha) end to end: a Ray Tune search under a query budget writes
 the run directory (Tune's experiment inside it), logs each trial to MLflow beside the tuning
 run, and a budget unit that does not fit the method is a usage error."""
 
@@ -23,12 +23,12 @@ def test_tune_with_a_ray_tune_searcher(tmp_path, monkeypatch):
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "run"
-    assert main(["tune", "--method", "tpe-asha", "--budget", "480", "--policy", str(policy),
+    assert main(["tune", "--budget", "480", "--policy", str(policy),
                  "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == "tpe-asha" and summary["budget_unit"] == "queries"
+    assert summary["method"] == "local-asha" and summary["budget_unit"] == "queries"
     assert summary["query_evals"] >= 480 and summary["warm_start"]
-    assert (out / "ray_tune" / "tpe-asha-seed0").is_dir()  # never ~/ray_results
+    assert (out / "ray_tune" / "local-asha-seed0").is_dir()  # never ~/ray_results
     steps = [json.loads(x) for x in (out / "curve.jsonl").read_text().splitlines()]
     assert len(steps) == summary["evaluations"]
     assert steps[-1]["cum_query_evals"] == summary["query_evals"]

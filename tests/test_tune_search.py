@@ -81,16 +81,18 @@ def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup,
 def test_asha_stops_some_trials_at_the_first_rung(setup, runs):
     ev, _, _ = setup
     n = len(ev.data.examples(ev.slice.tune_split))
-    res = runs("tpe-asha", budget=1200)
-    spent = [t["query_evals"] for t in res.trials]
-    assert set(spent) <= {10, 30, n}
-    assert 10 in spent and res.query_evals < len(res.trials) * n
+    for method in ("tpe-asha", "local-asha"):
+        res = runs(method, budget=1200)
+        spent = [t["query_evals"] for t in res.trials]
+        assert set(spent) <= {10, 30, n}
+        assert 10 in spent and res.query_evals < len(res.trials) * n
     # without a scheduler every trial runs to the full split (the last may be cut by budget)
     assert all(t["query_evals"] == n for t in runs("tpe").trials[:-1])
 
 
-def test_same_seed_same_search(runs):
-    a, b = runs("tpe-asha", seed=3), runs("tpe-asha", seed=3, tag="-again")
+@pytest.mark.parametrize("method", ["tpe-asha", "local-asha"])
+def test_same_seed_same_search(runs, method):
+    a, b = runs(method, seed=3), runs(method, seed=3, tag="-again")
     assert [t["config_hash"] for t in a.trials] == [t["config_hash"] for t in b.trials]
     assert [t["rung_rewards"] for t in a.trials] == [t["rung_rewards"] for t in b.trials]
     assert a.best_reward == b.best_reward and a.query_evals == b.query_evals

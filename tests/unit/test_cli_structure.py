@@ -102,7 +102,7 @@ def test_enums_are_choices(capsys):
     tune = _subparser(p, "tune")
     assert tuple(_choices(tune, "--method")) == METHODS
     assert next(a for a in tune._actions if "--method" in a.option_strings).default == \
-        DEFAULT_METHOD == "tpe-asha"
+        DEFAULT_METHOD == "local-asha"
     assert tuple(_choices(tune, "--budget-unit")) == BUDGET_UNITS
     assert main(["tune", "--budget-unit", "tokens"]) == 2
     assert "--budget-unit" in capsys.readouterr().err

@@ -5,7 +5,7 @@ tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
     search(ev, settings, "ppo", budget=100, unit="steps", seed=0) -> Search
         the search alone on an open TunerEvaluator (the benchmarks share one evaluator between
         methods and seeds, so each table is computed once);
-    run_tuning(dataset, settings, "tpe-asha", budget=3000, out="runs/tune", ...) -> TuningRun
+    run_tuning(dataset, settings, "local-asha", budget=3000, out="runs/tune", ...) -> TuningRun
         search + the artefacts of a run directory (`dataset`: a name or any path the loaders
         read; data without a committed split manifest gets a seeded split, written to
         split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a `rag:` file
@@ -42,10 +42,10 @@ query-evaluations (unit "queries")."""
 METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid", *TUNE_METHODS)
 """`optuna` is the in-process TPE loop of `baselines.optuna_search` (today's behaviour, kept
 for the committed benchmarks); `tpe` is the same sampler on `tune.Tuner` with gate constraints."""
-DEFAULT_METHOD = "tpe-asha"
+DEFAULT_METHOD = "local-asha"
 """What `run_tuning`, `ragpilot tune` and `ragpilot demo` search with unless told otherwise:
-`rl.tuner.tune_search.DEFAULT_SEARCHER` (TPE + ASHA over fidelity rungs), the searcher with the
-lowest regret on every dataset of `bench/results/search.md`."""
+`rl.tuner.tune_search.DEFAULT_SEARCHER` (local search + ASHA over fidelity rungs), the searcher
+that reached 99% of the best-known reward soonest on every dataset of `bench/results/search.md`."""
 BUDGET_UNITS = ("steps", "configs", "queries")
 WARM_STARTS = ("optuna", *(m for m in TUNE_METHODS if m != "tune-grid"))
 """Methods whose first trial can be a given config (`search(start=...)`)."""

@@ -2,12 +2,12 @@
 `tune` is `rl.tuner.run.run_tuning` (the one tuning run); `tuner-eval` is
 `rl.tuner.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
 
-    ragpilot tune --dataset hotpotqa --out runs/tune-hotpot   # tpe-asha, 20 valid splits of
-                                                              # query-evaluations
+    ragpilot tune --dataset hotpotqa --out runs/tune-hotpot   # local-asha, 20 valid splits
+                                                              # of query-evaluations
     ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-ppo
     ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
     ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
-    ragpilot tune --dataset hotpotqa --budget 3000        # tpe-asha on 3000 query-evals
+    ragpilot tune --dataset hotpotqa --budget 3000        # local-asha, 3000 query-evals
     ragpilot tune ... --method tpe --ray-address 10.0.0.10:6379 --max-concurrent 4 \
         --cpus-per-trial 1 --reuse-actors no          # trials spread over a cluster's nodes
     ragpilot report --run runs/tune-hotpot [--grid]
@@ -214,11 +214,11 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    s = sub.add_parser("tune", help="tune a RAG config on a dataset (default: tpe-asha)")
+    s = sub.add_parser("tune", help=f"tune a RAG config on a dataset (default: {DEFAULT_METHOD})")
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
     s.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS,
-                   help=f"a search on Ray Tune (tpe, {DEFAULT_METHOD}: the default, "
+                   help=f"a search on Ray Tune ({DEFAULT_METHOD}: the default, tpe, tpe-asha, "
                         "tpe-hyperband, hyperopt, tune-random, tune-grid), or ppo and the "
                         "in-process baselines; optuna = the in-process TPE loop")
     s.add_argument("--cold-start", action="store_true",

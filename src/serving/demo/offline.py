@@ -1,6 +1,6 @@
 """The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
-tune (`rl.tuner.run.run_tuning` with the project's default searcher, `tpe-asha`: Ray Tune's
-TPE with ASHA over fidelity rungs, on a budget of query-evaluations), the per-query router
+tune (`rl.tuner.run.run_tuning` with the project's default searcher, `local-asha`: local
+search on Ray Tune with ASHA over fidelity rungs, on a budget of query-evaluations), the per-query router
 (`rl.policy.train`: the shipped per-query policy over a config portfolio plus the tuned config), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
 quality and cost apart, Pareto and reward-curve PNGs).
 
