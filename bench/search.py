@@ -400,6 +400,7 @@ def fixed_target_rows(part: dict[str, Any], m: str = DEFAULT_SEARCHER, with_tpe:
          "ci_low": lo, "ci_high": hi, "n": min(a["n"], b["n"]), "bound": ratio["bound"],
          "verdict": ratio["verdict"], "margin": ratio["margin"], "target": target,
          "reached": {m: a["reached"], "tpe": b["reached"]},
+         "seeds": {m: a["n"], "tpe": b["n"]},
          "note": f"secondary (not the acceptance row): target fixed before the run, 99% of "
                  f"{eb['reward']:.4f} ({eb.get('source')})"}]
 
@@ -547,8 +548,8 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
                             f"earlier run's best-known, {fixed['target']:.4f}; best-known above "
                             f"is the best of all runs and rises with every seed): {m} / tpe "
                             f"{sign}{fixed['value']:.3f} ({fixed['verdict']}; seeds that "
-                            f"reached it: {m} {fixed['reached'][m]}/{fixed['n']}, "
-                            f"tpe {fixed['reached']['tpe']}/{fixed['n']})."]
+                            f"reached it: {m} {fixed['reached'][m]}/{fixed['seeds'][m]}, "
+                            f"tpe {fixed['reached']['tpe']}/{fixed['seeds']['tpe']})."]
         out += ["", f"![{ds} curve](search-{ds}-query_evals.png)", ""]
     return "\n".join(out)
 
