@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -90,15 +91,44 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def gate_failures(report) -> list[str]:
+    """The hard gates an EvalReport fails, each as "name value vs threshold" (the threshold
+    recovered from the report's violation: threshold - value for F and R, (p95 - T) / T for
+    latency)."""
+    from rl.tuner.reward import HARD_GATES
+
+    out = []
+    for g in HARD_GATES:
+        if report.gates.get(g, True):
+            continue
+        v, viol = float(getattr(report, g)), report.violations.get(g)
+        if viol is None or not math.isfinite(viol) or not math.isfinite(v):
+            out.append(f"{g} {v:.3f}")
+        elif g == "p95_latency_ms":
+            out.append(f"{g} {v:.1f} > {v / (1.0 + viol):.1f}")
+        else:
+            out.append(f"{g} {v:.3f} < {v + viol:.3f}")
+    return out
+
+
 def _serve_next(run, settings) -> None:
     """`<out>/serve.yaml` (stable = default, canary = the tuned config at 0%) and the two
-    commands that serve and promote it; nothing to serve when the tuned config is the default."""
+    commands that serve and promote it; nothing to serve when the tuned config is the default,
+    and nothing when it fails a hard gate on the holdout split (a config is never promoted
+    when one fails: the search met the gate on the tune split only)."""
     from rl.tuner.space import ConfigSpace
     from serving.serve_yaml import SERVE_FILE, tuned_args, write_serve_yaml
 
     default = ConfigSpace(settings).base
     if run.best.config_hash == default.config_hash:
         print("the tuned config is the static default: nothing to roll out")
+        return
+    failed = gate_failures(run.holdout)
+    if failed:
+        print(f"not rolled out: the tuned config fails a hard gate on the holdout split "
+              f"({'; '.join(failed)}), so no serve.yaml was written. It met the gates on the "
+              f"tune split only; see `ragpilot report --run {run.out}`, or tune again with a "
+              f"larger budget or higher thresholds (--policy).")
         return
     out = Path(run.out)
     path = write_serve_yaml(out / SERVE_FILE,
