@@ -1,7 +1,7 @@
 """Search benchmark (issue 18): which searcher finds a good static config for the fewest
 query-evaluations, on the full config space (>= 10^6 configs), HotpotQA, SciFact and MTRAG.
 
-    python bench/search.py                 # 3 datasets x 5 searchers x 5 seeds, one process
+    python bench/search.py                 # 3 datasets x 6 searchers x 5 seeds, one process
     python bench/search.py --jobs 3        # the same, one process per dataset
     python bench/search.py --quick         # < 2 min: synthetic, 2 seeds, small budget
     python bench/search.py --jobs 3 --searchers tpe-asha,tpe --seeds 20 --budget-x 24 \
