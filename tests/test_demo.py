@@ -67,10 +67,13 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
         assert p["stage"] == "full"
     if "inconclusive" in p["reason"] and p["last_stage"].startswith("canary_"):
         # it says what deciding it would take: more canary requests than it had, for the
-        # offline gate's Δ (its own evaluation of the holdout: the holdout Δ to ~1e-7)
+        # offline gate's Δ. That is the gate's own evaluation of the holdout (mean per-query
+        # reward); the holdout Δ is of batch rewards, whose latency terms are percentiles: the
+        # two agree to ~1e-7 for a BM25 config and differed by 2.5e-6 for a graph one
         z = p["sizing"]
-        assert z["candidate_requests"] > z["observed_n"] and z["delta"] == pytest.approx(
-            h["delta"], rel=1e-4)
+        offline = p["timeline"][0]["evidence"]["offline"]["diff"]
+        assert z["candidate_requests"] > z["observed_n"] and z["delta"] == offline
+        assert z["delta"] == pytest.approx(h["delta"], abs=1e-4)
         assert "to decide it" in log
     audit = (out / "rollout" / "audit.jsonl").read_text().splitlines()
     assert json.loads(audit[-1])["to"] == p["stage"]  # the state machine's own record agrees
