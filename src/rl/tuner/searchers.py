@@ -13,6 +13,8 @@ multi-fidelity, gated search correctly:
   * fidelity: a trial a scheduler (or the budget) stopped before the full split is told as
     PRUNED, so TPE ranks it by its last intermediate value behind the trials that completed,
     instead of taking a 25-query reward for a full-split one.
+`LocalSearch` (method local-asha, the project's default) is a Tune `Searcher` of its own: a
+local search from the start point over one-head moves (its docstring).
 `SeededAsyncHyperBand` is Ray's ASHA / async HyperBand with its bracket draw on a seeded
 generator (Ray draws from the global numpy state), so a search is reproducible.
 """
@@ -132,7 +134,8 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
 
 
 def make_scheduler(method: str, rungs: tuple[int, ...], seed: int = 0) -> Any:
-    """ASHA (tpe-asha: one bracket) or async HyperBand (tpe-hyperband: one bracket per rung)
+    """ASHA (tpe-asha, local-asha: one bracket) or async HyperBand (tpe-hyperband: one bracket
+    per rung)
     over `rungs` (concrete sizes; the time axis is `query_evals`, the grace period the first
     rung, the reduction factor rung 2 / rung 1, default 3); None for the other methods (every
     trial runs to the full split)."""
