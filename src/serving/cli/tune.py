@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -91,23 +90,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def gate_failures(report) -> list[str]:
-    """The hard gates an EvalReport fails, each as "name value vs threshold" (the threshold
-    recovered from the report's violation: threshold - value for F and R, (p95 - T) / T for
-    latency)."""
-    from rl.tuner.reward import HARD_GATES
+def gate_failures(report, thresholds) -> list[str]:
+    """The hard gates (`rl.tuner.reward.hard_gates` of `thresholds`) an EvalReport fails, each
+    as "name value < threshold" (a floor) or "name value > threshold" (a ceiling)."""
+    from rl.tuner.reward import hard_gates
 
     out = []
-    for g in HARD_GATES:
-        if report.gates.get(g, True):
+    for g in hard_gates(thresholds):
+        if report.gates.get(g.name, True):
             continue
-        v, viol = float(getattr(report, g)), report.violations.get(g)
-        if viol is None or not math.isfinite(viol) or not math.isfinite(v):
-            out.append(f"{g} {v:.3f}")
-        elif g == "p95_latency_ms":
-            out.append(f"{g} {v:.1f} > {v / (1.0 + viol):.1f}")
-        else:
-            out.append(f"{g} {v:.3f} < {v + viol:.3f}")
+        fmt = ".1f" if g.name == "p95_latency_ms" else ".3f"
+        op = "<" if g.higher_is_better else ">"
+        out.append(f"{g.name} {getattr(report, g.statistic):{fmt}} {op} {g.threshold:{fmt}}")
     return out
 
 
@@ -123,7 +117,7 @@ def _serve_next(run, settings) -> None:
     if run.best.config_hash == default.config_hash:
         print("the tuned config is the static default: nothing to roll out")
         return
-    failed = gate_failures(run.holdout)
+    failed = gate_failures(run.holdout, run.evaluator.thresholds)
     if failed:
         print(f"not rolled out: the tuned config fails a hard gate on the holdout split "
               f"({'; '.join(failed)}), so no serve.yaml was written. It met the gates on the "
