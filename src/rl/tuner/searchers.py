@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
+from ray.tune.search.sample import Categorical, Integer
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
@@ -247,7 +248,7 @@ class LocalSearch(Searcher):
         if parent != self._hood_of:  # a new parent: its neighbourhood, the pattern move first
             self._hood_of, self._hood = parent, self._neighbourhood()
             last = self._moves.get(parent)
-            if last is not None and last[0] in self._space:
+            if last is not None:
                 self._hood.insert(0, last)
         if self._hood:
             head, step = self._hood.pop(0)
@@ -260,8 +261,6 @@ class LocalSearch(Searcher):
 
     # ---- moves of one head ------------------------------------------------------------------
     def _neighbourhood(self) -> list[tuple[str, Any]]:
-        from ray.tune.search.sample import Categorical
-
         moves: list[tuple[str, Any]] = []
         for h, d in self._space.items():
             if not self._movable(d):
@@ -274,18 +273,14 @@ class LocalSearch(Searcher):
         return [moves[i] for i in order]
 
     def _random_step(self, head: str) -> Any:
-        from ray.tune.search.sample import Categorical
-
         d = self._space[head]
         if isinstance(d, Categorical):
-            return ("=", d.categories[int(self._rng.integers(len(d.categories)))])
+            return ("=", self._uniform(d))
         return int(self._rng.choice([-1, 1]))
 
     def _apply(self, head: str, x: Any, step: Any) -> Any:
         """`x` moved by `step`: ("=", value) sets a categorical head; -1 / +1 moves an ordered
         one down / up by a random amount (unchanged at its bound)."""
-        from ray.tune.search.sample import Integer
-
         d = self._space[head]
         if isinstance(step, tuple):
             return step[1]
@@ -299,15 +294,11 @@ class LocalSearch(Searcher):
 
     @staticmethod
     def _movable(d: Any) -> bool:
-        from ray.tune.search.sample import Categorical
-
         if isinstance(d, Categorical):
             return len(d.categories) > 1
         return d.upper - d.lower > 0
 
     def _uniform(self, d: Any) -> Any:
-        from ray.tune.search.sample import Categorical, Integer
-
         if isinstance(d, Categorical):
             return d.categories[int(self._rng.integers(len(d.categories)))]
         if isinstance(d, Integer):

@@ -26,8 +26,8 @@ A trial evaluates one config (`space.from_params(params)`) on growing rungs of t
 (`rl.tuner.fidelity`: nested prefixes of one seeded permutation; the last rung is the whole
 split) and reports after each rung: reward, quality (αF + βR, `RewardSpec.quality`), faithfulness,
 relevancy, cost (tokens per query), p95_latency_ms, gate verdicts (`gate_<name>`,
-`gates_passed`), gate violations (`violation_<name>`: threshold − value for F and R, (p95 − T)/T
-for latency; > 0 = violated; NaN -> 1), `query_evals` (distinct queries this trial was scored on
+`gates_passed`), gate violations (`violation_<name>`: relative to the threshold, (T − F)/T and
+(T − R)/T, (p95 − T)/T for latency; > 0 = violated; NaN -> 1: `relative_violations`), `query_evals` (distinct queries this trial was scored on
 so far = the rung size, since rungs are nested and rows are cached per (config, query)),
 `rung`, `full_fidelity` and `config_hash`; a trial run by `tune_search` adds `node_id` (the Ray
 node that ran it).
@@ -76,8 +76,9 @@ from rl.tuner.searchers import SEARCH_METRIC, search_score
 
 METHODS = ("tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt", "random", "grid")
 DEFAULT_SEARCHER = "local-asha"
-"""The project's searcher: TPE proposes, ASHA spends full-split evaluations only on configs
-that rank in the top third of their rung."""
+"""The project's searcher: local search proposes one-head moves of the best config
+(`searchers.LocalSearch`), ASHA spends full-split evaluations only on configs that rank in the
+top third of their rung."""
 GRID_LIMIT = 5000
 GRID_KEY = "grid_config"
 """A grid trial's only parameter: the RAGConfig mapping of one `space.grid()` config."""
