@@ -110,8 +110,6 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
     (not for grid), at most `max_concurrent` trials at once."""
     first = None if method == "grid" else start_point(space, start)
     points = [first] if first is not None else None
-    from_params = getattr(space, "from_params", None)
-    key = (lambda p: from_params(p).config_hash) if from_params is not None else None
     if method.startswith("tpe"):
         import optuna
 
@@ -123,7 +121,9 @@ def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = 
 
         searcher = HyperOptSearch(metric=SEARCH_METRIC, mode="max", random_state_seed=seed,
                                   points_to_evaluate=points)
-    elif method == "local-asha":
+    elif method == "local-asha":  # a point's key: its config (inactive heads are no change)
+        from_params = getattr(space, "from_params", None)
+        key = (lambda p: from_params(p).config_hash) if from_params is not None else None
         searcher = LocalSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
                                points_to_evaluate=points, key=key)
     elif method in ("random", "grid"):
