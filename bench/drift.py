@@ -27,9 +27,9 @@ Synthetic has no train split: train and valid are the two halves of its valid sp
 
 Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
 `router-policy`, `router-policy-online`) and `ppo-policy` / `ppo-policy-online`
-(`bench/drift_ppo.py`; `--no-ppo` leaves them out). The learned per-query policies are fitted on train and selected on valid
-only: `router-policy` is the supervised router (`rl.policy.router.select_router`,
-`bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
+(`bench/drift_ppo.py`; `--no-ppo` leaves them out). The learned per-query policies never
+read test: `router-policy` is the supervised router (`rl.policy.router.select_router_cv`,
+chosen by cross-validation over train, `bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
 policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen;
 it picks configs outside the portfolio and is scored by its own picks' rows;
 `ppo-policy-online` is that policy updated by PPO on the stream from the rewards of the

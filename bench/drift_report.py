@@ -138,8 +138,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     notes = meta["notes"]
     parts = [
         f"{meta['seeds']} seeds × {meta['length']} queries per phase, drawn (with replacement "
-        "within a group) from each dataset's **test** split; the learned policy is fitted on "
-        "train and selected on valid; frozen-static is the valid-best arm under the phase-1 "
+        "within a group) from each dataset's **test** split; the router is chosen by "
+        "cross-validation over train (its `describe` below), PPO selected on valid; "
+        "frozen-static is the valid-best arm under the phase-1 "
         f"mix. {len(meta['arms'])} arms (the headroom portfolio). Regret per query = reward "
         "of the phase's best static arm in hindsight − reward served (reward units; negative "
         "= better than that arm). CIs: bootstrap 95% over (seed, query) steps. Caveat: a "

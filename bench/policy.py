@@ -88,16 +88,17 @@ from rag.corpus.loaders import data_root  # noqa: E402
 from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
 from rl.policy.portfolio import portfolio  # noqa: E402
 from rl.policy.router import (  # noqa: E402
+    CV_FOLDS,
     ROUTER_FEATURE_NAMES,
     SegmentLookup,
     SupervisedRouter,
     arm_features,
     out_of_fold_scores,
     router_features,
-    select_router,
+    select_router_cv,
 )
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
-from rl.policy.train import role_indices  # noqa: E402
+from rl.policy.train import conversation_of, role_indices  # noqa: E402
 from rl.policy.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402
@@ -248,13 +249,6 @@ def equal_quality_oracle(T: dict[str, np.ndarray], base: int, seed: int) -> dict
     return equal_quality_summary(*equal_quality_tokens(T, base), seed)
 
 
-def conversation_of(example) -> str:
-    """The group a query is cross-fitted with: its conversation (`metadata.conversation_id`,
-    else the MTRAG task id's part before `<::>`), else the query itself."""
-    meta = example.metadata or {}
-    return str(meta.get("conversation_id") or str(example.id).split("<::>")[0])
-
-
 def crossfit_parts(ev, k: int, seed: int) -> list[dict[str, list[Segment]]]:
     """`k` cross-fitted folds over every query of the data's train, tune and holdout splits:
     conversations (`conversation_of`) are shuffled (seeded) and dealt to the fold with the
@@ -325,20 +319,28 @@ def stacked(router: SupervisedRouter, price: float, static_arm: int,
             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The residual PPO policy's observations and base picks per role: the query features
     followed by the router's view of the query (`rl.policy.router.router_features`, priced
-    at `price`). On train the router's scores are out of fold (`out_of_fold_scores`, folds
-    grouped by conversation, the router's chosen hyper-parameters); on valid and test they
-    are the router fitted on all of train, the one the router rows use."""
+    at `price`, with its switching margin). On train and valid, the rows `select_router_cv`
+    fitted the router on, the scores are out of fold (`out_of_fold_scores` over train ∪
+    valid, folds grouped by conversation, the router's chosen hyper-parameters), so PPO's
+    training and its model selection see the router as good as it is on new queries; on
+    test they are the router fitted on train ∪ valid, the one the router rows use."""
     arm_desc = arm_features([c for _, c in configs])
-    scores = {"train": out_of_fold_scores(
-        router.params, X["train"], M["train"]["R"], M["train"]["T"],
-        arm_desc,
-        [conversation_of(e) for e in examples["train"]], STACK_FOLDS, seed)}
+    fitted = ("train", "valid")  # the rows select_router_cv fitted the router on
+    n_train = len(X["train"])
+    oof = out_of_fold_scores(
+        router.params, np.vstack([X[r] for r in fitted]),
+        np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
+        arm_desc, [conversation_of(e) for r in fitted for e in examples[r]], STACK_FOLDS, seed)
+    scores = {"train": oof[:n_train], "valid": oof[n_train:]}
     for role in X:
-        if role != "train":
+        if role not in fitted:
             scores[role] = router.predict(X[role])
     Xo, arms_ = {}, {}
+    static = router.static_arm if router.static_arm is not None else static_arm
     for role, S in scores.items():
-        arms_[role], F = router_features(S, price, router.arm_tokens, static_arm, arm_desc)
+        arms_[role], F = router_features(S, price, router.arm_tokens, static, arm_desc,
+                                         router.margin if router.static_arm is not None
+                                         else None)
         Xo[role] = np.hstack([X[role], F])
     return Xo, arms_
 
@@ -353,11 +355,13 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     M, X, examples = role_data(ev, parts, full, Xs)
     base = best_static(M["valid"]["R"])
     budget = float(M["valid"]["T"][:, base].mean())
-    router, sel = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
-                                M["train"]["T"], seed=seed,
-                                arms=arm_features([c for _, c in configs]))
+    tv = {"X": np.vstack([X["train"], X["valid"]]),
+          **{k: np.vstack([M["train"][k], M["valid"][k]]) for k in ("R", "T")}}
+    tv_groups = [conversation_of(e) for e in examples["train"] + examples["valid"]]
+    router, sel = select_router_cv(tv["X"], tv["R"], tv["T"], tv_groups, seed=seed,
+                                   arms=arm_features([c for _, c in configs]))
     plain = router.choose(X["test"], 0.0)
-    price = router.fit_token_price(X["valid"], M["valid"]["T"], budget)
+    price = router.fit_token_price(tv["X"], tv["T"], budget)
     eq = router.choose(X["test"], price)
     key = MAIN_SEGMENTS.get(ds, "type")
     seg_labels = {role: segmentations(ds, ex)[key] for role, ex in examples.items()}
@@ -375,7 +379,7 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     for scale in ppo_run.budget_scales if ppo is not None else ():
         system = ppo_system(scale)
         cap = scale * budget
-        price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
+        price_s = router.fit_token_price(tv["X"], tv["T"], cap)
         picks = {"supervised-router": router.choose(X["train"], 0.0),
                  "supervised-router-equal-cost": router.choose(X["train"], price_s)}
         X_ppo, bases, settings = X, None, ppo
@@ -411,7 +415,11 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
         "n": {role: len(ex) for role, ex in examples.items()},
         "splits": {role: "+".join(s for s, _ in segments(part)) for role, part in parts.items()},
         "arms": names, "best_static": names[base], "token_budget": budget,
-        "router": {"selection": sel.tried, "chosen": sel.best, "token_price": price,
+        "router": {"rule": "cv", "selection": sel.tried, "chosen": sel.best,
+                   "token_price": price, "static_arm": names[router.static_arm],
+                   "margin": router.margin, "cv_folds": CV_FOLDS,
+                   "cv_reward": sel.tried[sel.best]["cv_reward"],
+                   "cv_best_static_reward": float(tv["R"][:, router.static_arm].mean()),
                    "valid_reward": float(pick(M["valid"]["R"], router.choose(X["valid"], 0.0))
                                          .mean()),
                    "valid_best_static_reward": float(M["valid"]["R"][:, base].mean()),

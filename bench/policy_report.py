@@ -37,6 +37,35 @@ def _has_ppo(d: dict) -> bool:
     return any(f.get("ppo") for f in _folds(d))
 
 
+def _cv(r: dict) -> bool:
+    """Whether the router was chosen by cross-validation over train ∪ valid (rule `cv`)."""
+    return r.get("rule") == "cv"
+
+
+def _chosen(r: dict) -> str:
+    """How the router was chosen and how it scored there, against the static arm it keeps."""
+    t = r["selection"][r["chosen"]]
+    if _cv(r):
+        return (f"chosen by {r['cv_folds']}-fold CV over train ∪ valid: max_iter "
+                f"{t['max_iter']}, leaves {t['max_leaf_nodes']}, shrink {t['shrink']}, "
+                f"margin {t['margin']:g} over `{r['static_arm']}`; CV reward "
+                f"{r['cv_reward']:.3f} vs that arm's {r['cv_best_static_reward']:.3f}")
+    return (f"chosen on valid: max_iter {t['max_iter']}, leaves {t['max_leaf_nodes']}, "
+            f"shrink {t['shrink']}; valid reward {r['valid_reward']:.3f} vs best static "
+            f"{r['valid_best_static_reward']:.3f}")
+
+
+def _behind_static(r: dict) -> bool:
+    """The router scored below the static arm where it was chosen (CV or valid)."""
+    if _cv(r):
+        return r["cv_reward"] < r["cv_best_static_reward"]
+    return r["valid_reward"] < r["valid_best_static_reward"]
+
+
+def _any_cv(meta: dict) -> bool:
+    return any(_cv(f["router"]) for d in meta["details"].values() for f in _folds(d))
+
+
 def _test_arms(d: dict) -> dict[str, int]:
     """The router's test choices, summed over folds, most used first."""
     out: dict[str, int] = {}
@@ -52,10 +81,7 @@ def _crossfit_summary(ds: str, d: dict, rows: list[dict]) -> str:
     c = d["crossfit"]
     folds = "; ".join(
         f"fold {i + 1}: train {f['n']['train']} / valid {f['n']['valid']} / test "
-        f"{f['n']['test']}, best static `{f['best_static']}`, router (max_iter "
-        f"{f['router']['selection'][f['router']['chosen']]['max_iter']}, leaves "
-        f"{f['router']['selection'][f['router']['chosen']]['max_leaf_nodes']}) valid "
-        f"{f['router']['valid_reward']:.3f} vs {f['router']['valid_best_static_reward']:.3f}"
+        f"{f['n']['test']}, best static `{f['best_static']}`, router ({_chosen(f['router'])})"
         for i, f in enumerate(c["folds"]))
     return " ".join([
         f"**{ds}** (cross-fitted: {c['k']} folds by {c['group']} over all {d['n']['test']} "
@@ -80,15 +106,12 @@ def _crossfit_summary(ds: str, d: dict, rows: list[dict]) -> str:
 def _summary(ds: str, d: dict, rows: list[dict]) -> str:
     g = lambda s, m: _get(rows, ds, s, m)  # noqa: E731
     r = d["router"]
-    tried = r["selection"][r["chosen"]]
     parts = [
         f"**{ds}** (train {d['n']['train']} / valid {d['n']['valid']} / test {d['n']['test']} "
         f"queries{'; train and valid are halves of the valid split' if d['splits']['train'] == d['splits']['valid'] else ''}"
         f"; {len(d['arms'])} arms). Best static on valid: `{d['best_static']}` "
         f"(test reward {_fmt(g('best-static', 'reward'))}).",
-        f"The supervised router (chosen on valid: max_iter {tried['max_iter']}, leaves "
-        f"{tried['max_leaf_nodes']}, shrink {tried['shrink']}; valid reward "
-        f"{r['valid_reward']:.3f} vs best static {r['valid_best_static_reward']:.3f}) gains "
+        f"The supervised router ({_chosen(r)}) gains "
         f"{_fmt(g('supervised-router - best-static', 'delta_reward'))} reward on test "
         f"(quality {_fmt(g('supervised-router - best-static', 'delta_quality'))}, tokens "
         f"{_fmt(g('supervised-router - best-static', 'delta_cost_pct'), True)}%) and captures "
@@ -111,8 +134,7 @@ def _overall(meta: dict, rows: list[dict]) -> str:
     wins = [ds for ds in dss if (_get(rows, ds, "supervised-router - best-static",
                                       "delta_reward") or {}).get("ci_low", -1) > 0]
     below = [ds for ds, d in meta["details"].items()
-             if all(f["router"]["valid_reward"] < f["router"]["valid_best_static_reward"]
-                    for f in _folds(d))]
+             if all(_behind_static(f["router"]) for f in _folds(d))]
     text = (f"Share of the per-query oracle's headroom over the best static config that the "
             f"supervised router captures on test: {cap}. Its reward gain has a 95% CI above 0 "
             f"on {len(wins)} of {len(dss)} datasets{' (' + ', '.join(wins) + ')' if wins else ''}"
@@ -150,8 +172,8 @@ def _overall(meta: dict, rows: list[dict]) -> str:
                      "per-query policy and PPO an option.")
     text += _rl_phase(meta)
     if below:
-        text += (f" On {', '.join(below)} even the router chosen on valid scores below the "
-                 f"best static config there; a deployment would keep the static config.")
+        text += (f" On {', '.join(below)} even the router scores below the static config "
+                 f"where it was chosen; a deployment would keep the static config.")
     return text
 
 
@@ -438,8 +460,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             "search_json") else "; `bench/results/search.json` did not exist when this ran, "
            "so issue 19's B1 (the searchers' best-known static config) is not among the arms "
            "and `best-static` is the portfolio's best on valid.")
-        + " The router is fitted on train, its hyper-parameters and token price chosen on "
-        "valid; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
+        + (" The router's hyper-parameters and switching margin are chosen by grouped "
+           "4-fold cross-validation over train ∪ valid and it is refitted on both "
+           "(`rl.policy.router.select_router_cv`: it keeps the best static arm of train ∪ "
+           "valid unless its predicted gain over it exceeds the margin); its token price "
+           "holds its mean tokens on train ∪ valid to best static's valid mean; `best-static` "
+           "stays the valid split's choice. The rule replaced selection on valid after a "
+           "design study on train ∪ valid only, test unread (`python bench/router_selection.py`, "
+           "bench/results/router_selection.md)" if _any_cv(meta) else " The router is fitted on train, its "
+           "hyper-parameters and token price chosen on valid")
+        + "; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
         "turn) that a serving policy would not have. "
         + _protocol(meta)
         + "`ppo-policy` (issue 19, `rl.policy.ppo_policy`): RLlib PPO with mixed action heads "

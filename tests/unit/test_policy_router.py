@@ -13,7 +13,9 @@ from rl.policy.router import (
     SegmentLookup,
     SupervisedRouter,
     arm_features,
+    decide,
     select_router,
+    select_router_cv,
 )
 from rl.stats.headroom import pick
 
@@ -119,3 +121,43 @@ def test_router_features_pick_what_the_priced_router_picks():
     # a high token price sends every query to the cheapest arm (arm 2, 50 tokens)
     picks, F = router_features(router.predict(X), 1.0, router.arm_tokens, 2, arm_features(configs))
     assert set(picks) == {2} and np.allclose(F[:, 4], np.log1p(50.0))
+
+
+def test_decide_keeps_the_static_arm_unless_the_gain_clears_the_margin():
+    pred = np.array([[0.50, 0.53, 0.40], [0.50, 0.60, 0.40], [0.50, 0.45, 0.40]])
+    tokens = np.zeros(3)
+    assert decide(pred, 0.0, tokens).tolist() == [1, 1, 0]  # plain argmax
+    assert decide(pred, 0.0, tokens, 0.05, static_arm=2).tolist() == [1, 1, 0]
+    assert decide(pred, 0.0, tokens, 0.05, static_arm=0).tolist() == [0, 1, 0]
+    assert decide(pred, 0.0, tokens, np.inf, static_arm=0).tolist() == [0, 0, 0]
+    # the margin is on priced scores: a token price can erase a gain
+    assert decide(pred, 1e-3, np.array([0.0, 100.0, 0.0]), 0.0, 0).tolist() == [0, 0, 0]
+
+
+def test_cv_selection_switches_where_the_context_pays_and_not_on_noise():
+    X, R, T = _world(300, 0)
+    Xt, Rt, _ = _world(300, 1)
+    grid = (RouterParams(max_iter=40),)
+    router, sel = select_router_cv(X, R, T, grid=grid, folds=3)
+    assert router.static_arm == int(np.argmax(R.mean(axis=0)))
+    assert router.margin < np.inf and len(sel.tried) == 7  # one entry per margin
+    assert pick(Rt, router.choose(Xt)).mean() > Rt.mean(axis=0).max() + 0.2
+    assert sel.tried[sel.best]["cv_reward"] == max(t["cv_reward"] for t in sel.tried)
+    # rewards that are pure noise around a best arm: CV keeps that arm nearly everywhere
+    rng = np.random.default_rng(3)
+    Rn = np.array([0.6, 0.5, 0.5]) + rng.normal(scale=0.3, size=(300, 3))
+    noisy, _ = select_router_cv(X, Rn, T, grid=grid, folds=3)
+    assert noisy.static_arm == 0
+    assert (noisy.choose(Xt) == 0).mean() > 0.9
+
+
+def test_cv_takes_conversation_groups_and_refuses_bad_margins_and_groups():
+    X, R, T = _world(120, 0)
+    groups = [f"c{i // 4}" for i in range(120)]  # conversations of 4 queries
+    router, _ = select_router_cv(X, R, T, groups, grid=(RouterParams(max_iter=20),),
+                                 margins=(0.0,), folds=3)
+    assert router.margin == 0.0
+    with pytest.raises(ConfigError, match="margins"):
+        select_router_cv(X, R, T, margins=(-0.1,))
+    with pytest.raises(ConfigError, match="groups"):
+        select_router_cv(X, R, T, groups[:10])

@@ -113,7 +113,8 @@ def sample_arms(probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray
 class RouterPolicy:
     """`rl.policy.router.SupervisedRouter` as a `PerQueryPolicy`: greedy, one-hot probs of
     the router's choice (`router.choose(X)`: argmax of predicted reward − its fitted token
-    price × the arm's mean tokens). Predictions run on the router's trees packed by
+    price × the arm's mean tokens, or its static arm where that gains no more than its
+    margin). Predictions run on the router's trees packed by
     `rl.policy.fast_trees.PackedTrees` (the same numbers, well under a millisecond per
     request instead of sklearn's per-model call overhead)."""
 
@@ -144,8 +145,11 @@ class RouterPolicy:
         return (1.0 - s) * r.arm_mean[None, :] + s * raw
 
     def act(self, X: np.ndarray) -> np.ndarray:
+        from rl.policy.router import decide
+
         r = self.router
-        return np.argmax(self.predict(X) - r.token_price * r.arm_tokens[None, :], axis=1)
+        return decide(self.predict(X), r.token_price, r.arm_tokens, getattr(r, "margin", 0.0),
+                      getattr(r, "static_arm", None))
 
     def probs(self, X: np.ndarray) -> np.ndarray:
         return one_hot(self.act(X), len(self.arms))

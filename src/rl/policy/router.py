@@ -13,6 +13,13 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
   towards the arm's training mean (0 = always the best static arm of train, 1 = the model).
 - `select_router`: model selection over `PARAM_GRID` by the mean realised reward of the
   router's choices on a validation split (never the test split).
+- `select_router_cv`: the same by grouped K-fold cross-validation over all the fitting rows
+  (train ∪ valid), jointly with a switching `margin` (`MARGINS`): the router keeps the best
+  static arm of those rows unless its predicted gain over it exceeds the margin; the chosen
+  router is refitted on every row. Adopted for the shipped router after a design study on
+  train ∪ valid only (bench/results/policy.md names it): one 65-query valid split disagreed
+  with 108 train queries on which arm HotpotQA's comparison questions want, and the argmax
+  over 31 noisy predictions switched arms on noise.
 - `out_of_fold_scores` / `router_features`: the router's view of a query as observation
   features for a policy stacked on it (the residual PPO policy's `defer` head): its predicted
   reward of its pick, of the best static arm, its margin, the pick's cost and descriptors. On
@@ -115,6 +122,10 @@ class SupervisedRouter:
         self.arm_tokens = np.zeros(0)
         self.token_price = 0.0
         """Reward units per token subtracted from an arm's predicted reward (0 = none)."""
+        self.margin = 0.0
+        """Keep `static_arm` unless the pick's (priced) predicted gain over it exceeds this."""
+        self.static_arm: int | None = None
+        """The arm kept when no gain clears `margin` (None: plain argmax)."""
 
     @property
     def n_arms(self) -> int:
@@ -162,9 +173,11 @@ class SupervisedRouter:
 
     def choose(self, X: np.ndarray, token_price: float | None = None) -> np.ndarray:
         """The chosen arm per query (n ints): argmax of predicted reward − price × the arm's
-        mean tokens (`token_price` None: the fitted `self.token_price`)."""
+        mean tokens (`token_price` None: the fitted `self.token_price`), or `static_arm`
+        where that argmax beats it by no more than `margin` (`decide`)."""
         price = self.token_price if token_price is None else token_price
-        return np.argmax(self.predict(X) - price * self.arm_tokens[None, :], axis=1)
+        return decide(self.predict(X), price, self.arm_tokens, getattr(self, "margin", 0.0),
+                      getattr(self, "static_arm", None))
 
     def fit_token_price(self, X: np.ndarray, T: np.ndarray, budget: float,
                         iters: int = 60) -> float:
@@ -187,6 +200,19 @@ class SupervisedRouter:
             hi = lowest_price(spend, budget, hi, iters)
         self.token_price = hi
         return hi
+
+
+def decide(pred: np.ndarray, price: float, arm_tokens: np.ndarray, margin: float = 0.0,
+           static_arm: int | None = None) -> np.ndarray:
+    """Per row of predicted rewards `pred` (n, K): the argmax of `pred` − `price` × tokens,
+    unless `static_arm` is given and that argmax's priced score exceeds the static arm's by
+    no more than `margin` (then the static arm). Ties go to the lower index."""
+    adj = np.asarray(pred, dtype=np.float64) - price * np.asarray(arm_tokens)[None, :]
+    best = np.argmax(adj, axis=1)
+    if static_arm is None:
+        return best
+    rows = np.arange(adj.shape[0])
+    return np.where(adj[rows, best] - adj[:, static_arm] > margin, best, static_arm)
 
 
 @dataclass
@@ -217,6 +243,50 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
     return routers[best], Selection(best, tried, routers)
 
 
+MARGINS: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, float("inf"))
+"""Switching margins `select_router_cv` tries, in reward units (inf = always the static arm)."""
+
+CV_FOLDS = 4
+"""Folds of `select_router_cv`'s cross-validation."""
+
+
+def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
+                     groups: Sequence[str] | None = None,
+                     grid: Sequence[RouterParams] = PARAM_GRID,
+                     margins: Sequence[float] = MARGINS, folds: int = CV_FOLDS, seed: int = 0,
+                     arms: np.ndarray | None = None) -> tuple[SupervisedRouter, Selection]:
+    """Choose the router's hyper-parameters and switching margin by grouped `folds`-fold
+    cross-validation over all rows (`X`, `R`, `T`: train ∪ valid), then refit on every row.
+
+    Per `grid` entry, out-of-fold predictions of every arm (`out_of_fold_scores`: no row is
+    predicted by a model that fitted it or its `groups` label, e.g. its conversation) are
+    decided with each margin against the best static arm of all rows (`decide`); the pair
+    with the highest mean realised reward wins (first on ties, so the smaller margin). The
+    returned router has `static_arm` and `margin` set; `Selection.tried` lists every pair's
+    out-of-fold reward. `groups` None: every row its own group."""
+    X, R = _check(X, R, "R")
+    if not margins or any(not m >= 0 for m in margins):
+        raise ConfigError("margins", f"must be a non-empty list of numbers >= 0, got "
+                                     f"{list(margins)}")
+    groups = [str(i) for i in range(len(X))] if groups is None else list(groups)
+    if len(groups) != len(X):
+        raise ConfigError("groups", f"{len(groups)} labels for {len(X)} rows")
+    static = best_static(R)
+    zero = np.zeros(R.shape[1])
+    tried, best, best_v = [], (0, margins[0]), -np.inf
+    for i, params in enumerate(grid):
+        oof = out_of_fold_scores(params, X, R, T, arms, groups, folds, seed)
+        for m in margins:
+            v = float(pick(R, decide(oof, 0.0, zero, m, static)).mean())
+            tried.append({**asdict(params), "margin": m, "cv_reward": v})
+            if v > best_v + 1e-12:
+                best, best_v = (i, m), v
+    router = SupervisedRouter(grid[best[0]], seed).fit(X, R, T, arms)
+    router.static_arm, router.margin = static, best[1]
+    chosen = best[0] * len(margins) + list(margins).index(best[1])
+    return router, Selection(chosen, tried, [router])
+
+
 def out_of_fold_scores(params: RouterParams, X: np.ndarray, R: np.ndarray,
                        T: np.ndarray | None, arms: np.ndarray | None, groups: Sequence[str],
                        k: int = 5, seed: int = 0) -> np.ndarray:
@@ -240,14 +310,17 @@ ROUTER_FEATURE_NAMES = ("router_pred_pick", "router_pred_static", "router_gain_o
 
 
 def router_features(scores: np.ndarray, token_price: float, arm_tokens: np.ndarray,
-                    static_arm: int, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The router's pick per row (argmax of `scores` − price × the arm's tokens) and the
-    features `ROUTER_FEATURE_NAMES`: predicted reward of the pick and of `static_arm` (the
-    best static arm), their gap, the margin of the pick over the runner-up (price-adjusted),
-    log(1 + the pick's mean tokens) and the pick's descriptors (`arm_features` rows `arms`)."""
+                    static_arm: int, arms: np.ndarray, margin: float | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The router's pick per row (argmax of `scores` − price × the arm's tokens; with a
+    `margin`, `static_arm` unless the argmax beats it by more: `decide`) and the features
+    `ROUTER_FEATURE_NAMES`: predicted reward of the pick and of `static_arm` (the best static
+    arm), their gap, the margin of the pick over the runner-up (price-adjusted), log(1 + the
+    pick's mean tokens) and the pick's descriptors (`arm_features` rows `arms`)."""
     S = np.asarray(scores, dtype=np.float64)
     adj = S - token_price * np.asarray(arm_tokens, dtype=np.float64)[None, :]
-    pick = np.argmax(adj, axis=1)
+    pick = decide(S, token_price, arm_tokens, margin or 0.0,
+                  None if margin is None else static_arm)
     rows = np.arange(len(S))
     top2 = np.sort(adj, axis=1)[:, -2] if S.shape[1] > 1 else adj[:, 0]
     F = np.column_stack([S[rows, pick], S[:, static_arm], S[rows, pick] - S[:, static_arm],

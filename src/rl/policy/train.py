@@ -11,10 +11,13 @@ saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.p
 Roles (`role_indices`, also bench/policy.py's): train = the dataset's `train` split when it has
 one (a seeded subset of `max_train` queries when longer), valid = its tune split; data without
 a train split (the synthetic world, a user's folder) trains on a seeded half of the tune split
-and chooses on the other half. The router's hyper-parameters (`select_router`) are chosen on
-valid by realised reward, and with `equal_cost` a token price holds its mean tokens on valid
-to the best static config's (`SupervisedRouter.fit_token_price`). The holdout split is read
-once, after every choice was made.
+and chooses on the other half. The router's hyper-parameters and switching margin
+(`select_router_cv`) are chosen by grouped cross-validation over train ∪ valid (folds by
+conversation, `conversation_of`) and the router is refitted on both; it keeps the best static
+arm of train ∪ valid unless its predicted gain over it exceeds the margin. With `equal_cost`
+a token price holds its mean tokens on train ∪ valid to the best static config's valid mean
+(`SupervisedRouter.fit_token_price`). The holdout split is read once, after every choice was
+made.
 
 Rewards are the tuner's per-query rewards (`TunerEvaluator.per_query_reward`: quality − latency
 and token cost, no batch gates), quality = αF + βR of the evaluator's F and R, cost = tokens;
@@ -54,6 +57,14 @@ def role_indices(ev: Any, seed: int, max_train: int | None = None
     half = n_tune // 2
     return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
             "test": test}
+
+
+def conversation_of(example: Any) -> str:
+    """The group a query is cross-validated with: its conversation
+    (`metadata.conversation_id`, else the MTRAG task id's part before `<::>`), else the query
+    itself, so no conversation straddles a router's folds."""
+    meta = example.metadata or {}
+    return str(meta.get("conversation_id") or str(example.id).split("<::>")[0])
 
 
 def split_matrices(ev: Any, configs: list[RAGConfig], split: str) -> dict[str, np.ndarray]:
@@ -154,7 +165,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
     from rl.policy.portfolio import portfolio
-    from rl.policy.router import arm_features, select_router
+    from rl.policy.router import arm_features, select_router_cv
     from rl.stats.headroom import best_static, pick
     from rl.tuner.evaluator import TunerEvaluator
 
@@ -194,12 +205,15 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
         M[role] = {k: v[idx] for k, v in full[split].items()}
         X[role] = feat.matrix([ev.data.examples(split)[int(i)] for i in idx])
     ev.memo.flush()
-    router, _ = select_router(X["train"], M["train"]["R"], X["valid"], M["valid"]["R"],
-                              M["train"]["T"], seed=seed, arms=arm_features(configs))
+    X_tv = np.vstack([X["train"], X["valid"]])
+    R_tv, T_tv = (np.vstack([M["train"][k], M["valid"][k]]) for k in ("R", "T"))
+    groups = [conversation_of(ev.data.examples(split)[int(i)]) for role in ("train", "valid")
+              for split, idx in [parts[role]] for i in idx]
+    router, sel = select_router_cv(X_tv, R_tv, T_tv, groups, seed=seed,
+                                   arms=arm_features(configs))
     static = best_static(M["valid"]["R"])
-    if equal_cost:  # else the price select_router's router has: 0
-        router.fit_token_price(X["valid"], M["valid"]["T"],
-                               float(M["valid"]["T"][:, static].mean()))
+    if equal_cost:  # else the price select_router_cv's router has: 0
+        router.fit_token_price(X_tv, T_tv, float(M["valid"]["T"][:, static].mean()))
     test = M["test"]
     n_test = len(test["R"])
     ch = router.choose(X["test"])
@@ -217,7 +231,11 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in parts.items()}, names[static],
                     {"params": asdict(router.params), "token_price": router.token_price,
                      "equal_cost": equal_cost, "valid_reward": valid_reward,
-                     "best_static_valid_reward": float(M["valid"]["R"][:, static].mean())},
+                     "best_static_valid_reward": float(M["valid"]["R"][:, static].mean()),
+                     "selection": "cv", "margin": router.margin,
+                     "static_arm": names[router.static_arm],
+                     "cv_reward": sel.tried[sel.best]["cv_reward"],
+                     "cv_static_reward": float(R_tv[:, router.static_arm].mean())},
                     rows, verdict,
                     {names[int(a)]: int(c) for a, c in sorted(zip(used, counts, strict=True),
                                                               key=lambda t: -t[1])},
@@ -240,9 +258,10 @@ def markdown(run: RouterRun, dataset: str) -> str:
     lines = [f"# Per-query router policy: {dataset}", "",
              f"Arms: {len(run.names)} configs (`rl.policy.portfolio` + given). Queries: "
              + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "
-             f"`{run.best_static}`. Router chosen on valid: {params} (valid "
-             f"reward {run.router['valid_reward']:.4f} vs best static "
-             f"{run.router['best_static_valid_reward']:.4f}; token price "
+             f"`{run.best_static}`. Router chosen by cross-validation over train ∪ valid: "
+             f"{params}, margin {run.router['margin']:g} over `{run.router['static_arm']}` "
+             f"(CV reward {run.router['cv_reward']:.4f} vs that arm's "
+             f"{run.router['cv_static_reward']:.4f}; token price "
              f"{run.router['token_price']:.2e}).", "",
              "Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
              "| system | reward | quality | tokens |", "|---|---|---|---|"]
