@@ -361,7 +361,8 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     router, sel = select_router_cv(tv["X"], tv["R"], tv["T"], tv_groups, seed=seed,
                                    arms=arm_features([c for _, c in configs]))
     plain = router.choose(X["test"], 0.0)
-    price = router.fit_token_price(tv["X"], tv["T"], budget)
+    # priced on valid, where the budget is measured: best static alone spends exactly it
+    price = router.fit_token_price(X["valid"], M["valid"]["T"], budget)
     eq = router.choose(X["test"], price)
     key = MAIN_SEGMENTS.get(ds, "type")
     seg_labels = {role: segmentations(ds, ex)[key] for role, ex in examples.items()}
@@ -379,7 +380,7 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     for scale in ppo_run.budget_scales if ppo is not None else ():
         system = ppo_system(scale)
         cap = scale * budget
-        price_s = router.fit_token_price(tv["X"], tv["T"], cap)
+        price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
         picks = {"supervised-router": router.choose(X["train"], 0.0),
                  "supervised-router-equal-cost": router.choose(X["train"], price_s)}
         X_ppo, bases, settings = X, None, ppo

@@ -38,6 +38,9 @@ def test_the_report_compares_the_router_with_both_static_baselines(trained):
     assert rep["verdict"] == ("router" if gain["ci_low"] > 0 else "best-static")
     assert sum(rep["test_choices"].values()) == 120
     assert rep["best_static"] in rep["arms"]
+    # chosen by cross-validation over train ∪ valid (120 queries: no small-data warning)
+    assert rep["router"]["selection"] == "cv" and rep["warnings"] == []
+    assert rep["router"]["static_arm"] in rep["arms"] and rep["router"]["margin"] >= 0
     md = (out / "report.md").read_text()
     assert "supervised-router - best-static" in md and "Verdict" in md
 

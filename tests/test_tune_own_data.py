@@ -103,3 +103,17 @@ def test_too_few_questions_is_a_data_error(tmp_path, monkeypatch):
     (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\n")
     with pytest.raises(DataError, match="at least 2"):
         split_manifest(load_dataset(str(root)), str(root))
+
+
+def test_policy_train_on_a_tiny_folder_warns_and_still_reports(tmp_path, monkeypatch, capsys):
+    """21 questions: the router's cross-validation runs on ~10 valid queries, so the run is
+    counted as a warning (report, report.json, stderr) rather than refused or silent."""
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    data = _beir(tmp_path / "tinybeir")
+    out = tmp_path / "policy"
+    assert main(["policy", "train", "--dataset", str(data), "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert len(rep["warnings"]) == 1 and "train ∪ valid queries" in rep["warnings"][0]
+    assert rep["router"]["static_arm"] in rep["arms"] and rep["router"]["margin"] >= 0
+    assert "Warnings (1):" in (out / "report.md").read_text()
+    assert "warning: only" in capsys.readouterr().err

@@ -15,7 +15,7 @@ and chooses on the other half. The router's hyper-parameters and switching margi
 (`select_router_cv`) are chosen by grouped cross-validation over train ∪ valid (folds by
 conversation, `conversation_of`) and the router is refitted on both; it keeps the best static
 arm of train ∪ valid unless its predicted gain over it exceeds the margin. With `equal_cost`
-a token price holds its mean tokens on train ∪ valid to the best static config's valid mean
+a token price holds its mean tokens on valid to the best static config's there
 (`SupervisedRouter.fit_token_price`). The holdout split is read once, after every choice was
 made.
 
@@ -39,6 +39,9 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
+SMALL_DATA = 100
+"""Fewer train ∪ valid queries than this get a warning: the router's cross-validated choices
+are then mostly noise (its margin will usually keep the static arm)."""
 
 
 def role_indices(ev: Any, seed: int, max_train: int | None = None
@@ -91,6 +94,8 @@ class RouterRun:
     verdict: str
     choices: dict[str, int] = field(default_factory=dict)
     systems: tuple[str, ...] = SYSTEMS
+    warnings: list[str] = field(default_factory=list)
+    """Counted, not fatal: e.g. too few queries to learn a per-query choice from."""
 
     def delta(self, other: str, metric: str = "delta_reward") -> dict[str, Any]:
         """The `supervised-router - other` row of `metric`."""
@@ -101,7 +106,8 @@ class RouterRun:
         return {"out": str(self.out), "arms": self.names, "systems": list(self.systems),
                 "n": self.n,
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
-                "verdict": self.verdict, "test_choices": self.choices}
+                "verdict": self.verdict, "test_choices": self.choices,
+                "warnings": self.warnings}
 
 
 def _row(dataset: str, system: str, metric: str, value: float, lo: float | None = None,
@@ -165,7 +171,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
     from rl.policy.portfolio import portfolio
-    from rl.policy.router import arm_features, select_router_cv
+    from rl.policy.router import CV_FOLDS, arm_features, select_router_cv
     from rl.stats.headroom import best_static, pick
     from rl.tuner.evaluator import TunerEvaluator
 
@@ -209,11 +215,21 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     R_tv, T_tv = (np.vstack([M["train"][k], M["valid"][k]]) for k in ("R", "T"))
     groups = [conversation_of(ev.data.examples(split)[int(i)]) for role in ("train", "valid")
               for split, idx in [parts[role]] for i in idx]
+    if len(set(groups)) < CV_FOLDS:
+        raise ConfigError("dataset", f"{dataset}: the router's {CV_FOLDS}-fold cross-validation "
+                                     f"needs >= {CV_FOLDS} conversations in train ∪ valid, got "
+                                     f"{len(set(groups))}")
+    warnings = ([f"only {len(X_tv)} train ∪ valid queries (< {SMALL_DATA}): the router's "
+                 "cross-validated choices are mostly noise here; expect it to keep the best "
+                 "static arm, and give it more data before trusting a per-query gain"]
+                if len(X_tv) < SMALL_DATA else [])
     router, sel = select_router_cv(X_tv, R_tv, T_tv, groups, seed=seed,
                                    arms=arm_features(configs))
     static = best_static(M["valid"]["R"])
     if equal_cost:  # else the price select_router_cv's router has: 0
-        router.fit_token_price(X_tv, T_tv, float(M["valid"]["T"][:, static].mean()))
+        # on valid, where the budget is measured (best static alone spends exactly it)
+        router.fit_token_price(X["valid"], M["valid"]["T"],
+                               float(M["valid"]["T"][:, static].mean()))
     test = M["test"]
     n_test = len(test["R"])
     ch = router.choose(X["test"])
@@ -239,7 +255,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                     rows, verdict,
                     {names[int(a)]: int(c) for a, c in sorted(zip(used, counts, strict=True),
                                                               key=lambda t: -t[1])},
-                    tuple(picks))
+                    tuple(picks), warnings)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
     (out / "report.md").write_text(markdown(run, dataset))
     return run
@@ -276,6 +292,8 @@ def markdown(run: RouterRun, dataset: str) -> str:
                      f"{fmt(by[(c, 'delta_quality')])} | "
                      f"{fmt(by[(c, 'delta_cost_pct')], pct=True)} |")
     top = ", ".join(f"`{k}` {v}" for k, v in list(run.choices.items())[:6])
+    if run.warnings:
+        lines += ["", f"Warnings ({len(run.warnings)}):", *(f"- {w}" for w in run.warnings)]
     lines += ["", f"Router's holdout choices (top 6): {top}.", "",
               ("Verdict: **serve the router** — its reward gain over the best static config "
                "has a 95% CI above 0." if run.verdict == "router" else

@@ -13,6 +13,7 @@ with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Bad input exits 2 n
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -57,6 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                              policy_args(args.dataset, settings.base_config(), run.out),
                              note=f"ragpilot policy train, policy {run.out}")
     print((run.out / "report.md").read_text())
+    for w in run.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {run.out} (policy.json, model.pkl, report.json, report.md, {SERVE_FILE}); "
           f"verdict: {run.verdict}")
     if run.verdict == "router":

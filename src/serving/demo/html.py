@@ -69,8 +69,9 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
         by = {(r["system"], r["metric"]): r for r in router["rows"]}
         parts.append(
             f"<h2>Per-query router ({len(router['arms'])} configs; verdict: "
-            f"{e(router['verdict'])})</h2><p>Trained on half the valid split, chosen on the "
-            f"other half, read once on the holdout; policy directory "
+            f"{e(router['verdict'])})</h2><p>Chosen by cross-validation over the valid split "
+            f"(two halves of it as train and valid), read once on the holdout; policy "
+            f"directory "
             f"<code>{e(router['out'])}</code>.</p>" + _table(
                 ["comparison", "Δ reward [95% CI]", "Δ quality [95% CI]", "Δ tokens %"],
                 [[e(f"router - {o}")] + [

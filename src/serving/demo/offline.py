@@ -61,7 +61,8 @@ def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
 def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
     """The shipped per-query policy (`rl.policy.train.train_router_policy`): the supervised
     router over the 30-config portfolio plus the tuned config (arm "tuned" unless the
-    portfolio has it), trained and chosen on the two halves of the valid split, compared on
+    portfolio has it), chosen by grouped cross-validation over the valid split (its two
+    halves are the router's train and valid roles; `select_router_cv`), compared on
     the holdout with the tuned config, the best static arm and the default; a servable policy
     directory and report.md under `out`. The RouterRun."""
     from rl.policy.portfolio import portfolio
