@@ -161,3 +161,24 @@ def test_cv_takes_conversation_groups_and_refuses_bad_margins_and_groups():
         select_router_cv(X, R, T, margins=(-0.1,))
     with pytest.raises(ConfigError, match="groups"):
         select_router_cv(X, R, T, groups[:10])
+
+
+def test_token_price_is_the_lowest_feasible_even_when_spend_is_not_monotone():
+    """Arm 0 (static) spends the budget exactly; arm 1 is cheaper on average but dearer on
+    these queries; arm 2 is dear everywhere. Unpriced, a few queries go to arm 2 and overspend;
+    a small price returns them to the static arm (feasible); a larger one sends everything to
+    arm 1, which overspends here, up to the bound. Bisection from the bound alone never finds
+    the feasible window in between."""
+    X = np.zeros((4, 1))
+    T = np.array([[100.0, 120.0, 300.0]] * 4)
+    r = SupervisedRouter()
+    r._k, r.arm_mean = 3, np.zeros(3)
+    r.arm_tokens = np.array([100.0, 50.0, 300.0])  # arm 1 looks cheap on average
+    r.static_arm, r.margin = 0, 0.01
+    pred = np.array([[0.5, 0.45, 0.60], [0.5, 0.45, 0.50], [0.5, 0.45, 0.50],
+                     [0.5, 0.45, 0.50]])
+    r.predict = lambda X_: pred  # the price search only needs predictions
+    price = r.fit_token_price(X, T, budget=100.0)
+    assert pick(T, r.choose(X, price)).tolist() == [100.0] * 4  # all static: feasible
+    # the lowest feasible: arm 2's priced gain (0.1 - 200 p) just reaches the margin
+    assert price == pytest.approx(0.09 / 200, rel=1e-6)

@@ -40,7 +40,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.stats.headroom import best_static, group_folds, lowest_price, pick, segment_choice
+from rl.stats.headroom import best_static, group_folds, pick, segment_choice
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ PARAM_GRID: tuple[RouterParams, ...] = (
     RouterParams(max_iter=400, max_leaf_nodes=31, min_samples_leaf=20, pooled=True),
 )
 """What `select_router` tries: small and larger trees, with and without shrinkage."""
+
+
+PRICE_SCAN = 120
+"""Geometric grid points `SupervisedRouter.fit_token_price` scans before bisecting."""
 
 
 def _check(X: np.ndarray, M: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -182,22 +186,34 @@ class SupervisedRouter:
     def fit_token_price(self, X: np.ndarray, T: np.ndarray, budget: float,
                         iters: int = 60) -> float:
         """Set (and return) the smallest token price whose choices on (`X`, `T`) spend at most
-        `budget` mean tokens (bisection; 0 when the plain argmax already does). A price that
-        sends every query to its cheapest arm bounds the search; if even that overspends, that
-        price is kept."""
+        `budget` mean tokens (0 when the unpriced choices already do). A price that sends
+        every query to its cheapest arm bounds the search; if no price up to it meets the
+        budget, that bound is kept.
+
+        Spend need not fall monotonically as the price rises: an arm cheaper on average can
+        cost more on these queries than the arm it replaces, and with a switching margin the
+        static arm alone may spend the budget exactly. So the price is first scanned on a
+        geometric grid (`PRICE_SCAN` points up to the bound), and bisection (`iters`
+        halvings) runs only between the first feasible grid price and the one below it."""
         T = np.asarray(T, dtype=np.float64)
+        pred = self.predict(X)
+        margin, static = getattr(self, "margin", 0.0), getattr(self, "static_arm", None)
 
         def spend(price: float) -> float:
-            return float(pick(T, self.choose(X, price)).mean())
+            return float(pick(T, decide(pred, price, self.arm_tokens, margin, static)).mean())
 
         if spend(0.0) <= budget:
             self.token_price = 0.0
             return 0.0
-        pred = self.predict(X)
         steps = np.diff(np.unique(self.arm_tokens))
         hi = (pred.max() - pred.min() + 1.0) / (steps.min() if steps.size else 1.0)
-        if spend(hi) <= budget:
-            hi = lowest_price(spend, budget, hi, iters)
+        grid = np.geomspace(hi * 1e-9, hi, PRICE_SCAN)
+        first = next((i for i, g in enumerate(grid) if spend(g) <= budget), None)
+        if first is not None:
+            lo, hi = (0.0 if first == 0 else float(grid[first - 1])), float(grid[first])
+            for _ in range(iters):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (lo, mid) if spend(mid) <= budget else (mid, hi)
         self.token_price = hi
         return hi
 
