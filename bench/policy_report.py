@@ -468,8 +468,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "sent every HotpotQA query to the cheapest arm, because best static itself spends "
            "more on train than on valid); `best-static` "
            "stays the valid split's choice. The rule replaced selection on valid after a "
-           "design study on train ∪ valid only, test unread (`python bench/router_selection.py`, "
-           "bench/results/router_selection.md)" if _any_cv(meta) else " The router is fitted on train, its "
+           "design study on train ∪ valid only, test unread (`bench/router_selection.py`: "
+           "outer 5 grouped folds, the mean gain over valid's best static of each rule; its "
+           "full run is not committed yet)" if _any_cv(meta) else " The router is fitted on train, its "
            "hyper-parameters and token price chosen on valid")
         + "; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
         "turn) that a serving policy would not have. "
