@@ -148,8 +148,7 @@ class RouterPolicy:
         from rl.policy.router import decide
 
         r = self.router
-        return decide(self.predict(X), r.token_price, r.arm_tokens, getattr(r, "margin", 0.0),
-                      getattr(r, "static_arm", None))
+        return decide(self.predict(X), r.token_price, r.arm_tokens, r.margin, r.static_arm)
 
     def probs(self, X: np.ndarray) -> np.ndarray:
         return one_hot(self.act(X), len(self.arms))

@@ -116,6 +116,11 @@ def _pooled(X: np.ndarray, arms: np.ndarray) -> np.ndarray:
 class SupervisedRouter:
     """Predicts each arm's per-query reward from features; chooses the argmax (module doc)."""
 
+    margin: float = 0.0
+    static_arm: int | None = None
+    """Class defaults (documented in `__init__`), so a router pickled before they existed
+    still decides as it did: plain argmax."""
+
     def __init__(self, params: RouterParams = RouterParams(), seed: int = 0):
         self.params = params
         self.seed = seed
@@ -180,8 +185,7 @@ class SupervisedRouter:
         mean tokens (`token_price` None: the fitted `self.token_price`), or `static_arm`
         where that argmax beats it by no more than `margin` (`decide`)."""
         price = self.token_price if token_price is None else token_price
-        return decide(self.predict(X), price, self.arm_tokens, getattr(self, "margin", 0.0),
-                      getattr(self, "static_arm", None))
+        return decide(self.predict(X), price, self.arm_tokens, self.margin, self.static_arm)
 
     def fit_token_price(self, X: np.ndarray, T: np.ndarray, budget: float,
                         iters: int = 60) -> float:
@@ -197,10 +201,9 @@ class SupervisedRouter:
         halvings) runs only between the first feasible grid price and the one below it."""
         T = np.asarray(T, dtype=np.float64)
         pred = self.predict(X)
-        margin, static = getattr(self, "margin", 0.0), getattr(self, "static_arm", None)
-
         def spend(price: float) -> float:
-            return float(pick(T, decide(pred, price, self.arm_tokens, margin, static)).mean())
+            return float(pick(T, decide(pred, price, self.arm_tokens, self.margin,
+                                        self.static_arm)).mean())
 
         if spend(0.0) <= budget:
             self.token_price = 0.0
@@ -289,17 +292,16 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
         raise ConfigError("groups", f"{len(groups)} labels for {len(X)} rows")
     static = best_static(R)
     zero = np.zeros(R.shape[1])
-    tried, best, best_v = [], (0, margins[0]), -np.inf
-    for i, params in enumerate(grid):
+    tried, chosen, best_v = [], 0, -np.inf
+    for params in grid:
         oof = out_of_fold_scores(params, X, R, T, arms, groups, folds, seed)
         for m in margins:
             v = float(pick(R, decide(oof, 0.0, zero, m, static)).mean())
             tried.append({**asdict(params), "margin": m, "cv_reward": v})
             if v > best_v + 1e-12:
-                best, best_v = (i, m), v
-    router = SupervisedRouter(grid[best[0]], seed).fit(X, R, T, arms)
-    router.static_arm, router.margin = static, best[1]
-    chosen = best[0] * len(margins) + list(margins).index(best[1])
+                chosen, best_v = len(tried) - 1, v
+    router = SupervisedRouter(grid[chosen // len(margins)], seed).fit(X, R, T, arms)
+    router.static_arm, router.margin = static, tried[chosen]["margin"]
     return router, Selection(chosen, tried, [router])
 
 
