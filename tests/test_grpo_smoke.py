@@ -31,6 +31,33 @@ def test_settings_bounds():
         GRPOSettings(beta=-0.1)
     with pytest.raises(ConfigError):
         GRPOSettings(prompt_id="nope")
+    with pytest.raises(ConfigError, match="max_seconds"):
+        GRPOSettings(max_seconds=-1)
+    with pytest.raises(ConfigError, match="keep_checkpoints"):
+        GRPOSettings(keep_checkpoints=0)
+    with pytest.raises(ConfigError, match="micro_batch"):
+        GRPOSettings(prompts_per_step=2, num_generations=4, micro_batch=3)
+    assert GRPOSettings(prompts_per_step=2, num_generations=4, micro_batch=4).micro_batch == 4
+
+
+def test_wall_clock_callback_stops_and_saves_only_after_its_budget():
+    from transformers import TrainerControl, TrainerState
+
+    from rl.adaptation.grpo import wall_clock_callback
+
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = 3
+    late = wall_clock_callback(3600.0)
+    late.on_train_begin(None, state, control)
+    late.on_step_end(None, state, control)
+    assert not control.should_training_stop and not control.should_save
+    assert late.fired_at is None
+    now = wall_clock_callback(1e-9)
+    now.on_step_end(None, state, control)          # before on_train_begin: no clock yet
+    assert not control.should_training_stop
+    now.on_train_begin(None, state, control)
+    now.on_step_end(None, state, control)
+    assert control.should_training_stop and control.should_save and now.fired_at == 3
 
 
 @pytest.mark.slow
@@ -53,6 +80,12 @@ def test_two_grpo_steps_then_resume(tmp_path):
     assert any("kl" in r for r in rows)
     again = run_grpo(policy, tmp_path / "g", s, ex, merge=False)   # resumes at step 2: no work
     assert again["resumed_from"] and again["steps_done"] == 2
+    # a wall-clock budget ends the run after its first step, with a checkpoint there
+    # (and micro-batches: the step's 2 samples generated once, the gradient accumulated over 2)
+    cut = run_grpo(policy, tmp_path / "c", s.replace(steps=3, max_seconds=1e-6, micro_batch=1),
+                   ex, merge=False)
+    assert cut["steps_done"] == 1 and cut["stopped_by_clock_at"] == 1
+    assert (tmp_path / "c" / "trainer" / "checkpoint-1" / "adapter_model.safetensors").exists()
 
 
 def test_cli_grpo_refuses_bad_input(tmp_path, capsys):

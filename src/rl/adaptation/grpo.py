@@ -47,6 +47,9 @@ class GRPOSettings:
     steps: int = 80               # optimiser steps
     prompts_per_step: int = 2
     num_generations: int = 4      # samples per prompt (the GRPO group)
+    micro_batch: int = 0          # completions per forward/backward (0: the whole step's
+    #                               prompts_per_step * num_generations); the step's samples are
+    #                               generated once and its gradient accumulated over micro-batches
     max_completion_length: int = 16
     temperature: float = 0.9
     beta: float = 0.04            # KL coefficient to the SFT policy
@@ -56,20 +59,28 @@ class GRPOSettings:
     cite_weight: float = 0.5
     rm_weight: float = 0.0
     save_steps: int = 20
+    keep_checkpoints: int = 2     # TRL checkpoints kept under <out>/trainer (oldest deleted)
+    max_seconds: float = 0.0      # wall-clock budget of the training loop (0: none); a run
+    #                               stopped by it saves a checkpoint at the step it reached
     eval_n: int = 16              # valid questions for meta eval_f1 (the registry's @best)
     seed: int = 0
     prompt_id: str = "cite_concise"
 
     def __post_init__(self):
         for name in ("n_train", "steps", "prompts_per_step", "max_completion_length",
-                     "lora_r", "lora_alpha", "save_steps"):
+                     "lora_r", "lora_alpha", "save_steps", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"grpo.{name}", "must be >= 1")
         if self.num_generations < 2:
             raise ConfigError("grpo.num_generations", "GRPO needs >= 2 samples per prompt")
-        for name in ("beta", "cite_weight", "rm_weight", "n_distractors", "eval_n"):
+        for name in ("beta", "cite_weight", "rm_weight", "n_distractors", "eval_n",
+                     "max_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"grpo.{name}", "must be >= 0")
+        bs = self.prompts_per_step * self.num_generations
+        if self.micro_batch < 0 or (self.micro_batch and bs % self.micro_batch):
+            raise ConfigError("grpo.micro_batch", f"must divide prompts_per_step * "
+                                                  f"num_generations = {bs} (0: all of it)")
         if not 0 < self.temperature <= 2 or not 0 < self.lr < 1:
             raise ConfigError("grpo.temperature/lr", "temperature in (0, 2], lr in (0, 1)")
         get_prompt(self.prompt_id)
@@ -118,6 +129,32 @@ def grpo_dataset(tokenizer, examples: Sequence[SFTExample], prompt_id: str):
         "gold_positions": list(e.gold_positions), "n_ctx": len(e.contexts)} for e in examples])
 
 
+def wall_clock_callback(seconds: float):
+    """A TRL/HF `TrainerCallback` that ends training (with a checkpoint) once `seconds` of
+    wall clock have passed since `on_train_begin`: a GPU lease or a batch slot is a time
+    budget, and a run cut by the scheduler instead would lose everything after the last save."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class WallClock(TrainerCallback):
+        def __init__(self):
+            self.t0: float | None = None
+            self.fired_at: int | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.t0 is not None and time.perf_counter() - self.t0 >= seconds:
+                control.should_training_stop = True
+                control.should_save = True
+                self.fired_at = state.global_step
+            return control
+
+    return WallClock()
+
+
 def _last_checkpoint(trainer_dir: Path) -> str | None:
     cks = sorted(trainer_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     return str(cks[-1]) if cks else None
@@ -150,12 +187,15 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
     tok = load_tokenizer(policy)
     ds = grpo_dataset(tok, examples, s.prompt_id)
     bs = s.prompts_per_step * s.num_generations
+    micro = s.micro_batch or bs
     args = GRPOConfig(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=bs,
-        gradient_accumulation_steps=1, num_generations=s.num_generations,
+        # TRL generates per_device_train_batch_size * gradient_accumulation_steps completions
+        # per optimiser step (steps_per_generation defaults to the accumulation steps)
+        output_dir=str(out / "trainer"), per_device_train_batch_size=micro,
+        gradient_accumulation_steps=bs // micro, num_generations=s.num_generations,
         max_completion_length=s.max_completion_length, temperature=s.temperature,
         beta=s.beta, learning_rate=s.lr, max_steps=s.steps, logging_steps=1,
-        save_steps=s.save_steps, save_total_limit=2, seed=s.seed, use_cpu=not
+        save_steps=s.save_steps, save_total_limit=s.keep_checkpoints, seed=s.seed, use_cpu=not
         torch.cuda.is_available(), report_to=[], bf16=False, disable_dropout=True,
         dataloader_num_workers=0, shuffle_dataset=True,
         # TRL turns checkpointing on by default; on CPU with a 135M model it only makes the
@@ -164,8 +204,10 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
     lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       task_type="CAUSAL_LM")
+    clock = wall_clock_callback(s.max_seconds) if s.max_seconds > 0 else None
     trainer = GRPOTrainer(model=str(policy), reward_funcs=make_reward_fn(s, extra_reward),
-                          args=args, train_dataset=ds, processing_class=tok, peft_config=lora)
+                          args=args, train_dataset=ds, processing_class=tok, peft_config=lora,
+                          callbacks=[clock] if clock else None)
     t0 = time.perf_counter()
     resume = _last_checkpoint(out / "trainer")
     if resume and int(resume.rsplit("-", 1)[-1]) >= s.steps:
@@ -197,6 +239,7 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
     summary = {"method": "grpo", "base_path": str(policy.resolve()), "settings": asdict(s),
                "steps_done": int(trainer.state.global_step), "seconds": seconds,
                "resumed_from": resume, "train_loss": train_loss,
+               "stopped_by_clock_at": clock.fired_at if clock else None,
                "reward_first": log[0]["reward"] if log else None,
                "reward_last": log[-1]["reward"] if log else None,
                "reward_mean_last10": (sum(r["reward"] for r in log[-10:]) / len(log[-10:])

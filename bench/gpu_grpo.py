@@ -1,0 +1,408 @@
+"""Online RL of the generator at GPU size (issue 21 items 4 and 5): TRL GRPO of SmolLM2-135M
+from `smollm2-sft`, on a lent GPU, against that SFT policy on the same HotpotQA questions.
+
+The CPU run (`docs/adaptation.md`: 30 steps x 2 prompts x 4 samples in 47 minutes) moved no test
+answer; this is the run that code path was written for: hundreds of steps, 16 prompts x 8
+samples a step. The device has neither this project's stack (Ray, tantivy, FAISS) nor a
+network, and only 64 MiB travel per call, so the work is split in three steps, as
+`bench/gpu_models.py`:
+
+  prepare  (here, CPU)   the SFT adapter (`smollm2-sft@best`'s checkpoint), the GRPO prompts
+                         (the 500 HotpotQA train questions, each with gold paragraphs + one
+                         distractor and with the default hybrid top 5: `teacher_examples`),
+                         the valid/test questions with their hybrid k=5 contexts (the parts
+                         `bench/generator_adaptation.py` evaluates on), the settings, and the
+                         SmolLM2 GGUF cut in two pieces -> .gpu_cargo/grpo/ (+ wheels).
+  run      (device)      rebuilds base -> merged SFT, runs `rl.adaptation.grpo.run_grpo` under a
+                         wall-clock budget, merges every `--eval-every`-th checkpoint and
+                         answers valid (300) with each and with the SFT policy through
+                         `bench.generator_adaptation.eval_systems(device="cuda")`; the checkpoint
+                         with the highest valid F1 (ties: the earliest) and the SFT policy then
+                         answer test (300). Writes run.json, the two eval parts and the chosen
+                         and last adapters (adapters.tar) under $OUT, after every stage.
+  ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_raw/, rebuilds
+                         and registers the chosen GRPO model here (`smollm2-grpo-gpu`, local
+                         registry) so `bench/generator_adaptation.py --section eval` answers
+                         with it on CPU, and writes bench/results/gpu_grpo.{json,md}.
+
+Fixed before the run (pre-registered; nothing here was tuned on valid or test): the settings in
+SETTINGS, the selection rule above, and the acceptance row `smollm2-grpo - smollm2-sft`
+delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
+
+    python bench/gpu_grpo.py prepare                       # here
+    # device, call 1 (carry .gpu_cargo/grpo/base + piece p00), call 2 (piece p01):
+    python bench/gpu_grpo.py run --out $OUT
+    python bench/gpu_grpo.py ingest --from <device files>  # here
+    python bench/gpu_grpo.py run --device cpu --smoke      # the device step, tiny, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CARGO = Path(".gpu_cargo/grpo")
+RAW = Path(__file__).resolve().parent / "results" / "gpu_grpo_raw"
+SMOL = "smollm2-135m-instruct"
+EVAL_N = 300
+SETTINGS = {  # rl.adaptation.grpo.GRPOSettings overrides, fixed before the run
+    "steps": 400, "prompts_per_step": 16, "num_generations": 8, "micro_batch": 32,
+    "max_completion_length": 24,
+    "temperature": 0.9, "beta": 0.04, "lr": 5e-5, "lora_r": 8, "lora_alpha": 16,
+    "cite_weight": 0.5, "save_steps": 25, "keep_checkpoints": 20, "max_seconds": 240.0,
+    "eval_n": 0, "seed": 0}
+EVAL_EVERY = 50
+FIRST_PIECE_BYTES = 42 * 2**20
+SMOKE = {"steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch": 2,
+         "max_completion_length": 6,
+         "save_steps": 1, "keep_checkpoints": 5, "max_seconds": 0.0, "eval_n": 0}
+
+
+def _gz_write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(obj, f)
+    tmp.replace(path)
+
+
+def _gz_read(path: Path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ----------------------------------------------------------------------------- prepare (here)
+def prepare(cargo: Path, sft_ref: str, train_n: int) -> None:
+    import bench.common  # noqa: F401  (process defaults: threads, offline HF)
+    from bench.generator_adaptation import resolve_system, split_contexts
+    from rag.models import default_registry
+    from rl.adaptation.teacher import teacher_examples
+
+    base = cargo / "base"
+    if base.exists():
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    if (Path(sft_ref) / "adapter_config.json").exists():  # an adapter folder itself (smoke)
+        adapter, merged = Path(sft_ref), None
+        meta = json.loads((adapter / "meta.json").read_text())
+    else:
+        merged, meta = resolve_system(sft_ref)
+        adapter = Path(meta["adapter"])
+    (base / "sft_adapter").mkdir()
+    for name in ("adapter_model.safetensors", "adapter_config.json", "meta.json"):
+        shutil.copy2(adapter / name, base / "sft_adapter" / name)
+    (base / "sft_adapter" / "ragpilot_meta.json").write_text(json.dumps(meta, indent=1))
+    rows = []
+    for mode in ("gold", "hybrid"):
+        rows += [e.to_dict() for e in teacher_examples(mode, train_n)]
+    _gz_write(base / "grpo_train.json.gz", rows)
+    for split in ("valid", "test"):
+        _gz_write(base / f"contexts-{split}-{EVAL_N}.json.gz", split_contexts(split, EVAL_N))
+    gguf = default_registry().get(SMOL).resolve()
+    data = gguf.read_bytes()
+    # uneven cut: the first piece travels with the base folder and the wheels (64 MiB a call)
+    cut = min(len(data) // 2, FIRST_PIECE_BYTES)
+    pieces = cargo / "pieces"
+    if pieces.exists():
+        shutil.rmtree(pieces)
+    pieces.mkdir()
+    (pieces / "p00").write_bytes(data[:cut])
+    (pieces / "p01").write_bytes(data[cut:])
+    (base / "pieces.json").write_text(json.dumps({
+        "pieces": ["p00", "p01"], "size": len(data), "dest": f"{SMOL}/{gguf.name}",
+        "sha256": hashlib.sha256(data).hexdigest()}, indent=1))
+    (base / "plan.json").write_text(json.dumps({
+        "sft": {"ref": sft_ref, "merged": str(merged), "adapter": str(adapter),
+                "eval": meta.get("eval"), "step": meta.get("step")},
+        "settings": SETTINGS, "eval_every": EVAL_EVERY, "eval_n": EVAL_N,
+        "train_prompts": len(rows), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ")}, indent=1))
+    size = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
+    print(f"[prepare] base {size / 2**20:.1f} MiB, pieces "
+          f"{[round(p.stat().st_size / 2**20, 1) for p in sorted((cargo / 'pieces').iterdir())]}"
+          f" MiB, {len(rows)} GRPO prompts", flush=True)
+
+
+# ----------------------------------------------------------------------------- run (device)
+class _Log:
+    def __init__(self, out: Path):
+        self.out, self.info = out, {"stages": {}, "errors": []}
+
+    def stage(self, name: str, t0: float, **extra) -> None:
+        self.info["stages"][name] = {"seconds": round(time.perf_counter() - t0, 2), **extra}
+        print(f"[run] {name}: {self.info['stages'][name]}", flush=True)
+        self.flush()
+
+    def flush(self) -> None:
+        (self.out / "run.json").write_text(json.dumps(self.info, indent=1, default=str))
+
+
+def _assemble(cargo: Path, work: Path) -> Path:
+    """The GGUF from its pieces (concatenated in order), checked against its sha256."""
+    man = json.loads((cargo / "base" / "pieces.json").read_text())
+    missing = [p for p in man["pieces"] if not (cargo / "pieces" / p).exists()]
+    if missing:
+        raise SystemExit(f"GGUF pieces missing: {missing} (each travels in its own call)")
+    f = work / "gguf" / man["dest"]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with f.open("wb") as out:
+        for p in man["pieces"]:
+            buf = (cargo / "pieces" / p).read_bytes()
+            h.update(buf)
+            out.write(buf)
+    if h.hexdigest() != man["sha256"] or f.stat().st_size != man["size"]:
+        raise SystemExit(f"{f}: sha256 mismatch after assembly")
+    return f
+
+
+def _base_from_gguf(gguf: Path, out: Path) -> Path:
+    """The fp32 HF folder `rag.generation.local.ensure_converted` makes from the same GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
+        max_seconds: float | None, policy_dir: Path | None = None) -> None:
+    """The device step (module docstring). `policy_dir`: an HF folder used as the SFT policy
+    instead of base GGUF + SFT adapter (a smoke run on a tiny model, before the pieces are all
+    there)."""
+    import torch
+
+    log = _Log(out)
+    base_dir = cargo / "base"
+    plan = json.loads((base_dir / "plan.json").read_text())
+    log.info.update({"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                     "torch": torch.__version__, "python": sys.version.split()[0],
+                     "plan": plan})
+    import peft
+    import transformers
+    import trl
+
+    log.info["versions"] = {"transformers": transformers.__version__, "trl": trl.__version__,
+                            "peft": peft.__version__}
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # the eval harness reads its question parts from <cache>/bench/generator_adaptation
+    os.environ["RAGPILOT_CACHE"] = str(work / "cache")
+    parts = work / "cache" / "bench" / "generator_adaptation"
+    parts.mkdir(parents=True, exist_ok=True)
+    n = 4 if smoke else EVAL_N
+    for split in ("valid", "test"):
+        part = _gz_read(base_dir / f"contexts-{split}-{EVAL_N}.json.gz")
+        part = {k: v[:n] if isinstance(v, list) else v for k, v in part.items()}
+        (parts / f"contexts-{split}-{n}.json").write_text(json.dumps(part))
+    from bench.generator_adaptation import eval_systems
+    from rl.adaptation.generator_export import merge_adapter
+    from rl.adaptation.grpo import GRPOSettings, run_grpo
+    from rl.adaptation.sft_data import SFTExample
+
+    t0 = time.perf_counter()
+    if policy_dir is not None:
+        sft = policy_dir
+    else:
+        gguf = _assemble(cargo, work)
+        base = _base_from_gguf(gguf, work / "base")
+        sft = merge_adapter(base_dir / "sft_adapter", work / "sft", base_path=base)
+    log.stage("load/base+sft", t0, policy=str(sft))
+
+    settings = {**SETTINGS, **(SMOKE if smoke else {})}
+    if max_seconds is not None:
+        settings["max_seconds"] = max_seconds
+    rows = _gz_read(base_dir / "grpo_train.json.gz")
+    examples = [SFTExample.from_dict(r) for r in (rows[:4] if smoke else rows)]
+    s = GRPOSettings().replace(**settings, n_train=len(examples))
+    t0 = time.perf_counter()
+    summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
+    train_log = [json.loads(x) for x in (work / "grpo" / "train_log.jsonl").read_text()
+                 .splitlines()]
+    log.info["grpo"] = {k: v for k, v in summary.items() if k != "eval"}
+    log.info["train_log"] = train_log
+    log.stage("grpo/train", t0, steps=summary["steps_done"],
+              stopped_by_clock_at=summary.get("stopped_by_clock_at"))
+    if device == "cuda":
+        log.info["peak_gpu_mb_train"] = round(torch.cuda.max_memory_allocated() / 2**20)
+
+    every = 1 if smoke else EVAL_EVERY
+    cks = sorted((work / "grpo" / "trainer").glob("checkpoint-*"),
+                 key=lambda p: int(p.name.split("-")[-1]))
+    last = int(cks[-1].name.split("-")[-1]) if cks else 0
+    chosen_cks = [c for c in cks if int(c.name.split("-")[-1]) % every == 0
+                  or int(c.name.split("-")[-1]) == last]
+    systems = {"smollm2-sft": str(sft)}
+    t0 = time.perf_counter()
+    for c in chosen_cks:
+        systems[f"grpo-{c.name.split('-')[-1]}"] = str(
+            merge_adapter(c, work / f"merged-{c.name}", base_path=sft))
+    log.stage("grpo/merge", t0, checkpoints=[c.name for c in chosen_cks])
+    t0 = time.perf_counter()
+    valid = eval_systems(systems, "valid", n, device=device)
+    f1 = {k: sum(v["f1"]) / len(v["f1"]) for k, v in valid["systems"].items()}
+    grpo_f1 = {k: v for k, v in f1.items() if k.startswith("grpo-")}
+    best = max(grpo_f1, key=lambda k: (grpo_f1[k], -int(k.split("-")[1]))) if grpo_f1 else None
+    log.info["valid_f1"], log.info["chosen"] = f1, best
+    shutil.copy2(parts / f"eval-valid-{n}{'' if device == 'cpu' else '-' + device}.json",
+                 out / "eval-valid.json")
+    log.stage("eval/valid", t0, n=n, chosen=best)
+    if best is None:
+        return
+    t0 = time.perf_counter()
+    eval_systems({"smollm2-sft": systems["smollm2-sft"], "smollm2-grpo": systems[best]},
+                 "test", n, device=device)
+    shutil.copy2(parts / f"eval-test-{n}{'' if device == 'cpu' else '-' + device}.json",
+                 out / "eval-test.json")
+    log.stage("eval/test", t0, n=n)
+    with tarfile.open(out / "adapters.tar", "w") as tar:
+        for c in {best, f"grpo-{last}"}:
+            ck = work / "grpo" / "trainer" / f"checkpoint-{c.split('-')[1]}"
+            for name in ("adapter_model.safetensors", "adapter_config.json"):
+                tar.add(ck / name, arcname=f"{c}/{name}")
+    heavy = sorted(m for m in ("ray", "tantivy", "faiss", "mlflow") if m in sys.modules)
+    log.info["heavy_modules_imported"] = heavy
+    log.flush()
+
+
+# ----------------------------------------------------------------------------- ingest (here)
+def ingest(src: Path, quick: bool) -> None:
+    import numpy as np
+
+    from bench.common import make_meta, metric_row, write_results
+
+    info = json.loads((src / "run.json").read_text())
+    valid = json.loads((src / "eval-valid.json").read_text())
+    test = json.loads((src / "eval-test.json").read_text())
+    if not quick:
+        RAW.mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "eval-valid.json", "eval-test.json"):
+            shutil.copy2(src / name, RAW / name)
+    ds_v = f"hotpotqa/valid/hybrid-k5 ({info['device']}, bf16)"
+    ds_t = f"hotpotqa/test/hybrid-k5 ({info['device']}, bf16)"
+    rows = []
+    for label, sysd in valid["systems"].items():
+        rows.append(metric_row(ds_v, label, "answer_f1", sysd["f1"]))
+    for label, sysd in test["systems"].items():
+        rows.append(metric_row(ds_t, label, "answer_f1", sysd["f1"]))
+        rows.append(metric_row(ds_t, label, "citation_precision", sysd["citation_precision"]))
+    d = (np.asarray(test["systems"]["smollm2-grpo"]["f1"])
+         - np.asarray(test["systems"]["smollm2-sft"]["f1"]))
+    rows.append(metric_row(ds_t, "smollm2-grpo - smollm2-sft", "delta_answer_f1", d))
+    rows[-1]["changed"] = int(np.sum(np.abs(d) > 1e-12))
+    g = info.get("grpo", {})
+    tl = [r for r in info.get("train_log", []) if "reward" in r]
+    from rl.adaptation.sft_data import hotpot_path
+
+    meta = make_meta(seed=0, datasets={"hotpotqa": hotpot_path()}, extra={
+        "quick": quick, "device_run": {k: info.get(k) for k in (
+            "device", "torch", "versions", "chosen", "valid_f1", "peak_gpu_mb_train")},
+        "stages": info.get("stages"), "plan": info.get("plan")})
+    lines = ["Prepared here, run on the lent device, ingested here "
+             f"(`python bench/gpu_grpo.py ingest --from DIR`): device {info['device']}, torch "
+             f"{info['torch']}, {info.get('versions')}; the device's files are in "
+             "`bench/results/gpu_grpo_raw/`.", "",
+             f"GRPO: {g.get('steps_done')} steps in {g.get('seconds', 0):.0f} s "
+             f"(wall-clock budget {g.get('settings', {}).get('max_seconds')} s; stopped by it at "
+             f"step {g.get('stopped_by_clock_at')}), settings {g.get('settings')}.",
+             f"Training reward (F1 + 0.5 x citation precision, group mean): first "
+             f"{tl[0]['reward']:.3f}, last {tl[-1]['reward']:.3f}, mean of the last 10 "
+             f"{np.mean([r['reward'] for r in tl[-10:]]):.3f}." if tl else "No reward logged.",
+             f"Checkpoint chosen on valid (highest F1, ties earliest): `{info.get('chosen')}`.",
+             "", "| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]" if r.get("ci_low") is not None else ""
+        lines.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:+.4f} | "
+                     f"{ci} | {r['n']} |")
+    d = rows[-1]
+    verdict = "met" if d["ci_low"] > 0 and d["value"] >= 0.02 else "missed"
+    lines += ["", f"Target `smollm2-grpo - smollm2-sft` delta_answer_f1 with CI above 0 and "
+                  f"+0.02: **{verdict}** ({d['value']:+.4f} [{d['ci_low']:+.4f}, "
+                  f"{d['ci_high']:+.4f}], n {d['n']}; F1 changed on {d['changed']} "
+                  "questions).", ""]
+    write_results("gpu_grpo", rows, meta, "GRPO of SmolLM2 on a lent GPU", "\n".join(lines))
+    print("\n".join(lines))
+
+
+def register(src: Path, name: str = "smollm2-grpo-gpu") -> Path:
+    """The chosen adapter merged onto the local `smollm2-sft@best` and registered locally."""
+    from bench.generator_adaptation import resolve_system
+    from rag.models import cache_dir, local_registry_path
+    from rl.adaptation.generator_export import merge_adapter, write_registry_entry
+
+    info = json.loads((src / "run.json").read_text())
+    chosen = info["chosen"]
+    root = cache_dir() / "runs" / "gen" / name
+    with tarfile.open(src / "adapters.tar") as tar:
+        tar.extractall(root / "adapters", filter="data")
+    sft, _ = resolve_system(info["plan"]["sft"]["ref"])
+    adapter = root / "adapters" / chosen
+    (adapter / "meta.json").write_text(json.dumps({
+        "method": "grpo", "base_path": str(sft), "settings": info["grpo"].get("settings"),
+        "steps_done": info["grpo"].get("steps_done"), "seconds": info["grpo"].get("seconds"),
+        "reward_first": info["grpo"].get("reward_first"),
+        "reward_last": info["grpo"].get("reward_last"),
+        "reward_mean_last10": info["grpo"].get("reward_mean_last10"),
+        "device": info["device"], "checkpoint": chosen,
+        "eval": {"eval_f1": info["valid_f1"][chosen]}}, indent=1))
+    merged = merge_adapter(adapter, root / "merged", base_path=sft)
+    write_registry_entry(local_registry_path(), name, merged)
+    print(f"[register] {name} -> {merged}")
+    return merged
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--cargo", type=Path, default=CARGO)
+    p.add_argument("--sft", default="smollm2-sft@best",
+                   help="the SFT policy: registry name or merged folder (or, for a smoke run, "
+                        "a SmolLM2 adapter folder)")
+    p.add_argument("--train-n", type=int, default=500)
+    r = sub.add_parser("run")
+    r.add_argument("--cargo", type=Path, default=CARGO)
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_grpo_out")))
+    r.add_argument("--work", type=Path, default=Path("/tmp/gpu_grpo"))
+    r.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    r.add_argument("--smoke", action="store_true", help="2 steps, 4 questions (a code check)")
+    r.add_argument("--max-seconds", type=float, help="override the GRPO wall-clock budget")
+    r.add_argument("--policy-dir", type=Path, help="an HF folder as the SFT policy (smoke)")
+    i = sub.add_parser("ingest")
+    i.add_argument("--from", dest="src", type=Path, required=True)
+    i.add_argument("--quick", action="store_true", help="write *.quick.* (a smoke run's files)")
+    i.add_argument("--register", action="store_true",
+                   help="also merge the chosen adapter here and register smollm2-grpo-gpu")
+    a = ap.parse_args()
+    if a.cmd == "prepare":
+        prepare(a.cargo, a.sft, a.train_n)
+    elif a.cmd == "run":
+        a.out.mkdir(parents=True, exist_ok=True)
+        if a.work.exists():
+            shutil.rmtree(a.work)
+        a.work.mkdir(parents=True)
+        run(a.cargo, a.out, a.device, a.smoke, a.work, a.max_seconds, a.policy_dir)
+    else:
+        ingest(a.src, a.quick)
+        if a.register:
+            register(a.src)
+
+
+if __name__ == "__main__":
+    main()
