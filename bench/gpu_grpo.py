@@ -64,6 +64,7 @@ SETTINGS = {  # rl.adaptation.grpo.GRPOSettings overrides, fixed before the run
     "eval_n": 0, "seed": 0}
 EVAL_EVERY = 50
 FIRST_PIECE_BYTES = 42 * 2**20
+BASE_LABEL, GPU_LABEL, CPU_N = "smollm2-sft", "smollm2-grpo-gpu", 100
 SMOKE = {"steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch": 2,
          "max_completion_length": 6,
          "save_steps": 1, "keep_checkpoints": 5, "max_seconds": 0.0, "eval_n": 0}
@@ -306,6 +307,25 @@ def ingest(src: Path, quick: bool) -> None:
          - np.asarray(test["systems"]["smollm2-sft"]["f1"]))
     rows.append(metric_row(ds_t, "smollm2-grpo - smollm2-sft", "delta_answer_f1", d))
     rows[-1]["changed"] = int(np.sum(np.abs(d) > 1e-12))
+    cpu_lines = []
+    cpu = cpu_part(CPU_N)
+    if cpu is not None:  # the committed CPU protocol (bench/generator_adaptation.py --section eval)
+        ds_c = f"hotpotqa/test[:{CPU_N}]/hybrid-k5 (cpu, fp32)"
+        for label in (BASE_LABEL, GPU_LABEL):
+            rows.append(metric_row(ds_c, label, "answer_f1", cpu["systems"][label]["f1"]))
+            rows.append(metric_row(ds_c, label, "citation_precision",
+                                   cpu["systems"][label]["citation_precision"]))
+        dc = (np.asarray(cpu["systems"][GPU_LABEL]["f1"])
+              - np.asarray(cpu["systems"][BASE_LABEL]["f1"]))
+        rows.append(metric_row(ds_c, f"{GPU_LABEL} - {BASE_LABEL}", "delta_answer_f1", dc))
+        rows[-1]["changed"] = int(np.sum(np.abs(dc) > 1e-12))
+        r = rows[-1]
+        cpu_lines = [f"On CPU with the committed protocol (the chosen checkpoint merged here onto "
+                     f"the local `{BASE_LABEL}` and registered as `{GPU_LABEL}`; first {CPU_N} "
+                     f"test questions, fp32, `python bench/generator_adaptation.py --section eval "
+                     f"--eval-n {CPU_N} --system {BASE_LABEL}={BASE_LABEL}@best --system "
+                     f"{GPU_LABEL}={GPU_LABEL}@best`): {r['value']:+.4f} [{r['ci_low']:+.4f}, "
+                     f"{r['ci_high']:+.4f}], F1 changed on {r['changed']} of {r['n']}.", ""]
     g = info.get("grpo", {})
     tl = [r for r in info.get("train_log", []) if "reward" in r]
     from rl.adaptation.sft_data import hotpot_path
@@ -330,14 +350,26 @@ def ingest(src: Path, quick: bool) -> None:
         ci = f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]" if r.get("ci_low") is not None else ""
         lines.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:+.4f} | "
                      f"{ci} | {r['n']} |")
-    d = rows[-1]
+    d = next(r for r in rows if r["dataset"] == ds_t and r["metric"] == "delta_answer_f1")
     verdict = "met" if d["ci_low"] > 0 and d["value"] >= 0.02 else "missed"
     lines += ["", f"Target `smollm2-grpo - smollm2-sft` delta_answer_f1 with CI above 0 and "
                   f"+0.02: **{verdict}** ({d['value']:+.4f} [{d['ci_low']:+.4f}, "
                   f"{d['ci_high']:+.4f}], n {d['n']}; F1 changed on {d['changed']} "
-                  "questions).", ""]
+                  "questions).", "", *cpu_lines]
     write_results("gpu_grpo", rows, meta, "GRPO of SmolLM2 on a lent GPU", "\n".join(lines))
     print("\n".join(lines))
+
+
+def cpu_part(n: int) -> dict | None:
+    """The generator_adaptation eval part of the first `n` test questions, when it holds both
+    the SFT baseline and the registered GPU GRPO model."""
+    from bench.generator_adaptation import PARTS
+
+    f = PARTS / f"eval-test-{n}.json"
+    if not f.exists():
+        return None
+    part = json.loads(f.read_text())
+    return part if {BASE_LABEL, GPU_LABEL} <= set(part["systems"]) else None
 
 
 def register(src: Path, name: str = "smollm2-grpo-gpu") -> Path:
