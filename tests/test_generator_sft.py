@@ -572,7 +572,7 @@ def test_int8_dynamic_quantisation_and_gpu_modes_refused(tiny, tmp_path):
     res = measure(tiny, "int8", _toy_examples()[:2], "cite_concise", max_new_tokens=3)
     assert res["n"] == 2 and res["ms_per_token"] > 0 and res["peak_rss_mb"] > 50
     if not torch.cuda.is_available():
-        for mode in ("bnb8", "bnb4"):
+        for mode in ("bf16", "bnb8", "bnb4"):
             with pytest.raises(ConfigError, match="quant.mode"):
                 load_for_inference(tiny, mode)
 

@@ -1,5 +1,6 @@
-"""Quantised inference of a (fine-tuned) generator: fp32 vs int8 on CPU, bitsandbytes 8/4-bit on
-GPU. Latency per generated token, peak memory, and answer quality on the same questions.
+"""Quantised inference of a (fine-tuned) generator: fp32 vs int8 on CPU, bf16 vs bitsandbytes
+8/4-bit on GPU. Latency per generated token, peak memory, and answer quality on the same
+questions.
 
 CPU int8 is torch dynamic quantisation (`torch.ao.quantization.quantize_dynamic` on every
 `nn.Linear`: int8 weights, activations quantised on the fly) — no calibration data, no GPU.
@@ -25,9 +26,9 @@ from rag.metrics.qa import best_em_f1
 from rl.adaptation.generator_model import generate_answers, load_tokenizer
 from rl.adaptation.sft_data import SFTExample, load_examples
 
-Mode = Literal["fp32", "int8", "bnb8", "bnb4"]
-MODES: tuple[str, ...] = ("fp32", "int8", "bnb8", "bnb4")
-GPU_MODES = ("bnb8", "bnb4")
+Mode = Literal["fp32", "int8", "bf16", "bnb8", "bnb4"]
+MODES: tuple[str, ...] = ("fp32", "int8", "bf16", "bnb8", "bnb4")
+GPU_MODES = ("bf16", "bnb8", "bnb4")  # bf16: the unquantised GPU baseline
 
 
 def quantize_int8(model):
@@ -48,8 +49,10 @@ def load_for_inference(path: str | Path, mode: str):
     tok = load_tokenizer(path)
     if mode in GPU_MODES:
         if not torch.cuda.is_available():
-            raise ConfigError("quant.mode", f"{mode} (bitsandbytes) needs a CUDA GPU; use fp32 "
-                                            "or int8 on CPU")
+            raise ConfigError("quant.mode", f"{mode} needs a CUDA GPU; use fp32 or int8 on CPU")
+        if mode == "bf16":
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
+            return model.to("cuda").eval(), tok
         from transformers import BitsAndBytesConfig
 
         q = (BitsAndBytesConfig(load_in_8bit=True) if mode == "bnb8" else
