@@ -305,6 +305,9 @@ def ingest(src: Path, quick: bool) -> None:
         rows.append(metric_row(ds_t, label, "citation_precision", sysd["citation_precision"]))
     d = (np.asarray(test["systems"]["smollm2-grpo"]["f1"])
          - np.asarray(test["systems"]["smollm2-sft"]["f1"]))
+    dp = (np.asarray(test["systems"]["smollm2-grpo"]["citation_precision"])
+          - np.asarray(test["systems"]["smollm2-sft"]["citation_precision"]))
+    rows.append(metric_row(ds_t, "smollm2-grpo - smollm2-sft", "delta_citation_precision", dp))
     rows.append(metric_row(ds_t, "smollm2-grpo - smollm2-sft", "delta_answer_f1", d))
     rows[-1]["changed"] = int(np.sum(np.abs(d) > 1e-12))
     cpu_lines = []
@@ -330,7 +333,8 @@ def ingest(src: Path, quick: bool) -> None:
     tl = [r for r in info.get("train_log", []) if "reward" in r]
     from rl.adaptation.sft_data import hotpot_path
 
-    meta = make_meta(seed=0, datasets={"hotpotqa": hotpot_path()}, extra={
+    meta = make_meta(seed=0, datasets={"hotpotqa": hotpot_path()} if hotpot_path().exists()
+                     else {}, extra={
         "quick": quick, "device_run": {k: info.get(k) for k in (
             "device", "torch", "versions", "chosen", "valid_f1", "peak_gpu_mb_train")},
         "stages": info.get("stages"), "plan": info.get("plan")})

@@ -272,6 +272,10 @@ def ingest(src: Path, quick: bool) -> None:
         RAW.mkdir(parents=True, exist_ok=True)
         for name in ("run.json", "answers.json.gz"):
             shutil.copy2(src / name, RAW / name)
+        if (src / "run.log").exists():  # 7 MB, mostly one bitsandbytes warning repeated
+            keep = [x for x in (src / "run.log").read_text(errors="replace").splitlines()
+                    if x.startswith(("[run]", "[sft]", "Traceback")) or "Error" in x]
+            (RAW / "run.log.excerpt").write_text("\n".join(keep) + "\n")
     ds = f"hotpotqa/test/hybrid-k5 ({info['device']})"
     rows, st = [], info["stages"]
     label = {"bf16": "smollm2-sft:bf16", "bnb8": "smollm2-sft:bnb8", "bnb4": "smollm2-sft:bnb4",
@@ -293,7 +297,8 @@ def ingest(src: Path, quick: bool) -> None:
             d = np.asarray(res[key]["f1"]) - np.asarray(res["bf16"]["f1"])
             rows.append(metric_row(ds, f"{label[key]} - {label['bf16']}", "delta_answer_f1", d))
             rows[-1]["changed"] = int(np.sum(np.abs(d) > 1e-12))
-    meta = make_meta(seed=0, datasets={"hotpotqa": hotpot_path()}, extra={
+    meta = make_meta(seed=0, datasets={"hotpotqa": hotpot_path()} if hotpot_path().exists()
+                     else {}, extra={
         "quick": quick, "device_run": {k: info.get(k) for k in ("device", "torch", "versions",
                                                                  "errors", "qlora")},
         "stages": st})
@@ -308,10 +313,30 @@ def ingest(src: Path, quick: bool) -> None:
     q = info.get("qlora")
     if q:
         lines += ["", f"QLoRA run: {q}"]
+    partial = qlora_progress(src / "run.log") if not q and (src / "run.log").exists() else []
+    if partial:  # the stage did not finish: what its log says it reached
+        for r in partial:
+            rows.append(plain_row(f"hotpotqa/valid[:16]/gold ({info['device']})",
+                                  f"{label['qlora']}@step{r['step']}", "eval_f1", r["eval_f1"],
+                                  16))
+        lines += ["", "QLoRA did not finish inside the call's time limit; its log reached step "
+                      f"{partial[-1]['step']} of 125: " + ", ".join(
+                          f"step {r['step']} loss {r['loss']:.3f} valid F1 (16) "
+                          f"{r['eval_f1']:.3f}" for r in partial) + "."]
     if info.get("errors"):
         lines += ["", "Stages that failed on the device: " + "; ".join(info["errors"])]
     write_results("gpu_quant", rows, meta, "bitsandbytes on a lent GPU", "\n".join(lines))
     print("\n".join(lines))
+
+
+def qlora_progress(log: Path) -> list[dict]:
+    """The `[sft] step N/T loss L ... eval_f1 F` lines SFTRun printed (a stage cut short)."""
+    import re
+
+    pat = re.compile(r"\[sft\] step (\d+)/(\d+) loss ([0-9.]+) .*eval_f1 ([0-9.]+)")
+    return [{"step": int(m[1]), "total": int(m[2]), "loss": float(m[3]),
+             "eval_f1": float(m[4])}
+            for m in pat.finditer(log.read_text(errors="replace"))]
 
 
 def main() -> None:
