@@ -344,7 +344,11 @@ def ingest(src: Path, quick: bool) -> None:
              "`bench/results/gpu_grpo_raw/`.", "",
              f"GRPO: {g.get('steps_done')} steps in {g.get('seconds', 0):.0f} s "
              f"(wall-clock budget {g.get('settings', {}).get('max_seconds')} s; stopped by it at "
-             f"step {g.get('stopped_by_clock_at')}), settings {g.get('settings')}.",
+             f"step {g.get('stopped_by_clock_at')}), settings {g.get('settings')}. Prompts: "
+             f"the {g.get('settings', {}).get('n_train')} built by `prepare` (the train "
+             "questions with gold paragraphs + one distractor, 600 characters each, and with the "
+             "hybrid top 5); `n_distractors` and `max_context_chars` above apply only when "
+             "`run_grpo` builds its own prompts.",
              f"Training reward (F1 + 0.5 x citation precision, group mean): first "
              f"{tl[0]['reward']:.3f}, last {tl[-1]['reward']:.3f}, mean of the last 10 "
              f"{np.mean([r['reward'] for r in tl[-10:]]):.3f}." if tl else "No reward logged.",
