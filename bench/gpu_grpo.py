@@ -39,7 +39,6 @@ delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -51,6 +50,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_models import _read_gz as _gz_read  # noqa: E402
+from bench.gpu_models import _write_gz as _gz_write  # noqa: E402
 
 CARGO = Path(".gpu_cargo/grpo")
 RAW = Path(__file__).resolve().parent / "results" / "gpu_grpo_raw"
@@ -68,19 +70,6 @@ BASE_LABEL, GPU_LABEL, CPU_N = "smollm2-sft", "smollm2-grpo-gpu", 100
 SMOKE = {"steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch": 2,
          "max_completion_length": 6,
          "save_steps": 1, "keep_checkpoints": 5, "max_seconds": 0.0, "eval_n": 0}
-
-
-def _gz_write(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        json.dump(obj, f)
-    tmp.replace(path)
-
-
-def _gz_read(path: Path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
 
 
 # ----------------------------------------------------------------------------- prepare (here)
@@ -136,6 +125,9 @@ def prepare(cargo: Path, sft_ref: str, train_n: int) -> None:
 
 # ----------------------------------------------------------------------------- run (device)
 class _Log:
+    """run.json under $OUT, rewritten after every stage, so a call cut at its time limit still
+    returns what it finished."""
+
     def __init__(self, out: Path):
         self.out, self.info = out, {"stages": {}, "errors": []}
 
@@ -146,6 +138,33 @@ class _Log:
 
     def flush(self) -> None:
         (self.out / "run.json").write_text(json.dumps(self.info, indent=1, default=str))
+
+    def guarded(self, name: str, fn):
+        """`fn()`, or None with the error recorded: one failed stage must not lose the others."""
+        try:
+            return fn()
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            self.info["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
+            self.flush()
+            return None
+
+
+def fresh_run_dirs(out: Path, work: Path) -> None:
+    """$OUT kept (the tool empties it), the work folder emptied: a re-run starts clean."""
+    out.mkdir(parents=True, exist_ok=True)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+
+
+def results_table(rows: list[dict]) -> list[str]:
+    """The rows as the other generator benchmarks print them."""
+    from bench.generator_adaptation import _rows_table
+
+    return _rows_table(rows, dataset=True)
 
 
 def _assemble(cargo: Path, work: Path) -> Path:
@@ -353,11 +372,7 @@ def ingest(src: Path, quick: bool) -> None:
              f"{tl[0]['reward']:.3f}, last {tl[-1]['reward']:.3f}, mean of the last 10 "
              f"{np.mean([r['reward'] for r in tl[-10:]]):.3f}." if tl else "No reward logged.",
              f"Checkpoint chosen on valid (highest F1, ties earliest): `{info.get('chosen')}`.",
-             "", "| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        ci = f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]" if r.get("ci_low") is not None else ""
-        lines.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:+.4f} | "
-                     f"{ci} | {r['n']} |")
+             "", *results_table(rows)]
     d = next(r for r in rows if r["dataset"] == ds_t and r["metric"] == "delta_answer_f1")
     verdict = "met" if d["ci_low"] > 0 and d["value"] >= 0.02 else "missed"
     lines += ["", f"Target `smollm2-grpo - smollm2-sft` delta_answer_f1 with CI above 0 and "
@@ -433,10 +448,7 @@ def main() -> None:
     if a.cmd == "prepare":
         prepare(a.cargo, a.sft, a.train_n)
     elif a.cmd == "run":
-        a.out.mkdir(parents=True, exist_ok=True)
-        if a.work.exists():
-            shutil.rmtree(a.work)
-        a.work.mkdir(parents=True)
+        fresh_run_dirs(a.out, a.work)
         run(a.cargo, a.out, a.device, a.smoke, a.work, a.max_seconds, a.policy_dir)
     else:
         ingest(a.src, a.quick)

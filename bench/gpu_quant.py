@@ -29,7 +29,6 @@ Every stage is guarded: one that fails is recorded in run.json and the next stil
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -134,35 +133,21 @@ def run(cargo: Path, out: Path, work: Path, n: int,
     a 2-step plain LoRA instead of QLoRA), to test everything but bitsandbytes itself."""
     import torch
 
-    from bench.gpu_grpo import _assemble, _base_from_gguf, _gz_read
+    from bench.gpu_grpo import _assemble, _base_from_gguf, _gz_read, _gz_write, _Log
     from rl.adaptation.generator_export import merge_adapter
 
+    class Log(_Log):  # run.json, and the answers so far, after every stage
+        def flush(self) -> None:
+            super().flush()
+            _gz_write(self.out / "answers.json.gz", results)
+
     cuda = not cpu_check
-    info: dict = {"stages": {}, "errors": [],
-                  "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-                  "torch": torch.__version__}
     results: dict = {}
-
-    def flush():
-        (out / "run.json").write_text(json.dumps(info, indent=1, default=str))
-        with gzip.open(out / "answers.json.gz", "wt") as f:
-            json.dump(results, f)
-
-    def stage(name, t0, **extra):
-        info["stages"][name] = {"seconds": round(time.perf_counter() - t0, 2), **extra}
-        print(f"[run] {name}: {info['stages'][name]}", flush=True)
-        flush()
-
-    def guarded(name, fn):
-        try:
-            return fn()
-        except Exception as exc:  # one failed stage must not lose the others
-            import traceback
-
-            traceback.print_exc()
-            info["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
-            flush()
-            return None
+    log = Log(out)
+    info = log.info
+    info.update({"device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                 "torch": torch.__version__})
+    stage, guarded, flush = log.stage, log.guarded, log.flush
 
     import peft
     import transformers
@@ -263,11 +248,11 @@ def ingest(src: Path, quick: bool) -> None:
     import numpy as np
 
     from bench.common import make_meta, metric_row, plain_row, write_results
+    from bench.gpu_grpo import _gz_read, results_table
     from rl.adaptation.sft_data import hotpot_path
 
     info = json.loads((src / "run.json").read_text())
-    with gzip.open(src / "answers.json.gz", "rt") as f:
-        res = json.load(f)
+    res = _gz_read(src / "answers.json.gz")
     if not quick:
         RAW.mkdir(parents=True, exist_ok=True)
         for name in ("run.json", "answers.json.gz"):
@@ -305,11 +290,7 @@ def ingest(src: Path, quick: bool) -> None:
     lines = [f"Prepared here, run on the lent device, ingested here (`python bench/gpu_quant.py "
              f"ingest --from DIR`): device {info['device']}, torch {info['torch']}, "
              f"{info.get('versions')}; the device's files are in `bench/results/gpu_quant_raw/`.",
-             "", "| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        ci = f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]" if r.get("ci_low") is not None else ""
-        lines.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:.4g} | "
-                     f"{ci} | {r['n']} |")
+             "", *results_table(rows)]
     q = info.get("qlora")
     if q:
         lines += ["", f"QLoRA run: {q}"]
@@ -361,10 +342,9 @@ def main() -> None:
     if a.cmd == "prepare":
         prepare(a.cargo, a.grpo_cargo, a.bnb_tar)
     elif a.cmd == "run":
-        a.out.mkdir(parents=True, exist_ok=True)
-        if a.work.exists():
-            shutil.rmtree(a.work)
-        a.work.mkdir(parents=True)
+        from bench.gpu_grpo import fresh_run_dirs
+
+        fresh_run_dirs(a.out, a.work)
         run(a.cargo, a.out, a.work, a.n, a.cpu_check)
     else:
         ingest(a.src, a.quick)

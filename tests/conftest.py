@@ -85,3 +85,29 @@ def require_dataset(relpath: str = "") -> Path:
     if not path.exists():
         pytest.skip(f"evaluation data not found at {path} ({hint})")
     return path
+
+
+def tiny_smollm2_llama(dest: Path) -> Path:
+    """A randomly initialised 1-layer Llama with SmolLM2's tokenizer and chat template, saved
+    at `dest`: stands in for a generator in device-step tests. Skips the calling test when the
+    SmolLM2 weights (whose converted folder holds the tokenizer) are not installed."""
+    from rag.errors import ModelNotFoundError
+    from rag.generation.local import ensure_converted
+
+    try:
+        smol = ensure_converted("smollm2-135m-instruct")  # its tokenizer; the set-up made it
+    except ModelNotFoundError as exc:
+        pytest.skip(f"SmolLM2 weights not installed: {exc}")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(smol))
+    torch.manual_seed(0)
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16,
+                                        intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=2,
+                                        bos_token_id=tok.bos_token_id,
+                                        eos_token_id=tok.eos_token_id))
+    tiny.save_pretrained(str(dest))
+    tok.save_pretrained(str(dest))
+    return dest

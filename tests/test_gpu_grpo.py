@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from tests.conftest import tiny_smollm2_llama
 
 REPO = Path(__file__).resolve().parents[1]
 CTX = [{"id": "p1", "title": "Paris", "text": "Paris is the capital and largest city of France.",
@@ -31,26 +32,8 @@ def _gz(path: Path, obj) -> None:
 
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory):
-    from rag.errors import ModelNotFoundError
-    from rag.generation.local import ensure_converted
-
-    try:
-        smol = ensure_converted("smollm2-135m-instruct")  # its tokenizer; the set-up made it
-    except ModelNotFoundError as exc:
-        pytest.skip(f"SmolLM2 weights not installed: {exc}")
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     tmp = tmp_path_factory.mktemp("gpu_grpo")
-    tok = AutoTokenizer.from_pretrained(str(smol))
-    torch.manual_seed(0)
-    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16,
-                                        intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2,
-                                        bos_token_id=tok.bos_token_id,
-                                        eos_token_id=tok.eos_token_id))
-    tiny.save_pretrained(str(tmp / "tiny"))
-    tok.save_pretrained(str(tmp / "tiny"))
+    tiny_smollm2_llama(tmp / "tiny")
     base = tmp / "cargo" / "base"
     base.mkdir(parents=True)
     (base / "plan.json").write_text(json.dumps({"sft": {"ref": "tiny"}, "settings": {}}))

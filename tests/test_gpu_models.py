@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import tiny_smollm2_llama
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,26 +32,8 @@ PASSAGES = [("Paris", "Paris is the capital and largest city of France."),
 
 @pytest.fixture(scope="module")
 def device_run(tmp_path_factory):
-    from rag.errors import ModelNotFoundError
-    from rag.generation.local import ensure_converted
-
-    try:
-        smol = ensure_converted("smollm2-135m-instruct")  # its tokenizer; the set-up made it
-    except ModelNotFoundError as exc:
-        pytest.skip(f"SmolLM2 weights not installed: {exc}")
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     tmp = tmp_path_factory.mktemp("gpu")
-    tok = AutoTokenizer.from_pretrained(str(smol))
-    torch.manual_seed(0)
-    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16,
-                                        intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=2,
-                                        bos_token_id=tok.bos_token_id,
-                                        eos_token_id=tok.eos_token_id))
-    tiny.save_pretrained(str(tmp / "tiny"))
-    tok.save_pretrained(str(tmp / "tiny"))
+    tiny_smollm2_llama(tmp / "tiny")
     (tmp / "models.yaml").write_text(
         f"models:\n  tiny-lm: {{kind: generator, format: hf, path: '{tmp / 'tiny'}'}}\n")
     cargo, out = tmp / "cargo", tmp / "out"
