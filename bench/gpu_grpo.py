@@ -322,6 +322,8 @@ def ingest(src: Path, quick: bool) -> None:
     for label, sysd in test["systems"].items():
         rows.append(metric_row(ds_t, label, "answer_f1", sysd["f1"]))
         rows.append(metric_row(ds_t, label, "citation_precision", sysd["citation_precision"]))
+        # the cost side: same model and prompt, so generated tokens are the only thing to move
+        rows.append(metric_row(ds_t, label, "tokens_out", sysd["tokens_out"]))
     d = (np.asarray(test["systems"]["smollm2-grpo"]["f1"])
          - np.asarray(test["systems"]["smollm2-sft"]["f1"]))
     dp = (np.asarray(test["systems"]["smollm2-grpo"]["citation_precision"])
@@ -337,6 +339,7 @@ def ingest(src: Path, quick: bool) -> None:
             rows.append(metric_row(ds_c, label, "answer_f1", cpu["systems"][label]["f1"]))
             rows.append(metric_row(ds_c, label, "citation_precision",
                                    cpu["systems"][label]["citation_precision"]))
+            rows.append(metric_row(ds_c, label, "tokens_out", cpu["systems"][label]["tokens_out"]))
         dc = (np.asarray(cpu["systems"][GPU_LABEL]["f1"])
               - np.asarray(cpu["systems"][BASE_LABEL]["f1"]))
         rows.append(metric_row(ds_c, f"{GPU_LABEL} - {BASE_LABEL}", "delta_answer_f1", dc))

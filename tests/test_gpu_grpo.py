@@ -80,6 +80,9 @@ def test_ingest_writes_the_paired_delta(grpo_run, tmp_path, monkeypatch):
 
     out, _ = grpo_run
     monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    import bench.generator_adaptation as ga
+
+    monkeypatch.setattr(ga, "PARTS", tmp_path / "parts")  # no CPU-protocol part: device rows only
     g.ingest(out, quick=True)
     res = json.loads((tmp_path / "gpu_grpo.quick.json").read_text())
     rows = {(r["system"], r["metric"]): r for r in res["rows"]}
@@ -88,6 +91,9 @@ def test_ingest_writes_the_paired_delta(grpo_run, tmp_path, monkeypatch):
     want = (sum(test["smollm2-grpo"]["f1"]) - sum(test["smollm2-sft"]["f1"])) / 4
     assert d["n"] == 4 and d["value"] == pytest.approx(want)
     assert ("smollm2-grpo - smollm2-sft", "delta_citation_precision") in rows
+    assert not any(r["system"].startswith("smollm2-grpo-gpu") for r in res["rows"])
+    toks = rows[("smollm2-grpo", "tokens_out")]
+    assert toks["value"] == pytest.approx(sum(test["smollm2-grpo"]["tokens_out"]) / 4)
 
 
 def test_quant_ingest_reads_a_cut_qlora_log(tmp_path):
