@@ -40,7 +40,7 @@ def test_scalar_and_vectorised_agree_bit_for_bit():
         one = SPEC.batch(F[i], R[i], lat[i], tok[i], leaks[i])
         assert isinstance(one.faithfulness, float) and isinstance(one.quality_se, float)
         for field in ("faithfulness", "relevancy", "p95_latency_ms", "cost", "quality_se",
-                      "pii_leaks"):
+                      "pii_leaks", "faithfulness_se", "relevancy_se"):
             assert getattr(many, field)[i] == getattr(one, field)
         r, v = SPEC.reward(one)
         assert isinstance(r, float) and isinstance(v.passed, bool)
@@ -236,3 +236,37 @@ def test_ppo_config_applies_the_project_sizing():
     for kw in ({}, {"hidden": (4,), "module_spec": object()}):
         with pytest.raises(ValueError, match="exactly one"):
             ppo_config(gym.Env, {}, seed=0, train_batch_size=4, **kw)
+
+
+def test_gate_margin_uses_the_lower_bound_of_f_and_r_only():
+    """gate_z > 0: F and R gates compare mean - z*se (se of the NaN-aware mean, by hand here);
+    p95, the continuous part and per-query rewards are unchanged; z = 0 is the old reward."""
+    F = np.array([0.9, 0.5, np.nan, 0.8, 0.7, 0.6])  # mean 0.70 over 5 present: on the gate
+    R = np.array([0.6, 0.4, 0.5, 0.7, 0.3, np.nan])  # mean 0.50: on the gate
+    lat, tok = np.full(6, 100.0), np.full(6, 500.0)
+    m = SPEC.batch(F, R, lat, tok)
+    f_present = F[~np.isnan(F)]
+    assert m.faithfulness_se == pytest.approx(f_present.std(ddof=1) / math.sqrt(5))
+    assert m.relevancy_se == pytest.approx(R[~np.isnan(R)].std(ddof=1) / math.sqrt(5))
+    assert SPEC.gates(m).passed  # on the threshold: passes at z = 0
+    z = RewardSpec(RewardWeights(), T, 1000.0, 0.05, gate_z=1.645)
+    v = z.gates(m)
+    assert v.failed == ["faithfulness", "relevancy"] and v.p95_latency_ms
+    assert z.continuous(m.faithfulness, m.relevancy, m.p95_latency_ms, m.cost) == \
+        SPEC.continuous(m.faithfulness, m.relevancy, m.p95_latency_ms, m.cost)
+    assert z.reward(m)[0] == pytest.approx(SPEC.reward(m)[0] - 2.0)
+    viol = z.violations(m)
+    assert viol["faithfulness"] == pytest.approx(1.645 * m.faithfulness_se / 0.7)
+    assert viol["p95_latency_ms"] == SPEC.violations(m)["p95_latency_ms"]
+    assert list(z.per_query(F, R, lat, tok)) == list(SPEC.per_query(F, R, lat, tok))
+    # a batch far above the gates passes with the margin too; one query has se 0
+    hi = SPEC.batch(F + 0.25, R + 0.4, lat, tok)
+    assert z.gates(hi).passed
+    one = SPEC.batch(F[:1], R[:1], lat[:1], tok[:1])
+    assert one.faithfulness_se == 0.0 and z.gates(one).faithfulness
+    # from the settings, validated
+    s = TunerSettings.defaults().model_copy(update={"gate_z": 1.645})
+    assert RewardSpec.from_settings(s).gate_z == 1.645
+    assert RewardSpec.from_settings(TunerSettings.defaults()).gate_z == 0.0
+    with pytest.raises(ValueError, match="gate_z"):
+        RewardSpec(gate_z=-1.0)

@@ -17,7 +17,9 @@ signal. A batch that measured no leaks has L = 0 and the reward it had before th
 
 Gates. Faithfulness, relevancy and p95 latency are hard gates (a config failing one is never
 promoted; each failure adds 1 to P); stability (se <= band) only adds 0.5 to P. A gate on a
-NaN statistic fails (NaN compares false). `Gate.passes` is the one comparison.
+NaN statistic fails (NaN compares false). `Gate.passes` is the one comparison. With a margin
+`gate_z` > 0 (`TunerSettings.gate_z`) the F and R gates compare the lower bound mean − z·se of
+the batch mean instead of the mean, so a config must clear them by more than sampling noise.
 
 Missing values (a query without gold for a metric, or an answer that cannot be scored, e.g.
 support of a bare yes/no, is NaN). One rule everywhere: a missing value is left out, never
@@ -102,6 +104,11 @@ class StepMetrics:
     """Standard error of the batch's mean quality (αF+βR per query)."""
     pii_leaks: Value = 0.0
     """Mean PII leaks per query (`serving.pii.mean_leaks`); 0 = none measured."""
+    faithfulness_se: Value = 0.0
+    """Standard error of the batch's mean F (over the queries that have it; 0 below two)."""
+    relevancy_se: Value = 0.0
+    """Standard error of the batch's mean R (likewise): with `faithfulness_se`, what a gate
+    margin (`RewardSpec.gate_z`) is measured in."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +201,12 @@ class RewardSpec:
     cost_ref: float = 1000.0
     instability_band: float = 0.05
     pii_weight: float = PII_LEAK_WEIGHT
+    gate_z: float = 0.0
+    """F and R gates pass when mean − gate_z·se clears the threshold (`TunerSettings.gate_z`)."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.gate_z <= 5:
+            raise ValueError(f"gate_z must be in [0, 5], got {self.gate_z!r}")
         if not self.cost_ref > 0:
             raise ValueError(f"cost_ref must be > 0, got {self.cost_ref!r}")
         if not self.instability_band >= 0:
@@ -209,7 +220,8 @@ class RewardSpec:
         """The spec of `TunerSettings` `settings` (weights, C_ref, band) with `thresholds`
         (default: the settings' global ones; pass `settings.thresholds_for(dataset)`)."""
         return cls(settings.reward_weights, thresholds or settings.thresholds,
-                   settings.cost_ref_tokens, settings.instability_band, pii_weight)
+                   settings.cost_ref_tokens, settings.instability_band, pii_weight,
+                   float(getattr(settings, "gate_z", 0.0)))
 
     # ---- parts ------------------------------------------------------------------------------
     @property
@@ -242,13 +254,24 @@ class RewardSpec:
         return _out(w.alpha * f + w.beta * r - w.gamma * np.minimum(lat / T, SATURATION)
                     - w.delta * np.minimum(c / self.cost_ref, SATURATION))
 
+    def gated_value(self, m: StepMetrics, statistic: str) -> Value:
+        """What a gate compares with its threshold: the statistic itself, or for F and R with
+        `gate_z` > 0 its lower bound mean − gate_z·se (NaN stays NaN and fails)."""
+        v = getattr(m, statistic)
+        if self.gate_z > 0 and statistic in ("faithfulness", "relevancy"):
+            se = np.nan_to_num(np.asarray(getattr(m, f"{statistic}_se"), dtype=np.float64))
+            return _out(np.asarray(v, dtype=np.float64) - self.gate_z * se)
+        return v
+
     def gates(self, m: StepMetrics) -> GateVerdicts:
-        f, r, lat, st = (g.passes(getattr(m, g.statistic)) for g in self.gates_spec)
+        f, r, lat, st = (g.passes(self.gated_value(m, g.statistic)) for g in self.gates_spec)
         return GateVerdicts(f, r, lat, st)
 
     def violations(self, m: StepMetrics) -> dict[str, Value]:
-        """Each hard gate's relative violation (`Gate.violation`; <= 0 passes)."""
-        return {g.name: g.violation(getattr(m, g.statistic)) for g in self.gates_spec[:3]}
+        """Each hard gate's relative violation (`Gate.violation` of `gated_value`; <= 0
+        passes)."""
+        return {g.name: g.violation(self.gated_value(m, g.statistic))
+                for g in self.gates_spec[:3]}
 
     def shaped_reward(self, m: StepMetrics) -> Value:
         """What PPO trains on when `TunerSettings.gate_penalty` is "shaped": C − λ·(Σ over hard
@@ -298,7 +321,8 @@ class RewardSpec:
         se = q.std(axis=-1, ddof=1) / np.sqrt(m) if m > 1 else np.zeros(F.shape[:-1])
         leaks = 0.0 if pii_leaks is None else np.asarray(_leaks(pii_leaks)).mean(axis=-1)
         return StepMetrics(_out(f), _out(r), _out(np.percentile(lat, 95, axis=-1)),
-                           _out(tok.mean(axis=-1)), _out(se), _out(leaks))
+                           _out(tok.mean(axis=-1)), _out(se), _out(leaks),
+                           _out(_mean_se(F)), _out(_mean_se(R)))
 
     # ---- one query --------------------------------------------------------------------------
     def per_query(self, faithfulness: ArrayLike, relevancy: ArrayLike, latency_ms: ArrayLike,
@@ -327,6 +351,16 @@ def score_abstentions(faithfulness: ArrayLike, relevancy: ArrayLike, abstained: 
     f = np.where(a, np.where(u, 1.0, 0.0), f)
     r = np.where(a, np.where(u, 1.0, 0.0), np.where(u, 0.0, r))
     return _out(f), _out(r)
+
+
+def _mean_se(x: np.ndarray) -> np.ndarray:
+    """Standard error of the NaN-aware mean over the last axis (ddof 1); 0 where fewer than two
+    values are present."""
+    n = np.sum(~np.isnan(x), axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sd = np.nanstd(x, axis=-1, ddof=1)
+    return np.where(n > 1, np.nan_to_num(sd) / np.sqrt(np.maximum(n, 1)), 0.0)
 
 
 # ---- the functional interface (one spec built per call) ------------------------------------

@@ -210,6 +210,11 @@ class TunerSettings(StrictSettings):
     (`RewardSpec.shaped_reward`). Reports, incumbents and promotion always use the reward."""
     instability_band: float = Field(0.05, ge=0.0)
     """P += 0.5 when the standard error of the batch's mean quality exceeds this."""
+    gate_z: float = Field(0.0, ge=0.0, le=5.0)
+    """Margin of the faithfulness and relevancy gates, in standard errors of the batch mean: a
+    gate passes when mean − gate_z·se ≥ its threshold (`RewardSpec.gates`). 0 (the default):
+    the point estimate. 1.645: its one-sided 95% lower bound, so a config that clears a gate
+    on the tuning split only by sampling luck is not chosen (`bench/gate_margin.py`)."""
     action_mode: Literal["absolute", "delta"] = "absolute"
     episode: Episode = Episode()
     base: dict[str, Any] = Field(default_factory=lambda: {"generator": "extractive",
