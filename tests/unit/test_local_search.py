@@ -49,6 +49,29 @@ def test_the_parent_is_the_best_at_the_highest_rung():
     assert len(_diff(s.suggest("d"), p)) == 1  # the new parent's neighbourhood
 
 
+def test_the_parent_is_feasible_first_then_least_violating():
+    """At one rung: a feasible trial beats any infeasible one whatever the scores; among
+    infeasible ones the smaller total violation wins (the score only breaks ties)."""
+    s = _searcher(explore=0.0)
+    for t in "abcd":
+        s.suggest(t)
+
+    def tell(t, score, **violations):
+        s.on_trial_complete(t, {"score": score, "training_iteration": 3,
+                                **{f"violation_{g}": v for g, v in violations.items()}})
+
+    tell("a", -0.4, relevancy=0.08)  # cheap, 8% short of the relevancy gate
+    tell("b", -0.6, relevancy=0.02, faithfulness=-0.3)  # dearer, 2% short: closer to feasible
+    assert s.parent() == "b"
+    tell("c", -0.6, relevancy=0.01, p95_latency_ms=0.01)  # 1% + 1%: ties b, scores no better
+    assert s.parent() == "b"
+    tell("d", 0.2, relevancy=-0.01, faithfulness=-0.2, p95_latency_ms=-0.5)  # feasible
+    assert s.parent() == "d"
+    s.suggest("e")
+    tell("e", 0.9, relevancy=0.001)  # the best score, but infeasible
+    assert s.parent() == "d"
+
+
 def test_an_improving_ordered_move_is_tried_again_in_the_same_direction():
     s = _searcher(explore=0.0)
     s.suggest("a")

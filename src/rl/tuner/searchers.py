@@ -172,8 +172,13 @@ class LocalSearch(Searcher):
     Why: the tuner's space is large (> 10^6 configs), but good configs differ from the default
     in a few heads, and the reward moves monotonically with the ordered ones over long
     stretches (k above all: tokens grow with it); TPE's first draws are uniform over every head.
-    Gate violations reach it through the score only (its penalty ranks infeasible configs low).
-    Deterministic for a fixed seed and result sequence."""
+    Gates: the parent is the best *feasible* trial at that rung (no `violation_<gate>` > 0 in
+    its result); while none is feasible, the one with the least total violation (ties: the
+    better score), as Optuna's constrained TPE ranks infeasible trials. So a search that
+    starts from a config failing a gate (MTRAG's default fails relevancy), or whose gates
+    carry a margin (`TunerSettings.gate_z`), moves towards feasibility instead of towards the
+    cheapest infeasible config, which is what the penalised score alone rewards (a failed gate
+    costs λ whatever its size). Deterministic for a fixed seed and result sequence."""
 
     def __init__(self, metric: str | None = None, mode: str | None = None, seed: int = 0,
                  points_to_evaluate: list[dict[str, Any]] | None = None,
@@ -187,7 +192,8 @@ class LocalSearch(Searcher):
         self._params: dict[str, dict[str, Any]] = {}
         self._moves: dict[str, tuple[str, int] | None] = {}  # trial -> (head, direction)
         self._seen: set[Any] = set()
-        self._scores: dict[str, tuple[int, float]] = {}  # trial -> (rung level, score)
+        # trial -> (rung level, score, total gate violation: 0 = feasible)
+        self._scores: dict[str, tuple[int, float, float]] = {}
         self._hood: list[tuple[str, int | Any]] = []  # the parent's untried moves
         self._hood_of: str | None = None
 
@@ -228,17 +234,21 @@ class LocalSearch(Searcher):
             self._record(trial_id, result)
 
     def parent(self) -> str | None:
-        """The trial with the best score at the highest rung reached (None before any)."""
+        """At the highest rung reached: the best-scoring feasible trial, else the least
+        violating one (class docstring); None before any result."""
         if not self._scores:
             return None
         sign = -1.0 if self._mode == "min" else 1.0
-        return max(self._scores, key=lambda t: (self._scores[t][0], sign * self._scores[t][1]))
+        return max(self._scores, key=lambda t: (self._scores[t][0], -self._scores[t][2],
+                                                sign * self._scores[t][1]))
 
     def _record(self, trial_id: str, result: dict) -> None:
         score = result.get(self._metric)
         if trial_id in self._params and score is not None and np.isfinite(score):
             level = int(result.get("training_iteration", 1))
-            self._scores[trial_id] = (level, float(score))
+            violation = sum(max(0.0, float(result.get(f"violation_{g}", 0.0)))
+                            for g in HARD_GATES)
+            self._scores[trial_id] = (level, float(score), violation)
 
     def _draw(self, uniform: bool = False) -> tuple[dict[str, Any], tuple[str, int] | None]:
         parent = self.parent()
