@@ -1,24 +1,26 @@
-"""Gate margin (issue 18, item 2: gates as constraints, with their evidence): does a config
-chosen on the tuning split still pass the hard gates on held-out queries, and what does a
-margin on the gates (`TunerSettings.gate_z`) cost?
+"""Gate rules (issue 18, item 2: gates as constraints, with their evidence): does a config
+chosen on the tuning split still pass the hard gates on held-out queries, and what do a margin
+on the gates (`TunerSettings.gate_z`) or expected gates (`TunerSettings.gate_expected`) change?
 
-    python bench/gate_margin.py            # HotpotQA, SciFact, MTRAG x 20 seeds x 2 margins
+    python bench/gate_margin.py            # HotpotQA, SciFact, MTRAG x 20 seeds x 3 rules
     python bench/gate_margin.py --quick    # < 2 min: synthetic, 2 seeds, a small budget
 
 The project's default searcher (local-asha, `rl.tuner.ask_tell.run_search`, warm start from the
-static default, 24 full valid splits of query-evaluations, as in bench/search.py) runs once with
-the gates on the batch mean (gate_z 0, the default) and once with the faithfulness and
-relevancy gates on the one-sided 95% lower bound of the mean (gate_z 1.645): a config must clear
-them by more than the tuning split's sampling noise. Every pick is then scored on the test
-split with the plain reward (gate_z 0: what production measures), so the two are compared on
-the same objective. Latency is priced with the cost model bench/search.py committed for each
-dataset (`bench.common.evaluator`), so rewards equal search.json's.
+static default, 24 full valid splits of query-evaluations, as in bench/search.py) runs under
+three rules for the faithfulness and relevancy gates of the reward it maximises: point (the
+default: the batch mean must clear the threshold), margin (`gate_z` 1.645: the one-sided 95%
+lower bound of the mean must) and expected (`gate_expected`: each gate costs its probability of
+failing on a new batch of as many queries, so the reward is the expected one on new queries).
+Every pick is then scored on the test split with the point reward (what production measures),
+so the rules are compared on the same objective. Latency is priced with the cost model
+bench/search.py committed for each dataset (`bench.common.evaluator`), so rewards equal
+search.json's.
 
-Rows per dataset and system (`local-asha` = gate_z 0, `local-asha+gate_z=1.645`), means over
-seeds with bootstrap 95% CIs over seeds: test_gate_fail_rate (share of picks that fail a hard
+Rows per dataset and system (`local-asha` = point, `local-asha+gate_z=1.645`,
+`local-asha+gate_expected`), means over seeds with bootstrap 95% CIs over seeds: test_gate_fail_rate (share of picks that fail a hard
 gate on test), test_reward, test_quality (αF + βR), test_tokens, valid_reward (plain reward of
-the pick on the tuning split); and `local-asha+gate_z=1.645 - local-asha` delta_test_reward /
-delta_test_quality / delta_test_tokens, paired by seed.
+the pick on the tuning split); and `<rule> - local-asha` delta_test_reward / delta_test_quality /
+delta_test_tokens, paired by seed.
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ from rl.tuner.space import ConfigSpace  # noqa: E402
 DATASETS = ("hotpotqa", "scifact", "mtrag")
 CONVERSATIONAL = ("mtrag",)
 METHOD = "local-asha"
-MARGINS = (0.0, 1.645)
+RULES = ({}, {"gate_z": 1.645}, {"gate_expected": True})
+"""The gate rules compared: point (the default), the lower-bound margin, expected gates."""
 
 
-def system_of(z: float) -> str:
-    return METHOD if z == 0 else f"{METHOD}+gate_z={z:g}"
+def system_of(rule: dict[str, Any]) -> str:
+    if rule.get("gate_z"):
+        return f"{METHOD}+gate_z={rule['gate_z']:g}"
+    return f"{METHOD}+gate_expected" if rule.get("gate_expected") else METHOD
 
 
 def run_dataset(name: str, seeds: list[int], budget_x: float, log) -> dict[str, Any]:
@@ -55,9 +60,9 @@ def run_dataset(name: str, seeds: list[int], budget_x: float, log) -> dict[str, 
     base = TunerSettings.defaults()
     plain_ev, provenance = evaluator(name, base)
     out: dict[str, Any] = {"dataset": name, "runs": {}, "cost_model": provenance}
-    for z in MARGINS:
-        settings = base.model_copy(update={"gate_z": z})
-        ev = plain_ev if z == 0 else evaluator(name, settings)[0]
+    for rule in RULES:
+        settings = base.model_copy(update=rule)
+        ev = evaluator(name, settings)[0] if rule else plain_ev
         space = ConfigSpace(settings, conversational=name in CONVERSATIONAL)
         split, hold = ev.slice.tune_split, ev.slice.holdout_split
         budget = int(round(budget_x * len(ev.data.examples(split))))
@@ -82,10 +87,10 @@ def run_dataset(name: str, seeds: list[int], budget_x: float, log) -> dict[str, 
                          "test_gates_passed": bool(test.gates["passed"]),
                          "query_evals": res.query_evals,
                          "wall_s": time.perf_counter() - t0})
-            log(f"[{name}] gate_z {z:g} seed {seed}: pick {cfg.config_hash} valid "
+            log(f"[{name}] {system_of(rule)} seed {seed}: pick {cfg.config_hash} valid "
                 f"{valid.reward:.4f} test {test.reward:.4f} gates "
                 f"{'pass' if test.gates['passed'] else 'FAIL'} ({runs[-1]['wall_s']:.0f} s)")
-        out["runs"][system_of(z)] = runs
+        out["runs"][system_of(rule)] = runs
     out["cost_model"] = cost_model_used(plain_ev, provenance)
     return out
 
@@ -102,11 +107,13 @@ def rows_for(part: dict[str, Any]) -> list[dict]:
         for metric in ("test_gate_fail_rate", "test_reward", "test_quality", "test_tokens",
                        "valid_reward"):
             rows.append(metric_row(ds, system, metric, v[metric]))
-    a, b = system_of(MARGINS[1]), system_of(MARGINS[0])
-    if a in per and b in per:
-        for metric in ("test_reward", "test_quality", "test_tokens"):
-            rows.append(metric_row(ds, f"{a} - {b}", f"delta_{metric}",
-                                   per[a][metric] - per[b][metric]))
+    b = system_of(RULES[0])
+    for rule in RULES[1:]:
+        a = system_of(rule)
+        if a in per and b in per:
+            for metric in ("test_reward", "test_quality", "test_tokens"):
+                rows.append(metric_row(ds, f"{a} - {b}", f"delta_{metric}",
+                                       per[a][metric] - per[b][metric]))
     return rows
 
 
@@ -130,14 +137,16 @@ def markdown(parts: list[dict], rows: list[dict]) -> str:
                 "test_gate_fail_rate", "test_reward", "test_quality", "test_tokens",
                 "valid_reward")]
             lines.append(f"| {ds} | {system} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired by seed (gate_z 1.645 minus gate_z 0):", "",
-              "| dataset | delta test reward | delta test quality | delta test tokens |",
-              "|---|---|---|---|"]
+    lines += ["", "Paired by seed, against the point gates:", "",
+              "| dataset | comparison | delta test reward | delta test quality | "
+              "delta test tokens |", "|---|---|---|---|---|"]
     for part in parts:
-        ds, s = part["dataset"], f"{system_of(MARGINS[1])} - {system_of(MARGINS[0])}"
-        if (ds, s, "delta_test_reward") in by:
-            lines.append(f"| {ds} | " + " | ".join(_fmt(by[(ds, s, f"delta_{m}")]) for m in (
-                "test_reward", "test_quality", "test_tokens")) + " |")
+        for rule in RULES[1:]:
+            ds, s = part["dataset"], f"{system_of(rule)} - {system_of(RULES[0])}"
+            if (ds, s, "delta_test_reward") in by:
+                lines.append(f"| {ds} | {s} | " + " | ".join(
+                    _fmt(by[(ds, s, f"delta_{m}")]) for m in (
+                        "test_reward", "test_quality", "test_tokens")) + " |")
     lines += ["", "## Picks per seed", ""]
     for part in parts:
         for system, runs in part["runs"].items():
@@ -165,12 +174,12 @@ def main() -> None:
     rows = [r for p in parts for r in rows_for(p)]
     meta = make_meta(0, {d: data_root() / d for d in datasets if d != "synthetic"},
                      {"quick": args.quick, "seeds": seeds, "budget_x": budget_x,
-                      "method": METHOD, "margins": list(MARGINS),
+                      "method": METHOD, "rules": [system_of(r) for r in RULES],
                       "command": "python bench/gate_margin.py" + (" --quick" if args.quick
                                                                   else ""),
                       "parts": parts})
-    write_results("gate_margin", rows, meta, "Gate margin: do tuned configs pass the gates "
-                  "on held-out queries?", markdown(parts, rows))
+    write_results("gate_margin", rows, meta, "Gate rules: do tuned configs pass the gates on "
+                  "held-out queries?", markdown(parts, rows))
 
 
 if __name__ == "__main__":

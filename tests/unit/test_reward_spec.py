@@ -270,3 +270,40 @@ def test_gate_margin_uses_the_lower_bound_of_f_and_r_only():
     assert RewardSpec.from_settings(TunerSettings.defaults()).gate_z == 0.0
     with pytest.raises(ValueError, match="gate_z"):
         RewardSpec(gate_z=-1.0)
+
+
+def test_expected_gates_charge_the_probability_of_failing_on_new_queries():
+    """gate_expected: each F/R gate costs Phi((theta - mean) / (sqrt 2 * se)) instead of 0/1;
+    verdicts, p95, stability and the continuous part are the point ones; exclusive with
+    gate_z."""
+    from scipy.stats import norm
+
+    e = RewardSpec(RewardWeights(), T, 1000.0, 0.05, gate_expected=True)
+    F, R, lat, tok, leaks = _queries(30, 25, seed=3)
+    many = SPEC.batch(F, R, lat, tok, leaks)
+    b, be = SPEC.breakdown(many), e.breakdown(many)
+    assert np.array_equal(b.continuous, be.continuous)
+    assert np.array_equal(b.gates.passed, be.gates.passed)
+    for i in range(30):
+        one = SPEC.batch(F[i], R[i], lat[i], tok[i], leaks[i])
+        pf = norm.cdf((0.7 - one.faithfulness) / (math.sqrt(2) * one.faithfulness_se))
+        pr = norm.cdf((0.5 - one.relevancy) / (math.sqrt(2) * one.relevancy_se))
+        v = SPEC.gates(one)
+        want = pf + pr + (not v.p95_latency_ms) + 0.5 * (not v.stable) + one.pii_leaks
+        assert e.breakdown(one).penalty == pytest.approx(want, abs=1e-12)
+        assert be.penalty[i] == pytest.approx(want, abs=1e-12)  # vectorised agrees
+    # on the threshold: a coin flip (0.5 per gate); far above: ~0; se 0: the 0/1 verdict
+    on = StepMetrics(0.7, 0.5, 100.0, 500.0, 0.01, 0.0, 0.02, 0.02)
+    assert e.breakdown(on).penalty == pytest.approx(1.0)
+    far = StepMetrics(0.95, 0.9, 100.0, 500.0, 0.01, 0.0, 0.02, 0.02)
+    assert e.breakdown(far).penalty == pytest.approx(0.0, abs=1e-12)
+    exact = StepMetrics(0.69, 0.9, 100.0, 500.0, 0.01, 0.0, 0.0, 0.0)
+    assert e.breakdown(exact).penalty == 1.0
+    nan = StepMetrics(math.nan, 0.9, 100.0, 500.0, 0.01, 0.0, 0.02, 0.02)
+    assert e.breakdown(nan).penalty == pytest.approx(1.0, abs=1e-12)
+    assert RewardSpec.from_settings(TunerSettings.defaults().model_copy(
+        update={"gate_expected": True})).gate_expected
+    with pytest.raises(ValueError, match="set one"):
+        RewardSpec(gate_z=1.0, gate_expected=True)
+    with pytest.raises(ValueError, match="set one"):
+        TunerSettings.model_validate({"gate_z": 1.0, "gate_expected": True})

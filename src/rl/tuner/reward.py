@@ -20,6 +20,10 @@ promoted; each failure adds 1 to P); stability (se <= band) only adds 0.5 to P. 
 NaN statistic fails (NaN compares false). `Gate.passes` is the one comparison. With a margin
 `gate_z` > 0 (`TunerSettings.gate_z`) the F and R gates compare the lower bound mean − z·se of
 the batch mean instead of the mean, so a config must clear them by more than sampling noise.
+With `gate_expected` (`TunerSettings.gate_expected`) P charges the F and R gates by the
+probability that a new batch of as many queries fails them, Φ((θ − mean)/(√2·se)), instead of
+0/1: r is then the expected reward on new queries, smooth in F and R near their thresholds
+(the verdicts in `gates` stay the point ones).
 
 Missing values (a query without gold for a metric, or an answer that cannot be scored, e.g.
 support of a bare yes/no, is NaN). One rule everywhere: a missing value is left out, never
@@ -203,10 +207,16 @@ class RewardSpec:
     pii_weight: float = PII_LEAK_WEIGHT
     gate_z: float = 0.0
     """F and R gates pass when mean − gate_z·se clears the threshold (`TunerSettings.gate_z`)."""
+    gate_expected: bool = False
+    """P charges the F and R gates by their probability of failing on new queries
+    (`expected_penalty`; `TunerSettings.gate_expected`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gate_z <= 5:
             raise ValueError(f"gate_z must be in [0, 5], got {self.gate_z!r}")
+        if self.gate_expected and self.gate_z > 0:
+            raise ValueError("gate_expected and gate_z > 0 are two rules for the same gates: "
+                             "set one")
         if not self.cost_ref > 0:
             raise ValueError(f"cost_ref must be > 0, got {self.cost_ref!r}")
         if not self.instability_band >= 0:
@@ -221,7 +231,8 @@ class RewardSpec:
         (default: the settings' global ones; pass `settings.thresholds_for(dataset)`)."""
         return cls(settings.reward_weights, thresholds or settings.thresholds,
                    settings.cost_ref_tokens, settings.instability_band, pii_weight,
-                   float(getattr(settings, "gate_z", 0.0)))
+                   float(getattr(settings, "gate_z", 0.0)),
+                   bool(getattr(settings, "gate_expected", False)))
 
     # ---- parts ------------------------------------------------------------------------------
     @property
@@ -292,12 +303,31 @@ class RewardSpec:
         unstable = np.logical_not(v.stable).astype(np.float64) * UNSTABLE_PENALTY
         return _out(v.n_failed + unstable + self.pii_weight * np.asarray(_leaks(pii_leaks)))
 
+    def expected_penalty(self, m: StepMetrics, v: GateVerdicts) -> Value:
+        """P with each F and R gate charged by the probability that a new batch of as many
+        queries fails it: Φ((θ − mean) / (√2·se)) (normal approximation: the new batch's mean
+        and this one's differ by √2·se); a NaN mean fails (1), se 0 gives the 0/1 verdict.
+        p95, stability and leaks as in `penalty`."""
+        from scipy.special import ndtr
+
+        total = np.asarray(self.penalty(v, m.pii_leaks), dtype=np.float64)
+        for g in self.gates_spec[:2]:  # faithfulness, relevancy
+            x = np.asarray(getattr(m, g.statistic), dtype=np.float64)
+            se = np.nan_to_num(np.asarray(getattr(m, f"{g.statistic}_se"), dtype=np.float64))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                prob = np.where(se > 0, ndtr((g.threshold - x) / (np.sqrt(2.0) * se)),
+                                (x < g.threshold).astype(np.float64))
+            prob = np.where(np.isnan(x), 1.0, prob)
+            failed = np.logical_not(np.asarray(g.passes(x), dtype=bool)).astype(np.float64)
+            total = total - failed + prob  # the 0/1 charge `penalty` made, replaced
+        return _out(total)
+
     # ---- one batch, or many -----------------------------------------------------------------
     def breakdown(self, m: StepMetrics) -> RewardBreakdown:
         """C, gates, P and r of batch metrics `m` (floats, or arrays of one value per batch)."""
         v = self.gates(m)
         c = self.continuous(m.faithfulness, m.relevancy, m.p95_latency_ms, m.cost)
-        p = self.penalty(v, m.pii_leaks)
+        p = self.expected_penalty(m, v) if self.gate_expected else self.penalty(v, m.pii_leaks)
         return RewardBreakdown(c, v, p, _out(np.asarray(c) - self.weights.lambda_ * p))
 
     def reward(self, m: StepMetrics) -> tuple[Value, GateVerdicts]:

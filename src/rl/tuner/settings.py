@@ -215,6 +215,12 @@ class TunerSettings(StrictSettings):
     gate passes when mean − gate_z·se ≥ its threshold (`RewardSpec.gates`). 0 (the default):
     the point estimate. 1.645: its one-sided 95% lower bound, so a config that clears a gate
     on the tuning split only by sampling luck is not chosen (`bench/gate_margin.py`)."""
+    gate_expected: bool = False
+    """Charge the faithfulness and relevancy gates in the reward by their probability of
+    failing on a new batch of as many queries, Φ((θ − mean)/(√2·se)), instead of 0/1
+    (`RewardSpec.expected_penalty`): the tuner then maximises the expected reward on new
+    queries, and a search is drawn towards configs that clear the gates with room to spare.
+    Exclusive with `gate_z` > 0 (`bench/gate_margin.py` compares the three rules)."""
     action_mode: Literal["absolute", "delta"] = "absolute"
     episode: Episode = Episode()
     base: dict[str, Any] = Field(default_factory=lambda: {"generator": "extractive",
@@ -236,6 +242,9 @@ class TunerSettings(StrictSettings):
 
     @model_validator(mode="after")
     def _check(self) -> TunerSettings:
+        if self.gate_expected and self.gate_z > 0:
+            raise ValueError("gate_expected and gate_z > 0 are two rules for the same gates: "
+                             "set one")
         if self.k_grid is None:
             return self
         ks = [k for k in self.k_grid if self.bounds.k.min <= k <= self.bounds.k.max]
