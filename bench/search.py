@@ -226,6 +226,7 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
                 "weights": {"alpha": settings.reward_weights.alpha,
                             "beta": settings.reward_weights.beta},
                 "runs": runs, "cost_model": ev.cost_model.to_dict(), "warm_start": warm_start,
+                "gate_rule": "expected" if settings.gate_expected else "point",
                 "wall_s": time.perf_counter() - t0}
 
     for seed in seeds:
@@ -399,7 +400,7 @@ def fixed_target_rows(part: dict[str, Any], m: str = DEFAULT_SEARCHER, with_tpe:
 
 
 # ---- plots and markdown -------------------------------------------------------------------------
-def plot(part: dict[str, Any], out: Path) -> list[str]:
+def plot(part: dict[str, Any], out: Path, name: str = NAME) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -435,7 +436,7 @@ def plot(part: dict[str, Any], out: Path) -> list[str]:
         ax.set_title(f"{part['dataset']}: best found vs {axis.replace('_', '-')}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        p = out / f"search-{part['dataset']}-{axis}.png"
+        p = out / f"{name}-{part['dataset']}-{axis}.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
         paths.append(p.name)
@@ -453,6 +454,12 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
                          "the same evaluation and keeps the default when its pick scores lower."
                          if warm == {True} else "**cold** (`--cold-start`): no searcher starts "
                          "from the static default." if warm == {False} else "mixed"),
+            "", "Gates: " + ("**expected** (`--gate-expected`, `TunerSettings.gate_expected`): "
+                             "each F and R gate costs its probability of failing on a new batch "
+                             "of as many queries, so every reward below is the expected reward "
+                             "on new queries, not the point one of search.md."
+                             if {p.get("gate_rule", "point") for p in parts} == {"expected"}
+                             else "**point** (the default): a failed F or R gate costs λ."),
             "", "Evals to 99%: median over seeds of the query-evaluations spent when the best "
                 "full-valid reward first reached 99% of best-known; a seed that never did within "
                 "its budget counts as the budget (censored), so a median over ≥ half censored "
@@ -587,6 +594,9 @@ def main() -> None:
     ap.add_argument("--cold-start", action="store_true",
                     help="no searcher starts from the static default (default: every one does, "
                          "as `ragpilot tune` does)")
+    ap.add_argument("--gate-expected", action="store_true",
+                    help="search the expected reward (TunerSettings.gate_expected); writes "
+                         "search_gate_expected.json/.md")
     ap.add_argument("--jobs", type=int, default=1, help="datasets in parallel processes")
     ap.add_argument("--parts-dir", default="runs/bench-search-parts",
                     help="where --jobs writes one part per dataset (and the pinned cost models)")
@@ -609,7 +619,8 @@ def main() -> None:
     budget_x = 8.0 if args.quick else args.budget_x
     searchers = tuple(args.searchers.split(","))
     warm = not args.cold_start
-    settings = TunerSettings.defaults()
+    settings = TunerSettings.defaults().model_copy(update={"gate_expected": args.gate_expected})
+    name = f"{NAME}_gate_expected" if args.gate_expected else NAME
     log = lambda m: print(m, flush=True)  # noqa: E731
     cm = Path(args.cost_model) if args.cost_model else None
     if args.part_out:  # a child of --jobs: one dataset, written to a part file
@@ -646,7 +657,8 @@ def main() -> None:
                  "--searchers", ",".join(searchers), "--part-out", str(parts_dir / f"{d}.json"),
                  "--cost-model", str(pinned)] + (["--quick"] if args.quick else [])
                 + (["--best-known-from", args.best_known_from] if args.best_known_from else [])
-                + (["--cold-start"] if args.cold_start else [])))
+                + (["--cold-start"] if args.cold_start else [])
+                + (["--gate-expected"] if args.gate_expected else [])))
         for p in procs:
             if p.wait() != 0:
                 raise SystemExit(f"a dataset process failed (exit {p.returncode})")
@@ -664,7 +676,7 @@ def main() -> None:
         r, _ = rows_for(part)
         rows += r
         if not args.quick:
-            pngs += plot(part, RESULTS)
+            pngs += plot(part, RESULTS, name)
     meta = make_meta(0, {d: data_root() / d for d in datasets if d != "synthetic"},
                      {"quick": args.quick, "warm_start": sorted({bool(p.get("warm_start"))
                                                                  for p in parts}),
@@ -682,7 +694,7 @@ def main() -> None:
                       "runs": {p["dataset"]: {m: [{k: v for k, v in r.items() if k != "trials"}
                                                   for r in rs] for m, rs in p["runs"].items()}
                                for p in parts}})
-    write_results(NAME, rows, meta, "Search benchmark: query-evaluations to a good static config",
+    write_results(name, rows, meta, "Search benchmark: query-evaluations to a good static config",
                   markdown(parts, rows, args.command))
 
 

@@ -127,6 +127,8 @@ def merge_parts(parts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"{ds}: parts disagree on the static default's reward")
         if part.get("warm_start") != cur.get("warm_start"):
             raise ValueError(f"{ds}: parts mix warm and cold starts")
+        if part.get("gate_rule", "point") != cur.get("gate_rule", "point"):
+            raise ValueError(f"{ds}: parts mix gate rules (point and expected rewards)")
         for m, rs in part["runs"].items():
             have = {r["seed"] for r in cur["runs"].get(m, [])}
             dup = have & {r["seed"] for r in rs}
