@@ -1,5 +1,5 @@
 """`ragpilot tune` writes no serve.yaml for a tuned config that fails a hard gate on the
-holdout split (a search can meet a gate on the tune split with no margin: 6 of 20 local-asha
+holdout split (a search can meet a gate on the tune split with no margin: 4 of 20 local-asha
 picks on MTRAG did, bench/results/search.md), and says which gate, by how much."""
 
 from types import SimpleNamespace
