@@ -17,10 +17,10 @@ bench/search.py committed for each dataset (`bench.common.evaluator`), so reward
 search.json's.
 
 Rows per dataset and system (`local-asha` = point, `local-asha+gate_z=1.645`,
-`local-asha+gate_expected`), means over seeds with bootstrap 95% CIs over seeds: test_gate_fail_rate (share of picks that fail a hard
-gate on test), test_reward, test_quality (αF + βR), test_tokens, valid_reward (plain reward of
-the pick on the tuning split); and `<rule> - local-asha` delta_test_reward / delta_test_quality /
-delta_test_tokens, paired by seed.
+`local-asha+gate_expected`), means over seeds with bootstrap 95% CIs over seeds:
+test_gate_fail_rate (share of picks that fail a hard gate on test), test_reward, test_quality
+(αF + βR), test_tokens, valid_reward (point reward of the pick on the tuning split); and
+`<rule> - local-asha` delta_test_reward / delta_test_quality / delta_test_tokens, paired by seed.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ def system_of(rule: dict[str, Any]) -> str:
 
 
 def run_dataset(name: str, seeds: list[int], budget_x: float, log) -> dict[str, Any]:
-    """Per margin and seed: the pick, its plain reward on valid and its test metrics."""
+    """Per gate rule and seed: the pick, its point reward on valid and its test metrics."""
     base = TunerSettings.defaults()
     plain_ev, provenance = evaluator(name, base)
+    spec = plain_ev.reward_spec()  # the point reward every pick is scored with
     out: dict[str, Any] = {"dataset": name, "runs": {}, "cost_model": provenance}
     for rule in RULES:
         settings = base.model_copy(update=rule)
@@ -74,7 +75,6 @@ def run_dataset(name: str, seeds: list[int], budget_x: float, log) -> dict[str, 
             cfg = res.best_config
             valid = plain_ev.evaluate(cfg, split)
             test = plain_ev.evaluate(cfg, hold)
-            spec = plain_ev.reward_spec()
             runs.append({"seed": seed, "config_hash": cfg.config_hash,
                          "config": cfg.model_dump(mode="json"),
                          "search_reward": float(res.best_reward), "valid_reward": valid.reward,

@@ -68,6 +68,8 @@ PII_LEAK_WEIGHT = 1.0
 PII_COLUMN = "pii_leaks"
 """Per-query leak counts in a tuner table, when it has them (else L = 0)."""
 HARD_GATES = ("faithfulness", "relevancy", "p95_latency_ms")
+MEAN_GATES = HARD_GATES[:2]
+"""The gates on a batch mean, which `gate_z` and `gate_expected` act on (they carry an se)."""
 SATURATION = 2.0
 """Cap of the latency and cost ratios."""
 UNSTABLE_PENALTY = 0.5
@@ -269,7 +271,7 @@ class RewardSpec:
         """What a gate compares with its threshold: the statistic itself, or for F and R with
         `gate_z` > 0 its lower bound mean − gate_z·se (NaN stays NaN and fails)."""
         v = getattr(m, statistic)
-        if self.gate_z > 0 and statistic in ("faithfulness", "relevancy"):
+        if self.gate_z > 0 and statistic in MEAN_GATES:
             se = np.nan_to_num(np.asarray(getattr(m, f"{statistic}_se"), dtype=np.float64))
             return _out(np.asarray(v, dtype=np.float64) - self.gate_z * se)
         return v
@@ -311,15 +313,15 @@ class RewardSpec:
         from scipy.special import ndtr
 
         total = np.asarray(self.penalty(v, m.pii_leaks), dtype=np.float64)
-        for g in self.gates_spec[:2]:  # faithfulness, relevancy
+        for g in self.gates_spec[:len(MEAN_GATES)]:
             x = np.asarray(getattr(m, g.statistic), dtype=np.float64)
             se = np.nan_to_num(np.asarray(getattr(m, f"{g.statistic}_se"), dtype=np.float64))
             with np.errstate(divide="ignore", invalid="ignore"):
                 prob = np.where(se > 0, ndtr((g.threshold - x) / (np.sqrt(2.0) * se)),
                                 (x < g.threshold).astype(np.float64))
             prob = np.where(np.isnan(x), 1.0, prob)
-            failed = np.logical_not(np.asarray(g.passes(x), dtype=bool)).astype(np.float64)
-            total = total - failed + prob  # the 0/1 charge `penalty` made, replaced
+            # the 0/1 charge `penalty` made from this gate's verdict in `v`, replaced
+            total = total - np.logical_not(getattr(v, g.name)) + prob
         return _out(total)
 
     # ---- one batch, or many -----------------------------------------------------------------
