@@ -1,5 +1,5 @@
 # The two entry points of the README. Both do their own set-up (idempotent) first.
-.PHONY: setup demo test test-unit lint bench-quick
+.PHONY: setup demo test test-unit lint bench-quick lock
 
 VENV := .venv
 RUN := $(VENV)/bin
@@ -21,3 +21,7 @@ test-unit: setup
 lint: setup
 	$(RUN)/ruff check src tests bench
 	$(RUN)/ruff format --check src tests bench
+
+# Re-resolve the dependencies afresh and rewrite constraints.txt (what setup and CI install).
+lock:
+	bash scripts/lock.sh

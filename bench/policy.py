@@ -110,13 +110,32 @@ SYSTEMS = ("supervised-router", "supervised-router-equal-cost", "per-segment-bes
            "per-query-oracle")
 
 
+def _best_known(ds: str, path: Path) -> dict:
+    if not path.exists():
+        return {}
+    details = json.loads(path.read_text()).get("meta", {}).get("details", {})
+    return (details.get(ds) or {}).get("best_known") or {}
+
+
 def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
     """The best-known config of `bench/search.py`'s run on `ds`, or None without one."""
-    if not path.exists():
-        return None
-    details = json.loads(path.read_text()).get("meta", {}).get("details", {})
-    cfg = (details.get(ds) or {}).get("best_known", {}).get("config")
+    cfg = _best_known(ds, path).get("config")
     return RAGConfig.from_dict(cfg) if cfg else None
+
+
+def search_best_provenance(ds: str, path: Path = SEARCH_JSON) -> dict | None:
+    """Which config the `search-best-known` arm was, and where it came from (None without one):
+    search.json's best-known moves whenever a search finds a better one, so a policy run
+    records the one it used (its hash, valid reward, finder and the file's commit)."""
+    best = _best_known(ds, path)
+    if not best.get("config"):
+        return None
+    commit = None
+    if path.exists():
+        commit = json.loads(path.read_text()).get("meta", {}).get("commit")
+    return {"config_hash": RAGConfig.from_dict(best["config"]).config_hash,
+            "valid_reward": best.get("reward"), "method": best.get("method"),
+            "seed": best.get("seed"), "file": str(path), "file_commit": commit}
 
 
 def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
@@ -516,7 +535,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     details[ds] = {
         **d,
         "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
-        "search_best_known": "search-best-known" in d["arms"],
+        "search_best_known": ("search-best-known" in d["arms"]
+                              and search_best_provenance(ds, search_json)),
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters), "cost_model": cost_model_used(ev, cost_source),
     }

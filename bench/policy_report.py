@@ -446,7 +446,11 @@ def _selection(meta: dict) -> str:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    covered = ", ".join(d for d, x in meta["details"].items() if x.get("search_best_known"))
+    def _arm(ds: str, prov: object) -> str:  # a bool in runs before the provenance was kept
+        return f"{ds} `{prov['config_hash']}`" if isinstance(prov, dict) else ds
+
+    covered = ", ".join(_arm(d, x["search_best_known"]) for d, x in meta["details"].items()
+                        if x.get("search_best_known"))
     out = [
         "Rows are on the test split (touched once, after every choice was made): mean per "
         "query with a bootstrap 95% CI; `X - best-static` rows are paired bootstrap CIs over "

@@ -36,7 +36,7 @@ echo "[wheel] installing $(basename "$whl") into $VENV"
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }  # local index notices
 quiet "$VENV/bin/pip" install -q torch==2.13.0
 quiet "$VENV/bin/pip" install -q --force-reinstall --no-deps "$whl"  # a reused venv: this build
-quiet "$VENV/bin/pip" install -q "$whl[rl,cpu]"
+quiet "$VENV/bin/pip" install -q -c "$REPO/constraints.txt" "$whl[rl,cpu]"  # CI's versions
 
 echo "[wheel] running from $work (outside the repository)"
 cd "$work"

