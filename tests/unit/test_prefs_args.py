@@ -19,3 +19,25 @@ def test_args_carry_the_prefs_settings(tmp_path):
     assert (a["max_steps"], a["beta"], a["learning_rate"], a["per_device_train_batch_size"],
             a["max_length"]) == (7, 0.3, 1e-4, 3, 512)
     assert a["output_dir"] == str(tmp_path / "trl")
+
+
+def test_grpo_trains_in_fp32_without_a_gpu():
+    torch = __import__("torch")
+    from rl.adaptation.grpo import _cuda_bf16
+
+    assert _cuda_bf16() is (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if not torch.cuda.is_available():
+        assert _cuda_bf16() is False
+
+
+def test_qlora_gradient_checkpointing_is_a_setting_on_by_default():
+    import pytest
+
+    from rag.errors import ConfigError
+
+    assert GeneratorSFTConfig.from_yaml().qlora_gradient_checkpointing is True
+    off = GeneratorSFTConfig.from_dict({"qlora_gradient_checkpointing": False})
+    assert off.qlora_gradient_checkpointing is False
+    with pytest.raises(ConfigError) as e:
+        GeneratorSFTConfig.from_dict({"qlora_gradient_checkpointing": "sometimes"})
+    assert e.value.field == "generator_sft.qlora_gradient_checkpointing"

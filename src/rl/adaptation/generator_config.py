@@ -126,6 +126,10 @@ class GeneratorSFTConfig(StrictSettings):
     """Prompt + answer tokens; longer examples get shorter contexts."""
     qlora: bool = Field(False, validation_alias=AliasChoices("qlora", "load_in_4bit"))
     """bitsandbytes nf4 base (alias load_in_4bit); needs device cuda and a GPU."""
+    qlora_gradient_checkpointing: bool = True
+    """With `qlora`: recompute activations in the backward pass (peft's default for k-bit
+    training). It saves activation memory for extra step time (a second forward pass; not
+    measured here); a small model on a large GPU is not memory-bound and can set false."""
     device: Literal["cpu", "cuda"] = "cpu"
     threads: int = Field(1, ge=1, le=64)
     """torch intra-op threads on CPU."""

@@ -76,7 +76,8 @@ def load_base_model(path: str | Path, cfg: GeneratorSFTConfig):
     if cfg.qlora:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=cfg.qlora_gradient_checkpointing)
     elif cfg.device == "cuda":
         model.to("cuda")
     return model

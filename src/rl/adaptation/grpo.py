@@ -160,6 +160,15 @@ def _last_checkpoint(trainer_dir: Path) -> str | None:
     return str(cks[-1]) if cks else None
 
 
+def _cuda_bf16() -> bool:
+    """bf16 mixed precision where a CUDA GPU supports it (bench/results/gpu_grpo.md's run had it
+    off: 49 steps in 240 s on an H200; the gain is not measured yet); never on CPU, where AVX2
+    without bf16 instructions runs bf16 matmuls on a scalar kernel (`rl.adaptation.prefs`)."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+
+
 def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None = None,
              examples: Sequence[SFTExample] | None = None,
              eval_examples: Sequence[SFTExample] | None = None,
@@ -196,7 +205,7 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
         max_completion_length=s.max_completion_length, temperature=s.temperature,
         beta=s.beta, learning_rate=s.lr, max_steps=s.steps, logging_steps=1,
         save_steps=s.save_steps, save_total_limit=s.keep_checkpoints, seed=s.seed, use_cpu=not
-        torch.cuda.is_available(), report_to=[], bf16=False, disable_dropout=True,
+        torch.cuda.is_available(), report_to=[], bf16=_cuda_bf16(), disable_dropout=True,
         dataloader_num_workers=0, shuffle_dataset=True,
         # TRL turns checkpointing on by default; on CPU with a 135M model it only makes the
         # sampling slower (no KV cache reuse) and memory is not the limit
