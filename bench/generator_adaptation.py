@@ -222,8 +222,25 @@ def eval_systems(systems: dict[str, str], split: str, n: int, max_new_tokens: in
             "train": {k: meta.get(k) for k in TRAIN_META_KEYS if k in meta}}
         print(f"[eval] {label}: F1 {np.mean(part['systems'][label]['f1']):.3f} on {n} {split} "
               f"({secs:.0f} s)", flush=True)
-        _write(f, part)
+        part = _merge_system(f, part, label)
     return part
+
+
+def _merge_system(f: Path, part: dict, label: str) -> dict:
+    """Write `part` with `label`'s entry merged into the file as it is now, under an exclusive
+    lock: evaluations of different labels may run as parallel processes (one torch thread each)
+    without one's write dropping another's system."""
+    import fcntl
+
+    f.parent.mkdir(parents=True, exist_ok=True)
+    with open(f.with_name(f.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now = json.loads(f.read_text()) if f.exists() else part
+        if now["ids"] != part["ids"] or now["max_new_tokens"] != part["max_new_tokens"]:
+            raise SystemExit(f"{f} changed protocol while {label} was answering")
+        now["systems"][label] = part["systems"][label]
+        _write(f, now)
+    return now
 
 
 REFERENCES = {("qwen", "cite_concise"): "qwen2.5-coder-1.5b-instruct (teacher)",

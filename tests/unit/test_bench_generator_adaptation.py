@@ -62,3 +62,33 @@ def test_judge_rows_are_carried_and_extra_files_replace_equal_keys(tmp_path, mon
     bad.write_text(json.dumps({"system": "judge:x", "metric": "m"}) + "\n")
     with pytest.raises(SystemExit, match="lacks"):
         ga.carried_rows([bad])
+
+
+def test_parallel_evaluations_of_different_labels_keep_each_other(tmp_path):
+    f = tmp_path / "eval-test-3.json"
+    a, b = _part({"smollm2-sft": [1.0, 0.0, 0.5]}), _part({"smollm2-ipo": [0.0, 0.0, 1.0]})
+    # both processes started from an empty file; b writes after a
+    ga._merge_system(f, a, "smollm2-sft")
+    got = ga._merge_system(f, b, "smollm2-ipo")
+    on_disk = json.loads(f.read_text())
+    assert set(on_disk["systems"]) == set(got["systems"]) == {"smollm2-sft", "smollm2-ipo"}
+    assert on_disk["systems"]["smollm2-sft"]["f1"] == [1.0, 0.0, 0.5]
+    other = _part({"smollm2-orpo": [1.0, 1.0]})  # another question set: refused, file kept
+    with pytest.raises(SystemExit, match="changed protocol"):
+        ga._merge_system(f, other, "smollm2-orpo")
+    assert set(json.loads(f.read_text())["systems"]) == {"smollm2-sft", "smollm2-ipo"}
+
+
+def test_the_prefs_bench_keeps_the_baseline_and_the_preference_methods_only():
+    import bench.generator_prefs as gp
+
+    part = _part({"smollm2-distilled": [1.0, 0.0], "smollm2-orpo": [0.0, 1.0],
+                  "smollm2-sft": [0.5, 0.5], "smollm2-ipo": [1.0, 1.0]})
+    got = gp.method_part(part)
+    assert list(got["systems"]) == ["smollm2-sft", "smollm2-ipo", "smollm2-orpo"]
+    rows, _ = ga.eval_rows(got)
+    deltas = {r["system"]: r["value"] for r in rows if r["metric"] == "delta_answer_f1"}
+    assert deltas == pytest.approx({"smollm2-ipo - smollm2-sft": 0.5,
+                                    "smollm2-orpo - smollm2-sft": 0.0})
+    with pytest.raises(SystemExit, match="no smollm2-sft"):
+        gp.method_part(_part({"smollm2-ipo": [1.0]}))

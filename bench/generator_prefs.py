@@ -1,0 +1,125 @@
+"""Issue 21, item 3: DPO, IPO and ORPO of SmolLM2 on the Qwen judge's preference pairs, each
+against the gold-SFT baseline, end to end on HotpotQA test (the protocol of
+bench/generator_adaptation.py: first 100 test questions, default `RAGConfig()` top 5,
+`cite_concise`, greedy, 20 new tokens, fp32 on CPU; paired bootstrap of the per-question F1).
+
+    python bench/generator_prefs.py --section pairs --out DIR   # 1. the judge-ranked pairs
+    ragpilot train-generator {dpo,ipo,orpo} ...                 # 2. one run per method
+    python bench/generator_adaptation.py --section eval --eval-n 100 --system LABEL=REF ...
+                                                                # 3. answers (parallel-safe)
+    python bench/generator_prefs.py                             # 4. json + md from the part
+    python bench/generator_prefs.py --quick                     # the 4-question part
+
+pairs: `dpo_pairs_gold.jsonl` / `dpo_pairs_hybrid.jsonl` from the committed device run
+  (`bench/results/gpu_models_raw`: the Qwen judge's order-swapped verdicts on (Qwen, SmolLM2)
+  answers to the 500 HotpotQA train questions; ties dropped), the same 1,217 pairs as
+  `bench/gpu_models.py ingest` writes (`bench.gpu_models_ingest._pair_rows`).
+render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`) found in the eval
+  part beside `smollm2-sft`, with the training line from each merged folder's metadata; a method
+  not re-run here is named as such (the committed `smollm2-dpo` row of
+  bench/results/generator_adaptation.json came from the same SFT recipe and pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rag.env import configure_runtime_env  # noqa: E402
+
+configure_runtime_env()
+
+import bench.generator_adaptation as ga  # noqa: E402
+from bench.common import RESULTS, make_meta, write_results  # noqa: E402
+from rag.corpus.loaders import data_root  # noqa: E402
+
+NAME = "generator_prefs"
+METHOD_SYSTEMS = ("smollm2-dpo", "smollm2-ipo", "smollm2-orpo")
+RAW = RESULTS / "gpu_models_raw"
+
+
+def write_pairs(out: Path, raw: Path = RAW) -> list[dict]:
+    """The judge-ranked pairs of the committed device run into `out` (one JSONL per context
+    mode); returns the `preference_pairs` rows."""
+    from bench.gpu_models import _read_gz
+    from bench.gpu_models_ingest import _pair_rows
+
+    jobs, answers, judge = (_read_gz(raw / f) for f in
+                            ("jobs.json.gz", "answers.json.gz", "judge.json.gz"))
+    gold = {(s, r["id"]): r["answers"] for s, rs in jobs["sets"].items() for r in rs}
+    cites = {(a["model"], a["set"], a["id"], a["tag"]): a["citations"] for a in answers
+             if a["prompt"] == "cite_concise"}
+    for j in judge:  # as bench.gpu_models_ingest.ingest: gold and each side's citations
+        j["answers"] = gold[(j["set"], j["id"])]
+        for side in ("a", "b"):
+            model, _, tag = j[side].partition(":")
+            c = cites.get((model, j["set"], j["id"], tag or "greedy"))
+            if c is not None:
+                j[f"cites_{side}"] = c
+    rows: list[dict] = []
+    notes: list[str] = []
+    _pair_rows(judge, jobs["sets"], out, rows, notes)
+    print("\n".join(notes))
+    return rows
+
+
+def method_part(part: dict) -> dict:
+    """The eval part restricted to the baseline and the preference methods, baseline first."""
+    keep = [ga.BASELINE, *(s for s in METHOD_SYSTEMS if s in part["systems"])]
+    if ga.BASELINE not in part["systems"]:
+        raise SystemExit(f"the eval part has no {ga.BASELINE}: evaluate it first")
+    return {**part, "systems": {k: part["systems"][k] for k in keep}}
+
+
+def render(quick: bool, eval_n: int, commands: str | None) -> None:
+    f = ga.PARTS / f"eval-test-{4 if quick else eval_n}.json"
+    if not f.exists():
+        raise SystemExit(f"{f} does not exist: run step 3 (module docstring) first")
+    part = method_part(json.loads(f.read_text()))
+    rows, md = ga.eval_rows(part)
+    missing = [s for s in METHOD_SYSTEMS if s not in part["systems"]]
+    body = [
+        f"Preference alignment of `smollm2-sft` on the Qwen judge's pairs, each method one "
+        f"run with the same pairs, steps and learning rate; the same first {part['n']} HotpotQA "
+        "test questions for every system (`bench/generator_adaptation.py` eval protocol: hybrid "
+        "k=5 contexts, `cite_concise`, greedy, 20 new tokens, fp32, one torch thread). No "
+        "target was set for these rows (issue 21 asks for them with their CIs).", "",
+        *md, "", "How each system was trained (its merged folder's `ragpilot_meta.json`):", "",
+        *[ga._train_line(label, r.get("train") or {}) for label, r in part["systems"].items()],
+        ""]
+    if missing:
+        body += [f"Not re-run here: {', '.join(f'`{m}`' for m in missing)} (the committed "
+                 "`smollm2-dpo` row is in bench/results/generator_adaptation.md, from the same "
+                 "SFT recipe and pairs).", ""]
+    if commands:
+        body += [f"Commands: {commands}", ""]
+    meta = make_meta(0, {"hotpotqa": data_root() / "hotpotqa"},
+                     {"quick": quick, "part": str(f), "systems": list(part["systems"]),
+                      "commands": commands})
+    write_results(NAME, rows, meta, "DPO, IPO and ORPO on the Qwen judge's pairs (issue 21)",
+                  "\n".join(body))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--section", choices=["pairs", "render"], default="render")
+    ap.add_argument("--out", type=Path, help="pairs: the folder for dpo_pairs_<mode>.jsonl")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--eval-n", type=int, default=100)
+    ap.add_argument("--commands", help="render: the commands of steps 1-3, for the md")
+    a = ap.parse_args()
+    if a.section == "pairs":
+        if a.out is None:
+            raise SystemExit("--section pairs needs --out DIR")
+        write_pairs(a.out)
+    else:
+        render(a.quick, a.eval_n, a.commands)
+
+
+if __name__ == "__main__":
+    main()
