@@ -59,8 +59,10 @@ EVAL_N, VALID_N = 300, 100  # the whole test split; valid questions for model se
 EVAL_TOKENS = 20            # new tokens, as bench/adaptation_generator.py's evaluation
 TRAIN_META_KEYS = ("method", "step", "eval", "best_eval_f1", "n_train", "lr", "batch_size",
                    "total_steps", "lora_r", "settings", "steps_done", "seconds", "reward_first",
-                   "reward_last", "reward_mean_last10", "n_pairs", "beta", "steps", "ranker",
-                   "train_loss", "first_loss", "last_loss", "rewards_accuracies", "base_path")
+                   "reward_last", "reward_mean_last10", "n_pairs", "n_pairs_given",
+                   "n_pairs_too_long", "beta", "steps", "ranker",
+                   "train_loss", "first_loss", "last_loss", "rewards_accuracies", "base_path",
+                   "max_len")
 
 
 def _part(name: str, quick: bool) -> Path:
@@ -379,7 +381,9 @@ def _train_line(label: str, t: dict) -> str:
     if t.get("method") in ("dpo", "ipo", "orpo"):
         return (f"- `{label}`: TRL {t['method'].upper()} from "
                 f"`{Path(t.get('base_path', '?')).parent.name}`, {t.get('n_pairs')} pairs "
-                f"(ranker {t.get('ranker')}), beta {t.get('beta')}, {t.get('steps')} steps, "
+                + (f"(of {t['n_pairs_given']}: {t.get('n_pairs_too_long')} longer than max_len "
+                   f"{t.get('max_len')} left out) " if t.get("n_pairs_given") else "")
+                + f"(ranker {t.get('ranker')}), beta {t.get('beta')}, {t.get('steps')} steps, "
                 f"{_fmt(t.get('seconds'))} s; loss {_fmt(t.get('first_loss'))} -> "
                 f"{_fmt(t.get('last_loss'))}, reward accuracy (last third) "
                 f"{_fmt(t.get('rewards_accuracies'))}.")

@@ -41,3 +41,23 @@ def test_qlora_gradient_checkpointing_is_a_setting_on_by_default():
     with pytest.raises(ConfigError) as e:
         GeneratorSFTConfig.from_dict({"qlora_gradient_checkpointing": "sometimes"})
     assert e.value.field == "generator_sft.qlora_gradient_checkpointing"
+
+
+class _WordTokenizer:
+    """One token per whitespace-separated word (the real tokenizer is exercised by
+    tests/test_generator_sft.py's preference runs)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+
+def test_pairs_that_do_not_fit_max_len_are_left_out_and_counted():
+    from rl.adaptation.prefs import fit_pairs
+
+    short = {"prompt": "q " * 5, "chosen": "a b", "rejected": "c"}
+    long_prompt = {"prompt": "q " * 9, "chosen": "a", "rejected": "b"}  # 9 + 1 + eot + 1 > 11
+    long_answer = {"prompt": "q " * 5, "chosen": "a", "rejected": "x " * 6}
+    fits, dropped = fit_pairs(_WordTokenizer(), [short, long_prompt, long_answer], 11, " <eot>")
+    assert fits == [short] and dropped == 2
+    # the end-of-turn marker counts: without it the 9-word prompt's pair fits exactly
+    assert fit_pairs(_WordTokenizer(), [long_prompt], 11)[1] == 0

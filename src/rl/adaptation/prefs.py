@@ -239,6 +239,23 @@ def trainer_args(cfg: GeneratorSFTConfig, output_dir: str | Path) -> dict[str, A
             "dataloader_num_workers": 0}
 
 
+def fit_pairs(tok, pairs: Sequence[dict[str, Any]], max_len: int, eot: str = ""
+              ) -> tuple[list[dict[str, Any]], int]:
+    """(the pairs whose prompt plus longer answer, end-of-turn included, fit `max_len` tokens,
+    how many did not). TRL handles the others differently per method, and silently: DPO/IPO
+    drop a pair whose prompt alone fills max_length and cut the answers of the rest short;
+    ORPO keeps it with an empty answer, whose per-token mean log-probability is 0/0, so the
+    first such batch turns the loss and then the weights into NaN. One rule for all methods
+    makes them train on the same pairs, and the count goes into the run's summary. One token
+    is kept for the BOS/EOS a trainer may add."""
+    def n(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    fits = [r for r in pairs if n(r["prompt"]) + max(n(r["chosen"] + eot), n(r["rejected"] + eot))
+            + 1 <= max_len]
+    return fits, len(pairs) - len(fits)
+
+
 def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict[str, Any]],
                       cfg: GeneratorSFTConfig, out_dir: str | Path, *,
                       data_manifest: Mapping[str, Any] | None = None,
@@ -265,6 +282,14 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
     tok = load_tokenizer(policy_path)
     model = load_base_model(policy_path, cfg)
     eot = end_of_turn(tok)
+    given = len(pairs)
+    pairs, too_long = fit_pairs(tok, pairs, cfg.max_len, eot)
+    if too_long:
+        print(f"[{method}] {too_long} of {given} pairs do not fit max_len {cfg.max_len} "
+              f"(prompt + answer) and are left out; {len(pairs)} train", flush=True)
+    if not pairs:
+        raise ConfigError("generator_sft.max_len", f"no pair fits max_len {cfg.max_len} tokens "
+                                                   f"(prompt + answer); raise it")
     ds = Dataset.from_list([{"prompt": r["prompt"], "chosen": r["chosen"] + eot,
                              "rejected": r["rejected"] + eot} for r in pairs])
     peft_cfg = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
@@ -295,7 +320,8 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
     logs = [h for h in trainer.state.log_history if "loss" in h]
     meta = {"method": method, "base_path": str(Path(policy_path).resolve()),
             "base_model": cfg.base_model, "lora_r": cfg.lora.r, "max_len": cfg.max_len,
-            "beta": p.beta, "steps": p.steps, "n_pairs": len(pairs), "seconds": secs,
+            "beta": p.beta, "steps": p.steps, "n_pairs": len(pairs), "n_pairs_given": given,
+            "n_pairs_too_long": too_long, "seconds": secs,
             "train_loss": float(result.training_loss), "first_loss": logs[0]["loss"]
             if logs else None, "last_loss": logs[-1]["loss"] if logs else None}
     for key in ("rewards/accuracies", "rewards/margins", "log_odds_ratio"):
