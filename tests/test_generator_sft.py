@@ -482,8 +482,11 @@ def test_preference_training_runs(tiny, tmp_path, method):
     model = load_base_model(tiny, cfg)
     pairs = build_pairs(model, tok, ex, cfg, f1_ranker, n_samples=1)
     assert pairs and all(p["rejected_score"] < p["chosen_score"] for p in pairs)
-    m = train_preferences(method, tiny, pairs, cfg, tmp_path / method)
-    assert m["steps"] == 2 and m["n_pairs"] == len(pairs)
+    # a pair whose prompt alone fills max_len: left out and counted (ORPO turned it into NaN)
+    too_long = {**pairs[0], "prompt": pairs[0]["prompt"] + " filler" * 200}
+    m = train_preferences(method, tiny, [too_long, *pairs], cfg, tmp_path / method)
+    assert m["steps"] == 2 and m["n_pairs"] == len(pairs) and m["n_pairs_too_long"] == 1
+    assert m["n_pairs_given"] == len(pairs) + 1
     assert m["last_loss"] is not None and m["last_loss"] == m["last_loss"]  # finite, not NaN
     assert (tmp_path / method / "adapter" / "adapter_model.safetensors").exists()
     with pytest.raises(ConfigError, match="method"):
