@@ -76,7 +76,7 @@ def method_part(part: dict) -> dict:
     return {**part, "systems": {k: part["systems"][k] for k in keep}}
 
 
-def render(quick: bool, eval_n: int, commands: str | None) -> None:
+def render(quick: bool, eval_n: int, commands: str | None, note: str | None = None) -> None:
     f = ga.PARTS / f"eval-test-{4 if quick else eval_n}.json"
     if not f.exists():
         raise SystemExit(f"{f} does not exist: run step 3 (module docstring) first")
@@ -92,6 +92,8 @@ def render(quick: bool, eval_n: int, commands: str | None) -> None:
         *md, "", "How each system was trained (its merged folder's `ragpilot_meta.json`):", "",
         *[ga._train_line(label, r.get("train") or {}) for label, r in part["systems"].items()],
         ""]
+    if note:
+        body += [note, ""]
     if missing:
         body += [f"Not re-run here: {', '.join(f'`{m}`' for m in missing)} (the committed "
                  "`smollm2-dpo` row is in bench/results/generator_adaptation.md, from the same "
@@ -100,7 +102,7 @@ def render(quick: bool, eval_n: int, commands: str | None) -> None:
         body += [f"Commands: {commands}", ""]
     meta = make_meta(0, {"hotpotqa": data_root() / "hotpotqa"},
                      {"quick": quick, "part": str(f), "systems": list(part["systems"]),
-                      "commands": commands})
+                      "commands": commands, "note": note})
     write_results(NAME, rows, meta, "DPO, IPO and ORPO on the Qwen judge's pairs (issue 21)",
                   "\n".join(body))
 
@@ -112,13 +114,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--eval-n", type=int, default=100)
     ap.add_argument("--commands", help="render: the commands of steps 1-3, for the md")
+    ap.add_argument("--note", help="render: what the numbers say, for the md")
     a = ap.parse_args()
     if a.section == "pairs":
         if a.out is None:
             raise SystemExit("--section pairs needs --out DIR")
         write_pairs(a.out)
     else:
-        render(a.quick, a.eval_n, a.commands)
+        render(a.quick, a.eval_n, a.commands, a.note)
 
 
 if __name__ == "__main__":

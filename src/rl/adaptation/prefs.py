@@ -320,7 +320,8 @@ def train_preferences(method: str, policy_path: str | Path, pairs: Sequence[dict
     logs = [h for h in trainer.state.log_history if "loss" in h]
     meta = {"method": method, "base_path": str(Path(policy_path).resolve()),
             "base_model": cfg.base_model, "lora_r": cfg.lora.r, "max_len": cfg.max_len,
-            "beta": p.beta, "steps": p.steps, "n_pairs": len(pairs), "n_pairs_given": given,
+            "beta": p.beta, "steps": p.steps, "batch_size": p.batch_size, "lr": p.lr,
+            "n_pairs": len(pairs), "n_pairs_given": given,
             "n_pairs_too_long": too_long, "seconds": secs,
             "train_loss": float(result.training_loss), "first_loss": logs[0]["loss"]
             if logs else None, "last_loss": logs[-1]["loss"] if logs else None}
