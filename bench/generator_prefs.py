@@ -47,20 +47,11 @@ def write_pairs(out: Path, raw: Path = RAW) -> list[dict]:
     """The judge-ranked pairs of the committed device run into `out` (one JSONL per context
     mode); returns the `preference_pairs` rows."""
     from bench.gpu_models import _read_gz
-    from bench.gpu_models_ingest import _pair_rows
+    from bench.gpu_models_ingest import _pair_rows, annotate_judge
 
     jobs, answers, judge = (_read_gz(raw / f) for f in
                             ("jobs.json.gz", "answers.json.gz", "judge.json.gz"))
-    gold = {(s, r["id"]): r["answers"] for s, rs in jobs["sets"].items() for r in rs}
-    cites = {(a["model"], a["set"], a["id"], a["tag"]): a["citations"] for a in answers
-             if a["prompt"] == "cite_concise"}
-    for j in judge:  # as bench.gpu_models_ingest.ingest: gold and each side's citations
-        j["answers"] = gold[(j["set"], j["id"])]
-        for side in ("a", "b"):
-            model, _, tag = j[side].partition(":")
-            c = cites.get((model, j["set"], j["id"], tag or "greedy"))
-            if c is not None:
-                j[f"cites_{side}"] = c
+    annotate_judge(jobs, answers, judge)
     rows: list[dict] = []
     notes: list[str] = []
     _pair_rows(judge, jobs["sets"], out, rows, notes)

