@@ -20,6 +20,12 @@ Backends (all answer "which of these two is better", in slot terms `first`/`seco
                        {"winner": "A" | "B" | "tie", "reason": "..."}.
 
 Calls and tokens are counted per backend and summed in `PairwiseJudge.usage`.
+
+Reference-guided judging: `compare(..., reference="gold answer")` (or a 5-tuple item in
+`compare_batch`) shows the backend a reference answer as well, for labelling preference pairs
+where gold exists (training questions). Only a backend with `accepts_reference = True` takes
+one (`rag.metrics.pairwise_judge`'s chat and log-prob backends); any other raises ConfigError
+instead of judging without it.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ class JudgeBackend(Protocol):
 
     def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
                     ) -> list[SlotResult]:
-        """(question, contexts, first answer, second answer) -> slot verdicts."""
+        """(question, contexts, first answer, second answer[, reference answer]) -> slot
+        verdicts; the fifth element only for a backend with `accepts_reference = True`."""
         ...
 
 
@@ -99,8 +106,10 @@ class PairwiseJudge:
                        "ties": 0, "first_slot_wins_both": 0, "second_slot_wins_both": 0}
 
     def compare(self, question: str, contexts: Sequence[Context], answer_a: str,
-                answer_b: str) -> JudgeResult:
-        return self.compare_batch([(question, contexts, answer_a, answer_b)])[0]
+                answer_b: str, reference: str | None = None) -> JudgeResult:
+        """`reference`: a gold answer shown to the judge (module docstring)."""
+        item = (question, contexts, answer_a, answer_b)
+        return self.compare_batch([item if reference is None else (*item, reference)])[0]
 
     def compare_answers(self, a: Answer, b: Answer) -> JudgeResult:
         """Two `Answer` records to the same question; the contexts shown are the union of
@@ -119,11 +128,18 @@ class PairwiseJudge:
                       ) -> list[JudgeResult]:
         items = list(items)
         for n, it in enumerate(items):
-            if len(it) != 4 or not isinstance(it[0], str):
+            if len(it) not in (4, 5) or not isinstance(it[0], str):
                 raise ConfigError(f"items[{n}]", "expected (question, contexts, answer_a, "
-                                                 "answer_b)")
+                                                 "answer_b[, reference])")
+            if len(it) == 5:
+                if not isinstance(it[4], str) or not it[4].strip():
+                    raise ConfigError(f"items[{n}].reference", "must be a non-empty string")
+                if not getattr(self.backend, "accepts_reference", False):
+                    raise ConfigError("reference", f"judge backend "
+                                      f"{getattr(self.backend, 'name', '?')!r} cannot use a "
+                                      "reference answer")
         fwd = self.backend.judge_batch(items)
-        bwd = (self.backend.judge_batch([(q, c, b, a) for q, c, a, b in items])
+        bwd = (self.backend.judge_batch([(q, c, b, a, *ref) for q, c, a, b, *ref in items])
                if self.swap else fwd)
         out = []
         with self._lock:

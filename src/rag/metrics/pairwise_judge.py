@@ -9,6 +9,15 @@ the first letter of a <= 3-token reply. Why so short: on this machine Qwen reads
 tokens/s on one thread, so the prompt length *is* the cost, and putting the question before the
 answers lets llama.cpp reuse the KV cache of the shared prefix for the swapped order. Replies are
 cached in `JudgeCache` under sha256(fingerprint, messages, max_tokens), so a re-run replays.
+Both backends take a reference answer as a fifth item element (`PairwiseJudge.compare(...,
+reference=)`): the prompt then shows it after the question and asks which answer agrees with
+it (reference-guided grading, for labelling training pairs where gold exists).
+
+`PointwiseJudgeBackend` grades each answer on its own (log p("Yes") - log p("No") after "does
+the answer give the same answer as the reference?", `grade_prompt`) and prefers the higher
+grade: no slot is ever shown, so it has no position bias by construction, and an answer's
+grade is computed once however many pairs it is in (cheaper than a pairwise judge when a
+question has several sampled answers, as DPO pair labelling does).
 
 `judge_stats(results, f1_a, f1_b)` -> the acceptance metrics of issue 21:
   position_bias  share of pairs where the same *slot* won in both orders (first/first or
@@ -33,7 +42,8 @@ from rag.metrics.judge_cache import JudgeCache, content_key
 from rag.types import Context
 
 __all__ = ["ChatFn", "ChatLMJudgeBackend", "ChoiceFn", "LogprobJudgeBackend",
-           "short_judge_prompt", "parse_letter", "llama_chat", "judge_stats"]
+           "PointwiseJudgeBackend", "grade_prompt", "short_judge_prompt", "parse_letter",
+           "llama_chat", "judge_stats"]
 
 ChatFn = Callable[[list[dict[str, str]], int], tuple[str, int, int]]
 """(messages, max_tokens) -> (reply text, prompt tokens, completion tokens); temperature 0."""
@@ -43,17 +53,22 @@ _LETTER = re.compile(r"\b(A|B)\b")
 
 
 def short_judge_prompt(question: str, contexts: Sequence[Context], first: str, second: str,
-                       with_contexts: bool = False, context_chars: int = 400
-                       ) -> list[dict[str, str]]:
+                       with_contexts: bool = False, context_chars: int = 400,
+                       reference: str | None = None) -> list[dict[str, str]]:
     """Chat messages: question (and optionally passages, `context_chars` each), answer A =
-    `first`, answer B = `second`, "Which answer is correct? Reply A or B." """
+    `first`, answer B = `second`, "Which answer is correct? Reply A or B." With a `reference`
+    (a gold answer) it comes after the question and the ask is "Which answer agrees with the
+    reference answer?" (reference-guided grading)."""
     parts = [f"Question: {question}"]
     if with_contexts and contexts:
         chars = min(context_chars, MAX_CONTEXT_CHARS)
         parts.append("Passages:\n" + "\n".join(f"[{i}] {c.title}: {c.text[:chars]}"
                                                for i, c in enumerate(contexts, 1)))
+    if reference is not None:
+        parts.append(f"Reference answer: {reference}")
     parts += [f"Answer A: {first or '(empty)'}", f"Answer B: {second or '(empty)'}",
-              "Which answer is correct? Reply A or B."]
+              "Which answer agrees with the reference answer? Reply A or B."
+              if reference is not None else "Which answer is correct? Reply A or B."]
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
 
 
@@ -76,6 +91,8 @@ class ChatLMJudgeBackend:
     """Slot judge over a chat function (module docstring). `seconds` lists the wall time of
     every uncached call (s); `parse_failures` counts replies without a readable letter (those
     count as a tie); `replayed_seconds` what cached replies cost when they were generated."""
+
+    accepts_reference = True  # items may carry a fifth element, a reference answer
 
     def __init__(self, chat: ChatFn, fingerprint: str, *, with_contexts: bool = False,
                  max_tokens: int = 3, cache: JudgeCache | None = None, name: str = "chat-lm"):
@@ -105,8 +122,9 @@ class ChatLMJudgeBackend:
     def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
                     ) -> list[SlotResult]:
         out = []
-        for q, c, a, b in items:
-            raw, t_in, t_out = self._reply(short_judge_prompt(q, c, a, b, self.with_contexts))
+        for q, c, a, b, *ref in items:
+            raw, t_in, t_out = self._reply(short_judge_prompt(
+                q, c, a, b, self.with_contexts, reference=ref[0] if ref else None))
             v = parse_letter(raw)
             if v is None:
                 self.parse_failures += 1
@@ -129,6 +147,8 @@ class LogprobJudgeBackend:
     prompt as `ChatLMJudgeBackend` (`short_judge_prompt`). `tie_margin` (nats): a slot
     margin smaller than this is a tie."""
 
+    accepts_reference = True  # items may carry a fifth element, a reference answer
+
     def __init__(self, choice_logprobs: ChoiceFn, fingerprint: str, *,
                  with_contexts: bool = False, context_chars: int = 400,
                  tie_margin: float = 0.0, name: str = "logprob-lm"):
@@ -139,8 +159,9 @@ class LogprobJudgeBackend:
 
     def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
                     ) -> list[SlotResult]:
-        chats = [short_judge_prompt(q, c, a, b, self.with_contexts, self.context_chars)
-                 for q, c, a, b in items]
+        chats = [short_judge_prompt(q, c, a, b, self.with_contexts, self.context_chars,
+                                    ref[0] if ref else None)
+                 for q, c, a, b, *ref in items]
         t0 = time.perf_counter()
         lps = self.choice_logprobs(chats, ("A", "B"))
         self.seconds.append(time.perf_counter() - t0)
@@ -150,6 +171,70 @@ class LogprobJudgeBackend:
             v: SlotVerdict = "tie" if abs(d) <= self.tie_margin else (
                 "first" if d > 0 else "second")
             out.append(SlotResult(v, d, 1))
+        return out
+
+
+GRADE_SYSTEM = "You grade answers to questions. Reply Yes or No."
+
+
+def grade_prompt(question: str, answer: str, reference: str | None = None
+                 ) -> list[dict[str, str]]:
+    """Chat messages grading one `answer`: against `reference` ("Does the answer give the same
+    answer as the reference?") or, without one, "Is the answer correct?"."""
+    parts = [f"Question: {question}"]
+    if reference is not None:
+        parts.append(f"Reference answer: {reference}")
+    parts += [f"Answer: {answer or '(empty)'}",
+              "Does the answer give the same answer as the reference? Reply Yes or No."
+              if reference is not None else "Is the answer correct? Reply Yes or No."]
+    return [{"role": "system", "content": GRADE_SYSTEM},
+            {"role": "user", "content": "\n".join(parts)}]
+
+
+class PointwiseJudgeBackend:
+    """Slot judge from two independent grades (module docstring): grade = log p("Yes") -
+    log p("No") of `grade_prompt`; the slot with the higher grade wins, by more than
+    `tie_margin` (nats), else a tie; the signed margin is the grade difference. Grades are kept
+    per (question, answer, reference) for the backend's life, so the order swap and every
+    other pair with the same answer cost nothing; `calls` counts the grades computed."""
+
+    accepts_reference = True
+
+    def __init__(self, choice_logprobs: ChoiceFn, fingerprint: str, *,
+                 tie_margin: float = 0.0, name: str = "pointwise-lm"):
+        self.choice_logprobs, self.fingerprint, self.name = choice_logprobs, fingerprint, name
+        self.tie_margin = tie_margin
+        self.grades: dict[tuple[str, str, str | None], float] = {}
+        self.calls = 0
+        self.seconds: list[float] = []
+
+    def grade(self, items: Sequence[tuple[str, str, str | None]]) -> list[float]:
+        """(question, answer, reference or None) -> grade, one forward pass for the new ones."""
+        new = list(dict.fromkeys(k for k in map(tuple, items) if k not in self.grades))
+        if new:
+            t0 = time.perf_counter()
+            lps = self.choice_logprobs([grade_prompt(*k) for k in new], ("Yes", "No"))
+            self.seconds.append(time.perf_counter() - t0)
+            self.calls += len(new)
+            for k, (lp_yes, lp_no) in zip(new, lps, strict=True):
+                self.grades[k] = float(lp_yes - lp_no)
+        return [self.grades[tuple(k)] for k in items]
+
+    def judge_batch(self, items: Sequence[tuple[str, Sequence[Context], str, str]]
+                    ) -> list[SlotResult]:
+        keys = [(q, a, ref[0] if ref else None) for q, _, a, _, *ref in items]
+        keys += [(q, b, ref[0] if ref else None) for q, _, _, b, *ref in items]
+        before = set(self.grades)
+        g = self.grade(keys)
+        n = len(items)
+        out = []
+        for i, (first, second) in enumerate(zip(g[:n], g[n:], strict=True)):
+            d = first - second
+            v: SlotVerdict = "tie" if abs(d) <= self.tie_margin else (
+                "first" if d > 0 else "second")
+            fresh = sum(keys[j] not in before for j in (i, n + i))
+            before.update((keys[i], keys[n + i]))
+            out.append(SlotResult(v, d, fresh))
         return out
 
 
