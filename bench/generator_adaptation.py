@@ -433,17 +433,21 @@ def eval_rows(part: dict) -> tuple[list[dict], list[str]]:
     return rows + deltas, md
 
 
+JUDGE_TARGET_SYSTEMS = ("judge:qwen", "judge:qwen+reference", "judge:qwen+reference:pointwise")
+
+
 def judge_lines(rows: list[dict]) -> list[str]:
-    """Issue 21's judge rows (`judge:qwen` position bias <= 0.2, agreement with the gold-F1
-    preference >= 0.75), one verdict per dataset they were measured on."""
+    """Issue 21's judge rows (position bias <= 0.2, agreement with the gold-F1 preference
+    >= 0.75) of `judge:qwen` and of the reference-guided judges (`bench/judge_reference.py`;
+    they need gold), one verdict per dataset they were measured on."""
     out = []
     for metric, target, better in (("position_bias", 0.2, "le"),
                                    ("agreement_with_f1_preference", 0.75, "ge")):
         for r in rows:
-            if r["system"] != "judge:qwen" or r["metric"] != metric:
+            if r["system"] not in JUDGE_TARGET_SYSTEMS or r["metric"] != metric:
                 continue
             met = r["value"] <= target if better == "le" else r["value"] >= target
-            out.append(f"- `judge:qwen` {metric} {'<=' if better == 'le' else '>='} {target} "
+            out.append(f"- `{r['system']}` {metric} {'<=' if better == 'le' else '>='} {target} "
                        f"on `{r['dataset']}`: {'met' if met else 'missed'} ({r['value']:.3f} "
                        f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}], n {r['n']}; margin "
                        f"{abs(r['value'] - target):.3f}).")
