@@ -101,8 +101,12 @@ class PrefSpec(StrictSettings):
     steps: int = Field(30, ge=1)
     batch_size: int = Field(2, ge=1)
     n_pairs: int = Field(64, ge=1)
-    ranker: Literal["auto", "f1", "quality"] = "auto"
-    """auto: the reward model if one is installed, else f1."""
+    ranker: Literal["auto", "f1", "quality", "judge"] = "auto"
+    """auto: the reward model if one is installed, else f1; judge: `judge_model` grading each
+    answer against the gold answer (rl.adaptation.prefs.judge_ranker)."""
+    judge_model: str = "qwen2.5-coder-1.5b-instruct"
+    """The registry generator the `judge` ranker grades with (transformers, on the run's
+    device; ~1 s a grade for the 1.5B model on 2 CPU cores)."""
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     """Sampling temperature of the rejected candidates."""
 

@@ -8,8 +8,10 @@ makes. Rankers: `f1` (answer F1 vs gold + citation precision, HotpotQA definitio
 (f1 + `rag.metrics.quality.QualityScorer` faithfulness of the cited contexts), `auto` = the
 project's learned reward model (`rag.metrics.reward_model.load_default`: quality-rm, found in
 $RAGPILOT_REWARD_MODELS, the cache, or the copy shipped under rag/bundled/reward_models)
-scoring the answer against its cited contexts, else `f1` when none is installed. Each pair row
-and the run's summary name the ranker actually used.
+scoring the answer against its cited contexts, else `f1` when none is installed; `judge` = an
+LLM grading the answer against the gold answer (`judge_ranker`: the reference-guided pointwise
+judge of `rag.metrics.pairwise_judge`, `prefs.judge_model`, Qwen2.5-Coder-1.5B by default).
+Each pair row and the run's summary name the ranker actually used.
 """
 
 from __future__ import annotations
@@ -78,7 +80,30 @@ def reward_model_ranker(rm) -> Ranker:
     return rank
 
 
-def make_ranker(kind: str) -> tuple[str, Ranker]:
+def judge_ranker(backend) -> Ranker:
+    """The reference-guided pointwise judge (`rag.metrics.pairwise_judge.PointwiseJudgeBackend`
+    or anything with its `grade`): p(Yes) that the answer gives the gold answer(s), as the
+    sigmoid of the judge's grade, plus half the citation precision as in `f1_ranker`. Unlike
+    F1 it can credit a paraphrase and refuse an answer that only shares words with the gold
+    one (bench/results/judge_reference.md measures how far it agrees with F1). Each distinct
+    answer is graded once."""
+    import math
+
+    def rank(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
+        if not ex.answers:
+            raise ConfigError("generator_sft.prefs.ranker",
+                              f"the judge ranker needs gold answers; example {ex.id} has none")
+        ref = " / ".join(a.strip() for a in ex.answers if a.strip())
+        g = float(backend.grade([(ex.question, text, ref)])[0])
+        cited = set(citations)
+        prec = len(cited & set(ex.gold_positions)) / len(cited) if cited else 0.0
+        return 1.0 / (1.0 + math.exp(-g)) + 0.5 * prec
+
+    return rank
+
+
+def make_ranker(kind: str, judge_model: str = "qwen2.5-coder-1.5b-instruct",
+                device: str = "cpu") -> tuple[str, Ranker]:
     """(name actually used, ranker). `auto` = the installed reward model
     (`rag.metrics.reward_model.find_reward_model(DEFAULT_NAME)`: $RAGPILOT_REWARD_MODELS, the
     cache, then the model shipped under rag/bundled/reward_models), named
@@ -97,6 +122,15 @@ def make_ranker(kind: str) -> tuple[str, Ranker]:
         return _named("f1", f1_ranker)
     if kind == "quality":
         return _named("quality", quality_ranker())
+    if kind == "judge":
+        from rag.generation.local import TransformersGenerator
+        from rag.metrics.pairwise_judge import PointwiseJudgeBackend
+        from rag.models import default_registry
+
+        gen = TransformersGenerator(default_registry().get(judge_model), device=device,
+                                    cache=False)
+        backend = PointwiseJudgeBackend(gen.choice_logprobs, gen.fingerprint)
+        return _named(f"judge:{judge_model}+reference:pointwise", judge_ranker(backend))
     raise ConfigError("generator_sft.prefs.ranker", f"unknown ranker {kind!r}")
 
 

@@ -306,7 +306,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         if args.pairs_jsonl:  # ranked elsewhere (e.g. a judge on a GPU): train on them as is
             pairs, manifest = _given_pairs(args.pairs_jsonl)
         else:
-            ranker_name, ranker = make_ranker(cfg.prefs.ranker)
+            ranker_name, ranker = make_ranker(cfg.prefs.ranker, cfg.prefs.judge_model,
+                                              cfg.device)
             tok = load_tokenizer(policy)
             model = load_base_model(policy, cfg)
             used = train[: cfg.prefs.n_pairs]
