@@ -43,20 +43,91 @@ METHOD_SYSTEMS = ("smollm2-dpo", "smollm2-ipo", "smollm2-orpo")
 RAW = RESULTS / "gpu_models_raw"
 
 
-def write_pairs(out: Path, raw: Path = RAW) -> list[dict]:
+def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
+               device: str = "cpu") -> list[dict]:
     """The judge-ranked pairs of the committed device run into `out` (one JSONL per context
-    mode); returns the `preference_pairs` rows."""
+    mode); returns the `preference_pairs` rows. `ranker` `judge:qwen`: the device run's own
+    verdicts; `POINTWISE`: the same (Qwen, SmolLM2) train pairs re-judged here by the
+    reference-guided pointwise judge (`relabel_pointwise`)."""
     from bench.gpu_models import _read_gz
     from bench.gpu_models_ingest import _pair_rows, annotate_judge
 
     jobs, answers, judge = (_read_gz(raw / f) for f in
                             ("jobs.json.gz", "answers.json.gz", "judge.json.gz"))
     annotate_judge(jobs, answers, judge)
+    if ranker == POINTWISE:
+        judge = relabel_pointwise(judge, jobs, out, device)
+    elif ranker != "judge:qwen":
+        raise SystemExit(f"--ranker {ranker!r}: judge:qwen or {POINTWISE}")
     rows: list[dict] = []
     notes: list[str] = []
-    _pair_rows(judge, jobs["sets"], out, rows, notes)
+    _pair_rows(judge, jobs["sets"], out, rows, notes, ranker=ranker)
     print("\n".join(notes))
     return rows
+
+
+POINTWISE = "judge:qwen+reference:pointwise"
+GRADE_CHUNK = 32
+
+
+def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> list[dict]:
+    """The train verdicts of `judge` (annotated: gold answers beside each) re-decided by the
+    reference-guided pointwise judge: each distinct (question, answer) graded once against the
+    gold answer (`rag.metrics.pairwise_judge.PointwiseJudgeBackend`), the higher grade wins,
+    equal grades tie. Grades are kept in `out/grades.json` after every chunk (a cut run
+    resumes); `out/relabel.json` says how the new verdicts compare with the device run's and
+    with the gold-F1 preference."""
+    import numpy as np
+
+    from bench.judge_reference import QWEN, reference_of
+    from rag.generation.local import TransformersGenerator
+    from rag.metrics.pairwise_judge import PointwiseJudgeBackend
+    from rag.metrics.qa import best_em_f1
+    from rag.models import default_registry
+
+    question = {r["id"]: r["question"] for rs in jobs["sets"].values() for r in rs}
+    train = [j for j in judge if j["set"].startswith("train-")]
+    keys = list(dict.fromkeys((j["id"], t) for j in train for t in (j["text_a"], j["text_b"])))
+    gold = {j["id"]: reference_of(j["answers"]) for j in train}
+    path = out / "grades.json"
+    grades = json.loads(path.read_text()) if path.exists() else {}
+    todo = [k for k in keys if json.dumps(k) not in grades]
+    if todo:
+        gen = TransformersGenerator(default_registry().get(QWEN), device=device, cache=False)
+        backend = PointwiseJudgeBackend(gen.choice_logprobs, gen.fingerprint, name=POINTWISE)
+        out.mkdir(parents=True, exist_ok=True)
+        for k in range(0, len(todo), GRADE_CHUNK):
+            chunk = todo[k:k + GRADE_CHUNK]
+            got = backend.grade([(question[i], t, gold[i]) for i, t in chunk])
+            grades.update({json.dumps(key): g for key, g in zip(chunk, got, strict=True)})
+            path.write_text(json.dumps(grades))
+            print(f"[grades] {len(keys) - len(todo) + k + len(chunk)}/{len(keys)}", flush=True)
+    new, same, f1_agree, f1_n, old_agree_f1 = [], 0, 0, 0, 0
+    for j in judge:
+        if not j["set"].startswith("train-"):
+            new.append(j)
+            continue
+        ga, gb = (grades[json.dumps([j["id"], t])] for t in (j["text_a"], j["text_b"]))
+        w = "A" if ga > gb else "B" if gb > ga else "tie"
+        same += w == j["winner"]
+        fa, fb = (best_em_f1(t, j["answers"])[1] for t in (j["text_a"], j["text_b"]))
+        if abs(fa - fb) > 1e-9:
+            f1_n += 1
+            f1_agree += w == ("A" if fa > fb else "B")
+            old_agree_f1 += j["winner"] == ("A" if fa > fb else "B")
+        new.append({**j, "winner": w, "forward": w, "backward": w, "flipped": False,
+                    "margin": float(ga - gb)})
+    summary = {"ranker": POINTWISE, "train_pairs": len(train), "graded_answers": len(keys),
+               "same_winner_as_device_run": same / len(train),
+               "ties": sum(x["winner"] == "tie" for x in new if x["set"].startswith("train-")),
+               "pairs_with_different_f1": f1_n,
+               "agreement_with_f1_preference": f1_agree / f1_n if f1_n else float("nan"),
+               "device_run_agreement_with_f1_preference": (old_agree_f1 / f1_n if f1_n
+                                                           else float("nan")),
+               "mean_grade": float(np.mean(list(grades.values())))}
+    (out / "relabel.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return new
 
 
 def method_part(part: dict) -> dict:
@@ -102,6 +173,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--section", choices=["pairs", "render"], default="render")
     ap.add_argument("--out", type=Path, help="pairs: the folder for dpo_pairs_<mode>.jsonl")
+    ap.add_argument("--ranker", default="judge:qwen",
+                    help=f"pairs: judge:qwen (the device run's verdicts) or {POINTWISE} "
+                         "(re-judged here against the gold answer)")
+    ap.add_argument("--device", default="cpu", help="pairs: where the re-judging judge runs")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--eval-n", type=int, default=100)
     ap.add_argument("--commands", help="render: the commands of steps 1-3, for the md")
@@ -110,7 +185,7 @@ def main() -> None:
     if a.section == "pairs":
         if a.out is None:
             raise SystemExit("--section pairs needs --out DIR")
-        write_pairs(a.out)
+        write_pairs(a.out, ranker=a.ranker, device=a.device)
     else:
         render(a.quick, a.eval_n, a.commands, a.note)
 

@@ -126,7 +126,7 @@ def _judge_rows(judge, rows, notes) -> None:
                      f"sign of the order-averaged log p(A) - log p(B) instead.")
 
 
-def _pair_rows(judge, sets, notes_dir: Path, rows, notes) -> None:
+def _pair_rows(judge, sets, notes_dir: Path, rows, notes, ranker: str = "judge:qwen") -> None:
     """dpo_pairs_<mode>.jsonl from the train verdicts (ties dropped; a pair with an empty side
     or two identical targets (answer and citations) is dropped and counted: a DPO trainer refuses it, `rl.adaptation.prefs`)."""
     from transformers import AutoTokenizer
@@ -158,12 +158,12 @@ def _pair_rows(judge, sets, notes_dir: Path, rows, notes) -> None:
                         "chosen": chosen, "rejected": rejected,
                         "id": r["id"], "source": f"hotpotqa-train-{mode}",
                         "chosen_score": abs(j["margin"]), "rejected_score": -abs(j["margin"]),
-                        "ranker": "judge:qwen", "chosen_model": j[win],
+                        "ranker": ranker, "chosen_model": j[win],
                         "rejected_model": j[lose]})
         path = notes_dir / f"dpo_pairs_{mode}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in out))
-        rows.append(plain_row(f"hotpotqa/train[:{len(sets[set_name])}]/{mode}", "judge:qwen",
+        rows.append(plain_row(f"hotpotqa/train[:{len(sets[set_name])}]/{mode}", ranker,
                               "preference_pairs", len(out), len(pairs)))
         qwen_won = sum(x["chosen_model"] == "qwen" for x in out)
         notes.append(f"Preference pairs ({mode} contexts): {len(out)} decisive of {len(pairs)} "
