@@ -2,6 +2,7 @@
 grading), on the answer pairs the reference-free judge was measured on.
 
     python bench/judge_reference.py                  # all 816 pairs, CPU (~2.5 s a pair here)
+    python bench/judge_reference.py --ref-pairs 240  # the pairwise judge on the first 240 only
     python bench/judge_reference.py --device cuda    # the same on a lent GPU (bf16)
     python bench/judge_reference.py --quick          # 12 pairs, *.quick.* files
 
@@ -96,8 +97,9 @@ def _part_path(device: str, quick: bool) -> Path:
     return cache_dir() / "bench" / NAME / f"part-{device}{'.quick' if quick else ''}.json"
 
 
-def run(pairs: list[dict], device: str, quick: bool, check: int) -> dict:
-    """Judge `pairs` with the reference (and the first `check` without it), resuming the part."""
+def run(pairs: list[dict], device: str, quick: bool, check: int, ref_n: int) -> dict:
+    """Judge `pairs` with the reference pointwise, the first `ref_n` with it pairwise and the
+    first `check` without it, resuming the part."""
     from rag.generation.local import TransformersGenerator
     from rag.metrics.judge import PairwiseJudge
     from rag.metrics.pairwise_judge import LogprobJudgeBackend, PointwiseJudgeBackend
@@ -105,7 +107,7 @@ def run(pairs: list[dict], device: str, quick: bool, check: int) -> dict:
 
     path = _part_path(device, quick)
     part = json.loads(path.read_text()) if path.exists() else {}
-    modes = (("check", check, False), ("point", len(pairs), True), ("ref", len(pairs), True))
+    modes = (("check", check, False), ("point", len(pairs), True), ("ref", ref_n, True))
     for key, _, _ in modes:
         part.setdefault(key, [])
     if all(len(part[key]) >= n for key, n, _ in modes):
@@ -159,16 +161,21 @@ def stats_rows(dataset: str, system: str, verdicts: list[dict], pairs: list[dict
     return rows
 
 
-def report(pairs: list[dict], part: dict, device: str, quick: bool, check: int) -> None:
-    n = min(len(part["ref"]), len(part["point"]))
-    pairs = pairs[:n]
-    ds = f"hotpotqa/test/answer-pairs[:{n}]"
+def report(pairs: list[dict], part: dict, device: str, quick: bool, check: int,
+           ref_n: int) -> None:
+    sizes = {POINTWISE: len(part["point"]), SYSTEM: min(len(part["ref"]), ref_n)}
+    ds_of = {system: f"hotpotqa/test/answer-pairs[:{n}]" for system, n in sizes.items()}
     rows = []
     for key, system in (("point", POINTWISE), ("ref", SYSTEM)):
-        rows += stats_rows(ds, system, part[key][:n], pairs)
+        n = sizes[system]
+        rows += stats_rows(ds_of[system], system, part[key][:n], pairs[:n])
         secs = [v["s_per_pair"] for v in part[key][:n]]
-        rows.append(plain_row(ds, system, "seconds_per_judgment", sum(secs) / len(secs), n))
-    rows += stats_rows(ds, "judge:qwen", pairs, pairs)  # the device run's own verdicts
+        rows.append(plain_row(ds_of[system], system, "seconds_per_judgment",
+                              sum(secs) / len(secs), n))
+    for n in sorted(set(sizes.values())):  # the device run's own verdicts, same pairs
+        rows += stats_rows(f"hotpotqa/test/answer-pairs[:{n}]", "judge:qwen", pairs[:n],
+                           pairs[:n])
+    n = max(sizes.values())
     chk = part["check"][:check]
     if chk:
         same = [float(v[o] == p[o]) for v, p in zip(chk, pairs[:len(chk)], strict=True)
@@ -176,23 +183,25 @@ def report(pairs: list[dict], part: dict, device: str, quick: bool, check: int) 
         rows.append(metric_row(f"hotpotqa/test/answer-pairs[:{len(chk)}]",
                                "judge:qwen (this device vs the gpu run)", "verdict_agreement",
                                same))
-    by = {(r["system"], r["metric"]): r for r in rows}
+    by = {(r["dataset"], r["system"], r["metric"]): r for r in rows}
     lines = []
     for (metric, target, better), system in itertools.product(TARGETS, (POINTWISE, SYSTEM)):
-        r = by[(system, metric)]
+        r = by[(ds_of[system], system, metric)]
         met = r["value"] <= target if better == "le" else r["value"] >= target
-        base = by[("judge:qwen", metric)]
+        base = by[(ds_of[system], "judge:qwen", metric)]
         lines.append(f"- `{system}` {metric} {'<=' if better == 'le' else '>='} {target}: "
                      f"**{'met' if met else 'missed'}** ({r['value']:.3f} [{r['ci_low']:.3f}, "
                      f"{r['ci_high']:.3f}], n {r['n']}; margin {abs(r['value'] - target):.3f}); "
                      f"the reference-free `judge:qwen` on the same pairs: {base['value']:.3f} "
                      f"[{base['ci_low']:.3f}, {base['ci_high']:.3f}].")
-    table = ["| system | metric | value | 95% CI | n |", "|---|---|---|---|---|"]
+    table = ["| pairs | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
     for r in rows:
         ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-        table.append(f"| {r['system']} | {r['metric']} | {r['value']:.3f} | {ci} | {r['n']} |")
+        table.append(f"| {r['dataset'].rsplit('/', 1)[-1]} | {r['system']} | {r['metric']} | "
+                     f"{r['value']:.3f} | {ci} | {r['n']} |")
     body = [
-        f"{n} HotpotQA test answer pairs of the committed device run (Qwen2.5-Coder-1.5B, "
+        f"{n} HotpotQA test answer pairs (the pairwise `{SYSTEM}` on the first "
+        f"{sizes[SYSTEM]}, `--ref-pairs`) of the committed device run (Qwen2.5-Coder-1.5B, "
         "SmolLM2-135M and the extractive reader, two at a time; no passages shown), judged by "
         f"Qwen2.5-Coder-1.5B read from its next-token distribution over A/B, both orders, "
         f"disagreement = tie; on `{device}` (transformers, the Q4_K_M GGUF dequantised; model "
@@ -208,7 +217,8 @@ def report(pairs: list[dict], part: dict, device: str, quick: bool, check: int) 
         "Issue 21's judge targets (fixed before this run):", "", *lines, "", *table, ""]
     meta = make_meta(0, {"hotpotqa": data_root() / "hotpotqa"},
                      {"quick": quick, "device": device, "model": QWEN,
-                      "fingerprint": part.get("fingerprint"), "pairs": n, "check": len(chk),
+                      "fingerprint": part.get("fingerprint"), "pairs": n, "ref_pairs": sizes[SYSTEM],
+                      "check": len(chk),
                       "raw": str(RAW.relative_to(RESULTS.parents[1]))})
     write_results(NAME, rows, meta, "The reference-guided Qwen judge (issue 21)",
                   "\n".join(body))
@@ -218,6 +228,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--pairs", type=int, default=0, help="first N pairs (0: all)")
+    ap.add_argument("--ref-pairs", type=int, default=0,
+                    help="pairs the pairwise reference judge takes (0: as many as --pairs)")
     ap.add_argument("--check", type=int, default=48,
                     help="pairs re-judged without the reference, against the device run")
     ap.add_argument("--quick", action="store_true")
@@ -225,8 +237,9 @@ def main() -> None:
     pairs = load_pairs()
     n = 12 if a.quick else (a.pairs or len(pairs))
     check = min(a.check, 4 if a.quick else a.check, n)
-    part = run(pairs[:n], a.device, a.quick, check)
-    report(pairs, part, a.device, a.quick, check)
+    ref_n = min(n, a.ref_pairs or n)
+    part = run(pairs[:n], a.device, a.quick, check, ref_n)
+    report(pairs, part, a.device, a.quick, check, ref_n)
 
 
 if __name__ == "__main__":
