@@ -35,7 +35,7 @@ from rag.env import configure_runtime_env  # noqa: E402
 configure_runtime_env()
 
 import bench.generator_adaptation as ga  # noqa: E402
-from bench.common import RESULTS, make_meta, write_results  # noqa: E402
+from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 
 NAME = "generator_prefs"
@@ -63,11 +63,16 @@ def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
     notes: list[str] = []
     _pair_rows(judge, jobs["sets"], out, rows, notes, ranker=ranker)
     print("\n".join(notes))
+    NOTES[:] = notes
     return rows
 
 
 POINTWISE = "judge:qwen+reference:pointwise"
 GRADE_CHUNK = 32
+RELABEL_ROWS: list[dict] = []
+"""What the last `relabel_pointwise` measured (rows), for bench/judge_relabel.py."""
+NOTES: list[str] = []
+"""The last `write_pairs`' notes (pair counts per context mode)."""
 
 
 def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> list[dict]:
@@ -102,31 +107,32 @@ def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> 
             grades.update({json.dumps(key): g for key, g in zip(chunk, got, strict=True)})
             path.write_text(json.dumps(grades))
             print(f"[grades] {len(keys) - len(todo) + k + len(chunk)}/{len(keys)}", flush=True)
-    new, same, f1_agree, f1_n, old_agree_f1 = [], 0, 0, 0, 0
+    new, same, agree_new, agree_old = [], [], [], []
     for j in judge:
         if not j["set"].startswith("train-"):
             new.append(j)
             continue
         ga, gb = (grades[json.dumps([j["id"], t])] for t in (j["text_a"], j["text_b"]))
         w = "A" if ga > gb else "B" if gb > ga else "tie"
-        same += w == j["winner"]
+        same.append(float(w == j["winner"]))
         fa, fb = (best_em_f1(t, j["answers"])[1] for t in (j["text_a"], j["text_b"]))
         if abs(fa - fb) > 1e-9:
-            f1_n += 1
-            f1_agree += w == ("A" if fa > fb else "B")
-            old_agree_f1 += j["winner"] == ("A" if fa > fb else "B")
+            agree_new.append(float(w == ("A" if fa > fb else "B")))
+            agree_old.append(float(j["winner"] == ("A" if fa > fb else "B")))
         new.append({**j, "winner": w, "forward": w, "backward": w, "flipped": False,
                     "margin": float(ga - gb)})
-    summary = {"ranker": POINTWISE, "train_pairs": len(train), "graded_answers": len(keys),
-               "same_winner_as_device_run": same / len(train),
-               "ties": sum(x["winner"] == "tie" for x in new if x["set"].startswith("train-")),
-               "pairs_with_different_f1": f1_n,
-               "agreement_with_f1_preference": f1_agree / f1_n if f1_n else float("nan"),
-               "device_run_agreement_with_f1_preference": (old_agree_f1 / f1_n if f1_n
-                                                           else float("nan")),
-               "mean_grade": float(np.mean(list(grades.values())))}
-    (out / "relabel.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
+    ds = f"hotpotqa/train/answer-pairs[:{len(train)}]"
+    RELABEL_ROWS[:] = [
+        metric_row(ds, POINTWISE, "agreement_with_f1_preference", agree_new),
+        metric_row(ds, "judge:qwen", "agreement_with_f1_preference", agree_old),
+        metric_row(ds, POINTWISE, "same_winner_as_judge_qwen", same),
+        metric_row(ds, POINTWISE, "tie_rate", [float(x["winner"] == "tie") for x in new
+                                               if x["set"].startswith("train-")]),
+        plain_row(ds, POINTWISE, "graded_answers", len(keys), len(keys)),
+        plain_row(ds, POINTWISE, "mean_grade", float(np.mean(list(grades.values()))),
+                  len(grades))]
+    (out / "relabel.json").write_text(json.dumps(RELABEL_ROWS, indent=1))
+    print(json.dumps(RELABEL_ROWS, indent=1))
     return new
 
 
