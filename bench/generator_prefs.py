@@ -44,9 +44,10 @@ RAW = RESULTS / "gpu_models_raw"
 
 
 def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
-               device: str = "cpu") -> list[dict]:
+               device: str = "cpu") -> tuple[list[dict], list[str]]:
     """The judge-ranked pairs of the committed device run into `out` (one JSONL per context
-    mode); returns the `preference_pairs` rows. `ranker` `judge:qwen`: the device run's own
+    mode); returns the rows (`relabel_pointwise`'s, then `preference_pairs`) and the notes
+    (pair counts per context mode). `ranker` `judge:qwen`: the device run's own
     verdicts; `POINTWISE`: the same (Qwen, SmolLM2) train pairs re-judged here by the
     reference-guided pointwise judge (`relabel_pointwise`)."""
     from bench.gpu_models import _read_gz
@@ -55,45 +56,41 @@ def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
     jobs, answers, judge = (_read_gz(raw / f) for f in
                             ("jobs.json.gz", "answers.json.gz", "judge.json.gz"))
     annotate_judge(jobs, answers, judge)
+    rows: list[dict] = []
     if ranker == POINTWISE:
-        judge = relabel_pointwise(judge, jobs, out, device)
+        judge, rows = relabel_pointwise(judge, jobs, out, device)
     elif ranker != "judge:qwen":
         raise SystemExit(f"--ranker {ranker!r}: judge:qwen or {POINTWISE}")
-    rows: list[dict] = []
     notes: list[str] = []
     _pair_rows(judge, jobs["sets"], out, rows, notes, ranker=ranker)
     print("\n".join(notes))
-    NOTES[:] = notes
-    return rows
+    return rows, notes
 
 
 POINTWISE = "judge:qwen+reference:pointwise"
 GRADE_CHUNK = 32
-RELABEL_ROWS: list[dict] = []
-"""What the last `relabel_pointwise` measured (rows), for bench/judge_relabel.py."""
-NOTES: list[str] = []
-"""The last `write_pairs`' notes (pair counts per context mode)."""
 
 
-def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> list[dict]:
-    """The train verdicts of `judge` (annotated: gold answers beside each) re-decided by the
-    reference-guided pointwise judge: each distinct (question, answer) graded once against the
-    gold answer (`rag.metrics.pairwise_judge.PointwiseJudgeBackend`), the higher grade wins,
-    equal grades tie. Grades are kept in `out/grades.json` after every chunk (a cut run
+def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str
+                      ) -> tuple[list[dict], list[dict]]:
+    """(verdicts, rows): the train verdicts of `judge` (annotated: gold answers beside each)
+    re-decided by the reference-guided pointwise judge: each distinct (question, answer)
+    graded once against the gold answer (`rag.metrics.pairwise_judge.PointwiseJudgeBackend`),
+    the higher grade wins, equal grades tie. Grades are kept in `out/grades.json` after every chunk (a cut run
     resumes); `out/relabel.json` says how the new verdicts compare with the device run's and
-    with the gold-F1 preference."""
+    with the gold-F1 preference (the rows)."""
     import numpy as np
 
-    from bench.judge_reference import QWEN, reference_of
+    from bench.judge_reference import QWEN
     from rag.generation.local import TransformersGenerator
-    from rag.metrics.pairwise_judge import PointwiseJudgeBackend
+    from rag.metrics.pairwise_judge import PointwiseJudgeBackend, reference_text
     from rag.metrics.qa import best_em_f1
     from rag.models import default_registry
 
     question = {r["id"]: r["question"] for rs in jobs["sets"].values() for r in rs}
     train = [j for j in judge if j["set"].startswith("train-")]
     keys = list(dict.fromkeys((j["id"], t) for j in train for t in (j["text_a"], j["text_b"])))
-    gold = {j["id"]: reference_of(j["answers"]) for j in train}
+    gold = {j["id"]: reference_text(j["answers"]) for j in train}
     path = out / "grades.json"
     grades = json.loads(path.read_text()) if path.exists() else {}
     todo = [k for k in keys if json.dumps(k) not in grades]
@@ -122,7 +119,7 @@ def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> 
         new.append({**j, "winner": w, "forward": w, "backward": w, "flipped": False,
                     "margin": float(ga - gb)})
     ds = f"hotpotqa/train/answer-pairs[:{len(train)}]"
-    RELABEL_ROWS[:] = [
+    rows = [
         metric_row(ds, POINTWISE, "agreement_with_f1_preference", agree_new),
         metric_row(ds, "judge:qwen", "agreement_with_f1_preference", agree_old),
         metric_row(ds, POINTWISE, "same_winner_as_judge_qwen", same),
@@ -131,9 +128,9 @@ def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str) -> 
         plain_row(ds, POINTWISE, "graded_answers", len(keys), len(keys)),
         plain_row(ds, POINTWISE, "mean_grade", float(np.mean(list(grades.values()))),
                   len(grades))]
-    (out / "relabel.json").write_text(json.dumps(RELABEL_ROWS, indent=1))
-    print(json.dumps(RELABEL_ROWS, indent=1))
-    return new
+    (out / "relabel.json").write_text(json.dumps(rows, indent=1))
+    print(json.dumps(rows, indent=1))
+    return new, rows
 
 
 def method_part(part: dict) -> dict:

@@ -86,11 +86,6 @@ def load_pairs(raw: Path = RAW) -> list[dict]:
     return out
 
 
-def reference_of(answers: list[str]) -> str:
-    """The gold answer(s) as the judge reads them."""
-    return " / ".join(a.strip() for a in answers if a.strip())
-
-
 def _part_path(device: str, quick: bool) -> Path:
     from rag.models import cache_dir
 
@@ -102,7 +97,11 @@ def run(pairs: list[dict], device: str, quick: bool, check: int, ref_n: int) -> 
     first `check` without it, resuming the part."""
     from rag.generation.local import TransformersGenerator
     from rag.metrics.judge import PairwiseJudge
-    from rag.metrics.pairwise_judge import LogprobJudgeBackend, PointwiseJudgeBackend
+    from rag.metrics.pairwise_judge import (
+        LogprobJudgeBackend,
+        PointwiseJudgeBackend,
+        reference_text,
+    )
     from rag.models import default_registry
 
     path = _part_path(device, quick)
@@ -125,7 +124,7 @@ def run(pairs: list[dict], device: str, quick: bool, check: int, ref_n: int) -> 
         for k in range(0, len(todo), CHUNK):
             chunk = todo[k:k + CHUNK]
             items = [(p["question"], (), p["text_a"], p["text_b"],
-                      *((reference_of(p["answers"]),) if with_ref else ())) for p in chunk]
+                      *((reference_text(p["answers"]),) if with_ref else ())) for p in chunk]
             t1 = time.perf_counter()
             res = judge.compare_batch(items)
             secs = (time.perf_counter() - t1) / len(chunk)
@@ -194,11 +193,9 @@ def report(pairs: list[dict], part: dict, device: str, quick: bool, check: int,
                      f"{r['ci_high']:.3f}], n {r['n']}; margin {abs(r['value'] - target):.3f}); "
                      f"the reference-free `judge:qwen` on the same pairs: {base['value']:.3f} "
                      f"[{base['ci_low']:.3f}, {base['ci_high']:.3f}].")
-    table = ["| pairs | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-        table.append(f"| {r['dataset'].rsplit('/', 1)[-1]} | {r['system']} | {r['metric']} | "
-                     f"{r['value']:.3f} | {ci} | {r['n']} |")
+    from bench.generator_adaptation import _rows_table
+
+    table = _rows_table(rows, dataset=True)
     body = [
         f"{n} HotpotQA test answer pairs (the pairwise `{SYSTEM}` on the first "
         f"{sizes[SYSTEM]}, `--ref-pairs`) of the committed device run (Qwen2.5-Coder-1.5B, "

@@ -30,11 +30,7 @@ POINTWISE = gp.POINTWISE
 def write_relabel(rows: list[dict], notes: list[str]) -> None:
     """bench/results/judge_relabel.{json,md}: the re-judged train pairs against the device
     run's verdicts and the gold-F1 preference, and the preference pairs they make."""
-    table = ["| pairs | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-        table.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:.3f} | "
-                     f"{ci} | {r['n']} |")
+    table = gp.ga._rows_table(rows, dataset=True)
     body = [
         "The committed device run's (Qwen2.5-Coder-1.5B, SmolLM2-135M) answer pairs on the 500 "
         f"HotpotQA train questions (gold and hybrid contexts), re-judged here by `{POINTWISE}` "
@@ -60,8 +56,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="pairs and grades folder")
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
-    rows = gp.write_pairs(a.out, ranker=POINTWISE, device=a.device)
-    write_relabel(gp.RELABEL_ROWS + rows, gp.NOTES)
+    write_relabel(*gp.write_pairs(a.out, ranker=POINTWISE, device=a.device))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bench.judge_reference import reference_of, stats_rows
+from bench.judge_reference import stats_rows
 from bench.policy_cost import cheapest_kept, oof_slack
+
+from rag.metrics.pairwise_judge import reference_text
 
 
 def test_cheapest_arm_within_the_slack_and_the_base_always_qualifies():
@@ -52,4 +54,4 @@ def test_judge_rows_count_ties_as_misses_and_skip_equal_f1_pairs():
     # the order-averaged margin decides the two ties: pair 2 (B better, margin < 0) agrees,
     # pair 4 (A better, margin > 0) agrees
     assert rows[("j:logodds", "agreement_with_f1_preference")]["value"] == pytest.approx(1.0)
-    assert reference_of([" Paris ", "", "Paris, France"]) == "Paris / Paris, France"
+    assert reference_text([" Paris ", "", "Paris, France"]) == "Paris / Paris, France"

@@ -42,8 +42,8 @@ from rag.metrics.judge_cache import JudgeCache, content_key
 from rag.types import Context
 
 __all__ = ["ChatFn", "ChatLMJudgeBackend", "ChoiceFn", "LogprobJudgeBackend",
-           "PointwiseJudgeBackend", "grade_prompt", "short_judge_prompt", "parse_letter",
-           "llama_chat", "judge_stats"]
+           "PointwiseJudgeBackend", "grade_prompt", "reference_text", "short_judge_prompt",
+           "parse_letter", "llama_chat", "judge_stats"]
 
 ChatFn = Callable[[list[dict[str, str]], int], tuple[str, int, int]]
 """(messages, max_tokens) -> (reply text, prompt tokens, completion tokens); temperature 0."""
@@ -175,6 +175,11 @@ class LogprobJudgeBackend:
 
 
 GRADE_SYSTEM = "You grade answers to questions. Reply Yes or No."
+
+
+def reference_text(answers: Sequence[str]) -> str:
+    """Gold answer(s) as a judge reads them: the non-blank ones, stripped, joined by " / "."""
+    return " / ".join(a.strip() for a in answers if a.strip())
 
 
 def grade_prompt(question: str, answer: str, reference: str | None = None

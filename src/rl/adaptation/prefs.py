@@ -41,13 +41,17 @@ METHODS: tuple[str, ...] = ("dpo", "ipo", "orpo")
 Ranker = Callable[[SFTExample, str, Sequence[int]], float]
 
 
+def citation_precision(ex: SFTExample, citations: Sequence[int]) -> float:
+    """Share of the cited passage numbers that are gold passages (0 when nothing is cited)."""
+    cited = set(citations)
+    return len(cited & set(ex.gold_positions)) / len(cited) if cited else 0.0
+
+
 def f1_ranker(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
     """Answer F1 vs gold plus half the citation precision (a right answer citing the wrong
     passages ranks below one citing the right ones)."""
     f1 = best_em_f1(text, ex.answers)[1] if ex.answers else 0.0
-    cited = set(citations)
-    prec = len(cited & set(ex.gold_positions)) / len(cited) if cited else 0.0
-    return f1 + 0.5 * prec
+    return f1 + 0.5 * citation_precision(ex, citations)
 
 
 def quality_ranker(scorer=None) -> Ranker:
@@ -89,15 +93,14 @@ def judge_ranker(backend) -> Ranker:
     answer is graded once."""
     import math
 
+    from rag.metrics.pairwise_judge import reference_text
+
     def rank(ex: SFTExample, text: str, citations: Sequence[int]) -> float:
         if not ex.answers:
             raise ConfigError("generator_sft.prefs.ranker",
                               f"the judge ranker needs gold answers; example {ex.id} has none")
-        ref = " / ".join(a.strip() for a in ex.answers if a.strip())
-        g = float(backend.grade([(ex.question, text, ref)])[0])
-        cited = set(citations)
-        prec = len(cited & set(ex.gold_positions)) / len(cited) if cited else 0.0
-        return 1.0 / (1.0 + math.exp(-g)) + 0.5 * prec
+        g = float(backend.grade([(ex.question, text, reference_text(ex.answers))])[0])
+        return 1.0 / (1.0 + math.exp(-g)) + 0.5 * citation_precision(ex, citations)
 
     return rank
 
