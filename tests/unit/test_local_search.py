@@ -109,3 +109,49 @@ def test_no_point_twice_on_a_tiny_space_until_it_is_spent():
         got.append(s.suggest(str(i))["variant"])
         s.on_trial_complete(str(i), {"score": float(i), "training_iteration": 1})
     assert sorted(got) == ["bm25", "dense", "hybrid"]
+
+
+def _hybrid_key(p):
+    """The tuner's key in small: the fusion weight counts only for hybrid."""
+    return (p["k"], p["variant"], p["w"] if p["variant"] == "hybrid" else None)
+
+
+def test_a_move_that_switches_a_head_on_comes_with_moves_of_that_head():
+    """From bm25 (w does not count) the switch to hybrid is tried at w = 0.5 (the value it
+    kept) and also one step below and above it; with every head counting there are no such
+    pairs."""
+    start = {"k": 5, "w": 0.5, "variant": "bm25"}
+    s = LocalSearch(metric="score", mode="max", seed=0, points_to_evaluate=[start],
+                    key=_hybrid_key, explore=0.0)
+    assert s.set_search_properties("score", "max", SPACE)
+    s.suggest("t0")
+    s.on_trial_complete("t0", {"score": 0.5, "training_iteration": 3})
+    hybrid = []
+    # the neighbourhood: k -1/+1, dense, hybrid, hybrid with w -1/+1 (bm25 is the parent's
+    # value and w alone is no change: both skipped as seen)
+    for i in range(1, 7):
+        p = s.suggest(f"t{i}")
+        s.on_trial_complete(f"t{i}", {"score": 0.1, "training_iteration": 1})
+        if p["variant"] == "hybrid":
+            hybrid.append(p["w"])
+        assert len(_diff(p, start)) == (2 if p["w"] != 0.5 else 1)
+    assert len(hybrid) == 3 and min(hybrid) < 0.5 == sorted(hybrid)[1] < max(hybrid)
+
+
+def test_a_paired_move_that_improves_is_followed_by_the_same_step_of_the_switched_on_head():
+    start = {"k": 5, "w": 0.5, "variant": "bm25"}
+    s = LocalSearch(metric="score", mode="max", seed=1, points_to_evaluate=[start],
+                    key=_hybrid_key, explore=0.0)
+    assert s.set_search_properties("score", "max", SPACE)
+    s.suggest("a")
+    s.on_trial_complete("a", {"score": 0.5, "training_iteration": 3})
+    for i in range(8):
+        p = s.suggest(f"m{i}")
+        if p["variant"] == "hybrid" and p["w"] < 0.5:
+            break
+        s.on_trial_complete(f"m{i}", {"score": 0.0, "training_iteration": 1})
+    else:
+        raise AssertionError("no hybrid move with a lower fusion weight")
+    s.on_trial_complete(f"m{i}", {"score": 0.8, "training_iteration": 3})
+    nxt = s.suggest("next")
+    assert nxt["variant"] == "hybrid" and nxt["k"] == p["k"] and nxt["w"] < p["w"]
