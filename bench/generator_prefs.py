@@ -14,8 +14,10 @@ pairs: `dpo_pairs_gold.jsonl` / `dpo_pairs_hybrid.jsonl` from the committed devi
   (`bench/results/gpu_models_raw`: the Qwen judge's order-swapped verdicts on (Qwen, SmolLM2)
   answers to the 500 HotpotQA train questions; ties dropped), the same 1,217 pairs as
   `bench/gpu_models.py ingest` writes (`bench.gpu_models_ingest._pair_rows`).
-render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`) found in the eval
-  part beside `smollm2-sft`, with the training line from each merged folder's metadata; a method
+pairs --ranker judge:qwen+reference:pointwise: the same answer pairs re-judged against the gold
+  answer (2,763 decisive pairs; bench/judge_relabel.py), trained as `smollm2-<method>-ref`.
+render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`, each `-ref`) found
+  in the eval part beside `smollm2-sft`, with the training line from each merged folder's metadata; a method
   not re-run here is named as such (the committed `smollm2-dpo` row of
   bench/results/generator_adaptation.json came from the same SFT recipe and pairs).
 """
@@ -40,6 +42,8 @@ from rag.corpus.loaders import data_root  # noqa: E402
 
 NAME = "generator_prefs"
 METHOD_SYSTEMS = ("smollm2-dpo", "smollm2-ipo", "smollm2-orpo")
+REF_SYSTEMS = tuple(f"{s}-ref" for s in METHOD_SYSTEMS)
+"""The same methods on the pairs re-judged against the gold answer (`--ranker POINTWISE`)."""
 RAW = RESULTS / "gpu_models_raw"
 
 
@@ -135,7 +139,7 @@ def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str
 
 def method_part(part: dict) -> dict:
     """The eval part restricted to the baseline and the preference methods, baseline first."""
-    keep = [ga.BASELINE, *(s for s in METHOD_SYSTEMS if s in part["systems"])]
+    keep = [ga.BASELINE, *(s for s in METHOD_SYSTEMS + REF_SYSTEMS if s in part["systems"])]
     if ga.BASELINE not in part["systems"]:
         raise SystemExit(f"the eval part has no {ga.BASELINE}: evaluate it first")
     return {**part, "systems": {k: part["systems"][k] for k in keep}}
@@ -149,8 +153,11 @@ def render(quick: bool, eval_n: int, commands: str | None, note: str | None = No
     rows, md = ga.eval_rows(part)
     missing = [s for s in METHOD_SYSTEMS if s not in part["systems"]]
     body = [
-        f"Preference alignment of `smollm2-sft` on the Qwen judge's pairs, each method one "
-        f"run with the same pairs, steps and learning rate; the same first {part['n']} HotpotQA "
+        "Preference alignment of `smollm2-sft` on the Qwen judge's pairs, each method one run "
+        "with the same steps and learning rate: `smollm2-<method>` on the device run's "
+        "reference-free verdicts (`judge:qwen`), `smollm2-<method>-ref` on the same answer "
+        f"pairs re-judged against the gold answer (`{POINTWISE}`); the training line names the "
+        f"pairs each saw. The same first {part['n']} HotpotQA "
         "test questions for every system (`bench/generator_adaptation.py` eval protocol: hybrid "
         "k=5 contexts, `cite_concise`, greedy, 20 new tokens, fp32, one torch thread). No "
         "target was set for these rows (issue 21 asks for them with their CIs).", "",
