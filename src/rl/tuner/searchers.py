@@ -162,12 +162,8 @@ class LocalSearch(Searcher):
     compare like with like): under ASHA a neighbour that scores well at 25 queries is promoted,
     and becomes the parent only once it also leads on the full split. A new parent's
     neighbourhood starts with the move that made it (the same head, the same direction again:
-    Hooke and Jeeves' pattern move). A categorical move that switches heads on (variant
-    bm25 -> hybrid makes the fusion weight count) also comes paired with each move of each head
-    it switches on: those heads keep whatever value they had while they did not count (the
-    default's, usually), so without the pair a search that left `hybrid` could only come back
-    to it at that one value. Once a parent's neighbourhood is spent, two heads change at
-    once. With probability `explore` a suggestion is a point drawn uniformly from the whole
+    Hooke and Jeeves' pattern move). Once a parent's neighbourhood is spent, two heads change
+    at once. With probability `explore` a suggestion is a point drawn uniformly from the whole
     space. A point whose `key` (default: the params; the tuner passes the config hash, so a
     change to a head inactive in the parent is no change) was suggested before is skipped; when
     `max_tries` local draws all were, the suggestion is drawn uniformly (taken after as many
@@ -198,8 +194,7 @@ class LocalSearch(Searcher):
         self._seen: set[Any] = set()
         # trial -> (rung level, score, total gate violation: 0 = feasible)
         self._scores: dict[str, tuple[int, float, float]] = {}
-        # the parent's untried moves, each one or two (head, step) changes
-        self._hood: list[tuple[tuple[str, Any], ...]] = []
+        self._hood: list[tuple[str, int | Any]] = []  # the parent's untried moves
         self._hood_of: str | None = None
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
@@ -261,58 +256,31 @@ class LocalSearch(Searcher):
             return {h: self._uniform(d) for h, d in self._space.items()}, None
         point = dict(self._params[parent])
         if parent != self._hood_of:  # a new parent: its neighbourhood, the pattern move first
-            self._hood_of, self._hood = parent, self._neighbourhood(point)
+            self._hood_of, self._hood = parent, self._neighbourhood()
             last = self._moves.get(parent)
             if last is not None:
-                self._hood.insert(0, (last,))
+                self._hood.insert(0, last)
         if self._hood:
-            move = self._hood.pop(0)
-            for head, step in move:
-                point[head] = self._apply(head, point[head], step)
-            ordered = [(h, st) for h, st in move if isinstance(st, int)]
-            return point, (ordered[-1] if ordered else None)
+            head, step = self._hood.pop(0)
+            point[head] = self._apply(head, point[head], step)
+            return point, ((head, step) if isinstance(step, int) else None)
         heads = [h for h, d in self._space.items() if self._movable(d)]
         for h in self._rng.choice(heads, size=min(2, len(heads)), replace=False):
             point[str(h)] = self._apply(str(h), point[str(h)], self._random_step(str(h)))
         return point, None
 
     # ---- moves of one head ------------------------------------------------------------------
-    def _neighbourhood(self, point: dict[str, Any]) -> list[tuple[tuple[str, Any], ...]]:
-        """Every one-head move of `point`, and each categorical move that switches heads on
-        paired with each move of those heads (class docstring); seeded order."""
-        moves: list[tuple[tuple[str, Any], ...]] = []
-        off = {h for h, d in self._space.items() if self._movable(d)
-               and not self._counts(point, h)}
+    def _neighbourhood(self) -> list[tuple[str, Any]]:
+        moves: list[tuple[str, Any]] = []
         for h, d in self._space.items():
             if not self._movable(d):
                 continue
-            if not isinstance(d, Categorical):
-                moves += [((h, -1),), ((h, +1),)]
-                continue
-            for c in d.categories:
-                moves.append(((h, ("=", c)),))
-                if c == point[h] or not off:
-                    continue
-                moved = {**point, h: c}
-                for h2 in sorted(o for o in off if o != h and self._counts(moved, o)):
-                    d2 = self._space[h2]
-                    steps = ([("=", c2) for c2 in d2.categories if c2 != point[h2]]
-                             if isinstance(d2, Categorical) else [-1, +1])
-                    moves += [((h, ("=", c)), (h2, st)) for st in steps]
+            if isinstance(d, Categorical):
+                moves += [(h, ("=", c)) for c in d.categories]
+            else:
+                moves += [(h, -1), (h, +1)]
         order = self._rng.permutation(len(moves))
         return [moves[i] for i in order]
-
-    def _counts(self, point: dict[str, Any], head: str) -> bool:
-        """Whether `head` is active at `point`: changing it changes the point's key (with the
-        default key every head counts)."""
-        d = self._space[head]
-        if isinstance(d, Categorical):
-            other = next(c for c in d.categories if c != point[head])
-        elif isinstance(d, Integer):  # upper is exclusive
-            other = d.lower if point[head] != d.lower else d.upper - 1
-        else:
-            other = d.lower if point[head] != d.lower else d.upper
-        return self._key({**point, head: other}) != self._key(point)
 
     def _random_step(self, head: str) -> Any:
         d = self._space[head]
