@@ -49,8 +49,6 @@ def write_relabel(rows: list[dict], notes: list[str]) -> None:
                   "gold answer (issue 21)", "\n".join(body))
 
 
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="pairs and grades folder")
