@@ -130,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", default="mtrag")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--note", help="what the numbers say, for the md")
     a = ap.parse_args()
     rows, details, md = [], {}, []
     for ds in a.datasets.split(","):
@@ -138,11 +139,12 @@ def main() -> None:
         details[ds] = d
         md += m
     meta = make_meta(0, {d: data_root() / d for d in details},
-                     {"quick": a.quick,
+                     {"quick": a.quick, "note": a.note,
                       "search_json": str(SEARCH_JSON.relative_to(RESULTS.parent.parent)),
                       "details": details})
     write_results(NAME, rows, meta, "Best-known configs: plateau or gate-noise spike (issue 18)",
-                  "\n".join([__doc__.split("\n\n")[2].replace("\n", " "), "", *md,
+                  "\n".join([__doc__.split("\n\n")[2].replace("\n", " "), "",
+                             *([a.note, ""] if a.note else []), *md,
                              f"Command: `python bench/gate_spike.py --datasets {a.datasets}"
                              f"{' --quick' if a.quick else ''}`",
                              ""]))
