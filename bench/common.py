@@ -130,6 +130,9 @@ def rerendered_note(name: str, quick: bool) -> str:
             f"--render-only{' --quick' if quick else ''}` (no evaluation rerun).")
 
 
+CONVERSATIONAL = ("mtrag",)
+"""Datasets whose tuner space has the conversation heads (`ConfigSpace(conversational=...)`):
+the same space for every bench that searches or probes it."""
 SEARCH_JSON = RESULTS / "search.json"
 """bench/search.py's committed results: per dataset its best-known config and cost model."""
 PINNED = RESULTS.parent.parent / "runs" / "cost-models"

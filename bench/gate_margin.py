@@ -36,14 +36,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cost_model_used, evaluator, make_meta, metric_row, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    CONVERSATIONAL,
+    cost_model_used,
+    evaluator,
+    make_meta,
+    metric_row,
+    write_results,
+)
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.tuner.ask_tell import run_search  # noqa: E402
 from rl.tuner.settings import TunerSettings  # noqa: E402
 from rl.tuner.space import ConfigSpace  # noqa: E402
 
 DATASETS = ("hotpotqa", "scifact", "mtrag")
-CONVERSATIONAL = ("mtrag",)
 METHOD = "local-asha"
 RULES = ({}, {"gate_z": 1.645}, {"gate_expected": True})
 """The gate rules compared: point (the default), the lower-bound margin, expected gates."""

@@ -35,6 +35,7 @@ from rag.env import configure_runtime_env  # noqa: E402
 configure_runtime_env()
 
 from bench.common import (  # noqa: E402
+    CONVERSATIONAL,
     RESULTS,
     SEARCH_JSON,
     evaluator,
@@ -46,7 +47,6 @@ from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 
 NAME = "gate_spike"
-CONVERSATIONAL = ("mtrag",)
 BOXES = ("fusion_weight", "mmr_lambda", "rerank_mix", "abstain_threshold")
 
 

@@ -17,8 +17,8 @@ pairs: `dpo_pairs_gold.jsonl` / `dpo_pairs_hybrid.jsonl` from the committed devi
 pairs --ranker judge:qwen+reference:pointwise: the same answer pairs re-judged against the gold
   answer (2,763 decisive pairs; bench/judge_relabel.py), trained as `smollm2-<method>-ref`.
 render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`, each `-ref`) found
-  in the eval part beside `smollm2-sft`, with the training line from each merged folder's metadata; a method
-  not re-run here is named as such (the committed `smollm2-dpo` row of
+  in the eval part beside `smollm2-sft`, with the training line from each merged folder's
+  metadata; a method not re-run here is named as such (the committed `smollm2-dpo` row of
   bench/results/generator_adaptation.json came from the same SFT recipe and pairs).
 """
 
@@ -37,14 +37,14 @@ from rag.env import configure_runtime_env  # noqa: E402
 configure_runtime_env()
 
 import bench.generator_adaptation as ga  # noqa: E402
-from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.judge_reference import POINTWISE, QWEN, RAW  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 
 NAME = "generator_prefs"
 METHOD_SYSTEMS = ("smollm2-dpo", "smollm2-ipo", "smollm2-orpo")
 REF_SYSTEMS = tuple(f"{s}-ref" for s in METHOD_SYSTEMS)
 """The same methods on the pairs re-judged against the gold answer (`--ranker POINTWISE`)."""
-RAW = RESULTS / "gpu_models_raw"
 
 
 def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
@@ -71,7 +71,6 @@ def write_pairs(out: Path, raw: Path = RAW, ranker: str = "judge:qwen",
     return rows, notes
 
 
-POINTWISE = "judge:qwen+reference:pointwise"
 GRADE_CHUNK = 32
 
 
@@ -80,12 +79,11 @@ def relabel_pointwise(judge: list[dict], jobs: dict, out: Path, device: str
     """(verdicts, rows): the train verdicts of `judge` (annotated: gold answers beside each)
     re-decided by the reference-guided pointwise judge: each distinct (question, answer)
     graded once against the gold answer (`rag.metrics.pairwise_judge.PointwiseJudgeBackend`),
-    the higher grade wins, equal grades tie. Grades are kept in `out/grades.json` after every chunk (a cut run
-    resumes); `out/relabel.json` says how the new verdicts compare with the device run's and
+    the higher grade wins, equal grades tie. Grades are kept in `out/grades.json` after every
+    chunk (a cut run resumes); `out/relabel.json` says how the new verdicts compare with the device run's and
     with the gold-F1 preference (the rows)."""
     import numpy as np
 
-    from bench.judge_reference import QWEN
     from rag.generation.local import TransformersGenerator
     from rag.metrics.pairwise_judge import PointwiseJudgeBackend, reference_text
     from rag.metrics.qa import best_em_f1

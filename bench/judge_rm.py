@@ -38,13 +38,13 @@ configure_runtime_env()
 import numpy as np  # noqa: E402
 
 from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.judge_reference import POINTWISE as TEACHER  # noqa: E402
+from bench.judge_reference import RAW, load_pairs  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 
 NAME = "judge_rm"
-TEACHER = "judge:qwen+reference:pointwise"
 STUDENT = "judge-rm"
 BASELINE = "quality-rm"
-RAW = RESULTS / "gpu_models_raw"
 GRADES = RESULTS / "judge_grades.json.gz"
 HELD_OUT = 5
 """One question in HELD_OUT is held out (sha256 of its id)."""
@@ -56,8 +56,8 @@ def held_out(qid: str) -> bool:
 
 def load(raw: Path = RAW, grades: Path = GRADES) -> tuple[list[dict], list[dict]]:
     """(train pairs, test pairs): each {id, question, contexts, answers, text_a, text_b, f1_a,
-    f1_b, teacher} with teacher "A" / "B" / "tie" (train: the pointwise grades; test: the
-    pointwise verdicts of bench/judge_reference.py, same order as its pairs)."""
+    f1_b, teacher} with teacher "A" / "B" / "tie" (train: the pointwise grades; test:
+    bench/judge_reference.py's pairs (`load_pairs`) with its pointwise verdicts, in order)."""
     from bench.gpu_models import _read_gz
     from rag.metrics.qa import best_em_f1
     from rag.types import Context
@@ -67,25 +67,26 @@ def load(raw: Path = RAW, grades: Path = GRADES) -> tuple[list[dict], list[dict]
     train_grades, test_verdicts = g["train_grades"], g["test_pointwise"]
     rows = {s: {r["id"]: r for r in rs} for s, rs in jobs["sets"].items()}
 
-    def pair(j: dict) -> dict:
-        r = rows[j["set"]][j["id"]]
-        return {"id": j["id"], "set": j["set"], "question": r["question"],
-                "contexts": [Context(c["id"], c.get("title") or "", c["text"])
-                             for c in r["contexts"]],
-                "answers": list(r["answers"]), "text_a": j["text_a"], "text_b": j["text_b"],
-                "f1_a": best_em_f1(j["text_a"], r["answers"])[1],
-                "f1_b": best_em_f1(j["text_b"], r["answers"])[1]}
+    def contexts(set_name: str, qid: str) -> list[Context]:
+        return [Context(c["id"], c.get("title") or "", c["text"])
+                for c in rows[set_name][qid]["contexts"]]
 
     train = []
     for j in judge:
         if j["set"].startswith("train-"):
+            r = rows[j["set"]][j["id"]]
             ga, gb = (train_grades[json.dumps([j["id"], t])] for t in (j["text_a"], j["text_b"]))
-            train.append({**pair(j), "teacher": "A" if ga > gb else "B" if gb > ga else "tie"})
-    test = [pair(j) for j in judge if j["set"] == "test-hybrid" and not j["with_contexts"]]
+            train.append({"id": j["id"], "question": r["question"],
+                          "contexts": contexts(j["set"], j["id"]),
+                          "text_a": j["text_a"], "text_b": j["text_b"],
+                          "f1_a": best_em_f1(j["text_a"], r["answers"])[1],
+                          "f1_b": best_em_f1(j["text_b"], r["answers"])[1],
+                          "teacher": "A" if ga > gb else "B" if gb > ga else "tie"})
+    test = load_pairs(raw)
     if len(test_verdicts) != len(test):
         raise SystemExit(f"{grades}: {len(test_verdicts)} test verdicts for {len(test)} pairs")
-    for p, v in zip(test, test_verdicts, strict=True):
-        p["teacher"] = v["winner"]
+    test = [{**p, "contexts": contexts(p["set"], p["id"]), "teacher": v["winner"]}
+            for p, v in zip(test, test_verdicts, strict=True)]
     return train, test
 
 
@@ -103,12 +104,16 @@ def agreements(rm, fa: np.ndarray, fb: np.ndarray, pairs: list[dict]) -> dict[st
     d = rm.score_features(fa) - rm.score_features(fb)
     out: dict[str, list[float]] = {"teacher": [], "f1": []}
     for x, p in zip(d, pairs, strict=True):
-        hit = 0.5 if x == 0 else None
         if p["teacher"] != "tie":
-            out["teacher"].append(hit if hit is not None else float((x > 0) == (p["teacher"] == "A")))
+            out["teacher"].append(_hit(x, p["teacher"] == "A"))
         if abs(p["f1_a"] - p["f1_b"]) > 1e-9:
-            out["f1"].append(hit if hit is not None else float((x > 0) == (p["f1_a"] > p["f1_b"])))
+            out["f1"].append(_hit(x, p["f1_a"] > p["f1_b"]))
     return out
+
+
+def _hit(diff: float, a_wins: bool) -> float:
+    """Score difference a - b against the side that won: 1 agrees, 0 disagrees, 0.5 a tie."""
+    return 0.5 if diff == 0 else float((diff > 0) == a_wins)
 
 
 def fit(train: list[dict], fa: np.ndarray, fb: np.ndarray, l2: float):

@@ -61,7 +61,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, bootstrap_ci, make_meta, plain_row, write_results  # noqa: E402
+from bench.common import (  # noqa: E402
+    CONVERSATIONAL,
+    RESULTS,
+    bootstrap_ci,
+    make_meta,
+    plain_row,
+    write_results,
+)
 from bench.search_stats import (  # noqa: E402
     TARGET_RATIO,
     censored_median,
@@ -85,7 +92,6 @@ SEARCHERS = ("random", "tpe", "tpe-asha", "local-asha", "hyperopt", "ppo")
 """What the full run compares; `--searchers` adds tpe-hyperband (asynchronous HyperBand), left
 out of the committed run for CPU time."""
 DATASETS = ("hotpotqa", "scifact", "mtrag")
-CONVERSATIONAL = {"mtrag"}
 PPO_BATCH = 25
 
 

@@ -166,8 +166,8 @@ class LocalSearch(Searcher):
     at once. A head that does not count in the parent (the fusion weight of bm25) keeps its
     value, so switching it on (variant -> hybrid) first tries that value; pairing the switch
     with moves of the heads it turns on was measured and reverted (e05d27c: MTRAG no better,
-    HotpotQA 26% more query-evaluations to 99% of best-known). With probability `explore` a suggestion is a point drawn uniformly from the whole
-    space. A point whose `key` (default: the params; the tuner passes the config hash, so a
+    HotpotQA 26% more query-evaluations to 99% of best-known). With probability `explore` a
+    suggestion is a point drawn uniformly from the whole space. A point whose `key` (default: the params; the tuner passes the config hash, so a
     change to a head inactive in the parent is no change) was suggested before is skipped; when
     `max_tries` local draws all were, the suggestion is drawn uniformly (taken after as many
     more tries: a spent space).
