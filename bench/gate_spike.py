@@ -90,9 +90,13 @@ def run(ds: str, search_json: Path, limit: int | None = None
     from rl.tuner.settings import TunerSettings
     from rl.tuner.space import ConfigSpace
 
+    all_details = json.loads(search_json.read_text())["meta"]["details"]
+    if ds not in all_details:
+        raise SystemExit(f"{search_json}: no best-known config for {ds!r} (it has "
+                         f"{', '.join(sorted(all_details))}); run bench/search.py on it first")
+    details = all_details[ds]
     settings = TunerSettings.defaults()
     ev, cm = evaluator(ds, settings, search_json)
-    details = json.loads(search_json.read_text())["meta"]["details"][ds]
     best = RAGConfig.from_dict(details["best_known"]["config"])
     space = ConfigSpace(settings, conversational=ds in CONVERSATIONAL)
     b = _scores(ev, best)
