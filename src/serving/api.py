@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from rag.errors import ConfigError
-from serving.auth import AuthMiddleware, current_guard
+from serving.auth import AuthMiddleware, current_guard, route_path
 from serving.limits import BodyLimitMiddleware, current_body_limit
 from serving.metrics import ServeMetrics, current_metrics
 from serving.schemas import ApiError
@@ -80,10 +80,7 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "/")
-        root = scope.get("root_path", "")
-        if root and root != "/" and path.startswith(root):
-            path = path[len(root):] or "/"
+        path = route_path(scope)
 
         async def send_counted(message) -> None:
             if message["type"] == "http.response.start":

@@ -238,6 +238,16 @@ def current_guard() -> Guard | None:
     return _CURRENT.get("guard")
 
 
+def route_path(scope) -> str:
+    """The ASGI request's path as the app routes it: `root_path` (a proxy's mount prefix)
+    removed, so `/prefix/query` and `/query` name the same endpoint."""
+    path = scope.get("path", "/")
+    root = scope.get("root_path", "")
+    if root and root != "/" and path.startswith(root):
+        path = path[len(root):] or "/"
+    return path
+
+
 class AuthMiddleware:
     """ASGI middleware: runs `Guard.check` before routing or body parsing. `guard` is a
     callable (the ingress sets the Guard from its settings after import); None means the app
@@ -250,10 +260,7 @@ class AuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "/")
-        root = scope.get("root_path", "")
-        if root and root != "/" and path.startswith(root):
-            path = path[len(root):] or "/"
+        path = route_path(scope)
         g: Guard | None = self.guard()
         if g is None:
             denied = None if required_role(path, True) is None else \

@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rag.config import RAGConfig
-from serving.auth import KeyFile, parse_token, required_role
+from serving.auth import KeyFile, parse_token, required_role, route_path
 
 BASE = {"generator": "extractive"}
 STABLE = RAGConfig(**BASE).config_hash
@@ -112,6 +112,17 @@ def test_route_roles_default_deny():
     assert required_role("/rl/stats", False) is None and required_role("/rl/stats", True) == "read"
     for p in ("/query", "/feedback", "/metrics", "/healthz", "/openapi.json", "/docs"):
         assert required_role(p, True) is None
+
+
+def test_route_path_removes_a_proxy_prefix_before_the_role_is_read():
+    mounted = {"path": "/ragpilot/admin/traffic", "root_path": "/ragpilot"}
+    assert route_path(mounted) == "/admin/traffic"
+    assert required_role(route_path(mounted), False) == "admin"
+    assert route_path({"path": "/ragpilot", "root_path": "/ragpilot"}) == "/"
+    # a prefix that does not lead the path, or "/", leaves the path alone
+    assert route_path({"path": "/query", "root_path": "/other"}) == "/query"
+    assert route_path({"path": "/query", "root_path": "/"}) == "/query"
+    assert route_path({}) == "/"
 
 
 def test_every_admin_route_refuses_without_a_valid_key(client):
