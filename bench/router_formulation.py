@@ -197,7 +197,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="one grid entry and margin 0 per variant (< 2 min with cached rows)")
+                    help=f"{QUICK_TRAIN} train queries, the first and last variant, one grid "
+                         f"entry and margin 0 (~2 min with cached rows)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-train", type=int, default=250)
     ap.add_argument("--jobs", type=int, default=1, help="variants run in parallel processes")
@@ -218,7 +219,8 @@ def main() -> None:
                      {"quick": a.quick, "max_train": max_train, "outer_folds": OUTER,
                       "other_formulations": list(OTHER), "details": details,
                       "cost_model": results[0]["cost_model"]})
-    write_results(NAME, rows_of(done, a.seed), meta, TITLE, markdown(meta, rows_of(done, a.seed)))
+    rows = rows_of(done, a.seed)
+    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
 
 
 if __name__ == "__main__":
