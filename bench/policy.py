@@ -85,8 +85,13 @@ from bench.policy_ppo import (  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
-from rl.policy.portfolio import portfolio  # noqa: E402
+from rl.policy.features import (  # noqa: E402
+    FEATURE_NAMES,
+    QueryFeaturizer,
+    conversation_views,
+    feature_names,
+)
+from rl.policy.portfolio import portfolio, with_formulations  # noqa: E402
 from rl.policy.router import (  # noqa: E402
     CV_FOLDS,
     ROUTER_FEATURE_NAMES,
@@ -137,14 +142,16 @@ def search_best_provenance(ds: str, path: Path = SEARCH_JSON) -> dict | None:
             "seed": best.get("seed"), "file": str(path), "file_commit": meta.get("commit")}
 
 
-def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON
-         ) -> list[tuple[str, RAGConfig]]:
-    """The headroom portfolio, plus the searchers' best-known config when there is one."""
+def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON,
+         formulations: Sequence[str] = ()) -> list[tuple[str, RAGConfig]]:
+    """The headroom portfolio, plus the searchers' best-known config when there is one, plus
+    (`formulations`: conversational data) the portfolio's arms with each other query
+    formulation (`rl.policy.portfolio.with_formulations`; the best-known config as it is)."""
     out = portfolio(policy)
     best = search_best(ds, search_json)
     if best is not None and best.config_hash not in {c.config_hash for _, c in out}:
         out.append(("search-best-known", best))
-    return out
+    return with_formulations(out, formulations, skip={"search-best-known"})
 
 
 def _parts(ev, seed: int, max_train: int | None = None) -> dict[str, tuple[str, np.ndarray]]:
@@ -473,10 +480,11 @@ def system_rows(ds: str, got: dict[str, dict[str, np.ndarray]], oracle_r: np.nda
     return rows
 
 
-def _features(ev, policy: TunerSettings, all_parts: list[dict[str, Part]]
-              ) -> dict[str, dict[int, np.ndarray]]:
-    """Features of every query some role uses, per split (each query featurised once)."""
-    feat = QueryFeaturizer(ev.memo, policy.base_config())
+def _features(ev, policy: TunerSettings, all_parts: list[dict[str, Part]],
+              formulations: Sequence[str] = ()) -> dict[str, dict[int, np.ndarray]]:
+    """Features of every query some role uses, per split (each query featurised once), with
+    the retrieval features on each of `formulations` too (`QueryFeaturizer`)."""
+    feat = QueryFeaturizer(ev.memo, policy.base_config(), formulations)
     need: dict[str, set[int]] = {}
     for parts in all_parts:
         for part in parts.values():
@@ -503,13 +511,15 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     t0 = time.perf_counter()
     run = ppo_run or PPORun()
     ev, cost_source = evaluator(ds, policy, search_json)
-    configs = arms(ds, policy, search_json)
+    # conversational data: formulation arms and views (bench/router_formulation.py's design)
+    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    configs = arms(ds, policy, search_json, views)
     all_parts = crossfit_parts(ev, folds, seed) if folds > 1 else [_parts(ev, seed, max_train)]
     split_names = sorted({s for parts in all_parts for part in parts.values()
                           for s, _ in segments(part)})
     full = {s: matrices(ev, configs, s) for s in split_names}
     t1 = time.perf_counter()
-    Xs = _features(ev, policy, all_parts)
+    Xs = _features(ev, policy, all_parts, views)
     feat_s = time.perf_counter() - t1
     results = []
     for f, parts in enumerate(all_parts):
@@ -536,6 +546,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         "n_train_split": len(ev.data.examples("train")) if "train" in ev.data.splits else None,
         "search_best_known": ("search-best-known" in d["arms"]
                               and search_best_provenance(ds, search_json)),
+        "formulation_views": list(views), "n_features": len(feature_names(views)),
+        "part_commit": make_meta(seed, {})["commit"],
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters), "cost_model": cost_model_used(ev, cost_source),
     }

@@ -110,7 +110,11 @@ class PolicyRouter:
         self.policy = Exploring(loaded.policy, eps, candidate.policy if candidate else None,
                                 candidate_share)
         self.arms: list[RAGConfig] = list(loaded.policy.arms)
-        self.featurizer = QueryFeaturizer(indexes, loaded.base_config)
+        try:  # the columns the policy was trained on, formulation views included
+            self.featurizer = QueryFeaturizer.for_names(indexes, loaded.base_config,
+                                                        loaded.feature_names)
+        except ValueError as exc:
+            raise ConfigError("policy", f"{loaded.policy_id}: {exc}") from None
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
 

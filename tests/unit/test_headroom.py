@@ -141,6 +141,29 @@ def test_bench_portfolio_is_fixed_and_spread():
     assert min(c.k for _, c in cfgs) == 1 and max(c.k for _, c in cfgs) == 32
 
 
+
+def test_formulation_arms_add_each_non_abstaining_arm_per_other_formulation():
+    from rl.policy.portfolio import portfolio, with_formulations
+    from rl.tuner.settings import TunerSettings
+
+    base = portfolio(TunerSettings.defaults())
+    extra = ("search-best-known", base[1][1].replace(k=7))
+    arms = with_formulations([*base, extra], ("last_two_user", "all_user"),
+                             skip={"search-best-known"})
+    abstaining = sum("abstain" in c.prompt_id for _, c in base)
+    assert len(arms) == len(base) + 1 + 2 * (len(base) - abstaining)  # 31 -> 85
+    assert arms[:len(base) + 1] == [*base, extra]
+    assert len({c.config_hash for _, c in arms}) == len(arms)
+    named = dict(arms)
+    assert named["graph-k3@all_user"] == named["graph-k3"].replace(query_formulation="all_user")
+    assert not any(n.startswith(("search-best-known@", "hybrid-k3-abstain@")) for n, _ in arms)
+    assert with_formulations(base, ()) == base
+    # an arm already on a formulation gets the others, "last_turn" meaning None
+    own = [("x", base[0][1].replace(query_formulation="all_user"))]
+    got = with_formulations(own, ("last_turn", "all_user"))
+    assert [n for n, _ in got] == ["x", "x@last_turn"]
+    assert got[1][1].query_formulation is None
+
 def test_bench_markdown_reads_its_numbers_from_the_rows():
     from bench.headroom_report import markdown
 

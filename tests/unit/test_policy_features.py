@@ -113,3 +113,47 @@ def test_rank_biased_overlap_bounds():
     assert rank_biased_overlap(["a", "b"], ["a", "b"]) == pytest.approx(1.0)
     assert rank_biased_overlap(["a", "b"], ["c", "d"]) == 0.0
     assert rank_biased_overlap([], ["a"]) == 0.0
+
+
+def test_formulation_views_are_the_retrieval_features_on_each_formulation():
+    """Views: base columns, then RETRIEVAL_NAMES per formulation, then base minus each; the
+    view equals a featurizer whose config uses that formulation."""
+    from rl.policy.features import RETRIEVAL_NAMES, feature_names
+
+    views = ("last_two_user", "all_user")
+    f = QueryFeaturizer(ToyIndexes(), RAGConfig(), views)
+    x = f.features(_example())
+    n = len(RETRIEVAL_NAMES)
+    assert f.names == feature_names(views) and x.shape == (N_FEATURES + 4 * n,)
+    np.testing.assert_array_equal(x[:N_FEATURES],
+                                  QueryFeaturizer(ToyIndexes(), RAGConfig()).features(_example()))
+    for j, qf in enumerate(views):
+        own = QueryFeaturizer(ToyIndexes(), RAGConfig(query_formulation=qf)).features(_example())
+        view = x[N_FEATURES + j * n:N_FEATURES + (j + 1) * n]
+        np.testing.assert_array_equal(view, own[:n])
+        diff = x[N_FEATURES + (2 + j) * n:N_FEATURES + (3 + j) * n]
+        np.testing.assert_allclose(diff, x[:n] - view, atol=1e-5)
+    assert f.names[N_FEATURES] == "bm25_s1@last_two_user"
+    # the history changes the views; on a single-turn question they copy the base columns
+    single = f.features(_example(history=()))
+    np.testing.assert_array_equal(single[N_FEATURES:N_FEATURES + n], single[:n])
+    assert not np.any(single[N_FEATURES + 2 * n:])
+    assert np.any(x[N_FEATURES + 2 * n:])
+
+
+def test_featurizer_rebuilt_from_saved_names_and_bad_names_refused():
+    from rl.policy.features import conversation_views, feature_names, formulations_of
+
+    views = conversation_views([_example(history=()), _example()])
+    assert views == ("last_two_user", "all_user")
+    assert conversation_views([_example(history=())]) == ()
+    f = QueryFeaturizer.for_names(ToyIndexes(), RAGConfig(), feature_names(views))
+    assert f.formulations == views
+    assert QueryFeaturizer.for_names(ToyIndexes(), RAGConfig(), []).names == FEATURE_NAMES
+    assert formulations_of(FEATURE_NAMES) == ()
+    with pytest.raises(ValueError, match="not this featurizer's columns"):
+        formulations_of(FEATURE_NAMES[::-1])
+    with pytest.raises(ValueError, match="not this featurizer's columns"):
+        formulations_of(feature_names(views)[:-1])
+    with pytest.raises(ValueError, match="query formulation must be one of"):
+        QueryFeaturizer(ToyIndexes(), RAGConfig(), ("rewrite_llm",))

@@ -39,6 +39,18 @@ Features (units in brackets; "top-n" lists are best first, missing entries count
     is_elliptical         <= 4 words, or opens with "and" / "what about" / "how about"
     prev_user_overlap     Jaccard of content words with the previous user turn [0, 1]
     prev_agent_overlap    the same with the previous agent turn [0, 1]
+  formulation views (only with `formulations`, e.g. `conversation_views(examples)`)
+    <retrieval name>@<f>  the retrieval features again on the query formulation <f>
+                          (`rag.query_formulation`) instead of the config's own
+    d_<retrieval name>@<f>  the config's value minus the one on <f>
+
+`QueryFeaturizer(indexes, config, formulations=("last_two_user", "all_user"))` appends the
+formulation views (`feature_names(formulations)`; 42 -> 126 columns): how the same retrievers
+fare on each other way of forming the turn's query, so a router can choose a formulation per
+turn (`bench/router_formulation.py`: on MTRAG neither these features nor formulation arms
+alone help; together they gain +0.048 [+0.024, +0.074] reward over best static). A saved
+policy records its `feature_names`; `QueryFeaturizer.for_names` rebuilds the featurizer from
+them at serving time.
 """
 
 from __future__ import annotations
@@ -89,6 +101,34 @@ FEATURE_NAMES: tuple[str, ...] = RETRIEVAL_NAMES + QUESTION_NAMES + CONVERSATION
 """The observation's columns, in order (see the module docstring)."""
 FEATURE_DTYPE = np.float32
 N_FEATURES = len(FEATURE_NAMES)
+CONVERSATION_VIEWS: tuple[str, ...] = ("last_two_user", "all_user")
+"""The formulation views a conversational dataset's policies observe (`conversation_views`)."""
+
+
+def conversation_views(examples: Sequence[Example]) -> tuple[str, ...]:
+    """`CONVERSATION_VIEWS` when any example carries earlier turns, else () (on single-turn
+    questions every formulation is the question alone: the views would be copies)."""
+    return CONVERSATION_VIEWS if any(e.history for e in examples) else ()
+
+
+def feature_names(formulations: Sequence[str] = ()) -> tuple[str, ...]:
+    """The columns of a featurizer with these formulation views: `FEATURE_NAMES`, then per
+    formulation the retrieval names suffixed `@<f>`, then their differences `d_<name>@<f>`."""
+    views = tuple(f"{n}@{f}" for f in formulations for n in RETRIEVAL_NAMES)
+    return FEATURE_NAMES + views + tuple(f"d_{v}" for v in views)
+
+
+def formulations_of(names: Sequence[str]) -> tuple[str, ...]:
+    """The formulation views of a feature-name list (`feature_names`' inverse); ValueError
+    when `names` is no `feature_names(...)` output (a policy from another featurizer)."""
+    names = tuple(names)
+    forms = tuple(dict.fromkeys(n.split("@", 1)[1] for n in names[N_FEATURES:]
+                                if "@" in n and not n.startswith("d_")))
+    if names != feature_names(forms):
+        raise ValueError(f"{len(names)} feature names are not this featurizer's columns "
+                         f"(expected {FEATURE_NAMES[0]}..{FEATURE_NAMES[-1]} followed by "
+                         "formulation views)")
+    return forms
 
 
 def _scores(hits: Sequence[Hit], n: int = TOP) -> np.ndarray:
@@ -161,42 +201,61 @@ def conversation_features(question: str, history: Sequence[dict[str, str]] | Non
 class QueryFeaturizer:
     """Features of questions over `indexes` (a `rag.index.provider.IndexProvider`: a
     `MemoIndexSet` offline, an `IndexSet` when serving) with the retrievers and retrieval
-    query of `config` (the policy's base config). Results are cached per (question, history)."""
+    query of `config` (the policy's base config), plus the retrieval features on each of
+    `formulations` (module docstring). Results are cached per (question, history)."""
 
-    def __init__(self, indexes, config: RAGConfig):
+    def __init__(self, indexes, config: RAGConfig, formulations: Sequence[str] = ()):
         self.indexes = indexes
         self.config = config
+        for f in formulations:  # the pipeline's own check: an unknown name is a ValueError
+            formulate_query("q", (), f)
+        self.formulations = tuple(formulations)
+        self.names = feature_names(self.formulations)
         self._cache: dict[tuple[str, str], np.ndarray] = {}
 
-    def retrieval_query(self, question: str, history) -> str:
-        """What the pipeline of `config` retrieves with (`Pipeline.retrieval_query`'s rule),
-        so the memo keys are the ones the tuner's rows stored."""
+    @classmethod
+    def for_names(cls, indexes, config: RAGConfig, names: Sequence[str]) -> QueryFeaturizer:
+        """The featurizer whose columns are `names` (a saved policy's `feature_names`; empty:
+        the base columns, as policies saved before the formulation views)."""
+        return cls(indexes, config, formulations_of(names) if names else ())
+
+    def retrieval_query(self, question: str, history, formulation: str | None = None) -> str:
+        """What the pipeline of `config` (with `formulation` instead of its own, when given)
+        retrieves with (`Pipeline.retrieval_query`'s rule), so the memo keys are the ones the
+        tuner's rows stored."""
         return formulate_query(check_question(question), history,
-                               self.config.query_formulation, max_chars=MAX_QUESTION_CHARS)
+                               formulation or self.config.query_formulation,
+                               max_chars=MAX_QUESTION_CHARS)
+
+    def _retrieval(self, question: str, history, formulation: str | None = None) -> list[float]:
+        c = self.config
+        q = self.retrieval_query(question, history, formulation)
+        n = max(LIST, c.n_candidates)  # the pipeline's own call: a memo hit offline
+        bm25 = self.indexes.bm25(c.bm25_backend).search(q, n)
+        dense = self.indexes.dense(c.dense_index).search(q, n)
+        graph = self.indexes.graph(c.bm25_backend, c.dense_index).search(
+            q, n, damping=c.graph_damping, n_seeds=c.graph_seeds)
+        return retrieval_features(bm25, dense, graph)
 
     def features(self, example: Example) -> np.ndarray:
-        """The observation of `example` (`FEATURE_NAMES`, float32); reads only its question
+        """The observation of `example` (`self.names`, float32); reads only its question
         and history."""
         hist = tuple(example.history or ())
         key = (example.question, repr(hist))
         got = self._cache.get(key)
         if got is None:
-            c = self.config
-            q = self.retrieval_query(example.question, hist)
-            n = max(LIST, c.n_candidates)  # the pipeline's own call: a memo hit offline
-            bm25 = self.indexes.bm25(c.bm25_backend).search(q, n)
-            dense = self.indexes.dense(c.dense_index).search(q, n)
-            graph = self.indexes.graph(c.bm25_backend, c.dense_index).search(
-                q, n, damping=c.graph_damping, n_seeds=c.graph_seeds)
-            got = np.asarray(retrieval_features(bm25, dense, graph)
-                             + question_features(example.question)
-                             + conversation_features(example.question, hist),
+            base = self._retrieval(example.question, hist)
+            views = [self._retrieval(example.question, hist, f) for f in self.formulations]
+            got = np.asarray(base + question_features(example.question)
+                             + conversation_features(example.question, hist)
+                             + [x for v in views for x in v]
+                             + [b - x for v in views for b, x in zip(base, v, strict=True)],
                              dtype=FEATURE_DTYPE)
             self._cache[key] = got
         return got.copy()
 
     def matrix(self, examples: Sequence[Example]) -> np.ndarray:
-        """(len(examples), N_FEATURES) float32, one row per example."""
+        """(len(examples), len(self.names)) float32, one row per example."""
         if not examples:
-            return np.zeros((0, N_FEATURES), dtype=FEATURE_DTYPE)
+            return np.zeros((0, len(self.names)), dtype=FEATURE_DTYPE)
         return np.stack([self.features(e) for e in examples])

@@ -4,10 +4,18 @@ spread over retriever, k, fusion weight and normalisation, MMR, cosine rerank an
 prompts, each made from the policy's base config (`rl.tuner.settings.TunerSettings`).
 
     portfolio(settings) -> [(name, RAGConfig), ...]     # arm 0 is the static default
+    with_formulations(arms, ("last_two_user", "all_user"))   # + each arm per formulation
+
+On conversational data a router also chooses how the turn's retrieval query is formed:
+`with_formulations` adds each non-abstaining arm again with every other query formulation
+(`<name>@<formulation>`; 31 -> 85 arms with the search's best-known config left out, as in
+the design study `bench/router_formulation.py`). It pays only with the formulation views in
+the features (`rl.policy.features.conversation_views`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from rag.config import RAGConfig
@@ -58,3 +66,23 @@ def portfolio(policy: Any) -> list[tuple[str, RAGConfig]]:
             over = {**over, "rerank_depth": max(base.rerank_depth, over.get("k", base.k))}
         out.append((name, base.replace(**over)))
     return out
+
+
+def with_formulations(arms: list[tuple[str, RAGConfig]], formulations: Sequence[str],
+                      skip: Collection[str] = ()) -> list[tuple[str, RAGConfig]]:
+    """`arms` followed by each arm again with every formulation in `formulations` other than
+    its own (`<name>@<formulation>`), leaving out abstaining prompts, the arms named in `skip`
+    and configs already present. () gives `arms` unchanged."""
+    seen = {c.config_hash for _, c in arms}
+    extra = []
+    for name, cfg in arms:
+        if "abstain" in cfg.prompt_id or name in skip:
+            continue
+        for f in formulations:
+            if (cfg.query_formulation or "last_turn") == f:
+                continue
+            new = cfg.replace(query_formulation=None if f == "last_turn" else f)
+            if new.config_hash not in seen:
+                seen.add(new.config_hash)
+                extra.append((f"{name}@{f}", new))
+    return list(arms) + extra

@@ -169,8 +169,8 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
     from rl.common.data import TuningData
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
-    from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
-    from rl.policy.portfolio import portfolio
+    from rl.policy.features import QueryFeaturizer, conversation_views
+    from rl.policy.portfolio import portfolio, with_formulations
     from rl.policy.router import CV_FOLDS, arm_features, select_router_cv
     from rl.stats.headroom import best_static, pick
     from rl.tuner.evaluator import TunerEvaluator
@@ -197,6 +197,12 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+    # conversational data: each arm also per query formulation, and the features that tell
+    # how each formulation retrieves (bench/router_formulation.py: together, not alone)
+    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    if views:
+        arms = with_formulations(arms, views, skip={n for n, _ in extra or []})
+        names, configs = [n for n, _ in arms], [c for _, c in arms]
     if max_train and "train" not in ev.data.splits:  # role_indices would ignore it
         raise ConfigError("max_train", f"{ev.data.name} has no train split: the router trains "
                                        "on a seeded half of its valid split (drop the cap)")
@@ -205,7 +211,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
         raise ConfigError("dataset", f"{dataset}: train, valid and test need >= 2 queries each "
                                      f"(got {({r: len(i) for r, (_, i) in parts.items()})})")
     full = {s: split_matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
-    feat = QueryFeaturizer(ev.memo, settings.base_config())
+    feat = QueryFeaturizer(ev.memo, settings.base_config(), views)
     M, X = {}, {}
     for role, (split, idx) in parts.items():
         M[role] = {k: v[idx] for k, v in full[split].items()}
@@ -241,7 +247,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                 and r["metric"] == "delta_reward")
     verdict = "router" if gain["ci_low"] > 0 else "best-static"
     save_policy(RouterPolicy(router, configs), out, base_config=settings.base_config(),
-                names=names, feature_names=FEATURE_NAMES, epsilon=MIN_EPSILON, kind="router")
+                names=names, feature_names=feat.names, epsilon=MIN_EPSILON, kind="router")
     valid_reward = float(pick(M["valid"]["R"], router.choose(X["valid"])).mean())
     used, counts = np.unique(ch, return_counts=True)
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in parts.items()}, names[static],
