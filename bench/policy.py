@@ -564,6 +564,25 @@ def merge_variants(part: dict, extra: dict) -> None:
         {k: extra["details"]["ppo_variants"][k] for k in names})
 
 
+def split_results(path: Path, datasets: Sequence[str], out_dir: Path) -> list[Path]:
+    """Write `out_dir/<dataset>.json` part files (`--parts-dir`'s format) from a committed
+    results file, each marked with the commit that produced it (`part_commit`), so a re-run
+    of some datasets is assembled with the others' committed rows (`--from-parts`)."""
+    doc = json.loads(Path(path).read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for ds in datasets:
+        if ds not in doc["meta"]["details"]:
+            raise ValueError(f"{path}: no dataset {ds!r} "
+                             f"({', '.join(doc['meta']['details'])})")
+        details = {"part_commit": doc["meta"]["commit"], **doc["meta"]["details"][ds]}
+        f = out_dir / f"{ds}.json"
+        f.write_text(json.dumps({"rows": [r for r in doc["rows"] if r["dataset"] == ds],
+                                 "details": details}))
+        written.append(f)
+    return written
+
+
 def _deadline(hhmm: str | None) -> float | None:
     """Epoch seconds of HH:MM UTC today, or None."""
     if not hhmm:
@@ -683,11 +702,23 @@ def main() -> None:
                     help="assemble the results from DIR/<dataset>.json of --parts-dir runs; "
                          "later DIRs add only their ppo-policy-budget<x> variants (a variant "
                          "run as its own process)")
+    ap.add_argument("--split-results", type=Path, default=None, metavar="DIR",
+                    help="write DIR/<dataset>.json parts of --datasets from the committed "
+                         "results (to assemble with a re-run of other datasets) and exit")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
     if a.render_only:
         rerender(NAME, a.quick, TITLE, markdown)
+        return
+    if a.split_results:
+        try:
+            for f in split_results(RESULTS / f"{NAME}.json", a.datasets.split(","),
+                                   a.split_results):
+                print(f"wrote {f}")
+        except (OSError, ValueError) as e:
+            print(f"error: --split-results: {e}", file=sys.stderr)
+            raise SystemExit(2) from e
         return
     datasets = ["synthetic"] if a.quick else a.datasets.split(",")
     policy = TunerSettings.defaults()

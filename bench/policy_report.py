@@ -414,6 +414,31 @@ def _protocol(meta: dict) -> str:
     return (" ".join(out) + " ") if out else ""
 
 
+def _formulations(meta: dict) -> str:
+    """Which datasets' routers also chose the query formulation (conversational data), and
+    which commit produced each dataset's rows when they were assembled from parts."""
+    out = []
+    for ds, d in meta["details"].items():
+        views = d.get("formulation_views") or []
+        if views:
+            out.append(f"On {ds} (conversational) every non-abstaining portfolio arm is also an "
+                       f"arm with the {' and '.join(f'`{v}`' for v in views)} query "
+                       f"formulations ({len(d['arms'])} arms: "
+                       "`rl.policy.portfolio.with_formulations`), and the features add the "
+                       "retrieval features on each of those formulations and their "
+                       f"differences ({d['n_features']} columns: "
+                       "`rl.policy.features.conversation_views`), the design that "
+                       "`bench/router_formulation.py` chose on train ∪ valid with test unread "
+                       "(+0.048 [+0.024, +0.074] reward over best static there, neither change "
+                       "alone above 0).")
+    commits = {ds: d.get("part_commit") or meta["commit"] for ds, d in meta["details"].items()}
+    if len(set(commits.values())) > 1:
+        out.append("Rows by dataset come from the runs at commits "
+                   + ", ".join(f"{ds} {c[:7]}" for ds, c in commits.items())
+                   + " (`--from-parts`; the later changes touch conversational data only).")
+    return (" ".join(out) + " ") if out else ""
+
+
 def _residual(meta: dict) -> str:
     """What PPO is built on (`meta.ppo_run.base`): alone, or a residual policy over the
     router."""
@@ -473,12 +498,13 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "more on train than on valid); `best-static` "
            "stays the valid split's choice. The rule replaced selection on valid after a "
            "design study on train ∪ valid only, test unread (`bench/router_selection.py`: "
-           "outer 5 grouped folds, the mean gain over valid's best static of each rule; its "
-           "full run is not committed yet)" if _any_cv(meta) else " The router is fitted on train, its "
+           "outer 5 grouped folds, the mean gain over valid's best static of each rule: "
+           "`bench/results/router_selection.md`)" if _any_cv(meta) else " The router is fitted on train, its "
            "hyper-parameters and token price chosen on valid")
         + "; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
         "turn) that a serving policy would not have. "
         + _protocol(meta)
+        + _formulations(meta)
         + "`ppo-policy` (issue 19, `rl.policy.ppo_policy`): RLlib PPO with mixed action heads "
         "(variant incl. graph, k, rerank depth, generator arm, fusion weight, MMR λ, abstain "
         "threshold; query formulation on MTRAG), no-op heads masked out of the loss, trained "

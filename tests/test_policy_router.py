@@ -83,6 +83,37 @@ def test_a_candidate_on_other_arms_or_features_is_refused(indexes, tmp_path):
         assert e.value.field == "candidate" and words in e.value.message
 
 
+
+def test_a_conversational_policy_reads_the_turns_with_its_formulation_views(indexes, tmp_path):
+    """A policy saved with formulation views (rl.policy.train on conversational data) is
+    served by a featurizer rebuilt from its feature names: the picks' features have those
+    columns and the earlier turns change them; a policy whose names are no featurizer's
+    columns is refused by name."""
+    from rl.policy.base import RouterPolicy, save_policy
+    from rl.policy.features import CONVERSATION_VIEWS, RETRIEVAL_NAMES, feature_names
+    from rl.policy.router import RouterParams, SupervisedRouter
+    from serving.policy_router import PolicyRouter
+
+    names = feature_names(CONVERSATION_VIEWS)
+    rng = np.random.default_rng(0)
+    router = SupervisedRouter(RouterParams(max_iter=10, min_samples_leaf=10)).fit(
+        rng.normal(size=(200, len(names))), rng.random((200, len(ARMS))))
+    d = save_policy(RouterPolicy(router, ARMS), tmp_path / "conv",
+                    base_config=RAGConfig(**BASE), feature_names=names, epsilon=0.1)
+    r = PolicyRouter.open(str(d), indexes, 0.1, seed=0)
+    assert r.featurizer.formulations == CONVERSATION_VIEWS
+    history = [{"role": "user", "text": "Which river runs through the capital?"},
+               {"role": "agent", "text": "The capital is on a river [1]."}]
+    alone, turn = r.pick("How long is it?"), r.pick("How long is it?", history)
+    n, base = len(RETRIEVAL_NAMES), len(names) - 4 * len(RETRIEVAL_NAMES)
+    assert len(alone.features) == len(turn.features) == len(names)
+    assert not any(alone.features[base + 2 * n:])  # no turns: every view is the question
+    assert any(turn.features[base + 2 * n:])  # the turns change what the views retrieve
+    bad = _save(tmp_path / "bad", 1, feature_names=list(names)[::-1])
+    with pytest.raises(ConfigError) as e:
+        PolicyRouter.open(str(bad), indexes, 0.1)
+    assert e.value.field == "policy" and "not this featurizer's columns" in e.value.message
+
 def test_serve_settings_validate_the_candidate_fields():
     from serving.schemas import ServeSettings
 

@@ -100,9 +100,10 @@ class PipelineService:
         if warmup:
             self.pipeline.run(WARMUP_QUESTION)  # loads models, builds any missing index
 
-    def answer(self, question: str, query_id: str = "q") -> dict[str, Any]:
-        """Answer one question. Latency per stage in ms; `scores` when gold is known."""
-        return answer_record(self.pipeline, self.gold, question, query_id)
+    def answer(self, question: str, query_id: str = "q", history=None) -> dict[str, Any]:
+        """Answer one question (after `history`'s turns). Latency per stage in ms; `scores`
+        when gold is known."""
+        return answer_record(self.pipeline, self.gold, question, query_id, history)
 
     def info(self) -> dict[str, Any]:
         return {"variant_id": self.variant_id, "config": self.config.model_dump(mode="json"),
@@ -110,13 +111,14 @@ class PipelineService:
 
 
 def answer_record(pipeline, gold: dict[str, Any], question: str,
-                  query_id: str = "q") -> dict[str, Any]:
+                  query_id: str = "q", history=None) -> dict[str, Any]:
     """Run `pipeline` on one question: what a replica returns (answer, citations, ids,
     latency per stage in ms, tokens, variant id, and `scores` / `gold_category` when the
-    question is one of the served dataset's own)."""
+    question is one of the served dataset's own). `history`: the conversation's earlier
+    turns ({"role", "text"} dicts), which the config's query formulation may use."""
     from rag.metrics import score_answer
 
-    ans = pipeline.run(question, query_id)
+    ans = pipeline.run(question, query_id, history=history or None)
     out: dict[str, Any] = {
         "answer": ans.text, "citations": list(ans.citations),
         "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),

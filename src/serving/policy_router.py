@@ -257,15 +257,16 @@ class PolicyService:
                 p.run(WARMUP_QUESTION)  # loads models, builds any missing index
             self.router.pick(WARMUP_QUESTION)
 
-    def answer(self, question: str, query_id: str = "q") -> dict[str, Any]:
-        """Pick a config, answer with it: `PipelineService.answer`'s dict plus `policy`
-        (`PolicyPick.to_dict()`) and `latency_ms.policy_pick`."""
+    def answer(self, question: str, query_id: str = "q", history=None) -> dict[str, Any]:
+        """Pick a config (from the question and `history`, the conversation's earlier turns),
+        answer with it: `PipelineService.answer`'s dict plus `policy` (`PolicyPick.to_dict()`)
+        and `latency_ms.policy_pick`."""
         from rag.metrics import score_answer
         from serving.pipelines import SCORE_KEYS, normalise_question
 
-        pick = self.router.pick(question)
+        pick = self.router.pick(question, history)
         cfg = self.router.arms[pick.arm]
-        ans = self.pipelines[pick.arm].run(question, query_id)
+        ans = self.pipelines[pick.arm].run(question, query_id, history=history or None)
         lat = {k: float(v) for k, v in ans.latency_ms.items()}
         lat["policy_features"], lat["policy_pick"] = pick.features_ms, pick.decide_ms
         out: dict[str, Any] = {

@@ -39,7 +39,7 @@ class PolicyRoutes:
         iid = uuid.uuid4().hex
         category = body.category or "default"
         try:
-            res = await self.policy_handle.answer.remote(body.question, iid)
+            res = await self.policy_handle.answer.remote(*body.answer_args(iid))
         except Exception as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, ConfigError):

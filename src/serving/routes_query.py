@@ -37,7 +37,8 @@ def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:
     return {"question_chars": len(q), "question_words": len(words),
             "wh": words[0].lower() if words else "", "has_digit": any(c.isdigit() for c in q),
             "category_given": body.category is not None, "sticky": decision.sticky_key,
-            "user": h(body.user_id), "session": h(body.session_id)}
+            "user": h(body.user_id), "session": h(body.session_id),
+            "history_turns": len(body.history or ())}
 
 
 
@@ -97,7 +98,7 @@ class QueryRoutes:
         await self._sync_state()  # siblings' routing changes and feedback (replica_sync)
         d = self.router.route(iid, body.user_id, body.session_id, category)
         try:
-            res = await self.handles[d.variant].answer.remote(body.question, iid)
+            res = await self.handles[d.variant].answer.remote(*body.answer_args(iid))
         except Exception as exc:  # a replica's typed input error is the caller's 422
             cause = getattr(exc, "cause", None)
             if isinstance(cause, ConfigError):
@@ -171,7 +172,7 @@ class QueryRoutes:
         t0 = time.perf_counter()
         try:
             try:
-                res = await self.handles[d.shadow].answer.remote(body.question, sid)
+                res = await self.handles[d.shadow].answer.remote(*body.answer_args(sid))
             except Exception as exc:
                 await self._log_failure(sid, body, str(d.shadow), "shadow",
                                         self.router.traffic.shadow_percent / 100, category,

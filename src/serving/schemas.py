@@ -244,11 +244,36 @@ class ServeSettings(StrictSettings):
 
 
 # ---- request / response bodies ------------------------------------------------------------------
+MAX_TURNS = 50
+"""Earlier turns a query may carry (`QueryRequest.history`)."""
+
+
+class Turn(StrictSettings):
+    """One earlier turn of a conversation: who spoke and what."""
+
+    role: Literal["user", "agent", "assistant"]
+    text: str = Field(max_length=4000)
+
+
 class QueryRequest(StrictSettings):
     question: str = Field(min_length=1, max_length=4000)
     user_id: str | None = Field(None, max_length=200)
     session_id: str | None = Field(None, max_length=200)
     category: str | None = Field(None, max_length=64)
+    history: list[Turn] | None = Field(None, max_length=MAX_TURNS)
+    """The conversation's earlier turns, oldest first: a pipeline whose config sets
+    `query_formulation` retrieves with them (`rag.query_formulation`), and a per-query policy
+    trained on conversations reads them (`rl.policy.features`). None or []: a single turn."""
+
+    def turns(self) -> tuple[dict[str, str], ...]:
+        """`history` as the pipeline takes it ((), without one)."""
+        return tuple(t.model_dump() for t in self.history or ())
+
+    def answer_args(self, query_id: str) -> tuple:
+        """The positional arguments of a replica's `answer` for this request: (question, id)
+        plus the turns when there are any (so single-turn calls keep their two arguments)."""
+        turns = self.turns()
+        return (self.question, query_id, turns) if turns else (self.question, query_id)
 
     @field_validator("question")
     @classmethod

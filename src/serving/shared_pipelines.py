@@ -82,10 +82,10 @@ class SharedPipelineService:
         return view
 
     def answer(self, variant_id: str, config: dict[str, Any], question: str,
-               query_id: str = "q") -> dict[str, Any]:
+               query_id: str = "q", history=None) -> dict[str, Any]:
         """Answer one question with one variant (same record as PipelineService.answer)."""
         return answer_record(self.pipeline_for(variant_id, config), self.gold, question,
-                             query_id)
+                             query_id, history)
 
     def info(self, variant_id: str | None = None,
              config: dict[str, Any] | None = None) -> dict[str, Any]:

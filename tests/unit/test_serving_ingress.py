@@ -346,3 +346,32 @@ def test_serve_load_benchmark_sends_an_admin_key(tmp_path, monkeypatch):
         assert sent == [headers]
         with pytest.raises(Exception, match="401"):  # what the benchmark died of before
             serve_load.set_traffic("", {}, canary_percent=0.0)
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+def test_a_query_carries_its_conversation_to_the_replica(tmp_path, monkeypatch):
+    seen: list = []
+    plain = Stub.answer
+
+    def answer(self, question: str, query_id: str = "q", history=None) -> dict:
+        seen.append(history)  # every replica (stable or canary) records its turns
+        return plain(self, question, query_id)
+
+    monkeypatch.setattr(Stub, "answer", answer)
+    c, _, _, _, _ = make_app(tmp_path)
+    with c:
+        history = [{"role": "user", "text": "Tell me about the Eiffel Tower."},
+                   {"role": "agent", "text": "It is in Paris [1]."}]
+        r = c.post("/query", json={"question": "How tall is it?", "history": history})
+        assert r.status_code == 200, r.text
+        assert c.post("/query", json={"question": "How tall is the Eiffel Tower?"}
+                      ).status_code == 200
+        assert c.post("/query", json={"question": "And now?", "history": []}).status_code == 200
+        assert seen == [tuple(history), None, None]  # single turns keep two arguments
+        bad = c.post("/query", json={"question": "Q?", "history": [{"role": "bot", "text": "x"}]})
+        assert bad.status_code == 422 and "history" in bad.text
+        long = [{"role": "user", "text": "x"}] * 51
+        assert c.post("/query", json={"question": "Q?", "history": long}).status_code == 422
+        assert len(seen) == 3  # refused requests reach no replica
