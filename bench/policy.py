@@ -509,6 +509,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     (`crossfit_parts`: every query is test once, in its fold; the rows are over all of them
     and `details[ds]["crossfit"]` holds each fold's choices); else the committed splits."""
     t0 = time.perf_counter()
+    commit = make_meta(seed, {})["commit"]  # the code that runs (HEAD may move meanwhile)
     run = ppo_run or PPORun()
     ev, cost_source = evaluator(ds, policy, search_json)
     # conversational data: formulation arms and views (bench/router_formulation.py's design)
@@ -547,7 +548,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         "search_best_known": ("search-best-known" in d["arms"]
                               and search_best_provenance(ds, search_json)),
         "formulation_views": list(views), "n_features": len(feature_names(views)),
-        "part_commit": make_meta(seed, {})["commit"],
+        "part_commit": commit,
         "features_s": round(feat_s, 1), "wall_s": round(time.perf_counter() - t0, 1),
         "counters": dict(ev.counters), "cost_model": cost_model_used(ev, cost_source),
     }
