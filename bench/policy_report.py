@@ -148,7 +148,10 @@ def _overall(meta: dict, rows: list[dict]) -> str:
     caps = [(_get(rows, ds, "supervised-router", "headroom_captured") or {}).get("value", 0)
             for ds in dss]
     if max(caps, default=0) < 0.3:
-        text += (" These pre-answer features with a full-information regressor find little of "
+        rest = [ds for ds in dss if ds not in wins]
+        text += ((" Outside " + ", ".join(wins) + "," if wins and rest else "")
+                 + (" these" if wins and rest else " These")
+                 + " pre-answer features with a full-information regressor find little of "
                  "the room the oracle shows: either most of it is per-query outcome noise no "
                  "pre-answer signal predicts, or it needs stronger signals; this run does not "
                  "tell which.")
@@ -184,14 +187,22 @@ def _seed_runs(meta: dict) -> list[dict]:
 
 
 def _kept_starts(meta: dict) -> str:
-    """Where every seed run kept its warm start, the targets met are the start's, not PPO's."""
+    """Where (nearly) every seed run kept its warm start, the targets met are the start's,
+    not PPO's."""
     runs = _seed_runs(meta)
-    if not runs or any((x.get("best") or {}).get("iter", 0) > 0 for x in runs):
+    moved = sum((x.get("best") or {}).get("iter", 0) > 0 for x in runs)
+    if not runs or moved > len(runs) // 10:
         return ""
-    return (f" No seed run kept a PPO update (0 of {len(runs)}): every `ppo-policy` row is "
-            "the warm start model selection kept (deferring to the router held to the "
-            "budget, or the best static config), so a target met here is met by that start, "
-            "not by what PPO learnt.")
+    if moved == 0:
+        return (f" No seed run kept a PPO update (0 of {len(runs)}): every `ppo-policy` row "
+                "is the warm start model selection kept (deferring to the router held to the "
+                "budget, or the best static config), so a target met here is met by that "
+                "start, not by what PPO learnt.")
+    return (f" Only {moved} of {len(runs)} seed runs kept a PPO update; every other "
+            "`ppo-policy` value is the warm start model selection kept (deferring to the "
+            "router held to the budget, or the best static config), so a target met here is "
+            "met mostly by that start, not by what PPO learnt (compare `ppo-policy - "
+            "supervised-router-equal-cost`).")
 
 
 def _rl_phase(meta: dict) -> str:
