@@ -6,7 +6,7 @@ context tokens (`delta_cost_pct` <= -25) by choosing per query.
     python bench/policy_cost.py --quick    # scifact only, *.quick.* files
 
 Same data, splits, arms and features as `bench/policy.py` (its 31-arm portfolio, the
-pre-answer query features, the best static arm chosen on valid by reward, MTRAG's 5
+pre-answer query features; on MTRAG, conversational, its 85 formulation arms and 126 columns, the best static arm chosen on valid by reward, MTRAG's 5
 cross-fitted folds). The router here predicts each arm's *quality* (not reward) from the
 features (`rl.policy.router.SupervisedRouter` fitted on Q over train ∪ valid) and picks, per
 test query, the cheapest arm (mean train ∪ valid tokens) whose predicted quality is at least the
@@ -46,6 +46,7 @@ from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, crossfit_parts, role_data  # noqa: E402
 from bench.policy_ppo import segments  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
+from rl.policy.features import conversation_views  # noqa: E402
 from rl.policy.router import RouterParams, SupervisedRouter  # noqa: E402
 from rl.policy.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
@@ -116,12 +117,14 @@ def fold_choices(ev, parts, full, Xs, seed: int) -> dict:
 def dataset_rows(ds: str, seed: int, details: dict) -> list[dict]:
     policy = TunerSettings.defaults()
     ev, _ = evaluator(ds, policy, SEARCH_JSON)
-    configs = arms(ds, policy, SEARCH_JSON)
+    # conversational data: bench/policy.py's formulation arms and views
+    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    configs = arms(ds, policy, SEARCH_JSON, views)
     k = CROSSFIT.get(ds, 1)
     all_parts = crossfit_parts(ev, k, seed) if k > 1 else [_parts(ev, seed)]
     splits = sorted({s for p in all_parts for part in p.values() for s, _ in segments(part)})
     full = {s: matrices(ev, configs, s) for s in splits}
-    Xs = _features(ev, policy, all_parts)
+    Xs = _features(ev, policy, all_parts, views)
     folds = [fold_choices(ev, p, full, Xs, seed) for p in all_parts]
     arr = {name: tuple(np.concatenate([f["arrays"][name][j] for f in folds]) for j in (0, 1))
            for name in folds[0]["arrays"]}
