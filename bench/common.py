@@ -67,15 +67,21 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def head_commit() -> str:
+    """The repository's HEAD commit ("unknown" outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def make_meta(seed: int, datasets: dict[str, Path], extra: dict | None = None) -> dict:
     """commit, machine, dataset sha256s (every file under a dataset folder), seed, time."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
+    commit, dirty = head_commit(), None
+    if commit != "unknown":
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO,
                                     capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", None
     ds = {}
     for name, p in datasets.items():
         p = Path(p)

@@ -66,6 +66,7 @@ from bench.common import (  # noqa: E402
     SEARCH_JSON,
     cost_model_used,
     evaluator,
+    head_commit,
     make_meta,
     metric_row,
     rerender,
@@ -509,11 +510,11 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     (`crossfit_parts`: every query is test once, in its fold; the rows are over all of them
     and `details[ds]["crossfit"]` holds each fold's choices); else the committed splits."""
     t0 = time.perf_counter()
-    commit = make_meta(seed, {})["commit"]  # the code that runs (HEAD may move meanwhile)
+    commit = head_commit()  # the code that runs (HEAD may move meanwhile)
     run = ppo_run or PPORun()
     ev, cost_source = evaluator(ds, policy, search_json)
     # conversational data: formulation arms and views (bench/router_formulation.py's design)
-    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    views = conversation_views(ev.data.dataset.examples)
     configs = arms(ds, policy, search_json, views)
     all_parts = crossfit_parts(ev, folds, seed) if folds > 1 else [_parts(ev, seed, max_train)]
     split_names = sorted({s for parts in all_parts for part in parts.values()

@@ -5,9 +5,9 @@ context tokens (`delta_cost_pct` <= -25) by choosing per query.
     python bench/policy_cost.py            # hotpotqa, scifact, mtrag (mtrag cross-fitted)
     python bench/policy_cost.py --quick    # scifact only, *.quick.* files
 
-Same data, splits, arms and features as `bench/policy.py` (its 31-arm portfolio, the
-pre-answer query features; on MTRAG, conversational, its 85 formulation arms and 126 columns, the best static arm chosen on valid by reward, MTRAG's 5
-cross-fitted folds). The router here predicts each arm's *quality* (not reward) from the
+Same data, splits, arms and features as `bench/policy.py` (its 31-arm portfolio and the
+pre-answer query features; on MTRAG, conversational, its 85 formulation arms and 126 columns;
+the best static arm chosen on valid by reward, MTRAG's 5 cross-fitted folds). The router here predicts each arm's *quality* (not reward) from the
 features (`rl.policy.router.SupervisedRouter` fitted on Q over train ∪ valid) and picks, per
 test query, the cheapest arm (mean train ∪ valid tokens) whose predicted quality is at least the
 best static arm's predicted quality minus a slack δ. δ = 0 is "never predicted worse"; a larger
@@ -118,7 +118,7 @@ def dataset_rows(ds: str, seed: int, details: dict) -> list[dict]:
     policy = TunerSettings.defaults()
     ev, _ = evaluator(ds, policy, SEARCH_JSON)
     # conversational data: bench/policy.py's formulation arms and views
-    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    views = conversation_views(ev.data.dataset.examples)
     configs = arms(ds, policy, SEARCH_JSON, views)
     k = CROSSFIT.get(ds, 1)
     all_parts = crossfit_parts(ev, k, seed) if k > 1 else [_parts(ev, seed)]

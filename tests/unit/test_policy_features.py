@@ -157,3 +157,16 @@ def test_featurizer_rebuilt_from_saved_names_and_bad_names_refused():
         formulations_of(feature_names(views)[:-1])
     with pytest.raises(ValueError, match="query formulation must be one of"):
         QueryFeaturizer(ToyIndexes(), RAGConfig(), ("rewrite_llm",))
+
+
+def test_formulations_with_the_same_query_retrieve_once():
+    """A first turn: every formulation is the question (one retrieval per retriever); one
+    earlier user turn: last_two_user and all_user are the same query (two)."""
+    idx = ToyIndexes()
+    f = QueryFeaturizer(idx, RAGConfig(), ("last_two_user", "all_user"))
+    f.features(_example(history=()))
+    assert len(idx.b.calls) == len(idx.d.calls) == len(idx.g.calls) == 1
+    f.features(_example())
+    assert len(idx.b.calls) == 3
+    assert idx.b.calls[1][0] == _example().question
+    assert idx.b.calls[2][0] == "Tell me about London towers.\n" + _example().question

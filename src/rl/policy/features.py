@@ -66,6 +66,7 @@ from rag.pipeline import MAX_QUESTION_CHARS, check_question
 from rag.query_formulation import formulate_query, user_turns
 from rag.types import Example, Hit
 from rl.selection.features import content, words
+from rl.tuner.space import is_conversational
 
 TOP = 5
 LIST = 10
@@ -108,7 +109,7 @@ CONVERSATION_VIEWS: tuple[str, ...] = ("last_two_user", "all_user")
 def conversation_views(examples: Sequence[Example]) -> tuple[str, ...]:
     """`CONVERSATION_VIEWS` when any example carries earlier turns, else () (on single-turn
     questions every formulation is the question alone: the views would be copies)."""
-    return CONVERSATION_VIEWS if any(e.history for e in examples) else ()
+    return CONVERSATION_VIEWS if is_conversational(examples) else ()
 
 
 def feature_names(formulations: Sequence[str] = ()) -> tuple[str, ...]:
@@ -227,9 +228,9 @@ class QueryFeaturizer:
                                formulation or self.config.query_formulation,
                                max_chars=MAX_QUESTION_CHARS)
 
-    def _retrieval(self, question: str, history, formulation: str | None = None) -> list[float]:
+    def _retrieval(self, q: str) -> list[float]:
+        """`RETRIEVAL_NAMES` of the retrieval query `q`."""
         c = self.config
-        q = self.retrieval_query(question, history, formulation)
         n = max(LIST, c.n_candidates)  # the pipeline's own call: a memo hit offline
         bm25 = self.indexes.bm25(c.bm25_backend).search(q, n)
         dense = self.indexes.dense(c.dense_index).search(q, n)
@@ -244,8 +245,11 @@ class QueryFeaturizer:
         key = (example.question, repr(hist))
         got = self._cache.get(key)
         if got is None:
-            base = self._retrieval(example.question, hist)
-            views = [self._retrieval(example.question, hist, f) for f in self.formulations]
+            queries = [self.retrieval_query(example.question, hist, f)
+                       for f in (None, *self.formulations)]
+            # formulations that give the same query (a first turn: all of them) retrieve once
+            by_query = {q: self._retrieval(q) for q in dict.fromkeys(queries)}
+            base, *views = (by_query[q] for q in queries)
             got = np.asarray(base + question_features(example.question)
                              + conversation_features(example.question, hist)
                              + [x for v in views for x in v]

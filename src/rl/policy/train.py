@@ -199,7 +199,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
     # conversational data: each arm also per query formulation, and the features that tell
     # how each formulation retrieves (bench/router_formulation.py: together, not alone)
-    views = conversation_views([e for s in ev.data.splits for e in ev.data.examples(s)])
+    views = conversation_views(ev.data.dataset.examples)
     if views:
         arms = with_formulations(arms, views, skip={n for n, _ in extra or []})
         names, configs = [n for n, _ in arms], [c for _, c in arms]
