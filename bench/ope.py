@@ -9,7 +9,9 @@ Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config h
 portfolio + the searchers' best-known config), its train / valid / test parts and the
 (queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows;
 latency priced with search.json's cost model: `bench.common.evaluator`), features from
-`rl.policy.features.QueryFeaturizer`.
+`rl.policy.features.QueryFeaturizer`. On conversational data (MTRAG) both are bench/policy.py's
+formulation design: the 85 arms (each portfolio arm again with `last_two_user` and `all_user`)
+and the 126 columns (the retrieval features on each formulation and their differences).
 
 Logging policies (`rl.policy.decision_log`): ε-greedy around the best static arm (chosen on
 valid), ε = 0.1 uniform over the M arms, so every propensity is >= 0.1 / M; and the same with
@@ -88,7 +90,7 @@ from rl.policy.decision_log import (  # noqa: E402
     ope_error,
     true_value,
 )
-from rl.policy.features import FEATURE_NAMES, QueryFeaturizer  # noqa: E402
+from rl.policy.features import QueryFeaturizer, conversation_views, feature_names  # noqa: E402
 from rl.policy.router import PARAM_GRID, arm_features, select_router  # noqa: E402
 from rl.stats.bootstrap import bootstrap_mean_ci  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
@@ -114,16 +116,18 @@ def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_J
          ) -> dict[str, Any]:
     """bench/policy.py's arms, parts, matrices and features for `ds`."""
     ev, cost_source = evaluator(ds, policy, search_json)  # SciFact's train qrels included
-    configs = arms(ds, policy, search_json)
+    # conversational data: bench/policy.py's formulation arms and views
+    views = conversation_views(ev.data.dataset.examples)
+    configs = arms(ds, policy, search_json, views)
     parts = _parts(ev, seed)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
     M = {role: {k: full[s][k][idx] for k in ("R", "Q", "T")} for role, (s, idx) in parts.items()}
     ex = {role: [ev.data.examples(s)[i] for i in idx] for role, (s, idx) in parts.items()}
-    feat = QueryFeaturizer(ev.memo, policy.base_config())
+    feat = QueryFeaturizer(ev.memo, policy.base_config(), views)
     X = {role: feat.matrix(e).astype(np.float64) for role, e in ex.items()}
     ev.memo.flush()
     return {"ev": ev, "cost_model": cost_source, "configs": configs, "M": M, "X": X,
-            "examples": ex,
+            "examples": ex, "views": views, "feature_names": list(feature_names(views)),
             "n": {role: len(idx) for role, (_, idx) in parts.items()}}
 
 
@@ -186,24 +190,25 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
     configs = [c for _, c in data["configs"]]
 
     def loaded(pol, label: str) -> LoadedPolicy:
-        return LoadedPolicy(pol, names, policy.base_config(), EPSILON, list(FEATURE_NAMES),
-                            type(pol).__name__, label)
+        return LoadedPolicy(pol, names, policy.base_config(), EPSILON,
+                            data["feature_names"], type(pol).__name__, label)
 
     def cached_picks(served: LoadedPolicy, cand: LoadedPolicy | None = None) -> list[float]:
         """The pick's own ms per test question, features cached by `pr` (after 5 warm-ups)."""
         px = PolicyRouter(served, pr.featurizer.indexes, EPSILON, seed, cand,
                           CANDIDATE_SHARE if cand is not None else 0.0)
         px.featurizer = pr.featurizer
-        for q in qs[:5]:
-            px.pick(q + " warm")
-        return [px.pick(q).decide_ms for q in qs]
+        for q, h in qs[:5]:
+            px.pick(q + " warm", h)
+        return [px.pick(q, h).decide_ms for q, h in qs]
 
     lp = loaded(RouterPolicy(router, configs), "bench")
     pr = PolicyRouter(lp, data["ev"].data.indexes, EPSILON, seed)
-    qs = [e.question for e in data["examples"]["test"]]
-    for q in qs[:5]:
-        pr.pick(q + " warm")
-    picks = [pr.pick(q) for q in qs]
+    # each test question with its conversation's earlier turns, as the Serve app gets them
+    qs = [(e.question, e.history or None) for e in data["examples"]["test"]]
+    for q, h in qs[:5]:
+        pr.pick(q + " warm", h)
+    picks = [pr.pick(q, h) for q, h in qs]
     dec = [p.decide_ms for p in picks]
     feat = [p.features_ms for p in picks]
     tot = [p.pick_ms for p in picks]
@@ -276,7 +281,8 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
 
     lp = epsilon_greedy_probs(greedy, m, EPSILON)
     details[ds] = {
-        "n": data["n"], "arms": names, "best_static": names[base],
+        "n": data["n"], "arms": names, "formulation_views": list(data["views"]),
+        "n_features": len(data["feature_names"]), "best_static": names[base],
         "train_logging_arm": names[train_base], "min_propensity": float(lp.min()),
         "linucb": {"tried": tried, "chosen": {"l2": lin.model.l2, "beta": lin.beta},
                    "train_log_rounds": len(tlog), "test_arms": used(lin_ch),

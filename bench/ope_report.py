@@ -83,7 +83,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         ch = d["router"]["chosen"]
         cm = d.get("cost_model") or {}
         out += [f"## {ds}", "",
-                f"n = {d['n']}; best static `{d['best_static']}`; min propensity "
+                f"n = {d['n']}; {len(d['arms'])} arms"
+                + (f" and {d['n_features']} feature columns" if d.get("n_features") else "")
+                + (f" (query formulations {', '.join(d['formulation_views'])} as arms and "
+                   f"feature views, as bench/policy.py)" if d.get("formulation_views") else "")
+                + f"; best static `{d['best_static']}`; min propensity "
                 f"{d['min_propensity']:.4f}; the router (chosen on valid: "
                 f"{'pooled, ' if ch.get('pooled') else 'per arm, '}{ch['max_iter']} rounds, "
                 f"{ch['max_leaf_nodes']} leaves, shrink {ch['shrink']}) leaves the best "
