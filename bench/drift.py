@@ -5,7 +5,9 @@ much regret each way of configuring RAG pays against the best static config of e
     python bench/drift.py --quick          # < 2 min: the synthetic world only
     python bench/drift.py --render-only    # rewrite drift.md from drift.json
 
-Arms: the 30-config portfolio of `bench/headroom.py`, every arm evaluated on every query of
+Arms: the 30-config portfolio of `bench/headroom.py` (on MTRAG, conversational, also each arm
+with the other query formulations, and formulation feature views: `drift_data.drift_arms`,
+bench/policy.py's design; 84 arms), every arm evaluated on every query of
 train, valid and test through the tuner's per-query tables (`bench.headroom.matrices`: reward
 = `per_query_reward`, cached rows). Streams (`streams`; two phases of `--length` queries,
 drawn from the test split only, see `bench/drift_streams.py`):

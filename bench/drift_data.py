@@ -3,6 +3,11 @@ and test (`bench.headroom.matrices`: cached tuner rows), the query features and 
 labels the streams mix by; the regenerated synthetic world of the corpus-update stream; and
 rewards recomputed under a changed token price.
 
+Arms and features (`drift_arms`): the headroom portfolio and `QueryFeaturizer`'s columns; on
+conversational data (MTRAG) bench/policy.py's formulation design as well: each portfolio arm
+again with each other query formulation (`with_formulations`: 30 -> 84 arms) and the
+retrieval features on each formulation (42 -> 126 columns).
+
 Roles: train (the learned policy is fitted on it), valid (the policy's model selection and
 frozen-static's choice), test (the only split streams draw from). Synthetic has no train
 split: train and valid are the two halves of its valid split (`_roles`, seeded).
@@ -16,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from bench.headroom import matrices, segmentations
-from rl.policy.portfolio import portfolio
+from rl.policy.portfolio import portfolio, with_formulations
 from rl.policy.worlds import EvaluatorWorld
 from rl.tuner.reward import PII_COLUMN
 from rl.tuner.settings import TunerSettings
@@ -46,11 +51,24 @@ class Bundle:
     tabs: dict[str, tuple[list, np.ndarray]] = field(default_factory=dict)
     describe: str = ""
     arm_descriptors: np.ndarray | None = None
+    views: tuple[str, ...] = ()
+    """The query-formulation views of the features and arms (`drift_arms`); () = none."""
 
     def summary(self) -> dict[str, Any]:
         return {"n": {r: int(v.shape[0]) for r, v in self.R.items()},
                 "groups": {r: {k: _counts(v) for k, v in labs.items() if k != "all"}
-                           for r, labs in self.labels.items()}, "describe": self.describe}
+                           for r, labs in self.labels.items()}, "describe": self.describe,
+                "arms": list(self.names), "formulation_views": list(self.views),
+                "n_features": int(next(iter(self.X.values())).shape[1])}
+
+
+def drift_arms(ev, policy: TunerSettings) -> tuple[list, tuple[str, ...]]:
+    """(arms, formulation views) of evaluator `ev`'s dataset: the headroom portfolio, with
+    bench/policy.py's formulation arms on conversational data (module docstring)."""
+    from rl.policy.features import conversation_views
+
+    views = conversation_views(ev.data.dataset.examples)
+    return with_formulations(portfolio(policy), views), views
 
 
 def _counts(labels: np.ndarray) -> dict[str, int]:
@@ -91,11 +109,11 @@ def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = 
     from rl.policy.features import QueryFeaturizer
     from rl.policy.router import arm_features
 
-    configs = portfolio(policy)
+    configs, views = drift_arms(ev, policy)
     roles = _roles(ev.data, seed)
     full = {s: matrices(ev, configs, s) for s in sorted({s for s, _ in roles.values()})}
     examples = {r: [ev.data.examples(s)[i] for i in idx] for r, (s, idx) in roles.items()}
-    feat = QueryFeaturizer(ev.memo, policy.base_config())
+    feat = QueryFeaturizer(ev.memo, policy.base_config(), views)
     X = {r: feat.matrix(ex) for r, ex in examples.items()}
     ev.memo.flush()
     return Bundle(
@@ -106,7 +124,7 @@ def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = 
         {r: np.array([e.id for e in ex]) for r, ex in examples.items()}, ev,
         {r: (full[s]["tabs"], idx) for r, (s, idx) in roles.items()},
         describe or f"{ds}: train/valid/test of TuningData",
-        arm_features([c for _, c in configs]))
+        arm_features([c for _, c in configs]), views)
 
 
 def load_bundle(ds: str, policy: TunerSettings, seed: int) -> Bundle:

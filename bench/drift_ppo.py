@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.drift_data import Bundle, PricedWorld, _roles, served_rewards
+from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rewards
 from bench.policy import DEFAULT_WARM, warm_starts
 from bench.policy_ppo import run_ppo, with_train
-from rl.policy.portfolio import portfolio
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
@@ -64,9 +63,9 @@ def train(bundle: Bundle, router, ppo_settings, seed: int,
     `router`: the fitted supervised router of the `router-policy` system (its train picks are
     warm starts)."""
     ev = bundle.ev
-    configs = portfolio(ev.policy)
+    configs, _ = drift_arms(ev, ev.policy)
     if [n for n, _ in configs] != bundle.names:
-        raise ValueError("the bundle's arms are not the headroom portfolio")
+        raise ValueError("the bundle's arms are not the drift arms (`drift_arms`)")
     parts = _roles(ev.data, seed)
     Rv, Tv = bundle.R["valid"], bundle.T["valid"]
     base = int(np.argmax(Rv.mean(axis=0)))

@@ -134,6 +134,19 @@ def _ppo_paragraph(notes: dict, details: dict | None = None) -> str:
     return text
 
 
+def _arms_text(meta: dict) -> str:
+    """How many arms (and feature columns) each dataset's systems choose among."""
+    base = f"{len(meta['arms'])} arms (the headroom portfolio)"
+    conv = {ds: b for ds, b in (meta.get("bundles") or {}).items()
+            if b.get("formulation_views")}
+    if not conv:
+        return base
+    return base + "; on conversational data bench/policy.py's formulation design: " + "; ".join(
+        f"{ds} {len(b['arms'])} arms (each portfolio arm also with "
+        f"{' and '.join(b['formulation_views'])}) and {b['n_features']} feature columns"
+        for ds, b in conv.items())
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     notes = meta["notes"]
     parts = [
@@ -141,7 +154,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "within a group) from each dataset's **test** split; the router is chosen by "
         "cross-validation over train (its `describe` below), PPO selected on valid; "
         "frozen-static is the valid-best arm under the phase-1 "
-        f"mix. {len(meta['arms'])} arms (the headroom portfolio). Regret per query = reward "
+        f"mix. {_arms_text(meta)}. Regret per query = reward "
         "of the phase's best static arm in hindsight − reward served (reward units; negative "
         "= better than that arm). CIs: bootstrap 95% over (seed, query) steps. Caveat: a "
         "phase re-draws queries from a pool of 29-300 test queries (a group of it), so steps "

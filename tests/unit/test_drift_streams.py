@@ -256,3 +256,33 @@ def test_run_stream_reports_the_targets_rows_for_the_outside_system(tmp_path):
     assert ratio["value"] is None and ratio["note"].startswith("unbounded")
     assert ratio["frozen_regret"] == pytest.approx(0.4)  # 0.9 x 0.5 lost, 0.1 x 0.5 won
     assert "ppo-policy" in detail["cum_regret_end"] and (tmp_path / "planted.png").exists()
+
+
+def test_drift_arms_add_formulation_arms_on_conversational_data_only():
+    """bench/policy.py's formulation design in the drift benchmark: a dataset with earlier
+    turns gets every non-abstaining portfolio arm again per formulation view; one without
+    keeps the 30-arm portfolio and no views."""
+    from types import SimpleNamespace
+
+    from bench.drift_data import drift_arms
+    from rag.types import Example
+    from rl.policy.portfolio import portfolio
+    from rl.tuner.settings import TunerSettings
+
+    policy = TunerSettings.defaults()
+
+    def ev(examples):
+        return SimpleNamespace(data=SimpleNamespace(dataset=SimpleNamespace(examples=examples)))
+
+    single = [Example(id="a", question="who?"), Example(id="b", question="when?")]
+    arms, views = drift_arms(ev(single), policy)
+    assert views == () and arms == portfolio(policy)
+    conv = [*single, Example(id="c", question="and it?",
+                             history=({"role": "user", "text": "the printer"},
+                                      {"role": "agent", "text": "which one"}))]
+    arms, views = drift_arms(ev(conv), policy)
+    base = portfolio(policy)
+    abstaining = sum("abstain" in c.prompt_id for _, c in base)
+    assert views == ("last_two_user", "all_user")
+    assert len(arms) == len(base) + len(views) * (len(base) - abstaining)  # 30 -> 84
+    assert dict(arms)["graph-k3@all_user"].query_formulation == "all_user"
