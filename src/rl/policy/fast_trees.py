@@ -12,8 +12,11 @@ How: number each tree's leaves left to right; give every split node a bitmask wi
 of its *left* subtree's leaves cleared. For a row, AND together the masks of the split nodes
 whose test sends it right: the exit leaf is the lowest bit still set (every leaf left of it
 lies in the left subtree of a node on its path that went right; no node that went right
-clears it). All node tests are one vectorised comparison, the AND one `reduceat` per tree,
-so nothing depends on the previous step. Trees of at most 64 leaves fit one uint64 word
+clears it). All node tests are one vectorised comparison, the AND one `reduceat` per tree
+(taken as the complement of the OR of the bits the right-going nodes clear), so nothing
+depends on the previous step. On MTRAG's 85 per-arm models (~25,000 trees, ~775,000 split
+nodes) the first version of this scheme took 5.7 ms p95 a pick (`bench/ope.py`); gathering
+with `take` and clearing by a multiply instead of `np.where` halve it. Trees of at most 64 leaves fit one uint64 word
 (the router's `PARAM_GRID` uses at most 31).
 
 The pooled router predicts rows (query features, arm block) for every arm: `TailedTrees`
@@ -71,6 +74,9 @@ class _Splits:
     mask: np.ndarray
     starts: np.ndarray
 
+    def __post_init__(self):
+        self.clear = ~self.mask  # the leaf bits a node clears when its test sends a row right
+
     @classmethod
     def of(cls, trees: Sequence[tuple], keep=None, shift: int = 0) -> _Splits:
         """From per-tree (feature, threshold, missing_left, mask) arrays; `keep(feature)`
@@ -89,12 +95,16 @@ class _Splits:
 
     def tree_masks(self, X: np.ndarray) -> np.ndarray:
         """(n, trees) uint64: per row and tree, the AND of the masks of the nodes whose test
-        sends the row right."""
-        x = X[:, self.feature]
-        go_left = x <= self.threshold
-        if np.isnan(x).any():
-            go_left = np.where(np.isnan(x), self.missing_left, go_left)
-        return np.bitwise_and.reduceat(np.where(go_left, _ALL, self.mask), self.starts, axis=1)
+        sends the row right, computed as the complement of the OR of the bits they clear
+        (`clear` times the 0/1 test: a multiply runs ~5x faster than `np.where` here, and
+        `take` gathers ~3x faster than fancy indexing; a request's pick is mostly these two
+        passes over every split node)."""
+        x = X.take(self.feature, axis=1)
+        go_right = x > self.threshold
+        if np.isnan(X).any():  # missing values follow missing_go_to_left
+            go_right = np.where(np.isnan(x), ~self.missing_left, go_right)
+        cleared = np.multiply(self.clear, go_right, dtype=np.uint64)
+        return ~np.bitwise_or.reduceat(cleared, self.starts, axis=1)
 
 
 def _exit_leaf(masks: np.ndarray) -> np.ndarray:
