@@ -265,6 +265,7 @@ def test_drift_arms_add_formulation_arms_on_conversational_data_only():
     from types import SimpleNamespace
 
     from bench.drift_data import drift_arms
+
     from rag.types import Example
     from rl.policy.portfolio import portfolio
     from rl.tuner.settings import TunerSettings
