@@ -12,12 +12,16 @@ How: number each tree's leaves left to right; give every split node a bitmask wi
 of its *left* subtree's leaves cleared. For a row, AND together the masks of the split nodes
 whose test sends it right: the exit leaf is the lowest bit still set (every leaf left of it
 lies in the left subtree of a node on its path that went right; no node that went right
-clears it). All node tests are one vectorised comparison, the AND one `reduceat` per tree
-(taken as the complement of the OR of the bits the right-going nodes clear), so nothing
-depends on the previous step. On MTRAG's 85 per-arm models (~25,000 trees, ~775,000 split
-nodes) the first version of this scheme took 5.7 ms p95 a pick (`bench/ope.py`); gathering
-with `take` and clearing by a multiply instead of `np.where` halve it. Trees of at most 64 leaves fit one uint64 word
-(the router's `PARAM_GRID` uses at most 31).
+clears it). The AND is one `reduceat` per tree (the complement of the OR of the bits the
+right-going nodes clear), so nothing depends on the previous step. Trees of at most 64 leaves
+fit one uint64 word, of at most 32 (every router of `PARAM_GRID`: 31) one uint32.
+
+The node tests: each distinct (feature, threshold) pair is compared once and the result
+gathered per node (`_Splits.tree_masks`). A served pick follows the question's retrievals, so
+the packed arrays are out of the CPU caches and the pick is bound by the bytes it reads per
+node. On MTRAG's 85 per-arm models (up to 300 trees of 31 leaves each) a
+direct comparison with `np.where` took 5.7 ms p95 a served pick; `take` and a multiply, 7.1 ms
+on a noisier run; the slot gather with uint32 words, 4.7 ms (`bench/results/ope.md`).
 
 The pooled router predicts rows (query features, arm block) for every arm: `TailedTrees`
 splits the split nodes into query nodes and arm-block nodes and ANDs the arm-block masks once
