@@ -86,6 +86,31 @@ def test_linucb_online_select_update_explores_then_exploits():
     assert (picks[late] == mean[late].argmax(axis=1)).mean() > 0.7
 
 
+def test_linucb_mean_and_width_are_ridge_estimates_and_follow_updates():
+    """mean = zᵀA⁻¹b + offset and width = sqrt(zᵀA⁻¹z) per arm, against a direct solve; the
+    cached inverse and θ are refreshed after an update."""
+    X, R, _ = _world(400, 2)
+    model = LinUCB(M, X.shape[1], alpha=0.5)
+    model.set_scaler(X, 0.5)
+    model.fit(X, np.arange(len(X)) % M, R[np.arange(len(X)), np.arange(len(X)) % M])
+
+    def direct(x):
+        z = model._z(x[None])[0]
+        return (np.array([z @ np.linalg.solve(model.A[k], model.b[k]) for k in range(M)])
+                + model.offset,
+                np.sqrt([z @ np.linalg.solve(model.A[k], z) for k in range(M)]))
+
+    mean, width = model.mean_width(X[:3])
+    for i in range(3):
+        np.testing.assert_allclose(mean[i], direct(X[i])[0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(width[i], direct(X[i])[1], rtol=1e-9, atol=1e-12)
+    before = model.mean_width(X[:1])
+    model.update(X[0], 1, 5.0)
+    after = model.mean_width(X[:1])
+    assert after[0][0, 1] != before[0][0, 1] and after[1][0, 1] < before[1][0, 1]
+    np.testing.assert_allclose(after[0][0], direct(X[0])[0], rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("cls,kw", [(DiscountedUCB, {"gamma": 0.98}),
                                     (SlidingWindowUCB, {"window": 200})])
 def test_drift_ucb_tracks_a_switch_of_the_best_arm(cls, kw):

