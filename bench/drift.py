@@ -32,8 +32,10 @@ Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-ba
 (`bench/drift_ppo.py`; `--no-ppo` leaves them out). The learned per-query policies never
 read test: `router-policy` is the supervised router (`rl.policy.router.select_router_cv`,
 chosen by cross-validation over train, `bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
-policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen;
-it picks configs outside the portfolio and is scored by its own picks' rows;
+policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen:
+by default bench/policy.py's residual design, which may defer a query to `router-policy`'s
+router held to the budget (`--ppo-base none`: PPO alone); it picks configs outside the
+portfolio and is scored by its own picks' rows;
 `ppo-policy-online` is that policy updated by PPO on the stream from the rewards of the
 configs it served (`rl.policy.ppo_online`).
 
@@ -381,6 +383,9 @@ def main() -> None:
     ap.add_argument("--bandit", choices=("sw-ucb", "rl"), default="sw-ucb")
     ap.add_argument("--no-ppo", action="store_true",
                     help="leave out the ppo-policy system (issue 19's per-query PPO policy)")
+    ap.add_argument("--ppo-base", choices=("router", "none"), default="router",
+                    help="router (default, bench/policy.py's design): a residual PPO policy "
+                         "that may defer to the supervised router; none: PPO alone")
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
@@ -402,7 +407,8 @@ def main() -> None:
     bandit_factory, bandit_name = make_bandit_factory(a.bandit)
     t_fit = time.perf_counter()
     ppo = {} if a.no_ppo else {ds: drift_ppo.train(b, learned[ds].router,
-                                                   drift_ppo.settings(a.quick), a.seed)
+                                                   drift_ppo.settings(a.quick), a.seed,
+                                                   a.ppo_base)
                                for ds, b in bundles.items()}
     skipped: list[dict] = []
     specs = streams(a.quick, length, bundles, skipped)
@@ -436,7 +442,7 @@ def main() -> None:
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1), "seeds": a.seeds,
         "load_s": round(t_load - t0, 1), "fit_s": round(t_fit - t_load, 1),
-        "ppo_s": round(t_ppo - t_fit, 1),
+        "ppo_s": round(t_ppo - t_fit, 1), "ppo_base": None if a.no_ppo else a.ppo_base,
         "length": length, "arms": bundles[datasets[0]].names,
         "base_config": policy.base_config().model_dump(mode="json"),
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),

@@ -67,5 +67,10 @@ def fit_learned_policy(kind: str, bundle, seed: int) -> LearnedPolicy:
             bundle.R["valid"], bundle.arm_descriptors, seed)
     if kind != "router":
         raise ValueError(f"unknown learned policy {kind!r} (known: router)")
-    groups = [str(i).split("<::>")[0] for i in bundle.ids["train"]]  # MTRAG: conversation
-    return fit_router(*args, groups=groups)
+    return fit_router(*args, groups=train_groups(bundle))
+
+
+def train_groups(bundle) -> list[str]:
+    """Each train query's group for grouped folds: its conversation on MTRAG (ids
+    `<conversation><::><turn>`), the query itself elsewhere."""
+    return [str(i).split("<::>")[0] for i in bundle.ids["train"]]

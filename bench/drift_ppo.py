@@ -7,9 +7,14 @@ read from the tuner's lazy per-(config, query) rows (`bench.drift_data.served_re
 
 Training is `bench/policy.py`'s, on the drift bundle's roles (`bench.policy_ppo.run_ppo`):
 one policy per seed of configs/policy/ppo.yaml, trained on train under the PPO-Lagrangian
-bound on best-static's mean valid tokens, behaviour-cloning warm starts (the best static arm,
-the supervised router's train picks plain and held to the budget; the best on valid is where
-PPO starts), the checkpoint chosen on valid. Stream seed i is served by policy i mod S.
+bound on best-static's mean valid tokens, the checkpoint chosen on valid. By default it is
+bench/policy.py's design, a residual policy over the supervised router (`base="router"`): a
+`defer` head hands a query to the `router-policy` system's router held to the budget, and the
+router's view of the query joins the observation (out of fold on train, where the router was
+fitted); warm starts: defer everywhere (its own heads cloned to the router's picks) and the
+best static arm, the better on valid kept. `base="none"` (`bench/drift.py --ppo-base none`)
+is PPO alone on the query features, warm-started from the best static arm and the router's
+train picks (plain and held to the budget). Stream seed i is served by policy i mod S.
 Pools: `main` (the test split), `price<x>` (the same choices re-priced: the policy does not see
 the price, so a frozen policy keeps its picks), `updated` (the regenerated synthetic world:
 the policy acts on its queries' features and its picks are evaluated on the new corpus).
@@ -22,14 +27,17 @@ runs a PPO update every `ONLINE_BATCH` requests, its cost bound the training bud
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rewards
-from bench.policy import DEFAULT_WARM, warm_starts
-from bench.policy_ppo import run_ppo, with_train
+from bench.drift_policy import train_groups
+from bench.policy import DEFAULT_WARM, STACK_FOLDS, router_view, stacked, warm_starts
+from bench.policy_ppo import run_ppo, with_heads, with_train
+from rl.policy.router import arm_features
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
@@ -47,6 +55,9 @@ class TrainedPPO:
     describe: str
     rewards: dict[str, np.ndarray] = field(default_factory=dict)
     """Pool name -> (n, S) per-query rewards (filled by `pool_rewards`)."""
+    view: Callable[[np.ndarray], tuple[np.ndarray, list]] | None = None
+    """Raw query features -> (observation rows, base config per row) of a residual policy;
+    None: the policy acts on the raw features alone."""
 
 
 def settings(quick: bool):
@@ -57,47 +68,83 @@ def settings(quick: bool):
     return with_train(s, iters=3, batch=128, seeds=(0,), eval_every=3) if quick else s
 
 
-def train(bundle: Bundle, router, ppo_settings, seed: int,
-          warm: tuple[str, ...] = DEFAULT_WARM["none"]) -> TrainedPPO:
+def train(bundle: Bundle, router, ppo_settings, seed: int, base: str = "router",
+          warm: tuple[str, ...] | None = None) -> TrainedPPO:
     """One policy per seed on `bundle`'s train role, selected on valid (module docstring).
-    `router`: the fitted supervised router of the `router-policy` system (its train picks are
-    warm starts)."""
+    `router`: the fitted supervised router of the `router-policy` system (fitted on train
+    only). `base`: "router" (bench/policy.py's default design, a residual policy over that
+    router held to the budget) or "none" (PPO alone on the query features); `warm`: the warm
+    starts (None: bench/policy.py's defaults for `base`)."""
     ev = bundle.ev
     configs, _ = drift_arms(ev, ev.policy)
     if [n for n, _ in configs] != bundle.names:
         raise ValueError("the bundle's arms are not the drift arms (`drift_arms`)")
+    if base not in DEFAULT_WARM:
+        raise ValueError(f"base {base!r}: one of {', '.join(DEFAULT_WARM)}")
     parts = _roles(ev.data, seed)
     Rv, Tv = bundle.R["valid"], bundle.T["valid"]
-    base = int(np.argmax(Rv.mean(axis=0)))
-    budget = float(Tv[:, base].mean())
+    static = int(np.argmax(Rv.mean(axis=0)))
+    budget = float(Tv[:, static].mean())
     price = router.fit_token_price(bundle.X["valid"], Tv, budget)
-    starts = warm_starts(warm, configs, base, Rv, Tv, budget, {
-        "supervised-router": router.choose(bundle.X["train"], 0.0),
-        "supervised-router-equal-cost": router.choose(bundle.X["train"], price)})
+    picks = {"supervised-router": router.choose(bundle.X["train"], 0.0),
+             "supervised-router-equal-cost": router.choose(bundle.X["train"], price)}
+    X, bases, settings, view = bundle.X, None, ppo_settings, None
+    if base == "router":
+        # the router was fitted on train alone: its view is out of fold there, its own on
+        # valid and on every pool the streams draw
+        M = {"train": {"R": bundle.R["train"], "T": bundle.T["train"]}}
+        X, base_arms = stacked(router, price, static, bundle.X, M,
+                               {"train": train_groups(bundle)}, configs, seed)
+        bases = {role: [configs[j][1] for j in a] for role, a in base_arms.items()}
+        picks["defer-to-router"] = base_arms["train"]
+        settings = with_heads(ppo_settings, defer=True)
+        arm_desc = arm_features([c for _, c in configs])
+
+        def view(Xraw: np.ndarray) -> tuple[np.ndarray, list]:
+            arms_, F = router_view(router, price, static, arm_desc, router.predict(Xraw))
+            return np.hstack([Xraw, F]), [configs[j][1] for j in arms_]
+
+    starts = warm_starts(DEFAULT_WARM[base] if warm is None else warm, configs, static, Rv,
+                         Tv, budget, picks)
     kept: list[Any] = []
-    _, details = run_ppo(ev, parts, bundle.X, budget, ppo_settings,
-                         list(ppo_settings.train.seeds), warm=starts, keep=kept)
+    _, details = run_ppo(ev, parts, X, budget, settings, list(settings.train.seeds),
+                         warm=starts, keep=kept, base=bases)
     s = ppo_settings.train
     desc = (f"rl.policy.ppo_policy.PerQueryPPO, {len(kept)} seeds x {s.iters} iterations x "
             f"{s.batch} queries on train ({bundle.R['train'].shape[0]}), checkpoint chosen on "
-            f"valid; token budget {budget:.0f} (best static `{bundle.names[base]}` on valid); "
+            f"valid; token budget {budget:.0f} (best static `{bundle.names[static]}` on valid); "
             f"warm starts {', '.join(w.name for w in starts) or 'none'}; kept starts: "
             + ", ".join(f"seed {p['seed']}: {p['warm_start']}" for p in details["per_seed"]))
-    return TrainedPPO(kept, details, desc)
+    if base == "router":
+        deferred = [f"{100 * p['test_deferred']:.0f}%" for p in details["per_seed"]]
+        desc += (f"; residual over `router-policy` held to the budget (token price "
+                 f"{price:.2e}; a `defer` head hands it the query; its out-of-fold view of each "
+                 f"train query joins the observation): test queries deferred per seed "
+                 f"{', '.join(deferred)}")
+        details["base"] = {"policy": "router-policy held to the budget", "token_price": price,
+                           "oof_folds": STACK_FOLDS}
+    return TrainedPPO(kept, details, desc, view=view)
+
+
+def observe(trained: TrainedPPO, X: np.ndarray) -> tuple[np.ndarray, list | None]:
+    """What the policies act on for raw query features `X`: the observation rows and the
+    base policy's config per row (None without a base)."""
+    return (X, None) if trained.view is None else trained.view(X)
 
 
 def pool_rewards(trained: TrainedPPO, bundle: Bundle, factor: float = 1.0) -> np.ndarray:
     """(n_test, S): each policy's greedy pick on every test query of `bundle`, its reward
     with the token price times `factor`."""
-    cols = [served_rewards(bundle.ev, "test", pol.act(bundle.X["test"]), factor)
+    X, base = observe(trained, bundle.X["test"])
+    cols = [served_rewards(bundle.ev, "test", pol.act(X, base), factor)
             for pol in trained.policies]
     return np.column_stack(cols)
 
 
 def distinct_configs(trained: TrainedPPO, bundle: Bundle) -> list[int]:
     """How many distinct configs each policy picks over `bundle`'s test queries."""
-    return [len({c.config_hash for c in pol.act(bundle.X["test"])})
-            for pol in trained.policies]
+    X, base = observe(trained, bundle.X["test"])
+    return [len({c.config_hash for c in pol.act(X, base)}) for pol in trained.policies]
 
 
 class StreamWorld:
@@ -144,6 +191,8 @@ def online_served(trained: TrainedPPO, bundle: Bundle, updated: Bundle | None,
 
     def served(real, i: int) -> np.ndarray:
         pol = trained.policies[i % len(trained.policies)]
-        return adapt_online(pol, StreamWorld(real.draws, world), real.X, budget, ONLINE_BATCH, seed=i).reward
+        X, base = observe(trained, real.X)
+        return adapt_online(pol, StreamWorld(real.draws, world), X, budget, ONLINE_BATCH,
+                            seed=i, base=base).reward
 
     return served

@@ -339,34 +339,42 @@ STACK_FOLDS = 5
 """Folds of the training queries' out-of-fold router view (`stacked`)."""
 
 
+def router_view(router: SupervisedRouter, price: float, static_arm: int,
+                arm_desc: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The residual PPO policy's base pick per row (the router at `price`, with its switching
+    margin) and the router's view of the row (`rl.policy.router.router_features`), from the
+    router's predicted rewards `scores` (n, K)."""
+    static = router.static_arm if router.static_arm is not None else static_arm
+    return router_features(scores, price, router.arm_tokens, static, arm_desc,
+                           router.margin if router.static_arm is not None else None)
+
+
 def stacked(router: SupervisedRouter, price: float, static_arm: int,
             X: dict[str, np.ndarray], M: dict[str, dict[str, np.ndarray]],
-            examples: dict[str, list], configs: list[tuple[str, RAGConfig]], seed: int
+            groups: dict[str, list[str]], configs: list[tuple[str, RAGConfig]], seed: int
             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The residual PPO policy's observations and base picks per role: the query features
-    followed by the router's view of the query (`rl.policy.router.router_features`, priced
-    at `price`, with its switching margin). On train and valid, the rows `select_router_cv`
-    fitted the router on, the scores are out of fold (`out_of_fold_scores` over train ∪
-    valid, folds grouped by conversation, the router's chosen hyper-parameters), so PPO's
-    training and its model selection see the router as good as it is on new queries; on
-    test they are the router fitted on train ∪ valid, the one the router rows use."""
+    followed by the router's view of the query (`router_view`). `groups` names the roles the
+    router was fitted on, in its fit order, with each query's group (MTRAG: its
+    conversation): on those roles the scores are out of fold (`out_of_fold_scores` over
+    them, folds grouped, the router's chosen hyper-parameters), so PPO's training and its
+    model selection see the router as good as it is on new queries; on every other role they
+    are the fitted router's own."""
     arm_desc = arm_features([c for _, c in configs])
-    fitted = ("train", "valid")  # the rows select_router_cv fitted the router on
-    n_train = len(X["train"])
+    fitted = list(groups)
     oof = out_of_fold_scores(
         router.params, np.vstack([X[r] for r in fitted]),
         np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
-        arm_desc, [conversation_of(e) for r in fitted for e in examples[r]], STACK_FOLDS, seed)
-    scores = {"train": oof[:n_train], "valid": oof[n_train:]}
+        arm_desc, [g for r in fitted for g in groups[r]], STACK_FOLDS, seed)
+    scores, at = {}, 0
+    for r in fitted:
+        scores[r], at = oof[at:at + len(X[r])], at + len(X[r])
     for role in X:
         if role not in fitted:
             scores[role] = router.predict(X[role])
     Xo, arms_ = {}, {}
-    static = router.static_arm if router.static_arm is not None else static_arm
     for role, S in scores.items():
-        arms_[role], F = router_features(S, price, router.arm_tokens, static, arm_desc,
-                                         router.margin if router.static_arm is not None
-                                         else None)
+        arms_[role], F = router_view(router, price, static_arm, arm_desc, S)
         Xo[role] = np.hstack([X[role], F])
     return Xo, arms_
 
@@ -411,7 +419,8 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
                  "supervised-router-equal-cost": router.choose(X["train"], price_s)}
         X_ppo, bases, settings = X, None, ppo
         if ppo_run.base == "router":
-            X_ppo, base_arms = stacked(router, price_s, base, X, M, examples, configs, seed)
+            groups = {r: [conversation_of(e) for e in examples[r]] for r in ("train", "valid")}
+            X_ppo, base_arms = stacked(router, price_s, base, X, M, groups, configs, seed)
             bases = {role: [configs[j][1] for j in arms_] for role, arms_ in base_arms.items()}
             picks["defer-to-router"] = base_arms["train"]
             settings = with_heads(ppo, defer=True)

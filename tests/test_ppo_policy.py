@@ -165,6 +165,20 @@ def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup
     assert np.mean(~pol.deferred(X)[wrong]) > 0.3
     assert np.mean(pol.deferred(X)[~wrong]) > 0.9  # ... and only there
 
+    # served online (bench/drift.py's ppo-policy-online for a residual policy): the stream's
+    # base configs reach the served steps, sampled deferrals serve the base's config
+    from rl.policy.ppo_online import adapt_online
+
+    order = np.random.default_rng(3).integers(0, len(X), size=256)
+    with pytest.raises(ValueError, match="needs the base policy's config"):
+        adapt_online(pol, ToyWorld(X[order]), X[order], budget=1.0, batch=128)
+    got = adapt_online(pol, ToyWorld(X[order]), X[order], budget=1.0, batch=128,
+                       base=[base[j] for j in order])
+    right = ~wrong[order]
+    served_base = np.array([h == base[0].config_hash for h in got.config_hash])
+    assert served_base[right].mean() > 0.7, served_base[right].mean()
+    assert got.reward.mean() > base_reward + 0.1, (got.reward.mean(), base_reward)
+
 
 def test_online_adaptation_learns_from_served_requests_only(setup):
     """`rl.policy.ppo_online.adapt_online`: a barely trained policy (one PPO iteration) serves

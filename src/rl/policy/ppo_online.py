@@ -19,11 +19,13 @@ end).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
+from rag.config import RAGConfig
 from rl.policy.ppo_policy import (
     OBS_CLIP,
     PerQueryPPO,
@@ -49,9 +51,11 @@ class Served:
 
 class StreamEnv(gym.Env):
     """One-step episodes over a stream's requests in order (`env_config["stream"]`: {"world",
-    "layout", "X"}); request t's reward is the world's outcome of the sampled config on
-    request t, minus lambda times its cost. Every served step is logged; steps past the end of
-    the stream (the last batch's padding) are served but not logged."""
+    "layout", "X", "base"}); request t's reward is the world's outcome of the sampled config on
+    request t, minus lambda times its cost. "base": the base policy's config per request, for
+    a residual policy (a `defer` head hands the request to it), else None. Every served step
+    is logged; steps past the end of the stream (the last batch's padding) are served but not
+    logged."""
 
     def __init__(self, env_config: dict | None = None):
         cfg = dict(env_config or {})
@@ -60,6 +64,7 @@ class StreamEnv(gym.Env):
         self.layout = b["layout"]
         self.X = np.asarray(b["X"], dtype=np.float32)
         self.log: list[tuple[float, float, str]] = b["log"]
+        self.base = b.get("base")
         self.lam = float(cfg.get("lam", 0.0))
         self.costs: list[float] = []
         self.observation_space = gym.spaces.Box(-OBS_CLIP, OBS_CLIP, shape=(self.X.shape[1],),
@@ -75,7 +80,7 @@ class StreamEnv(gym.Env):
 
     def step(self, action):
         i = min(self._t, len(self.X) - 1)
-        config = self.layout.decode(action)
+        config = self.layout.decode(action, None if self.base is None else self.base[i])
         o = self.world.outcome(i, config)
         if self._t < len(self.X):
             self.log.append((o.reward, o.cost, config.config_hash))
@@ -85,10 +90,12 @@ class StreamEnv(gym.Env):
 
 
 def adapt_online(policy: PerQueryPPO, world: QueryWorld, X: np.ndarray, budget: float,
-                 batch: int = 64, seed: int = 0) -> Served:
+                 batch: int = 64, seed: int = 0,
+                 base: Sequence[RAGConfig] | None = None) -> Served:
     """Serve `world`'s requests 0..n-1 (raw features `X`, one row per request) in order,
     updating a copy of `policy` every `batch` requests (module docstring); `budget`: the mean
-    cost bound in C_ref units."""
+    cost bound in C_ref units; `base`: the base policy's config per request (needed by a
+    policy with a `defer` head, as in `PerQueryPPO.act`)."""
     from rl.common.rllib import ppo_config
     from rl.common.runtime import init_ray
     from rl.policy.warm_start import MODULE_COMPONENT
@@ -97,12 +104,13 @@ def adapt_online(policy: PerQueryPPO, world: QueryWorld, X: np.ndarray, budget: 
         raise ValueError("adapt_online needs a trained policy (its module is None)")
     if len(X) != world.n:
         raise ValueError(f"{len(X)} feature rows for a stream of {world.n} requests")
+    policy.layout.check_base(base, world.n, "base")
     init_ray()
     t, lg = policy.settings.train, policy.settings.lagrange
     key = f"ppo-online-{id(policy)}-{seed}-{id(world)}"
     log: list[tuple[float, float, str]] = []
     _STREAMS[key] = {"world": world, "layout": policy.layout, "X": policy.standardise(X),
-                     "log": log}
+                     "log": log, "base": None if base is None else list(base)}
     cfg = ppo_config(StreamEnv, {"stream": key, "lam": policy.lam}, seed=seed,
                      train_batch_size=batch, module_spec=policy.spec(),
                      disable_env_checking=True, lr=t.lr, gamma=0.0, lambda_=0.0,
