@@ -35,9 +35,9 @@ import numpy as np
 
 from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rewards
 from bench.drift_policy import train_groups
-from bench.policy import DEFAULT_WARM, STACK_FOLDS, router_view, stacked, warm_starts
+from bench.policy import DEFAULT_WARM, STACK_FOLDS, stacked, warm_starts
 from bench.policy_ppo import run_ppo, with_heads, with_train
-from rl.policy.router import arm_features
+from rl.policy.router import arm_features, router_view
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"

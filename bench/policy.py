@@ -100,7 +100,7 @@ from rl.policy.router import (  # noqa: E402
     SupervisedRouter,
     arm_features,
     out_of_fold_scores,
-    router_features,
+    router_view,
     select_router_cv,
 )
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
@@ -337,16 +337,6 @@ class FoldResult:
 
 STACK_FOLDS = 5
 """Folds of the training queries' out-of-fold router view (`stacked`)."""
-
-
-def router_view(router: SupervisedRouter, price: float, static_arm: int,
-                arm_desc: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The residual PPO policy's base pick per row (the router at `price`, with its switching
-    margin) and the router's view of the row (`rl.policy.router.router_features`), from the
-    router's predicted rewards `scores` (n, K)."""
-    static = router.static_arm if router.static_arm is not None else static_arm
-    return router_features(scores, price, router.arm_tokens, static, arm_desc,
-                           router.margin if router.static_arm is not None else None)
 
 
 def stacked(router: SupervisedRouter, price: float, static_arm: int,

@@ -209,3 +209,113 @@ def test_online_adaptation_learns_from_served_requests_only(setup):
     assert got.reward[-q:].mean() > frozen[-q:].mean() + 0.5, (
         frozen[-q:].mean(), got.reward[-q:].mean())
     assert [c.config_hash for c in pol.act(X)] == [c.config_hash for c in before]
+
+
+def _short(s, iters=2):
+    return s.model_copy(update={"train": s.train.model_copy(update={"iters": iters,
+                                                                     "eval_every": iters})})
+
+
+def test_served_over_a_fixed_arm_list_and_saved_as_a_policy_directory(setup, tmp_path):
+    """`rl.policy.ppo_serving.PPOPortfolioPolicy`: the arms are the PPO policy's greedy configs
+    on reference queries; on them it acts exactly as PPO does; a new query whose greedy config
+    is no arm gets the arm PPO puts most probability on (counted); that probability is the one
+    PPO's own sampling logs as propensity; it round-trips through a policy directory."""
+    from rag.config import RAGConfig
+    from rl.policy.base import Exploring, PerQueryPolicy, load_policy, save_policy
+    from rl.policy.ppo_serving import PPOPortfolioPolicy
+
+    s, layout, X = setup
+    world = ToyWorld(X)
+    pol = PerQueryPPO.create(layout, _short(s), X)
+    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    ref, new = X[:60], X[60:]
+    served = PPOPortfolioPolicy(pol, ref)
+    assert isinstance(served, PerQueryPolicy)
+    want = pol.act(ref)
+    assert [served.arms[j].config_hash for j in served.act(ref)] == \
+        [c.config_hash for c in want]
+    assert {c.config_hash for c in served.arms} == {c.config_hash for c in want}
+    assert served.off_list == 0
+
+    greedy, got = pol.act(new), served.act(new)
+    listed = np.array([c.config_hash in {a.config_hash for a in served.arms} for c in greedy])
+    assert [served.arms[j].config_hash for j in got[listed]] == \
+        [c.config_hash for c, ok in zip(greedy, listed, strict=True) if ok]
+    assert served.off_list == int((~listed).sum())
+    AP = served.arm_probs(new)
+    assert np.all(AP.sum(axis=1) <= 1 + 1e-9)
+    assert np.array_equal(got[~listed], AP[~listed].argmax(axis=1))
+    P = served.probs(new)
+    assert np.array_equal(P.argmax(axis=1), got) and np.allclose(P.sum(axis=1), 1.0)
+
+    # the probability of a config is PPO's own propensity of drawing it (sampling, no rerank:
+    # one action per config)
+    cfgs, props = pol.sample(new, np.random.default_rng(0))
+    rows = [i for i, c in enumerate(cfgs) if c.rerank == "none"]
+    assert len(rows) >= 20
+    CP = served.config_probs(new, cfgs)
+    assert np.allclose(CP[rows, rows], props[rows], rtol=1e-6)
+
+    save_policy(served, tmp_path / "served", base_config=RAGConfig(),
+                names=[f"ppo-{j}" for j in range(len(served.arms))])
+    back = load_policy(tmp_path / "served").policy
+    assert np.array_equal(back.act(new), got)
+    assert Exploring(back, 0.1).probs(new).min() >= 0.1 / len(served.arms) - 1e-12
+
+
+def test_a_residual_policy_is_served_with_its_router(setup, tmp_path):
+    """A residual PPO policy (`defer` head) served over its router's arms plus its own picks:
+    PPO's observation is rebuilt from the query features and the router's view, as in
+    training; a greedy deferral serves the router's pick; a config's probability adds the
+    defer head's mass on the router's pick to PPO's own propensity."""
+    from rag.config import RAGConfig
+    from rl.policy.base import load_policy, save_policy
+    from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase
+    from rl.policy.router import RouterParams, SupervisedRouter, arm_features
+    from rl.policy.warm_start import WarmStart
+
+    s, _, X = setup
+    s = _short(s.model_copy(update={"heads": s.heads.model_copy(update={"defer": True})}))
+    layout = HeadLayout(s.heads, TunerSettings.defaults())
+    world = ToyWorld(X)
+    fixed = {"rerank": 0, "generator": 0, "mmr_lambda": np.array([1.0]),
+             "fusion_weight": np.array([0.5]), "abstain_threshold": np.array([0.5]),
+             "k": layout.ks.index(2), "normalisation": 0, "defer": 0}
+    arms = [layout.decode({**fixed, "variant": layout.variants.index(v)})
+            for v in ("bm25", "dense")]
+    R = np.array([[world.outcome(i, a).reward for a in arms] for i in range(len(X))])
+    router = SupervisedRouter(RouterParams(max_iter=30, max_leaf_nodes=7, min_samples_leaf=10)
+                              ).fit(X, R, None, arm_features(arms))
+    base = ResidualBase(router, arms)
+    picks, F = base.view(X)
+    obs, base_cfg = np.hstack([X, F]), [arms[j] for j in picks]
+    pol = PerQueryPPO.create(layout, s, obs)
+    pol.train(world, obs, world, obs, budget=1.0, seed=0, log=lambda m: None,
+              base_train=base_cfg, base_valid=base_cfg,
+              warm=[WarmStart("defer", [arms[1]], defer=True)])
+    with pytest.raises(ValueError, match="defer head"):
+        PPOPortfolioPolicy(pol, X[:60])
+    served = PPOPortfolioPolicy(pol, X[:60], base)
+    assert [c.config_hash for c in served.arms[:2]] == [a.config_hash for a in arms]
+    new = X[60:]
+    want, got = pol.act(obs[60:], base_cfg[60:]), served.act(new)
+    listed = np.array([c.config_hash in {a.config_hash for a in served.arms} for c in want])
+    assert listed.mean() > 0.8
+    assert [served.arms[j].config_hash for j in got[listed]] == \
+        [c.config_hash for c, ok in zip(want, listed, strict=True) if ok]
+    deferred = pol.deferred(obs[60:])
+    assert deferred.mean() > 0.5 and np.array_equal(got[deferred], picks[60:][deferred])
+
+    cfgs, props = pol.sample(obs[60:], np.random.default_rng(0), base_cfg[60:])
+    CP = served.config_probs(new, cfgs)
+    rows = np.array([i for i, c in enumerate(cfgs) if c.rerank == "none"])
+    own = np.array([cfgs[i].config_hash != base_cfg[60 + i].config_hash for i in rows])
+    assert own.sum() >= 3 and (~own).sum() >= 3
+    d = CP[rows, rows] - props[rows]
+    assert np.allclose(d[own], 0.0, atol=1e-9)   # PPO's own draw: its propensity
+    assert np.all(d[~own] >= -1e-9)              # the router's pick: deferral plus own mass
+    assert np.all(served.arm_probs(new).sum(axis=1) <= 1 + 1e-9)
+
+    save_policy(served, tmp_path / "residual", base_config=RAGConfig())
+    assert np.array_equal(load_policy(tmp_path / "residual").policy.act(new), got)

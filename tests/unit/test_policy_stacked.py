@@ -17,7 +17,7 @@ def _planted(rng, n):
 
 
 def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
-    from bench.policy import STACK_FOLDS, router_view, stacked
+    from bench.policy import STACK_FOLDS, stacked
 
     from rag.config import RAGConfig
     from rl.policy.router import (
@@ -26,6 +26,7 @@ def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
         SupervisedRouter,
         arm_features,
         out_of_fold_scores,
+        router_view,
     )
 
     rng = np.random.default_rng(0)

@@ -9,8 +9,10 @@ question's features (`rl.policy.features.QueryFeaturizer`, shape (n, N_FEATURES)
         def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
 
 Implementations: `RouterPolicy` (the supervised router, B3, greedy: one-hot probs),
-`rl.policy.bandit.LinUCBPolicy` (B4), and, through a thin adapter over its own portfolio,
-helper A's PPO policy. `Exploring(policy, epsilon)` is the ε-mixture every *served* policy
+`rl.policy.bandit.LinUCBPolicy` (B4) and `rl.policy.ppo_serving.PPOPortfolioPolicy` (issue 19's
+PPO policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
+on reference queries plus, for a residual policy, its base router's portfolio).
+`Exploring(policy, epsilon)` is the ε-mixture every *served* policy
 runs behind: probs = (1 − ε)·policy.probs + ε/M, so every arm keeps a propensity of at least
 ε/M and the logged propensities make off-policy estimates of any other policy possible.
 

@@ -347,6 +347,18 @@ def router_features(scores: np.ndarray, token_price: float, arm_tokens: np.ndarr
     return pick, F
 
 
+def router_view(router: SupervisedRouter, price: float, static_arm: int,
+                arm_desc: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A residual policy's base pick per row (`router` at token `price`, with its switching
+    margin over its own static arm when it has one, else plain argmax with `static_arm` as
+    the reference arm of the features) and the router's view of the row (`router_features`),
+    from the router's predicted rewards `scores` (n, K). `arm_desc`: `arm_features` of its
+    arms."""
+    static = router.static_arm if router.static_arm is not None else static_arm
+    return router_features(scores, price, router.arm_tokens, static, arm_desc,
+                           router.margin if router.static_arm is not None else None)
+
+
 class SegmentLookup:
     """The best arm per segment label (B2), learnt from a reward matrix."""
 
