@@ -319,3 +319,39 @@ def test_a_residual_policy_is_served_with_its_router(setup, tmp_path):
 
     save_policy(served, tmp_path / "residual", base_config=RAGConfig())
     assert np.array_equal(load_policy(tmp_path / "residual").policy.act(new), got)
+
+
+def test_the_policy_replica_serves_a_ppo_policy_directory(setup, tmp_path):
+    """The Serve app's policy replica body (`serving.policy_router.PolicyService`, no Ray
+    Serve) loads a `PPOPortfolioPolicy` directory over the synthetic world's indexes: it
+    featurizes each question as PPO was trained, picks with ε-exploration (propensity logged,
+    at least ε/M) and answers with the picked arm's pipeline; greedy picks are PPO's."""
+    from rag.config import RAGConfig
+    from rl.common.data import TuningData
+    from rl.policy.base import save_policy
+    from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
+    from rl.policy.ppo_serving import PPOPortfolioPolicy
+    from serving.policy_router import PolicyService
+
+    s, layout, _ = setup
+    base = RAGConfig(generator="extractive")
+    data = TuningData.open("synthetic")
+    examples = data.dataset.examples[:80]
+    X = QueryFeaturizer(data.indexes, base).matrix(examples)
+    world = ToyWorld(X - np.median(X, axis=0))  # bm25 below the median of column 0
+    pol = PerQueryPPO.create(layout, _short(s), X)
+    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    served = PPOPortfolioPolicy(pol, X)
+    d = save_policy(served, tmp_path / "ppo", base_config=base, feature_names=FEATURE_NAMES,
+                    epsilon=0.1)
+    svc = PolicyService(str(d), dataset="synthetic", seed=0, warmup=False)
+    assert svc.info()["kind"] == "PPOPortfolioPolicy"
+    greedy = served.act(X[:20])
+    picks = []
+    for e in examples[:20]:
+        out = svc.answer(e.question)
+        p = out["policy"]
+        assert p["propensity"] >= 0.1 / len(served.arms) - 1e-12
+        assert out["variant_id"] == served.arms[p["arm"]].config_hash
+        picks.append(p["arm"])
+    assert np.mean(np.array(picks) == greedy) >= 0.7  # ε = 0.1: the rest explored
