@@ -86,6 +86,7 @@ from bench.policy_ppo import (  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
+from rl.policy.base import save_policy  # noqa: E402
 from rl.policy.features import (  # noqa: E402
     FEATURE_NAMES,
     QueryFeaturizer,
@@ -93,6 +94,7 @@ from rl.policy.features import (  # noqa: E402
     feature_names,
 )
 from rl.policy.portfolio import portfolio, with_formulations  # noqa: E402
+from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase  # noqa: E402
 from rl.policy.router import (  # noqa: E402
     CV_FOLDS,
     ROUTER_FEATURE_NAMES,
@@ -369,10 +371,26 @@ def stacked(router: SupervisedRouter, price: float, static_arm: int,
     return Xo, arms_
 
 
+def served_policy_dir(pol, reference: np.ndarray, residual: ResidualBase | None,
+                      names: list[str], base_config: RAGConfig, views: Sequence[str],
+                      out: Path) -> Path:
+    """Write a trained PPO policy as a policy directory `ragpilot serve` loads
+    (`rl.policy.ppo_serving.PPOPortfolioPolicy` over its greedy configs on `reference`, the
+    raw features of its train and valid queries, plus the router's arms when residual)."""
+    served = PPOPortfolioPolicy(pol, reference, residual)
+    known = {} if residual is None else {c.config_hash: n for n, c in
+                                         zip(names, residual.arms, strict=True)}
+    return save_policy(served, out, base_config=base_config,
+                       names=[known.get(c.config_hash, f"ppo-{c.config_hash}")
+                              for c in served.arms],
+                       feature_names=feature_names(views))
+
+
 def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Part],
           full: dict[str, dict[str, np.ndarray]], Xs: dict[str, dict[int, np.ndarray]],
           seed: int, ppo: PPOPolicySettings | None, ppo_out: Path | None,
-          ppo_deadline: float | None, ppo_run: PPORun) -> FoldResult:
+          ppo_deadline: float | None, ppo_run: PPORun, views: Sequence[str] = ()
+          ) -> FoldResult:
     """Every system chosen on `parts`' train and valid, acted once on its test (the protocol
     of the module docstring). `Xs[split][i]`: query i's features."""
     names = [n for n, _ in configs]
@@ -416,10 +434,18 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
             settings = with_heads(ppo, defer=True)
         warm = warm_starts(ppo_run.warm, configs, base, M["valid"]["R"], M["valid"]["T"], cap,
                            picks)
+        kept: list = []
         got[system], ppo_details[system] = run_ppo(
             ev, parts, X_ppo, cap, settings, list(ppo.train.seeds),
             None if ppo_out is None else ppo_out / system, ppo_deadline, warm,
-            ppo_run.grid, system, base=bases)
+            ppo_run.grid, system, keep=kept, base=bases)
+        if ppo_out is not None:  # each seed's policy as a directory the Serve app loads
+            residual = (None if bases is None else
+                        ResidualBase(router, [c for _, c in configs], price_s, base))
+            for p_seed, pol in zip(ppo_details[system]["seeds"], kept, strict=True):
+                served_policy_dir(pol, np.vstack([X["train"], X["valid"]]), residual, names,
+                                  ev.policy.base_config(), views,
+                                  ppo_out / system / f"seed{p_seed}" / "served")
         ppo_details[system]["budget_scale"] = scale
         if bases is not None:
             b_test = pick(T["R"], base_arms["test"])
@@ -527,7 +553,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
         out = (None if ppo_out is None else
                ppo_out / ds / (f"fold{f}" if folds > 1 else ""))
         results.append(_fold(ds, ev, configs, parts, full, Xs, seed, ppo, out, ppo_deadline,
-                             run))
+                             run, views))
         if folds > 1:
             print(f"[{ds}] fold {f + 1}/{folds} done", flush=True)
     got = {system: {k: np.concatenate([r.got[system][k] for r in results])
@@ -686,7 +712,9 @@ def main() -> None:
                     help="token budgets as multiples of best-static's valid mean: 1.0 is "
                          "ppo-policy, another x adds the system ppo-policy-budget<x>")
     ap.add_argument("--ppo-out", type=Path, default=None,
-                    help="where the PPO checkpoints and saved policies go (default: none)")
+                    help="where the PPO checkpoints and saved policies go, each seed's "
+                         "policy also as a directory the Serve app loads "
+                         "(DIR/<dataset>/ppo-policy/seed<s>/served; default: none)")
     ap.add_argument("--ppo-deadline", default=None,
                     help="HH:MM (UTC, today): start no PPO seed after it (the shared machine's "
                          "time box; the seeds run are listed in the details)")
