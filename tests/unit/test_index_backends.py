@@ -473,38 +473,3 @@ def test_serve_replicas_and_launcher_pass_index_settings(tmp_path, tiny_corpus) 
     with pytest.raises(ConfigError) as e:
         app_env_vars({"runtime_env": {"env_vars": {"RAGPILOT_FAISS_DEVICE": 1}}})
     assert e.value.field == "applications.0.runtime_env.env_vars"
-
-
-def test_a_query_is_embedded_once_per_retriever(tmp_path, tiny_corpus, monkeypatch) -> None:
-    """rag.index.dense.QUERY_CACHE: the dense search, the graph retriever's dense seeds and
-    MMR's query vector share one encoding of the question; results are those of a fresh
-    encoding, and a caller cannot change the cached vector."""
-    from rag.index import dense as dense_mod
-
-    class Counting(FakeEncoder):
-        def __init__(self):
-            self.texts: list[str] = []
-
-        def encode(self, texts, batch_size: int = 64, show_progress: bool = False):
-            self.texts.extend(texts)
-            return super().encode(texts, batch_size, show_progress)
-
-    enc = Counting()
-    monkeypatch.setattr(IndexSet, "encoder", lambda self: enc)
-    idx = IndexSet.create(tiny_corpus, tmp_path / "ix", indexes={"faiss_device": "cpu"},
-                          show_progress=False)
-    d = idx.dense("flat")
-    q = "Which drug lowers cholesterol?"
-    first = d.search(q, 3)
-    g = idx.graph()
-    assert any(r is d for r in g.seeds)  # the graph seeds from this very retriever
-    g.search(q, 3)  # ... with the same question
-    v = d.embed_query(q)
-    v[:] = 0.0  # a copy: the cached vector stays
-    assert enc.texts.count(q) == 1
-    assert d.search(q, 3) == first == d.search_vectors(FakeEncoder().encode([q]), 3)[0]
-    monkeypatch.setattr(dense_mod, "QUERY_CACHE", 2)
-    for other in ("cats", "dogs", "statins"):  # full: the cache is cleared, then refilled
-        d.embed_query(other)
-    d.search(q, 3)
-    assert enc.texts.count(q) == 2

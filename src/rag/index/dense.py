@@ -32,10 +32,6 @@ from rag.types import Hit
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
-QUERY_CACHE = 1024
-"""Query vectors a retriever keeps, per query string (cleared when full): a graph retriever's
-dense seeds embed the question the dense search just embedded, and a per-query policy's
-features retrieve with it again (rl.policy.features). Vectors are returned as copies."""
 
 
 def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: bool = False,
@@ -200,18 +196,9 @@ class DenseRetriever(Retriever):
 
     # ---- queries ------------------------------------------------------------------------
     def embed_query(self, query: str) -> np.ndarray:
-        """The query's unit vector; a query embedded before by this retriever is not encoded
-        again (`QUERY_CACHE`)."""
         if not isinstance(query, str) or not query.strip():
             raise ConfigError("query", "must be a non-empty string")
-        cache = self.__dict__.setdefault("_query_vecs", {})
-        v = cache.get(query)
-        if v is None:
-            v = encode_queries(self.encoder, [query])[0]
-            if len(cache) >= QUERY_CACHE:
-                cache.clear()
-            cache[query] = v
-        return v.copy()
+        return encode_queries(self.encoder, [query])[0]
 
     def passage_embeddings(self, ids: list[str]) -> np.ndarray:
         """Stored unit vectors of the given passage ids, in that order."""
