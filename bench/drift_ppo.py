@@ -37,7 +37,7 @@ from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rew
 from bench.drift_policy import train_groups
 from bench.policy import DEFAULT_WARM, STACK_FOLDS, stacked, warm_starts
 from bench.policy_ppo import run_ppo, with_heads, with_train
-from rl.policy.router import arm_features, router_view
+from rl.policy.ppo_serving import ResidualBase
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
@@ -98,11 +98,7 @@ def train(bundle: Bundle, router, ppo_settings, seed: int, base: str = "router",
         bases = {role: [configs[j][1] for j in a] for role, a in base_arms.items()}
         picks["defer-to-router"] = base_arms["train"]
         settings = with_heads(ppo_settings, defer=True)
-        arm_desc = arm_features([c for _, c in configs])
-
-        def view(Xraw: np.ndarray) -> tuple[np.ndarray, list]:
-            arms_, F = router_view(router, price, static, arm_desc, router.predict(Xraw))
-            return np.hstack([Xraw, F]), [configs[j][1] for j in arms_]
+        view = ResidualBase(router, [c for _, c in configs], price, static).observe
 
     starts = warm_starts(DEFAULT_WARM[base] if warm is None else warm, configs, static, Rv,
                          Tv, budget, picks)

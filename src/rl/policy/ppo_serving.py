@@ -26,7 +26,7 @@ Pickling carries the PPO policy's saved files (`PerQueryPPO.save`), so `save_pol
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +47,22 @@ class ResidualBase:
     arms: list[RAGConfig]
     price: float = 0.0
     static_arm: int = 0
+    arm_desc: np.ndarray = field(init=False, repr=False)
+    """`arm_features(arms)`, computed once (not per request)."""
+
+    def __post_init__(self) -> None:
+        self.arm_desc = arm_features(self.arms)
 
     def view(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(base pick per row, the router's view features (n, len(ROUTER_FEATURE_NAMES)))."""
-        return router_view(self.router, self.price, self.static_arm,
-                           arm_features(self.arms), self.router.predict(X))
+        return router_view(self.router, self.price, self.static_arm, self.arm_desc,
+                           self.router.predict(X))
+
+    def observe(self, X: np.ndarray) -> tuple[np.ndarray, list[RAGConfig]]:
+        """A residual policy's observation rows for query features `X` (the features, then
+        the router's view) and the base config per row."""
+        picks, F = self.view(X)
+        return np.hstack([X, F]), [self.arms[j] for j in picks]
 
 
 class PPOPortfolioPolicy:
@@ -78,10 +89,7 @@ class PPOPortfolioPolicy:
     def observe(self, X: np.ndarray) -> tuple[np.ndarray, list[RAGConfig] | None]:
         """PPO's observation rows for query features `X`, and the base config per row."""
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-        if self.base is None:
-            return X, None
-        picks, F = self.base.view(X)
-        return np.hstack([X, F]), [self.base.arms[j] for j in picks]
+        return (X, None) if self.base is None else self.base.observe(X)
 
     def act(self, X: np.ndarray) -> np.ndarray:
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
