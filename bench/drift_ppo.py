@@ -35,9 +35,10 @@ import numpy as np
 
 from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rewards
 from bench.drift_policy import train_groups
-from bench.policy import DEFAULT_WARM, STACK_FOLDS, stacked, warm_starts
+from bench.policy import DEFAULT_WARM, warm_starts
 from bench.policy_ppo import run_ppo, with_heads, with_train
 from rl.policy.ppo_serving import ResidualBase
+from rl.policy.router import STACK_FOLDS, stacked
 from rl.policy.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
@@ -94,7 +95,7 @@ def train(bundle: Bundle, router, ppo_settings, seed: int, base: str = "router",
         # valid and on every pool the streams draw
         M = {"train": {"R": bundle.R["train"], "T": bundle.T["train"]}}
         X, base_arms = stacked(router, price, static, bundle.X, M,
-                               {"train": train_groups(bundle)}, configs, seed)
+                               {"train": train_groups(bundle)}, [c for _, c in configs], seed)
         bases = {role: [configs[j][1] for j in a] for role, a in base_arms.items()}
         picks["defer-to-router"] = base_arms["train"]
         settings = with_heads(ppo_settings, defer=True)

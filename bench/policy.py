@@ -98,12 +98,11 @@ from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase  # noqa: E402
 from rl.policy.router import (  # noqa: E402
     CV_FOLDS,
     ROUTER_FEATURE_NAMES,
+    STACK_FOLDS,
     SegmentLookup,
-    SupervisedRouter,
     arm_features,
-    out_of_fold_scores,
-    router_view,
     select_router_cv,
+    stacked,
 )
 from rl.policy.settings import PPOPolicySettings  # noqa: E402
 from rl.policy.train import conversation_of, role_indices  # noqa: E402
@@ -337,40 +336,6 @@ class FoldResult:
     details: dict[str, Any]
 
 
-STACK_FOLDS = 5
-"""Folds of the training queries' out-of-fold router view (`stacked`)."""
-
-
-def stacked(router: SupervisedRouter, price: float, static_arm: int,
-            X: dict[str, np.ndarray], M: dict[str, dict[str, np.ndarray]],
-            groups: dict[str, list[str]], configs: list[tuple[str, RAGConfig]], seed: int
-            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The residual PPO policy's observations and base picks per role: the query features
-    followed by the router's view of the query (`router_view`). `groups` names the roles the
-    router was fitted on, in its fit order, with each query's group (MTRAG: its
-    conversation): on those roles the scores are out of fold (`out_of_fold_scores` over
-    them, folds grouped, the router's chosen hyper-parameters), so PPO's training and its
-    model selection see the router as good as it is on new queries; on every other role they
-    are the fitted router's own."""
-    arm_desc = arm_features([c for _, c in configs])
-    fitted = list(groups)
-    oof = out_of_fold_scores(
-        router.params, np.vstack([X[r] for r in fitted]),
-        np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
-        arm_desc, [g for r in fitted for g in groups[r]], STACK_FOLDS, seed)
-    scores, at = {}, 0
-    for r in fitted:
-        scores[r], at = oof[at:at + len(X[r])], at + len(X[r])
-    for role in X:
-        if role not in fitted:
-            scores[role] = router.predict(X[role])
-    Xo, arms_ = {}, {}
-    for role, S in scores.items():
-        arms_[role], F = router_view(router, price, static_arm, arm_desc, S)
-        Xo[role] = np.hstack([X[role], F])
-    return Xo, arms_
-
-
 def served_policy_dir(pol, reference: np.ndarray, residual: ResidualBase | None,
                       names: list[str], base_config: RAGConfig, views: Sequence[str],
                       out: Path) -> Path:
@@ -428,7 +393,8 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
         X_ppo, bases, settings = X, None, ppo
         if ppo_run.base == "router":
             groups = {r: [conversation_of(e) for e in examples[r]] for r in ("train", "valid")}
-            X_ppo, base_arms = stacked(router, price_s, base, X, M, groups, configs, seed)
+            X_ppo, base_arms = stacked(router, price_s, base, X, M, groups,
+                                       [c for _, c in configs], seed)
             bases = {role: [configs[j][1] for j in arms_] for role, arms_ in base_arms.items()}
             picks["defer-to-router"] = base_arms["train"]
             settings = with_heads(ppo, defer=True)

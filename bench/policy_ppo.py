@@ -54,15 +54,13 @@ def world_of(ev, part: Part) -> EvaluatorWorld | ConcatWorld:
 
 
 def with_train(settings: PPOPolicySettings, **train: Any) -> PPOPolicySettings:
-    """`settings` with some `train` fields replaced (validated)."""
-    return PPOPolicySettings.from_mapping({**settings.model_dump(mode="json"), "train": {
-        **settings.train.model_dump(mode="json"), **train}})
+    """`settings` with some `train` fields replaced (`PPOPolicySettings.with_train`)."""
+    return settings.with_train(**train)
 
 
 def with_heads(settings: PPOPolicySettings, **heads: Any) -> PPOPolicySettings:
-    """`settings` with some `heads` fields replaced (validated)."""
-    return PPOPolicySettings.from_mapping({**settings.model_dump(mode="json"), "heads": {
-        **settings.heads.model_dump(mode="json"), **heads}})
+    """`settings` with some `heads` fields replaced (`PPOPolicySettings.with_heads`)."""
+    return settings.with_heads(**heads)
 
 
 def run_ppo(ev, parts: dict[str, Part], X: dict[str, np.ndarray],

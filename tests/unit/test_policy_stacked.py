@@ -1,4 +1,4 @@
-"""The residual PPO policy's view of the supervised router (bench/policy.py `stacked`, used by
+"""The residual PPO policy's view of the supervised router (`rl.policy.router.stacked`, used by
 bench/policy.py on train ∪ valid and by bench/drift_ppo.py on train alone): on the roles the
 router was fitted on, its scores are out of fold; on every other role they are its own."""
 
@@ -17,26 +17,25 @@ def _planted(rng, n):
 
 
 def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
-    from bench.policy import STACK_FOLDS, stacked
-
     from rag.config import RAGConfig
     from rl.policy.router import (
         ROUTER_FEATURE_NAMES,
+        STACK_FOLDS,
         RouterParams,
         SupervisedRouter,
         arm_features,
         out_of_fold_scores,
         router_view,
+        stacked,
     )
 
     rng = np.random.default_rng(0)
     data = {r: _planted(rng, n) for r, n in (("train", 150), ("valid", 60), ("test", 60))}
     X = {r: d[0] for r, d in data.items()}
     M = {"train": {"R": data["train"][1], "T": data["train"][2]}}
-    configs = [("bm25-k3", RAGConfig(variant="bm25", k=3)),
-               ("dense-k8", RAGConfig(variant="dense", k=8)),
-               ("hybrid-k2", RAGConfig(variant="hybrid", k=2))]
-    desc = arm_features([c for _, c in configs])
+    configs = [RAGConfig(variant="bm25", k=3), RAGConfig(variant="dense", k=8),
+               RAGConfig(variant="hybrid", k=2)]
+    desc = arm_features(configs)
     params = RouterParams(max_iter=30, max_leaf_nodes=7, min_samples_leaf=10)
     router = SupervisedRouter(params, seed=0).fit(X["train"], M["train"]["R"],
                                                   M["train"]["T"], desc)

@@ -52,3 +52,39 @@ def test_max_train_on_data_without_a_train_split_is_refused(tmp_path, capsys):
     assert main(["policy", "train", "--out", str(tmp_path), "--max-train", "5"]) == 2
     assert "--max-train: synthetic has no train split" in capsys.readouterr().err
     assert not (tmp_path / "policy.json").exists()
+
+
+@pytest.mark.parametrize(("argv", "flag", "says"), [
+    (["--learner", "ppo", "--ppo-seeds", "0"], "--ppo-seeds", "must be 1..5"),
+    (["--learner", "ppo", "--ppo-seeds", "6"], "--ppo-seeds", "must be 1..5"),
+    (["--learner", "ppo", "--ppo-iters", "0"], "--ppo-iters", "must be >= 1"),
+    (["--learner", "ppo", "--equal-cost"], "--equal-cost", "always holds"),
+    (["--learner", "ppo", "--ppo-config", "/nonexistent/ppo.yaml"], "--ppo-config",
+     "does not exist"),
+    (["--ppo-seeds", "2"], "--ppo-seeds", "applies to --learner ppo only"),
+    (["--ppo-iters", "2"], "--ppo-iters", "applies to --learner ppo only"),
+])
+def test_bad_ppo_learner_input_exits_2_naming_the_flag(argv, flag, says, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["policy", "train", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}: " in err and says in err
+    assert not out.exists()  # refused before the run directory is made
+
+
+def test_a_bad_ppo_config_names_its_key_and_line(tmp_path, capsys):
+    bad = tmp_path / "ppo.yaml"
+    bad.write_text("ppo_policy:\n  train:\n    iters: 3\n    lr: fast\n")
+    out = tmp_path / "run"
+    assert main(["policy", "train", "--learner", "ppo", "--ppo-config", str(bad),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "ppo_policy.train.lr" in err and f"{bad}:4" in err
+    assert not out.exists()
+
+
+def test_resume_applies_to_the_ppo_learner_only(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["policy", "train", "--out", str(out), "--resume"]) == 2
+    assert "error: --resume: applies to --learner ppo only" in capsys.readouterr().err
+    assert not out.exists()

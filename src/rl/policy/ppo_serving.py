@@ -41,7 +41,7 @@ PPO_FILES = ("module.pt", "policy.json")
 class ResidualBase:
     """The base policy a residual PPO policy defers to: the supervised router over `arms`,
     held to its token `price`, with `static_arm` the reference arm of its view (as in
-    training: bench/policy.py `stacked`)."""
+    training: `rl.policy.router.stacked`)."""
 
     router: SupervisedRouter
     arms: list[RAGConfig]

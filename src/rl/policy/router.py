@@ -27,6 +27,7 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
   come from a router that trained on it, or on its conversation: `rl.stats.headroom.group_folds`),
   so the stacked policy sees
   the router as good as it is on new queries, not as good as it is on the queries it fitted.
+  `stacked` builds those observations for every role of a train / valid / test protocol.
 - `SegmentLookup`: the best arm per segment label (`rl.stats.headroom.segment_choice`), the
   best static arm for a label it never saw.
 """
@@ -357,6 +358,41 @@ def router_view(router: SupervisedRouter, price: float, static_arm: int,
     static = router.static_arm if router.static_arm is not None else static_arm
     return router_features(scores, price, router.arm_tokens, static, arm_desc,
                            router.margin if router.static_arm is not None else None)
+
+
+STACK_FOLDS = 5
+"""Folds of the fitted queries' out-of-fold router view (`stacked`)."""
+
+
+def stacked(router: SupervisedRouter, price: float, static_arm: int,
+            X: dict[str, np.ndarray], M: dict[str, dict[str, np.ndarray]],
+            groups: dict[str, list[str]], configs: Sequence[RAGConfig], seed: int
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The residual PPO policy's observations and base picks per role (X[role]: its query
+    features, M[role]: its R and T over the arms `configs`): the query features followed by
+    the router's view of the query (`router_view`). `groups` names the roles the router was
+    fitted on, in its fit order, with each query's group (MTRAG: its conversation): on those
+    roles the scores are out of fold (`out_of_fold_scores` over them, folds grouped, the
+    router's chosen hyper-parameters), so PPO's training and its model selection see the
+    router as good as it is on new queries; on every other role they are the fitted router's
+    own."""
+    arm_desc = arm_features(list(configs))
+    fitted = list(groups)
+    oof = out_of_fold_scores(
+        router.params, np.vstack([X[r] for r in fitted]),
+        np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
+        arm_desc, [g for r in fitted for g in groups[r]], STACK_FOLDS, seed)
+    scores, at = {}, 0
+    for r in fitted:
+        scores[r], at = oof[at:at + len(X[r])], at + len(X[r])
+    for role in X:
+        if role not in fitted:
+            scores[role] = router.predict(X[role])
+    Xo, arms_ = {}, {}
+    for role, S in scores.items():
+        arms_[role], F = router_view(router, price, static_arm, arm_desc, S)
+        Xo[role] = np.hstack([X[role], F])
+    return Xo, arms_
 
 
 class SegmentLookup:

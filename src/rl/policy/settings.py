@@ -123,3 +123,13 @@ class PPOPolicySettings(StrictSettings):
              ) -> PPOPolicySettings:
         """Read `ppo_policy: {...}` from YAML (default configs/policy/ppo.yaml)."""
         return cls.from_yaml(path if path else DEFAULT_PATH)
+
+    def with_train(self, **train: object) -> PPOPolicySettings:
+        """A copy with some `train` fields replaced (validated)."""
+        return self.from_mapping({**self.model_dump(mode="json"), "train": {
+            **self.train.model_dump(mode="json"), **train}})
+
+    def with_heads(self, **heads: object) -> PPOPolicySettings:
+        """A copy with some `heads` fields replaced (validated)."""
+        return self.from_mapping({**self.model_dump(mode="json"), "heads": {
+            **self.heads.model_dump(mode="json"), **heads}})

@@ -96,10 +96,17 @@ class RouterRun:
     systems: tuple[str, ...] = SYSTEMS
     warnings: list[str] = field(default_factory=list)
     """Counted, not fatal: e.g. too few queries to learn a per-query choice from."""
+    ppo: dict[str, Any] | None = None
+    """The PPO learner's record (`rl.policy.train_ppo`), None for the router alone."""
+
+    @property
+    def subject(self) -> str:
+        """The system the report is about (the first of `systems`)."""
+        return self.systems[0]
 
     def delta(self, other: str, metric: str = "delta_reward") -> dict[str, Any]:
-        """The `supervised-router - other` row of `metric`."""
-        return next(r for r in self.rows if r["system"] == f"supervised-router - {other}"
+        """The `subject - other` row of `metric`."""
+        return next(r for r in self.rows if r["system"] == f"{self.subject} - {other}"
                     and r["metric"] == metric)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,7 +114,7 @@ class RouterRun:
                 "n": self.n,
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
                 "verdict": self.verdict, "test_choices": self.choices,
-                "warnings": self.warnings}
+                "warnings": self.warnings, **({} if self.ppo is None else {"ppo": self.ppo})}
 
 
 def _row(dataset: str, system: str, metric: str, value: float, lo: float | None = None,
@@ -118,61 +125,90 @@ def _row(dataset: str, system: str, metric: str, value: float, lo: float | None 
 
 
 def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.ndarray],
-                 seed: int = 0) -> list[dict[str, Any]]:
+                 seed: int = 0, subject: str = "supervised-router") -> list[dict[str, Any]]:
     """Rows of the holdout matrices `M` (R, Q, T) for each system's arm per query (`picks`):
-    its mean reward, quality and tokens with bootstrap 95% CIs, and `supervised-router - X`
-    for the other systems: delta_reward, delta_quality (paired bootstrap 95% CIs over
-    queries) and delta_cost_pct (100 · (mean tokens / X's − 1), CI from the same resamples)."""
-    from rl.stats.bootstrap import bootstrap_mean_ci, bootstrap_statistic, paired_bootstrap
+    `system_rows` of what each system's picks get."""
     from rl.stats.headroom import pick
 
-    rows = []
     got = {s: {k: pick(M[k], ch) for k in ("R", "Q", "T")} for s, ch in picks.items()}
-    n = len(M["R"])
+    return system_rows(dataset, got, seed, subject)
+
+
+def system_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], seed: int = 0,
+                subject: str = "supervised-router") -> list[dict[str, Any]]:
+    """Rows of each system's per-query holdout reward, quality and tokens (`got[system]`
+    {"R", "Q", "T"}, the same queries in the same order): its means with bootstrap 95% CIs,
+    and `subject - X` for every other system X: delta_reward, delta_quality (paired
+    bootstrap 95% CIs over queries) and delta_cost_pct (100 · (mean tokens / X's − 1), CI
+    from the same resamples)."""
+    from rl.stats.bootstrap import bootstrap_mean_ci, bootstrap_statistic, paired_bootstrap
+
+    rows = []
+    n = len(got[subject]["R"])
     for s, g in got.items():
         for k, metric in (("R", "reward"), ("Q", "quality"), ("T", "tokens")):
             b = bootstrap_mean_ci(g[k], seed=seed)
             rows.append(_row(dataset, s, metric, b.mean_diff, b.ci_low, b.ci_high, n))
-    r = got["supervised-router"]
+    r = got[subject]
 
     def cost_pct(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return 100.0 * (a / np.maximum(b, 1e-9) - 1.0)
 
-    for other in (s for s in got if s != "supervised-router"):
+    for other in (s for s in got if s != subject):
         o = got[other]
         for k, metric in (("R", "delta_reward"), ("Q", "delta_quality")):
             b = paired_bootstrap(o[k], r[k], seed=seed)
-            rows.append(_row(dataset, f"supervised-router - {other}", metric, b.mean_diff,
+            rows.append(_row(dataset, f"{subject} - {other}", metric, b.mean_diff,
                              b.ci_low, b.ci_high, n))
         boot = bootstrap_statistic(lambda idx, o=o: cost_pct(r["T"][idx].mean(axis=1),
                                                              o["T"][idx].mean(axis=1)),
                                    n, seed=seed)
         point = float(cost_pct(r["T"].mean(), o["T"].mean()))
         lo, hi = np.percentile(boot, [2.5, 97.5])
-        rows.append(_row(dataset, f"supervised-router - {other}", "delta_cost_pct", point,
-                         lo, hi, n))
+        rows.append(_row(dataset, f"{subject} - {other}", "delta_cost_pct", point, lo, hi, n))
     return rows
 
 
-def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
-                        max_train: int | None = None,
-                        extra: list[tuple[str, RAGConfig]] | None = None,
-                        equal_cost: bool = False, compare_to: tuple[str, ...] = ()
-                        ) -> RouterRun:
-    """Fit, choose, check and save the router policy of `dataset` (a name or a path the
-    loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
-    (module docstring); `max_train` on data without a train split is a ConfigError naming
-    `max_train`, an `out` that cannot be a directory one naming `out`. `extra`: (name, config)
-    arms added to the portfolio (e.g. the config `ragpilot tune` found); a name or config
-    already in it is a ConfigError naming `extra`.
-    `compare_to`: arm names compared with the router on the holdout besides best static and
-    the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
+@dataclass
+class Prepared:
+    """What both learners of `ragpilot policy train` start from (`prepare`): the evaluator,
+    the arms, each role's (queries × arms) matrices and features, and the conversation group
+    of every train ∪ valid query (in that order)."""
+
+    ev: Any
+    out: Path
+    dataset: str
+    names: list[str]
+    configs: list[RAGConfig]
+    parts: dict[str, tuple[str, np.ndarray]]
+    M: dict[str, dict[str, np.ndarray]]
+    X: dict[str, np.ndarray]
+    feature_names: list[str]
+    groups: dict[str, list[str]]
+    warnings: list[str]
+
+    @property
+    def X_tv(self) -> np.ndarray:
+        return np.vstack([self.X["train"], self.X["valid"]])
+
+    def tv(self, key: str) -> np.ndarray:
+        """The train ∪ valid rows of matrix `key` (R, Q or T)."""
+        return np.vstack([self.M["train"][key], self.M["valid"][key]])
+
+    @property
+    def tv_groups(self) -> list[str]:
+        return self.groups["train"] + self.groups["valid"]
+
+
+def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
+            max_train: int | None = None, extra: list[tuple[str, RAGConfig]] | None = None,
+            compare_to: tuple[str, ...] = ()) -> Prepared:
+    """Check the input, open `dataset`, and compute every arm's rows and every query's
+    features for the roles (`role_indices`); see `train_router_policy` for the errors."""
     from rl.common.data import TuningData
-    from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
-    from rl.policy.router import CV_FOLDS, arm_features, select_router_cv
-    from rl.stats.headroom import best_static, pick
+    from rl.policy.router import CV_FOLDS
     from rl.tuner.evaluator import TunerEvaluator
 
     out = Path(out)
@@ -186,7 +222,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
             raise ConfigError("extra", f"{name} ({cfg.config_hash}) is the same config as arm "
                                        f"{same[0]!r}")
         arms.append((name, cfg))
-    names, configs = [n for n, _ in arms], [c for _, c in arms]
+    names = [n for n, _ in arms]
     for name in compare_to:
         if name not in names:
             raise ConfigError("compare_to", f"{name!r} is not an arm ({', '.join(names)})")
@@ -202,7 +238,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     views = conversation_views(ev.data.dataset.examples)
     if views:
         arms = with_formulations(arms, views, skip={n for n, _ in extra or []})
-        names, configs = [n for n, _ in arms], [c for _, c in arms]
+    names, configs = [n for n, _ in arms], [c for _, c in arms]
     if max_train and "train" not in ev.data.splits:  # role_indices would ignore it
         raise ConfigError("max_train", f"{ev.data.name} has no train split: the router trains "
                                        "on a seeded half of its valid split (drop the cap)")
@@ -217,20 +253,51 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
         M[role] = {k: v[idx] for k, v in full[split].items()}
         X[role] = feat.matrix([ev.data.examples(split)[int(i)] for i in idx])
     ev.memo.flush()
-    X_tv = np.vstack([X["train"], X["valid"]])
-    R_tv, T_tv = (np.vstack([M["train"][k], M["valid"][k]]) for k in ("R", "T"))
-    groups = [conversation_of(ev.data.examples(split)[int(i)]) for role in ("train", "valid")
-              for split, idx in [parts[role]] for i in idx]
-    if len(set(groups)) < CV_FOLDS:
+    groups = {role: [conversation_of(ev.data.examples(split)[int(i)]) for i in idx]
+              for role, (split, idx) in parts.items()}
+    n_tv = len(groups["train"]) + len(groups["valid"])
+    if len(set(groups["train"] + groups["valid"])) < CV_FOLDS:
         raise ConfigError("dataset", f"{dataset}: the router's {CV_FOLDS}-fold cross-validation "
                                      f"needs >= {CV_FOLDS} conversations in train ∪ valid, got "
-                                     f"{len(set(groups))}")
-    warnings = ([f"only {len(X_tv)} train ∪ valid queries (< {SMALL_DATA}): the router's "
+                                     f"{len(set(groups['train'] + groups['valid']))}")
+    warnings = ([f"only {n_tv} train ∪ valid queries (< {SMALL_DATA}): the router's "
                  "cross-validated choices are mostly noise here; expect it to keep the best "
                  "static arm, and give it more data before trusting a per-query gain"]
-                if len(X_tv) < SMALL_DATA else [])
-    router, sel = select_router_cv(X_tv, R_tv, T_tv, groups, seed=seed,
-                                   arms=arm_features(configs))
+                if n_tv < SMALL_DATA else [])
+    return Prepared(ev, out, dataset, names, configs, parts, M, X, list(feat.names), groups,
+                    warnings)
+
+
+def fit_router(prep: Prepared, seed: int = 0) -> tuple[Any, Any]:
+    """The router chosen by grouped cross-validation over train ∪ valid and refitted on both
+    (`select_router_cv`), and the selection record."""
+    from rl.policy.router import arm_features, select_router_cv
+
+    return select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups, seed=seed,
+                            arms=arm_features(prep.configs))
+
+
+def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
+                        max_train: int | None = None,
+                        extra: list[tuple[str, RAGConfig]] | None = None,
+                        equal_cost: bool = False, compare_to: tuple[str, ...] = ()
+                        ) -> RouterRun:
+    """Fit, choose, check and save the router policy of `dataset` (a name or a path the
+    loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
+    (module docstring); `max_train` on data without a train split is a ConfigError naming
+    `max_train`, an `out` that cannot be a directory one naming `out`. `extra`: (name, config)
+    arms added to the portfolio (e.g. the config `ragpilot tune` found); a name or config
+    already in it is a ConfigError naming `extra`.
+    `compare_to`: arm names compared with the router on the holdout besides best static and
+    the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
+    from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
+    from rl.stats.headroom import best_static, pick
+
+    prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
+                   compare_to=compare_to)
+    ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
+    R_tv = prep.tv("R")
+    router, sel = fit_router(prep, seed)
     static = best_static(M["valid"]["R"])
     if equal_cost:  # else the price select_router_cv's router has: 0
         # on valid, where the budget is measured (best static alone spends exactly it)
@@ -247,10 +314,10 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                 and r["metric"] == "delta_reward")
     verdict = "router" if gain["ci_low"] > 0 else "best-static"
     save_policy(RouterPolicy(router, configs), out, base_config=settings.base_config(),
-                names=names, feature_names=feat.names, epsilon=MIN_EPSILON, kind="router")
+                names=names, feature_names=prep.feature_names, epsilon=MIN_EPSILON,
+                kind="router")
     valid_reward = float(pick(M["valid"]["R"], router.choose(X["valid"])).mean())
-    used, counts = np.unique(ch, return_counts=True)
-    run = RouterRun(out, names, {r: len(i) for r, (_, i) in parts.items()}, names[static],
+    run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],
                     {"params": asdict(router.params), "token_price": router.token_price,
                      "equal_cost": equal_cost, "valid_reward": valid_reward,
                      "best_static_valid_reward": float(M["valid"]["R"][:, static].mean()),
@@ -258,13 +325,32 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                      "static_arm": names[router.static_arm],
                      "cv_reward": sel.tried[sel.best]["cv_reward"],
                      "cv_static_reward": float(R_tv[:, router.static_arm].mean())},
-                    rows, verdict,
-                    {names[int(a)]: int(c) for a, c in sorted(zip(used, counts, strict=True),
-                                                              key=lambda t: -t[1])},
-                    tuple(picks), warnings)
+                    rows, verdict, counts_of([names[int(a)] for a in ch]),
+                    tuple(picks), prep.warnings)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
     (out / "report.md").write_text(markdown(run, dataset))
     return run
+
+
+def counts_of(labels: list[str]) -> dict[str, int]:
+    """Label -> count, most frequent first."""
+    out: dict[str, int] = {}
+    for x in labels:
+        out[x] = out.get(x, 0) + 1
+    return dict(sorted(out.items(), key=lambda t: -t[1]))
+
+
+VERDICTS = {
+    "router": "Verdict: **serve the router** — its reward gain over the best static config has "
+              "a 95% CI above 0.",
+    "ppo-policy": "Verdict: **serve the PPO policy** — its reward gain over the best static "
+                  "config has a 95% CI above 0, and the router is not ahead of it.",
+    "supervised-router": "Verdict: **serve the supervised router** (`ragpilot policy train` "
+                         "without `--learner ppo`) — it is ahead of the PPO policy on this "
+                         "holdout (the reward delta's 95% CI is below 0).",
+    "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s reward "
+                   "gain over it has no 95% CI above 0 on this holdout.",
+}
 
 
 def markdown(run: RouterRun, dataset: str) -> str:
@@ -277,34 +363,42 @@ def markdown(run: RouterRun, dataset: str) -> str:
 
     by = {(r["system"], r["metric"]): r for r in run.rows}
     params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items())
-    lines = [f"# Per-query router policy: {dataset}", "",
+    title = "PPO policy" if run.ppo is not None else "router policy"
+    lines = [f"# Per-query {title}: {dataset}", "",
              f"Arms: {len(run.names)} configs (`rl.policy.portfolio` + given). Queries: "
              + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "
              f"`{run.best_static}`. Router chosen by cross-validation over train ∪ valid: "
              f"{params}, margin {run.router['margin']:g} over `{run.router['static_arm']}` "
              f"(CV reward {run.router['cv_reward']:.4f} vs that arm's "
              f"{run.router['cv_static_reward']:.4f}; token price "
-             f"{run.router['token_price']:.2e}).", "",
-             "Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
-             "| system | reward | quality | tokens |", "|---|---|---|---|"]
+             f"{run.router['token_price']:.2e}).", ""]
+    if run.ppo is not None:
+        p = run.ppo
+        lines += [f"PPO (`rl.policy.train_ppo`): a residual policy over the router held to "
+                  f"best static's valid tokens ({p['budget_tokens']:.0f}); {len(p['seeds'])} "
+                  f"seed(s) × {p['iters']} iterations, the seed best on valid kept (seed "
+                  f"{p['chosen_seed']}: start `{p['warm_start']}`, valid reward "
+                  f"{p['valid_reward']:.4f} vs the router's {p['router_valid_reward']:.4f}); "
+                  f"it defers {100 * p['test_deferred']:.0f}% of the holdout queries to the "
+                  f"router and picks {p['distinct_test_configs']} distinct configs.", ""]
+    lines += ["Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
+              "| system | reward | quality | tokens |", "|---|---|---|---|"]
     for s in run.systems:
         lines.append(f"| {s} | {fmt(by[(s, 'reward')])} | {fmt(by[(s, 'quality')])} | "
                      f"{by[(s, 'tokens')]['value']:.0f} |")
     lines += ["", "| comparison | delta_reward | delta_quality | delta_cost_pct |",
               "|---|---|---|---|"]
     for other in run.systems[1:]:
-        c = f"supervised-router - {other}"
+        c = f"{run.subject} - {other}"
         lines.append(f"| {c} | {fmt(by[(c, 'delta_reward')])} | "
                      f"{fmt(by[(c, 'delta_quality')])} | "
                      f"{fmt(by[(c, 'delta_cost_pct')], pct=True)} |")
     top = ", ".join(f"`{k}` {v}" for k, v in list(run.choices.items())[:6])
     if run.warnings:
         lines += ["", f"Warnings ({len(run.warnings)}):", *(f"- {w}" for w in run.warnings)]
-    lines += ["", f"Router's holdout choices (top 6): {top}.", "",
-              ("Verdict: **serve the router** — its reward gain over the best static config "
-               "has a 95% CI above 0." if run.verdict == "router" else
-               f"Verdict: **serve the best static config** (`{run.best_static}`) — the "
-               "router's reward gain over it has no 95% CI above 0 on this holdout."),
+    who = "PPO policy" if run.ppo is not None else "router"
+    lines += ["", f"The {who}'s holdout choices (top 6): {top}.", "",
+              VERDICTS[run.verdict].format(best=run.best_static, who=who),
               "", f"Serve it: `serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
               "(`serving.policy_router`); `ragpilot policy train` writes that Serve config "
               f"as `{run.out}/serve.yaml` (`ragpilot serve --config` it).", ""]

@@ -1,10 +1,14 @@
 """`ragpilot policy train`: the shipped per-query policy (the supervised router over the config
 portfolio, `rl.policy.train`) trained on a dataset, checked on its holdout split against the
 best static config and the static default, and saved as a directory the Serve app serves.
+`--learner ppo` trains issue 19's residual PPO policy over that router instead
+(`rl.policy.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it against the router,
+best static and the default.
 
     ragpilot policy train --dataset hotpotqa --out runs/policy/hotpotqa [--max-train 250]
     ragpilot policy train --dataset path/to/beir-folder --out runs/policy/mine \
         --add-config tuned=runs/my-tune/best_config.yaml --equal-cost
+    ragpilot policy train --learner ppo --ppo-seeds 3 --out runs/policy/synthetic-ppo
 
 It prints the holdout report (report.md in the directory) and the verdict; serve the directory
 with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Bad input exits 2 naming the flag.
@@ -20,7 +24,8 @@ from rag.errors import ConfigError
 from serving.cli.common import flags, tuner_settings
 
 FLAGS = {"extra": "--add-config", "dataset": "--dataset", "out": "--out",
-         "max_train": "--max-train"}
+         "max_train": "--max-train", "seeds": "--ppo-seeds", "iters": "--ppo-iters",
+         "resume": "--resume"}
 
 
 def _extra(specs: list[str] | None):
@@ -48,10 +53,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--seed", "must be >= 0")
     extra = _extra(args.add_config)
     settings = tuner_settings(args.policy)
-    with flags(FLAGS):
-        run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
-                                  max_train=args.max_train, extra=extra,
-                                  equal_cost=args.equal_cost)
+    if args.learner == "ppo":
+        run = _train_ppo(args, settings, extra)
+    else:
+        for flag, given in (("--ppo-config", args.ppo_config), ("--ppo-seeds", args.ppo_seeds),
+                            ("--ppo-iters", args.ppo_iters), ("--resume", args.resume or None)):
+            if given is not None:
+                raise ConfigError(flag, "applies to --learner ppo only")
+        with flags(FLAGS):
+            run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
+                                      max_train=args.max_train, extra=extra,
+                                      equal_cost=args.equal_cost)
     from serving.serve_yaml import SERVE_FILE, policy_args, write_serve_yaml
 
     serve = write_serve_yaml(run.out / SERVE_FILE,
@@ -62,17 +74,46 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {run.out} (policy.json, model.pkl, report.json, report.md, {SERVE_FILE}); "
           f"verdict: {run.verdict}")
-    if run.verdict == "router":
+    if run.verdict in ("router", "ppo-policy"):
         print(f"serve it: ragpilot serve --config {serve}")
+    elif run.verdict == "supervised-router":
+        print("the router is ahead of the PPO policy on the holdout: train and serve it "
+              f"(ragpilot policy train without --learner ppo), or serve this policy anyway "
+              f"to log exploration data (ragpilot serve --config {serve})")
     else:  # written all the same: serving it logs propensities that a later run can learn from
-        print(f"the router is not ahead of the best static config `{run.best_static}` on the "
+        who = "PPO policy" if args.learner == "ppo" else "router"
+        print(f"the {who} is not ahead of the best static config `{run.best_static}` on the "
               f"holdout: serve that config, or serve the policy anyway to log exploration "
               f"data (ragpilot serve --config {serve})")
     return 0
 
 
+def _train_ppo(args: argparse.Namespace, settings, extra):
+    from rl.policy.settings import PPOPolicySettings
+    from rl.policy.train_ppo import train_ppo_policy
+
+    if args.equal_cost:
+        raise ConfigError("--equal-cost", "--learner ppo always holds the policy and the "
+                                          "router it defers to to best static's valid tokens")
+    if args.ppo_config is not None and not Path(args.ppo_config).is_file():
+        raise ConfigError("--ppo-config", f"{args.ppo_config} does not exist")
+    ppo = PPOPolicySettings.load(args.ppo_config)
+    uri = None
+    if not args.no_mlflow:
+        from rl.common.tracking import tracking_uri
+
+        uri = tracking_uri(Path(args.mlflow_dir))
+    with flags(FLAGS):
+        return train_ppo_policy(args.dataset, settings, ppo, args.out, seed=args.seed,
+                                seeds=args.ppo_seeds, iters=args.ppo_iters,
+                                max_train=args.max_train, extra=extra, resume=args.resume,
+                                tracking_uri=uri,
+                                log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
 def add_parsers(sub) -> None:
-    p = sub.add_parser("policy", help="per-query config policy: train (the supervised router)")
+    p = sub.add_parser("policy", help="per-query config policy: train (the supervised router, "
+                                      "or --learner ppo)")
     ps = p.add_subparsers(dest="policy_command", required=True)
     s = ps.add_parser("train", help="fit the router over the config portfolio, check it on "
                                     "the holdout split, save a servable policy directory")
@@ -91,4 +132,20 @@ def add_parsers(sub) -> None:
     s.add_argument("--equal-cost", action="store_true",
                    help="hold the router's mean tokens on valid to the best static config's")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--learner", choices=("router", "ppo"), default="router",
+                   help="router: the supervised router (default, the shipped policy); ppo: a "
+                        "residual RLlib PPO policy over that router (rl.policy.train_ppo)")
+    s.add_argument("--ppo-config", help="PPO policy YAML (configs/policy/ppo.yaml)")
+    s.add_argument("--ppo-seeds", type=int,
+                   help="train this many of the config's seeds (default all), keep the best "
+                        "on valid")
+    s.add_argument("--ppo-iters", type=int, help="PPO iterations per seed (default the "
+                                                 "config's train.iters)")
+    s.add_argument("--resume", action="store_true",
+                   help="--learner ppo: reuse the seeds finished in --out and continue an "
+                        "unfinished one from its checkpoint (the same run only)")
+    s.add_argument("--mlflow-dir", default="runs/mlflow",
+                   help="--learner ppo: local MLflow store for each seed's iterations "
+                        "($MLFLOW_TRACKING_URI wins)")
+    s.add_argument("--no-mlflow", action="store_true")
     s.set_defaults(func=cmd_train)

@@ -1,0 +1,202 @@
+"""Train issue 19's per-query PPO policy on a dataset and save it as a policy directory the Serve
+app serves: `ragpilot policy train --learner ppo` (the router alone is `rl.policy.train`).
+
+    run = train_ppo_policy("synthetic", TunerSettings.defaults(), PPOPolicySettings.load(),
+                           "runs/policy/synthetic-ppo", seeds=3)
+    run.rows        # holdout rows: ppo-policy, the router it defers to, best static, default
+    run.verdict     # "ppo-policy", "supervised-router" or "best-static" (module docstring)
+
+The policy is the design `bench/policy.py` reports (`--ppo-base router`): a residual policy
+over the supervised router. Everything up to the router is `rl.policy.train`'s (`prepare`: the
+roles, the portfolio, the lazy per-(config, query) rows and the features; `fit_router`: the
+router chosen by grouped cross-validation over train ∪ valid). Then:
+
+- the router's base is held to the token budget, best static's mean tokens on valid
+  (`fit_token_price` on valid: the `supervised-router-equal-cost` baseline);
+- PPO's observation is the query features followed by the router's view of the query
+  (`rl.policy.router.stacked`: out of fold on train ∪ valid, where the router was fitted);
+  a `defer` head hands a query to the router's pick, the other heads pick a config from the
+  whole space (`configs/policy/ppo.yaml`), under the PPO-Lagrangian token constraint;
+- each seed starts from the better on valid of two behaviour-cloned starts (defer everywhere,
+  the best static config), trains on train and keeps its checkpoint best on valid
+  (`PerQueryPPO.train`); the seed best on valid (`better_on_valid`) is the policy;
+- the holdout is read once: its per-query reward, quality and tokens against the router, best
+  static and the default (paired bootstrap 95% CIs, `rl.policy.train.system_rows`).
+
+Checkpoints and resume: each seed checkpoints every iteration under `ppo/seed<s>/checkpoints`
+(`PerQueryPPO.train`); with `resume` a finished seed (`ppo/seed<s>/policy`) is reused and an
+unfinished one continues from its checkpoint, provided the run is the same (`ppo/run.json`:
+data, roles, arms, PPO settings; otherwise a ConfigError naming `resume`). Each seed's
+iterations are logged to MLflow (experiment `ppo-policy`) when a tracking URI is given.
+
+Verdict: "ppo-policy" when its reward gain over best static has a CI above 0 and the router
+is not significantly ahead of it; "supervised-router" when the router is significantly ahead
+(ship `ragpilot policy train` without `--learner ppo`); else "best-static". The directory is
+written whatever the verdict: `policy.json` + `model.pkl` (`PPOPortfolioPolicy` over the
+router's arms and PPO's greedy configs on train ∪ valid), `ppo/seed<s>/` (each seed's
+checkpoints and saved policy) and `report.json` / `report.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag.config import RAGConfig
+from rag.errors import ConfigError
+from rl.policy.train import RouterRun, counts_of, fit_router, markdown, prepare, system_rows
+
+SUBJECT = "ppo-policy"
+BASE_SYSTEM = "supervised-router-equal-cost"
+SYSTEMS = (SUBJECT, BASE_SYSTEM, "best-static", "static-default")
+WARM_STARTS = ("defer-to-router", "best-static")
+
+
+RUN_FILE = "run.json"
+"""Under `<out>/ppo/`: what the seeds were trained on (`_check_resume`)."""
+
+
+def _check_resume(path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
+    """With `resume`, a ConfigError naming `resume` unless `path` records the same run
+    (nothing recorded: nothing to resume, a fresh start); then record this run."""
+    if resume and path.is_file():
+        before = json.loads(path.read_text())
+        diff = sorted(k for k in fingerprint if before.get(k) != fingerprint[k])
+        if diff:
+            raise ConfigError("resume", f"{path.parent} was trained on another run (its "
+                                        f"{', '.join(diff)} differ): train into a new --out, "
+                                        "or drop --resume to retrain here")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fingerprint, indent=1) + "\n")
+
+
+def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, seed: int = 0,
+                     seeds: int | None = None, iters: int | None = None,
+                     max_train: int | None = None,
+                     extra: list[tuple[str, RAGConfig]] | None = None,
+                     resume: bool = False, tracking_uri: str | None = None,
+                     log: Callable[[str], None] = print) -> RouterRun:
+    """Train, choose, check and save the residual PPO policy of `dataset` (module docstring)
+    with the tuner `settings` (reward, base config, space) and the PPO settings `ppo`
+    (`PPOPolicySettings`); `seeds`: how many of `ppo.train.seeds` to train (default all),
+    `iters`: PPO iterations per seed (default `ppo.train.iters`); a value below 1 is a
+    ConfigError naming it. `seed`, `max_train`, `extra`: as `rl.policy.train.prepare`;
+    `resume`, `tracking_uri`: module docstring."""
+    from rl.policy.base import save_policy
+    from rl.policy.heads import HeadLayout
+    from rl.policy.ppo_policy import PerQueryPPO
+    from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase
+    from rl.policy.router import STACK_FOLDS, stacked
+    from rl.policy.selection import better_on_valid
+    from rl.policy.warm_start import WarmStart
+    from rl.policy.worlds import EvaluatorWorld
+    from rl.stats.headroom import best_static, pick
+    from rl.tuner.space import is_conversational
+
+    all_seeds = list(ppo.train.seeds)
+    if seeds is not None and not 1 <= seeds <= len(all_seeds):
+        raise ConfigError("seeds", f"must be 1..{len(all_seeds)} (ppo_policy.train.seeds has "
+                                   f"{len(all_seeds)}), got {seeds}")
+    if iters is not None and iters < 1:
+        raise ConfigError("iters", f"must be >= 1, got {iters}")
+    ppo = ppo.with_heads(defer=True)
+    if iters is not None:
+        ppo = ppo.with_train(iters=iters, eval_every=min(ppo.train.eval_every, iters))
+    prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra)
+    ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
+    fingerprint = {"data": ev.data.name, "seed": seed, "max_train": max_train,
+                   "n": {r: len(i) for r, (_, i) in prep.parts.items()},
+                   "arms": [c.config_hash for c in configs], "ppo": ppo.model_dump(mode="json")}
+    _check_resume(out / "ppo" / RUN_FILE, fingerprint, resume)
+    t0 = time.perf_counter()
+    router, sel = fit_router(prep, seed)
+    static = best_static(M["valid"]["R"])
+    budget_tokens = float(M["valid"]["T"][:, static].mean())
+    price = router.fit_token_price(X["valid"], M["valid"]["T"], budget_tokens)
+    # the router's view: out of fold where it was fitted (train, valid), its own on test
+    Xo, base_arms = stacked(router, price, static, X, M,
+                            {r: prep.groups[r] for r in ("train", "valid")}, configs, seed)
+    bases = {role: [configs[j] for j in a] for role, a in base_arms.items()}
+    worlds = {role: EvaluatorWorld(ev, split, idx) for role, (split, idx) in prep.parts.items()}
+    layout = HeadLayout(ppo.heads, ev.policy, is_conversational(ev.data.dataset.examples))
+    budget = budget_tokens / worlds["train"].cost_ref
+    cap = budget * (1 + ppo.lagrange.slack)
+    warm = [WarmStart("defer-to-router", [configs[j] for j in base_arms["train"]], defer=True),
+            WarmStart(f"best-static:{names[static]}", [configs[static]])]
+    pol, per_seed = None, []
+    for s in all_seeds[:seeds]:
+        t1 = time.perf_counter()
+        seed_dir = out / "ppo" / f"seed{s}"
+        if resume and (seed_dir / "policy" / "policy.json").is_file():
+            cand, reused = PerQueryPPO.load(seed_dir / "policy"), True
+            log(f"  [ppo seed {s}] finished before: reused ({seed_dir / 'policy'})")
+        else:
+            cand, reused = PerQueryPPO.create(layout, ppo, Xo["train"]), False
+            cand.train(worlds["train"], Xo["train"], worlds["valid"], Xo["valid"], budget,
+                       seed=s, checkpoint_dir=seed_dir / "checkpoints", resume=resume,
+                       tracking_uri=tracking_uri, run_name=f"ppo-policy-{ev.data.name}-seed{s}",
+                       log=lambda m, s=s: log(f"  [ppo seed {s}] {m}"), warm=warm,
+                       base_train=bases["train"], base_valid=bases["valid"])
+            cand.save(seed_dir / "policy")
+        per_seed.append({"seed": s, "best": cand.meta["best"],
+                         "warm_start": cand.meta.get("warm_start"), "lambda_final": cand.lam,
+                         "reused": reused, "wall_s": round(time.perf_counter() - t1, 1)})
+        if pol is None or better_on_valid(cand.meta["best"], pol.meta["best"], cap):
+            pol = cand
+    # the holdout, read once
+    cfgs = pol.act(Xo["test"], bases["test"])
+    outs = worlds["test"].outcomes(cfgs)
+    test = M["test"]
+    n_test = len(test["R"])
+    got = {SUBJECT: {"R": np.array([o.reward for o in outs]),
+                     "Q": np.array([o.quality for o in outs]),
+                     "T": np.array([o.cost for o in outs]) * worlds["test"].cost_ref}}
+    for system, ch in ((BASE_SYSTEM, base_arms["test"]),
+                       ("best-static", np.full(n_test, static)),
+                       ("static-default", np.zeros(n_test, dtype=int))):
+        got[system] = {k: pick(test[k], ch) for k in ("R", "Q", "T")}
+    rows = system_rows(ev.data.name, got, seed, SUBJECT)
+
+    def delta(other: str) -> dict[str, Any]:
+        return next(r for r in rows if r["system"] == f"{SUBJECT} - {other}"
+                    and r["metric"] == "delta_reward")
+
+    verdict = ("supervised-router" if delta(BASE_SYSTEM)["ci_high"] < 0 else
+               SUBJECT if delta("best-static")["ci_low"] > 0 else "best-static")
+    served = PPOPortfolioPolicy(pol, prep.X_tv, ResidualBase(router, configs, price, static))
+    known = {c.config_hash: n for n, c in zip(names, configs, strict=True)}
+    save_policy(served, out, base_config=settings.base_config(),
+                names=[known.get(c.config_hash, f"ppo-{c.config_hash}") for c in served.arms],
+                feature_names=prep.feature_names, kind="ppo")
+    deferred = pol.deferred(Xo["test"])
+    record = {"seeds": [p["seed"] for p in per_seed], "per_seed": per_seed,
+              "chosen_seed": pol.meta["seed"], "warm_start": pol.meta.get("warm_start"),
+              "warm_starts": list(WARM_STARTS), "iters": ppo.train.iters,
+              "batch": ppo.train.batch, "heads": list(layout.names),
+              "budget_tokens": budget_tokens, "token_price": price,
+              "oof_folds": STACK_FOLDS,
+              "valid_reward": pol.meta["best"]["valid_reward"],
+              "router_valid_reward": float(pick(M["valid"]["R"], base_arms["valid"]).mean()),
+              "test_deferred": float(np.mean(deferred)),
+              "distinct_test_configs": len({c.config_hash for c in cfgs}),
+              "served_arms": len(served.arms), "train_s": round(time.perf_counter() - t0, 1)}
+    run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],
+                    {"params": asdict(router.params), "token_price": price,
+                     "equal_cost": True, "valid_reward": record["router_valid_reward"],
+                     "best_static_valid_reward": float(M["valid"]["R"][:, static].mean()),
+                     "selection": "cv", "margin": router.margin,
+                     "static_arm": names[router.static_arm],
+                     "cv_reward": sel.tried[sel.best]["cv_reward"],
+                     "cv_static_reward": float(prep.tv("R")[:, router.static_arm].mean())},
+                    rows, verdict,
+                    counts_of([known.get(c.config_hash, f"ppo-{c.config_hash}") for c in cfgs]),
+                    SYSTEMS, prep.warnings, record)
+    (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
+    (out / "report.md").write_text(markdown(run, dataset))
+    return run
