@@ -79,7 +79,8 @@ def test_resume_reuses_the_finished_seed_and_refuses_another_run(trained, capsys
     again = json.loads((out / "report.json").read_text())
     assert again["ppo"]["per_seed"][0]["reused"] and not rep["ppo"]["per_seed"][0]["reused"]
     assert again["rows"] == rep["rows"]  # the same policy read the same holdout
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert "router: reused" in err and "[ppo seed 0] finished before: reused" in err
     # other PPO settings: not the run these seeds belong to
     assert main([*ARGV[:-1], "3", "--out", str(out), "--no-mlflow", "--resume"]) == 2
     err = capsys.readouterr().err

@@ -24,9 +24,10 @@ router chosen by grouped cross-validation over train ∪ valid). Then:
   static and the default (paired bootstrap 95% CIs, `rl.policy.train.system_rows`).
 
 Checkpoints and resume: each seed checkpoints every iteration under `ppo/seed<s>/checkpoints`
-(`PerQueryPPO.train`); with `resume` a finished seed (`ppo/seed<s>/policy`) is reused and an
-unfinished one continues from its checkpoint, provided the run is the same (`ppo/run.json`:
-data, roles, arms, PPO settings; otherwise a ConfigError naming `resume`). Each seed's
+(`PerQueryPPO.train`); with `resume` the router (`ppo/router.pkl`) and every finished seed
+(`ppo/seed<s>/policy`) are reused and an unfinished seed continues from its checkpoint,
+provided the run is the same (`ppo/run.json`: corpus, queries per role, tuner and PPO
+settings, arms, seed; otherwise a ConfigError naming `resume`). Each seed's
 iterations are logged to MLflow (experiment `ppo-policy`) when a tracking URI is given.
 
 Verdict: "ppo-policy" when its reward gain over best static has a CI above 0 and the router
@@ -39,7 +40,9 @@ checkpoints and saved policy) and `report.json` / `report.md`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -62,9 +65,24 @@ RUN_FILE = "run.json"
 """Under `<out>/ppo/`: what the seeds were trained on (`_check_resume`)."""
 
 
-def _check_resume(path: Path, fingerprint: dict[str, Any], resume: bool) -> None:
-    """With `resume`, a ConfigError naming `resume` unless `path` records the same run
-    (nothing recorded: nothing to resume, a fresh start); then record this run."""
+ROUTER_FILE = "router.pkl"
+"""Under `<out>/ppo/`: the router and its cross-validation record, reused on resume."""
+
+
+def _queries_hash(prep: Any) -> str:
+    """16 hex of sha256 over each role's query ids, in order."""
+    h = hashlib.sha256()
+    for role, (split, idx) in prep.parts.items():
+        ids = [str(prep.ev.data.examples(split)[int(i)].id) for i in idx]
+        h.update(f"{role}\x1f{split}\x1f{chr(31).join(ids)}\x1e".encode())
+    return h.hexdigest()[:16]
+
+
+def _check_resume(path: Path, fingerprint: dict[str, Any], resume: bool) -> bool:
+    """With `resume`, a ConfigError naming `resume` unless `path` records the same run;
+    then record this run. True when resuming a recorded run (nothing recorded: nothing to
+    resume, a fresh start)."""
+    same = False
     if resume and path.is_file():
         before = json.loads(path.read_text())
         diff = sorted(k for k in fingerprint if before.get(k) != fingerprint[k])
@@ -72,8 +90,10 @@ def _check_resume(path: Path, fingerprint: dict[str, Any], resume: bool) -> None
             raise ConfigError("resume", f"{path.parent} was trained on another run (its "
                                         f"{', '.join(diff)} differ): train into a new --out, "
                                         "or drop --resume to retrain here")
+        same = True
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(fingerprint, indent=1) + "\n")
+    return same
 
 
 def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, seed: int = 0,
@@ -110,12 +130,19 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
         ppo = ppo.with_train(iters=iters, eval_every=min(ppo.train.eval_every, iters))
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra)
     ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
-    fingerprint = {"data": ev.data.name, "seed": seed, "max_train": max_train,
-                   "n": {r: len(i) for r, (_, i) in prep.parts.items()},
+    fingerprint = {"data": ev.data.name, "corpus": ev.data.dataset.corpus.fingerprint(),
+                   "queries": _queries_hash(prep), "seed": seed, "max_train": max_train,
+                   "tuner": settings.model_dump(mode="json"),
                    "arms": [c.config_hash for c in configs], "ppo": ppo.model_dump(mode="json")}
-    _check_resume(out / "ppo" / RUN_FILE, fingerprint, resume)
+    resumed = _check_resume(out / "ppo" / RUN_FILE, fingerprint, resume)
     t0 = time.perf_counter()
-    router, sel = fit_router(prep, seed)
+    router_file = out / "ppo" / ROUTER_FILE
+    if resumed and router_file.is_file():  # the same run: its router, not a second CV
+        router, sel = pickle.loads(router_file.read_bytes())
+        log(f"  router: reused ({router_file})")
+    else:
+        router, sel = fit_router(prep, seed)
+        router_file.write_bytes(pickle.dumps((router, sel)))
     static = best_static(M["valid"]["R"])
     budget_tokens = float(M["valid"]["T"][:, static].mean())
     price = router.fit_token_price(X["valid"], M["valid"]["T"], budget_tokens)
