@@ -194,7 +194,20 @@ class _CachedSearch:
 
     def search(self, query: str, top_n: int = 10, **kw: Any):
         key = ("search", query, top_n, tuple(sorted(kw.items())))
-        return list(self._cached(key, lambda: self.inner.search(query, top_n, **kw)))
+        return list(self._cached(key, lambda: self._search(query, top_n, **kw)))
+
+    def _search(self, query: str, top_n: int, **kw: Any):
+        from rag.index.base import check_top_n
+        from rag.index.dense import DenseRetriever
+
+        inner = self.inner
+        if (not kw and isinstance(inner, DenseRetriever)
+                and type(inner).search is DenseRetriever.search):
+            # DenseRetriever.search, with the query's embedding from the cache: one encoding
+            # per question for every top_n the featurizer, the graph's seeds and the arm ask
+            check_top_n(top_n)
+            return inner.search_vectors(self.embed_query(query)[None, :], top_n)[0]
+        return inner.search(query, top_n, **kw)
 
     def embed_query(self, query: str):
         return self._cached(("embed", query), lambda: self.inner.embed_query(query))
@@ -207,7 +220,9 @@ class SharedRetrievals:
     """An `IndexProvider` over `indexes` whose retrievers remember their last `size` calls,
     shared by the featurizer and the arms' pipelines of one replica: the retrievals the
     policy's features made for a question are not repeated when the chosen config's pipeline
-    asks the same retriever the same thing (`rag.index.provider`)."""
+    asks the same retriever the same thing (`rag.index.provider`). A dense retriever encodes a
+    question once for every `top_n` asked, and the graph retriever is seeded by these cached
+    retrievers, so its seed searches reuse theirs."""
 
     def __init__(self, indexes, size: int = 256):
         self.inner, self.size = indexes, size
@@ -229,8 +244,25 @@ class SharedRetrievals:
         return self._wrap(("dense", kind), lambda: self.inner.dense(kind))
 
     def graph(self, bm25_backend: str | None = None, dense_kind: str = "flat"):
-        return self._wrap(("graph", bm25_backend, dense_kind),
-                          lambda: self.inner.graph(bm25_backend, dense_kind))
+        from rag.index.graph import GraphRetriever
+
+        default = getattr(self.inner, "default_bm25_backend", None)
+        backend = bm25_backend or (default() if default else None)
+        if backend is None:  # a provider that picks its own: its graph as it is
+            return self._wrap(("graph", None, dense_kind),
+                              lambda: self.inner.graph(None, dense_kind))
+        # seeded by this object's cached bm25 and dense retrievers (made here, before `_wrap`
+        # takes its lock: it is not re-entrant), so the graph's seed searches reuse theirs
+        seeds = [self.bm25(backend), self.dense(dense_kind)]
+
+        def make():
+            g = self.inner.graph(backend, dense_kind)
+            if not isinstance(g, GraphRetriever):  # another engine's graph: as it is
+                return g
+            return GraphRetriever(g.B, g.ids, g.entities, seeds=seeds, damping=g.damping,
+                                  n_seeds=g.n_seeds)
+
+        return self._wrap(("graph", backend, dense_kind), make)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
