@@ -26,7 +26,12 @@ ARGV = ["policy", "train", "--learner", "ppo", "--ppo-seeds", "1", "--ppo-iters"
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("ppo")
     out = root / "synthetic"
-    assert main([*ARGV, "--out", str(out), "--mlflow-dir", str(root / "mlflow")]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        # $MLFLOW_TRACKING_URI wins over --mlflow-dir, and mlflow.set_tracking_uri exports it:
+        # an earlier test's may still be set (setenv first, so the context restores it)
+        mp.setenv("MLFLOW_TRACKING_URI", "")
+        mp.delenv("MLFLOW_TRACKING_URI")
+        assert main([*ARGV, "--out", str(out), "--mlflow-dir", str(root / "mlflow")]) == 0
     return out, json.loads((out / "report.json").read_text())
 
 
@@ -62,11 +67,13 @@ def test_the_report_compares_ppo_with_the_router_and_both_static_baselines(train
     assert "Verdict" in md
 
 
-def test_each_seeds_iterations_are_in_mlflow(trained):
+def test_each_seeds_iterations_are_in_mlflow(trained, monkeypatch):
     import mlflow
 
     out, rep = trained
-    mlflow.set_tracking_uri(f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}")
+    uri = f"sqlite:///{out.parent / 'mlflow' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # removed again after the test
+    mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["ppo-policy"], output_format="list")
     assert [r.info.run_name for r in runs] == ["ppo-policy-synthetic-seed0"]
     hist = mlflow.MlflowClient().get_metric_history(runs[0].info.run_id, "charts/valid_reward")
