@@ -122,8 +122,11 @@ def test_the_directory_is_what_the_policy_replica_loads_and_picks_with(trained):
     obs, base = pol.observe(X)
     want = [c.config_hash for c in pol.ppo.act(obs, base)]
     on_list = np.array([pol.arms[a].config_hash == w for a, w in zip(greedy, want, strict=True)])
-    assert pol.off_list == int((~on_list).sum())
+    assert pol.off_list == int((~on_list).sum()) == rep["ppo"]["test_off_list"]
     assert on_list.mean() > 0.5
+    # the report scored exactly these picks
+    names, counts = np.unique([loaded.names[a] for a in greedy], return_counts=True)
+    assert dict(zip(names.tolist(), counts.tolist(), strict=True)) == rep["test_choices"]
     # served by the policy replica body (what the Serve deployment runs), from the question
     svc = PolicyService(str(out), dataset="synthetic", seed=0, warmup=False)
     picks = [svc.router.pick(e.question) for e in test[:10]]

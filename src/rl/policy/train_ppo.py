@@ -20,8 +20,11 @@ router chosen by grouped cross-validation over train ∪ valid). Then:
 - each seed starts from the better on valid of two behaviour-cloned starts (defer everywhere,
   the best static config), trains on train and keeps its checkpoint best on valid
   (`PerQueryPPO.train`); the seed best on valid (`better_on_valid`) is the policy;
-- the holdout is read once: its per-query reward, quality and tokens against the router, best
-  static and the default (paired bootstrap 95% CIs, `rl.policy.train.system_rows`).
+- the policy is fixed as the directory serves it (`PPOPortfolioPolicy` over its greedy configs
+  on train ∪ valid and the router's arms: a holdout query whose greedy config is not an arm
+  gets PPO's most probable arm, counted as `test_off_list`), and the holdout is read once: the
+  served picks' per-query reward, quality and tokens against the router, best static and the
+  default (paired bootstrap 95% CIs, `rl.policy.train.system_rows`).
 
 Checkpoints and resume: each seed checkpoints every iteration under `ppo/seed<s>/checkpoints`
 (`PerQueryPPO.train`); with `resume` the router (`ppo/router.pkl`) and every finished seed
@@ -176,8 +179,11 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                          "reused": reused, "wall_s": round(time.perf_counter() - t1, 1)})
         if pol is None or better_on_valid(cand.meta["best"], pol.meta["best"], cap):
             pol = cand
-    # the holdout, read once
-    cfgs = pol.act(Xo["test"], bases["test"])
+    # what the directory serves: PPO over a fixed arm list (its greedy configs on train ∪
+    # valid, the router's arms); the holdout, read once, scores exactly that
+    served = PPOPortfolioPolicy(pol, prep.X_tv, ResidualBase(router, configs, price, static))
+    cfgs = [served.arms[a] for a in served.act(X["test"])]
+    off_list, served.off_list = served.off_list, 0  # a served-request counter: saved at 0
     outs = worlds["test"].outcomes(cfgs)
     test = M["test"]
     n_test = len(test["R"])
@@ -196,7 +202,6 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
 
     verdict = ("supervised-router" if delta(BASE_SYSTEM)["ci_high"] < 0 else
                SUBJECT if delta("best-static")["ci_low"] > 0 else "best-static")
-    served = PPOPortfolioPolicy(pol, prep.X_tv, ResidualBase(router, configs, price, static))
     known = {c.config_hash: n for n, c in zip(names, configs, strict=True)}
     save_policy(served, out, base_config=settings.base_config(),
                 names=[known.get(c.config_hash, f"ppo-{c.config_hash}") for c in served.arms],
@@ -212,7 +217,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
               "router_valid_reward": float(pick(M["valid"]["R"], base_arms["valid"]).mean()),
               "test_deferred": float(np.mean(deferred)),
               "distinct_test_configs": len({c.config_hash for c in cfgs}),
-              "served_arms": len(served.arms), "train_s": round(time.perf_counter() - t0, 1)}
+              "served_arms": len(served.arms), "test_off_list": off_list, "train_s": round(time.perf_counter() - t0, 1)}
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],
                     {"params": asdict(router.params), "token_price": price,
                      "equal_cost": True, "valid_reward": record["router_valid_reward"],
