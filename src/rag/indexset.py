@@ -270,7 +270,7 @@ class IndexSet:
         key = f"graph@{bm25_backend}+{dense_kind}"
         with self._lock:
             if key not in self._cache:
-                self._cache[key] = GraphRetriever(g.B, g.ids, g.entities, seeds=seeds)
+                self._cache[key] = g.with_seeds(seeds)
             return self._cache[key]
 
     def _get(self, name: str, load, build):

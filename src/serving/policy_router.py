@@ -257,10 +257,8 @@ class SharedRetrievals:
 
         def make():
             g = self.inner.graph(backend, dense_kind)
-            if not isinstance(g, GraphRetriever):  # another engine's graph: as it is
-                return g
-            return GraphRetriever(g.B, g.ids, g.entities, seeds=seeds, damping=g.damping,
-                                  n_seeds=g.n_seeds)
+            # another engine's graph: as it is
+            return g.with_seeds(seeds) if isinstance(g, GraphRetriever) else g
 
         return self._wrap(("graph", backend, dense_kind), make)
 

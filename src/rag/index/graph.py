@@ -14,6 +14,7 @@ tol 1e-6 or 50 steps. Scores are the final passage masses (they sum to 1).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -116,6 +117,13 @@ class GraphRetriever(Retriever):
             raise ConfigError("graph", f"{d} holds no graph index (graph.json missing)")
         meta = json.loads((d / "graph.json").read_text())
         return cls(sp.load_npz(d / "incidence.npz"), meta["ids"], meta["entities"], seeds=seeds)
+
+    def with_seeds(self, seeds: Sequence[Retriever]) -> GraphRetriever:
+        """This graph seeded by `seeds` instead: a shallow copy sharing the incidence and
+        transition matrices (nothing is recomputed)."""
+        g = copy.copy(self)
+        g.seeds = list(seeds)
+        return g
 
     @property
     def n_edges(self) -> int:

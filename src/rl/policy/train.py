@@ -29,6 +29,7 @@ the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,11 +256,12 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     ev.memo.flush()
     groups = {role: [conversation_of(ev.data.examples(split)[int(i)]) for i in idx]
               for role, (split, idx) in parts.items()}
-    n_tv = len(groups["train"]) + len(groups["valid"])
-    if len(set(groups["train"] + groups["valid"])) < CV_FOLDS:
+    tv_groups = groups["train"] + groups["valid"]
+    n_tv, n_conversations = len(tv_groups), len(set(tv_groups))
+    if n_conversations < CV_FOLDS:
         raise ConfigError("dataset", f"{dataset}: the router's {CV_FOLDS}-fold cross-validation "
                                      f"needs >= {CV_FOLDS} conversations in train ∪ valid, got "
-                                     f"{len(set(groups['train'] + groups['valid']))}")
+                                     f"{n_conversations}")
     warnings = ([f"only {n_tv} train ∪ valid queries (< {SMALL_DATA}): the router's "
                  "cross-validated choices are mostly noise here; expect it to keep the best "
                  "static arm, and give it more data before trusting a per-query gain"]
@@ -328,16 +330,13 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                     rows, verdict, counts_of([names[int(a)] for a in ch]),
                     tuple(picks), prep.warnings)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
-    (out / "report.md").write_text(markdown(run, dataset))
+    (out / "report.md").write_text(markdown(run, prep.dataset))
     return run
 
 
 def counts_of(labels: list[str]) -> dict[str, int]:
-    """Label -> count, most frequent first."""
-    out: dict[str, int] = {}
-    for x in labels:
-        out[x] = out.get(x, 0) + 1
-    return dict(sorted(out.items(), key=lambda t: -t[1]))
+    """Label -> count, most frequent first (ties in order of first appearance)."""
+    return dict(Counter(labels).most_common())
 
 
 VERDICTS = {

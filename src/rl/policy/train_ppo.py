@@ -230,5 +230,5 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                     counts_of([known.get(c.config_hash, f"ppo-{c.config_hash}") for c in cfgs]),
                     SYSTEMS, prep.warnings, record)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
-    (out / "report.md").write_text(markdown(run, dataset))
+    (out / "report.md").write_text(markdown(run, prep.dataset))
     return run
