@@ -6,7 +6,10 @@ real indexes. No Ray."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -17,12 +20,14 @@ from serving.cli import main
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("policy") / "synthetic"
-    assert main(["policy", "train", "--out", str(out)]) == 0
-    return out, json.loads((out / "report.json").read_text())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["policy", "train", "--out", str(out)]) == 0
+    return out, json.loads((out / "report.json").read_text()), err.getvalue()
 
 
 def test_the_report_compares_the_router_with_both_static_baselines(trained):
-    out, rep = trained
+    out, rep, _ = trained
     assert rep["n"] == {"train": 60, "valid": 60, "test": 120}  # valid halves, then test
     assert len(rep["arms"]) == 30 and rep["arms"][0] == "static-default"
     by = {(r["system"], r["metric"]): r for r in rep["rows"]}
@@ -53,7 +58,7 @@ def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
     from serving.policy_router import PolicyRouter
     from serving.schemas import ServeSettings
 
-    out, rep = trained
+    out, rep, _ = trained
     # the serve.yaml written beside it deploys this directory in policy mode
     s = ServeSettings.from_args(read_serve_yaml(out / "serve.yaml")[1][0]["args"])
     assert s.traffic.mode == "policy" and s.policy.dir == str(out.resolve())
@@ -72,3 +77,41 @@ def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
     picks = [router.pick(e.question) for e in test[:20]]
     assert [p.greedy_arm for p in picks] == greedy[:20].tolist()
     assert all(p.propensity >= router.epsilon / len(loaded.names) for p in picks)
+
+
+def test_each_stage_says_what_it_did_on_stderr(trained):
+    """A cold run on real data computes rows for minutes (MTRAG: 85 arms); the CLI says what it
+    is doing: the data, the rows, the features and the router's cross-validation."""
+    _, rep, err = trained
+    lines = err.splitlines()
+    assert lines[0] == ("policy data synthetic: 30 arms; queries train 60 (valid), valid 60 "
+                        "(valid), test 120 (test)")
+    assert any(line.startswith("  rows: 30 arms × 240 queries (") for line in lines)
+    assert any(line.startswith("  features: 42 per query (") for line in lines)
+    chosen = next(line for line in lines if line.startswith("  router: margin "))
+    assert f"over `{rep['router']['static_arm']}`" in chosen
+    assert f"CV reward {rep['router']['cv_reward']:.4f}" in chosen
+
+
+def test_rows_are_computed_only_for_the_queries_asked(tmp_path, monkeypatch):
+    """`split_matrices(idx=...)`: a role's subset (e.g. `--max-train`) computes only its
+    queries' rows, not the whole split's; progress lines come at most every PROGRESS_S."""
+    from rl.common.data import TuningData
+    from rl.policy import train
+    from rl.policy.portfolio import portfolio
+    from rl.tuner.evaluator import TunerEvaluator
+    from rl.tuner.settings import TunerSettings
+
+    settings = TunerSettings.defaults()
+    ev = TunerEvaluator(TuningData.open("synthetic"), settings, cache_root=tmp_path)
+    configs = [c for _, c in portfolio(settings)[:3]]
+    monkeypatch.setattr(train, "PROGRESS_S", 0.0)
+    said = []
+    M = train.split_matrices(ev, configs, "valid", np.array([1, 4]), said.append)
+    assert M["R"].shape == (120, 3)
+    computed = np.flatnonzero(np.isfinite(M["T"]).all(axis=1))
+    assert computed.tolist() == [1, 4]
+    assert [re.sub(r"\(\d+ s\)", "(t)", m) for m in said] == [
+        "  rows valid: 1/3 arms (t)", "  rows valid: 2/3 arms (t)"]
+    full = train.split_matrices(ev, configs, "valid")
+    np.testing.assert_array_equal(full["R"][[1, 4]], M["R"][[1, 4]])

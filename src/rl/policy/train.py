@@ -29,7 +29,9 @@ the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,9 @@ from rag.errors import ConfigError
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
+PROGRESS_S = 30.0
+"""Seconds between progress lines while rows are computed (a cold MTRAG run takes minutes)."""
+Log = Callable[[str], None]
 """Fewer train ∪ valid queries than this get a warning: the router's cross-validated choices
 are then mostly noise (its margin will usually keep the static arm)."""
 
@@ -71,14 +76,22 @@ def conversation_of(example: Any) -> str:
     return str(meta.get("conversation_id") or str(example.id).split("<::>")[0])
 
 
-def split_matrices(ev: Any, configs: list[RAGConfig], split: str) -> dict[str, np.ndarray]:
-    """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`."""
+def split_matrices(ev: Any, configs: list[RAGConfig], split: str,
+                   idx: np.ndarray | None = None, log: Log | None = None
+                   ) -> dict[str, np.ndarray]:
+    """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`;
+    with `idx`, only those queries' rows are computed (the others' may be NaN). `log`: a
+    progress line at most every `PROGRESS_S` while rows are computed."""
     cols: dict[str, list[np.ndarray]] = {"R": [], "Q": [], "T": []}
-    for cfg in configs:
-        tab = ev.table(cfg, split)
+    t0 = last = time.perf_counter()
+    for i, cfg in enumerate(configs, 1):
+        tab = ev.table(cfg, split, idx)
         cols["R"].append(ev.per_query_reward(tab))
         cols["Q"].append(ev.per_query_quality(tab))
         cols["T"].append(np.asarray(tab["tokens"], dtype=np.float64))
+        if log and time.perf_counter() - last >= PROGRESS_S and i < len(configs):
+            last = time.perf_counter()
+            log(f"  rows {split}: {i}/{len(configs)} arms ({last - t0:.0f} s)")
     return {k: np.column_stack(v) for k, v in cols.items()}
 
 
@@ -203,9 +216,11 @@ class Prepared:
 
 def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
             max_train: int | None = None, extra: list[tuple[str, RAGConfig]] | None = None,
-            compare_to: tuple[str, ...] = ()) -> Prepared:
+            compare_to: tuple[str, ...] = (), log: Log | None = None) -> Prepared:
     """Check the input, open `dataset`, and compute every arm's rows and every query's
-    features for the roles (`role_indices`); see `train_router_policy` for the errors."""
+    features for the roles (`role_indices`); see `train_router_policy` for the errors.
+    `log`: one line per stage (and progress while rows are computed), None for silence."""
+    say = log or (lambda _m: None)
     from rl.common.data import TuningData
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
@@ -247,13 +262,24 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     if min(len(idx) for _, idx in parts.values()) < 2:
         raise ConfigError("dataset", f"{dataset}: train, valid and test need >= 2 queries each "
                                      f"(got {({r: len(i) for r, (_, i) in parts.items()})})")
-    full = {s: split_matrices(ev, configs, s) for s in sorted({s for s, _ in parts.values()})}
+    say(f"policy data {ev.data.name}: {len(configs)} arms; queries "
+        + ", ".join(f"{role} {len(idx)} ({split})" for role, (split, idx) in parts.items()))
+    t0 = time.perf_counter()
+    need: dict[str, list[np.ndarray]] = {}
+    for split, idx in parts.values():  # only the roles' queries (e.g. --max-train's subset)
+        need.setdefault(split, []).append(idx)
+    full = {s: split_matrices(ev, configs, s, np.unique(np.concatenate(v)), log)
+            for s, v in sorted(need.items())}
+    say(f"  rows: {len(configs)} arms × {sum(len(i) for _, i in parts.values())} queries "
+        f"({time.perf_counter() - t0:.0f} s; cached rows are reused)")
+    t0 = time.perf_counter()
     feat = QueryFeaturizer(ev.memo, settings.base_config(), views)
     M, X = {}, {}
     for role, (split, idx) in parts.items():
         M[role] = {k: v[idx] for k, v in full[split].items()}
         X[role] = feat.matrix([ev.data.examples(split)[int(i)] for i in idx])
     ev.memo.flush()
+    say(f"  features: {len(feat.names)} per query ({time.perf_counter() - t0:.0f} s)")
     groups = {role: [conversation_of(ev.data.examples(split)[int(i)]) for i in idx]
               for role, (split, idx) in parts.items()}
     tv_groups = groups["train"] + groups["valid"]
@@ -270,20 +296,28 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
                     warnings)
 
 
-def fit_router(prep: Prepared, seed: int = 0) -> tuple[Any, Any]:
+def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[Any, Any]:
     """The router chosen by grouped cross-validation over train ∪ valid and refitted on both
     (`select_router_cv`), and the selection record."""
-    from rl.policy.router import arm_features, select_router_cv
+    from rl.policy.router import CV_FOLDS, MARGINS, PARAM_GRID, arm_features, select_router_cv
 
-    return select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups, seed=seed,
-                            arms=arm_features(prep.configs))
+    t0 = time.perf_counter()
+    if log:
+        log(f"  router: {len(PARAM_GRID)} parameter sets × {len(MARGINS)} margins, grouped "
+            f"{CV_FOLDS}-fold CV over {len(prep.tv_groups)} train ∪ valid queries")
+    router, sel = select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups,
+                                   seed=seed, arms=arm_features(prep.configs))
+    if log:
+        log(f"  router: margin {router.margin:g} over `{prep.names[router.static_arm]}`, CV "
+            f"reward {sel.tried[sel.best]['cv_reward']:.4f} ({time.perf_counter() - t0:.0f} s)")
+    return router, sel
 
 
 def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
                         max_train: int | None = None,
                         extra: list[tuple[str, RAGConfig]] | None = None,
-                        equal_cost: bool = False, compare_to: tuple[str, ...] = ()
-                        ) -> RouterRun:
+                        equal_cost: bool = False, compare_to: tuple[str, ...] = (),
+                        log: Log | None = None) -> RouterRun:
     """Fit, choose, check and save the router policy of `dataset` (a name or a path the
     loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
     (module docstring); `max_train` on data without a train split is a ConfigError naming
@@ -291,15 +325,16 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     arms added to the portfolio (e.g. the config `ragpilot tune` found); a name or config
     already in it is a ConfigError naming `extra`.
     `compare_to`: arm names compared with the router on the holdout besides best static and
-    the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`."""
+    the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`.
+    `log`: a line per stage (`prepare`), None for silence."""
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.stats.headroom import best_static, pick
 
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
-                   compare_to=compare_to)
+                   compare_to=compare_to, log=log)
     ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
     R_tv = prep.tv("R")
-    router, sel = fit_router(prep, seed)
+    router, sel = fit_router(prep, seed, log)
     static = best_static(M["valid"]["R"])
     if equal_cost:  # else the price select_router_cv's router has: 0
         # on valid, where the budget is measured (best static alone spends exactly it)

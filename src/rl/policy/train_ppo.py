@@ -131,7 +131,8 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
     ppo = ppo.with_heads(defer=True)
     if iters is not None:
         ppo = ppo.with_train(iters=iters, eval_every=min(ppo.train.eval_every, iters))
-    prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra)
+    prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
+                   log=log)
     ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
     fingerprint = {"data": ev.data.name, "corpus": ev.data.dataset.corpus.fingerprint(),
                    "queries": _queries_hash(prep), "seed": seed, "max_train": max_train,
@@ -144,7 +145,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
         router, sel = pickle.loads(router_file.read_bytes())
         log(f"  router: reused ({router_file})")
     else:
-        router, sel = fit_router(prep, seed)
+        router, sel = fit_router(prep, seed, log)
         router_file.write_bytes(pickle.dumps((router, sel)))
     static = best_static(M["valid"]["R"])
     budget_tokens = float(M["valid"]["T"][:, static].mean())

@@ -11,7 +11,9 @@ best static and the default.
     ragpilot policy train --learner ppo --ppo-seeds 3 --out runs/policy/synthetic-ppo
 
 It prints the holdout report (report.md in the directory) and the verdict; serve the directory
-with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Bad input exits 2 naming the flag.
+with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Each stage (rows, features, the
+router's cross-validation, PPO's iterations) says what it did on stderr. Bad input exits 2
+naming the flag.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with flags(FLAGS):
             run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
                                       max_train=args.max_train, extra=extra,
-                                      equal_cost=args.equal_cost)
+                                      equal_cost=args.equal_cost, log=_stderr)
     from serving.serve_yaml import SERVE_FILE, policy_args, write_serve_yaml
 
     serve = write_serve_yaml(run.out / SERVE_FILE,
@@ -88,6 +90,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stderr(message: str) -> None:
+    """Progress lines go to stderr: stdout carries the report."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def _train_ppo(args: argparse.Namespace, settings, extra):
     from rl.policy.settings import PPOPolicySettings
     from rl.policy.train_ppo import train_ppo_policy
@@ -107,8 +114,7 @@ def _train_ppo(args: argparse.Namespace, settings, extra):
         return train_ppo_policy(args.dataset, settings, ppo, args.out, seed=args.seed,
                                 seeds=args.ppo_seeds, iters=args.ppo_iters,
                                 max_train=args.max_train, extra=extra, resume=args.resume,
-                                tracking_uri=uri,
-                                log=lambda m: print(m, file=sys.stderr, flush=True))
+                                tracking_uri=uri, log=_stderr)
 
 
 def add_parsers(sub) -> None:
