@@ -82,12 +82,17 @@ def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
 def test_each_stage_says_what_it_did_on_stderr(trained):
     """A cold run on real data computes rows for minutes (MTRAG: 85 arms); the CLI says what it
     is doing: the data, the rows, the features and the router's cross-validation."""
+    from rl.policy.router import PARAM_GRID
+
     _, rep, err = trained
     lines = err.splitlines()
     assert lines[0] == ("policy data synthetic: 30 arms; queries train 60 (valid), valid 60 "
                         "(valid), test 120 (test)")
     assert any(line.startswith("  rows: 30 arms × 240 queries (") for line in lines)
     assert any(line.startswith("  features: 42 per query (") for line in lines)
+    cv = [line for line in lines if " parameter sets cross-validated, best CV reward" in line]
+    n = len(PARAM_GRID)
+    assert [line.split()[1] for line in cv] == [f"{i}/{n}" for i in range(1, n + 1)]
     chosen = next(line for line in lines if line.startswith("  router: margin "))
     assert f"over `{rep['router']['static_arm']}`" in chosen
     assert f"CV reward {rep['router']['cv_reward']:.4f}" in chosen

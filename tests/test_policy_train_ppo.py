@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 
+from rl.policy.train_ppo import ppo_verdict
 from serving.cli import main
 
 pytestmark = pytest.mark.ray
@@ -48,12 +49,16 @@ def test_the_report_compares_ppo_with_the_router_and_both_static_baselines(train
             d = by[("ppo-policy", own)]["value"] - by[(other, own)]["value"]
             assert r["value"] == pytest.approx(d)
         assert by[(f"ppo-policy - {other}", "delta_cost_pct")]["n"] == 120
-    # the verdict follows its rule from the rows
+    # the router's own gain over best static is reported beside PPO's
+    router = by[("supervised-router-equal-cost - best-static", "delta_reward")]
+    d = by[("supervised-router-equal-cost", "reward")]["value"] - by[("best-static", "reward")][
+        "value"]
+    assert router["value"] == pytest.approx(d) and router["n"] == 120
+    # the verdict follows its rule (tests/unit/test_ppo_verdict.py) from the rows, and says why
     vs_router = by[("ppo-policy - supervised-router-equal-cost", "delta_reward")]
-    vs_static = by[("ppo-policy - best-static", "delta_reward")]
-    want = ("supervised-router" if vs_router["ci_high"] < 0 else
-            "ppo-policy" if vs_static["ci_low"] > 0 else "best-static")
-    assert rep["verdict"] == want
+    assert (rep["verdict"], rep["reason"]) == ppo_verdict(rep["rows"])
+    assert f"PPO − router {vs_router['value']:+.4f}" in rep["reason"] or (
+        rep["verdict"] == "best-static")
     ppo = rep["ppo"]
     assert ppo["seeds"] == [0] and ppo["chosen_seed"] == 0 and ppo["iters"] == 2
     assert "defer" in ppo["heads"] and 0.0 <= ppo["test_deferred"] <= 1.0
@@ -64,7 +69,8 @@ def test_the_report_compares_ppo_with_the_router_and_both_static_baselines(train
     assert (out / "ppo" / "seed0" / "policy" / "module.pt").is_file()
     md = (out / "report.md").read_text()
     assert "# Per-query PPO policy" in md and "ppo-policy - best-static" in md
-    assert "Verdict" in md
+    assert "| supervised-router-equal-cost - best-static |" in md
+    assert "Verdict" in md and rep["reason"] in md
 
 
 def test_each_seeds_iterations_are_in_mlflow(trained, monkeypatch):

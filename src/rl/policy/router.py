@@ -34,7 +34,8 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -274,7 +275,9 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
                      groups: Sequence[str] | None = None,
                      grid: Sequence[RouterParams] = PARAM_GRID,
                      margins: Sequence[float] = MARGINS, folds: int = CV_FOLDS, seed: int = 0,
-                     arms: np.ndarray | None = None) -> tuple[SupervisedRouter, Selection]:
+                     arms: np.ndarray | None = None,
+                     log: Callable[[str], None] | None = None
+                     ) -> tuple[SupervisedRouter, Selection]:
     """Choose the router's hyper-parameters and switching margin by grouped `folds`-fold
     cross-validation over all rows (`X`, `R`, `T`: train ∪ valid), then refit on every row.
 
@@ -283,7 +286,8 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
     decided with each margin against the best static arm of all rows (`decide`); the pair
     with the highest mean realised reward wins (first on ties, so the smaller margin). The
     returned router has `static_arm` and `margin` set; `Selection.tried` lists every pair's
-    out-of-fold reward. `groups` None: every row its own group."""
+    out-of-fold reward. `groups` None: every row its own group. `log`: a line per `grid`
+    entry cross-validated."""
     X, R = _check(X, R, "R")
     if not margins or any(not m >= 0 for m in margins):
         raise ConfigError("margins", f"must be a non-empty list of numbers >= 0, got "
@@ -294,13 +298,17 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
     static = best_static(R)
     zero = np.zeros(R.shape[1])
     tried, chosen, best_v = [], 0, -np.inf
-    for params in grid:
+    t0 = time.perf_counter()
+    for i, params in enumerate(grid, 1):
         oof = out_of_fold_scores(params, X, R, T, arms, groups, folds, seed)
         for m in margins:
             v = float(pick(R, decide(oof, 0.0, zero, m, static)).mean())
             tried.append({**asdict(params), "margin": m, "cv_reward": v})
             if v > best_v + 1e-12:
                 chosen, best_v = len(tried) - 1, v
+        if log:
+            log(f"  router: {i}/{len(grid)} parameter sets cross-validated, best CV reward "
+                f"so far {best_v:.4f} ({time.perf_counter() - t0:.0f} s)")
     router = SupervisedRouter(grid[chosen // len(margins)], seed).fit(X, R, T, arms)
     router.static_arm, router.margin = static, tried[chosen]["margin"]
     return router, Selection(chosen, tried, [router])

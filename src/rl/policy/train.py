@@ -112,6 +112,8 @@ class RouterRun:
     """Counted, not fatal: e.g. too few queries to learn a per-query choice from."""
     ppo: dict[str, Any] | None = None
     """The PPO learner's record (`rl.policy.train_ppo`), None for the router alone."""
+    reason: str = ""
+    """Why the verdict, from the rows it rests on (the PPO learner's; "" for the router's)."""
 
     @property
     def subject(self) -> str:
@@ -128,7 +130,8 @@ class RouterRun:
                 "n": self.n,
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
                 "verdict": self.verdict, "test_choices": self.choices,
-                "warnings": self.warnings, **({} if self.ppo is None else {"ppo": self.ppo})}
+                "warnings": self.warnings,
+                **({} if self.ppo is None else {"ppo": self.ppo, "reason": self.reason})}
 
 
 def _row(dataset: str, system: str, metric: str, value: float, lo: float | None = None,
@@ -306,7 +309,7 @@ def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[A
         log(f"  router: {len(PARAM_GRID)} parameter sets × {len(MARGINS)} margins, grouped "
             f"{CV_FOLDS}-fold CV over {len(prep.tv_groups)} train ∪ valid queries")
     router, sel = select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups,
-                                   seed=seed, arms=arm_features(prep.configs))
+                                   seed=seed, arms=arm_features(prep.configs), log=log)
     if log:
         log(f"  router: margin {router.margin:g} over `{prep.names[router.static_arm]}`, CV "
             f"reward {sel.tried[sel.best]['cv_reward']:.4f} ({time.perf_counter() - t0:.0f} s)")
@@ -377,13 +380,11 @@ def counts_of(labels: list[str]) -> dict[str, int]:
 VERDICTS = {
     "router": "Verdict: **serve the router** — its reward gain over the best static config has "
               "a 95% CI above 0.",
-    "ppo-policy": "Verdict: **serve the PPO policy** — its reward gain over the best static "
-                  "config has a 95% CI above 0, and the router is not ahead of it.",
+    "ppo-policy": "Verdict: **serve the PPO policy** — {reason}.",
     "supervised-router": "Verdict: **serve the supervised router** (`ragpilot policy train` "
-                         "without `--learner ppo`) — it is ahead of the PPO policy on this "
-                         "holdout (the reward delta's 95% CI is below 0).",
+                         "without `--learner ppo`) — {reason}.",
     "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s reward "
-                   "gain over it has no 95% CI above 0 on this holdout.",
+                   "gain over it has no 95% CI above 0 on this holdout{reason}.",
 }
 
 
@@ -422,8 +423,10 @@ def markdown(run: RouterRun, dataset: str) -> str:
                      f"{by[(s, 'tokens')]['value']:.0f} |")
     lines += ["", "| comparison | delta_reward | delta_quality | delta_cost_pct |",
               "|---|---|---|---|"]
-    for other in run.systems[1:]:
-        c = f"{run.subject} - {other}"
+    comparisons = [f"{run.subject} - {other}" for other in run.systems[1:]]
+    comparisons += [c for c in dict.fromkeys(r["system"] for r in run.rows if " - " in r["system"])
+                    if c not in comparisons]  # e.g. the router's own gain in a PPO report
+    for c in comparisons:
         lines.append(f"| {c} | {fmt(by[(c, 'delta_reward')])} | "
                      f"{fmt(by[(c, 'delta_quality')])} | "
                      f"{fmt(by[(c, 'delta_cost_pct')], pct=True)} |")
@@ -432,7 +435,10 @@ def markdown(run: RouterRun, dataset: str) -> str:
         lines += ["", f"Warnings ({len(run.warnings)}):", *(f"- {w}" for w in run.warnings)]
     who = "PPO policy" if run.ppo is not None else "router"
     lines += ["", f"The {who}'s holdout choices (top 6): {top}.", "",
-              VERDICTS[run.verdict].format(best=run.best_static, who=who),
+              VERDICTS[run.verdict].format(
+                  best=run.best_static, who=who,
+                  reason=(f" ({run.reason})" if run.reason and run.verdict == "best-static"
+                          else run.reason)),
               "", f"Serve it: `serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
               "(`serving.policy_router`); `ragpilot policy train` writes that Serve config "
               f"as `{run.out}/serve.yaml` (`ragpilot serve --config` it).", ""]

@@ -33,9 +33,13 @@ provided the run is the same (`ppo/run.json`: corpus, queries per role, tuner an
 settings, arms, seed; otherwise a ConfigError naming `resume`). Each seed's
 iterations are logged to MLflow (experiment `ppo-policy`) when a tracking URI is given.
 
-Verdict: "ppo-policy" when its reward gain over best static has a CI above 0 and the router
-is not significantly ahead of it; "supervised-router" when the router is significantly ahead
-(ship `ragpilot policy train` without `--learner ppo`); else "best-static". The directory is
+Verdict (`ppo_verdict`; the report says why with the deltas it rests on): PPO is served only
+where it earns its place over the router it defers to, the shipped default:
+"supervised-router" when the router is significantly ahead of PPO, or when PPO adds nothing
+significant over the router and the router's own gain over best static has a CI above 0
+(e.g. a kept PPO that is its defer-everywhere start, the router's picks); "ppo-policy" when PPO
+is significantly ahead of both, or ahead of best static where the router is not; else
+"best-static". The directory is
 written whatever the verdict: `policy.json` + `model.pkl` (`PPOPortfolioPolicy` over the
 router's arms and PPO's greedy configs on train ∪ valid), `ppo/seed<s>/` (each seed's
 checkpoints and saved policy) and `report.json` / `report.md`.
@@ -196,13 +200,11 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                        ("static-default", np.zeros(n_test, dtype=int))):
         got[system] = {k: pick(test[k], ch) for k in ("R", "Q", "T")}
     rows = system_rows(ev.data.name, got, seed, SUBJECT)
-
-    def delta(other: str) -> dict[str, Any]:
-        return next(r for r in rows if r["system"] == f"{SUBJECT} - {other}"
-                    and r["metric"] == "delta_reward")
-
-    verdict = ("supervised-router" if delta(BASE_SYSTEM)["ci_high"] < 0 else
-               SUBJECT if delta("best-static")["ci_low"] > 0 else "best-static")
+    # the router's own gain over best static (its comparison rows only: its means are above)
+    rows += [r for r in system_rows(ev.data.name, {k: got[k] for k in (BASE_SYSTEM,
+                                                                         "best-static")},
+                                    seed, BASE_SYSTEM) if " - " in r["system"]]
+    verdict, reason = ppo_verdict(rows)
     known = {c.config_hash: n for n, c in zip(names, configs, strict=True)}
     save_policy(served, out, base_config=settings.base_config(),
                 names=[known.get(c.config_hash, f"ppo-{c.config_hash}") for c in served.arms],
@@ -229,7 +231,38 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                      "cv_static_reward": float(prep.tv("R")[:, router.static_arm].mean())},
                     rows, verdict,
                     counts_of([known.get(c.config_hash, f"ppo-{c.config_hash}") for c in cfgs]),
-                    SYSTEMS, prep.warnings, record)
+                    SYSTEMS, prep.warnings, record, reason)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
     (out / "report.md").write_text(markdown(run, prep.dataset))
     return run
+
+
+def ppo_verdict(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """(verdict, reason) from the holdout rows' `delta_reward` CIs (module docstring): PPO
+    against the router it defers to, PPO and the router against best static."""
+    def d(system: str) -> dict[str, Any]:
+        for r in rows:
+            if r["system"] == system and r["metric"] == "delta_reward":
+                return r
+        raise ValueError(f"no {system!r} delta_reward row: the verdict rests on it")
+
+    vs_router, vs_static = d(f"{SUBJECT} - {BASE_SYSTEM}"), d(f"{SUBJECT} - best-static")
+    router = d(f"{BASE_SYSTEM} - best-static")
+
+    def said(name: str, r: dict[str, Any]) -> str:
+        return f"{name} {r['value']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+
+    ppo_router, ppo_static = said("PPO − router", vs_router), said("PPO − best static", vs_static)
+    router_static = said("router − best static", router)
+    if vs_router["ci_high"] < 0:
+        return "supervised-router", f"it is ahead of the PPO policy ({ppo_router})"
+    if vs_router["ci_low"] > 0 and vs_static["ci_low"] > 0:
+        return SUBJECT, f"it is ahead of the router ({ppo_router}) and of best static ({ppo_static})"
+    if router["ci_low"] > 0:
+        return "supervised-router", (f"PPO adds nothing significant over it ({ppo_router}), and "
+                                     f"its own gain over best static has a CI above 0 "
+                                     f"({router_static}): the simpler policy")
+    if vs_static["ci_low"] > 0:
+        return SUBJECT, (f"its gain over best static has a CI above 0 ({ppo_static}) and the "
+                         f"router's does not ({router_static})")
+    return "best-static", f"{ppo_static}; {router_static}"
