@@ -439,7 +439,8 @@ def markdown(run: RouterRun, dataset: str) -> str:
                   best=run.best_static, who=who,
                   reason=(f" ({run.reason})" if run.reason and run.verdict == "best-static"
                           else run.reason)),
-              "", f"Serve it: `serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
+              "", f"Serve {'this directory' if run.ppo is not None else 'it'}: "
+              f"`serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
               "(`serving.policy_router`); `ragpilot policy train` writes that Serve config "
               f"as `{run.out}/serve.yaml` (`ragpilot serve --config` it).", ""]
     return "\n".join(lines)

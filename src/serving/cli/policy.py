@@ -79,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if run.verdict in ("router", "ppo-policy"):
         print(f"serve it: ragpilot serve --config {serve}")
     elif run.verdict == "supervised-router":
-        print(f"serve the router ({run.reason}): train and serve it "
+        print(f"serve the router: {run.reason}. Train and serve it "
               f"(ragpilot policy train without --learner ppo), or serve this policy anyway "
               f"to log exploration data (ragpilot serve --config {serve})")
     else:  # written all the same: serving it logs propensities that a later run can learn from
