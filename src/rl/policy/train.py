@@ -43,11 +43,11 @@ from rag.errors import ConfigError
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
+"""Fewer train ∪ valid queries than this get a warning: the router's cross-validated choices
+are then mostly noise (its margin will usually keep the static arm)."""
 PROGRESS_S = 30.0
 """Seconds between progress lines while rows are computed (a cold MTRAG run takes minutes)."""
 Log = Callable[[str], None]
-"""Fewer train ∪ valid queries than this get a warning: the router's cross-validated choices
-are then mostly noise (its margin will usually keep the static arm)."""
 
 
 def role_indices(ev: Any, seed: int, max_train: int | None = None
@@ -223,13 +223,13 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     """Check the input, open `dataset`, and compute every arm's rows and every query's
     features for the roles (`role_indices`); see `train_router_policy` for the errors.
     `log`: one line per stage (and progress while rows are computed), None for silence."""
-    say = log or (lambda _m: None)
     from rl.common.data import TuningData
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
     from rl.policy.router import CV_FOLDS
     from rl.tuner.evaluator import TunerEvaluator
 
+    say = log or (lambda _m: None)
     out = Path(out)
     arms = portfolio(settings)
     for name, cfg in extra or []:
