@@ -155,10 +155,8 @@ def system_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], seed: int =
                 subject: str = "supervised-router") -> list[dict[str, Any]]:
     """Rows of each system's per-query holdout reward, quality and tokens (`got[system]`
     {"R", "Q", "T"}, the same queries in the same order): its means with bootstrap 95% CIs,
-    and `subject - X` for every other system X: delta_reward, delta_quality (paired
-    bootstrap 95% CIs over queries) and delta_cost_pct (100 · (mean tokens / X's − 1), CI
-    from the same resamples)."""
-    from rl.stats.bootstrap import bootstrap_mean_ci, bootstrap_statistic, paired_bootstrap
+    then `delta_rows` of `subject` against every other system."""
+    from rl.stats.bootstrap import bootstrap_mean_ci
 
     rows = []
     n = len(got[subject]["R"])
@@ -166,12 +164,24 @@ def system_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], seed: int =
         for k, metric in (("R", "reward"), ("Q", "quality"), ("T", "tokens")):
             b = bootstrap_mean_ci(g[k], seed=seed)
             rows.append(_row(dataset, s, metric, b.mean_diff, b.ci_low, b.ci_high, n))
+    return rows + delta_rows(dataset, got, subject, [s for s in got if s != subject], seed)
+
+
+def delta_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], subject: str,
+               others: list[str], seed: int = 0) -> list[dict[str, Any]]:
+    """`subject - X` rows for each X of `others` (`got` as `system_rows`): delta_reward,
+    delta_quality (paired bootstrap 95% CIs over queries) and delta_cost_pct (100 · (mean
+    tokens / X's − 1), CI from the same resamples)."""
+    from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap
+
+    rows = []
     r = got[subject]
+    n = len(r["R"])
 
     def cost_pct(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return 100.0 * (a / np.maximum(b, 1e-9) - 1.0)
 
-    for other in (s for s in got if s != subject):
+    for other in others:
         o = got[other]
         for k, metric in (("R", "delta_reward"), ("Q", "delta_quality")):
             b = paired_bootstrap(o[k], r[k], seed=seed)

@@ -60,7 +60,15 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.train import RouterRun, counts_of, fit_router, markdown, prepare, system_rows
+from rl.policy.train import (
+    RouterRun,
+    counts_of,
+    delta_rows,
+    fit_router,
+    markdown,
+    prepare,
+    system_rows,
+)
 
 SUBJECT = "ppo-policy"
 BASE_SYSTEM = "supervised-router-equal-cost"
@@ -200,10 +208,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                        ("static-default", np.zeros(n_test, dtype=int))):
         got[system] = {k: pick(test[k], ch) for k in ("R", "Q", "T")}
     rows = system_rows(ev.data.name, got, seed, SUBJECT)
-    # the router's own gain over best static (its comparison rows only: its means are above)
-    rows += [r for r in system_rows(ev.data.name, {k: got[k] for k in (BASE_SYSTEM,
-                                                                         "best-static")},
-                                    seed, BASE_SYSTEM) if " - " in r["system"]]
+    rows += delta_rows(ev.data.name, got, BASE_SYSTEM, ["best-static"], seed)  # its own gain
     verdict, reason = ppo_verdict(rows)
     known = {c.config_hash: n for n, c in zip(names, configs, strict=True)}
     save_policy(served, out, base_config=settings.base_config(),
