@@ -17,10 +17,13 @@ without one; `details[ds]["cost_model"]` says which). Features:
 
 Protocol (test is touched once, after every choice is made):
   * `best-static`: the arm with the best mean reward on valid;
-  * `supervised-router`: per-arm gradient boosting fitted on train, hyper-parameters
-    (`rl.policy.router.PARAM_GRID`) chosen by realised reward on valid;
+  * `supervised-router`: per-arm gradient boosting, hyper-parameters
+    (`rl.policy.router.PARAM_GRID`) chosen by grouped 4-fold cross-validation over train ∪
+    valid (`select_router_cv`, margin 0: plain argmax), refitted on train ∪ valid;
   * `supervised-router-equal-cost`: the same router with a token price chosen on valid so
-    that its mean tokens there stay at most best-static's;
+    that its mean tokens there stay at most best-static's, fitted on the cross-validation's
+    out-of-fold predictions of the valid queries (the refitted router's own are in-sample
+    there and priced too low: it overspent on test);
   * `per-segment-best`: the best arm per segment (HotpotQA type, SciFact gold-doc count, MTRAG
     domain × turn: `bench.headroom.segmentations`, dataset labels a serving policy would not
     have), chosen on train ∪ valid; unseen segments take the train ∪ valid best arm;
@@ -98,7 +101,6 @@ from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase  # noqa: E402
 from rl.policy.router import (  # noqa: E402
     CV_FOLDS,
     ROUTER_FEATURE_NAMES,
-    STACK_FOLDS,
     SegmentLookup,
     arm_features,
     select_router_cv,
@@ -368,8 +370,10 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     router, sel = select_router_cv(tv["X"], tv["R"], tv["T"], tv_groups, seed=seed,
                                    arms=arm_features([c for _, c in configs]))
     plain = router.choose(X["test"], 0.0)
-    # priced on valid, where the budget is measured: best static alone spends exactly it
-    price = router.fit_token_price(X["valid"], M["valid"]["T"], budget)
+    # priced on valid, where the budget is measured (best static alone spends exactly it),
+    # by the out-of-fold predictions: the refitted router's own are in-sample there
+    oof_valid = sel.oof[len(X["train"]):]
+    price = router.fit_token_price(None, M["valid"]["T"], budget, scores=oof_valid)
     eq = router.choose(X["test"], price)
     key = MAIN_SEGMENTS.get(ds, "type")
     seg_labels = {role: segmentations(ds, ex)[key] for role, ex in examples.items()}
@@ -387,14 +391,14 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
     for scale in ppo_run.budget_scales if ppo is not None else ():
         system = ppo_system(scale)
         cap = scale * budget
-        price_s = router.fit_token_price(X["valid"], M["valid"]["T"], cap)
+        price_s = router.fit_token_price(None, M["valid"]["T"], cap, scores=oof_valid)
         picks = {"supervised-router": router.choose(X["train"], 0.0),
                  "supervised-router-equal-cost": router.choose(X["train"], price_s)}
         X_ppo, bases, settings = X, None, ppo
         if ppo_run.base == "router":
             groups = {r: [conversation_of(e) for e in examples[r]] for r in ("train", "valid")}
             X_ppo, base_arms = stacked(router, price_s, base, X, M, groups,
-                                       [c for _, c in configs], seed)
+                                       [c for _, c in configs], seed, oof=sel.oof)
             bases = {role: [configs[j][1] for j in arms_] for role, arms_ in base_arms.items()}
             picks["defer-to-router"] = base_arms["train"]
             settings = with_heads(ppo, defer=True)
@@ -417,7 +421,7 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
             b_test = pick(T["R"], base_arms["test"])
             ppo_details[system]["base"] = {
                 "policy": "supervised-router-equal-cost", "token_price": price_s,
-                "oof_folds": STACK_FOLDS, "features": list(ROUTER_FEATURE_NAMES),
+                "oof_folds": CV_FOLDS, "features": list(ROUTER_FEATURE_NAMES),
                 "train_oof_reward": float(pick(M["train"]["R"], base_arms["train"]).mean()),
                 "train_insample_reward": float(pick(M["train"]["R"], picks[
                     "supervised-router-equal-cost"]).mean()),
@@ -435,7 +439,8 @@ def _fold(ds: str, ev, configs: list[tuple[str, RAGConfig]], parts: dict[str, Pa
         "arms": names, "best_static": names[base], "token_budget": budget,
         "router": {"rule": "cv", "selection": sel.tried, "chosen": sel.best,
                    "token_price": price, "static_arm": names[router.static_arm],
-                   "margin": router.margin, "cv_folds": CV_FOLDS,
+                   "margin": router.margin, "margins": sorted({t["margin"] for t in sel.tried}),
+                   "price_on": "valid, out of fold", "cv_folds": CV_FOLDS,
                    "cv_reward": sel.tried[sel.best]["cv_reward"],
                    "cv_best_static_reward": float(tv["R"][:, router.static_arm].mean()),
                    "valid_reward": float(pick(M["valid"]["R"], router.choose(X["valid"], 0.0))

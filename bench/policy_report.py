@@ -66,6 +66,14 @@ def _any_cv(meta: dict) -> bool:
     return any(_cv(f["router"]) for d in meta["details"].values() for f in _folds(d))
 
 
+def _plain_cv(meta: dict) -> bool:
+    """Every dataset's router chosen by CV with margin 0 alone, priced out of fold."""
+    folds = [f for d in meta["details"].values() for f in _folds(d)]
+    return bool(folds) and all(f["router"].get("margins") == [0.0] and
+                               f["router"].get("price_on") == "valid, out of fold"
+                               for f in folds)
+
+
 def _test_arms(d: dict) -> dict[str, int]:
     """The router's test choices, summed over folds, most used first."""
     out: dict[str, int] = {}
@@ -455,14 +463,19 @@ def _residual(meta: dict) -> str:
     router."""
     if ((meta.get("ppo_run") or {}).get("base") or "none") != "router":
         return ""
+    folds = sorted({((f.get("ppo") or {}).get("base") or {}).get("oof_folds", 5)
+                    for d in meta["details"].values() for f in _folds(d)})
     return ("Here PPO is a residual policy over the supervised router (`--ppo-base router`): "
             "a `defer` head hands a query to `supervised-router-equal-cost` (the router held "
             "to the same token budget), its other heads act only when it does not defer, and "
             "its observation adds the router's view of the query (predicted reward of its pick "
             "and of the best static arm, their gap, the pick's margin, tokens and "
             "descriptors: `rl.policy.router.router_features`). On train that view and the "
-            "base picks come from routers fitted out of fold (5 folds grouped by "
-            "conversation), so PPO learns against the router as good as it is on new "
+            f"base picks come from routers fitted out of fold ({'/'.join(map(str, folds))} "
+            "folds grouped by conversation"
+            + ("; the router's own cross-validation folds, whose predictions its token price "
+               "is fitted on" if folds == [4] else "")
+            + "), so PPO learns against the router as good as it is on new "
             "queries. Warm starts: defer everywhere (own heads cloned to the router's "
             "out-of-fold picks) and the best static config. The previous design, PPO alone "
             "on the query features, is `bench/results/policy-standalone.json` (commit "
@@ -500,14 +513,22 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             "search_json") else "; `bench/results/search.json` did not exist when this ran, "
            "so issue 19's B1 (the searchers' best-known static config) is not among the arms "
            "and `best-static` is the portfolio's best on valid.")
-        + (" The router's hyper-parameters and switching margin are chosen by grouped "
-           "4-fold cross-validation over train ∪ valid and it is refitted on both "
-           "(`rl.policy.router.select_router_cv`: it keeps the best static arm of train ∪ "
-           "valid unless its predicted gain over it exceeds the margin); its token price "
-           "holds its mean tokens on valid to best static's there (on train ∪ valid a price "
-           "sent every HotpotQA query to the cheapest arm, because best static itself spends "
-           "more on train than on valid); `best-static` "
-           "stays the valid split's choice. The rule replaced selection on valid after a "
+        + ((" The router's hyper-parameters are chosen by grouped 4-fold cross-validation "
+            "over train ∪ valid and it is refitted on both (`rl.policy.router."
+            "select_router_cv` with margin 0: plain argmax, ties to the best static arm of "
+            "train ∪ valid; the rule the design study below chose); its token price holds "
+            "its mean tokens on valid to best static's there, fitted on the cross-"
+            "validation's out-of-fold predictions of the valid queries (the refitted "
+            "router's own are in-sample there: a price fitted on them let the router "
+            "overspend on test); `best-static` " if _plain_cv(meta) else
+            " The router's hyper-parameters and switching margin are chosen by grouped "
+            "4-fold cross-validation over train ∪ valid and it is refitted on both "
+            "(`rl.policy.router.select_router_cv`: it keeps the best static arm of train ∪ "
+            "valid unless its predicted gain over it exceeds the margin); its token price "
+            "holds its mean tokens on valid to best static's there (on train ∪ valid a price "
+            "sent every HotpotQA query to the cheapest arm, because best static itself spends "
+            "more on train than on valid); `best-static` ")
+           + "stays the valid split's choice. The rule replaced selection on valid after a "
            "design study on train ∪ valid only, test unread (`bench/router_selection.py`: "
            "outer 5 grouped folds, the mean gain over valid's best static of each rule: "
            "`bench/results/router_selection.md`)" if _any_cv(meta) else " The router is fitted on train, its "

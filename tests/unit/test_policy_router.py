@@ -9,11 +9,14 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.policy.router import (
     ARM_FEATURE_NAMES,
+    CV_MARGINS,
+    MARGINS,
     RouterParams,
     SegmentLookup,
     SupervisedRouter,
     arm_features,
     decide,
+    out_of_fold_scores,
     select_router,
     select_router_cv,
 )
@@ -138,7 +141,7 @@ def test_cv_selection_switches_where_the_context_pays_and_not_on_noise():
     X, R, T = _world(300, 0)
     Xt, Rt, _ = _world(300, 1)
     grid = (RouterParams(max_iter=40),)
-    router, sel = select_router_cv(X, R, T, grid=grid, folds=3)
+    router, sel = select_router_cv(X, R, T, grid=grid, margins=MARGINS, folds=3)
     assert router.static_arm == int(np.argmax(R.mean(axis=0)))
     assert router.margin < np.inf and len(sel.tried) == 7  # one entry per margin
     assert pick(Rt, router.choose(Xt)).mean() > Rt.mean(axis=0).max() + 0.2
@@ -146,7 +149,7 @@ def test_cv_selection_switches_where_the_context_pays_and_not_on_noise():
     # rewards that are pure noise around a best arm: CV keeps that arm nearly everywhere
     rng = np.random.default_rng(3)
     Rn = np.array([0.6, 0.5, 0.5]) + rng.normal(scale=0.3, size=(300, 3))
-    noisy, _ = select_router_cv(X, Rn, T, grid=grid, folds=3)
+    noisy, _ = select_router_cv(X, Rn, T, grid=grid, margins=MARGINS, folds=3)
     assert noisy.static_arm == 0
     assert (noisy.choose(Xt) == 0).mean() > 0.9
 
@@ -182,3 +185,40 @@ def test_token_price_is_the_lowest_feasible_even_when_spend_is_not_monotone():
     assert pick(T, r.choose(X, price)).tolist() == [100.0] * 4  # all static: feasible
     # the lowest feasible: arm 2's priced gain (0.1 - 200 p) just reaches the margin
     assert price == pytest.approx(0.09 / 200, rel=1e-6)
+
+
+def test_cv_defaults_to_plain_argmax_and_keeps_the_winners_out_of_fold_scores():
+    """The default margins are `CV_MARGINS` (0: the rule bench/router_selection.py chose);
+    `Selection.oof` is the chosen parameters' out-of-fold predictions, the same numbers
+    `out_of_fold_scores` gives with the same folds."""
+    X, R, T = _world(200, 0)
+    groups = [f"c{i // 4}" for i in range(200)]
+    grid = (RouterParams(max_iter=20), RouterParams(max_iter=40, shrink=0.5))
+    router, sel = select_router_cv(X, R, T, groups, grid=grid, folds=3)
+    assert CV_MARGINS == (0.0,) and router.margin == 0.0 and len(sel.tried) == 2
+    assert sel.oof.shape == R.shape
+    again = out_of_fold_scores(grid[sel.best], X, R, T, None, groups, 3, 0)
+    assert np.allclose(sel.oof, again)
+    # in-sample predictions of the refitted router are closer to the rewards than out of fold
+    insample = router.predict(X)
+    assert np.abs(insample - R).mean() < np.abs(sel.oof - R).mean()
+
+
+def test_token_price_on_given_scores_ignores_the_router_s_own_predictions():
+    """`fit_token_price(scores=)` decides with the scores given (e.g. out of fold): scores
+    that favour the dear arm need a price, the router's own (which favour the cheap one) none;
+    scores of the wrong shape are refused."""
+    r = SupervisedRouter()
+    r._k, r.arm_mean = 2, np.zeros(2)
+    r.arm_tokens = np.array([100.0, 300.0])
+    X = np.zeros((4, 1))
+    r.predict = lambda X_: np.array([[0.9, 0.5]] * len(X_))  # own: the cheap arm 0 wins
+    T = np.array([[100.0, 300.0]] * 4)
+    assert r.fit_token_price(X, T, 100.0) == 0.0
+    dear = np.array([[0.5, 0.9]] * 4)  # out of fold, the dear arm 1 looks better
+    price = r.fit_token_price(None, T, 100.0, scores=dear)
+    assert price > 0 and r.token_price == price
+    assert (decide(dear, price, r.arm_tokens) == 0).all()
+    assert (decide(dear, price * 0.9, r.arm_tokens) == 1).all()  # the lowest feasible
+    with pytest.raises(ConfigError, match="scores"):
+        r.fit_token_price(None, T, 100.0, scores=dear[:2])

@@ -18,6 +18,7 @@ def _planted(rng, n):
 
 def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
     from rag.config import RAGConfig
+    from rag.errors import ConfigError
     from rl.policy.router import (
         ROUTER_FEATURE_NAMES,
         STACK_FOLDS,
@@ -65,3 +66,11 @@ def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
     # a price on tokens moves the base picks towards the cheap arm (hybrid-k2, 50 tokens)
     _, priced = stacked(router, 0.01, 0, X, M, groups, configs, seed=0)
     assert np.mean(priced["test"] == 2) > np.mean(arms["test"] == 2)
+
+    # out-of-fold scores given (the CV's own, `Selection.oof`) are used as they are
+    given = oof + 1.0
+    Xg, arms_g = stacked(router, 0.0, 0, X, M, groups, configs, seed=0, oof=given)
+    assert np.allclose(Xg["train"][:, 4:], router_view(router, 0.0, 0, desc, given)[1])
+    assert np.allclose(Xg["test"], Xo["test"])  # other roles: the router's own, as before
+    with pytest.raises(ConfigError, match="oof"):
+        stacked(router, 0.0, 0, X, M, groups, configs, seed=0, oof=given[:10])

@@ -14,12 +14,16 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
 - `select_router`: model selection over `PARAM_GRID` by the mean realised reward of the
   router's choices on a validation split (never the test split).
 - `select_router_cv`: the same by grouped K-fold cross-validation over all the fitting rows
-  (train ∪ valid), jointly with a switching `margin` (`MARGINS`): the router keeps the best
+  (train ∪ valid), optionally jointly with a switching `margin`: the router keeps the best
   static arm of those rows unless its predicted gain over it exceeds the margin; the chosen
-  router is refitted on every row. Adopted for the shipped router after a design study on
-  train ∪ valid only (bench/results/policy.md names it): one 65-query valid split disagreed
-  with 108 train queries on which arm HotpotQA's comparison questions want, and the argmax
-  over 31 noisy predictions switched arms on noise.
+  router is refitted on every row, and the chosen parameters' out-of-fold predictions are
+  kept (`Selection.oof`) to price the router's tokens on (`fit_token_price(scores=)`: a
+  price fitted on the refitted router's in-sample predictions buys fewer tokens than it
+  should on new queries, where its predictions are as noisy as out of fold). The margins
+  tried by default are `CV_MARGINS` (0 only: plain argmax). A design study on train ∪ valid
+  only (`bench/router_selection.py`, test unread) compared one valid split, CV and CV with
+  the margins `MARGINS`; its rule fixed before the run (highest mean Δ reward over the three
+  datasets) chose plain CV (bench/results/router_selection.md).
 - `out_of_fold_scores` / `router_features`: the router's view of a query as observation
   features for a policy stacked on it (the residual PPO policy's `defer` head): its predicted
   reward of its pick, of the best static arm, its margin, the pick's cost and descriptors. On
@@ -189,10 +193,14 @@ class SupervisedRouter:
         price = self.token_price if token_price is None else token_price
         return decide(self.predict(X), price, self.arm_tokens, self.margin, self.static_arm)
 
-    def fit_token_price(self, X: np.ndarray, T: np.ndarray, budget: float,
-                        iters: int = 60) -> float:
+    def fit_token_price(self, X: np.ndarray | None, T: np.ndarray, budget: float,
+                        iters: int = 60, *, scores: np.ndarray | None = None) -> float:
         """Set (and return) the smallest token price whose choices on (`X`, `T`) spend at most
-        `budget` mean tokens (0 when the unpriced choices already do). A price that sends
+        `budget` mean tokens (0 when the unpriced choices already do). `scores`: (n, K)
+        predictions to decide with instead of `self.predict(X)` (`X` is then unused), e.g.
+        the out-of-fold ones of `Selection.oof`: on the rows the router was fitted on, its
+        own predictions are better than on new queries and the price comes out too low (the
+        router then overspends on new queries). A price that sends
         every query to its cheapest arm bounds the search; if no price up to it meets the
         budget, that bound is kept.
 
@@ -202,7 +210,9 @@ class SupervisedRouter:
         geometric grid (`PRICE_SCAN` points up to the bound), and bisection (`iters`
         halvings) runs only between the first feasible grid price and the one below it."""
         T = np.asarray(T, dtype=np.float64)
-        pred = self.predict(X)
+        pred = self.predict(X) if scores is None else np.asarray(scores, dtype=np.float64)
+        if pred.shape != T.shape:
+            raise ConfigError("scores", f"shape {pred.shape} differs from the tokens' {T.shape}")
         def spend(price: float) -> float:
             return float(pick(T, decide(pred, price, self.arm_tokens, self.margin,
                                         self.static_arm)).mean())
@@ -244,6 +254,9 @@ class Selection:
     best: int
     tried: list[dict]
     routers: list[SupervisedRouter] = field(default_factory=list, repr=False)
+    oof: np.ndarray | None = field(default=None, repr=False)
+    """`select_router_cv`: the chosen parameters' out-of-fold predictions (n, K) of every
+    fitting row, in the order given (None from `select_router`, or a pickle before it)."""
 
 
 def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
@@ -265,7 +278,13 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
 
 
 MARGINS: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, float("inf"))
-"""Switching margins `select_router_cv` tries, in reward units (inf = always the static arm)."""
+"""The switching margins of the `cv-margin` rule (bench/router_selection.py), in reward units
+(inf = always the static arm)."""
+
+CV_MARGINS: tuple[float, ...] = (0.0,)
+"""The margins `select_router_cv` tries by default: 0 alone (plain argmax, ties to the static
+arm), the rule bench/results/router_selection.md's pre-registered comparison chose over
+`MARGINS` (mean Δ reward +0.0089 vs +0.0058 over HotpotQA, SciFact, MTRAG)."""
 
 CV_FOLDS = 4
 """Folds of `select_router_cv`'s cross-validation."""
@@ -274,7 +293,8 @@ CV_FOLDS = 4
 def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
                      groups: Sequence[str] | None = None,
                      grid: Sequence[RouterParams] = PARAM_GRID,
-                     margins: Sequence[float] = MARGINS, folds: int = CV_FOLDS, seed: int = 0,
+                     margins: Sequence[float] = CV_MARGINS, folds: int = CV_FOLDS,
+                     seed: int = 0,
                      arms: np.ndarray | None = None,
                      log: Callable[[str], None] | None = None
                      ) -> tuple[SupervisedRouter, Selection]:
@@ -286,8 +306,8 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
     decided with each margin against the best static arm of all rows (`decide`); the pair
     with the highest mean realised reward wins (first on ties, so the smaller margin). The
     returned router has `static_arm` and `margin` set; `Selection.tried` lists every pair's
-    out-of-fold reward. `groups` None: every row its own group. `log`: a line per `grid`
-    entry cross-validated."""
+    out-of-fold reward and `Selection.oof` holds the winner's out-of-fold predictions.
+    `groups` None: every row its own group. `log`: a line per `grid` entry cross-validated."""
     X, R = _check(X, R, "R")
     if not margins or any(not m >= 0 for m in margins):
         raise ConfigError("margins", f"must be a non-empty list of numbers >= 0, got "
@@ -297,7 +317,7 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
         raise ConfigError("groups", f"{len(groups)} labels for {len(X)} rows")
     static = best_static(R)
     zero = np.zeros(R.shape[1])
-    tried, chosen, best_v = [], 0, -np.inf
+    tried, chosen, best_v, best_oof = [], 0, -np.inf, None
     t0 = time.perf_counter()
     for i, params in enumerate(grid, 1):
         oof = out_of_fold_scores(params, X, R, T, arms, groups, folds, seed)
@@ -305,13 +325,13 @@ def select_router_cv(X: np.ndarray, R: np.ndarray, T: np.ndarray | None = None,
             v = float(pick(R, decide(oof, 0.0, zero, m, static)).mean())
             tried.append({**asdict(params), "margin": m, "cv_reward": v})
             if v > best_v + 1e-12:
-                chosen, best_v = len(tried) - 1, v
+                chosen, best_v, best_oof = len(tried) - 1, v, oof
         if log:
             log(f"  router: {i}/{len(grid)} parameter sets cross-validated, best CV reward "
                 f"so far {best_v:.4f} ({time.perf_counter() - t0:.0f} s)")
     router = SupervisedRouter(grid[chosen // len(margins)], seed).fit(X, R, T, arms)
     router.static_arm, router.margin = static, tried[chosen]["margin"]
-    return router, Selection(chosen, tried, [router])
+    return router, Selection(chosen, tried, [router], best_oof)
 
 
 def out_of_fold_scores(params: RouterParams, X: np.ndarray, R: np.ndarray,
@@ -374,7 +394,8 @@ STACK_FOLDS = 5
 
 def stacked(router: SupervisedRouter, price: float, static_arm: int,
             X: dict[str, np.ndarray], M: dict[str, dict[str, np.ndarray]],
-            groups: dict[str, list[str]], configs: Sequence[RAGConfig], seed: int
+            groups: dict[str, list[str]], configs: Sequence[RAGConfig], seed: int,
+            oof: np.ndarray | None = None
             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The residual PPO policy's observations and base picks per role (X[role]: its query
     features, M[role]: its R and T over the arms `configs`): the query features followed by
@@ -383,13 +404,20 @@ def stacked(router: SupervisedRouter, price: float, static_arm: int,
     roles the scores are out of fold (`out_of_fold_scores` over them, folds grouped, the
     router's chosen hyper-parameters), so PPO's training and its model selection see the
     router as good as it is on new queries; on every other role they are the fitted router's
-    own."""
+    own. `oof`: those out-of-fold scores already computed over the fitted roles in order
+    (`Selection.oof` of the router's `select_router_cv`, the scores its price was fitted on),
+    else `STACK_FOLDS` folds here."""
     arm_desc = arm_features(list(configs))
     fitted = list(groups)
-    oof = out_of_fold_scores(
-        router.params, np.vstack([X[r] for r in fitted]),
-        np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
-        arm_desc, [g for r in fitted for g in groups[r]], STACK_FOLDS, seed)
+    n_fitted = sum(len(X[r]) for r in fitted)
+    if oof is None:
+        oof = out_of_fold_scores(
+            router.params, np.vstack([X[r] for r in fitted]),
+            np.vstack([M[r]["R"] for r in fitted]), np.vstack([M[r]["T"] for r in fitted]),
+            arm_desc, [g for r in fitted for g in groups[r]], STACK_FOLDS, seed)
+    elif oof.shape != (n_fitted, router.n_arms):
+        raise ConfigError("oof", f"shape {oof.shape}: expected ({n_fitted}, "
+                                 f"{router.n_arms}) for the roles {fitted}")
     scores, at = {}, 0
     for r in fitted:
         scores[r], at = oof[at:at + len(X[r])], at + len(X[r])

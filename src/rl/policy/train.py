@@ -11,13 +11,14 @@ saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.p
 Roles (`role_indices`, also bench/policy.py's): train = the dataset's `train` split when it has
 one (a seeded subset of `max_train` queries when longer), valid = its tune split; data without
 a train split (the synthetic world, a user's folder) trains on a seeded half of the tune split
-and chooses on the other half. The router's hyper-parameters and switching margin
-(`select_router_cv`) are chosen by grouped cross-validation over train ∪ valid (folds by
-conversation, `conversation_of`) and the router is refitted on both; it keeps the best static
-arm of train ∪ valid unless its predicted gain over it exceeds the margin. With `equal_cost`
-a token price holds its mean tokens on valid to the best static config's there
-(`SupervisedRouter.fit_token_price`). The holdout split is read once, after every choice was
-made.
+and chooses on the other half. The router's hyper-parameters (`select_router_cv`, margin 0:
+plain argmax, ties to the best static arm of train ∪ valid) are chosen by grouped
+cross-validation over train ∪ valid (folds by conversation, `conversation_of`) and the router
+is refitted on both. With `equal_cost` a token price holds its mean tokens on valid to the
+best static config's there (`SupervisedRouter.fit_token_price`), fitted on the
+cross-validation's out-of-fold predictions of the valid queries (`tv_oof`): the refitted
+router's own are in-sample there, and a price fitted on them let it overspend on new
+queries. The holdout split is read once, after every choice was made.
 
 Rewards are the tuner's per-query rewards (`TunerEvaluator.per_query_reward`: quality − latency
 and token cost, no batch gates), quality = αF + βR of the evaluator's F and R, cost = tokens;
@@ -44,7 +45,7 @@ from rag.errors import ConfigError
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
 """Fewer train ∪ valid queries than this get a warning: the router's cross-validated choices
-are then mostly noise (its margin will usually keep the static arm)."""
+are then mostly noise (its holdout verdict will usually be best static)."""
 PROGRESS_S = 30.0
 """Seconds between progress lines while rows are computed (a cold MTRAG run takes minutes)."""
 Log = Callable[[str], None]
@@ -302,8 +303,9 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
                                      f"needs >= {CV_FOLDS} conversations in train ∪ valid, got "
                                      f"{n_conversations}")
     warnings = ([f"only {n_tv} train ∪ valid queries (< {SMALL_DATA}): the router's "
-                 "cross-validated choices are mostly noise here; expect it to keep the best "
-                 "static arm, and give it more data before trusting a per-query gain"]
+                 "cross-validated choices are mostly noise here; expect its holdout verdict to be "
+                 "the best static config, and give it more data before trusting a per-query "
+                 "gain"]
                 if n_tv < SMALL_DATA else [])
     return Prepared(ev, out, dataset, names, configs, parts, M, X, list(feat.names), groups,
                     warnings)
@@ -312,11 +314,17 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
 def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[Any, Any]:
     """The router chosen by grouped cross-validation over train ∪ valid and refitted on both
     (`select_router_cv`), and the selection record."""
-    from rl.policy.router import CV_FOLDS, MARGINS, PARAM_GRID, arm_features, select_router_cv
+    from rl.policy.router import (
+        CV_FOLDS,
+        CV_MARGINS,
+        PARAM_GRID,
+        arm_features,
+        select_router_cv,
+    )
 
     t0 = time.perf_counter()
     if log:
-        log(f"  router: {len(PARAM_GRID)} parameter sets × {len(MARGINS)} margins, grouped "
+        log(f"  router: {len(PARAM_GRID)} parameter sets × {len(CV_MARGINS)} margins, grouped "
             f"{CV_FOLDS}-fold CV over {len(prep.tv_groups)} train ∪ valid queries")
     router, sel = select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups,
                                    seed=seed, arms=arm_features(prep.configs), log=log)
@@ -324,6 +332,20 @@ def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[A
         log(f"  router: margin {router.margin:g} over `{prep.names[router.static_arm]}`, CV "
             f"reward {sel.tried[sel.best]['cv_reward']:.4f} ({time.perf_counter() - t0:.0f} s)")
     return router, sel
+
+
+def tv_oof(prep: Prepared, router: Any, sel: Any, seed: int = 0) -> np.ndarray:
+    """The out-of-fold predictions (n_train + n_valid, K) of `router`'s parameters over
+    train ∪ valid in that order (`sel.oof`; recomputed with the same folds for a selection
+    pickled before `Selection.oof` existed). Every equal-cost price is fitted on the valid
+    rows of these: on them the refitted router's own predictions are in-sample."""
+    from rl.policy.router import CV_FOLDS, arm_features, out_of_fold_scores
+
+    oof = getattr(sel, "oof", None)
+    if oof is None:
+        oof = out_of_fold_scores(router.params, prep.X_tv, prep.tv("R"), prep.tv("T"),
+                                 arm_features(prep.configs), prep.tv_groups, CV_FOLDS, seed)
+    return oof
 
 
 def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
@@ -350,9 +372,10 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     router, sel = fit_router(prep, seed, log)
     static = best_static(M["valid"]["R"])
     if equal_cost:  # else the price select_router_cv's router has: 0
-        # on valid, where the budget is measured (best static alone spends exactly it)
-        router.fit_token_price(X["valid"], M["valid"]["T"],
-                               float(M["valid"]["T"][:, static].mean()))
+        # on valid, where the budget is measured (best static alone spends exactly it), by
+        # the cross-validation's out-of-fold predictions (the router's own are in-sample)
+        router.fit_token_price(None, M["valid"]["T"], float(M["valid"]["T"][:, static].mean()),
+                               scores=tv_oof(prep, router, sel, seed)[len(X["train"]):])
     test = M["test"]
     n_test = len(test["R"])
     ch = router.choose(X["test"])

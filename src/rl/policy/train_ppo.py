@@ -12,9 +12,12 @@ roles, the portfolio, the lazy per-(config, query) rows and the features; `fit_r
 router chosen by grouped cross-validation over train ∪ valid). Then:
 
 - the router's base is held to the token budget, best static's mean tokens on valid
-  (`fit_token_price` on valid: the `supervised-router-equal-cost` baseline);
+  (`fit_token_price` on the valid queries' out-of-fold predictions: the
+  `supervised-router-equal-cost` baseline);
 - PPO's observation is the query features followed by the router's view of the query
-  (`rl.policy.router.stacked`: out of fold on train ∪ valid, where the router was fitted);
+  (`rl.policy.router.stacked`: out of fold on train ∪ valid, where the router was fitted:
+  the cross-validation's own folds, so the defer start spends on valid what the price
+  allows);
   a `defer` head hands a query to the router's pick, the other heads pick a config from the
   whole space (`configs/policy/ppo.yaml`), under the PPO-Lagrangian token constraint;
 - each seed starts from the better on valid of two behaviour-cloned starts (defer everywhere,
@@ -68,6 +71,7 @@ from rl.policy.train import (
     markdown,
     prepare,
     system_rows,
+    tv_oof,
 )
 
 SUBJECT = "ppo-policy"
@@ -127,7 +131,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
     from rl.policy.heads import HeadLayout
     from rl.policy.ppo_policy import PerQueryPPO
     from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase
-    from rl.policy.router import STACK_FOLDS, stacked
+    from rl.policy.router import CV_FOLDS, stacked
     from rl.policy.selection import better_on_valid
     from rl.policy.warm_start import WarmStart
     from rl.policy.worlds import EvaluatorWorld
@@ -161,10 +165,15 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
         router_file.write_bytes(pickle.dumps((router, sel)))
     static = best_static(M["valid"]["R"])
     budget_tokens = float(M["valid"]["T"][:, static].mean())
-    price = router.fit_token_price(X["valid"], M["valid"]["T"], budget_tokens)
+    # priced on the valid queries' out-of-fold predictions (the refitted router's own are
+    # in-sample there), the same scores PPO's view of the router shows on train and valid
+    oof = tv_oof(prep, router, sel, seed)
+    price = router.fit_token_price(None, M["valid"]["T"], budget_tokens,
+                                   scores=oof[len(X["train"]):])
     # the router's view: out of fold where it was fitted (train, valid), its own on test
     Xo, base_arms = stacked(router, price, static, X, M,
-                            {r: prep.groups[r] for r in ("train", "valid")}, configs, seed)
+                            {r: prep.groups[r] for r in ("train", "valid")}, configs, seed,
+                            oof=oof)
     bases = {role: [configs[j] for j in a] for role, a in base_arms.items()}
     worlds = {role: EvaluatorWorld(ev, split, idx) for role, (split, idx) in prep.parts.items()}
     layout = HeadLayout(ppo.heads, ev.policy, is_conversational(ev.data.dataset.examples))
@@ -220,7 +229,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
               "warm_starts": list(WARM_STARTS), "iters": ppo.train.iters,
               "batch": ppo.train.batch, "heads": list(layout.names),
               "budget_tokens": budget_tokens, "token_price": price,
-              "oof_folds": STACK_FOLDS,
+              "oof_folds": CV_FOLDS,
               "valid_reward": pol.meta["best"]["valid_reward"],
               "router_valid_reward": float(pick(M["valid"]["R"], base_arms["valid"]).mean()),
               "test_deferred": float(np.mean(deferred)),
