@@ -454,8 +454,24 @@ def _formulations(meta: dict) -> str:
     if len(set(commits.values())) > 1:
         out.append("Rows by dataset come from the runs at commits "
                    + ", ".join(f"{ds} {c[:7]}" for ds, c in commits.items())
-                   + " (`--from-parts`; the later changes touch conversational data only).")
+                   + (" (`--from-parts`; src/ and bench/ are the same at those commits)."
+                      if _same_code(set(commits.values())) else
+                      " (`--from-parts`; the later changes touch conversational data only)."))
     return (" ".join(out) + " ") if out else ""
+
+
+def _same_code(commits: set[str]) -> bool:
+    """Whether src/ and bench/ are identical at every one of `commits` (False when git cannot
+    tell, e.g. outside a clone)."""
+    import subprocess
+
+    first, *rest = sorted(commits)
+    try:
+        return all(subprocess.run(["git", "diff", "--quiet", first, c, "--", "src", "bench"],
+                                  capture_output=True, timeout=30).returncode == 0
+                   for c in rest)
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _residual(meta: dict) -> str:
