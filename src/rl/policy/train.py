@@ -82,8 +82,14 @@ def split_matrices(ev: Any, configs: list[RAGConfig], split: str,
                    ) -> dict[str, np.ndarray]:
     """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`;
     with `idx`, only those queries' rows are computed (the others' may be NaN). `log`: a
-    progress line at most every `PROGRESS_S` while rows are computed."""
+    progress line at most every `PROGRESS_S` while rows are computed, and one before the first
+    arm, which is the slow one on a cold cache (it builds or loads the indexes and embeds the
+    corpus: minutes on SciFact)."""
     cols: dict[str, list[np.ndarray]] = {"R": [], "Q": [], "T": []}
+    if log:
+        n = len(idx) if idx is not None else "all"
+        log(f"  rows {split}: {n} queries × {len(configs)} arms (the first arm loads the "
+            "indexes; on a cold cache it builds them and embeds the corpus: minutes)")
     t0 = last = time.perf_counter()
     for i, cfg in enumerate(configs, 1):
         tab = ev.table(cfg, split, idx)
