@@ -7,11 +7,12 @@ per arm in reward units (what `router-policy-online` corrects online), `describe
 implementation (in `meta.notes.router_policy`).
 
 Kinds: `router` (the only one): the supervised router (`rl.policy.router.select_router_cv`,
-per-arm gradient boosting, parameters chosen by grouped cross-validation over train (margin 0:
-plain argmax, `CV_MARGINS`), so valid stays out of sample for what reads it), the per-query policy
-the product ships as default (`bench/results/policy.json`). Issue 19's per-query PPO
-(`rl.policy.ppo_policy`) acts on the whole config space, not on this portfolio's arms, so it
-is not a kind here: `bench/drift_ppo.py` trains it and scores its own choices per query.
+per-arm gradient boosting, parameters chosen by grouped cross-validation over train (margin
+0: plain argmax, `CV_MARGINS`), so valid stays out of sample for what reads it), the
+per-query policy the product ships as default (`bench/results/policy.json`). Issue 19's
+per-query PPO (`rl.policy.ppo_policy`) acts on the whole config space, not on this
+portfolio's arms, so it is not a kind here: `bench/drift_ppo.py` trains it and scores its own
+choices per query.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
                X_valid: np.ndarray, R_valid: np.ndarray, arms: np.ndarray | None,
                seed: int, groups: list[str] | None = None) -> LearnedPolicy:
     """The supervised router chosen by grouped cross-validation over train and refitted on
-    it (`select_router_cv`: parameters, margin 0 over train's best static arm; no token price: it maximises the per-query reward, which already charges tokens). Valid
+    it (`select_router_cv`: parameters, margin 0 over train's best static arm; no token
+    price: it maximises the per-query reward, which already charges tokens). Valid
     stays unread here: frozen-static is chosen on it, `router-policy-online` calibrates
     against the router's valid residuals and the PPO policy selects on it, and all three
     need the router never to have fitted it. `X_valid` / `R_valid` give the description its

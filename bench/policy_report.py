@@ -465,10 +465,12 @@ def _same_code(commits: set[str]) -> bool:
     tell, e.g. outside a clone)."""
     import subprocess
 
+    from bench.common import REPO
+
     first, *rest = sorted(commits)
     try:
         return all(subprocess.run(["git", "diff", "--quiet", first, c, "--", "src", "bench"],
-                                  capture_output=True, timeout=30).returncode == 0
+                                  cwd=REPO, capture_output=True, timeout=30).returncode == 0
                    for c in rest)
     except (OSError, subprocess.SubprocessError):
         return False

@@ -212,7 +212,8 @@ class SupervisedRouter:
         T = np.asarray(T, dtype=np.float64)
         pred = self.predict(X) if scores is None else np.asarray(scores, dtype=np.float64)
         if pred.shape != T.shape:
-            raise ConfigError("scores", f"shape {pred.shape} differs from the tokens' {T.shape}")
+            raise ConfigError("X" if scores is None else "scores",
+                              f"predictions of shape {pred.shape} for tokens of shape {T.shape}")
         def spend(price: float) -> float:
             return float(pick(T, decide(pred, price, self.arm_tokens, self.margin,
                                         self.static_arm)).mean())

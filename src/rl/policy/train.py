@@ -330,7 +330,8 @@ def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[A
 
     t0 = time.perf_counter()
     if log:
-        log(f"  router: {len(PARAM_GRID)} parameter sets × {len(CV_MARGINS)} margins, grouped "
+        m = len(CV_MARGINS)
+        log(f"  router: {len(PARAM_GRID)} parameter sets × {m} margin{'s' * (m != 1)}, grouped "
             f"{CV_FOLDS}-fold CV over {len(prep.tv_groups)} train ∪ valid queries")
     router, sel = select_router_cv(prep.X_tv, prep.tv("R"), prep.tv("T"), prep.tv_groups,
                                    seed=seed, arms=arm_features(prep.configs), log=log)
