@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from rag.errors import ConfigError
+from rl.common.runtime import LOCAL_CLUSTER_ENV
 
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20}
 
@@ -171,6 +172,8 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
         # (THROUGHPUT_MODE), and HAProxy mode when asked for
         os.environ.setdefault(THROUGHPUT_MODE, "1")
         _set_env(DRAIN_ENV, LOCAL_DRAIN_S, overwrite=False)
+        for var, value in LOCAL_CLUSTER_ENV.items():  # rl.common.runtime says why
+            _set_env(var, value, overwrite=False)
         if proxy == "haproxy":
             _haproxy_env()
         else:

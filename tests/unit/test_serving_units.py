@@ -393,3 +393,65 @@ def test_free_port_avoids_the_ephemeral_range_and_ports_in_use(monkeypatch):
         draws = iter([taken, free])
         monkeypatch.setattr(random.Random, "randint", lambda self, a, b: next(draws))
         assert netns.free_port() == free
+
+
+def test_start_local_starts_its_cluster_with_the_local_cluster_env_and_puts_it_back(
+        monkeypatch):
+    """Ray workers at niceness 15 and a 5 s proxy readiness check failed `make demo`'s serve
+    stage beside a busy benchmark (rl.common.runtime.LOCAL_CLUSTER_ENV). A cluster start_local
+    starts sees LOCAL_CLUSTER_ENV, except a variable the caller set; stop_local puts the
+    environment back. Ray itself is replaced here: what is checked is the environment Ray
+    would be started with."""
+    import ray
+    from ray import serve
+
+    import serving.app
+    from rl.common.runtime import LOCAL_CLUSTER_ENV, SERVE_PROXY_READY_ENV, WORKER_NICENESS_ENV
+    from serving import launch
+
+    seen = []
+    for var in (*LOCAL_CLUSTER_ENV, launch.PROXY_ENV, launch.HAPROXY_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **k: seen.append(
+        {v: os.environ.get(v) for v in LOCAL_CLUSTER_ENV}))
+    monkeypatch.setattr(serve, "start", lambda **k: None)
+    monkeypatch.setattr(serve, "run", lambda *a, **k: None)
+    monkeypatch.setattr(serving.app, "build_app", lambda args: None)
+    assert launch.start_local(port=8123) == "http://127.0.0.1:8123"
+    assert seen == [{SERVE_PROXY_READY_ENV: "30", WORKER_NICENESS_ENV: "0"}]
+    assert float(LOCAL_CLUSTER_ENV[SERVE_PROXY_READY_ENV]) < 60  # under serve.start's wait
+    launch.stop_local()
+    assert not set(LOCAL_CLUSTER_ENV) & set(os.environ)
+    monkeypatch.setenv(SERVE_PROXY_READY_ENV, "7")
+    launch.start_local(port=8123)
+    assert seen[-1] == {SERVE_PROXY_READY_ENV: "7", WORKER_NICENESS_ENV: "0"}
+    launch.stop_local()
+    assert os.environ[SERVE_PROXY_READY_ENV] == "7" and WORKER_NICENESS_ENV not in os.environ
+
+
+def test_the_control_planes_local_cluster_gets_the_same_env(monkeypatch):
+    """`make demo` starts Ray for Tune (rl.common.runtime.init_ray) before Serve runs on that
+    cluster, so init_ray sets LOCAL_CLUSTER_ENV too (unless the user has; not on a cluster it
+    joins, whose environment is its own)."""
+    import ray
+
+    from rl.common import runtime
+
+    seen = []
+    for var in runtime.LOCAL_CLUSTER_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **k: seen.append(
+        (k.get("address"), {v: os.environ.get(v) for v in runtime.LOCAL_CLUSTER_ENV})))
+    runtime.init_ray(num_cpus=1)
+    assert seen == [(None, runtime.LOCAL_CLUSTER_ENV)]
+    monkeypatch.setenv(runtime.WORKER_NICENESS_ENV, "5")
+    runtime.init_ray(num_cpus=1)
+    assert seen[-1][1][runtime.WORKER_NICENESS_ENV] == "5"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    for var in runtime.LOCAL_CLUSTER_ENV:
+        monkeypatch.delenv(var, raising=False)
+    runtime.init_ray()
+    assert seen[-1] == ("127.0.0.1:6379", {v: None for v in runtime.LOCAL_CLUSTER_ENV})
