@@ -28,10 +28,8 @@ over the datasets is above 0 and on no dataset is its CI entirely below 0.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +37,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cost_model_used, evaluator, make_meta, write_results  # noqa: E402
+from bench.common import cost_model_used, evaluator  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
-from rag.corpus.loaders import data_root  # noqa: E402
+from bench.router_selection import OUTER, study_main  # noqa: E402
 from rag.encoders import Encoder, encode_queries  # noqa: E402
 from rl.policy.features import QueryFeaturizer, conversation_views  # noqa: E402
 from rl.policy.router import PARAM_GRID, arm_features, select_router_cv  # noqa: E402
@@ -57,7 +55,6 @@ DIMS = 16
 BASE, EMB = "cv", f"cv+emb{DIMS}"
 METHODS = (BASE, EMB)
 PAIRED = f"{EMB} - {BASE}"
-OUTER = 5
 
 
 def principal_components(E: np.ndarray, dims: int) -> tuple[np.ndarray, np.ndarray]:
@@ -182,28 +179,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="the synthetic world, the first two grid entries (< 2 min)")
-    ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-train", type=int, default=250)
-    ap.add_argument("--jobs", type=int, default=1, help="datasets run in parallel processes")
-    a = ap.parse_args()
-    datasets = ["synthetic"] if a.quick else a.datasets.split(",")
-    args = [(ds, a.seed, a.max_train, a.quick) for ds in datasets]
-    if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs) as pool:
-            done = list(pool.map(run_dataset, *zip(*args, strict=True)))
-    else:
-        done = [run_dataset(*x) for x in args]
-    rows = [r for rs, _ in done for r in rs]
-    details = {ds: d for ds, (_, d) in zip(datasets, done, strict=True)}
-    files = {} if a.quick else {d: data_root() / d for d in datasets}
-    meta = make_meta(a.seed, files, {"quick": a.quick, "max_train": a.max_train,
-                                     "outer_folds": OUTER, "dims": DIMS, "details": details})
-    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
-
+    study_main(__doc__, run_dataset, NAME, TITLE, markdown, dims=DIMS)
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -157,8 +158,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def study_main(doc: str, run: Callable, name: str, title: str,
+               markdown: Callable[[dict, list[dict]], str], **extra) -> None:
+    """The command line of a router design study (this one, bench/router_embedding.py):
+    `run(ds, seed, max_train, quick)` -> (rows, details) per dataset, in parallel processes
+    with `--jobs`; `extra` goes into the meta beside the run's settings."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="the synthetic world, the first two grid entries (< 2 min)")
     ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
@@ -170,16 +175,19 @@ def main() -> None:
     args = [(ds, a.seed, a.max_train, a.quick) for ds in datasets]
     if a.jobs > 1:
         with ProcessPoolExecutor(a.jobs) as pool:
-            done = list(pool.map(run_dataset, *zip(*args, strict=True)))
+            done = list(pool.map(run, *zip(*args, strict=True)))
     else:
-        done = [run_dataset(*x) for x in args]
+        done = [run(*x) for x in args]
     rows = [r for rs, _ in done for r in rs]
     details = {ds: d for ds, (_, d) in zip(datasets, done, strict=True)}
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {"quick": a.quick, "max_train": a.max_train,
-                                     "outer_folds": OUTER, "details": details})
-    write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
+                                     "outer_folds": OUTER, **extra, "details": details})
+    write_results(name, rows, meta, title, markdown(meta, rows))
 
+
+def main() -> None:
+    study_main(__doc__, run_dataset, NAME, TITLE, markdown)
 
 if __name__ == "__main__":
     main()
