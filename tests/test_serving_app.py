@@ -264,6 +264,7 @@ def test_tuner_evaluate_job_completes(served):
     assert job["status"] == "done", job
     res = job["result"]
     assert res["n"] == 20 and res["config_hash"] == CANARY_ID and "passed" in res["gates"]
+    assert res["warnings"] == []  # the synthetic world's gold is all in its corpus
     failed = wait(bad.json()["job_id"])
     assert failed["status"] == "failed" and "no-such-dataset" in failed["error"], failed
 

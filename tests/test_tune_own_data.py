@@ -27,8 +27,9 @@ SMALL = {"policy": {"k_grid": [3, 5], "fusion_grid": 0.5, "fusion_step": 0.5,
                     "episode": {"length": 3, "batch_size": 8}}}
 
 
-def _beir(root):
-    """21 queries (an odd count), each with one relevant passage among 42."""
+def _beir(root, dangling: int = 0):
+    """21 queries (an odd count), each with one relevant passage among 42; the first
+    `dangling` queries also have a label naming a document absent from the corpus."""
     root.mkdir()
     (root / "qrels").mkdir()
     with (root / "corpus.jsonl").open("w") as f:
@@ -40,14 +41,15 @@ def _beir(root):
     with (root / "queries.jsonl").open("w") as f:
         for i, t in enumerate(TOPICS):
             f.write(json.dumps({"_id": f"q{i}", "text": f"what about the {t}?"}) + "\n")
-    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(len(TOPICS))]
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(len(TOPICS))] \
+        + [f"q{i}\tgone{i}\t1" for i in range(dangling)]
     (root / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
     return root
 
 
 def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
-    data = _beir(tmp_path / "mybeir")
+    data = _beir(tmp_path / "mybeir", dangling=21)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(SMALL))
     out1, out2 = tmp_path / "run1", tmp_path / "run2"
@@ -65,13 +67,25 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     assert s1["metrics"] == {"faithfulness": "recall@k", "relevancy": "ndcg@10"}
     assert s1["holdout"]["split"] == "test" and s1["holdout"]["n"] == 10
     assert s1["dataset_name"] == "mybeir"
+    # every query also names a document the corpus lacks: counted per split, and said on
+    # stderr, but each still has a reachable label, so the run goes on
+    gold = s1["gold"]
+    assert set(gold) == {"valid", "test"}
+    assert [gold[s]["labels_outside_corpus"] for s in ("valid", "test")] == [11, 10]
+    assert gold["test"]["labels"] == 20 and gold["test"]["no_reachable_gold"] == 0
+    assert "10 of 20 relevance labels (in 10 examples) name documents absent" in \
+        gold["test"]["warnings"][0]
+    assert "warning: mybeir (valid split): 11 of 22 relevance labels" in capsys.readouterr().err
 
     # tuner-eval on the same folder: the cached split, the tune half
     capsys.readouterr()
     assert main(["tuner-eval", "--dataset", str(data), "--set", "variant=bm25", "--set", "k=3",
                  "--policy", str(policy)]) == 0
-    rep = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    rep = json.loads(cap.out)
     assert rep["split"] == "valid" and rep["n"] == 11 and rep["dataset"] == "mybeir"
+    assert len(rep["warnings"]) == 1 and "11 of 22 relevance labels" in rep["warnings"][0]
+    assert "warning: mybeir (valid split): 11 of 22" in cap.err
 
     # a second run on the same bytes (a copy elsewhere) reuses the split by content hash
     copy = tmp_path / "elsewhere" / "mybeir"
@@ -117,3 +131,21 @@ def test_policy_train_on_a_tiny_folder_warns_and_still_reports(tmp_path, monkeyp
     assert rep["router"]["static_arm"] in rep["arms"] and rep["router"]["margin"] >= 0
     assert "Warnings (1):" in (out / "report.md").read_text()
     assert "warning: only" in capsys.readouterr().err
+
+
+def test_tuner_eval_scores_unreachable_gold_only_on_request(tmp_path, monkeypatch, capsys):
+    """A split whose gold is mostly outside the corpus is refused (tests/unit/test_silent_zeros)
+    unless asked for; then it is scored, and the problem counted in the report and on stderr."""
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    data = _beir(tmp_path / "gonebeir")
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\tgone{i}\t1" for i in range(len(TOPICS))]
+    (data / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    args = ["tuner-eval", "--dataset", str(data), "--split", "test", "--set", "variant=bm25"]
+    assert main(args) == 2
+    assert "10 of 10 questions have no reachable gold" in capsys.readouterr().err
+    assert main([*args, "--allow-missing-gold"]) == 0
+    cap = capsys.readouterr()
+    rep = json.loads(cap.out)
+    assert rep["n"] == 10 and rep["relevancy"] == 0.0 and rep["faithfulness"] == 0.0
+    assert any("10 of 10 examples have no reachable gold" in w for w in rep["warnings"])
+    assert "warning: gonebeir (test split): 10 of 10 relevance labels" in cap.err

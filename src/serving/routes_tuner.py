@@ -37,7 +37,8 @@ class TunerRoutes:
         cfg = self._limited_config(body.config, "config")
         job = self.jobs.submit({"config": cfg.model_dump(mode="json"), "dataset": body.dataset,
                                 "split": body.split, "batch_size": body.batch_size,
-                                "seed": body.seed})
+                                "seed": body.seed,
+                                "allow_missing_gold": body.allow_missing_gold})
         return {"job_id": job.id, "status": job.status, "variant_id": cfg.config_hash,
                 "poll": f"/tuner/jobs/{job.id}"}
 

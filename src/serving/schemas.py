@@ -352,3 +352,7 @@ class EvaluateRequest(StrictSettings):
     split: str | None = None
     batch_size: int | None = Field(None, ge=1, le=100_000)
     seed: int = 0
+    allow_missing_gold: bool = False
+    """Evaluate even when more than half of the split's questions have no gold in the corpus
+    (otherwise the job fails naming the problem; fewer are counted in the report's
+    `warnings`)."""

@@ -157,6 +157,25 @@ def test_labels_outside_corpus_warn_in_data_report_and_stop_eval(tmp_path, capsy
     assert "2 of 3 questions have no reachable gold" in err and "--allow-missing-gold" in err
 
 
+def test_tune_and_tuner_eval_refuse_a_split_without_reachable_gold(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The tuner's entry points check the gold of the splits they score before any search:
+    a split whose questions mostly name documents the corpus lacks is refused (exit 2, the
+    dataset, split and flag named), with no summary written. Accepting it on request:
+    tests/test_tune_own_data.py."""
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    d = write_beir(tmp_path / "b", [("q0", "x0", 1), ("q1", "x1", 1), ("q2", "x2", 1),
+                                    ("q3", "d3", 1)])
+    out = tmp_path / "run"
+    assert main(["tune", "--dataset", d, "--no-mlflow", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "b (test split): 2 of 2 questions have no reachable gold" in err  # valid: 1 of 2
+    assert "--allow-missing-gold" in err and not (out / "summary.json").exists()
+    assert main(["tuner-eval", "--dataset", d, "--split", "test"]) == 2
+    err = capsys.readouterr().err
+    assert "b (test split): " in err and "allow_missing_gold" in err
+
+
 def test_allow_missing_gold_lets_the_check_pass(tmp_path, capsys):
     d = write_beir(tmp_path / "b", [("q0", "d0", 1), ("q1", "x", 1), ("q2", "y", 1)])
     # past the gold check, the run reaches the index check (wrong corpus -> exit 2 there)

@@ -303,6 +303,19 @@ def gold_report(examples: Sequence[Example], corpus: Corpus, max_ids: int = 10) 
     return rep
 
 
+def require_reachable_gold(rep: dict, where: str, override: str | None = None) -> None:
+    """DataError when more than half of a `gold_report`'s examples have no reachable gold:
+    their retrieval scores would be 0 by construction, so a score of that data would be a
+    silent zero. `where` names the data (and split); `override` says how the caller accepts it
+    anyway (a CLI flag, a request field; None: it cannot)."""
+    if rep["no_reachable_gold"] * 2 > rep["examples"]:
+        raise DataError(where, f"{rep['no_reachable_gold']} of {rep['examples']} questions have "
+                        f"no reachable gold (labels outside the corpus, supporting facts missing "
+                        f"from the context): the scores would be 0 by construction. Fix the "
+                        f"data (see `ragpilot data-report`)"
+                        + (f", or {override}" if override else ""))
+
+
 def gold_warnings(rep: dict) -> list[str]:
     """One sentence per problem `gold_report` counted (empty when the gold is all reachable)."""
     out = []

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag.corpus.loaders import Dataset, load_dataset
@@ -46,6 +47,7 @@ class TuningData:
     splits: dict[str, list[Example]]
     split_source: str = "committed"
     split_path: Path | None = None
+    _gold: dict[str, dict] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def open(cls, name: str, root: str | Path | None = None,
@@ -73,6 +75,33 @@ class TuningData:
             raise ConfigError("split", f"unknown split {split!r} for {self.name} (have: "
                                        f"{', '.join(sorted(self.splits))})")
         return self.splits[split]
+
+    def gold_report(self, split: str) -> dict:
+        """How much of `split`'s gold points into the corpus (`rag.corpus.hygiene.gold_report`:
+        labels outside the corpus, supporting facts missing from the context, questions with
+        nothing reachable), with its `warnings` (one sentence per problem; empty when all of it
+        is reachable). Computed once per split."""
+        from rag.corpus.hygiene import gold_report, gold_warnings
+
+        if split not in self._gold:
+            rep = gold_report(self.examples(split), self.dataset.corpus)
+            self._gold[split] = {**rep, "warnings": gold_warnings(rep)}
+        return self._gold[split]
+
+    def check_gold(self, splits: Sequence[str], allow_missing: bool = False,
+                   override: str | None = "pass --allow-missing-gold") -> dict[str, dict]:
+        """`gold_report` of each split. More than half of a split's questions with no reachable
+        gold is a DataError naming the dataset and split (every retrieval score of that split
+        would be 0 by construction: `rag.corpus.hygiene.require_reachable_gold`) unless
+        `allow_missing`; `override` is how the caller's user accepts such data anyway (None:
+        they cannot)."""
+        from rag.corpus.hygiene import require_reachable_gold
+
+        reports = {s: self.gold_report(s) for s in dict.fromkeys(splits)}
+        if not allow_missing:
+            for s, rep in reports.items():
+                require_reachable_gold(rep, f"{self.name} ({s} split)", override)
+        return reports
 
     def gold_kind(self) -> str:
         """What gold the examples carry, the richest kind any example has: "answers" (QA),

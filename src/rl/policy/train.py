@@ -269,6 +269,10 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+    # gold the corpus cannot reach: a split mostly without it is refused, the rest counted
+    gold = ev.data.check_gold(list(ev.data.splits), override=None)
+    gold_warnings = [f"{ev.data.name} ({s} split): {w}" for s, rep in gold.items()
+                     for w in rep["warnings"]]
     # conversational data: each arm also per query formulation, and the features that tell
     # how each formulation retrieves (bench/router_formulation.py: together, not alone)
     views = conversation_views(ev.data.dataset.examples)
@@ -312,7 +316,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
                  "cross-validated choices are mostly noise here; expect its holdout verdict to be "
                  "the best static config, and give it more data before trusting a per-query "
                  "gain"]
-                if n_tv < SMALL_DATA else [])
+                if n_tv < SMALL_DATA else []) + gold_warnings
     return Prepared(ev, out, dataset, names, configs, parts, M, X, list(feat.names), groups,
                     warnings)
 

@@ -151,6 +151,9 @@ class EvalReport:
     violations: dict[str, float] = field(default_factory=dict)
     """Each hard gate's relative violation (`rl.tuner.reward.Gate.violation`; <= 0 passes):
     the feasibility signal constrained searchers read."""
+    warnings: list[str] = field(default_factory=list)
+    """Gold of the split the corpus cannot reach (`TuningData.gold_report`), set by `evaluate`,
+    the one-call entry point (`ragpilot tuner-eval`, `POST /tuner/evaluate`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -404,16 +407,24 @@ def get_evaluator(dataset: str, policy: TunerSettings | None = None,
 
 def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
              split: str | None = None, policy: TunerSettings | None = None,
-             batch_size: int | None = None, seed: int = 0) -> EvalReport:
-    """Evaluate one config on a dataset split (a random batch of it when `batch_size`)."""
+             batch_size: int | None = None, seed: int = 0,
+             allow_missing_gold: bool = False) -> EvalReport:
+    """Evaluate one config on a dataset split (a random batch of it when `batch_size`). The
+    split's gold is checked against the corpus first (`TuningData.check_gold`): more than half
+    of its questions unreachable is a DataError unless `allow_missing_gold`; fewer are counted
+    in the report's `warnings`."""
     if isinstance(config, dict):
         config = RAGConfig.from_dict(config)
     ev = get_evaluator(dataset, policy)
     split = split or ev.slice.tune_split
+    gold = ev.data.check_gold([split], allow_missing_gold,
+                              override="set allow_missing_gold (the CLI: --allow-missing-gold)")[split]
     idx = None
     if batch_size is not None:
         n = len(ev.data.examples(split))
         if batch_size < 1:
             raise ConfigError("batch_size", "must be >= 1")
         idx = np.random.default_rng(seed).choice(n, size=min(batch_size, n), replace=False)
-    return ev.evaluate(config, split, idx)
+    report = ev.evaluate(config, split, idx)
+    report.warnings = [f"{ev.data.name} ({split} split): {w}" for w in gold["warnings"]]
+    return report

@@ -27,6 +27,7 @@ progress reaches the caller through `on_iteration`.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,9 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                metrics_textfile: str | Path | None = None,
                on_iteration: OnIteration | None = None,
                warm_start: bool = False,
-               tune_options: dict[str, Any] | None = None) -> TuningRun:
+               tune_options: dict[str, Any] | None = None,
+               allow_missing_gold: bool = False,
+               on_warning: Callable[[str], None] | None = None) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
     directory `out` (see the module docstring). `budget` (in `unit`, default
     `default_unit(method)`) defaults to `default_budget`. TUNE_METHODS keep Tune's experiment
@@ -220,7 +223,11 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run.
     `warm_start`: Optuna's (and TUNE_METHODS' but tune-grid's) first trial is the settings' base config (the static default), so
     the run cannot recommend a config that scored below the default on the tuning split.
-    `tune_options`: TUNE_METHODS' cluster keywords for `tune_search` (see `search`)."""
+    `tune_options`: TUNE_METHODS' cluster keywords for `tune_search` (see `search`).
+    Before any search, the gold of the tune and holdout splits is checked against the corpus
+    (`TuningData.check_gold`): a split with more than half of its questions unreachable is a
+    DataError unless `allow_missing_gold`; each counted problem goes to `on_warning` (default:
+    `warnings.warn`) and into summary.json's `gold`."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData
@@ -238,6 +245,12 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+    gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
+                              allow_missing_gold)
+    warn = on_warning or (lambda m: warnings.warn(m, UserWarning, stacklevel=3))
+    for split, rep in gold.items():
+        for w in rep["warnings"]:
+            warn(f"{ev.data.name} ({split} split): {w}")
     budget = budget or default_budget(settings, method,
                                       len(ev.data.examples(ev.slice.tune_split)))
     mlflow_uri = None
@@ -285,6 +298,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                          "sizes": {s: len(x) for s, x in data.splits.items()}},
                "metrics": {"faithfulness": ev.slice.faithfulness,
                            "relevancy": ev.slice.relevancy},
+               # gold the corpus cannot reach, per split (rl.common.data.TuningData.gold_report)
+               "gold": gold,
                "evaluations": res.evaluations, "budget_unit": unit, "budget": budget,
                "query_evals": res.extra.get("query_evals"),
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
@@ -316,11 +331,13 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
 
 def evaluate_request(request: dict[str, Any]) -> dict[str, Any]:
     """A tuner evaluation job (`POST /tuner/evaluate`): `request` holds config (a RAGConfig
-    mapping), dataset (default synthetic), split, batch_size, seed (default 0) -> the
-    EvaluationReport of `rl.tuner.evaluator.evaluate` as JSON."""
+    mapping), dataset (default synthetic), split, batch_size, seed (default 0),
+    allow_missing_gold (default false) -> the EvaluationReport of
+    `rl.tuner.evaluator.evaluate` as JSON."""
     from rl.tuner.evaluator import evaluate
 
+    allow = bool(request.get("allow_missing_gold", False))
     report = evaluate(request["config"], dataset=request.get("dataset", "synthetic"),
                       split=request.get("split"), batch_size=request.get("batch_size"),
-                      seed=int(request.get("seed", 0)))
+                      seed=int(request.get("seed", 0)), allow_missing_gold=allow)
     return report.to_dict()

@@ -55,19 +55,15 @@ def _examples_for(dataset: str, split: str | None, limit: int | None):
 
 def _check_gold(ds, examples, allow_missing: bool) -> dict:
     """The gold report of `examples`; its warnings go to stderr. More than half of them with no
-    reachable gold is a DataError (their retrieval scores would be 0 by construction) unless
+    reachable gold is a DataError (`rag.corpus.hygiene.require_reachable_gold`) unless
     `allow_missing`."""
-    from rag.corpus.hygiene import gold_report, gold_warnings
-    from rag.errors import DataError
+    from rag.corpus.hygiene import gold_report, gold_warnings, require_reachable_gold
 
     rep = gold_report(examples, ds.corpus)
     for w in gold_warnings(rep):
         print(f"warning: {ds.name}: {w}", file=sys.stderr)
-    if rep["no_reachable_gold"] * 2 > len(examples) and not allow_missing:
-        raise DataError(ds.name, f"{rep['no_reachable_gold']} of {len(examples)} questions have "
-                        f"no reachable gold (labels outside the corpus, supporting facts missing "
-                        f"from the context): the scores would be 0 by construction. Fix the "
-                        f"data (see `ragpilot data-report`), or pass --allow-missing-gold")
+    if not allow_missing:
+        require_reachable_gold(rep, ds.name, "pass --allow-missing-gold")
     return rep
 
 

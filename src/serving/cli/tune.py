@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -74,7 +75,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
                          metrics_port=args.metrics_port,
                          metrics_textfile=args.metrics_textfile, on_iteration=log,
-                         warm_start=not args.cold_start, tune_options=cluster or None)
+                         warm_start=not args.cold_start, tune_options=cluster or None,
+                         allow_missing_gold=args.allow_missing_gold,
+                         on_warning=lambda m: print(f"warning: {m}", file=sys.stderr))
     if run.search.checkpoint:
         print("checkpoint:", run.search.checkpoint)
     ml = run.summary.get("mlflow")
@@ -232,7 +235,9 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
 
     cfg = rag_config(args.config, args.set)
     rep = evaluate(cfg, args.dataset, args.split, tuner_settings(args.policy), args.batch_size,
-                   args.seed)
+                   args.seed, allow_missing_gold=args.allow_missing_gold)
+    for w in rep.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(rep.to_dict(), indent=2, default=str))
     return 0
 
@@ -268,6 +273,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--no-mlflow", action="store_true")
     s.add_argument("--metrics-port", type=int, help="export tuner metrics on 127.0.0.1:PORT")
     s.add_argument("--metrics-textfile", help="write tuner metrics to this .prom file")
+    s.add_argument("--allow-missing-gold", action="store_true",
+                   help="tune even when more than half of the valid or test questions have no "
+                        "gold in the corpus (their retrieval scores are 0)")
     add_tune_cluster_arguments(s)
     s.set_defaults(func=cmd_tune)
 
@@ -289,5 +297,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--policy")
     s.add_argument("--batch-size", type=int)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--allow-missing-gold", action="store_true",
+                   help="evaluate even when more than half of the split's questions have no "
+                        "gold in the corpus")
     s.set_defaults(func=cmd_tuner_eval)
 
