@@ -141,5 +141,26 @@ def test_two_connections_see_each_others_writes_and_export(store, pg_url, tmp_pa
         out = tmp_path / "export.jsonl"
         n = store.export_jsonl(out)
         assert n == 20 and len(out.read_text().splitlines()) == 20
+        reader = open_store(pg_url, create=False)  # export-interactions: existing stores only
+        try:
+            assert reader.counts()["interactions"] == 20
+        finally:
+            reader.close()
     finally:
         other.close()
+
+
+def test_a_reader_refuses_a_database_without_the_store_and_creates_nothing(pg_url):
+    import sqlalchemy as sa
+
+    from rag.errors import ConfigError
+
+    empty = pg_url.rsplit("/", 1)[0] + "/template1"  # exists, holds no interactions table
+    with pytest.raises(ConfigError, match="holds no interactions table"):
+        open_store(empty, create=False)
+    engine = sa.create_engine(empty)
+    try:
+        with engine.connect() as conn:
+            assert not sa.inspect(conn).has_table("interactions")
+    finally:
+        engine.dispose()

@@ -351,8 +351,13 @@ class SQLiteStore(InteractionStore):
     commits serialise across ingress replicas on the file's write lock, so batching them
     shortens the queue behind the lock."""
 
-    def __init__(self, path: str | Path, synchronous: str = "FULL"):
+    def __init__(self, path: str | Path, synchronous: str = "FULL", create: bool = True):
+        """`create` False: the store must already exist (a reader: `export-interactions`);
+        a missing file or one without the interactions table is a ConfigError, and nothing
+        is created."""
         self.path = Path(path)
+        if not create:
+            _require_sqlite_store(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.url = str(self.path)
         self._lock = threading.Lock()
@@ -424,10 +429,32 @@ class SQLiteStore(InteractionStore):
             self._db.close()
 
 
+def _require_sqlite_store(path: Path) -> None:
+    """ConfigError unless `path` is an SQLite file holding the interactions table."""
+    if not path.is_file():
+        raise ConfigError("store_url", f"no interaction store at {path} (the Serve app writes "
+                                       "one at its store_url, default "
+                                       "runs/serve/interactions.sqlite)")
+    try:
+        db = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                               "name = 'interactions'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError("store_url", f"{path} is not an SQLite database ({exc})") from None
+    if not found:
+        raise ConfigError("store_url", f"{path} is an SQLite database without an interactions "
+                                       "table: not an interaction store")
+
+
 class SQLAlchemyStore(InteractionStore):
     """Any SQLAlchemy URL (PostgreSQL in production; `sqlite:///` works for tests)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, create: bool = True):
+        """`create` False: the database must already hold the interactions table (a reader);
+        otherwise a ConfigError, and no table is created."""
         try:
             import sqlalchemy as sa
         except ImportError:
@@ -443,8 +470,16 @@ class SQLAlchemyStore(InteractionStore):
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise ConfigError("store_url", f"not a usable database URL {url!r}: {exc}") from None
         ddl = _SQLITE_DDL if self._engine.dialect.name == "sqlite" else _PG_DDL
+        if not create:
+            db = self._engine.url.database
+            if self._engine.dialect.name == "sqlite" and db and db != ":memory:":
+                _require_sqlite_store(Path(db))  # before connecting creates the file
         try:
             with self._engine.begin() as conn:
+                if not create and not sa.inspect(conn).has_table("interactions"):
+                    shown = self._engine.url.render_as_string(hide_password=True)
+                    raise ConfigError("store_url", f"{shown} holds no interactions table: "
+                                                   "not an interaction store")
                 if self._engine.dialect.name == "sqlite":
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
                 for stmt in ddl:
@@ -473,12 +508,13 @@ class SQLAlchemyStore(InteractionStore):
         self._engine.dispose()
 
 
-def open_store(url: str | Path) -> InteractionStore:
+def open_store(url: str | Path, create: bool = True) -> InteractionStore:
     """A path (or `sqlite://` URL without a driver suffix) -> SQLiteStore; any other URL with
-    `://` -> SQLAlchemyStore (PostgreSQL etc.)."""
+    `://` -> SQLAlchemyStore (PostgreSQL etc.). `create` False: open an existing store only
+    (readers: a mistyped path is a ConfigError, not an empty store)."""
     s = str(url)
     if not s:
         raise ConfigError("store_url", "must be a path or a database URL")
     if "://" not in s:
-        return SQLiteStore(s)
-    return SQLAlchemyStore(s)
+        return SQLiteStore(s, create=create)
+    return SQLAlchemyStore(s, create=create)

@@ -204,6 +204,21 @@ def test_cli_exports_interactions(tmp_path, capsys):
                  str(out), "--no-shadow"]) == 0
     lines = out.read_text().splitlines()
     assert len(lines) == 1 and '"reward": 0.5' in lines[0]
+    # a reader never makes a store: a mistyped path is exit 2 naming it, not "wrote 0"
+    capsys.readouterr()
+    (tmp_path / "text.sqlite").write_text("not a database")
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (x)")
+    for given, message in [(tmp_path / "typo.sqlite", "no interaction store at"),
+                           (f"sqlite:///{tmp_path / 'typo2.sqlite'}", "no interaction store at"),
+                           (tmp_path / "text.sqlite", "is not an SQLite database"),
+                           (tmp_path / "other.sqlite", "without an interactions table")]:
+        assert main(["export-interactions", "--store", str(given), "--out",
+                     str(tmp_path / "x.jsonl")]) == 2, given
+        assert "error: --store: " in (err := capsys.readouterr().err) and message in err, err
+    assert not (tmp_path / "typo.sqlite").exists() and not (tmp_path / "typo2.sqlite").exists()
+    assert not (tmp_path / "x.jsonl").exists()
     assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
 

@@ -1,7 +1,8 @@
 """`ragpilot serve | export-interactions`: the Ray Serve app and its interaction log.
 
     serve               -> serving.launch.run_server(config)   (the Ray Serve app, until SIGTERM)
-    export-interactions -> serving.store.open_store(url).export_jsonl(out)
+    export-interactions -> serving.store.open_store(url, create=False).export_jsonl(out)
+                           (an existing store only: a mistyped --store exits 2, creating nothing)
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from rag.resources import default_config
+from serving.cli.common import flags
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -21,7 +23,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_export_interactions(args: argparse.Namespace) -> int:
     from serving.store import open_store
 
-    store = open_store(args.store)
+    with flags({"store_url": "--store"}):
+        store = open_store(args.store, create=False)  # a mistyped path: an error, no new file
     try:
         n = store.export_jsonl(args.out, include_shadow=not args.no_shadow)
     finally:
