@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rag.errors import ConfigError
 from rag.pipeline import Pipeline
 from rag.types import Answer, Example
 
@@ -80,7 +81,11 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
     Before the timed loop the models and indexes the config uses are loaded (the generator and
     reranker by `Pipeline.load_models`, the indexes and query encoder by one untimed retrieval
     of the first question), so no question's latency includes a load: `summary["model_load_s"]`
-    reports that time apart; `wall_s` and the per-stage percentiles exclude it."""
+    reports that time apart; `wall_s` and the per-stage percentiles exclude it. No examples
+    is a ConfigError: an evaluation that selected nothing has no score to report."""
+    if not examples:
+        raise ConfigError("examples", "nothing to evaluate: the selection holds no questions "
+                                    "(check the split, --limit or the filter that made it)")
     t_load = time.perf_counter()
     if examples:
         pipeline.load_models()

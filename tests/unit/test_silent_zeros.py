@@ -157,6 +157,17 @@ def test_labels_outside_corpus_warn_in_data_report_and_stop_eval(tmp_path, capsy
     assert "2 of 3 questions have no reachable gold" in err and "--allow-missing-gold" in err
 
 
+def test_the_python_api_refuses_an_evaluation_of_nothing():
+    """`rag.evaluate.evaluate` with no examples used to return n = 0 and token means of 0.0;
+    the refusal comes before the pipeline is touched (None stands in for it here; real
+    pipelines are evaluated throughout tests/)."""
+    from rag.evaluate import evaluate
+
+    with pytest.raises(ConfigError, match="nothing to evaluate") as exc:
+        evaluate(None, [])
+    assert exc.value.field == "examples"
+
+
 def test_tune_and_tuner_eval_refuse_a_split_without_reachable_gold(tmp_path, monkeypatch,
                                                                      capsys):
     """The tuner's entry points check the gold of the splits they score before any search:
