@@ -105,6 +105,8 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     assert "| chosen − static default |" in report
     assert "Holdout `test`, n = 10 queries" in report
     assert "F = `recall@k`, R = `ndcg@10`" in report and "reused split" in report
+    assert "Gold the corpus cannot reach" in report
+    assert "- `test`: 10 of 20 relevance labels (in 10 examples)" in report
 
 
 def test_too_few_questions_is_a_data_error(tmp_path, monkeypatch):

@@ -182,10 +182,16 @@ def cmd_report(args: argparse.Namespace) -> int:
                                      summary["dataset"]))
             figures.append(f"\n![quality vs {key}](pareto-{key}.png)")
     n = rows[0][1].n
+    # counted by `tune` too (summary.json's `gold`); the report repeats them beside the split
+    gold = [f"- `{s}`: {w}" for s in dict.fromkeys((ev.slice.tune_split, hold))
+            for w in ev.data.gold_report(s)["warnings"]]
+    if gold:
+        gold = ["", "Gold the corpus cannot reach (labels naming absent documents score 0 by "
+                "construction):", *gold]
     lines = [f"# Tuning report: {summary['dataset']} / {summary['method']} "
              f"(seed {summary['seed']})", "",
              f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations.",
-             "", _split_line(ev),
+             "", _split_line(ev), *gold,
              "", f"Holdout `{hold}`, n = {n} queries. Δ is the continuous part of the reward, "
              "C = αF + βR − γ·min(p95/T,2) − δ·min(cost/C_ref,2), with a paired bootstrap CI "
              "(10k resamples of queries). The gate penalty λ·P is a step function, so it is "
