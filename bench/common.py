@@ -76,6 +76,20 @@ def head_commit() -> str:
         return "unknown"
 
 
+def optional_data(paths: dict[str, str]) -> dict[str, Path]:
+    """{name: <data root>/relative path} for those of `paths` present here, {} without a data
+    root: the `datasets` of `make_meta` for steps that read no evaluation data themselves (the
+    ingests of committed device runs), so they run, and their tests pass, without ../shared."""
+    from rag.corpus.loaders import data_root
+    from rag.errors import DataError
+
+    try:
+        root = data_root()
+    except DataError:
+        return {}
+    return {name: root / rel for name, rel in paths.items() if (root / rel).exists()}
+
+
 def make_meta(seed: int, datasets: dict[str, Path], extra: dict | None = None) -> dict:
     """commit, machine, dataset sha256s (every file under a dataset folder), seed, time."""
     commit, dirty = head_commit(), None

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import make_meta, metric_row, plain_row, write_results
+from bench.common import make_meta, metric_row, optional_data, plain_row, write_results
 from bench.gpu_models import NOMIC, QWEN, _read_gz
-from rag.corpus.loaders import data_root
 from rag.metrics.qa import best_em_f1
 
 HOTPOT_DS = "hotpotqa/test/hybrid-k5"
@@ -275,7 +274,7 @@ def ingest(cargo: Path, src: Path, notes_dir: Path, store_path: Path | None = No
     _pair_rows(judge, jobs["sets"], notes_dir, rows, notes)
     _teacher(jobs, answers, info, notes_dir, rows, notes, store_path)
     _nomic(src, info, rows, notes)
-    meta = make_meta(0, {"hotpotqa": data_root() / "hotpotqa", "scifact": data_root() / "scifact"},
+    meta = make_meta(0, optional_data({"hotpotqa": "hotpotqa", "scifact": "scifact"}),
                      {"device_run": {k: v for k, v in info.items() if k != "stages"},
                       "stages": info["stages"], "models": [QWEN, "smollm2-135m-instruct", NOMIC],
                       "notes": notes})
