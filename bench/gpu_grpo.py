@@ -306,6 +306,7 @@ def ingest(src: Path, quick: bool) -> None:
     import numpy as np
 
     from bench.common import make_meta, metric_row, optional_data, write_results
+    from rag.corpus.loaders import HOTPOTQA_FILE
 
     info = json.loads((src / "run.json").read_text())
     valid = json.loads((src / "eval-valid.json").read_text())
@@ -353,7 +354,7 @@ def ingest(src: Path, quick: bool) -> None:
                      f"{r['ci_high']:+.4f}], F1 changed on {r['changed']} of {r['n']}.", ""]
     g = info.get("grpo", {})
     tl = [r for r in info.get("train_log", []) if "reward" in r]
-    meta = make_meta(seed=0, datasets=optional_data({"hotpotqa": "hotpotqa/hotpot_dev_distractor_1100.jsonl"}), extra={
+    meta = make_meta(seed=0, datasets=optional_data({"hotpotqa": HOTPOTQA_FILE}), extra={
         "quick": quick, "device_run": {k: info.get(k) for k in (
             "device", "torch", "versions", "chosen", "valid_f1", "peak_gpu_mb_train")},
         "stages": info.get("stages"), "plan": info.get("plan")})

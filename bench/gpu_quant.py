@@ -252,6 +252,7 @@ def ingest(src: Path, quick: bool) -> None:
 
     from bench.common import make_meta, metric_row, optional_data, plain_row, write_results
     from bench.gpu_grpo import _gz_read, results_table
+    from rag.corpus.loaders import HOTPOTQA_FILE
 
     info = json.loads((src / "run.json").read_text())
     res = _gz_read(src / "answers.json.gz")
@@ -284,7 +285,7 @@ def ingest(src: Path, quick: bool) -> None:
             d = np.asarray(res[key]["f1"]) - np.asarray(res["bf16"]["f1"])
             rows.append(metric_row(ds, f"{label[key]} - {label['bf16']}", "delta_answer_f1", d))
             rows[-1]["changed"] = int(np.sum(np.abs(d) > 1e-12))
-    meta = make_meta(seed=0, datasets=optional_data({"hotpotqa": "hotpotqa/hotpot_dev_distractor_1100.jsonl"}), extra={
+    meta = make_meta(seed=0, datasets=optional_data({"hotpotqa": HOTPOTQA_FILE}), extra={
         "quick": quick, "device_run": {k: info.get(k) for k in ("device", "torch", "versions",
                                                                  "errors", "qlora")},
         "stages": st})

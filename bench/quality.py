@@ -48,7 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.hygiene import load_split  # noqa: E402
-from rag.corpus.loaders import data_root, load_hotpotqa, load_mtrag  # noqa: E402
+from rag.corpus.loaders import (  # noqa: E402
+    HOTPOTQA_FILE,
+    MTRAG_FILE,
+    data_root,
+    load_hotpotqa,
+    load_mtrag,
+)
 from rag.encoders import Encoder  # noqa: E402
 from rag.evaluate import evaluate  # noqa: E402
 from rag.generation.prompts import INSUFFICIENT  # noqa: E402
@@ -79,16 +85,16 @@ from rag.models import cache_dir  # noqa: E402
 from rag.pipeline import Pipeline  # noqa: E402
 from rag.types import Answer, Context, Example, Hit  # noqa: E402
 
-HOTPOT = "hotpotqa/hotpot_dev_distractor_1100.jsonl"
-MTRAG = "mtrag/mtragun-human/generation_tasks/reference.jsonl"
 HUMAN = "mtrag/mtrag-human/evaluations/reference_subset_with_human_evaluations.json"
-"""The evaluation files, relative to the data root (`data`: resolved when the benchmark runs,
-so the module imports without ../shared)."""
+"""MTRAG's human judgements, relative to the data root like HOTPOTQA_FILE and MTRAG_FILE
+(`data`: resolved when the benchmark runs, so the module imports without ../shared)."""
 
 
 def data(rel: str) -> Path:
     """`rel` under the evaluation data root (rag.corpus.loaders.data_root)."""
     return data_root() / rel
+
+
 LLM = "smollm2-135m-instruct"
 PAIR_MARGIN = 0.05  # metric-reward gap below which a pair is a tie (not trained on)
 
@@ -227,8 +233,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
 
     encoder = Encoder.from_registry("minilm")
     scorer = QualityScorer(encoder)
-    hp = load_hotpotqa(data(HOTPOT), pooled=True, name="hotpotqa")
-    mt = load_mtrag(data(MTRAG), name="mtrag")
+    hp = load_hotpotqa(data(HOTPOTQA_FILE), pooled=True, name="hotpotqa")
+    mt = load_mtrag(data(MTRAG_FILE), name="mtrag")
     hp_split, mt_split = load_split("hotpotqa"), load_split("mtrag")
     hp_by, mt_by = {e.id: e for e in hp.examples}, {e.id: e for e in mt.examples}
 
@@ -237,7 +243,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
 
     hp_pipe = Pipeline(open_index(hp, "bench"))
     mt_pipe = Pipeline(open_index(mt, "indexes"))
-    hp_items = {s: hotpotqa_items(data(HOTPOT), [e.id for e in pick(hp_by, hp_split, s, n)])
+    hp_items = {s: hotpotqa_items(data(HOTPOTQA_FILE),
+                                  [e.id for e in pick(hp_by, hp_split, s, n)])
                 for s, n in (("train", n_hp_train), ("valid", n_hp_valid), ("test", None))}
     mt_items = {s: mtrag_items(mt.examples, mt.corpus, [e.id for e in pick(mt_by, mt_split, s, n)])
                 for s, n in (("train", n_mt_train), ("valid", n_mt_valid), ("test", None))}
@@ -338,7 +345,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
         "training_data": {"sha256_pairs": data_hash, "pairs": len(train_pairs),
                           "answers": len(train), "questions": len({g for g, *_ in train}),
                           "splits": "train split of configs/splits/{hotpotqa,mtrag}.json",
-                          "sources": {"hotpotqa": str(data(HOTPOT)), "mtrag": str(data(MTRAG))},
+                          "sources": {"hotpotqa": str(data(HOTPOTQA_FILE)),
+                                      "mtrag": str(data(MTRAG_FILE))},
                           "answer_kinds": sorted({s for *_, s in train})},
         "metrics": {"train_pairwise_agreement": agree_tr,
                     "valid_pairwise_agreement": float(hit.mean()) if len(hit) else None,
@@ -589,7 +597,8 @@ def main() -> None:  # noqa: C901 - a benchmark script reads best top to bottom
     md += ["", f"Wall time {wall / 60:.1f} min on this machine (OMP_NUM_THREADS=1). Rows: "
                "`bench/results/quality.json`; per-case perturbations: "
                "`quality.perturbations.json`."]
-    files = {"hotpotqa": data(HOTPOT), "mtrag": data(MTRAG), "mtrag-human": data(HUMAN)}
+    files = {"hotpotqa": data(HOTPOTQA_FILE), "mtrag": data(MTRAG_FILE),
+             "mtrag-human": data(HUMAN)}
     write_results("quality", rows, make_meta(args.seed, files, extra={
         "quick": q, "wall_s": round(wall, 1), "reward_model": str(saved),
         "sizes": {"hotpotqa_test": n_hp_test, "mtrag_test": n_mt_test, "llm_n": llm_n,

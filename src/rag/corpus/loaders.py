@@ -302,6 +302,11 @@ def load_jsonl_examples(path: str | Path) -> list[Example]:
     return out
 
 
+HOTPOTQA_FILE = "hotpotqa/hotpot_dev_distractor_1100.jsonl"
+MTRAG_FILE = "mtrag/mtragun-human/generation_tasks/reference.jsonl"
+"""The built-in datasets' files, relative to `data_root()` (SciFact is the folder `scifact`)."""
+
+
 def load_dataset(name_or_path: str) -> Dataset:
     """A built-in name (`BUILTIN_DATASETS`: synthetic, hotpotqa, scifact, mtrag, found under
     `data_root()`) or a path: a BEIR folder, a HotpotQA file (.json list, or JSONL whose first
@@ -312,11 +317,9 @@ def load_dataset(name_or_path: str) -> Dataset:
     if name_or_path == "synthetic":
         w = make_synthetic_world()
         return Dataset(w.name, w.corpus, w.examples, {}, builtin=True)
-    named = {"hotpotqa": lambda r: load_hotpotqa(r / "hotpotqa" /
-                                                 "hotpot_dev_distractor_1100.jsonl"),
+    named = {"hotpotqa": lambda r: load_hotpotqa(r / HOTPOTQA_FILE),
              "scifact": lambda r: load_beir(r / "scifact", "test"),
-             "mtrag": lambda r: load_mtrag(r / "mtrag" / "mtragun-human" / "generation_tasks" /
-                                           "reference.jsonl")}
+             "mtrag": lambda r: load_mtrag(r / MTRAG_FILE)}
     if name_or_path in named:
         return replace(named[name_or_path](data_root()), name=name_or_path, builtin=True)
     p = Path(name_or_path)
