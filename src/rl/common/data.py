@@ -88,6 +88,11 @@ class TuningData:
             self._gold[split] = {**rep, "warnings": gold_warnings(rep)}
         return self._gold[split]
 
+    def gold_warnings(self, split: str) -> list[str]:
+        """`gold_report(split)`'s warnings, each naming the dataset and the split: the lines
+        the tuner's entry points print and their reports carry."""
+        return [f"{self.name} ({split} split): {w}" for w in self.gold_report(split)["warnings"]]
+
     def check_gold(self, splits: Sequence[str], allow_missing: bool = False,
                    override: str | None = "pass --allow-missing-gold") -> dict[str, dict]:
         """`gold_report` of each split. More than half of a split's questions with no reachable

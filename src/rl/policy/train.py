@@ -270,9 +270,8 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
         dataset = str(Path(dataset).resolve())
     ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
     # gold the corpus cannot reach: a split mostly without it is refused, the rest counted
-    gold = ev.data.check_gold(list(ev.data.splits), override=None)
-    gold_warnings = [f"{ev.data.name} ({s} split): {w}" for s, rep in gold.items()
-                     for w in rep["warnings"]]
+    gold_warnings = [w for s in ev.data.check_gold(list(ev.data.splits), override=None)
+                     for w in ev.data.gold_warnings(s)]
     # conversational data: each arm also per query formulation, and the features that tell
     # how each formulation retrieves (bench/router_formulation.py: together, not alone)
     views = conversation_views(ev.data.dataset.examples)

@@ -417,8 +417,8 @@ def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
         config = RAGConfig.from_dict(config)
     ev = get_evaluator(dataset, policy)
     split = split or ev.slice.tune_split
-    gold = ev.data.check_gold([split], allow_missing_gold,
-                              override="set allow_missing_gold (the CLI: --allow-missing-gold)")[split]
+    ev.data.check_gold([split], allow_missing_gold,
+                       override="set allow_missing_gold (the CLI: --allow-missing-gold)")
     idx = None
     if batch_size is not None:
         n = len(ev.data.examples(split))
@@ -426,5 +426,5 @@ def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
             raise ConfigError("batch_size", "must be >= 1")
         idx = np.random.default_rng(seed).choice(n, size=min(batch_size, n), replace=False)
     report = ev.evaluate(config, split, idx)
-    report.warnings = [f"{ev.data.name} ({split} split): {w}" for w in gold["warnings"]]
+    report.warnings = ev.data.gold_warnings(split)
     return report

@@ -248,9 +248,9 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
                               allow_missing_gold)
     warn = on_warning or (lambda m: warnings.warn(m, UserWarning, stacklevel=3))
-    for split, rep in gold.items():
-        for w in rep["warnings"]:
-            warn(f"{ev.data.name} ({split} split): {w}")
+    for split in gold:
+        for w in ev.data.gold_warnings(split):
+            warn(w)
     budget = budget or default_budget(settings, method,
                                       len(ev.data.examples(ev.slice.tune_split)))
     mlflow_uri = None
