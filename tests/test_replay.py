@@ -10,8 +10,9 @@ import uuid
 import pytest
 
 from rag.config import RAGConfig
+from rag.corpus.hygiene import gold_by_question
 from rag.errors import ConfigError, DataError
-from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log, stable_rows
+from rl.promotion.replay import ReplayEvaluator, read_log, stable_rows
 from rl.promotion.state_machine import PromotionSettings, PromotionStateMachine
 from rl.tuner.settings import Thresholds
 from serving.cli import main as cli_main
@@ -33,7 +34,7 @@ def served(world, tmp_path_factory):
 
     idx = IndexSet.create(world.corpus, tmp_path_factory.mktemp("replay-index"),
                           show_progress=False)
-    gold = {normalise_question(e.question): e for e in world.examples}
+    gold = gold_by_question(world.examples)
     return idx, Resources(), gold
 
 
@@ -203,6 +204,17 @@ def test_cli_replay_argument_errors(served, tmp_path, capsys):
     for extra, msg in cases:
         assert cli_main(base + extra) == 2, msg
         assert msg in capsys.readouterr().err
+    # an index of another corpus replayed as the synthetic dataset: its gold would match no
+    # context, so the replay is refused instead of scoring both arms against unreachable gold
+    from rag.corpus import Corpus
+    from rag.indexset import IndexSet
+    from rag.types import Passage
+
+    other = IndexSet.create(Corpus([Passage("x", "Some other text.", "X")]), tmp_path / "other",
+                            show_progress=False)
+    assert cli_main(base + ["--index", str(other.root), "--candidate", str(cand), "--stable",
+                            "stab1e", "--dataset", "synthetic"]) == 2
+    assert "index built from corpus" in capsys.readouterr().err
     # an active rollout: the replayed candidate must be its candidate
     d = str(tmp_path / "active")
     assert cli_main(["rollout", "start", "--state-dir", d, "--candidate",

@@ -220,6 +220,10 @@ def build_app(args: dict[str, Any] | None = None):
     configure_runtime_env()
     s = _resolved(ServeSettings.from_args(args))
     roles, configs = _variants(s)
+    if s.index_dir:  # what every replica would refuse, refused here with its message
+        from serving.pipelines import check_served_data
+
+        check_served_data(s.dataset, s.index_dir, s.indexes)
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)

@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rag.config import RAGConfig
+from rag.corpus.hygiene import gold_by_question, normalise_question
 from rag.env import configure_runtime_env
+from rag.errors import ConfigError, CorpusMismatchError
 
 WARMUP_QUESTION = "Which company was founded first?"
+DEFAULT_DATASET = "synthetic"
+"""What a replica serves when neither a dataset nor an index directory is named."""
 SCORE_KEYS = ("em", "f1", "support", "recall@k", "citation_precision", "sp_f1")
-
-
-def normalise_question(q: str) -> str:
-    """Whitespace- and case-insensitive key of a question (gold lookup)."""
-    return re.sub(r"\s+", " ", q.strip().lower())
 
 
 @contextmanager
@@ -61,9 +59,14 @@ def fast_queries_in_replica() -> bool:
     return set_query_runtime("onnx") == "onnx"
 
 
-def open_served_data(dataset: str, index_dir: str | None = None,
+def open_served_data(dataset: str | None = None, index_dir: str | None = None,
                      indexes: dict[str, Any] | None = None):
-    """(IndexSet, {normalised question: Example}) for the served dataset or index dir.
+    """(IndexSet, {normalised question: Example}) that a replica serves:
+    - `index_dir` alone: that directory, no gold (answers are logged, not scored);
+    - `index_dir` and `dataset`: that directory, which must hold the dataset's corpus
+      (`check_served_data`), and the dataset's gold;
+    - `dataset` alone (default DEFAULT_DATASET): its indexes, built once under a file lock, and
+      its gold.
     `indexes`: overrides of the directory's stored index settings (IndexSet.open).
     In a Serve replica, one-question encodes run on ONNX Runtime fp32 when it is installed
     (see fast_queries_in_replica)."""
@@ -74,20 +77,45 @@ def open_served_data(dataset: str, index_dir: str | None = None,
 
     with _file_lock(cache_dir() / "indexes" / ".serve.lock"):
         if index_dir:
-            return IndexSet.open(index_dir, indexes=indexes), {}
+            return check_served_data(dataset, index_dir, indexes)
         from rl.common.data import TuningData
 
-        data = TuningData.open(dataset)
-        gold = {normalise_question(e.question): e for e in data.dataset.examples}
+        data = TuningData.open(dataset or DEFAULT_DATASET)
+        gold = gold_by_question(data.dataset.examples)
         if indexes is not None:
             return IndexSet.open(data.indexes.root, indexes=indexes), gold
         return data.indexes, gold
 
 
+def check_served_data(dataset: str | None, index_dir: str,
+                      indexes: dict[str, Any] | None = None):
+    """(IndexSet, gold) of an index directory served as `dataset`: a DataError when it is not
+    an index directory, a ConfigError naming `serve.dataset` when it is named and the directory
+    was built from another corpus (its gold would match none of the served contexts: every score a silent
+    zero). `serving.app.build_app` calls it before any replica starts, so `ragpilot serve` exits
+    2 naming the problem instead of a replica failing to start."""
+    from rag.indexset import IndexSet
+
+    idx = IndexSet.open(index_dir, indexes=indexes)
+    if dataset is None:
+        return idx, {}
+    from rag.corpus.loaders import load_dataset
+
+    ds = load_dataset(dataset)
+    try:
+        idx.check_corpus(ds.corpus, dataset)
+    except CorpusMismatchError as e:
+        raise ConfigError("serve.dataset", f"{index_dir} was built from corpus "
+                          f"{e.index_fingerprint}, not from {dataset}'s ({e.dataset_fingerprint}): "
+                          f"set `dataset` to the dataset the directory was indexed from, or to "
+                          f"null to serve it without gold") from None
+    return idx, gold_by_question(ds.examples)
+
+
 class PipelineService:
     """The replica body, usable without Ray (tests, the benchmark's in-process baseline)."""
 
-    def __init__(self, config: dict[str, Any], dataset: str = "synthetic",
+    def __init__(self, config: dict[str, Any], dataset: str | None = None,
                  index_dir: str | None = None, warmup: bool = True,
                  indexes: dict[str, Any] | None = None):
         configure_runtime_env()

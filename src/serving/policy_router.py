@@ -269,7 +269,8 @@ class SharedRetrievals:
 class PolicyService:
     """The policy deployment's replica body, usable without Ray (module docstring)."""
 
-    def __init__(self, policy_dir: str, dataset: str = "synthetic", index_dir: str | None = None,
+    def __init__(self, policy_dir: str, dataset: str | None = None,
+                 index_dir: str | None = None,
                  epsilon: float | None = None, seed: int = 0, warmup: bool = True,
                  indexes: dict[str, Any] | None = None, candidate_dir: str | None = None,
                  candidate_share: float = 0.0):
@@ -291,8 +292,9 @@ class PolicyService:
         """Pick a config (from the question and `history`, the conversation's earlier turns),
         answer with it: `PipelineService.answer`'s dict plus `policy` (`PolicyPick.to_dict()`)
         and `latency_ms.policy_pick`."""
+        from rag.corpus.hygiene import normalise_question
         from rag.metrics import score_answer
-        from serving.pipelines import SCORE_KEYS, normalise_question
+        from serving.pipelines import SCORE_KEYS
 
         pick = self.router.pick(question, history)
         cfg = self.router.arms[pick.arm]

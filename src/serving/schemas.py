@@ -172,10 +172,13 @@ class IngressSettings(StrictSettings):
 class ServeSettings(StrictSettings):
     SECTION = "serve"
 
-    dataset: str = "synthetic"
-    """Dataset whose indexes the pipelines serve (and whose gold answers score shadows)."""
+    dataset: str | None = None
+    """Dataset whose indexes the pipelines serve and whose gold answers score answers and
+    shadows (unset: `synthetic`, or no dataset when `index_dir` is given)."""
     index_dir: str | None = None
-    """Serve an existing IndexSet directory instead (no gold: shadows are logged, not scored)."""
+    """Serve an existing IndexSet directory instead. Alone: no gold (answers and shadows are
+    logged, not scored). With `dataset`: the directory must be built from that dataset's corpus
+    (checked when the app is built: CorpusMismatchError) and its gold scores them."""
     indexes: dict[str, Any] | None = None
     """Index-backend overrides every replica applies (`rag.index.settings.IndexSettings`: where
     a backend runs, e.g. `faiss_device: gpu` or the OpenSearch URL; the backend itself is

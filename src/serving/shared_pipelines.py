@@ -45,7 +45,7 @@ class SharedPipelineService:
     whose hash is `variant_id`; a mismatch is refused); `warmup`: configs answered once at
     start (models loaded before the replica reports ready)."""
 
-    def __init__(self, dataset: str = "synthetic", index_dir: str | None = None,
+    def __init__(self, dataset: str | None = None, index_dir: str | None = None,
                  indexes: dict[str, Any] | None = None, max_variants: int = 8,
                  warmup: list[dict[str, Any]] | None = None):
         configure_runtime_env()
@@ -104,7 +104,7 @@ class SharedPipelines(SharedPipelineService):
     """Serve deployment answering for every variant (`SharedPipelineService`)."""
 
 
-def bind_shared(dataset: str, index_dir: str | None, options: dict[str, Any],
+def bind_shared(dataset: str | None, index_dir: str | None, options: dict[str, Any],
                 indexes: dict[str, Any] | None, max_variants: int,
                 warmup: list[dict[str, Any]]):
     """The bound shared deployment (`options`: serving.pipelines.deployment_options, so

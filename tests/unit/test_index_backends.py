@@ -455,9 +455,9 @@ def test_serve_replicas_and_launcher_pass_index_settings(tmp_path, tiny_corpus) 
 
     root = tmp_path / "ix"
     IndexSet.create(tiny_corpus, root, indexes={"lexical": "bm25s"}, show_progress=False)
-    idx, gold = open_served_data("synthetic", str(root))
+    idx, gold = open_served_data(None, str(root))
     assert idx.settings.lexical == "bm25s" and gold == {}
-    idx, _ = open_served_data("synthetic", str(root), {"faiss_device": "cpu"})
+    idx, _ = open_served_data(None, str(root), {"faiss_device": "cpu"})
     assert (idx.settings.lexical, idx.settings.faiss_device) == ("bm25s", "cpu")
 
     _, apps = read_serve_yaml(REPO / "configs/serve/default.yaml")
@@ -473,3 +473,36 @@ def test_serve_replicas_and_launcher_pass_index_settings(tmp_path, tiny_corpus) 
     with pytest.raises(ConfigError) as e:
         app_env_vars({"runtime_env": {"env_vars": {"RAGPILOT_FAISS_DEVICE": 1}}})
     assert e.value.field == "applications.0.runtime_env.env_vars"
+
+
+def test_a_served_index_directory_must_hold_the_named_dataset(tmp_path, tiny_corpus) -> None:
+    """`serve.index_dir` with `serve.dataset`: the directory must be built from that dataset's
+    corpus (else its gold matches no served context: every score a silent zero), and then the
+    dataset's gold scores answers; without `dataset` it serves with no gold. The app refuses the
+    mismatch when it is built, before any replica starts."""
+    pytest.importorskip("ray", reason="the rl extra (Ray Serve) is not installed")
+    from rag.corpus.loaders import load_dataset
+    from serving.app import build_app
+    from serving.pipelines import open_served_data
+
+    other = tmp_path / "other"
+    IndexSet.create(tiny_corpus, other, show_progress=False)
+    with pytest.raises(ConfigError) as e:
+        open_served_data("synthetic", str(other))
+    assert e.value.field == "serve.dataset" and "or to null" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        build_app({"dataset": "synthetic", "index_dir": str(other),
+                   "store_url": str(tmp_path / "s.sqlite")})
+    assert e.value.field == "serve.dataset"
+    assert not (tmp_path / "s.sqlite").exists()
+
+    ds = load_dataset("synthetic")
+    own = tmp_path / "own"
+    IndexSet.create(ds.corpus, own, show_progress=False)
+    idx, gold = open_served_data("synthetic", str(own))
+    assert len(gold) == len({e.question.strip().lower() for e in ds.examples}) > 0
+    assert idx.corpus.fingerprint() == ds.corpus.fingerprint()
+    assert open_served_data(None, str(own))[1] == {}
+    with pytest.raises(DataError):
+        build_app({"index_dir": str(tmp_path / "absent"),
+                   "store_url": str(tmp_path / "s.sqlite")})

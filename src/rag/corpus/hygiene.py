@@ -332,3 +332,15 @@ def gold_warnings(rep: dict) -> list[str]:
                    f"reachable gold (e.g. {', '.join(rep['no_reachable_gold_ids'][:3])}): "
                    f"their retrieval scores are 0 by construction")
     return out
+
+
+def normalise_question(q: str) -> str:
+    """Whitespace- and case-insensitive key of a question: how a served or logged question
+    finds its gold (`gold_by_question`)."""
+    return re.sub(r"\s+", " ", q.strip().lower())
+
+
+def gold_by_question(examples: Iterable[Example]) -> dict[str, Example]:
+    """`examples` keyed by `normalise_question`: the gold the Serve replicas score answers with
+    and the promotion replay scores both arms with."""
+    return {normalise_question(e.question): e for e in examples}

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rag.corpus.hygiene import normalise_question
 from rag.errors import ConfigError, DataError
 from rag.pipeline import STAGES
 from rag.types import Answer, Context, Example
@@ -64,12 +64,6 @@ from rl.tuner.settings import Thresholds, TunerSettings
 """Pipeline stages whose logged ms are compared with the candidate's measured ones."""
 PiiHook = Callable[[str, str, Sequence[str]], float]
 """(answer, question, context texts) -> PII leaks of the answer."""
-
-
-def normalise_question(q: str) -> str:
-    """Whitespace- and case-insensitive key of a question (gold lookup; the serving
-    replicas key their gold the same way)."""
-    return re.sub(r"\s+", " ", q.strip().lower())
 
 
 # --------------------------------------------------------------------------- reading the log

@@ -195,11 +195,13 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
     `candidate`: the candidate's RAG config YAML. `stable` (hash or YAML), the gates and SLO
     (`config`) default to the active rollout's in `state_dir`; a candidate or stable that is
     not that rollout's (at stage candidate) is refused. `index`: the served index directory;
-    `dataset`: the served dataset (its indexes without `index`, and gold answers).
+    `dataset`: the served dataset (its indexes without `index`, and gold answers; with `index`,
+    the directory must hold that dataset's corpus: CorpusMismatchError otherwise).
     `pii_penalty`: reward lost per leak (default PII_LEAK_WEIGHT; 0 off), leaks counted by
     `leak_counter` (none: the term is 0)."""
     from rag.config import RAGConfig
-    from rl.promotion.replay import ReplayEvaluator, normalise_question, read_log
+    from rag.corpus.hygiene import gold_by_question
+    from rl.promotion.replay import ReplayEvaluator, read_log
     from rl.promotion.state_machine import PromotionSettings
     from rl.tuner.reward import PII_LEAK_WEIGHT
     from rl.tuner.settings import TunerSettings
@@ -238,14 +240,16 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
         if dataset:
             from rag.corpus.loaders import load_dataset
 
-            examples = load_dataset(dataset).examples
+            ds = load_dataset(dataset)
+            indexes.check_corpus(ds.corpus, dataset)  # its gold would match no context
+            examples = ds.examples
     else:
         from rl.common.data import TuningData
 
         data = TuningData.open(dataset)
         indexes, examples = data.indexes, data.dataset.examples
     if dataset:
-        gold = {normalise_question(e.question): e for e in examples}
+        gold = gold_by_question(examples)
     weight = PII_LEAK_WEIGHT if pii_penalty is None else pii_penalty
     hook = leak_counter if weight else None
     rows, lines = read_log(log)
