@@ -214,16 +214,26 @@ def _resolved(s: ServeSettings) -> ServeSettings:
     return s.model_copy(update={"auth": s.auth.model_copy(update={"keys_file": keys})})
 
 
-def build_app(args: dict[str, Any] | None = None):
-    """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds).
-    A relative `store_url` path is resolved against the current directory."""
-    configure_runtime_env()
+def preflight(args: dict[str, Any] | None = None) -> ServeSettings:
+    """ServeSettings of `args`, checked before anything starts: the settings (ConfigError
+    naming the field) and a served `index_dir` (it must be an index directory, built from
+    `dataset`'s corpus when that is named: `serving.pipelines.check_served_data`), which every
+    replica would otherwise refuse one by one while Serve retries them. `ragpilot serve` calls
+    it before Ray starts."""
     s = _resolved(ServeSettings.from_args(args))
-    roles, configs = _variants(s)
-    if s.index_dir:  # what every replica would refuse, refused here with its message
+    if s.index_dir:
         from serving.pipelines import check_served_data
 
         check_served_data(s.dataset, s.index_dir, s.indexes)
+    return s
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """The application for `args` (ServeSettings as a mapping; what the YAML's `args:` holds),
+    after `preflight`. A relative `store_url` path is resolved against the current directory."""
+    configure_runtime_env()
+    s = preflight(args)
+    roles, configs = _variants(s)
     p = s.pipelines
     opts = deployment_options(p.num_cpus, p.max_ongoing_requests, p.num_replicas,
                               p.autoscaling)

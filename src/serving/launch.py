@@ -156,8 +156,9 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     from ray import serve
 
     from serving import netns
-    from serving.app import build_app
+    from serving.app import build_app, preflight
 
+    preflight(args)  # bad settings or a served index of another corpus: before Ray starts
     proxy = resolve_proxy(proxy)
     if ray.is_initialized() and (proxy == "haproxy") != (os.environ.get(HAPROXY_ENV) == "1"):
         # a cluster this process did not start (or started in the other mode) keeps its proxy
@@ -229,7 +230,11 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
                private_netns: bool = False, proxy: str | None = None) -> int:
     """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
     `PROXIES`."""
+    from serving.app import preflight
+
     http, apps = read_serve_yaml(config)
+    for a in apps:  # every application's settings and served data, before any starts
+        preflight(a.get("args"))
     env_vars = app_env_vars(apps[0])
     host = host or http.get("host") or "127.0.0.1"
     port = int(port or http.get("port") or 8000)

@@ -506,3 +506,25 @@ def test_a_served_index_directory_must_hold_the_named_dataset(tmp_path, tiny_cor
     with pytest.raises(DataError):
         build_app({"index_dir": str(tmp_path / "absent"),
                    "store_url": str(tmp_path / "s.sqlite")})
+
+
+def test_ragpilot_serve_refuses_a_mismatched_index_before_ray_starts(tmp_path, tiny_corpus,
+                                                                      capsys) -> None:
+    pytest.importorskip("ray", reason="the rl extra (Ray Serve) is not installed")
+    import ray
+    import yaml
+
+    from serving.cli import main
+
+    other = tmp_path / "other"
+    IndexSet.create(tiny_corpus, other, show_progress=False)
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(yaml.safe_dump({"applications": [{
+        "name": "ragpilot", "import_path": "serving.app:build_app",
+        "args": {"dataset": "synthetic", "index_dir": str(other),
+                 "store_url": str(tmp_path / "s.sqlite")}}]}))
+    was_up = ray.is_initialized()
+    assert main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "error: serve.dataset:" in err and str(other) in err
+    assert ray.is_initialized() == was_up and not (tmp_path / "s.sqlite").exists()
