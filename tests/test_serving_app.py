@@ -40,8 +40,8 @@ def serve_args(store: Path) -> dict:
             "max_variants": 4, "rollout_dir": str(store.parent / "rollout")}
 
 
-@pytest.fixture(scope="session")
-def served(tmp_path_factory):
+@pytest.fixture(scope="module")  # torn down after this module: a later module starting its own
+def served(tmp_path_factory):    # app on another port would otherwise attach to this one
     import ray
 
     from serving import netns
