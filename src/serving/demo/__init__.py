@@ -24,6 +24,7 @@ on every exit, Ctrl-C included; a busy port is a ConfigError naming the port and
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -91,6 +92,18 @@ def serve_args(out: Path, default: Any, tuned: Any) -> dict[str, Any]:
             "max_variants": 4, "restore_routing": False}
 
 
+def _quiet_weight_loading() -> None:
+    """No "Loading weights" progress bars between the demo's stage lines: transformers' own
+    switch for this process (it reads the environment only when imported) and the environment
+    for the Ray workers and Serve replicas the demo starts."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # no model stack: nothing loads weights
+        return
+    hf_logging.disable_progress_bar()
+
+
 def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
              port: int = 8000, private_netns: bool = False, mlflow: bool = True,
              policy_checkpoint: str | Path | None = None,
@@ -111,6 +124,7 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
         if not console.is_terminal:
             console = Console(width=120)
     live.check_port(port)  # bad input before minutes of work, not after
+    _quiet_weight_loading()
     if policy_checkpoint is not None and not Path(policy_checkpoint).is_dir():
         raise ConfigError("policy_checkpoint", f"{policy_checkpoint} is not a directory (save "
                                                "one with ragpilot tune --method ppo --checkpoint)")
