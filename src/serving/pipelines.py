@@ -91,9 +91,9 @@ def check_served_data(dataset: str | None, index_dir: str,
                       indexes: dict[str, Any] | None = None):
     """(IndexSet, gold) of an index directory served as `dataset`: a DataError when it is not
     an index directory, a ConfigError naming `serve.dataset` when it is named and the directory
-    was built from another corpus (its gold would match none of the served contexts: every score a silent
-    zero). `serving.app.build_app` calls it before any replica starts, so `ragpilot serve` exits
-    2 naming the problem instead of a replica failing to start."""
+    was built from another corpus (its gold would match none of the served contexts: every
+    score a silent zero). `serving.app.preflight` calls it before Ray starts, so `ragpilot
+    serve` exits 2 naming the problem instead of each replica failing to start."""
     from rag.indexset import IndexSet
 
     idx = IndexSet.open(index_dir, indexes=indexes)
