@@ -172,7 +172,7 @@ def test_tune_and_tuner_eval_refuse_a_split_without_reachable_gold(tmp_path, mon
                                                                      capsys):
     """The tuner's entry points check the gold of the splits they score before any search:
     a split whose questions mostly name documents the corpus lacks is refused (exit 2, the
-    dataset, split and flag named), with no summary written. Accepting it on request:
+    dataset, split and flag named), leaving no run directory behind. Accepting it on request:
     tests/test_tune_own_data.py."""
     monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
     d = write_beir(tmp_path / "b", [("q0", "x0", 1), ("q1", "x1", 1), ("q2", "x2", 1),
@@ -181,7 +181,15 @@ def test_tune_and_tuner_eval_refuse_a_split_without_reachable_gold(tmp_path, mon
     assert main(["tune", "--dataset", d, "--no-mlflow", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "b (test split): 2 of 2 questions have no reachable gold" in err  # valid: 1 of 2
-    assert "--allow-missing-gold" in err and not (out / "summary.json").exists()
+    assert "--allow-missing-gold" in err and not out.exists()  # a refused run leaves nothing
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # a directory the user made is kept, and its files
+    assert main(["tune", "--dataset", d, "--no-mlflow", "--out", str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    capsys.readouterr()
+    pol = tmp_path / "policy"
+    assert main(["policy", "train", "--dataset", d, "--out", str(pol)]) == 2
+    assert "no reachable gold" in capsys.readouterr().err and not pol.exists()
     assert main(["tuner-eval", "--dataset", d, "--split", "test"]) == 2
     err = capsys.readouterr().err
     assert "b (test split): " in err and "allow_missing_gold" in err

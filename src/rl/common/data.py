@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag.corpus.loaders import Dataset, load_dataset
-from rag.errors import ConfigError, DataError
+from rag.errors import ConfigError, DataError, RagError
 from rag.indexset import IndexSet
 from rag.models import cache_dir
 from rag.types import Example
@@ -157,6 +158,26 @@ def content_hash(ds: Dataset) -> str:
     for digest in sorted(ds.sources.values()):
         h.update(digest.encode())
     return h.hexdigest()[:16]
+
+
+@contextmanager
+def refused_run_leaves_nothing(out: str | Path) -> Iterator[Path]:
+    """Around a run's set-up (making `out`, opening its data, checking its gold): when the body
+    raises a RagError, the run refused its input before it started, so the split manifest the
+    set-up wrote to `out` goes (the cache keeps its own copy), and so does `out` itself when
+    the set-up created it and nothing else is in it. What was there before is kept."""
+    out = Path(out)
+    made_out, had_split = not out.exists(), (out / OWN_SPLIT_FILE).exists()
+    try:
+        yield out
+    except RagError:
+        if not had_split:
+            with suppress(OSError):  # absent, or `out` is not a directory
+                (out / OWN_SPLIT_FILE).unlink()
+        if made_out:
+            with suppress(OSError):  # absent, or not empty: something else is in it
+                out.rmdir()
+        raise
 
 
 def split_manifest(ds: Dataset, name: str, run_dir: str | Path | None = None

@@ -240,7 +240,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     """Check the input, open `dataset`, and compute every arm's rows and every query's
     features for the roles (`role_indices`); see `train_router_policy` for the errors.
     `log`: one line per stage (and progress while rows are computed), None for silence."""
-    from rl.common.data import TuningData
+    from rl.common.data import TuningData, refused_run_leaves_nothing
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
     from rl.policy.router import CV_FOLDS
@@ -262,16 +262,18 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     for name in compare_to:
         if name not in names:
             raise ConfigError("compare_to", f"{name!r} is not an arm ({', '.join(names)})")
-    try:  # after the checks above: refused input leaves no directory behind
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file there, or above it
-        raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
-    ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
-    # gold the corpus cannot reach: a split mostly without it is refused, the rest counted
-    gold_warnings = [w for s in ev.data.check_gold(list(ev.data.splits), override=None)
-                     for w in ev.data.gold_warnings(s)]
+    # after the checks above; refused data (unreadable, or gold the corpus cannot reach for
+    # most of a split) leaves no directory behind either, the rest of the gold is counted
+    with refused_run_leaves_nothing(out) as out:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file there, or above it
+            raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
+        ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+        gold_warnings = [w for s in ev.data.check_gold(list(ev.data.splits), override=None)
+                         for w in ev.data.gold_warnings(s)]
     # conversational data: each arm also per query formulation, and the features that tell
     # how each formulation retrieves (bench/router_formulation.py: together, not alone)
     views = conversation_views(ev.data.dataset.examples)

@@ -230,23 +230,23 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     `warnings.warn`) and into summary.json's `gold`."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
-    from rl.common.data import TuningData
+    from rl.common.data import TuningData, refused_run_leaves_nothing
     from rl.tuner.evaluator import TunerEvaluator
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
     check(method, budget, unit, resume=resume, checkpoint=checkpoint)
     unit = unit or default_unit(method)
-    out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file there, or above it
-        raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
-    ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
-    gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
-                              allow_missing_gold)
+    with refused_run_leaves_nothing(out) as out:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file there, or above it
+            raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
+        ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
+        gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
+                                  allow_missing_gold)
     warn = on_warning or (lambda m: warnings.warn(m, UserWarning, stacklevel=3))
     for split in gold:
         for w in ev.data.gold_warnings(split):
