@@ -161,14 +161,19 @@ def content_hash(ds: Dataset) -> str:
 
 
 @contextmanager
-def refused_run_leaves_nothing(out: str | Path) -> Iterator[Path]:
-    """Around a run's set-up (making `out`, opening its data, checking its gold): when the body
-    raises a RagError, the run refused its input before it started, so the split manifest the
-    set-up wrote to `out` goes (the cache keeps its own copy), and so does `out` itself when
-    the set-up created it and nothing else is in it. What was there before is kept."""
+def run_directory(out: str | Path) -> Iterator[Path]:
+    """`out`, made for a run (ConfigError naming `out` when it cannot be a directory), around
+    the run's set-up (opening its data, checking its gold). When the body raises a RagError the
+    run refused its input before it started, so the split manifest the set-up wrote to `out`
+    goes (the cache keeps its own copy), and so does `out` itself when this made it and nothing
+    else is in it. What was there before is kept."""
     out = Path(out)
     made_out, had_split = not out.exists(), (out / OWN_SPLIT_FILE).exists()
     try:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file there, or above it
+            raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
         yield out
     except RagError:
         if not had_split:

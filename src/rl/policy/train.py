@@ -240,7 +240,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     """Check the input, open `dataset`, and compute every arm's rows and every query's
     features for the roles (`role_indices`); see `train_router_policy` for the errors.
     `log`: one line per stage (and progress while rows are computed), None for silence."""
-    from rl.common.data import TuningData, refused_run_leaves_nothing
+    from rl.common.data import TuningData, run_directory
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
     from rl.policy.router import CV_FOLDS
@@ -266,11 +266,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
         dataset = str(Path(dataset).resolve())
     # after the checks above; refused data (unreadable, or gold the corpus cannot reach for
     # most of a split) leaves no directory behind either, the rest of the gold is counted
-    with refused_run_leaves_nothing(out) as out:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file there, or above it
-            raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
+    with run_directory(out) as out:
         ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
         gold_warnings = [w for s in ev.data.check_gold(list(ev.data.splits), override=None)
                          for w in ev.data.gold_warnings(s)]

@@ -230,7 +230,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     `warnings.warn`) and into summary.json's `gold`."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
-    from rl.common.data import TuningData, refused_run_leaves_nothing
+    from rl.common.data import TuningData, run_directory
     from rl.tuner.evaluator import TunerEvaluator
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
@@ -239,11 +239,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     unit = unit or default_unit(method)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
-    with refused_run_leaves_nothing(out) as out:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file there, or above it
-            raise ConfigError("out", f"cannot create directory {out}: {exc.strerror}") from None
+    with run_directory(out) as out:
         ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
         gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
                                   allow_missing_gold)
