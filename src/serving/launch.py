@@ -147,8 +147,10 @@ def _haproxy_env() -> None:
 def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 8000,
                 name: str = "ragpilot", route_prefix: str = "/", private_netns: bool = False,
                 log_to_driver: bool = False, env_vars: dict[str, str] | None = None,
-                proxy: str | None = None) -> str:
+                proxy: str | None = None, app: Any = None) -> str:
     """Start Ray + Serve in this process and deploy the app; returns its base URL once ready.
+    The app (`app`, else `build_app(args)`) is built first, so bad settings or a served index
+    of another corpus (`serving.app.preflight`) are refused before Ray starts.
     With `private_netns`, first move into a private network namespace (if permitted).
     `env_vars` go into the job's runtime_env, which every replica inherits. `proxy`: `serve`
     or `haproxy` (`PROXIES`; None: `resolve_proxy`'s default)."""
@@ -156,9 +158,10 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
     from ray import serve
 
     from serving import netns
-    from serving.app import build_app, preflight
+    from serving.app import build_app
 
-    preflight(args)  # bad settings or a served index of another corpus: before Ray starts
+    if app is None:
+        app = build_app(args)
     proxy = resolve_proxy(proxy)
     if ray.is_initialized() and (proxy == "haproxy") != (os.environ.get(HAPROXY_ENV) == "1"):
         # a cluster this process did not start (or started in the other mode) keeps its proxy
@@ -183,7 +186,7 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
         ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": _access_log(args)})
-    serve.run(build_app(args), name=name, route_prefix=route_prefix)
+    serve.run(app, name=name, route_prefix=route_prefix)
     return f"http://{host}:{port}"
 
 
@@ -230,11 +233,12 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
                private_netns: bool = False, proxy: str | None = None) -> int:
     """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
     `PROXIES`."""
-    from serving.app import preflight
+    from ray import serve
+
+    from serving.app import build_app
 
     http, apps = read_serve_yaml(config)
-    for a in apps:  # every application's settings and served data, before any starts
-        preflight(a.get("args"))
+    built = [build_app(a.get("args")) for a in apps]  # every one checked before any starts
     env_vars = app_env_vars(apps[0])
     host = host or http.get("host") or "127.0.0.1"
     port = int(port or http.get("port") or 8000)
@@ -243,13 +247,9 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
         if i == 0:
             url = start_local(a.get("args"), host, port, a.get("name", "ragpilot"),
                               a.get("route_prefix", "/"), private_netns, log_to_driver=True,
-                              env_vars=env_vars, proxy=proxy)
+                              env_vars=env_vars, proxy=proxy, app=built[0])
         else:
-            from ray import serve
-
-            from serving.app import build_app
-
-            serve.run(build_app(a.get("args")), name=a.get("name", f"app{i}"),
+            serve.run(built[i], name=a.get("name", f"app{i}"),
                       route_prefix=a.get("route_prefix"))
     print(f"ragpilot serving at {url} (docs: {url}/docs; proxy: {resolve_proxy(proxy)}); "
           "Ctrl-C or SIGTERM stops it",

@@ -178,7 +178,8 @@ class ServeSettings(StrictSettings):
     index_dir: str | None = None
     """Serve an existing IndexSet directory instead. Alone: no gold (answers and shadows are
     logged, not scored). With `dataset`: the directory must be built from that dataset's corpus
-    (checked when the app is built: CorpusMismatchError) and its gold scores them."""
+    (checked before Ray starts: a ConfigError naming `serve.dataset`) and its gold scores
+    them."""
     indexes: dict[str, Any] | None = None
     """Index-backend overrides every replica applies (`rag.index.settings.IndexSettings`: where
     a backend runs, e.g. `faiss_device: gpu` or the OpenSearch URL; the backend itself is
