@@ -37,7 +37,8 @@ def serve_args(store: Path) -> dict:
             # the token bucket is tested in-process (test_serving_auth.py), the queue here
             "limits": {"max_inflight": 8, "rate_per_s": 1000.0, "burst": 1000.0},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
-            "max_variants": 4, "rollout_dir": str(store.parent / "rollout")}
+            "max_variants": 4, "rollout_dir": str(store.parent / "rollout"),
+            "eval_datasets": ["synthetic", str(store.parent / "datasets")]}
 
 
 @pytest.fixture(scope="module")  # torn down after this module: a later module starting its own
@@ -55,6 +56,7 @@ def served(tmp_path_factory):    # app on another port would otherwise attach to
     from serving.auth import KeyFile
 
     store = tmp_path_factory.mktemp("serve") / "interactions.sqlite"
+    (store.parent / "datasets").mkdir()  # serve.eval_datasets lists it
     token, _ = KeyFile(store.parent / "keys.json").create("admin", name="test")
     t0 = time.perf_counter()
     url = start_local(serve_args(store), port=netns.free_port())
@@ -244,12 +246,18 @@ def test_new_canary_config_is_deployed_at_run_time(served):
 
 
 def test_tuner_evaluate_job_completes(served):
-    client, _ = served
+    client, store = served
+    missing = store.parent / "datasets" / "missing.jsonl"  # allowed (under a listed folder)
     r = client.post("/tuner/evaluate", json={"config": {"variant": "bm25"}, "dataset":
                                              "synthetic", "split": "valid", "batch_size": 20})
     assert r.status_code == 202
     job_id = r.json()["job_id"]
-    bad = client.post("/tuner/evaluate", json={"config": {}, "dataset": "no-such-dataset"})
+    # a dataset outside serve.eval_datasets is refused before a job starts (the server would
+    # otherwise read any path it is sent); an allowed one that fails to load fails as a job
+    refused = client.post("/tuner/evaluate", json={"config": {}, "dataset": "/etc/passwd"})
+    assert refused.status_code == 403 and refused.json()["field"] == "dataset", refused.text
+    assert "serve.eval_datasets" in refused.json()["error"]
+    bad = client.post("/tuner/evaluate", json={"config": {}, "dataset": str(missing)})
 
     def wait(jid: str) -> dict:
         deadline = time.time() + 240
@@ -266,7 +274,7 @@ def test_tuner_evaluate_job_completes(served):
     assert res["n"] == 20 and res["config_hash"] == CANARY_ID and "passed" in res["gates"]
     assert res["warnings"] == []  # the synthetic world's gold is all in its corpus
     failed = wait(bad.json()["job_id"])
-    assert failed["status"] == "failed" and "no-such-dataset" in failed["error"], failed
+    assert failed["status"] == "failed" and missing.name in failed["error"], failed
 
 
 def test_stats_leaderboard_and_metrics(served):

@@ -34,6 +34,10 @@ class TunerRoutes:
         if body.batch_size is not None and body.batch_size > cap:
             raise ApiError("batch_size", f"is {body.batch_size}; the limit is {cap} "
                                          "(limits.max_batch_size)")
+        if not self.settings.allows_eval(body.dataset):
+            raise ApiError("dataset", f"{body.dataset!r} is not one this server evaluates: "
+                                      "add it to serve.eval_datasets (a name, file or folder)",
+                           403)
         cfg = self._limited_config(body.config, "config")
         job = self.jobs.submit({"config": cfg.model_dump(mode="json"), "dataset": body.dataset,
                                 "split": body.split, "batch_size": body.batch_size,

@@ -11,11 +11,13 @@ ends in `_ms`; rewards in [0, 1].
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from rag.config import RAGConfig
+from rag.corpus.loaders import BUILTIN_DATASETS
 from rag.errors import RagError
 from rag.settings_base import StrictSettings
 from rl.tuner.reward import PII_LEAK_WEIGHT
@@ -207,6 +209,11 @@ class ServeSettings(StrictSettings):
     """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
     max_jobs: int = Field(256, ge=1)
     """Finished tuner jobs kept in memory (oldest forgotten first)."""
+    eval_datasets: list[str] = Field(default_factory=lambda: list(BUILTIN_DATASETS))
+    """What `POST /tuner/evaluate` may read as its `dataset`: built-in names, dataset files and
+    folders (a folder allows everything under it), paths relative to the server's working
+    directory. `dataset` above is always allowed. Anything else is refused with 403
+    `dataset`: the endpoint would otherwise read any file the server can (`allows_eval`)."""
     restore_routing: bool = True
     """At start-up, serve the split last set at run time (`/admin/traffic`, `/admin/rollout/*`;
     kept in the store) when these args' stable/canary/shadow/traffic are unchanged since;
@@ -232,6 +239,23 @@ class ServeSettings(StrictSettings):
         if self.traffic.mode == "policy" and self.policy is None:
             raise ValueError("traffic.mode policy needs a `policy:` section (policy.dir)")
         return self
+
+    def allows_eval(self, dataset: str) -> bool:
+        """Whether `POST /tuner/evaluate` may read `dataset` (`eval_datasets`, plus the served
+        `dataset`). A built-in name matches only itself; a path is resolved (symlinks and `..`
+        included) and must be an allowed path or lie under an allowed folder, so a listed
+        folder cannot be left through `../` or a link."""
+        allowed = [*self.eval_datasets, *([self.dataset] if self.dataset else [])]
+        if dataset in BUILTIN_DATASETS:
+            return dataset in allowed
+        target = Path(dataset).resolve()
+        for entry in allowed:
+            if entry in BUILTIN_DATASETS:
+                continue
+            root = Path(entry).resolve()
+            if target == root or (root.is_dir() and target.is_relative_to(root)):
+                return True
+        return False
 
     def config(self, overrides: dict[str, Any], where: str = "config") -> RAGConfig:
         """`base` + `overrides` as a validated RAGConfig (errors name `where.<key>`)."""

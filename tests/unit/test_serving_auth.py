@@ -205,6 +205,7 @@ def test_input_limits_name_the_field(client):
              ("/query", {"question": "x", "k": 3}, 422, "k", {}),
              ("/tuner/evaluate", {"batch_size": 51}, 422, "batch_size", admin),
              ("/tuner/evaluate", {"config": {"k": 11}}, 422, "config.k", admin),
+             ("/tuner/evaluate", {"dataset": "/etc/passwd"}, 403, "dataset", admin),
              ("/admin/traffic", {"canary_config": {"k": 12}}, 422, "canary_config.k", admin),
              ("/feedback", {"interaction_id": "a", "reward": "high"}, 422, "reward", {})]
     for path, body, status, field, headers in cases:

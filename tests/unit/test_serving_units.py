@@ -131,6 +131,35 @@ def test_settings_validate_and_name_the_key():
         assert e.value.field == field, (args, e.value)
 
 
+def test_tuner_evaluate_reads_only_allowed_datasets(tmp_path, monkeypatch):
+    """`POST /tuner/evaluate` names a dataset the server then reads: only built-in names,
+    `serve.eval_datasets` entries (a folder allows what lies under it, not beside it, and not
+    through `..` or a link) and the served `dataset` are allowed."""
+    monkeypatch.chdir(tmp_path)
+    mine, other = tmp_path / "data" / "mine", tmp_path / "data" / "other"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+        (d / "corpus.jsonl").write_text("{}\n")
+    (mine / "escape").symlink_to(other)
+    default = ServeSettings.from_args(None)
+    assert all(default.allows_eval(n) for n in ("synthetic", "hotpotqa", "scifact", "mtrag"))
+    for refused in ("/etc/passwd", str(mine), "data/mine/corpus.jsonl", "no-such-dataset"):
+        assert not default.allows_eval(refused), refused
+    s = ServeSettings.from_args({"eval_datasets": ["synthetic", "data/mine"]})
+    assert s.allows_eval("synthetic") and not s.allows_eval("hotpotqa")
+    assert s.allows_eval(str(mine)) and s.allows_eval("data/mine/corpus.jsonl")
+    assert s.allows_eval(str(mine / "new.jsonl"))  # not there yet: the job names it missing
+    for refused in (str(other / "corpus.jsonl"), "data/mine/../other/corpus.jsonl",
+                    str(mine / "escape" / "corpus.jsonl"), "data/mine-2", "/etc/passwd"):
+        assert not s.allows_eval(refused), refused
+    served = ServeSettings.from_args({"dataset": "data/other/corpus.jsonl", "eval_datasets": []})
+    assert served.allows_eval(str(other / "corpus.jsonl")) and not served.allows_eval("synthetic")
+    assert not served.allows_eval(str(other))  # a file entry allows that file only
+    with pytest.raises(ConfigError) as e:
+        ServeSettings.from_args({"eval_datasets": "synthetic"})
+    assert e.value.field == "serve.eval_datasets"
+
+
 def test_serve_indexes_section_reaches_every_replica(tmp_path, monkeypatch):
     """`args.indexes` (where index backends run) is validated at load and passed to every
     pipeline the app builds, the local in-process path included."""
