@@ -1,6 +1,7 @@
 """The FastAPI application object of the ragpilot ingress and what wraps every route: error
 bodies (`{"error": "<field>: <message>", "field": ...}`: 422 for validation and ConfigError,
-ApiError's own status), request counting, API keys and the body-size limit.
+ApiError's own status, and Starlette's own errors: 400 `body`, 404 `path`, 405 `method`), request
+counting, API keys and the body-size limit.
 
 serving.app declares the routes on `api` (class-based, on `Ingress`); their handlers live in
 serving.routes_query, routes_admin, routes_tuner and routes_ops.
@@ -13,9 +14,9 @@ import socket
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag.errors import ConfigError
 from serving.auth import AuthMiddleware, current_guard, route_path
@@ -39,15 +40,42 @@ def _error(status: int, field: str, message: str, **extra: Any) -> JSONResponse:
 @api.exception_handler(RequestValidationError)
 async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
     err = exc.errors()[0]
-    field = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+    # a union's member ("dict[str,any]", "str") is not a field: `canary_config`, not
+    # `canary_config.dict[str,any]`
+    field = ".".join(str(x) for x in err.get("loc", ())
+                     if x != "body" and not _union_tag(x)) or "body"
     if err.get("type") == "json_invalid":
         field = "body"
-    return _error(422, field, err.get("msg", "invalid"), detail=jsonable_encoder(exc.errors()))
+    # where, what and why of each error, never the input itself: it may not be renderable as
+    # JSON (NaN, a lone surrogate) and echoing a client's payload back helps nobody
+    detail = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
+               "type": str(e.get("type", ""))} for e in exc.errors()]
+    return _error(422, field, str(err.get("msg", "invalid")), detail=detail)
+
+
+def _union_tag(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in (
+        "str", "int", "float", "bool", "none", "dict", "list"))
 
 
 @api.exception_handler(ApiError)
 async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return _error(exc.status, exc.field, exc.message)
+    response = _error(exc.status, exc.field, exc.message)
+    response.headers.update(exc.headers or {})
+    return response
+
+
+_HTTP_FIELDS = {400: "body", 404: "path", 405: "method"}
+"""The field an HTTP error of Starlette's names (a body it could not parse, a path or method
+the app does not have)."""
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    response = _error(exc.status_code, _HTTP_FIELDS.get(exc.status_code, "request"),
+                      str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
 
 
 @api.exception_handler(ConfigError)

@@ -115,9 +115,9 @@ class Router:
             if mode is not None:
                 changes["mode"] = mode
             if canary_percent is not None:
-                changes["canary_percent"] = float(canary_percent)
+                changes["canary_percent"] = float(canary_percent) + 0.0  # -0.0 -> 0.0
             if shadow_percent is not None:
-                changes["shadow_percent"] = float(shadow_percent)
+                changes["shadow_percent"] = float(shadow_percent) + 0.0
             self.traffic = TrafficSettings(**{**self.traffic.model_dump(), **changes})
             if canary is not False:
                 self.canary = canary  # type: ignore[assignment]

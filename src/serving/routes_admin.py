@@ -131,9 +131,15 @@ class AdminRoutes:
             if vid is not None and vid not in self.handles:
                 raise ApiError(name, f"no deployed variant {vid!r} (have: "
                                      f"{', '.join(sorted(self.handles))})", 404)
-        sm = rollouts.start(self.settings.rollout_dir, body.candidate,
-                            body.stable or self.router.stable, body.manifest_id,
-                            force=body.force)
+        try:
+            sm = rollouts.start(self.settings.rollout_dir, body.candidate,
+                                body.stable or self.router.stable, body.manifest_id,
+                                force=body.force)
+        except ConfigError as exc:
+            if exc.field == "state":  # an unfinished rollout: a conflict `force` resolves
+                raise ApiError("force", exc.message.replace("pass --force",
+                                                            "send force: true"), 409) from None
+            raise
         return {"rollout_id": sm.state.rollout_id, "stage": sm.stage,
                 "traffic": self._apply_rollout_traffic(sm, "rollout/start")}
 
@@ -150,8 +156,9 @@ class AdminRoutes:
         for i, r in enumerate(body.reports):
             try:
                 evidence.reports.append(EvaluationReport.from_dict(r))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ApiError(f"reports.{i}", f"not an EvaluationReport: {exc}") from None
+            except ConfigError as exc:  # report.<key> -> reports.<i>.<key>
+                raise ApiError(f"reports.{i}{exc.field.removeprefix('report')}",
+                               exc.message) from None
         if body.from_log:
             import tempfile
 
@@ -167,51 +174,78 @@ class AdminRoutes:
         return {**out, "notes": evidence.notes} if evidence.notes else out
 
     async def _rollout_rollback(self, body: RolloutRollbackRequest) -> dict[str, Any]:
+        """Roll back now (from any stage, `full` included); 409 when it already was, and the
+        live split is left alone (a router changed by hand since stays as it is)."""
         sm = self._rollout()
-        d = rollouts.rollback(sm, f"manual (API): {body.reason}")
+        if sm.stage == "rolled_back":
+            raise ApiError("rollout", "already rolled back; start a new one", 409)
+        d = rollouts.rollback(sm, f"manual (API): {rollouts.check_reason(body.reason)}")
         return {"decision": rollouts.decision_record(d), "stage": sm.stage,
                 "traffic": self._apply_rollout_traffic(sm, "rollout/rollback")}
 
     async def _set_traffic(self, body: TrafficRequest) -> dict[str, Any]:
+        """Every part of the request is checked before anything changes: a refused request
+        deploys no variant and leaves the split as it was."""
         given = body.model_fields_set
-        canary: Any = False
-        shadow: Any = False
-        stable: Any = False
-        if "stable" in given:
-            if body.stable is None:
-                raise ApiError("stable", "cannot be removed (something must serve); send a "
-                                         "variant id or config overrides")
-            stable = await self._variant_for(body.stable, "stable")
-        if "canary_config" in given:
-            canary = await self._variant_for(body.canary_config, "canary_config")
-        if "shadow_config" in given:
-            shadow = await self._variant_for(body.shadow_config, "shadow_config")
+        if "stable" in given and body.stable is None:
+            raise ApiError("stable", "cannot be removed (something must serve); send a "
+                                     "variant id or config overrides")
+        if body.mode == "policy" and self.policy_handle is None:
+            raise ApiError("mode", "policy needs a policy deployment (the app's `policy:` "
+                                   "section); this app has none", 409)
+        specs = {f: getattr(body, f) for f in ("stable", "canary_config", "shadow_config")
+                 if f in given}
+        checked = {f: self._check_variant(spec, f) for f, spec in specs.items()}
+        self._check_split(body, {f: h for f, (h, _) in checked.items()})
+        async with self._deploy_lock:
+            new = {h: (f, cfg) for f, (h, cfg) in checked.items()
+                   if cfg is not None and h not in self.handles}
+            if new and len(self.handles) + len(new) > self.settings.max_variants:
+                field = next(iter(new.values()))[0]
+                raise ApiError(field, f"already {len(self.handles)} variants deployed and "
+                                      f"this adds {len(new)} (max_variants "
+                                      f"{self.settings.max_variants}); reuse one by its id",
+                               409)
+            for h, (_, cfg) in new.items():
+                self.handles[h] = await asyncio.to_thread(self._deploy, cfg)
+                self.configs[h] = cfg.model_dump(mode="json")
+                if not self._explicit_arms:
+                    self.router.add_arm(h)
+        ids = {f: h for f, (h, _) in checked.items()}
         return self._change_routing("admin/traffic", lambda: self.router.set_traffic(
-            body.mode, body.canary_percent, body.shadow_percent, canary, shadow,
-            stable=stable))
+            body.mode, body.canary_percent, body.shadow_percent,
+            ids.get("canary_config", False), ids.get("shadow_config", False),
+            stable=ids.get("stable", False)))
 
-    async def _variant_for(self, spec: dict[str, Any] | str | None, field: str) -> str | None:
-        """A deployed variant id for `spec` (a hash, or overrides deployed on demand)."""
+    def _check_split(self, body: TrafficRequest, ids: dict[str, str | None]) -> None:
+        """Refuse a split that would not do what it says: a percentage this request sets above
+        0 for a canary or shadow that will not exist, or a canary or shadow that is the stable
+        variant itself (its traffic would measure nothing)."""
+        stable = ids.get("stable") or self.router.stable
+        for role, pct in (("canary", body.canary_percent), ("shadow", body.shadow_percent)):
+            field = f"{role}_config"
+            variant = ids[field] if field in ids else getattr(self.router, role)
+            if pct and variant is None:
+                raise ApiError(f"{role}_percent", f"is {pct:g} but no {role} variant is set "
+                                                  f"(send {field} too)")
+            if field in ids and variant is not None and variant == stable:
+                raise ApiError(field, f"is the stable variant {stable}; a {role} must differ "
+                                      "from what it is compared with")
+
+    def _check_variant(self, spec: dict[str, Any] | str | None,
+                       field: str) -> tuple[str | None, RAGConfig | None]:
+        """(variant id, the config to deploy when it is new) for `spec`: a deployed variant's
+        id, config overrides (validated, `k` within the limit) or None (remove). Deploys
+        nothing."""
         if spec is None:
-            return None
+            return None, None
         if isinstance(spec, str):
             if spec not in self.handles:
                 raise ConfigError(field, f"no deployed variant {spec!r} (have: "
                                          f"{', '.join(sorted(self.handles))})")
-            return spec
+            return spec, None
         cfg = self._limited_config(spec, field)
-        h = cfg.config_hash
-        async with self._deploy_lock:
-            if h in self.handles:
-                return h
-            if len(self.handles) >= self.settings.max_variants:
-                raise ApiError(field, f"already {len(self.handles)} variants deployed "
-                                        f"(max_variants); reuse one by its id", 409)
-            self.handles[h] = await asyncio.to_thread(self._deploy, cfg)
-            self.configs[h] = cfg.model_dump(mode="json")
-            if not self._explicit_arms:
-                self.router.add_arm(h)
-        return h
+        return cfg.config_hash, cfg
 
     def _deploy(self, cfg: RAGConfig):
         """A handle for `cfg` on the shared pipeline deployment (serving.shared_pipelines): a
@@ -233,5 +267,16 @@ class AdminRoutes:
         cap = self.settings.limits.max_k
         if cfg.k > cap:
             raise ApiError(f"{field}.k", f"is {cfg.k}; the limit is {cap} (limits.max_k)")
+        if cfg.generator != "extractive":  # else every request to it would fail (502)
+            from rag.errors import ModelNotFoundError
+            from rag.models import default_registry
+
+            try:
+                kind = default_registry().get(cfg.generator).kind
+            except ModelNotFoundError as exc:
+                raise ApiError(f"{field}.generator", str(exc)) from None
+            if kind != "generator":
+                raise ApiError(f"{field}.generator", f"{cfg.generator!r} is a {kind}, not a "
+                                                     "generator")
         return cfg
 

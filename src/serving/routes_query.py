@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
 from rag.errors import ConfigError
 from serving.api import log
@@ -53,9 +53,8 @@ class QueryRoutes:
         await self._rate_limit(request)
         if not self.gate.try_enter():
             self.metrics.rejected.labels("queue_full").inc()
-            raise HTTPException(429, detail=f"server busy: {self.gate.limit} requests in flight",
-                                headers={"Retry-After": retry_after_header(
-                                    self.gate.retry_after_s)})
+            raise ApiError("server", f"busy: {self.gate.limit} requests in flight", 429,
+                           headers={"Retry-After": retry_after_header(self.gate.retry_after_s)})
         self.metrics.inflight.set(self.gate.inflight)
         try:
             return await self._answer(body)
@@ -85,9 +84,9 @@ class QueryRoutes:
                 if getattr(self.limiter, "blocking", False) else self.limiter.acquire(client))
         if wait > 0:
             self.metrics.rejected.labels("rate_limit").inc()
-            raise HTTPException(429, detail=f"rate limit: {self.settings.limits.rate_per_s:g} "
-                                f"requests/s per client", headers={
-                                    "Retry-After": retry_after_header(wait)})
+            raise ApiError("client", f"rate limit: {self.settings.limits.rate_per_s:g} "
+                                     "requests/s per client", 429,
+                           headers={"Retry-After": retry_after_header(wait)})
 
     async def _answer(self, body: QueryRequest) -> QueryResponse:
         if getattr(self, "_policy_mode", lambda: False)():  # serving.routes_policy

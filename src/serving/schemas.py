@@ -11,10 +11,11 @@ ends in `_ms`; rewards in [0, 1].
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag.config import RAGConfig
 from rag.corpus.loaders import BUILTIN_DATASETS
@@ -25,10 +26,13 @@ from rl.tuner.reward import PII_LEAK_WEIGHT
 
 class ApiError(RagError):
     """A request the API refuses: `field` names the offending request field, `status` is the
-    HTTP code (404 unknown id, 409 conflict, 422 invalid value)."""
+    HTTP code (404 unknown id, 409 conflict, 422 invalid value, 429 with `headers`
+    Retry-After)."""
 
-    def __init__(self, field: str, message: str, status: int = 422):
+    def __init__(self, field: str, message: str, status: int = 422,
+                 headers: dict[str, str] | None = None):
         self.field, self.message, self.status = field, message, status
+        self.headers = headers
         super().__init__(f"{field}: {message}")
 
 
@@ -276,14 +280,49 @@ MAX_TURNS = 50
 """Earlier turns a query may carry (`QueryRequest.history`)."""
 
 
-class Turn(StrictSettings):
+def _valid_json(value: Any) -> None:
+    """Raise ValueError for a lone surrogate (JSON's `\\ud800`: Python decodes it, but it
+    cannot be stored, logged or answered as UTF-8) or a non-finite number (NaN, Infinity,
+    1e999) anywhere in `value`, nested config mappings included."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("is not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"holds {value!r}: numbers must be finite")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _valid_json(k)
+            _valid_json(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _valid_json(v)
+
+
+class RequestBody(StrictSettings):
+    """A request body: unknown keys refused (StrictSettings), no coercion (`"0.5"` or `true`
+    is not a number, `"yes"` not a boolean), finite numbers only (JSON's NaN, Infinity and
+    1e999 are refused, inside config mappings too) and valid Unicode, each as a 422 naming
+    the field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode(cls, v: Any) -> Any:
+        _valid_json(v)
+        return v
+
+
+class Turn(RequestBody):
     """One earlier turn of a conversation: who spoke and what."""
 
     role: Literal["user", "agent", "assistant"]
     text: str = Field(max_length=4000)
 
 
-class QueryRequest(StrictSettings):
+class QueryRequest(RequestBody):
     question: str = Field(min_length=1, max_length=4000)
     user_id: str | None = Field(None, max_length=200)
     session_id: str | None = Field(None, max_length=200)
@@ -330,13 +369,13 @@ class QueryResponse(BaseModel):
     tokens_out: int
 
 
-class FeedbackRequest(StrictSettings):
+class FeedbackRequest(RequestBody):
     interaction_id: str = Field(min_length=1, max_length=64)
     reward: float = Field(ge=0.0, le=1.0)
     """User-perceived quality in [0, 1]."""
 
 
-class TrafficRequest(StrictSettings):
+class TrafficRequest(RequestBody):
     """Any field left out keeps its current value; a config is RAGConfig overrides on top of
     `base` or the variant id (config hash) of a deployed pipeline; null removes it (not for
     `stable`: something must serve)."""
@@ -351,17 +390,22 @@ class TrafficRequest(StrictSettings):
     rollback from `full`); validated and deployed like `canary_config`."""
 
 
-class RolloutStartRequest(StrictSettings):
-    candidate: str = Field(min_length=1, max_length=64)
+ID_PATTERN = r"^[A-Za-z0-9_.:@-]+$"
+"""What a variant or manifest id may hold (`rl.promotion.service`'s ids): it is written to the
+rollout's state and audit log."""
+
+
+class RolloutStartRequest(RequestBody):
+    candidate: str = Field(min_length=1, max_length=64, pattern=ID_PATTERN)
     """Variant id (config hash) of a deployed pipeline to promote."""
-    stable: str | None = Field(None, max_length=64)
+    stable: str | None = Field(None, min_length=1, max_length=64, pattern=ID_PATTERN)
     """Variant id it is compared with (default: the router's stable)."""
-    manifest_id: str = Field("unknown", max_length=128)
+    manifest_id: str = Field("unknown", min_length=1, max_length=128, pattern=ID_PATTERN)
     force: bool = False
     """Replace an unfinished rollout."""
 
 
-class RolloutAdvanceRequest(StrictSettings):
+class RolloutAdvanceRequest(RequestBody):
     reports: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
     """EvaluationReport objects (rl.promotion.evaluators) to observe before trying to advance."""
     from_log: bool = False
@@ -369,11 +413,11 @@ class RolloutAdvanceRequest(StrictSettings):
     batch counted)."""
 
 
-class RolloutRollbackRequest(StrictSettings):
+class RolloutRollbackRequest(RequestBody):
     reason: str = Field(min_length=1, max_length=500)
 
 
-class EvaluateRequest(StrictSettings):
+class EvaluateRequest(RequestBody):
     config: dict[str, Any] = Field(default_factory=dict)
     """RAGConfig overrides on top of the app's `base`."""
     dataset: str = "synthetic"

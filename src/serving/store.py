@@ -125,19 +125,23 @@ class InteractionStore:
 
     def add_feedback(self, interaction_id: str, reward: float) -> FeedbackAck:
         """Validate and store one reward in [0, 1] for a served (non-shadow) interaction.
-        Raises StoreError naming the field: 404 unknown id, 409 already rated, 422 shadow id
-        or reward out of range. Nothing already stored is touched."""
+        Raises StoreError naming the field: 404 unknown id, 409 already rated or a request
+        that failed (the user got no answer to rate, and the bandit must not learn a reward for
+        one), 422 shadow id or reward out of range. Nothing already stored is touched."""
         if not isinstance(reward, int | float) or not math.isfinite(reward) \
                 or not 0.0 <= reward <= 1.0:
             raise StoreError("reward", f"must be a number in [0, 1], got {reward!r}")
-        rows = self._read("SELECT variant_id, route, category, shadow, scores FROM "
+        rows = self._read("SELECT variant_id, route, category, shadow, scores, error FROM "
                           "interactions WHERE id = :id", {"id": interaction_id})
         if not rows:
             raise StoreError("interaction_id", f"unknown interaction {interaction_id!r}", 404)
-        variant, route, category, shadow, scores = rows[0]
+        variant, route, category, shadow, scores, error = rows[0]
         if shadow:
             raise StoreError("interaction_id", "is a shadow interaction (never shown to a "
                                                "user); rate the served one", 422)
+        if error:
+            raise StoreError("interaction_id", "failed (the request got an error, not an "
+                                               "answer): there is nothing to rate", 409)
         try:
             self._write([("INSERT INTO feedback (interaction_id, reward, ts) VALUES "
                           "(:iid, :reward, :ts)",

@@ -81,7 +81,8 @@ def test_changing_user_id_does_not_escape_the_rate_limit(tmp_path):
                                         "session_id": f"s{i}"}).status_code for i in range(3)]
         assert codes == [200, 200, 200]
         r = c.post("/query", json={"question": "Who?", "user_id": "brand-new-user"})
-        assert r.status_code == 429 and "rate limit" in r.json()["detail"]
+        assert r.status_code == 429 and r.json()["field"] == "client"
+        assert "rate limit" in r.json()["error"]
         assert int(r.headers["Retry-After"]) >= 1
         # a made-up API key is not an identity: still the address's (empty) bucket
         fake = c.post("/query", json={"question": "Who?"},
@@ -102,7 +103,7 @@ def test_feedback_is_rate_limited_with_retry_after(tmp_path):
                       ).status_code == 200
         r = c.post("/feedback", json={"interaction_id": ids[1], "reward": 0.5})
         assert r.status_code == 429, r.text
-        assert int(r.headers["Retry-After"]) >= 1 and "rate limit" in r.json()["detail"]
+        assert int(r.headers["Retry-After"]) >= 1 and "rate limit" in r.json()["error"]
         assert c.get("/rl/stats").json()["store"]["feedback"] == 1  # refused before the write
 
 
@@ -229,17 +230,18 @@ def test_a_promotion_to_full_survives_a_restart(tmp_path):
 
 
 def test_a_variant_deployed_at_run_time_is_deployed_again_after_a_restart(tmp_path):
-    new = RAGConfig(**BASE, k=4).config_hash
+    new, mirror = RAGConfig(**BASE, k=4).config_hash, RAGConfig(**BASE, k=3).config_hash
     c, admin, _, _, _ = make_app(tmp_path)
     with c:
         r = c.post("/admin/traffic", json={"canary_config": {"k": 4}, "canary_percent": 30,
-                                           "shadow_percent": 5}, headers=admin)
+                                           "shadow_config": {"k": 3}, "shadow_percent": 5},
+                   headers=admin)
         assert r.status_code == 200 and r.json()["canary"] == new
-    c2, admin2, _, stubs, ing = make_app(tmp_path, more_ids=(new,))
+    c2, admin2, _, stubs, ing = make_app(tmp_path, more_ids=(new, mirror))
     with c2:
         t = c2.get("/admin/traffic", headers=admin2).json()
-        assert (t["stable"], t["canary"], t["canary_percent"], t["shadow_percent"]) == (
-            STABLE_ID, new, 30.0, 5.0)
+        assert (t["stable"], t["canary"], t["shadow"], t["canary_percent"],
+                t["shadow_percent"]) == (STABLE_ID, new, mirror, 30.0, 5.0)
         assert new in ing.handles and ing.configs[new]["k"] == 4
         seen = {c2.post("/query", json={"question": "Who?", "user_id": f"u{i}"}).json()[
             "variant_id"] for i in range(40)}

@@ -165,20 +165,90 @@ class EvaluationReport:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EvaluationReport:
-        """Inverse of `to_dict` (extra keys such as gates_passed are ignored)."""
+        """Inverse of `to_dict` (extra keys such as gates_passed are ignored). Every value is
+        checked, since a report may come from a client (`POST /admin/rollout/advance`, an
+        evidence file): numbers must be real and finite (an optional arm metric that is NaN
+        reads as not measured), `ci_low <= diff <= ci_high` is not required but `ci_low <=
+        ci_high` is, counts are whole and within the arm; ConfigError names `report.<key>`."""
+        if not isinstance(d, Mapping):
+            raise ConfigError("report", f"must be an object, got {type(d).__name__}")
         try:
             data = {k: d[k] for k in ("kind", "paired", "diff", "diff_se", "ci_low", "ci_high",
                                       "gates")}
-            opt = {k: d[k] for k in ("ci", "ci_method", "diff_sd", "p_value", "meta") if k in d}
-            arms = {k: ArmSummary(**d[k]) for k in ("candidate", "stable")}
+            arms = {k: _arm_from_dict(d[k], f"report.{k}") for k in ("candidate", "stable")}
         except KeyError as exc:
             raise ConfigError(f"report.{exc.args[0]}", "missing") from None
-        except TypeError as exc:
-            raise ConfigError("report", f"bad arm summary: {exc}") from None
+        opt = {k: d[k] for k in ("ci", "ci_method", "diff_sd", "p_value", "meta") if k in d}
         if data["kind"] not in ("offline", "shadow", "canary"):
             raise ConfigError("report.kind", f"must be offline|shadow|canary, got "
                                              f"{data['kind']!r}")
+        if not isinstance(data["paired"], bool):
+            raise ConfigError("report.paired", f"must be true or false, got {data['paired']!r}")
+        for k in ("diff", "ci_low", "ci_high"):
+            data[k] = _finite(f"report.{k}", data[k])
+        data["diff_se"] = _finite("report.diff_se", data["diff_se"], lo=0.0)
+        if data["ci_low"] > data["ci_high"]:
+            raise ConfigError("report.ci_low", f"is {data['ci_low']:g}, above ci_high "
+                                               f"{data['ci_high']:g}")
+        gates = data["gates"]
+        if not isinstance(gates, Mapping) or not all(
+                isinstance(g, str) and (v is None or isinstance(v, bool))
+                for g, v in gates.items()):
+            raise ConfigError("report.gates", "must map gate names to true, false or null")
+        data["gates"] = dict(gates)
+        if "ci" in opt:
+            opt["ci"] = _finite("report.ci", opt["ci"], lo=0.0, hi=1.0)
+        for k, hi in (("diff_sd", None), ("p_value", 1.0)):
+            if opt.get(k) is not None:
+                opt[k] = _finite(f"report.{k}", opt[k], lo=0.0, hi=hi)
+        if "ci_method" in opt and opt["ci_method"] not in ("bootstrap", "normal"):
+            raise ConfigError("report.ci_method", f"must be bootstrap|normal, got "
+                                                  f"{opt['ci_method']!r}")
+        if "meta" in opt and not isinstance(opt["meta"], Mapping):
+            raise ConfigError("report.meta", "must be an object")
         return cls(**data, **arms, **opt)
+
+
+def _finite(name: str, v: Any, lo: float | None = None, hi: float | None = None) -> float:
+    """`v` as a float: a real, finite number within [lo, hi] (bool and strings refused)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(name, f"must be a finite number, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ConfigError(name, f"is {v!r}; must lie in [{lo if lo is not None else '-inf'}, "
+                                f"{hi if hi is not None else 'inf'}]")
+    return float(v)
+
+
+def _arm_from_dict(a: Any, name: str) -> ArmSummary:
+    """An ArmSummary from a report's `candidate` / `stable` object, checked like
+    `EvaluationReport.from_dict` checks the rest."""
+    if not isinstance(a, Mapping):
+        raise ConfigError(name, f"must be an object, got {type(a).__name__}")
+    unknown = sorted(set(a) - {f for f in ArmSummary.__dataclass_fields__})
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}", "unknown key")
+    for k in ("n", "reward", "reward_sd"):
+        if k not in a:
+            raise ConfigError(f"{name}.{k}", "missing")
+    n = a["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"{name}.n", f"must be a whole number >= 1, got {n!r}")
+    out: dict[str, Any] = {"n": n, "reward": _finite(f"{name}.reward", a["reward"]),
+                           "reward_sd": _finite(f"{name}.reward_sd", a["reward_sd"], lo=0.0)}
+    for k in ("faithfulness", "relevancy", "p95_latency_ms", "cost"):
+        v = a.get(k)
+        if isinstance(v, float) and math.isnan(v):
+            v = None  # NaN = not measured, as the evaluators' own arrays say
+        out[k] = None if v is None else _finite(f"{name}.{k}", v,
+                                                lo=None if k in ("faithfulness",
+                                                                 "relevancy") else 0.0)
+    for k in ("errors", "slow"):
+        v = a.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= n):
+            raise ConfigError(f"{name}.{k}", f"must be a whole number in [0, n = {n}], got "
+                                             f"{v!r}")
+        out[k] = v
+    return ArmSummary(**out)
 
 
 # --------------------------------------------------------------------------- computing

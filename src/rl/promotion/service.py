@@ -156,6 +156,13 @@ def advance(sm: Any, reports: Sequence[Any]) -> Any:
     full/rolled_back."""
     if sm.done:
         raise RolloutClosed(sm.stage)
+    from rl.promotion.state_machine import KIND
+
+    expected = KIND.get(sm.stage)
+    for i, rep in enumerate(reports):  # all checked first: a refused call observes nothing
+        if expected is not None and rep.kind != expected:
+            raise ConfigError(f"reports.{i}.kind", f"stage {sm.stage} takes {expected} "
+                                                   f"reports, got {rep.kind}")
     for rep in reports:
         d = sm.observe(rep)
         if d.action in ("rollback", "advance"):
