@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import threading
 import time
@@ -234,7 +235,9 @@ class InteractionStore:
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
-        `feedback_ts` (null when unrated). Returns the number of lines."""
+        `feedback_ts` (null when unrated). Returns the number of lines. The file appears
+        whole or not at all (written beside it, then renamed): an export that fails on a
+        malformed row (StoreError naming it) leaves no partial file and `path` as it was."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         where = "" if include_shadow else " WHERE i.shadow = 0"
@@ -242,12 +245,17 @@ class InteractionStore:
                f"interactions i LEFT JOIN feedback f ON f.interaction_id = i.id{where} "
                "ORDER BY i.ts, i.id")
         n = 0
-        with p.open("w", encoding="utf-8") as out:
-            for row in self._iter(sql):
-                rec = _decode(row[: len(COLUMNS)])
-                rec["reward"], rec["feedback_ts"] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
-                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                n += 1
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("w", encoding="utf-8") as out:
+                for row in self._iter(sql):
+                    rec = _decode(row[: len(COLUMNS)])
+                    rec["reward"], rec["feedback_ts"] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
+                    out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    n += 1
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
         return n
 
 
@@ -255,7 +263,11 @@ def _decode(row: tuple) -> dict[str, Any]:
     rec = dict(zip(COLUMNS, row, strict=True))
     for c in JSON_COLUMNS:
         if rec[c] is not None:
-            rec[c] = json.loads(rec[c])
+            try:
+                rec[c] = json.loads(rec[c])
+            except json.JSONDecodeError as exc:
+                raise StoreError(f"interactions.{c}", f"interaction {rec['id']!r}: malformed "
+                                                      f"JSON ({exc.msg})") from None
     rec["shadow"] = bool(rec["shadow"])
     rec["error"] = bool(rec["error"])
     return rec

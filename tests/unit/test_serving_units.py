@@ -252,6 +252,39 @@ def test_cli_exports_interactions(tmp_path, capsys):
     assert "missing.yaml" in capsys.readouterr().err
 
 
+def test_export_never_harms_the_store_or_leaves_half_a_file(tmp_path, capsys):
+    """--out that is the store (it was truncated to 0 bytes: an audit found it), a folder, and
+    a row the export cannot decode: exit 2 naming the problem, the store and an earlier
+    export unchanged, no partial file."""
+    import sqlite3
+
+    from serving.cli import main
+    from serving.store import Interaction, open_store
+
+    db = tmp_path / "log.sqlite"
+    store = open_store(db)
+    store.log_interaction(Interaction("i1", "q?", "v", "stable", 1.0, "a"))
+    store.log_interaction(Interaction("i2", "q?", "v", "stable", 1.0, "b"))
+    store.close()
+    size = db.stat().st_size
+    for out, message in [(db, "is the store itself"), (tmp_path, "is a directory")]:
+        assert main(["export-interactions", "--store", str(db), "--out", str(out)]) == 2
+        assert "error: --out: " in (err := capsys.readouterr().err) and message in err, err
+    assert db.stat().st_size == size
+    out = tmp_path / "train.jsonl"
+    assert main(["export-interactions", "--store", str(db), "--out", str(out)]) == 0
+    before = out.read_text()
+    with sqlite3.connect(db) as con:  # a row written by something else (the log is append-only)
+        con.execute("INSERT INTO interactions (id, ts, question, category, variant_id, route, "
+                    "propensity, features, context_ids, citations, answer, latency_ms, "
+                    "tokens_in, tokens_out, shadow) VALUES ('i3', 9e9, 'q', 'default', 'v', "
+                    "'stable', 1.0, '{}', '[]', '[]', 'c', '{bad', 1, 1, 0)")
+    assert main(["export-interactions", "--store", str(db), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "interactions.latency_ms" in err and "'i3'" in err, err
+    assert out.read_text() == before and not list(tmp_path.glob(".train.jsonl*"))
+
+
 def test_pii_leak_penalty_of_the_reward_by_hand():
     """rl.tuner.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
     (clipped to [0, 1]); no leaks change nothing."""

@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except RagError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as exc:
+        # a path argument of the wrong kind (a folder where a file goes, a file where --out
+        # makes a folder): the path and what is wrong with it, not a traceback
+        print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from rag.errors import ConfigError
 from rag.resources import default_config
 from serving.cli.common import flags
 
@@ -23,6 +25,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_export_interactions(args: argparse.Namespace) -> int:
     from serving.store import open_store
 
+    if "://" not in args.store and Path(args.out).resolve() == Path(args.store).resolve():
+        raise ConfigError("--out", f"{args.out} is the store itself; write the export "
+                                   "elsewhere")
+    if Path(args.out).is_dir():
+        raise ConfigError("--out", f"{args.out} is a directory; name the JSONL file to write")
     with flags({"store_url": "--store"}):
         store = open_store(args.store, create=False)  # a mistyped path: an error, no new file
     try:
