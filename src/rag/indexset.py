@@ -62,9 +62,24 @@ class IndexSet:
                show_progress: bool = True,
                indexes: IndexSettings | dict[str, Any] | None = None) -> IndexSet:
         """Write the corpus and manifest (with the backend settings `indexes`) under `root`;
-        indexes are built on demand. The settings are checked before anything is written."""
+        indexes are built on demand. The settings are checked before anything is written. A
+        `root` that already holds an index must hold this corpus's (its built indexes are
+        reused); another corpus's, or an empty corpus, is a DataError and nothing is
+        written."""
         settings = coerce(indexes)
         root = Path(root)
+        if len(corpus) == 0:
+            raise DataError(str(root), "the corpus has no passages: nothing to index")
+        old = root / "manifest.json"
+        if old.is_file():  # its sub-indexes would be reused: they must be of this corpus
+            try:
+                had = json.loads(old.read_text()).get("corpus_fingerprint")
+            except (json.JSONDecodeError, AttributeError):
+                had = "unreadable"
+            if had != corpus.fingerprint():
+                raise DataError(str(root), f"holds the index of another corpus (fingerprint "
+                                           f"{had}, this one {corpus.fingerprint()}); index "
+                                           "into a new directory, or delete this one first")
         idx = cls(root, corpus, encoder=encoder, device=device, show_progress=show_progress,
                   indexes=settings)
         root.mkdir(parents=True, exist_ok=True)

@@ -528,3 +528,25 @@ def test_ragpilot_serve_refuses_a_mismatched_index_before_ray_starts(tmp_path, t
     err = capsys.readouterr().err
     assert "error: serve.dataset:" in err and str(other) in err
     assert ray.is_initialized() == was_up and not (tmp_path / "s.sqlite").exists()
+
+
+def test_an_index_directory_of_another_corpus_is_refused_not_mixed(tmp_path, tiny_corpus):
+    """Indexing into a directory that holds another corpus's index used to rewrite its corpus
+    and manifest while keeping the old sub-indexes: queries then failed on ids of the old
+    corpus (KeyError), and the fingerprint check that guards serving passed. Now: DataError,
+    nothing written. The same corpus again reuses the directory; an empty corpus is refused."""
+    from rag.corpus import Corpus
+    from rag.types import Passage
+
+    root = tmp_path / "ix"
+    IndexSet.create(tiny_corpus, root, show_progress=False)
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    other = Corpus([Passage("x1", "Tokyo is the capital of Japan.", "Tokyo")])
+    with pytest.raises(DataError) as e:
+        IndexSet.create(other, root, show_progress=False)
+    assert "another corpus" in str(e.value) and other.fingerprint() in str(e.value)
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+    IndexSet.create(tiny_corpus, root, show_progress=False)  # the same corpus: reused
+    with pytest.raises(DataError, match="no passages"):
+        IndexSet.create(Corpus([]), tmp_path / "empty", show_progress=False)
+    assert not (tmp_path / "empty").exists()
