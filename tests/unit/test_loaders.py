@@ -1,6 +1,7 @@
 """Loaders: fixtures for every layout, typed errors naming file and line, real data counts."""
 
 import json
+import re
 
 import pytest
 from tests.conftest import require_dataset
@@ -72,6 +73,94 @@ def test_beir_fixture(tmp_path):
     assert len(ds.examples) == 1  # only judged queries
     assert ds.examples[0].qrels == {"d1": 2, "d2": 0}
     assert ds.examples[0].gold_passage_ids == ("d1",)
+
+
+def _beir_folder(d, corpus: bytes, queries: bytes, qrels: bytes):
+    (d / "qrels").mkdir(parents=True, exist_ok=True)
+    (d / "corpus.jsonl").write_bytes(corpus)
+    (d / "queries.jsonl").write_bytes(queries)
+    (d / "qrels" / "test.tsv").write_bytes(qrels)
+    return d
+
+
+CORPUS = b'{"_id": "d1", "text": "alpha"}\n{"_id": "d2", "text": "beta"}\n'
+QUERIES = b'{"_id": "q1", "text": "alpha?"}\n{"_id": "q2", "text": "beta?"}\n'
+QRELS = b"query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n"
+
+
+@pytest.mark.parametrize("where, corpus, queries, qrels, line, message", [
+    # bytes that are not UTF-8, in each file: the file and the line, not a UnicodeDecodeError
+    ("corpus.jsonl", CORPUS + b'{"_id": "d3", "text": "caf\xe9"}\n', QUERIES, QRELS, 3,
+     "not UTF-8: byte 0xe9"),
+    ("queries.jsonl", CORPUS, QUERIES + b'{"_id": "q3", "text": "\xff"}\n', QRELS, 3,
+     "not UTF-8"),
+    ("test.tsv", CORPUS, QUERIES, QRELS + b"q2\td\xff\t1\n", 4, "not UTF-8"),
+    # wrong types and nulls: named, not an AttributeError later or the string "None"
+    ("corpus.jsonl", b'{"_id": "d1", "title": ["T"], "text": "a"}\n', QUERIES, QRELS, 1,
+     "field 'title': expected a string"),
+    ("corpus.jsonl", b'{"_id": "d1", "text": 42}\n', QUERIES, QRELS, 1,
+     "field 'text': expected a string"),
+    ("corpus.jsonl", b'{"_id": null, "text": "a"}\n', QUERIES, QRELS, 1,
+     "field '_id': expected a non-empty string or an integer id, got None"),
+    ("queries.jsonl", CORPUS, b'{"_id": "q1", "text": 123}\n', QRELS, 1,
+     "field 'text': expected a non-empty string"),
+    ("queries.jsonl", CORPUS, QUERIES + b'{"_id": "q3", "text": "  "}\n', QRELS, 3,
+     "field 'text': expected a non-empty string"),
+    # duplicates: an error where a later record silently replaced an earlier one
+    ("corpus.jsonl", CORPUS + b'{"_id": "d1", "text": "again"}\n', QUERIES, QRELS, 3,
+     "duplicate passage id 'd1' (first at line 1)"),
+    ("queries.jsonl", CORPUS, QUERIES + b'{"_id": "q1", "text": "Another?"}\n', QRELS, 3,
+     "duplicate query id 'q1' (first at line 1)"),
+    ("test.tsv", CORPUS, QUERIES, QRELS + b"q1\td1\t0\n", 4,
+     "duplicate judgement (query-id, corpus-id)"),
+    ("test.tsv", CORPUS, QUERIES, QRELS + b"q9\td1\t1\n", 4, "query 'q9' is not in"),
+    ("corpus.jsonl", b"", QUERIES, QRELS, None, "no passages"),
+])
+def test_beir_input_errors_name_file_line_and_field(tmp_path, where, corpus, queries, qrels,
+                                                     line, message):
+    d = _beir_folder(tmp_path / "b", corpus, queries, qrels)
+    with pytest.raises(DataError) as exc:
+        load_beir(d)
+    assert message in str(exc.value) and where in str(exc.value), exc.value
+    assert exc.value.line == line
+
+
+@pytest.mark.parametrize("change, line, message", [
+    ({"answer": None}, 2, "field 'answer': expected a string, got None"),
+    ({"question": 5}, 2, "field 'question': expected a non-empty string"),
+    ({"question": ""}, 2, "field 'question': expected a non-empty string"),
+    ({"type": ["x"]}, 2, "field 'type': expected a string"),
+    ({"id": "q1"}, 2, "duplicate question id 'q1' (first at line 1)"),
+])
+def test_hotpotqa_records_are_checked_field_by_field(tmp_path, change, line, message):
+    p = tmp_path / "hp.jsonl"
+    p.write_text(json.dumps(HP) + "\n" + json.dumps({**HP, "id": "q2", **change}) + "\n")
+    with pytest.raises(DataError) as exc:
+        load_hotpotqa(p)
+    assert message in str(exc.value) and exc.value.line == line, exc.value
+    p.write_bytes(json.dumps(HP).encode() + b"\n" + json.dumps(HP).encode()[:-2] +
+                  b'"\xe9"}\n')
+    with pytest.raises(DataError, match="not UTF-8") as exc:
+        load_hotpotqa(p)
+    assert exc.value.line == 2
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(DataError, match="no records"):
+        load_hotpotqa(tmp_path / "empty.json")
+
+
+def test_jsonl_corpus_fields_ids_and_emptiness_are_checked(tmp_path):
+    p = tmp_path / "c.jsonl"
+    for text, message in [('{"id": null, "text": "x"}', "got None"),
+                          ('{"id": "a", "text": 9}', "field 'text': expected a string"),
+                          ('{"id": "a", "text": "x", "metadata": [1]}', "field 'metadata'"),
+                          ('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}',
+                           "duplicate passage id 'a'"),
+                          ("", "no passages")]:
+        p.write_text(text + "\n")
+        with pytest.raises(DataError, match=re.escape(message)):
+            load_jsonl_corpus(p)
+    with pytest.raises(DataError, match="is a directory"):
+        load_jsonl_corpus(tmp_path)
 
 
 ALL_DATA = ("scifact/corpus.jsonl", HOTPOTQA_FILE, MTRAG_FILE)

@@ -83,26 +83,83 @@ def _exists(path: Path) -> Path:
     return path
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 text file; bytes that are not UTF-8 raise DataError
+    naming the line and column (a whole-file decode would name neither)."""
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(str(path), f"not UTF-8: byte 0x{raw[exc.start]:02x} at column "
+                                           f"{exc.start + 1}", line=n) from None
+
+
+def _read_text(path: Path) -> str:
+    """The whole file as UTF-8; a byte that is not names its line (DataError)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(str(path), f"not UTF-8: byte 0x{raw[exc.start]:02x}",
+                        line=raw[:exc.start].count(b"\n") + 1) from None
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-empty line; a bad line raises DataError(line)."""
     path = _exists(Path(path))
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(str(path), f"malformed JSON: {exc.msg}", line=n) from None
-            if not isinstance(obj, dict):
-                raise DataError(str(path), "expected a JSON object", line=n)
-            yield n, obj
+    if path.is_dir():
+        raise DataError(str(path), "is a directory, not a JSONL file")
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(str(path), f"malformed JSON: {exc.msg}", line=n) from None
+        if not isinstance(obj, dict):
+            raise DataError(str(path), "expected a JSON object", line=n)
+        yield n, obj
 
 
 def _field(obj: dict, key: str, path: Path, line: int | None):
     if key not in obj:
         raise DataError(str(path), f"missing field {key!r}", line=line)
     return obj[key]
+
+
+def _id(obj: dict, key: str, path: Path, line: int | None, at: str = "") -> str:
+    """An id field: a non-empty string or an integer (null, a list or a bool is refused, not
+    turned into the string "None")."""
+    v = _field(obj, key, path, line)
+    if isinstance(v, bool) or not isinstance(v, (str, int)) or str(v).strip() == "":
+        raise DataError(str(path), f"{at}field {key!r}: expected a non-empty string or an "
+                                   f"integer id, got {v!r}", line=line)
+    return str(v)
+
+
+def _str(obj: dict, key: str, path: Path, line: int | None, at: str = "", *,
+         required: bool = True, non_empty: bool = False) -> str:
+    """A text field as a string: missing (when `required`), null, a number or a list is a
+    DataError naming the field; an optional one absent or null is ""."""
+    if key not in obj and not required:
+        return ""
+    v = _field(obj, key, path, line)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str) or (non_empty and not v.strip()):
+        want = "a non-empty string" if non_empty else "a string"
+        raise DataError(str(path), f"{at}field {key!r}: expected {want}, got {v!r}", line=line)
+    return v
+
+
+def _unique(seen: dict[str, int], key: str, what: str, path: Path, line: int | None) -> None:
+    """DataError on the second occurrence of `key` (a later record would silently replace
+    or shadow the first)."""
+    if key in seen:
+        first = f"line {seen[key]}" if seen[key] else "an earlier record"
+        raise DataError(str(path), f"duplicate {what} {key!r} (first at {first})", line=line)
+    seen[key] = line or 0
 
 
 # ---- BEIR ---------------------------------------------------------------------------------
@@ -112,27 +169,44 @@ def load_beir(directory: str | Path, split: str = "test", name: str | None = Non
     d = Path(directory)
     corpus_path, q_path = d / "corpus.jsonl", d / "queries.jsonl"
     qrels_path = d / "qrels" / f"{split}.tsv"
-    passages = [Passage(str(_field(o, "_id", corpus_path, n)), _field(o, "text", corpus_path, n),
-                        o.get("title", "") or "") for n, o in iter_jsonl(corpus_path)]
-    queries = {str(_field(o, "_id", q_path, n)): _field(o, "text", q_path, n)
-               for n, o in iter_jsonl(q_path)}
+    passages, pids = [], {}
+    for n, o in iter_jsonl(corpus_path):
+        pid = _id(o, "_id", corpus_path, n)
+        _unique(pids, pid, "passage id", corpus_path, n)
+        passages.append(Passage(pid, _str(o, "text", corpus_path, n),
+                                _str(o, "title", corpus_path, n, required=False)))
+    if not passages:
+        raise DataError(str(corpus_path), "no passages")
+    queries: dict[str, str] = {}
+    qlines: dict[str, int] = {}
+    for n, o in iter_jsonl(q_path):
+        qid = _id(o, "_id", q_path, n)
+        _unique(qlines, qid, "query id", q_path, n)
+        queries[qid] = _str(o, "text", q_path, n, non_empty=True)
     qrels: dict[str, dict[str, int]] = {}
-    with _exists(qrels_path).open() as f:
-        for n, row in enumerate(csv.reader(f, delimiter="\t"), 1):
-            if n == 1 and row and not row[-1].strip().lstrip("-").isdigit():
-                continue  # header
-            if len(row) < 3:
-                raise DataError(str(qrels_path), "expected query-id, corpus-id, score", line=n)
-            try:
-                grade = int(row[2])
-            except ValueError:
-                raise DataError(str(qrels_path), f"score {row[2]!r} is not an integer",
-                                line=n) from None
-            qrels.setdefault(row[0], {})[row[1]] = grade
+    qrel_lines: dict[str, int] = {}
+    for n, line in _lines(_exists(qrels_path)):
+        row = next(csv.reader([line], delimiter="\t"), [])
+        if not row:
+            continue  # a blank line
+        if n == 1 and not row[-1].strip().lstrip("-").isdigit():
+            continue  # header
+        if len(row) < 3:
+            raise DataError(str(qrels_path), "expected query-id, corpus-id, score", line=n)
+        try:
+            grade = int(row[2])
+        except ValueError:
+            raise DataError(str(qrels_path), f"score {row[2]!r} is not an integer",
+                            line=n) from None
+        _unique(qrel_lines, f"{row[0]}\t{row[1]}", "judgement (query-id, corpus-id)",
+                qrels_path, n)
+        qrels.setdefault(row[0], {})[row[1]] = grade
     examples = []
     for qid, rel in qrels.items():
         if qid not in queries:
-            raise DataError(str(qrels_path), f"query {qid!r} is not in queries.jsonl")
+            first = min(v for k, v in qrel_lines.items() if k.split("\t")[0] == qid)
+            raise DataError(str(qrels_path), f"query {qid!r} is not in queries.jsonl",
+                            line=first)
         examples.append(Example(id=qid, question=queries[qid], qrels=rel,
                                 gold_passage_ids=tuple(p for p, g in rel.items() if g > 0),
                                 category=split))
@@ -147,11 +221,13 @@ def _slug(title: str) -> str:
 
 def _hotpot_records(path: Path) -> Iterator[tuple[int | None, str, dict]]:
     """(line or None, where-prefix for messages, record) of a JSONL file or a JSON list."""
-    with _exists(path).open(encoding="utf-8") as f:
+    if _exists(path).is_dir():
+        raise DataError(str(path), "is a directory, not a HotpotQA file")
+    with path.open(encoding="utf-8", errors="replace") as f:
         head = f.read(64).lstrip()
     if head.startswith("["):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(_read_text(path))
         except json.JSONDecodeError as exc:
             raise DataError(str(path), f"malformed JSON: {exc.msg}", line=exc.lineno) from None
         for i, rec in enumerate(data):
@@ -216,10 +292,13 @@ def load_hotpotqa(path: str | Path, pooled: bool = True, name: str | None = None
     path = Path(path)
     passages: dict[str, Passage] = {}
     examples = []
+    qids: dict[str, int] = {}
     for n, at, rec in _hotpot_records(path):
-        qid = str(rec.get("id") or rec.get("_id") or "")
+        qid = _id(rec, "id" if "id" in rec else "_id", path, n, at) \
+            if ("id" in rec or "_id" in rec) else ""
         if not qid:
             raise DataError(str(path), f"{at}missing field 'id'", line=n)
+        _unique(qids, qid, "question id", path, n)
         pairs, facts = _hotpot_pairs(rec, path, n, at)
         title_to_id = {}
         for title, sents in pairs:
@@ -231,12 +310,22 @@ def load_hotpotqa(path: str | Path, pooled: bool = True, name: str | None = None
             passages.setdefault(pid, Passage(pid, text, title, {"sentences": list(sents)}))
             title_to_id[title] = pid
         gold_titles = tuple(dict.fromkeys(t for t, _ in facts))
+        answer = _field(rec, "answer", path, n)
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise DataError(str(path), f"{at}field 'answer': expected a string, got "
+                                       f"{answer!r}", line=n)
+        qtype = rec.get("type")
+        if qtype is not None and not isinstance(qtype, str):
+            raise DataError(str(path), f"{at}field 'type': expected a string, got {qtype!r}",
+                            line=n)
         examples.append(Example(
-            id=qid, question=_field(rec, "question", path, n),
-            answers=(str(_field(rec, "answer", path, n)),),
+            id=qid, question=_str(rec, "question", path, n, at, non_empty=True),
+            answers=(str(answer),),
             supporting_facts=tuple(facts), gold_titles=gold_titles,
             gold_passage_ids=tuple(title_to_id[t] for t in gold_titles if t in title_to_id),
-            category=rec.get("type") or "default", metadata={"level": rec.get("level")}))
+            category=qtype or "default", metadata={"level": rec.get("level")}))
+    if not examples:
+        raise DataError(str(path), "no records")
     return Dataset(name or path_name(path), Corpus(passages.values()), tuple(examples),
                    {str(path): sha256_file(path)})
 
@@ -283,11 +372,23 @@ def load_mtrag(path: str | Path, name: str | None = None) -> Dataset:
 
 # ---- plain JSONL ---------------------------------------------------------------------------
 def load_jsonl_corpus(path: str | Path) -> Corpus:
+    """An `{id (or _id), text, title?, metadata?}` JSONL corpus; every field is checked
+    (DataError naming the file, line and field), ids must be unique, and it must hold at
+    least one passage."""
     path = Path(path)
-    return Corpus(Passage(str(o.get("id", o.get("_id"))) if ("id" in o or "_id" in o) else
-                          _field(o, "id", path, n), _field(o, "text", path, n),
-                          o.get("title", "") or "", dict(o.get("metadata") or {}))
-                  for n, o in iter_jsonl(path))
+    out, seen = [], {}
+    for n, o in iter_jsonl(path):
+        pid = _id(o, "id" if "id" in o or "_id" not in o else "_id", path, n)
+        _unique(seen, pid, "passage id", path, n)
+        meta = o.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise DataError(str(path), f"field 'metadata': expected an object, got {meta!r}",
+                            line=n)
+        out.append(Passage(pid, _str(o, "text", path, n), _str(o, "title", path, n,
+                                                             required=False), dict(meta or {})))
+    if not out:
+        raise DataError(str(path), "no passages")
+    return Corpus(out)
 
 
 def load_jsonl_examples(path: str | Path) -> list[Example]:
