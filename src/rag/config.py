@@ -14,7 +14,7 @@ from importlib.resources.abc import Traversable
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rag.settings_base import StrictSettings
 
@@ -81,6 +81,17 @@ class RAGConfig(StrictSettings):
     dense_index: Literal["flat", "hnsw"] = "flat"
     bm25_backend: Literal["tantivy", "bm25s"] = "tantivy"
     device: Literal["cpu", "cuda"] = "cpu"
+
+    @field_validator("prompt_id")
+    @classmethod
+    def _known_prompt(cls, v: str) -> str:
+        # every generator reads it (the extractive one its `*_abstain` variants), so an
+        # unknown id is refused here, not only once an LLM generator looks it up
+        from rag.generation.prompts import list_prompts
+
+        if v not in list_prompts():
+            raise ValueError(f"unknown prompt {v!r} (known: {', '.join(list_prompts())})")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> RAGConfig:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from rag.errors import ConfigError
 
@@ -67,7 +67,12 @@ class YamlSource:
         p = path if isinstance(path, Traversable) else Path(path)
         if not p.is_file():
             raise ConfigError(field, f"file {p} does not exist")
-        text = p.read_text()
+        raw = p.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(field, f"{p} is not UTF-8 (byte 0x{raw[exc.start]:02x})",
+                              source=str(p), line=raw[:exc.start].count(b"\n") + 1) from None
         try:
             data = yaml.safe_load(text)
             node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -75,7 +80,11 @@ class YamlSource:
             raise ConfigError(field, f"{p} is not valid YAML: {exc}") from None
         lines: dict[Loc, int] = {}
         if node is not None:
-            _collect_lines(node, (), lines)
+            dup = _collect_lines(node, (), lines)
+            if dup is not None:  # YAML keeps the last silently: the first was meant, or not
+                key, first, again = dup
+                raise ConfigError(".".join(key), f"appears twice (lines {first} and {again}): "
+                                                 "keep one", source=str(p), line=again)
         return cls(str(p), data, lines)
 
     def under(self, *keys: str) -> YamlSource:
@@ -92,17 +101,27 @@ class YamlSource:
         return None
 
 
-def _collect_lines(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
+def _collect_lines(node: yaml.Node, path: Loc, out: dict[Loc, int]
+                   ) -> tuple[Loc, int, int] | None:
+    """Record the line of every key under `node`; returns the first mapping key written
+    twice, as (path, first line, second line), else None."""
+    dup = None
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key, value in node.value:
             k = path + (str(key.value),)
+            if str(key.value) in seen and dup is None:
+                dup = (k, out[k], key.start_mark.line + 1)
+            seen.add(str(key.value))
             out.setdefault(k, key.start_mark.line + 1)
-            _collect_lines(value, k, out)
+            dup = _collect_lines(value, k, out) if dup is None else dup
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             k = path + (str(i),)
             out.setdefault(k, item.start_mark.line + 1)
-            _collect_lines(item, k, out)
+            found = _collect_lines(item, k, out)
+            dup = dup or found
+    return dup
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -195,6 +214,17 @@ def _located(field: str, message: str, source: YamlSource | None,
                        line=source.line_of(loc) if loc is not None else None)
 
 
+def _numeric(annotation: Any) -> bool:
+    """int or float, optionally in a union with None (not bool, not other unions)."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
+        rest = [a for a in args if a is not type(None)]
+        return len(rest) == 1 and rest[0] in (int, float)
+    return False
+
+
 # ---- the base ----------------------------------------------------------------------------------
 class StrictSettings(BaseModel):
     """Frozen, unknown keys refused; `from_mapping` / `from_yaml` raise ConfigError naming the
@@ -204,6 +234,15 @@ class StrictSettings(BaseModel):
 
     SECTION: ClassVar[str] = ""
     """The name errors start with, and the key a file may wrap the mapping in."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads `k: true` (or `--set k=yes`) as k = 1: a number field takes numbers
+        if isinstance(v, bool) and info.field_name is not None and _numeric(
+                cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got {str(v).lower()}")
+        return v
 
     @classmethod
     def from_mapping(cls, data: Any, where: str | None = None,

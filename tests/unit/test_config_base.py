@@ -163,3 +163,35 @@ def test_provenance_tags_of_absolute_and_relative_paths_are_valid_mlflow_names()
     assert keys == ["dataset_sha256/tmp/my data/corpus.jsonl", "dataset_sha256/hotpotqa/dev.jsonl"]
     for k in keys:
         _validate_tag_name(k)
+
+
+def test_config_files_and_values_a_person_gets_wrong_are_named(tmp_path, capsys):
+    """Found by the CLI audit (stop 56): each of these was accepted or was a traceback."""
+    from serving.cli import main
+
+    f = tmp_path / "c.yaml"
+    # `k: true` was read as k = 1 (pydantic's lax bool -> int); the same through --set
+    f.write_text("rag:\n  variant: bm25\n  k: true\n")
+    with pytest.raises(ConfigError) as e:
+        RAGConfig.from_yaml(f)
+    assert (e.value.field, e.value.line) == ("rag.k", 3) and "got true" in e.value.message
+    with pytest.raises(ConfigError, match="expected a number"):
+        RAGConfig().replace(fusion_weight=False)
+    # a key written twice: YAML keeps the last silently
+    f.write_text("rag:\n  k: 5\n  variant: bm25\n  k: 7\n")
+    with pytest.raises(ConfigError) as e:
+        RAGConfig.from_yaml(f)
+    assert (e.value.field, e.value.line) == ("rag.k", 4) and "lines 2 and 4" in e.value.message
+    # bytes that are not UTF-8 (was a UnicodeDecodeError traceback)
+    f.write_bytes(b"rag:\n  k: 5\n  prompt_id: caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        RAGConfig.from_yaml(f)
+    assert e.value.line == 3 and "not UTF-8" in e.value.message
+    # an unknown prompt id, even with the extractive generator that reads few of them
+    with pytest.raises(ConfigError, match="unknown prompt 'nope'"):
+        RAGConfig.from_dict({"prompt_id": "nope"})
+    # malformed YAML in --set (was a yaml.ParserError traceback)
+    assert main(["query", "--index", str(tmp_path), "--set", "k=[1", "q?"]) == 2
+    assert "error: --set: 'k=[1': the value is not valid YAML" in capsys.readouterr().err
+    assert main(["query", "--index", str(tmp_path), "--set", "k=true", "q?"]) == 2
+    assert "k: expected a number, got true" in capsys.readouterr().err

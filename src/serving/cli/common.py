@@ -36,7 +36,12 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError("--set", f"expected key=value, got {item!r}")
         key, value = item.split("=", 1)
-        changes[key.strip()] = yaml.safe_load(value)
+        try:
+            changes[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise ConfigError("--set", f"{item!r}: the value is not valid YAML ({problem})"
+                              ) from None
     return changes
 
 
