@@ -98,7 +98,16 @@ class KeyFile:
             return {}
         try:
             data = json.loads(self.path.read_text() or "{}")
-            return {k["id"]: KeyRecord(**k) for k in data.get("keys", [])}
+            if not isinstance(data, dict) or not isinstance(data.get("keys", []), list):
+                raise ValueError('expected {"keys": [...]}')
+            out = {}
+            for k in data.get("keys", []):
+                rec = KeyRecord(**k)
+                if rec.role not in ROLES:  # a key nobody could check a role against
+                    raise ValueError(f"key {rec.id!r} has role {rec.role!r} (roles: "
+                                     f"{', '.join(ROLES)})")
+                out[rec.id] = rec
+            return out
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError("auth.keys_file", f"{self.path} is not a ragpilot key file: "
                                                 f"{exc}") from None

@@ -431,3 +431,27 @@ def test_offline_evaluator_uses_tuner_tables():
     assert rep.kind == "offline" and rep.paired and rep.n == 4
     assert rep.diff == pytest.approx(0.05) and rep.ci_low == pytest.approx(0.05)
     assert rep.gates_passed and rep.cost == 200.0 and rep.meta["candidate_hash"] == "b"
+
+
+def test_evidence_files_name_the_line_of_a_bad_row_or_report(tmp_path):
+    """Rows with a non-numeric reward were a ValueError traceback inside the evaluator, and a
+    report missing a key named neither file nor line (the CLI audit, stop 56)."""
+    from rl.promotion.evidence import reports_from_file
+
+    sm = PromotionStateMachine.start(tmp_path / "st", "cand", "stable", config=cfg(),
+                                     code_commit="x")
+    rows = tmp_path / "rows.jsonl"
+    good = {"id": "a", "variant_id": "stable", "reward": 0.5, "propensity": 0.5, "ts": 2.0}
+    for bad, key in [({"reward": "x"}, "reward"), ({"reward": 1.5}, "reward"),
+                     ({"propensity": 0}, "propensity"), ({"ts": "now"}, "ts"),
+                     ({"latency_ms": {"pipeline": "slow"}}, "latency_ms")]:
+        rows.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "id": "b", **bad})
+                        + "\n")
+        with pytest.raises(ConfigError) as e:
+            reports_from_file(rows, sm)
+        assert f"{rows}:3: {key} must be" in e.value.message, e.value
+    reports = tmp_path / "reports.jsonl"
+    reports.write_text(json.dumps({"kind": "offline", "candidate": {}}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        reports_from_file(reports, sm)
+    assert f"(at {reports}:1)" in e.value.message and e.value.field.startswith("report.")

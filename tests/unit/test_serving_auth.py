@@ -259,3 +259,23 @@ def test_pipeline_failure_is_an_error_row_in_the_export(tmp_path):
     assert summary[STABLE]["errors"] == 1 and summary[STABLE]["requests"] == 2
     from rl.promotion.log_evaluators import _row_arm
     assert list(_row_arm([rows[ok], rows[failed]]).error) == [False, True]
+
+
+def test_keys_cli_refuses_a_malformed_file_an_unknown_role_and_a_missing_config(tmp_path,
+                                                                                capsys):
+    """Were an AttributeError traceback, a silently listed role no check knows, and keys
+    written to the default file when --config was mistyped (the CLI audit, stop 56)."""
+    from serving.cli import main
+
+    bad = tmp_path / "k.json"
+    for text, message in [("[1, 2]", 'expected {"keys": [...]}'),
+                          ('{"keys": [{"id": "a", "role": "superuser", "salt": "s", '
+                           '"hash": "h"}]}', "role 'superuser'")]:
+        bad.write_text(text)
+        for cmd in (["keys", "list"], ["keys", "create", "--role", "read"]):
+            assert main([*cmd, "--keys-file", str(bad)]) == 2
+            assert message in capsys.readouterr().err
+        assert bad.read_text() == text  # create wrote nothing
+    assert main(["keys", "create", "--role", "admin", "--config",
+                 str(tmp_path / "typo.yaml")]) == 2
+    assert "--config: file" in capsys.readouterr().err

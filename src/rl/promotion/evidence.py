@@ -41,20 +41,34 @@ class Evidence:
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The JSON objects of a `.jsonl` file (one per non-empty line) or of a JSON file (one
     object or a list of them)."""
+    return [r for _, r in read_located(path)]
+
+
+def read_located(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """`read_records` with where each record is (`file:line` of a JSONL file, `file record
+    i` of a JSON list), for error messages."""
     path = Path(path)
     if not path.exists():
         raise ConfigError("evidence", f"file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError("evidence", f"{path}:{line}: not UTF-8") from None
     try:
         if path.suffix == ".jsonl":
             out = []
             for i, line in enumerate(text.splitlines(), 1):
                 if line.strip():
                     try:
-                        out.append(json.loads(line))
+                        rec = json.loads(line)
                     except json.JSONDecodeError as exc:
                         raise ConfigError("evidence", f"{path}:{i}: not JSON ({exc.msg})"
                                           ) from None
+                    if not isinstance(rec, dict):
+                        raise ConfigError("evidence", f"{path}:{i}: expected a JSON object")
+                    out.append((f"{path}:{i}", rec))
             return out
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -62,7 +76,36 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     records = data if isinstance(data, list) else [data]
     if not all(isinstance(r, dict) for r in records):
         raise ConfigError("evidence", f"{path}: expected JSON objects")
-    return records
+    return [(f"{path} record {i}", r) for i, r in enumerate(records)]
+
+
+def check_rows(located: list[tuple[str, dict[str, Any]]]) -> None:
+    """Interaction rows (`InteractionStore.export_jsonl`) hold numbers where the evaluators
+    read numbers: `reward` null or in [0, 1], `propensity` in (0, 1], `ts`, `tokens_in`,
+    `tokens_out` numbers, `latency_ms` and `scores` objects of numbers (NaN: not scored) or
+    null. A bad one
+    is a ConfigError naming the file, line and key (it was a ValueError deep inside)."""
+    def number(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+    def bad(where: str, r: dict[str, Any], key: str, what: str) -> ConfigError:
+        return ConfigError("evidence", f"{where}: {key} must be {what}, got {r.get(key)!r}")
+
+    for where, r in located:
+        if r.get("reward") is not None and not (number(r["reward"]) and 0 <= r["reward"] <= 1):
+            raise bad(where, r, "reward", "null or a number in [0, 1]")
+        if r.get("propensity") is not None and not (
+                number(r["propensity"]) and 0 < r["propensity"] <= 1):
+            raise bad(where, r, "propensity", "a number in (0, 1]")
+        for key in ("ts", "tokens_in", "tokens_out"):
+            if r.get(key) is not None and not number(r[key]):
+                raise bad(where, r, key, "a number")
+        for key in ("latency_ms", "scores"):
+            v = r.get(key)
+            if v is not None and not (isinstance(v, dict) and all(  # NaN: not scored
+                    x is None or (not isinstance(x, bool) and isinstance(x, (int, float)))
+                    for x in v.values())):
+                raise bad(where, r, key, "an object of numbers")
 
 
 def pii_leaks_of(scores: str | dict | None) -> float:
@@ -114,14 +157,22 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
     from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
     from rl.promotion.state_machine import KIND
 
-    recs = read_records(path)
+    located = read_located(path)
+    recs = [r for _, r in located]
     if not recs:
         raise ConfigError("evidence", f"{path} is empty")
     if all("kind" in r and "candidate" in r for r in recs):
-        return Evidence([EvaluationReport.from_dict(r) for r in recs])
+        reports = []
+        for where, r in located:
+            try:
+                reports.append(EvaluationReport.from_dict(r))
+            except ConfigError as exc:
+                raise ConfigError(exc.field, f"{exc.message} (at {where})") from None
+        return Evidence(reports)
     if not all("variant_id" in r for r in recs):
         raise ConfigError("evidence", f"{path}: neither evaluation reports nor interaction "
                                       "rows (need 'kind'+'candidate' or 'variant_id')")
+    check_rows(located)
     recs = penalize_pii(recs, reward_key, pii_penalty)
     cfg, st = sm.config, sm.state
     kind = KIND.get(sm.stage, "canary")

@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rag.errors import ConfigError
 from rag.resources import default_config
 from serving.auth import ROLES, KeyFile
 
@@ -27,6 +28,9 @@ def keys_path(keys_file: str | None, config: str | None) -> Path:
     if keys_file:
         return Path(keys_file)
     cfg = Path(config or DEFAULT_CONFIG)
+    if config is not None and config != DEFAULT_CONFIG and not cfg.is_file():
+        # a mistyped --config must not send the keys to the default file instead
+        raise ConfigError("--config", f"file {cfg} does not exist")
     if cfg.exists():
         from serving.launch import read_serve_yaml
         from serving.schemas import ServeSettings
