@@ -65,6 +65,9 @@ def manifest_id(value: str | None) -> str:
     p = Path(value)
     if p.exists():
         return f"{p.stem}@{hashlib.sha256(p.read_bytes()).hexdigest()[:12]}"
+    if p.suffix in (".json", ".yaml", ".yml") or "/" in value:
+        # meant as a file: a mistyped path must not become the rollout's manifest id
+        raise ConfigError("manifest", f"file {value} does not exist")
     if not _ID.match(value):
         raise ConfigError("manifest", f"must be a manifest file or an id, got {value!r}")
     return value

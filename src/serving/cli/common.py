@@ -27,6 +27,17 @@ def add_set_argument(parser: argparse.ArgumentParser, help: str | None = None) -
                                      "value is read as YAML, e.g. --set k=5")
 
 
+def port_number(value: str) -> int:
+    """argparse type of a TCP port flag: 1-65535 (argparse then exits 2 naming the flag)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
+
+
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
     """`["k=5", "variant=bm25"]` -> `{"k": 5, "variant": "bm25"}`: the key is stripped, the
     value parsed as YAML (so `5` is an int, `on` a bool, `[1, 2]` a list). An item without

@@ -42,7 +42,13 @@ from pathlib import Path
 from rag.errors import ConfigError
 from rl.tuner.run import BUDGET_UNITS, DEFAULT_METHOD, METHODS
 from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
-from serving.cli.common import add_set_argument, flags, rag_config, tuner_settings
+from serving.cli.common import (
+    add_set_argument,
+    flags,
+    port_number,
+    rag_config,
+    tuner_settings,
+)
 
 FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
          "resume": "--resume", "checkpoint": "--checkpoint", "out": "--out"}
@@ -139,6 +145,23 @@ def _serve_next(run, settings) -> None:
           "   (runbooks/canary_promotion.md)")
 
 
+def _run_summary(run: Path) -> dict:
+    """The run's summary.json with the keys `report` reads, else ConfigError naming `--run`
+    and what is wrong (a hand-edited or truncated file was a traceback)."""
+    try:
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("--run", f"{run}/summary.json is not JSON ({exc})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("dataset"), str):
+        raise ConfigError("--run", f"{run}/summary.json is not a tune run's summary (no "
+                                   "`dataset`)")
+    for name in ("best_config.yaml", "curve.jsonl"):
+        if not (run / name).is_file():
+            raise ConfigError("--run", f"{run} has no {name}: not a finished `ragpilot tune` "
+                                       "run")
+    return summary
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rag.config import RAGConfig
     from rl.common.data import TuningData
@@ -150,7 +173,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = Path(args.run)
     if not (run / "summary.json").exists():
         raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
-    summary = json.loads((run / "summary.json").read_text())
+    summary = _run_summary(run)
     policy = tuner_settings(args.policy)
     # the run's own split.json (data without a committed manifest) is the split it reports on
     ev = TunerEvaluator(TuningData.open(summary["dataset"], run_dir=run), policy)
@@ -277,7 +300,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--resume", help="PPO checkpoint directory to continue from")
     s.add_argument("--mlflow-dir", default="runs/mlflow")
     s.add_argument("--no-mlflow", action="store_true")
-    s.add_argument("--metrics-port", type=int, help="export tuner metrics on 127.0.0.1:PORT")
+    s.add_argument("--metrics-port", type=port_number,
+                   help="export tuner metrics on 127.0.0.1:PORT")
     s.add_argument("--metrics-textfile", help="write tuner metrics to this .prom file")
     s.add_argument("--allow-missing-gold", action="store_true",
                    help="tune even when more than half of the valid or test questions have no "

@@ -1,0 +1,49 @@
+"""CLI inputs an audit (stop 56) found answered by a traceback or accepted wrongly; each is
+exit 2 naming the flag now, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.cli import main
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"summary.json": "{bad"}, "summary.json is not JSON"),
+    ({"summary.json": "[1, 2]"}, "not a tune run's summary"),
+    ({"summary.json": "{}"}, "not a tune run's summary"),
+    ({"summary.json": json.dumps({"dataset": "synthetic"})}, "has no best_config.yaml"),
+    ({"summary.json": json.dumps({"dataset": "synthetic"}), "best_config.yaml": "rag: {}\n"},
+     "has no curve.jsonl"),
+])
+def test_report_on_a_run_directory_that_is_not_a_finished_run(tmp_path, capsys, files,
+                                                              message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert main(["report", "--run", str(tmp_path), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --run: ") and message in err, err
+
+
+def test_bad_port_and_a_mistyped_manifest_are_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "run"
+    for port in ("-1", "70000", "http"):
+        with pytest.raises(SystemExit) as e:  # argparse, before the run directory is made
+            from serving.cli import build_parser
+
+            build_parser().parse_args(["tune", "--metrics-port", port, "--out", str(out)])
+        assert e.value.code == 2
+    assert main(["tune", "--dataset", "synthetic", "--metrics-port", "-1", "--out",
+                 str(out)]) == 2
+    assert "--metrics-port" in capsys.readouterr().err and not out.exists()
+    cand = tmp_path / "cand.yaml"
+    cand.write_text("rag:\n  variant: bm25\n")
+    stable = tmp_path / "stable.yaml"
+    stable.write_text("rag:\n  variant: hybrid\n")
+    assert main(["rollout", "start", "--state-dir", str(tmp_path / "st"), "--candidate",
+                 str(cand), "--stable", str(stable), "--manifest",
+                 str(tmp_path / "typo.json")]) == 2
+    assert "manifest: file" in capsys.readouterr().err
+    assert not (tmp_path / "st" / "state.json").exists()
