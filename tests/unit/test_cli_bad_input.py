@@ -47,3 +47,23 @@ def test_bad_port_and_a_mistyped_manifest_are_refused_before_anything_runs(tmp_p
                  str(tmp_path / "typo.json")]) == 2
     assert "manifest: file" in capsys.readouterr().err
     assert not (tmp_path / "st" / "state.json").exists()
+
+
+def test_tune_refuses_to_mix_a_new_run_into_a_finished_one(tmp_path, capsys):
+    """`tune --out` into a finished run replaced its best config and holdout but left its
+    report.md and plots beside them (the CLI audit). Now exit 2, unless --overwrite, which
+    removes the old run's files (and only those) first."""
+    from rl.tuner.run import RUN_FILES, _claim_run_directory
+
+    out = tmp_path / "run"
+    (out / "holdout").mkdir(parents=True)
+    for name in ("summary.json", "report.md", "best_config.yaml", "notes.txt"):
+        (out / name).write_text("old")
+    assert main(["tune", "--dataset", "synthetic", "--out", str(out), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --out: " in err and "--overwrite" in err
+    assert (out / "report.md").read_text() == "old"
+    _claim_run_directory(out, overwrite=True, resumed=False)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert "report.md" in RUN_FILES and "holdout" in RUN_FILES
+    _claim_run_directory(tmp_path / "new", overwrite=False, resumed=False)  # nothing there

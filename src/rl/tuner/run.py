@@ -27,6 +27,7 @@ progress reaches the caller through `on_iteration`.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,6 +205,28 @@ def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
     return steps
 
 
+RUN_FILES = ("summary.json", "best_config.yaml", "curve.jsonl", "report.md",
+             "reward-curve.png", "serve.yaml", "split.json", "holdout", "plots")
+"""What `run_tuning` and `ragpilot report` write into a run directory (`--overwrite` removes
+these, and nothing else)."""
+
+
+def _claim_run_directory(out: Path, overwrite: bool, resumed: bool) -> None:
+    """Refuse to write a new run over a finished one (its results would be mixed with the new
+    run's: report.md and plots of the old run beside the new best config), unless asked."""
+    if not (out / "summary.json").exists() or resumed:
+        return
+    if not overwrite:
+        raise ConfigError("out", f"{out} holds a finished tune run (summary.json): choose "
+                                 "another --out, or pass --overwrite to replace it")
+    for name in RUN_FILES:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
 def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                budget: int | None = None,
                *, unit: str | None = None, seed: int = 0, out: str | Path = "runs/tune",
@@ -214,7 +237,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                warm_start: bool = False,
                tune_options: dict[str, Any] | None = None,
                allow_missing_gold: bool = False,
-               on_warning: Callable[[str], None] | None = None) -> TuningRun:
+               on_warning: Callable[[str], None] | None = None,
+               overwrite: bool = False) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
     directory `out` (see the module docstring). `budget` (in `unit`, default
     `default_unit(method)`) defaults to `default_budget`. TUNE_METHODS keep Tune's experiment
@@ -227,7 +251,9 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     Before any search, the gold of the tune and holdout splits is checked against the corpus
     (`TuningData.check_gold`): a split with more than half of its questions unreachable is a
     DataError unless `allow_missing_gold`; each counted problem goes to `on_warning` (default:
-    `warnings.warn`) and into summary.json's `gold`."""
+    `warnings.warn`) and into summary.json's `gold`. An `out` holding a finished run
+    (summary.json) is a ConfigError unless `overwrite` (its run files are removed first, so
+    nothing of the old run stays beside the new one) or `resume`."""
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData, run_directory
@@ -236,6 +262,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rl.tuner.report import plot_run_curve
 
     check(method, budget, unit, resume=resume, checkpoint=checkpoint)
+    _claim_run_directory(Path(out), overwrite, resumed=resume is not None)
     unit = unit or default_unit(method)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())

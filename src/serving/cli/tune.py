@@ -83,7 +83,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          metrics_textfile=args.metrics_textfile, on_iteration=log,
                          warm_start=not args.cold_start, tune_options=cluster or None,
                          allow_missing_gold=args.allow_missing_gold,
-                         on_warning=lambda m: print(f"warning: {m}", file=sys.stderr))
+                         on_warning=lambda m: print(f"warning: {m}", file=sys.stderr),
+                         overwrite=args.overwrite)
     if run.search.checkpoint:
         print("checkpoint:", run.search.checkpoint)
     ml = run.summary.get("mlflow")
@@ -306,6 +307,9 @@ def add_parsers(sub) -> None:
     s.add_argument("--allow-missing-gold", action="store_true",
                    help="tune even when more than half of the valid or test questions have no "
                         "gold in the corpus (their retrieval scores are 0)")
+    s.add_argument("--overwrite", action="store_true",
+                   help="--out holds a finished run: replace its results (refused without "
+                        "this, so two runs never mix in one directory)")
     add_tune_cluster_arguments(s)
     s.set_defaults(func=cmd_tune)
 

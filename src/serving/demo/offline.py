@@ -55,7 +55,8 @@ def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
 
     budget = splits * len(data.examples("valid"))  # the synthetic world tunes on "valid"
     return run_tuning(DATASET, settings, SEARCHER, budget, seed=seed, out=out,
-                      mlflow_dir=mlflow_dir, warm_start=warm_start)
+                      mlflow_dir=mlflow_dir, warm_start=warm_start,
+                      overwrite=True)  # the demo's own directory: each run replaces it
 
 
 def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
