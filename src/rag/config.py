@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from rag.errors import ConfigError
 from rag.settings_base import StrictSettings
 
 Variant = Literal["bm25", "dense", "hybrid", "graph"]
@@ -24,6 +25,9 @@ Normalisation = Literal["minmax", "zscore", "rrf"]
 QueryFormulation = Literal["last_turn", "last_two_user", "all_user"]
 
 MAX_CANDIDATES = 100
+
+CONFIG_FILE_SECTIONS = ("rag", "indexes")
+"""The top-level keys of a config file with a `rag:` section (`indexes:`: rag.index.settings)."""
 
 
 HASH_OPTIONAL = frozenset({"rerank_mix", "abstain_threshold", "query_formulation"})
@@ -132,8 +136,14 @@ class RAGConfig(StrictSettings):
 
     @classmethod
     def _section_of(cls, data: Any, name: str) -> tuple[Any, tuple[str, ...]]:
-        # a config file may hold other sections (`indexes:`) beside `rag:`
+        # a config file may hold the index backends (`indexes:`) beside `rag:`; any other key
+        # there is a typo or a misplaced RAG key, which would be silently ignored
         if isinstance(data, dict) and "rag" in data:
+            extra = sorted(str(k) for k in data if k not in CONFIG_FILE_SECTIONS)
+            if extra:
+                raise ConfigError(extra[0], f"unknown top-level key beside `rag:` (a config "
+                                            f"file holds {', '.join(CONFIG_FILE_SECTIONS)}); "
+                                            "RAG settings go under `rag:`", source=name)
             return data["rag"], ("rag",)
         return data, ()
 

@@ -190,6 +190,14 @@ def test_config_files_and_values_a_person_gets_wrong_are_named(tmp_path, capsys)
     # an unknown prompt id, even with the extractive generator that reads few of them
     with pytest.raises(ConfigError, match="unknown prompt 'nope'"):
         RAGConfig.from_dict({"prompt_id": "nope"})
+    # a key beside `rag:` was ignored: a misplaced RAG key, or a typo of a section
+    for text, key in [("rag:\n  k: 3\nk: 5\n", "k"), ("rag: {}\nindexs: {}\n", "indexs")]:
+        f.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            RAGConfig.from_yaml(f)
+        assert e.value.field == key and "beside `rag:`" in e.value.message
+    f.write_text("rag:\n  k: 3\nindexes:\n  lexical: bm25s\n")
+    assert RAGConfig.from_yaml(f).k == 3
     # malformed YAML in --set (was a yaml.ParserError traceback)
     assert main(["query", "--index", str(tmp_path), "--set", "k=[1", "q?"]) == 2
     assert "error: --set: 'k=[1': the value is not valid YAML" in capsys.readouterr().err
