@@ -220,6 +220,20 @@ def test_supporting_fact_titles_missing_from_context_are_counted(tmp_path, capsy
     assert "2 of 3 questions have no reachable gold" in capsys.readouterr().err
 
 
+def test_supporting_facts_past_the_end_of_their_paragraph_are_counted(tmp_path):
+    """A sentence index beyond its paragraph: the sentence-level metrics can never credit it
+    (the CLI audit found it reported as a clean label)."""
+    recs = [hotpot_record(0), hotpot_record(1)]
+    recs[1]["supporting_facts"]["sent_id"] = [0, 99]
+    ds = load_dataset(write_jsonl(tmp_path / "h.jsonl", recs))
+    rep = gold_report(ds.examples, ds.corpus)
+    assert rep["facts_outside_paragraph"] == 1 and rep["examples_with_facts_outside_paragraph"] == 1
+    assert any("point past the end of their paragraph" in w for w in gold_warnings(rep))
+    clean = gold_report(load_dataset(write_jsonl(tmp_path / "c.jsonl", recs[:1])).examples,
+                        ds.corpus)
+    assert clean["facts_outside_paragraph"] == 0 and not gold_warnings(clean)
+
+
 # ---- an index of another corpus -------------------------------------------------------------
 def test_index_of_another_corpus_is_refused_with_both_fingerprints(tmp_path, capsys):
     path = write_jsonl(tmp_path / "h.jsonl", [hotpot_record(i) for i in range(4)])

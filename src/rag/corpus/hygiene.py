@@ -280,10 +280,13 @@ def gold_report(examples: Sequence[Example], corpus: Corpus, max_ids: int = 10) 
     (HotpotQA supporting-fact titles with no passage of that title among the gold: absent from
     the record's context) and the examples carrying one; `no_reachable_gold`: examples with
     nothing to score retrieval against (labels, but none in the corpus; or no labels, no
-    titles and no answers), with the first `max_ids` ids."""
+    titles and no answers), with the first `max_ids` ids; `facts_outside_paragraph`
+    (supporting facts whose sentence index is past the end of their paragraph: the sentence
+    metrics could never credit them) and the examples carrying one."""
     rep = {"examples": len(examples), "labels": 0, "labels_outside_corpus": 0,
            "examples_with_labels_outside_corpus": 0, "titles_missing": 0,
-           "examples_with_titles_missing": 0, "no_reachable_gold": 0,
+           "examples_with_titles_missing": 0, "facts_outside_paragraph": 0,
+           "examples_with_facts_outside_paragraph": 0, "no_reachable_gold": 0,
            "no_reachable_gold_ids": []}
     for e in examples:
         labels = set(e.gold_passage_ids) | {p for p, g in e.qrels.items() if g > 0}
@@ -291,6 +294,11 @@ def gold_report(examples: Sequence[Example], corpus: Corpus, max_ids: int = 10) 
         outside = len(labels) - len(reachable)
         titles = {corpus[p].title for p in reachable}
         missing = [t for t in e.gold_titles if t not in titles]
+        sentences = {corpus[p].title: corpus[p].metadata.get("sentences") for p in reachable}
+        past = sum(1 for t, i in e.supporting_facts
+                   if isinstance(sentences.get(t), list) and not 0 <= i < len(sentences[t]))
+        rep["facts_outside_paragraph"] += past
+        rep["examples_with_facts_outside_paragraph"] += bool(past)
         rep["labels"] += len(labels)
         rep["labels_outside_corpus"] += outside
         rep["examples_with_labels_outside_corpus"] += bool(outside)
@@ -327,6 +335,10 @@ def gold_warnings(rep: dict) -> list[str]:
         out.append(f"{rep['titles_missing']} supporting-fact titles (in "
                    f"{rep['examples_with_titles_missing']} examples) are missing from the "
                    f"context")
+    if rep.get("facts_outside_paragraph"):
+        out.append(f"{rep['facts_outside_paragraph']} supporting facts (in "
+                   f"{rep['examples_with_facts_outside_paragraph']} examples) point past the "
+                   f"end of their paragraph")
     if rep["no_reachable_gold"]:
         out.append(f"{rep['no_reachable_gold']} of {rep['examples']} examples have no "
                    f"reachable gold (e.g. {', '.join(rep['no_reachable_gold_ids'][:3])}): "
