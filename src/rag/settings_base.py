@@ -66,7 +66,8 @@ class YamlSource:
         """Parse a file. ConfigError(`field`, ...) when it is missing or not valid YAML."""
         p = path if isinstance(path, Traversable) else Path(path)
         if not p.is_file():
-            raise ConfigError(field, f"file {p} does not exist")
+            what = "is a directory, not a YAML file" if p.is_dir() else "does not exist"
+            raise ConfigError(field, f"file {p} {what}")
         raw = p.read_bytes()
         try:
             text = raw.decode("utf-8")

@@ -198,6 +198,8 @@ def test_config_files_and_values_a_person_gets_wrong_are_named(tmp_path, capsys)
         assert e.value.field == key and "beside `rag:`" in e.value.message
     f.write_text("rag:\n  k: 3\nindexes:\n  lexical: bm25s\n")
     assert RAGConfig.from_yaml(f).k == 3
+    with pytest.raises(ConfigError, match="is a directory"):
+        RAGConfig.from_yaml(tmp_path)
     # malformed YAML in --set (was a yaml.ParserError traceback)
     assert main(["query", "--index", str(tmp_path), "--set", "k=[1", "q?"]) == 2
     assert "error: --set: 'k=[1': the value is not valid YAML" in capsys.readouterr().err
