@@ -151,6 +151,11 @@ def test_labels_outside_corpus_warn_in_data_report_and_stop_eval(tmp_path, capsy
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "warning:" in err and "index built from corpus" in err
+    # no judgements at all: a counted warning, not a report of 0 examples that looks clean
+    empty = write_beir(tmp_path / "b0", [])
+    assert main(["data-report", "--dataset", empty]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["warnings"] and "no questions with gold" in cap.err
     d2 = write_beir(tmp_path / "b2", [("q0", "d0", 1), ("q1", "x", 1), ("q2", "y", 1)])
     assert dry_eval(d2) == 2
     err = capsys.readouterr().err

@@ -191,6 +191,9 @@ def cmd_data_report(args: argparse.Namespace) -> int:
     kept, dropped = dedupe(ds.corpus)
     gold = gold_report(ds.examples, ds.corpus)
     warnings = gold_warnings(gold)
+    if not ds.examples:  # an empty qrels file, or a corpus given alone: say what that means
+        warnings.append("no questions with gold: it can be indexed and queried, not "
+                        "evaluated or tuned")
     report = {**ds.manifest_dict(), "duplicates_dropped": len(dropped),
               "duplicate_examples": dropped[:5],
               "categories": {c: sum(e.category == c for e in ds.examples)
