@@ -37,6 +37,22 @@ FAISS_DEVICE_KEY = f"{SECTION}.faiss_device"
 OPENSEARCH_URL_KEY = f"{SECTION}.opensearch.url"
 
 
+def _read_manifest(root: Path) -> dict[str, Any]:
+    """An index directory's manifest.json; missing or not a JSON object is a DataError naming
+    the directory (a hand-edited or half-copied directory was a traceback)."""
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise DataError(str(root), "has corpus.jsonl but no manifest.json: not a complete index "
+                                   "directory; run `ragpilot index` again")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(str(path), f"not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(str(path), "expected a JSON object")
+    return manifest
+
+
 class IndexSet:
     """Lazily-loaded retrievers over one corpus. Thread-safe for loading."""
 
@@ -107,7 +123,16 @@ class IndexSet:
         if not (root / "corpus.jsonl").exists():
             raise DataError(str(root), "not an index directory (no corpus.jsonl); run "
                                        "`ragpilot index` first")
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = _read_manifest(root)
+        corpus = Corpus.load(root / "corpus.jsonl")
+        built = manifest.get("corpus_fingerprint")
+        if built is not None and built != corpus.fingerprint():
+            raise DataError(str(root), f"corpus.jsonl (fingerprint {corpus.fingerprint()}) is "
+                                       f"not the corpus this directory was indexed from "
+                                       f"({built}): its indexes would return ids it does not "
+                                       "hold; index again into a new directory")
+        if len(corpus) == 0:
+            raise DataError(str(root), "the index holds no passages; index a non-empty corpus")
         stored = stored_settings(root, manifest)
         given = coerce(indexes) if indexes is not None else IndexSettings()
         check_same_backends(root, stored, given)
@@ -122,8 +147,8 @@ class IndexSet:
             settings = settings.overridden({"faiss_device": None})
         if "url" not in over_os and os.environ.get(URL_ENV):
             settings = settings.overridden({"opensearch": {"url": None}})
-        return cls(root, Corpus.load(root / "corpus.jsonl"), encoder=manifest.get("encoder",
-                   "minilm"), device=device, show_progress=show_progress, indexes=settings)
+        return cls(root, corpus, encoder=manifest.get("encoder", "minilm"), device=device,
+                   show_progress=show_progress, indexes=settings)
 
     def check_corpus(self, corpus: Corpus, dataset: str) -> None:
         """Refuse to serve `dataset` from an index of another corpus: CorpusMismatchError (both

@@ -50,7 +50,7 @@ from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
-from rag.errors import ConfigError
+from rag.errors import ConfigError, DataError
 from serving.api import api, log
 from serving.auth import Guard, KeyFile, install_guard
 from serving.jobs import TunerJobs, run_evaluation
@@ -221,11 +221,48 @@ def preflight(args: dict[str, Any] | None = None) -> ServeSettings:
     replica would otherwise refuse one by one while Serve retries them. `ragpilot serve` calls
     it before Ray starts."""
     s = _resolved(ServeSettings.from_args(args))
+    _check_paths(s)
     if s.index_dir:
         from serving.pipelines import check_served_data
 
-        check_served_data(s.dataset, s.index_dir, s.indexes)
+        try:
+            check_served_data(s.dataset, s.index_dir, s.indexes)
+        except DataError as exc:  # name the setting, not only the path
+            raise ConfigError("serve.index_dir", str(exc)) from None
     return s
+
+
+STORE_SCHEMES = ("sqlite", "postgresql", "postgres")
+"""SQLAlchemy URL schemes `store_url` may name (`postgresql+psycopg://...` included)."""
+
+
+def _check_paths(s: ServeSettings) -> None:
+    """The files and folders the app will open, checked before Ray starts (each was a raw
+    OSError or sqlite3 error inside a replica, or nothing at all until a request): the store,
+    the key file, the rollout directory, the policy directories."""
+    from rl.policy.base import MODEL_FILE, POLICY_FILE
+
+    url = s.store_url
+    if "://" in url:
+        scheme = url.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in STORE_SCHEMES:
+            raise ConfigError("serve.store_url", f"{scheme!r} is not a supported database "
+                                                 f"(an SQLite path, or {', '.join(STORE_SCHEMES)}"
+                                                 " URLs)")
+    elif Path(url).is_dir():
+        raise ConfigError("serve.store_url", f"{url} is a directory; name the SQLite file "
+                                             "(e.g. runs/serve/interactions.sqlite)")
+    if Path(s.auth.keys_file).is_dir():
+        raise ConfigError("serve.auth.keys_file", f"{s.auth.keys_file} is a directory")
+    if Path(s.rollout_dir).exists() and not Path(s.rollout_dir).is_dir():
+        raise ConfigError("serve.rollout_dir", f"{s.rollout_dir} is a file, not a directory")
+    if s.policy is not None:
+        for field, d in (("dir", s.policy.dir), ("candidate_dir", s.policy.candidate_dir)):
+            if d is not None and not all((Path(d) / f).is_file()
+                                         for f in (POLICY_FILE, MODEL_FILE)):
+                raise ConfigError(f"serve.policy.{field}", f"{d} is not a policy directory "
+                                  f"({POLICY_FILE} and {MODEL_FILE}; `ragpilot policy train` "
+                                  "writes one)")
 
 
 def build_app(args: dict[str, Any] | None = None):

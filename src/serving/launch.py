@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rag.errors import ConfigError
 from rl.common.runtime import LOCAL_CLUSTER_ENV
 
@@ -33,22 +31,48 @@ RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 20
 
 def read_serve_yaml(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(http_options, applications) of a Serve config file; errors name the key."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError("config", f"file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{p} is not valid YAML: {exc}") from None
+    from ray.serve.schema import HTTPOptionsSchema, ServeApplicationSchema, ServeDeploySchema
+
+    from rag.settings_base import YamlSource
+
+    src = YamlSource.read(path, "config")  # UTF-8, valid YAML, no key written twice
+    data = src.data or {}
+
+    def error(loc: tuple, message: str) -> ConfigError:
+        return ConfigError(".".join(map(str, loc)), message, source=src.name,
+                           line=src.line_of(loc))
+
+    def known(mapping: Any, loc: tuple, schema: Any) -> dict[str, Any]:
+        # Serve's own schema names the keys: one it does not have would be ignored here
+        if not isinstance(mapping, dict):
+            raise error(loc, f"must be a mapping, got {type(mapping).__name__}")
+        for key in mapping:
+            if key not in schema.__fields__:
+                raise error((*loc, key), f"unknown key (Serve's {schema.__name__} has: "
+                                         f"{', '.join(sorted(schema.__fields__))})")
+        return mapping
+
+    known(data, (), ServeDeploySchema)
+    http = known(data.get("http_options") or {}, ("http_options",), HTTPOptionsSchema)
+    port = http.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 1 <= port <= 65535):
+        raise error(("http_options", "port"), f"must be a port number (1-65535), got {port!r}")
     apps = data.get("applications")
     if not isinstance(apps, list) or not apps:
-        raise ConfigError("applications", f"{p} has no `applications:` list")
+        raise ConfigError("applications", f"{src.name} has no `applications:` list")
+    names: dict[str, int] = {}
     for i, a in enumerate(apps):
-        if not isinstance(a, dict) or a.get("import_path") not in (
-                "serving.app:build_app", "serving.app:app"):
-            raise ConfigError(f"applications.{i}.import_path",
-                              "must be serving.app:build_app (or serving.app:app)")
-    return dict(data.get("http_options") or {}), apps
+        known(a, ("applications", i), ServeApplicationSchema)
+        if a.get("import_path") not in ("serving.app:build_app", "serving.app:app"):
+            raise error(("applications", i, "import_path"),
+                        "must be serving.app:build_app (or serving.app:app)")
+        name = str(a.get("name", "default"))
+        if name in names:
+            raise error(("applications", i, "name"), f"{name!r} is also application "
+                                                    f"{names[name]}'s name")
+        names[name] = i
+    return dict(http), apps
 
 
 def app_env_vars(app: dict[str, Any], i: int = 0) -> dict[str, str]:

@@ -234,6 +234,7 @@ class ServeSettings(StrictSettings):
 
     @model_validator(mode="after")
     def _configs_valid(self) -> ServeSettings:
+        self.config({}, where="serve.base")  # a bad key of `base` is `base`'s, not stable's
         for name in ("stable", "canary", "shadow"):
             over = getattr(self, name)
             if over is not None:

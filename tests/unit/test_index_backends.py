@@ -503,9 +503,10 @@ def test_a_served_index_directory_must_hold_the_named_dataset(tmp_path, tiny_cor
     assert len(gold) == len({e.question.strip().lower() for e in ds.examples}) > 0
     assert idx.corpus.fingerprint() == ds.corpus.fingerprint()
     assert open_served_data(None, str(own))[1] == {}
-    with pytest.raises(DataError):
+    with pytest.raises(ConfigError) as e:  # the setting is named, and the path
         build_app({"index_dir": str(tmp_path / "absent"),
                    "store_url": str(tmp_path / "s.sqlite")})
+    assert e.value.field == "serve.index_dir" and "absent" in e.value.message
 
 
 def test_ragpilot_serve_refuses_a_mismatched_index_before_ray_starts(tmp_path, tiny_corpus,
@@ -550,3 +551,28 @@ def test_an_index_directory_of_another_corpus_is_refused_not_mixed(tmp_path, tin
     with pytest.raises(DataError, match="no passages"):
         IndexSet.create(Corpus([]), tmp_path / "empty", show_progress=False)
     assert not (tmp_path / "empty").exists()
+
+
+def test_a_tampered_or_incomplete_index_directory_is_a_data_error(tmp_path, tiny_corpus):
+    """A corpus.jsonl replaced after indexing (queries then failed with KeyError on ids it no
+    longer held), a manifest that is not JSON or missing (tracebacks), an empty index."""
+    import shutil
+
+    from rag.corpus import Corpus
+    from rag.types import Passage
+
+    root = tmp_path / "ix"
+    IndexSet.create(tiny_corpus, root, show_progress=False)
+    IndexSet.open(root)  # intact
+    cases = {"swapped": lambda d: Corpus([Passage("x1", "Tokyo.", "Tokyo")]).save(
+                 d / "corpus.jsonl"),
+             "bad-manifest": lambda d: (d / "manifest.json").write_text("[1, 2"),
+             "list-manifest": lambda d: (d / "manifest.json").write_text("[1, 2]"),
+             "no-manifest": lambda d: (d / "manifest.json").unlink()}
+    for name, damage in cases.items():
+        d = tmp_path / name
+        shutil.copytree(root, d)
+        damage(d)
+        with pytest.raises(DataError) as e:
+            IndexSet.open(d)
+        assert str(d) in str(e.value), (name, e.value)

@@ -60,3 +60,57 @@ def test_invalid_args_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="canary"):
         write_serve_yaml(tmp_path / "serve.yaml", {"canary": {"k": 99}})
     assert not (tmp_path / "serve.yaml").exists()
+
+
+def test_a_serve_yaml_a_person_gets_wrong_is_refused_before_ray_starts(tmp_path):
+    """Found by an audit (stop 56): tracebacks (http_options a list, a port "abc"), keys Serve
+    would ignore (an application's `argz:` served the defaults), a key written twice, two
+    applications with one name, and paths the replicas would fail on one by one."""
+    import copy
+
+    import yaml
+
+    from rag.errors import ConfigError
+    from rag.resources import default_config
+    from serving.app import preflight
+    from serving.launch import read_serve_yaml
+
+    base = yaml.safe_load(default_config("serve/default.yaml").read_text())
+    app_args = base["applications"][0]["args"]
+
+    def broken(change) -> str:
+        data = copy.deepcopy(base)
+        change(data)
+        p = tmp_path / "s.yaml"
+        p.write_text(yaml.safe_dump(data, sort_keys=False))
+        with pytest.raises(ConfigError) as e:
+            read_serve_yaml(p)
+        return e.value.field
+
+    assert broken(lambda d: d.update(http_options=[1, 2])) == "http_options"
+    assert broken(lambda d: d["http_options"].update(port="abc")) == "http_options.port"
+    assert broken(lambda d: d["http_options"].update(port=-5)) == "http_options.port"
+    assert broken(lambda d: d["http_options"].update(bogus=1)) == "http_options.bogus"
+    assert broken(lambda d: d.update(bogus_top=1)) == "bogus_top"
+    assert broken(lambda d: d["applications"][0].update(argz={})) == "applications.0.argz"
+    assert broken(lambda d: d["applications"].append(copy.deepcopy(d["applications"][0]))) \
+        == "applications.1.name"
+    p = tmp_path / "dup.yaml"
+    p.write_text("http_options: {port: 8000}\nhttp_options: {port: 9000}\n")
+    with pytest.raises(ConfigError, match="appears twice"):
+        read_serve_yaml(p)
+
+    def refused(**args) -> str:
+        with pytest.raises(ConfigError) as e:
+            preflight({**app_args, "store_url": str(tmp_path / "s.sqlite"), **args})
+        return e.value.field
+
+    assert refused(base={"kk": 1}) == "serve.base.kk"  # not serve.stable.kk
+    assert refused(store_url=str(tmp_path)) == "serve.store_url"
+    assert refused(store_url="ftp://x/y") == "serve.store_url"
+    assert refused(auth={"keys_file": str(tmp_path)}) == "serve.auth.keys_file"
+    (tmp_path / "f").write_text("x")
+    assert refused(rollout_dir=str(tmp_path / "f")) == "serve.rollout_dir"
+    assert refused(policy={"dir": str(tmp_path / "nope")}) == "serve.policy.dir"
+    assert refused(index_dir=str(tmp_path / "noidx")) == "serve.index_dir"
+    preflight({**app_args, "store_url": str(tmp_path / "s.sqlite")})  # the shipped one passes
