@@ -113,11 +113,30 @@ def check_question(question: str) -> str:
     return question.strip()
 
 
+def check_history(history: Any) -> None:
+    """ConfigError `history` unless it is None or a sequence of {role, text} mappings with
+    string text (a bare string or turns without text were accepted and answered)."""
+    if history is None:
+        return
+    if isinstance(history, (str, bytes)) or not isinstance(history, Sequence) or not all(
+            isinstance(t, Mapping) and isinstance(t.get("text"), str) for t in history):
+        raise ConfigError("history", "must be a list of turns, each {role, text} with a string "
+                                     "text")
+
+
 class Pipeline:
     """Answers questions over `indexes` with one `config`."""
 
     def __init__(self, indexes: IndexProvider, config: RAGConfig | None = None,
                  resources: Resources | None = None):
+        if indexes is None:
+            raise ConfigError("indexes", "a Pipeline needs an IndexSet (or another "
+                                         "IndexProvider)")
+        if isinstance(config, Mapping):  # overrides, validated (errors name `rag.<key>`)
+            config = RAGConfig.from_dict(dict(config))
+        elif config is not None and not isinstance(config, RAGConfig):
+            raise ConfigError("config", f"must be a RAGConfig or a mapping of its keys, got "
+                                        f"{type(config).__name__}")
         self.indexes = indexes
         self.config = config or RAGConfig()
         self.resources = resources or Resources()
@@ -218,6 +237,7 @@ class Pipeline:
         (`rag.query_formulation`; None = the question alone)."""
         from rag.query_formulation import formulate_query
 
+        check_history(history)
         return formulate_query(check_question(question), history,
                                self.config.query_formulation, max_chars=MAX_QUESTION_CHARS)
 
@@ -257,6 +277,8 @@ class Pipeline:
                   ) -> list[Answer]:
         """Answer many single-turn questions (no history: see `run` for conversations);
         `progress(n_done)` is called after each generator batch."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError("batch_size", f"must be a whole number >= 1, got {batch_size!r}")
         qs = [check_question(q) for q in questions]
         ids = list(query_ids) if query_ids is not None else [str(i) for i in range(len(qs))]
         if len(ids) != len(qs):

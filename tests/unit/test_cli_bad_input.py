@@ -17,6 +17,8 @@ from serving.cli import main
     ({"summary.json": json.dumps({"dataset": "synthetic"})}, "has no best_config.yaml"),
     ({"summary.json": json.dumps({"dataset": "synthetic"}), "best_config.yaml": "rag: {}\n"},
      "has no curve.jsonl"),
+    ({"summary.json": json.dumps({"dataset": "synthetic"}), "best_config.yaml": "rag: {}\n",
+      "curve.jsonl": '{"reward": 0.5}\n{bad\n'}, "curve.jsonl is not the run's curve"),
 ])
 def test_report_on_a_run_directory_that_is_not_a_finished_run(tmp_path, capsys, files,
                                                               message):
@@ -38,6 +40,10 @@ def test_bad_port_and_a_mistyped_manifest_are_refused_before_anything_runs(tmp_p
     assert main(["tune", "--dataset", "synthetic", "--metrics-port", "-1", "--out",
                  str(out)]) == 2
     assert "--metrics-port" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "dir.prom").mkdir()
+    assert main(["tune", "--dataset", "synthetic", "--metrics-textfile",
+                 str(tmp_path / "dir.prom"), "--out", str(out)]) == 2
+    assert "error: --metrics-textfile: " in capsys.readouterr().err and not out.exists()
     cand = tmp_path / "cand.yaml"
     cand.write_text("rag:\n  variant: bm25\n")
     stable = tmp_path / "stable.yaml"
@@ -67,3 +73,26 @@ def test_tune_refuses_to_mix_a_new_run_into_a_finished_one(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert "report.md" in RUN_FILES and "holdout" in RUN_FILES
     _claim_run_directory(tmp_path / "new", overwrite=False, resumed=False)  # nothing there
+
+
+def test_a_malformed_split_manifest_and_a_bad_pipeline_call_are_named(tmp_path):
+    from rag.corpus.hygiene import SplitManifest
+    from rag.errors import ConfigError, DataError
+    from rag.pipeline import Pipeline
+
+    for text in ("{bad", "[1, 2]", "{}"):
+        (tmp_path / "split.json").write_text(text)
+        with pytest.raises(DataError, match="split.json"):
+            SplitManifest.load(tmp_path / "split.json")
+    with pytest.raises(ConfigError, match="indexes"):
+        Pipeline(None)
+    p = Pipeline(object(), {"k": 3})  # a mapping is validated into a RAGConfig
+    assert p.config.k == 3
+    with pytest.raises(ConfigError) as e:
+        Pipeline(object(), {"kk": 3})
+    assert e.value.field == "rag.kk"
+    for history in ("hello", [{"bogus": 1}], [1]):
+        with pytest.raises(ConfigError, match="history"):
+            p.retrieval_query("q?", history)
+    with pytest.raises(ConfigError, match="batch_size"):
+        p.run_batch(["q?"], batch_size=0)

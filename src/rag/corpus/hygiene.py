@@ -116,8 +116,15 @@ class SplitManifest:
         p = Path(path)
         if not p.exists():
             raise DataError(str(p), "split manifest does not exist")
-        d = json.loads(p.read_text())
-        return cls(d["name"], d["seed"], d["source_sha256"], d["splits"], d["stratified_by"])
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+            return cls(d["name"], d["seed"], d["source_sha256"], d["splits"],
+                       d["stratified_by"])
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(str(p), f"split manifest is not JSON ({exc})") from None
+        except (KeyError, TypeError) as exc:  # a list, or a key missing
+            raise DataError(str(p), f"not a split manifest (name, seed, source_sha256, "
+                                    f"splits, stratified_by): {exc!r}") from None
 
 
 def stratified_split(examples: Sequence[Example], sizes: dict[str, float | int], seed: int,

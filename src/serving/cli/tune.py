@@ -60,6 +60,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with flags(FLAGS):
         check(args.method, args.budget, args.budget_unit, resume=args.resume,
               checkpoint=args.checkpoint)  # before the settings and data
+    if args.metrics_textfile and Path(args.metrics_textfile).is_dir():
+        raise ConfigError("--metrics-textfile", f"{args.metrics_textfile} is a directory; "
+                                                "name the .prom file to write")
     cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
     settings = tuner_settings(args.policy)
     if "ray_address" in cluster and args.method not in TUNE_METHODS:
@@ -146,9 +149,10 @@ def _serve_next(run, settings) -> None:
           "   (runbooks/canary_promotion.md)")
 
 
-def _run_summary(run: Path) -> dict:
-    """The run's summary.json with the keys `report` reads, else ConfigError naming `--run`
-    and what is wrong (a hand-edited or truncated file was a traceback)."""
+def _run_summary(run: Path) -> tuple[dict, list[float]]:
+    """The run's summary.json (with the keys `report` reads) and its curve's rewards, else
+    ConfigError naming `--run` and what is wrong (a hand-edited or truncated file was a
+    traceback, after the report's evaluations)."""
     try:
         summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -160,7 +164,13 @@ def _run_summary(run: Path) -> dict:
         if not (run / name).is_file():
             raise ConfigError("--run", f"{run} has no {name}: not a finished `ragpilot tune` "
                                        "run")
-    return summary
+    try:
+        lines = (run / "curve.jsonl").read_text(encoding="utf-8").splitlines()
+        rewards = [float(json.loads(x)["reward"]) for x in lines if x.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("--run", f"{run}/curve.jsonl is not the run's curve ({exc!r})"
+                          ) from None
+    return summary, rewards
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -174,7 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = Path(args.run)
     if not (run / "summary.json").exists():
         raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
-    summary = _run_summary(run)
+    summary, rewards = _run_summary(run)
     policy = tuner_settings(args.policy)
     # the run's own split.json (data without a committed manifest) is the split it reports on
     ev = TunerEvaluator(TuningData.open(summary["dataset"], run_dir=run), policy)
@@ -234,9 +244,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan = power_plan(ev, ev.table(best, hold), ev.table(default, hold))
     lines += ["", f"Power (chosen vs static default on `{hold}`): {plan.describe()}"]
     lines += figures
-    curve = [json.loads(x) for x in (run / "curve.jsonl").read_text().splitlines() if x]
-    if curve:
-        plots.append(plot_run_curve([c["reward"] for c in curve], run / "reward-curve.png",
+    if rewards:
+        plots.append(plot_run_curve(rewards, run / "reward-curve.png",
                                     f"{summary['dataset']} / {summary['method']}: reward "
                                     "per evaluation"))
         lines.append("\n![reward curve](reward-curve.png)")
