@@ -96,3 +96,17 @@ def test_a_malformed_split_manifest_and_a_bad_pipeline_call_are_named(tmp_path):
             p.retrieval_query("q?", history)
     with pytest.raises(ConfigError, match="batch_size"):
         p.run_batch(["q?"], batch_size=0)
+
+
+def test_eval_dry_run_checks_the_whole_config_file(tmp_path, capsys):
+    """`eval --dry-run` passed a config whose `indexes:` section or generator `index` and
+    `tuner-eval` refuse (the second audit)."""
+    f = tmp_path / "c.yaml"
+    for text, message in [("rag: {k: 3}\nindexes: {bogus: 1}\n", "indexes.bogus"),
+                          ("rag: {k: 3}\nindexes: [1, 2]\n", "indexes"),
+                          ("rag: {generator: nope}\n", "'nope'")]:
+        f.write_text(text)
+        assert main(["eval", "--dataset", "synthetic", "--dry-run", "--config", str(f)]) == 2
+        assert message in capsys.readouterr().err, text
+    f.write_text("rag: {k: 3}\nindexes: {lexical: bm25s}\n")
+    assert main(["eval", "--dataset", "synthetic", "--dry-run", "--config", str(f)]) == 0

@@ -450,6 +450,13 @@ def test_evidence_files_name_the_line_of_a_bad_row_or_report(tmp_path):
         with pytest.raises(ConfigError) as e:
             reports_from_file(rows, sm)
         assert f"{rows}:3: {key} must be" in e.value.message, e.value
+    rows.write_text(json.dumps({**good, "variant_id": 5}) + "\n")
+    with pytest.raises(ConfigError, match=r"rows.jsonl:1: variant_id must be"):
+        reports_from_file(rows, sm)
+    rows.write_text(json.dumps({k: v for k, v in good.items() if k != "propensity"}) + "\n")
+    with pytest.raises(ConfigError) as e:  # the offline (IPS) stage needs it
+        reports_from_file(rows, sm)
+    assert "missing" in e.value.message and str(rows) in e.value.message
     reports = tmp_path / "reports.jsonl"
     reports.write_text(json.dumps({"kind": "offline", "candidate": {}}) + "\n")
     with pytest.raises(ConfigError) as e:

@@ -92,6 +92,8 @@ def check_rows(located: list[tuple[str, dict[str, Any]]]) -> None:
         return ConfigError("evidence", f"{where}: {key} must be {what}, got {r.get(key)!r}")
 
     for where, r in located:
+        if not isinstance(r.get("variant_id"), str) or not r["variant_id"]:
+            raise bad(where, r, "variant_id", "a variant id (a string)")
         if r.get("reward") is not None and not (number(r["reward"]) and 0 <= r["reward"] <= 1):
             raise bad(where, r, "reward", "null or a number in [0, 1]")
         if r.get("propensity") is not None and not (
@@ -177,9 +179,12 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
     cfg, st = sm.config, sm.state
     kind = KIND.get(sm.stage, "canary")
     if kind == "offline":  # the logged history before the rollout is what IPS replays
-        return Evidence([offline_from_log(recs, st.stable, st.candidate,
-                                          thresholds=cfg.thresholds,
-                                          latency_slo_ms=cfg.slo.latency_ms)])
+        try:
+            return Evidence([offline_from_log(recs, st.stable, st.candidate,
+                                              thresholds=cfg.thresholds,
+                                              latency_slo_ms=cfg.slo.latency_ms)])
+        except ConfigError as exc:
+            raise ConfigError(exc.field, f"{exc.message} (in {path})") from None
     fresh = [r for r in recs if float(r.get("ts") or 0.0) > st.row_cursor]
     if not fresh:
         return Evidence(notes=[f"{path}: no interaction rows newer than the last batch "

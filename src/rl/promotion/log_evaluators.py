@@ -31,7 +31,11 @@ def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: 
         raise ConfigError("rows", "no served rows with a reward")
     terms, by = [], {stable: [], candidate: []}
     for i, r in enumerate(rows):
-        p = float(r.get("propensity") or 0.0)
+        if r.get("propensity") is None:
+            raise ConfigError(f"rows[{i}].propensity", f"missing (row {r.get('id')!r}): an IPS "
+                                                       "estimate needs the propensity of each "
+                                                       "served row")
+        p = float(r["propensity"])
         if not 0 < p <= 1:
             raise ConfigError(f"rows[{i}].propensity", f"must be in (0, 1], got {p}")
         v = r.get("variant_id")

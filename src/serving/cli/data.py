@@ -124,11 +124,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     workers = fanout_workers(args)
     ds, split, examples = _examples_for(args.dataset, args.split, args.limit)
     gold = _check_gold(ds, examples, args.allow_missing_gold)
+    settings = _index_settings(args.config)  # checked by a dry run too
+    if cfg.generator != "extractive":  # a name the registry lacks fails here, not mid-run
+        from rag.models import default_registry
+
+        default_registry().get(cfg.generator)
     if args.dry_run:
         return _eval_dry_run(cfg, ds, examples)
     if not args.out:
         raise ConfigError("--out", "required unless --dry-run")
-    settings = _index_settings(args.config)
     if args.index:
         indexes = IndexSet.open(args.index, show_progress=True, indexes=settings)
         indexes.check_corpus(ds.corpus, args.dataset)
