@@ -267,16 +267,14 @@ class AdminRoutes:
         cap = self.settings.limits.max_k
         if cfg.k > cap:
             raise ApiError(f"{field}.k", f"is {cfg.k}; the limit is {cap} (limits.max_k)")
-        if cfg.generator != "extractive":  # else every request to it would fail (502)
-            from rag.errors import ModelNotFoundError
-            from rag.models import default_registry
+        from rag.errors import ModelNotFoundError
+        from rag.generation.factory import check_generator
 
-            try:
-                kind = default_registry().get(cfg.generator).kind
-            except ModelNotFoundError as exc:
-                raise ApiError(f"{field}.generator", str(exc)) from None
-            if kind != "generator":
-                raise ApiError(f"{field}.generator", f"{cfg.generator!r} is a {kind}, not a "
-                                                     "generator")
+        try:  # else every request to it would fail (502)
+            check_generator(cfg.generator)
+        except ModelNotFoundError as exc:
+            raise ApiError(f"{field}.generator", str(exc)) from None
+        except ConfigError as exc:
+            raise ApiError(f"{field}.generator", exc.message) from None
         return cfg
 

@@ -10,6 +10,21 @@ from rag.generation.base import Generator
 from rag.models import ModelRegistry, default_registry
 
 
+def check_generator(name: str, registry: ModelRegistry | None = None) -> None:
+    """`name` is a generator `make_generator` can build: "extractive", or a registry entry of
+    kind generator (ModelNotFoundError when the registry lacks it, ConfigError `generator` when
+    it is another kind). Loads nothing: callers check before a run or a deployment starts."""
+    if name != "extractive":
+        _generator_spec(name, registry or default_registry())
+
+
+def _generator_spec(name: str, reg: ModelRegistry):
+    spec = reg.get(name)
+    if spec.kind != "generator":
+        raise ConfigError("generator", f"{name!r} is a {spec.kind}, not a generator")
+    return spec
+
+
 def make_generator(name: str, registry: ModelRegistry | None = None, device: str = "cpu",
                    cache: bool = True) -> Generator:
     if name == "extractive":
@@ -17,9 +32,7 @@ def make_generator(name: str, registry: ModelRegistry | None = None, device: str
 
         return ExtractiveReader()
     reg = registry or default_registry()
-    spec = reg.get(name)
-    if spec.kind != "generator":
-        raise ConfigError("generator", f"{name!r} is a {spec.kind}, not a generator")
+    spec = _generator_spec(name, reg)
     if spec.format == "gguf" and spec.options.get("runtime") == "llama_cpp" and device == "cpu":
         from rag.llama_runtime import LlamaCppGenerator
 

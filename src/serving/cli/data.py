@@ -125,10 +125,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ds, split, examples = _examples_for(args.dataset, args.split, args.limit)
     gold = _check_gold(ds, examples, args.allow_missing_gold)
     settings = _index_settings(args.config)  # checked by a dry run too
-    if cfg.generator != "extractive":  # a name the registry lacks fails here, not mid-run
-        from rag.models import default_registry
+    from rag.generation.factory import check_generator
 
-        default_registry().get(cfg.generator)
+    check_generator(cfg.generator)  # a name the registry lacks fails here, not mid-run
     if args.dry_run:
         return _eval_dry_run(cfg, ds, examples)
     if not args.out:
