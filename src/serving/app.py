@@ -232,26 +232,14 @@ def preflight(args: dict[str, Any] | None = None) -> ServeSettings:
     return s
 
 
-STORE_SCHEMES = ("sqlite", "postgresql", "postgres")
-"""SQLAlchemy URL schemes `store_url` may name (`postgresql+psycopg://...` included)."""
-
-
 def _check_paths(s: ServeSettings) -> None:
     """The files and folders the app will open, checked before Ray starts (each was a raw
     OSError or sqlite3 error inside a replica, or nothing at all until a request): the store,
     the key file, the rollout directory, the policy directories."""
     from rl.policy.base import MODEL_FILE, POLICY_FILE
+    from serving.store import check_store_url
 
-    url = s.store_url
-    if "://" in url:
-        scheme = url.split("://", 1)[0].split("+", 1)[0]
-        if scheme not in STORE_SCHEMES:
-            raise ConfigError("serve.store_url", f"{scheme!r} is not a supported database "
-                                                 f"(an SQLite path, or {', '.join(STORE_SCHEMES)}"
-                                                 " URLs)")
-    elif Path(url).is_dir():
-        raise ConfigError("serve.store_url", f"{url} is a directory; name the SQLite file "
-                                             "(e.g. runs/serve/interactions.sqlite)")
+    check_store_url(s.store_url, "serve.store_url")
     if Path(s.auth.keys_file).is_dir():
         raise ConfigError("serve.auth.keys_file", f"{s.auth.keys_file} is a directory")
     if Path(s.rollout_dir).exists() and not Path(s.rollout_dir).is_dir():

@@ -453,13 +453,33 @@ class SQLAlchemyStore(InteractionStore):
         self._engine.dispose()
 
 
+STORE_SCHEMES = ("sqlite", "postgresql", "postgres")
+"""SQLAlchemy URL schemes a store URL may name (`postgresql+psycopg://...` included)."""
+
+
+def check_store_url(url: str | Path, field: str = "store_url") -> str:
+    """`url` as a store URL, else ConfigError `field`: empty, a directory (a path must name
+    the SQLite file) or a URL scheme no store speaks. Opens nothing: the Serve app checks its
+    `store_url` before Ray starts, `open_store` before it connects."""
+    s = str(url)
+    if not s:
+        raise ConfigError(field, "must be a path or a database URL")
+    if "://" in s:
+        scheme = s.split("://", 1)[0].split("+", 1)[0]
+        if scheme not in STORE_SCHEMES:
+            raise ConfigError(field, f"{scheme!r} is not a supported database (an SQLite path, "
+                                     f"or {', '.join(STORE_SCHEMES)} URLs)")
+    elif Path(s).is_dir():
+        raise ConfigError(field, f"{s} is a directory; name the SQLite file (e.g. "
+                                 "runs/serve/interactions.sqlite)")
+    return s
+
+
 def open_store(url: str | Path, create: bool = True) -> InteractionStore:
     """A path (or `sqlite://` URL without a driver suffix) -> SQLiteStore; any other URL with
     `://` -> SQLAlchemyStore (PostgreSQL etc.). `create` False: open an existing store only
-    (readers: a mistyped path is a ConfigError, not an empty store)."""
-    s = str(url)
-    if not s:
-        raise ConfigError("store_url", "must be a path or a database URL")
+    (readers: a mistyped path is a ConfigError, not an empty store). `check_store_url` first."""
+    s = check_store_url(url)
     if "://" not in s:
         return SQLiteStore(s, create=create)
     return SQLAlchemyStore(s, create=create)
