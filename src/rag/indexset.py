@@ -86,12 +86,8 @@ class IndexSet:
         root = Path(root)
         if len(corpus) == 0:
             raise DataError(str(root), "the corpus has no passages: nothing to index")
-        old = root / "manifest.json"
-        if old.is_file():  # its sub-indexes would be reused: they must be of this corpus
-            try:
-                had = json.loads(old.read_text()).get("corpus_fingerprint")
-            except (json.JSONDecodeError, AttributeError):
-                had = "unreadable"
+        if (root / "manifest.json").is_file():  # its sub-indexes would be reused: they
+            had = _read_manifest(root).get("corpus_fingerprint")  # must be of this corpus
             if had != corpus.fingerprint():
                 raise DataError(str(root), f"holds the index of another corpus (fingerprint "
                                            f"{had}, this one {corpus.fingerprint()}); index "
@@ -160,7 +156,7 @@ class IndexSet:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return json.loads((self.root / "manifest.json").read_text())
+        return _read_manifest(self.root)
 
     def build_all(self, bm25: tuple[str, ...] | None = None, dense: tuple[str, ...] = ("flat",),
                   graph: bool = True) -> dict[str, float]:

@@ -21,6 +21,7 @@ from rag.config import RAGConfig
 from rag.corpus.loaders import BUILTIN_DATASETS
 from rag.errors import RagError
 from rag.settings_base import StrictSettings
+from rl.promotion.service import ID_CHARS
 from rl.tuner.reward import PII_LEAK_WEIGHT
 
 
@@ -311,7 +312,7 @@ class RequestBody(StrictSettings):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _unicode(cls, v: Any) -> Any:
+    def _finite_and_unicode(cls, v: Any) -> Any:
         _valid_json(v)
         return v
 
@@ -391,9 +392,8 @@ class TrafficRequest(RequestBody):
     rollback from `full`); validated and deployed like `canary_config`."""
 
 
-ID_PATTERN = r"^[A-Za-z0-9_.:@-]+$"
-"""What a variant or manifest id may hold (`rl.promotion.service`'s ids): it is written to the
-rollout's state and audit log."""
+ID_PATTERN = rf"^{ID_CHARS}+$"
+"""A variant or manifest id (`rl.promotion.service.ID_CHARS`; the lengths are the fields')."""
 
 
 class RolloutStartRequest(RequestBody):

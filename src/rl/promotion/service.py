@@ -23,7 +23,10 @@ from typing import Any
 from rag.errors import ConfigError, RagError
 
 DEFAULT_DIR = "runs/rollout"
-_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+ID_CHARS = r"[A-Za-z0-9_.:@-]"
+"""What a config hash, variant id or manifest id may hold (they go into the rollout's state and
+audit log; the Serve API's rollout bodies use the same class)."""
+_ID = re.compile(rf"^{ID_CHARS}{{1,64}}$")
 
 LeakCounter = Callable[..., float]
 """`(answer, question, contexts) -> number of PII leaks` (the CLI passes serving.pii's)."""
@@ -159,13 +162,8 @@ def advance(sm: Any, reports: Sequence[Any]) -> Any:
     full/rolled_back."""
     if sm.done:
         raise RolloutClosed(sm.stage)
-    from rl.promotion.state_machine import KIND
-
-    expected = KIND.get(sm.stage)
     for i, rep in enumerate(reports):  # all checked first: a refused call observes nothing
-        if expected is not None and rep.kind != expected:
-            raise ConfigError(f"reports.{i}.kind", f"stage {sm.stage} takes {expected} "
-                                                   f"reports, got {rep.kind}")
+        sm.check_kind(rep, f"reports.{i}.kind")
     for rep in reports:
         d = sm.observe(rep)
         if d.action in ("rollback", "advance"):

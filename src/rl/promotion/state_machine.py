@@ -263,15 +263,19 @@ class PromotionStateMachine:
         e["s_sum"] += s.n * s.reward
         e["s_sumsq"] += (s.n - 1) * s.reward_sd ** 2 + s.n * s.reward ** 2
 
+    def check_kind(self, report: EvaluationReport, field: str = "report.kind") -> None:
+        """ConfigError `field` unless the current stage takes reports of `report.kind`."""
+        expected = KIND.get(self.stage)
+        if expected is not None and report.kind != expected:
+            raise ConfigError(field, f"stage {self.stage} takes {expected} reports, got "
+                                     f"{report.kind}")
+
     def observe(self, report: EvaluationReport) -> Decision:
         """Add one batch report to the current stage's evidence; take a planned look when one
         is due; roll back automatically on a breach. With `auto_advance`, also advance."""
         if self.stage == ROLLED_BACK:
             raise ConfigError("state", "the rollout was rolled back; start a new one")
-        expected = KIND.get(self.stage)
-        if expected is not None and report.kind != expected:
-            raise ConfigError("report.kind", f"stage {self.stage} takes {expected} reports, "
-                                             f"got {report.kind}")
+        self.check_kind(report)
         self._accumulate(report)
         ev = {"batch_n": report.n, "batch_diff": report.diff, "gates": report.gates}
         if not report.gates_passed:
