@@ -108,12 +108,10 @@ def _collect_lines(node: yaml.Node, path: Loc, out: dict[Loc, int]
     twice, as (path, first line, second line), else None."""
     dup = None
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
         for key, value in node.value:
             k = path + (str(key.value),)
-            if str(key.value) in seen and dup is None:
+            if k in out and dup is None:  # paths are unique per mapping: k was this one's
                 dup = (k, out[k], key.start_mark.line + 1)
-            seen.add(str(key.value))
             out.setdefault(k, key.start_mark.line + 1)
             dup = _collect_lines(value, k, out) if dup is None else dup
     elif isinstance(node, yaml.SequenceNode):

@@ -224,7 +224,7 @@ def _arm_from_dict(a: Any, name: str) -> ArmSummary:
     `EvaluationReport.from_dict` checks the rest."""
     if not isinstance(a, Mapping):
         raise ConfigError(name, f"must be an object, got {type(a).__name__}")
-    unknown = sorted(set(a) - {f for f in ArmSummary.__dataclass_fields__})
+    unknown = sorted(set(a) - set(ArmSummary.__dataclass_fields__))
     if unknown:
         raise ConfigError(f"{name}.{unknown[0]}", "unknown key")
     for k in ("n", "reward", "reward_sd"):

@@ -83,8 +83,8 @@ def check_rows(located: list[tuple[str, dict[str, Any]]]) -> None:
     """Interaction rows (`InteractionStore.export_jsonl`) hold numbers where the evaluators
     read numbers: `reward` null or in [0, 1], `propensity` in (0, 1], `ts`, `tokens_in`,
     `tokens_out` numbers, `latency_ms` and `scores` objects of numbers (NaN: not scored) or
-    null. A bad one
-    is a ConfigError naming the file, line and key (it was a ValueError deep inside)."""
+    null. A bad one is a ConfigError naming the file, line and key (it was a ValueError deep
+    inside)."""
     def number(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 

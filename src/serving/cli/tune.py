@@ -153,6 +153,8 @@ def _run_summary(run: Path) -> tuple[dict, list[float]]:
     """The run's summary.json (with the keys `report` reads) and its curve's rewards, else
     ConfigError naming `--run` and what is wrong (a hand-edited or truncated file was a
     traceback, after the report's evaluations)."""
+    if not (run / "summary.json").exists():
+        raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
     try:
         summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -182,8 +184,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rl.tuner.space import ConfigSpace
 
     run = Path(args.run)
-    if not (run / "summary.json").exists():
-        raise ConfigError("--run", f"{run} has no summary.json (run `ragpilot tune` first)")
     summary, rewards = _run_summary(run)
     policy = tuner_settings(args.policy)
     # the run's own split.json (data without a committed manifest) is the split it reports on
