@@ -20,13 +20,13 @@ network, and only 64 MiB travel per call, so the work is split in three steps, a
                          with the highest valid F1 (ties: the earliest) and the SFT policy then
                          answer test (300). Writes run.json, the two eval parts and the chosen
                          and last adapters (adapters.tar) under $OUT, after every stage.
-  ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_raw/, rebuilds
+  ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_<run>_raw/, rebuilds
                          and registers the chosen GRPO model here (`smollm2-grpo-gpu`, local
                          registry) so `bench/generator_adaptation.py --section eval` answers
                          with it on CPU, and writes bench/results/gpu_grpo.{json,md}.
 
 Fixed before the run (pre-registered; nothing here was tuned on valid or test): the settings in
-SETTINGS, the selection rule above, and the acceptance row `smollm2-grpo - smollm2-sft`
+SETTINGS (run 2; run 1's are RUN1), the selection rule above, and the acceptance row `smollm2-grpo - smollm2-sft`
 delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
 
     python bench/gpu_grpo.py prepare                       # here
@@ -55,16 +55,27 @@ from bench.gpu_models import _read_gz as _gz_read  # noqa: E402
 from bench.gpu_models import _write_gz as _gz_write  # noqa: E402
 
 CARGO = Path(".gpu_cargo/grpo")
-RAW = Path(__file__).resolve().parent / "results" / "gpu_grpo_raw"
+RESULTS = Path(__file__).resolve().parent / "results"
 SMOL = "smollm2-135m-instruct"
 EVAL_N = 300
-SETTINGS = {  # rl.adaptation.grpo.GRPOSettings overrides, fixed before the run
+# rl.adaptation.grpo.GRPOSettings overrides, fixed before each run. Run 1 (stop 41,
+# bench/results/gpu_grpo_run1.md, raw files in gpu_grpo_raw/): 49 steps in its 240 s, test
+# +0.011 [-0.007, +0.030], KL to the SFT policy still ~0.03. Run 2 changes three things, chosen
+# before it ran from run 1's train log alone: twice the learning rate (the policy had barely
+# moved), a longer budget, and micro-batches of 64 (half the forward/backward passes a step; on
+# CUDA the policy's weights are now bf16, so the memory run 1 peaked at, 54 GB with 32 in fp32,
+# covers it). A CUDA out-of-memory error at 64 falls back to 32 for the budget left (recorded).
+RUN1 = {
     "steps": 400, "prompts_per_step": 16, "num_generations": 8, "micro_batch": 32,
     "max_completion_length": 24,
     "temperature": 0.9, "beta": 0.04, "lr": 5e-5, "lora_r": 8, "lora_alpha": 16,
     "cite_weight": 0.5, "save_steps": 25, "keep_checkpoints": 20, "max_seconds": 240.0,
     "eval_n": 0, "seed": 0}
-EVAL_EVERY = 50
+SETTINGS = {**RUN1, "lr": 1e-4, "micro_batch": 64, "max_seconds": 330.0}
+FALLBACK_MICRO = 32
+RUN = "run2"
+RAW = RESULTS / "gpu_grpo_run2_raw"
+EVAL_EVERY = 25
 FIRST_PIECE_BYTES = 42 * 2**20
 BASE_LABEL, GPU_LABEL, CPU_N = "smollm2-sft", "smollm2-grpo-gpu", 100
 SMOKE = {"steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch": 2,
@@ -219,6 +230,7 @@ def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
 
     log.info["versions"] = {"transformers": transformers.__version__, "trl": trl.__version__,
                             "peft": peft.__version__}
+    log.info["run"] = RUN
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -252,7 +264,17 @@ def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
     examples = [SFTExample.from_dict(r) for r in (rows[:4] if smoke else rows)]
     s = GRPOSettings().replace(**settings, n_train=len(examples))
     t0 = time.perf_counter()
-    summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
+    try:
+        summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
+    except torch.OutOfMemoryError as e:
+        left = max(s.max_seconds - (time.perf_counter() - t0), 60.0) if s.max_seconds else 0.0
+        log.info["oom_fallback"] = {"micro_batch": s.micro_batch, "to": FALLBACK_MICRO,
+                                    "after_s": round(time.perf_counter() - t0, 1),
+                                    "error": str(e)[:300]}
+        torch.cuda.empty_cache()
+        shutil.rmtree(work / "grpo", ignore_errors=True)
+        s = s.replace(micro_batch=FALLBACK_MICRO, max_seconds=left)
+        summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
     train_log = [json.loads(x) for x in (work / "grpo" / "train_log.jsonl").read_text()
                  .splitlines()]
     log.info["grpo"] = {k: v for k, v in summary.items() if k != "eval"}
@@ -356,12 +378,17 @@ def ingest(src: Path, quick: bool) -> None:
     tl = [r for r in info.get("train_log", []) if "reward" in r]
     meta = make_meta(seed=0, datasets=optional_data({"hotpotqa": HOTPOTQA_FILE}), extra={
         "quick": quick, "device_run": {k: info.get(k) for k in (
-            "device", "torch", "versions", "chosen", "valid_f1", "peak_gpu_mb_train")},
+            "device", "torch", "versions", "chosen", "valid_f1", "peak_gpu_mb_train",
+            "oom_fallback", "run")},
         "stages": info.get("stages"), "plan": info.get("plan")})
     lines = ["Prepared here, run on the lent device, ingested here "
              f"(`python bench/gpu_grpo.py ingest --from DIR`): device {info['device']}, torch "
              f"{info['torch']}, {info.get('versions')}; the device's files are in "
-             "`bench/results/gpu_grpo_raw/`.", "",
+             f"`bench/results/{RAW.name}/`. Run 1 (stop 41, lr 5e-5, 240 s, micro-batch 32, "
+             "fp32 weights): `bench/results/gpu_grpo_run1.md`.", "",
+             *([f"Out of memory at micro-batch {info['oom_fallback']['micro_batch']}: fell "
+                f"back to {info['oom_fallback']['to']} after "
+                f"{info['oom_fallback']['after_s']} s."] if info.get("oom_fallback") else []),
              f"GRPO: {g.get('steps_done')} steps in {g.get('seconds', 0):.0f} s "
              f"(wall-clock budget {g.get('settings', {}).get('max_seconds')} s; stopped by it at "
              f"step {g.get('stopped_by_clock_at')}), settings {g.get('settings')}. Prompts: "

@@ -123,3 +123,28 @@ def test_rows_are_computed_only_for_the_queries_asked(tmp_path, monkeypatch):
         "  rows valid: 1/3 arms (t)", "  rows valid: 2/3 arms (t)"]
     full = train.split_matrices(ev, configs, "valid")
     np.testing.assert_array_equal(full["R"][[1, 4]], M["R"][[1, 4]])
+
+
+def test_a_second_run_into_the_same_directory_is_refused_and_keeps_the_policy(trained, capsys):
+    out, _, _ = trained
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert main(["policy", "train", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "--overwrite" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_overwrite_removes_the_policy_files_and_nothing_else(tmp_path):
+    from rl.policy.train import POLICY_RUN_FILES, claim_policy_directory
+
+    for name in POLICY_RUN_FILES:
+        (tmp_path / name).write_text("old")
+    (tmp_path / "ppo").unlink()
+    (tmp_path / "ppo").mkdir()
+    (tmp_path / "ppo" / "run.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
+    claim_policy_directory(tmp_path, overwrite=False, resumable=True)  # a resumed PPO run
+    assert (tmp_path / "policy.json").exists()
+    claim_policy_directory(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    claim_policy_directory(tmp_path, overwrite=False)  # nothing trained there now: no error

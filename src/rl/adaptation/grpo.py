@@ -161,8 +161,9 @@ def _last_checkpoint(trainer_dir: Path) -> str | None:
 
 
 def _cuda_bf16() -> bool:
-    """bf16 mixed precision where a CUDA GPU supports it (bench/results/gpu_grpo.md's run had it
-    off: 49 steps in 240 s on an H200; the gain is not measured yet); never on CPU, where AVX2
+    """bf16 (mixed precision, and the policy's weights) where a CUDA GPU supports it
+    (bench/results/gpu_grpo_run1.md's run had both off: 49 steps in 240 s on an H200); never on
+    CPU, where AVX2
     without bf16 instructions runs bf16 matmuls on a scalar kernel (`rl.adaptation.prefs`)."""
     import torch
 
@@ -209,7 +210,10 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
         dataloader_num_workers=0, shuffle_dataset=True,
         # TRL turns checkpointing on by default; on CPU with a 135M model it only makes the
         # sampling slower (no KV cache reuse) and memory is not the limit
-        gradient_checkpointing=False)
+        gradient_checkpointing=False,
+        # on CUDA the policy's weights load in bf16 (TRL's default is fp32): half the memory
+        # and traffic for the sampling and the reference pass; the LoRA weights stay fp32
+        model_init_kwargs={"dtype": "bfloat16"} if _cuda_bf16() else None)
     lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       task_type="CAUSAL_LM")

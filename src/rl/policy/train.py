@@ -49,6 +49,31 @@ are then mostly noise (its holdout verdict will usually be best static)."""
 PROGRESS_S = 30.0
 """Seconds between progress lines while rows are computed (a cold MTRAG run takes minutes)."""
 Log = Callable[[str], None]
+POLICY_RUN_FILES = ("policy.json", "model.pkl", "report.json", "report.md", "serve.yaml",
+                    "split.json", "ppo")
+"""What policy training (and `ragpilot policy train`) writes into its directory: `overwrite`
+removes these, and nothing else."""
+
+
+def claim_policy_directory(out: Path, overwrite: bool, resumable: bool = False) -> None:
+    """Refuse to train a new policy over one already saved in `out` (ConfigError naming
+    `out`): a serve.yaml or a rollout may point at it. `overwrite` removes POLICY_RUN_FILES
+    first; `resumable` (a PPO run's record under `out`/ppo with resume asked) keeps them."""
+    from rl.policy.base import POLICY_FILE
+
+    if resumable or not (out / POLICY_FILE).exists():
+        return
+    if not overwrite:
+        raise ConfigError("out", f"{out} holds a trained policy ({POLICY_FILE}): choose "
+                                 "another --out, or pass --overwrite to replace it")
+    import shutil
+
+    for name in POLICY_RUN_FILES:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
 
 
 def role_indices(ev: Any, seed: int, max_train: int | None = None
@@ -236,10 +261,12 @@ class Prepared:
 
 def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
             max_train: int | None = None, extra: list[tuple[str, RAGConfig]] | None = None,
-            compare_to: tuple[str, ...] = (), log: Log | None = None) -> Prepared:
+            compare_to: tuple[str, ...] = (), log: Log | None = None,
+            overwrite: bool = False, resumable: bool = False) -> Prepared:
     """Check the input, open `dataset`, and compute every arm's rows and every query's
     features for the roles (`role_indices`); see `train_router_policy` for the errors.
-    `log`: one line per stage (and progress while rows are computed), None for silence."""
+    `log`: one line per stage (and progress while rows are computed), None for silence.
+    `overwrite`, `resumable`: `claim_policy_directory`, done once the arguments are checked."""
     from rl.common.data import TuningData, run_directory
     from rl.policy.features import QueryFeaturizer, conversation_views
     from rl.policy.portfolio import portfolio, with_formulations
@@ -264,6 +291,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
             raise ConfigError("compare_to", f"{name!r} is not an arm ({', '.join(names)})")
     if Path(dataset).exists():
         dataset = str(Path(dataset).resolve())
+    claim_policy_directory(out, overwrite, resumable)
     # after the checks above; refused data (unreadable, or gold the corpus cannot reach for
     # most of a split) leaves no directory behind either, the rest of the gold is counted
     with run_directory(out) as out:
@@ -360,7 +388,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                         max_train: int | None = None,
                         extra: list[tuple[str, RAGConfig]] | None = None,
                         equal_cost: bool = False, compare_to: tuple[str, ...] = (),
-                        log: Log | None = None) -> RouterRun:
+                        log: Log | None = None, overwrite: bool = False) -> RouterRun:
     """Fit, choose, check and save the router policy of `dataset` (a name or a path the
     loaders read) with `settings` (TunerSettings: reward, base config, space) under `out`
     (module docstring); `max_train` on data without a train split is a ConfigError naming
@@ -369,12 +397,13 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     already in it is a ConfigError naming `extra`.
     `compare_to`: arm names compared with the router on the holdout besides best static and
     the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`.
-    `log`: a line per stage (`prepare`), None for silence."""
+    `log`: a line per stage (`prepare`), None for silence. An `out` that holds a trained
+    policy is a ConfigError naming `out` unless `overwrite` (`claim_policy_directory`)."""
     from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.stats.headroom import best_static, pick
 
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
-                   compare_to=compare_to, log=log)
+                   compare_to=compare_to, log=log, overwrite=overwrite)
     ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
     R_tv = prep.tv("R")
     router, sel = fit_router(prep, seed, log)

@@ -120,13 +120,14 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
                      max_train: int | None = None,
                      extra: list[tuple[str, RAGConfig]] | None = None,
                      resume: bool = False, tracking_uri: str | None = None,
-                     log: Callable[[str], None] = print) -> RouterRun:
+                     log: Callable[[str], None] = print, overwrite: bool = False) -> RouterRun:
     """Train, choose, check and save the residual PPO policy of `dataset` (module docstring)
     with the tuner `settings` (reward, base config, space) and the PPO settings `ppo`
     (`PPOPolicySettings`); `seeds`: how many of `ppo.train.seeds` to train (default all),
     `iters`: PPO iterations per seed (default `ppo.train.iters`); a value below 1 is a
     ConfigError naming it. `seed`, `max_train`, `extra`: as `rl.policy.train.prepare`;
-    `resume`, `tracking_uri`: module docstring."""
+    `resume`, `tracking_uri`: module docstring; `overwrite`: as `train_router_policy` (a
+    resumed run, one with a record under `out`/ppo, replaces its own policy)."""
     from rl.policy.base import save_policy
     from rl.policy.heads import HeadLayout
     from rl.policy.ppo_policy import PerQueryPPO
@@ -148,7 +149,8 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
     if iters is not None:
         ppo = ppo.with_train(iters=iters, eval_every=min(ppo.train.eval_every, iters))
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
-                   log=log)
+                   log=log, overwrite=overwrite,
+                   resumable=resume and (Path(out) / "ppo" / RUN_FILE).is_file())
     ev, out, names, configs, M, X = prep.ev, prep.out, prep.names, prep.configs, prep.M, prep.X
     fingerprint = {"data": ev.data.name, "corpus": ev.data.dataset.corpus.fingerprint(),
                    "queries": _queries_hash(prep), "seed": seed, "max_train": max_train,

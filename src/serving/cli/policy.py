@@ -65,7 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         with flags(FLAGS):
             run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
                                       max_train=args.max_train, extra=extra,
-                                      equal_cost=args.equal_cost, log=_stderr)
+                                      equal_cost=args.equal_cost, log=_stderr,
+                                      overwrite=args.overwrite)
     from serving.serve_yaml import SERVE_FILE, policy_args, write_serve_yaml
 
     serve = write_serve_yaml(run.out / SERVE_FILE,
@@ -114,7 +115,7 @@ def _train_ppo(args: argparse.Namespace, settings, extra):
         return train_ppo_policy(args.dataset, settings, ppo, args.out, seed=args.seed,
                                 seeds=args.ppo_seeds, iters=args.ppo_iters,
                                 max_train=args.max_train, extra=extra, resume=args.resume,
-                                tracking_uri=uri, log=_stderr)
+                                tracking_uri=uri, log=_stderr, overwrite=args.overwrite)
 
 
 def add_parsers(sub) -> None:
@@ -137,6 +138,9 @@ def add_parsers(sub) -> None:
                         "(data with a train split, e.g. hotpotqa, scifact)")
     s.add_argument("--equal-cost", action="store_true",
                    help="hold the router's mean tokens on valid to the best static config's")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace a policy already trained into --out (its policy.json, "
+                        "model.pkl, reports, serve.yaml, split.json and ppo/; nothing else)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--learner", choices=("router", "ppo"), default="router",
                    help="router: the supervised router (default, the shipped policy); ppo: a "

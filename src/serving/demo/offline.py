@@ -73,7 +73,7 @@ def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
     name = known.get(tuned.config_hash, "tuned")
     extra = [] if tuned.config_hash in known else [("tuned", tuned)]
     return train_router_policy(DATASET, settings, out, seed=seed, extra=extra,
-                               compare_to=(name,))
+                               compare_to=(name,), overwrite=True)  # the demo re-runs
 
 
 def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0) -> Any:
