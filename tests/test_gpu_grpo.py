@@ -1,7 +1,7 @@
 """bench/gpu_grpo.py's device step on this CPU: `run --smoke` with a tiny randomly initialised
 Llama (SmolLM2's tokenizer and chat template) as the SFT policy, on a hand-made cargo, in a
 subprocess that must not import the parts of the stack a device machine lacks; then `ingest`.
-The real GPU run is bench/results/gpu_grpo.md; GRPO on the real SmolLM2 weights runs in
+The real GPU run is bench/results/gpu_grpo_run1.md; GRPO on the real SmolLM2 weights runs in
 tests/test_grpo_smoke.py."""
 
 from __future__ import annotations
