@@ -110,3 +110,19 @@ def test_eval_dry_run_checks_the_whole_config_file(tmp_path, capsys):
         assert message in capsys.readouterr().err, text
     f.write_text("rag: {k: 3}\nindexes: {lexical: bm25s}\n")
     assert main(["eval", "--dataset", "synthetic", "--dry-run", "--config", str(f)]) == 0
+
+
+@pytest.mark.parametrize("command", [["select", "run"], ["select", "ablate", "--quick"]])
+def test_select_checks_its_output_path_before_training(tmp_path, capsys, monkeypatch, command):
+    import rl.selection.ablate as ablate
+
+    def no_run(*a, **k):  # must not be reached: the run takes minutes and starts Ray
+        raise AssertionError("the run started before --out was checked")
+
+    monkeypatch.setattr(ablate, "run_dataset", no_run)
+    assert main([*command, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out: ") and "is a directory" in err, err
+    (tmp_path / "file").write_text("x")
+    assert main([*command, "--out", str(tmp_path / "file" / "rows.json")]) == 2
+    assert "error: --out: cannot create" in capsys.readouterr().err

@@ -61,14 +61,14 @@ def test_generator_submit_asks_for_gpus_and_waits(client, tmp_path, monkeypatch,
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
     monkeypatch.chdir(tmp_path)
     rc = main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--policy", "/srv/sft",
-               "--set", "train.max_steps=20", "--no-merge", "--registry", "local", "--submit",
+               "--set", "train.max_steps=20", "--registry", "local", "--submit",
                "--gpus", "1", "--wait"])
     assert rc == 0
     (job,) = client.submitted
     assert job["address"] == "http://head:8265"  # from $RAY_ADDRESS
     assert shlex.split(job["entrypoint"]) == [
         "ragpilot", "train-generator", "dpo", "--set", "train.max_steps=20", "--out",
-        "/srv/runs/gen", "--policy", "/srv/sft", "--no-merge", "--registry", "local"]
+        "/srv/runs/gen", "--policy", "/srv/sft", "--registry", "local"]
     assert job["entrypoint_num_cpus"] == 1.0 and job["entrypoint_num_gpus"] == 1.0
     out = capsys.readouterr().out
     assert "trained" in out and out.rstrip().endswith("job raysubmit_test123: SUCCEEDED")
@@ -95,3 +95,31 @@ def test_registry_flag_names_the_local_registry(tmp_path):
     assert registry_file(None) is None
     assert registry_file("local") == local_registry_path()
     assert registry_file(str(tmp_path / "r.yaml")) == tmp_path / "r.yaml"
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sft", "--grpo-set", "steps=3"], "--grpo-set"),       # silently dropped before
+    (["dpo", "--grpo-set", "steps=3"], "--grpo-set"),
+    (["sft", "--policy", "runs/x/merged"], "--policy"),     # sft trains base_model
+    (["sft", "--no-merge", "--registry", "local"], "--registry"),
+])
+def test_generator_flags_that_do_nothing_are_refused_before_a_job_is_sent(
+        client, tmp_path, argv, flag, capsys):
+    out = tmp_path / "run"
+    assert main(["train-generator", *argv, "--out", str(out), "--submit"]) == 2
+    assert f"error: {flag}:" in capsys.readouterr().err
+    assert client.submitted == [] and not out.exists()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: p.write_text("models: [1, 2\n"), "not valid YAML"),
+    (lambda p: p.write_text("- a list\n"), "must be a mapping"),
+])
+def test_a_bad_registry_is_refused_before_training(tmp_path, make, says, capsys):
+    reg = tmp_path / "registry.yaml"
+    make(reg)
+    out = tmp_path / "run"
+    assert main(["train-generator", "sft", "--out", str(out), "--registry", str(reg)]) == 2
+    err = capsys.readouterr().err
+    assert "error: --registry:" in err and says in err and not out.exists()

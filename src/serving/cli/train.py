@@ -118,6 +118,27 @@ def registry_file(value: str | None) -> Path | None:
     return Path(value)
 
 
+def check_registry(value: str | None) -> None:
+    """--registry, before any training: a directory, or a file that is not a registry YAML,
+    is a ConfigError naming --registry (found after hours of training, it cost the run its
+    registration)."""
+    from rag.model_registry_writer import read_registry_file
+
+    path = registry_file(value)
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError("--registry", f"{path} is a directory; name the registry YAML file")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ConfigError("--registry", f"{path.parent} is not a directory")
+    try:
+        read_registry_file(path)
+    except ConfigError as exc:
+        raise ConfigError("--registry", exc.message) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--registry", f"{path}: cannot read it ({exc})") from None
+
+
 def _register(out: Path, name: str, merged: Path, registry: str | None = None) -> Path:
     """`<out>/models.yaml`, and the --registry file too when given (a new version of `name`
     there: `<name>@v<N>`, `<name>@best` by valid F1)."""
@@ -254,7 +275,20 @@ def _given_pairs(paths: list[str]) -> tuple[list[dict], dict]:
     return pairs, manifest
 
 
+def check_generator_flags(args: argparse.Namespace) -> None:
+    """Flags that do nothing for the method asked for are refused (here and before a job is
+    submitted), not silently dropped."""
+    if args.grpo_set and args.method != "grpo":
+        raise ConfigError("--grpo-set", "only for grpo")
+    if args.policy and args.method == "sft":
+        raise ConfigError("--policy", "sft trains generator_sft.base_model (set it with --set "
+                                      "base_model=...); --policy is for dpo, ipo, orpo and grpo")
+    if args.no_merge and args.registry:
+        raise ConfigError("--registry", "--no-merge keeps only the adapter: nothing to register")
+
+
 def cmd_train_generator(args: argparse.Namespace) -> int:
+    check_generator_flags(args)
     submitted = _submit(args, ["train-generator", args.method], GENERATOR_FORWARD)
     if submitted is not None:
         return submitted
@@ -264,6 +298,7 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     check_qlora(cfg)  # fail before any data or model work
     if args.pairs_jsonl and args.method in ("sft", "grpo"):
         raise ConfigError("--pairs-jsonl", "only for dpo, ipo and orpo")
+    check_registry(args.registry)
     out = Path(args.out)
     name = args.name or f"gen-{args.method}-{out.name}"
     if args.method == "grpo":
