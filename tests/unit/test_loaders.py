@@ -223,3 +223,37 @@ def test_dedupe_and_leakage():
     rep = leakage_report(ex, kept)
     assert rep["checked"] == 1 and rep["in_gold"] == 1 and rep["in_non_gold"] == 1
     assert rep["examples"][0]["passages"] == ["3"]
+
+
+def test_a_leading_byte_order_mark_is_read_the_same_in_every_format(tmp_path):
+    """Editors on Windows write a UTF-8 BOM; each format reads such a file as the file
+    without it (JSON once failed on it, and the TSV header compared as '\\ufeffquery-id')."""
+    from rag.settings_base import YamlSource
+    from rl.promotion.evidence import read_located
+
+    bom = "\ufeff".encode()
+    plain = load_beir(_beir_folder(tmp_path / "a", CORPUS, QUERIES, QRELS))
+    marked = load_beir(_beir_folder(tmp_path / "b", bom + CORPUS, bom + QUERIES, bom + QRELS))
+    assert marked.corpus.ids == plain.corpus.ids
+    assert [(e.id, e.gold_passage_ids) for e in marked.examples] == \
+        [(e.id, e.gold_passage_ids) for e in plain.examples]
+    hf = tmp_path / "hp.jsonl"
+    hf.write_bytes(bom + json.dumps(HP).encode() + b"\n")
+    official = tmp_path / "hp.json"
+    official.write_bytes(bom + json.dumps([{**HP, "context": [[t, s] for t, s in zip(
+        HP["context"]["title"], HP["context"]["sentences"], strict=True)],
+        "supporting_facts": [["X", 0], ["Ann Lee", 1]]}]).encode())
+    assert load_hotpotqa(hf).corpus.ids == load_hotpotqa(official).corpus.ids
+    y = tmp_path / "c.yaml"
+    y.write_bytes(bom + b"rag:\n  k: 3\n")
+    assert YamlSource.read(y).data == {"rag": {"k": 3}}
+    ev = tmp_path / "e.json"
+    ev.write_bytes(bom + b'[{"a": 1}, {"b": 2}]')
+    assert read_located(ev) == [(f"{ev} record 1", {"a": 1}), (f"{ev} record 2", {"b": 2})]
+
+
+def test_a_json_list_names_its_records_from_1(tmp_path):
+    p = tmp_path / "hp.json"
+    p.write_text(json.dumps([{**HP, "_id": "q1"}, 5]))
+    with pytest.raises(DataError, match="record 2: expected a JSON object"):
+        load_hotpotqa(p)

@@ -280,7 +280,7 @@ def test_malformed_official_layout_names_the_record(tmp_path):
     p = tmp_path / "h.json"
     p.write_text(json.dumps([{"_id": "a", "question": "q", "answer": "x",
                               "supporting_facts": [["T", 0, 9]], "context": [["T", ["s"]]]}]))
-    with pytest.raises(DataError, match=r"record 0: field 'supporting_facts'"):
+    with pytest.raises(DataError, match=r"record 1: field 'supporting_facts'"):
         load_hotpotqa(p)
 
 

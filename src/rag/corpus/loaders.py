@@ -25,6 +25,7 @@ from typing import Any
 
 from rag.corpus.store import Corpus
 from rag.errors import DataError
+from rag.textio import BOM, NotUtf8, decode_text, iter_lines
 from rag.types import Example, Passage
 
 BUILTIN_DATASETS = ("synthetic", "hotpotqa", "scifact", "mtrag")
@@ -84,25 +85,21 @@ def _exists(path: Path) -> Path:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a UTF-8 text file; bytes that are not UTF-8 raise DataError
-    naming the line and column (a whole-file decode would name neither)."""
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                yield n, raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(str(path), f"not UTF-8: byte 0x{raw[exc.start]:02x} at column "
-                                           f"{exc.start + 1}", line=n) from None
+    """(line number, text) of a UTF-8 text file (`rag.textio.iter_lines`: a leading BOM
+    dropped); bytes that are not UTF-8 raise DataError naming the line and column."""
+    try:
+        yield from iter_lines(path)
+    except NotUtf8 as exc:
+        raise DataError(str(path), str(exc), line=exc.line) from None
 
 
 def _read_text(path: Path) -> str:
-    """The whole file as UTF-8; a byte that is not names its line (DataError)."""
-    raw = path.read_bytes()
+    """The whole file as UTF-8 (a leading BOM dropped); a byte that is not names its line and
+    column (DataError)."""
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(str(path), f"not UTF-8: byte 0x{raw[exc.start]:02x}",
-                        line=raw[:exc.start].count(b"\n") + 1) from None
+        return decode_text(path.read_bytes())
+    except NotUtf8 as exc:
+        raise DataError(str(path), str(exc), line=exc.line) from None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -224,13 +221,13 @@ def _hotpot_records(path: Path) -> Iterator[tuple[int | None, str, dict]]:
     if _exists(path).is_dir():
         raise DataError(str(path), "is a directory, not a HotpotQA file")
     with path.open(encoding="utf-8", errors="replace") as f:
-        head = f.read(64).lstrip()
+        head = f.read(64).removeprefix(BOM).lstrip()
     if head.startswith("["):
         try:
             data = json.loads(_read_text(path))
         except json.JSONDecodeError as exc:
             raise DataError(str(path), f"malformed JSON: {exc.msg}", line=exc.lineno) from None
-        for i, rec in enumerate(data):
+        for i, rec in enumerate(data, 1):  # 1-based, as lines are
             if not isinstance(rec, dict):
                 raise DataError(str(path), f"record {i}: expected a JSON object")
             yield None, f"record {i}: ", rec

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rag.textio import NotUtf8, decode_text
 
 
 @dataclass
@@ -50,12 +51,10 @@ def read_located(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         raise ConfigError("evidence", f"file {path} does not exist")
-    raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError("evidence", f"{path}:{line}: not UTF-8") from None
+        text = decode_text(path.read_bytes())
+    except NotUtf8 as exc:
+        raise ConfigError("evidence", f"{path}:{exc.line}: {exc}") from None
     try:
         if path.suffix == ".jsonl":
             out = []
@@ -76,7 +75,7 @@ def read_located(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     records = data if isinstance(data, list) else [data]
     if not all(isinstance(r, dict) for r in records):
         raise ConfigError("evidence", f"{path}: expected JSON objects")
-    return [(f"{path} record {i}", r) for i, r in enumerate(records)]
+    return [(f"{path} record {i}", r) for i, r in enumerate(records, 1)]  # 1-based, as lines
 
 
 def check_rows(located: list[tuple[str, dict[str, Any]]]) -> None:
