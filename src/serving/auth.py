@@ -72,6 +72,34 @@ class KeyRecord:
                 "revoked": self.revoked}
 
 
+FILE_VERSION = 1
+_KEY_FIELDS = {"id": str, "role": str, "salt": str, "hash": str, "name": str,
+               "created": (int, float), "revoked": (int, float, type(None))}
+
+
+def _key_record(k: Any, i: int) -> KeyRecord:
+    """The i-th (1-based) entry of a key file's `keys`, each field's type checked (ValueError
+    naming the key and field, never a Python signature)."""
+    if not isinstance(k, dict):
+        raise ValueError(f"key {i}: expected an object")
+    unknown = sorted(set(k) - set(_KEY_FIELDS))
+    missing = [f for f in ("id", "role", "salt", "hash") if f not in k]
+    if unknown or missing:
+        raise ValueError(f"key {i}: " + "; ".join(
+            ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+            + ([f"missing field(s) {', '.join(missing)}"] if missing else [])))
+    for name, kind in _KEY_FIELDS.items():
+        if name in k and (isinstance(k[name], bool) or not isinstance(k[name], kind)):
+            raise ValueError(f"key {i}: field {name!r} has the wrong type")
+    if k["role"] not in ROLES:  # a key nobody could check a role against
+        raise ValueError(f"key {k['id']!r} has role {k['role']!r} (roles: {', '.join(ROLES)})")
+    try:
+        bytes.fromhex(k["salt"])
+    except ValueError:
+        raise ValueError(f"key {k['id']!r}: salt is not hex") from None
+    return KeyRecord(**k)
+
+
 def _digest(salt: str, secret: str) -> str:
     return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
 
@@ -99,16 +127,18 @@ class KeyFile:
         try:
             data = json.loads(self.path.read_text() or "{}")
             if not isinstance(data, dict) or not isinstance(data.get("keys", []), list):
-                raise ValueError('expected {"keys": [...]}')
+                raise ValueError('expected {"version": 1, "keys": [...]}')
+            if data.get("version", FILE_VERSION) != FILE_VERSION:
+                raise ValueError(f"version {data['version']!r} (this ragpilot reads version "
+                                 f"{FILE_VERSION})")
             out = {}
-            for k in data.get("keys", []):
-                rec = KeyRecord(**k)
-                if rec.role not in ROLES:  # a key nobody could check a role against
-                    raise ValueError(f"key {rec.id!r} has role {rec.role!r} (roles: "
-                                     f"{', '.join(ROLES)})")
+            for i, k in enumerate(data.get("keys", []), 1):
+                rec = _key_record(k, i)
+                if rec.id in out:
+                    raise ValueError(f"key {rec.id!r} appears twice")
                 out[rec.id] = rec
             return out
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError("auth.keys_file", f"{self.path} is not a ragpilot key file: "
                                                 f"{exc}") from None
 
@@ -151,7 +181,8 @@ class KeyFile:
         tmp = self.path.with_suffix(self.path.suffix + f".tmp{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, "keys": [asdict(k) for k in keys.values()]}, f, indent=1)
+            json.dump({"version": FILE_VERSION, "keys": [asdict(k) for k in keys.values()]}, f,
+                      indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
