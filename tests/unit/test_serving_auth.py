@@ -268,23 +268,23 @@ def test_keys_cli_refuses_a_malformed_file_an_unknown_role_and_a_missing_config(
     from serving.cli import main
 
     bad = tmp_path / "k.json"
-    key = '"id": "a", "role": "read", "salt": "00ff", "hash": "h"'
+    key = {"id": "a", "role": "read", "salt": "00ff", "hash": "h"}
+
+    def keys(*entries, **top):
+        return json.dumps({**top, "keys": list(entries)})
+
     for text, message in [("[1, 2]", 'expected {"version": 1, "keys": [...]}'),
-                          ('{"keys": [{"id": "a", "role": "superuser", "salt": "00", '
-                           '"hash": "h"}]}', "role 'superuser'"),
+                          (keys({**key, "role": "superuser"}), "role 'superuser'"),
                           # a newer writer's file, not read as if it were ours
-                          ('{"version": 99, "keys": []}', "version 99 (this ragpilot reads "
-                                                          "version 1)"),
+                          (keys(version=99), "version 99 (this ragpilot reads version 1)"),
                           # the key's problem in words, not a Python signature
-                          ('{"keys": [{"id": "a", "role": "read"}]}',
-                           "key 1: missing field(s) salt, hash"),
-                          ('{"keys": [{%s, "owner": "x"}]}' % key,
-                           "key 1: unknown field(s) owner"),
-                          ('{"keys": [{%s, "created": "today"}]}' % key,
+                          (keys({"id": "a", "role": "read"}), "key 1: missing field(s) salt, "
+                                                              "hash"),
+                          (keys({**key, "owner": "x"}), "key 1: unknown field(s) owner"),
+                          (keys({**key, "created": "today"}),
                            "key 1: field 'created' has the wrong type"),
-                          ('{"keys": [{"id": "a", "role": "read", "salt": "zz", "hash": "h"}]}',
-                           "salt is not hex"),
-                          ('{"keys": [{%s}, {%s}]}' % (key, key), "key 'a' appears twice")]:
+                          (keys({**key, "salt": "zz"}), "salt is not hex"),
+                          (keys(key, key), "key 'a' appears twice")]:
         bad.write_text(text)
         for cmd in (["keys", "list"], ["keys", "create", "--role", "read"]):
             assert main([*cmd, "--keys-file", str(bad)]) == 2
