@@ -36,7 +36,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from rag.errors import ConfigError
-from rag.textio import NotUtf8, decode_text
 
 __all__ = ["StrictSettings", "UnknownKey", "YamlSource", "config_error"]
 
@@ -69,11 +68,15 @@ class YamlSource:
         if not p.is_file():
             what = "is a directory, not a YAML file" if p.is_dir() else "does not exist"
             raise ConfigError(field, f"file {p} {what}")
+        # decoded here, not by rag.textio (same rule, YAML drops a BOM itself): rag.config
+        # imports this module, so its code is part of the row and retrieval caches' keys
+        # (rl.tuner.evaluator.rows_version); a code change here re-keys every cached table
+        raw = p.read_bytes()
         try:
-            text = decode_text(p.read_bytes())
-        except NotUtf8 as exc:
-            raise ConfigError(field, f"{p} is not UTF-8 (byte 0x{exc.byte:02x} at column "
-                                     f"{exc.column})", source=str(p), line=exc.line) from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(field, f"{p} is not UTF-8 (byte 0x{raw[exc.start]:02x})",
+                              source=str(p), line=raw[:exc.start].count(b"\n") + 1) from None
         try:
             data = yaml.safe_load(text)
             node = yaml.compose(text, Loader=yaml.SafeLoader)
