@@ -86,6 +86,12 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
     if not examples:
         raise ConfigError("examples", "nothing to evaluate: the selection holds no questions "
                                     "(check the split, --limit or the filter that made it)")
+    if isinstance(examples, (str, bytes)) or not all(isinstance(e, Example) for e in examples):
+        raise ConfigError("examples", "expected a sequence of rag.types.Example (e.g. a "
+                                      "loaded dataset's .examples)")
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError("pipeline", f"expected a rag.pipeline.Pipeline, got "
+                                      f"{type(pipeline).__name__}")
     t_load = time.perf_counter()
     if examples:
         pipeline.load_models()

@@ -405,6 +405,10 @@ def get_evaluator(dataset: str, policy: TunerSettings | None = None,
         return _EVALUATORS[key]
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
              split: str | None = None, policy: TunerSettings | None = None,
              batch_size: int | None = None, seed: int = 0,
@@ -412,19 +416,35 @@ def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
     """Evaluate one config on a dataset split (a random batch of it when `batch_size`). The
     split's gold is checked against the corpus first (`TuningData.check_gold`): more than half
     of its questions unreachable is a DataError unless `allow_missing_gold`; fewer are counted
-    in the report's `warnings`."""
+    in the report's `warnings`. An argument of the wrong type, an empty split name, or a
+    `batch_size` above the split's size is a ConfigError naming it (a larger batch is not
+    quietly cut to the split)."""
     if isinstance(config, dict):
         config = RAGConfig.from_dict(config)
-    ev = get_evaluator(dataset, policy)
+    for name, value, ok, what in (
+            ("config", config, isinstance(config, RAGConfig), "a RAGConfig or a mapping"),
+            ("dataset", dataset, isinstance(dataset, (str, os.PathLike)) and str(dataset),
+             "a dataset name or path"),
+            ("split", split, split is None or (isinstance(split, str) and split),
+             "a split name (None: the tuning split)"),
+            ("policy", policy, policy is None or isinstance(policy, TunerSettings),
+             "TunerSettings or None"),
+            ("batch_size", batch_size, batch_size is None or _is_int(batch_size),
+             "an int or None"),
+            ("seed", seed, _is_int(seed) and seed >= 0, "an int >= 0")):
+        if not ok:
+            raise ConfigError(name, f"expected {what}, got {value!r}")
+    ev = get_evaluator(str(dataset), policy)
     split = split or ev.slice.tune_split
     ev.data.check_gold([split], allow_missing_gold,
                        override="set allow_missing_gold (the CLI: --allow-missing-gold)")
     idx = None
     if batch_size is not None:
         n = len(ev.data.examples(split))
-        if batch_size < 1:
-            raise ConfigError("batch_size", "must be >= 1")
-        idx = np.random.default_rng(seed).choice(n, size=min(batch_size, n), replace=False)
+        if not 1 <= batch_size <= n:
+            raise ConfigError("batch_size", f"must be 1..{n} (split {split} has {n} "
+                                            f"questions; None evaluates all of them)")
+        idx = np.random.default_rng(seed).choice(n, size=batch_size, replace=False)
     report = ev.evaluate(config, split, idx)
     report.warnings = ev.data.gold_warnings(split)
     return report
