@@ -257,3 +257,19 @@ def test_a_json_list_names_its_records_from_1(tmp_path):
     p.write_text(json.dumps([{**HP, "_id": "q1"}, 5]))
     with pytest.raises(DataError, match="record 2: expected a JSON object"):
         load_hotpotqa(p)
+
+
+def test_a_duplicate_in_a_json_list_names_both_records_and_spaces_are_a_blank_line(tmp_path):
+    p = tmp_path / "hp.json"
+    rec = {**HP, "_id": "q1", "context": [[t, s] for t, s in zip(
+        HP["context"]["title"], HP["context"]["sentences"], strict=True)],
+        "supporting_facts": [["X", 0]]}
+    rec.pop("id")
+    p.write_text(json.dumps([rec, {**rec, "_id": "q2"}, rec]))
+    with pytest.raises(DataError, match=r"record 3: duplicate question id 'q1' \(first at "
+                                        r"record 1\)"):
+        load_hotpotqa(p)
+    # a qrels line of spaces is a blank line, as in the JSONL files (it was "expected
+    # query-id, corpus-id, score")
+    d = _beir_folder(tmp_path / "b", CORPUS, QUERIES, QRELS.replace(b"\nq2", b"\n   \nq2"))
+    assert [e.id for e in load_beir(d).examples] == ["q1", "q2"]

@@ -150,13 +150,16 @@ def _str(obj: dict, key: str, path: Path, line: int | None, at: str = "", *,
     return v
 
 
-def _unique(seen: dict[str, int], key: str, what: str, path: Path, line: int | None) -> None:
+def _unique(seen: dict[str, str], key: str, what: str, path: Path, line: int | None,
+            at: str = "") -> None:
     """DataError on the second occurrence of `key` (a later record would silently replace
-    or shadow the first)."""
+    or shadow the first), naming where the first was: its line, else `at` (a JSON list's
+    "record N: ")."""
+    here = f"line {line}" if line else at.rstrip(": ") or "an earlier record"
     if key in seen:
-        first = f"line {seen[key]}" if seen[key] else "an earlier record"
-        raise DataError(str(path), f"duplicate {what} {key!r} (first at {first})", line=line)
-    seen[key] = line or 0
+        raise DataError(str(path), f"{at}duplicate {what} {key!r} (first at {seen[key]})",
+                        line=line)
+    seen[key] = here
 
 
 # ---- BEIR ---------------------------------------------------------------------------------
@@ -175,17 +178,18 @@ def load_beir(directory: str | Path, split: str = "test", name: str | None = Non
     if not passages:
         raise DataError(str(corpus_path), "no passages")
     queries: dict[str, str] = {}
-    qlines: dict[str, int] = {}
+    qlines: dict[str, str] = {}
     for n, o in iter_jsonl(q_path):
         qid = _id(o, "_id", q_path, n)
         _unique(qlines, qid, "query id", q_path, n)
         queries[qid] = _str(o, "text", q_path, n, non_empty=True)
     qrels: dict[str, dict[str, int]] = {}
-    qrel_lines: dict[str, int] = {}
+    qrel_lines: dict[str, str] = {}
+    first_line: dict[str, int] = {}  # query id -> the first qrels line naming it
     for n, line in _lines(_exists(qrels_path)):
+        if not line.strip():
+            continue  # a blank line (spaces only too, as in the JSONL files)
         row = next(csv.reader([line], delimiter="\t"), [])
-        if not row:
-            continue  # a blank line
         if n == 1 and not row[-1].strip().lstrip("-").isdigit():
             continue  # header
         if len(row) < 3:
@@ -198,12 +202,12 @@ def load_beir(directory: str | Path, split: str = "test", name: str | None = Non
         _unique(qrel_lines, f"{row[0]}\t{row[1]}", "judgement (query-id, corpus-id)",
                 qrels_path, n)
         qrels.setdefault(row[0], {})[row[1]] = grade
+        first_line.setdefault(row[0], n)
     examples = []
     for qid, rel in qrels.items():
         if qid not in queries:
-            first = min(v for k, v in qrel_lines.items() if k.split("\t")[0] == qid)
             raise DataError(str(qrels_path), f"query {qid!r} is not in queries.jsonl",
-                            line=first)
+                            line=first_line[qid])
         examples.append(Example(id=qid, question=queries[qid], qrels=rel,
                                 gold_passage_ids=tuple(p for p, g in rel.items() if g > 0),
                                 category=split))
@@ -289,13 +293,13 @@ def load_hotpotqa(path: str | Path, pooled: bool = True, name: str | None = None
     path = Path(path)
     passages: dict[str, Passage] = {}
     examples = []
-    qids: dict[str, int] = {}
+    qids: dict[str, str] = {}
     for n, at, rec in _hotpot_records(path):
         qid = _id(rec, "id" if "id" in rec else "_id", path, n, at) \
             if ("id" in rec or "_id" in rec) else ""
         if not qid:
             raise DataError(str(path), f"{at}missing field 'id'", line=n)
-        _unique(qids, qid, "question id", path, n)
+        _unique(qids, qid, "question id", path, n, at)
         pairs, facts = _hotpot_pairs(rec, path, n, at)
         title_to_id = {}
         for title, sents in pairs:
