@@ -239,6 +239,25 @@ def test_gate_breach_rolls_back_and_state_survives_reload(tmp_path):
     assert last["to"] == "rolled_back" and last["evidence"]["gates"]["p95_latency_ms"] is False
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: [1], "expected a JSON object"),
+    (lambda d: {k: v for k, v in d.items() if k != "stable"}, "missing field(s) stable"),
+    (lambda d: {**d, "owner": "x"}, "unknown field(s) owner"),
+    (lambda d: {**d, "started": "yesterday"}, "field 'started' has the wrong type"),
+    (lambda d: {**d, "stage": "canary_50"}, "stage 'canary_50' is not one of"),
+])
+def test_a_state_file_that_is_not_ours_is_named_in_words(tmp_path, edit, message):
+    """Was a dataclass signature (`RolloutState.__init__() missing 1 required positional
+    argument`), or a stage nobody can advance from, loaded as if valid."""
+    PromotionStateMachine.start(tmp_path, "cand", "stable", config=cfg(), code_commit="c")
+    f = tmp_path / "state.json"
+    f.write_text(json.dumps(edit(json.loads(f.read_text()))))
+    with pytest.raises(ConfigError) as exc:
+        PromotionStateMachine.load(tmp_path)
+    assert exc.value.field == "state" and message in exc.value.message, exc.value.message
+    assert "__init__" not in exc.value.message
+
+
 def test_worse_reward_and_inconclusive_and_burn_roll_back():
     sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
     sm.observe(offline_report())

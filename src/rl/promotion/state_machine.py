@@ -41,7 +41,7 @@ import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,31 @@ class RolloutState:
     transition, so a stage never sees the previous stage's traffic."""
 
 
+def _state_from_dict(data: Any) -> RolloutState:
+    """A state file's content as a RolloutState; ValueError naming the field in words (not a
+    dataclass signature) when it is not one this version wrote."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    known = {f.name: f for f in fields(RolloutState)}
+    unknown = sorted(set(data) - set(known))
+    missing = [n for n in ("rollout_id", "candidate", "stable", "manifest_id", "code_commit")
+               if n not in data]
+    if unknown or missing:
+        raise ValueError("; ".join(
+            ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+            + ([f"missing field(s) {', '.join(missing)}"] if missing else [])))
+    types = {"rollout_id": str, "candidate": str, "stable": str, "manifest_id": str,
+             "code_commit": str, "stage": str, "started": (int, float), "evidence": dict,
+             "history": list, "config": dict, "row_cursor": (int, float)}
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, types[name]):
+            raise ValueError(f"field {name!r} has the wrong type")
+    if data.get("stage", "candidate") not in (*STAGES, ROLLED_BACK):
+        raise ValueError(f"stage {data['stage']!r} is not one of {', '.join(STAGES)}, "
+                         f"{ROLLED_BACK}")
+    return RolloutState(**data)
+
+
 # --------------------------------------------------------------------------- the machine
 
 
@@ -157,9 +182,8 @@ class PromotionStateMachine:
             raise ConfigError("state", f"no rollout state in {state_dir} (run `ragpilot rollout "
                                        "start` first)")
         try:
-            data = json.loads(p.read_text())
-            st = RolloutState(**data)
-        except (json.JSONDecodeError, TypeError) as exc:
+            st = _state_from_dict(json.loads(p.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             raise ConfigError("state", f"{p} is not a rollout state file: {exc}") from None
         return cls(st, PromotionSettings.from_dict(st.config), state_dir)
 
