@@ -12,7 +12,7 @@ network, and only 64 MiB travel per call, so the work is split in three steps, a
                          distractor and with the default hybrid top 5: `teacher_examples`),
                          the valid/test questions with their hybrid k=5 contexts (the parts
                          `bench/generator_adaptation.py` evaluates on), the settings, and the
-                         SmolLM2 GGUF cut in two pieces -> .gpu_cargo/grpo/ (+ wheels).
+                         SmolLM2 GGUF cut in pieces that fit a call each -> .gpu_cargo/grpo/ (+ wheels).
   run      (device)      rebuilds base -> merged SFT, runs `rl.adaptation.grpo.run_grpo` under a
                          wall-clock budget, merges every `--eval-every`-th checkpoint and
                          answers valid (300) with each and with the SFT policy through
@@ -30,7 +30,8 @@ SETTINGS (run 2; run 1's are RUN1), the selection rule above, and the acceptance
 delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
 
     python bench/gpu_grpo.py prepare                       # here
-    # device, call 1 (carry .gpu_cargo/grpo/base + piece p00), call 2 (piece p01):
+    # device: call 1 carries .gpu_cargo/grpo/{base,whl,pieces/p00}, each later call the next
+    # piece (prepare prints how many); the last one also runs
     python bench/gpu_grpo.py run --out $OUT
     python bench/gpu_grpo.py ingest --from <device files>  # here
     python bench/gpu_grpo.py run --device cpu --smoke      # the device step, tiny, on CPU
@@ -55,6 +56,7 @@ from bench.gpu_models import _read_gz as _gz_read  # noqa: E402
 from bench.gpu_models import _write_gz as _gz_write  # noqa: E402
 
 CARGO = Path(".gpu_cargo/grpo")
+CARGO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOL = "smollm2-135m-instruct"
 EVAL_N = 300
@@ -76,7 +78,25 @@ FALLBACK_MICRO = 32
 RUN = "run2"
 RAW = RESULTS / "gpu_grpo_run2_raw"
 EVAL_EVERY = 25
-FIRST_PIECE_BYTES = 42 * 2**20
+CALL_BYTES = 63 * 2**20
+"""What one device call may carry (64 MiB: the working tree and the carried paths), less 1 MiB."""
+
+
+def _tree_bytes() -> int:
+    """Bytes of the working tree that travels with every call: tracked files and untracked
+    files git does not ignore."""
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True, cwd=CARGO_ROOT).stdout.decode()
+    return sum((CARGO_ROOT / n).stat().st_size for n in names.split("\0")
+               if n and (CARGO_ROOT / n).is_file())
+
+
+def _dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) if d.exists() else 0
+
+
 BASE_LABEL, GPU_LABEL, CPU_N = "smollm2-sft", "smollm2-grpo-gpu", 100
 SMOKE = {"steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch": 2,
          "max_completion_length": 6,
@@ -112,16 +132,24 @@ def prepare(cargo: Path, sft_ref: str, train_n: int) -> None:
         _gz_write(base / f"contexts-{split}-{EVAL_N}.json.gz", split_contexts(split, EVAL_N))
     gguf = default_registry().get(SMOL).resolve()
     data = gguf.read_bytes()
-    # uneven cut: the first piece travels with the base folder and the wheels (64 MiB a call)
-    cut = min(len(data) // 2, FIRST_PIECE_BYTES)
+    # each call carries the working tree too (64 MiB in all): the first piece travels with the
+    # base folder and the wheels, each later one alone (written below, so base's size is
+    # known but for pieces.json and plan.json, a few hundred bytes)
+    room = CALL_BYTES - _tree_bytes()
+    first = room - _dir_bytes(base) - _dir_bytes(cargo / "whl") - 2**16
+    if first <= 0:
+        raise SystemExit(f"no room for a GGUF piece beside the tree, base and wheels "
+                         f"({room / 2**20:.1f} MiB a call)")
+    cuts = [0, first, *range(first + room, len(data), room), len(data)]
     pieces = cargo / "pieces"
     if pieces.exists():
         shutil.rmtree(pieces)
     pieces.mkdir()
-    (pieces / "p00").write_bytes(data[:cut])
-    (pieces / "p01").write_bytes(data[cut:])
+    names = [f"p{i:02d}" for i in range(len(cuts) - 1)]
+    for name, a, b in zip(names, cuts, cuts[1:], strict=True):
+        (pieces / name).write_bytes(data[a:b])
     (base / "pieces.json").write_text(json.dumps({
-        "pieces": ["p00", "p01"], "size": len(data), "dest": f"{SMOL}/{gguf.name}",
+        "pieces": names, "size": len(data), "dest": f"{SMOL}/{gguf.name}",
         "sha256": hashlib.sha256(data).hexdigest()}, indent=1))
     (base / "plan.json").write_text(json.dumps({
         "sft": {"ref": sft_ref, "merged": str(merged), "adapter": str(adapter),
