@@ -292,15 +292,20 @@ def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
     examples = [SFTExample.from_dict(r) for r in (rows[:4] if smoke else rows)]
     s = GRPOSettings().replace(**settings, n_train=len(examples))
     t0 = time.perf_counter()
+    summary = None
     try:
         summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
     except torch.OutOfMemoryError as e:
-        left = max(s.max_seconds - (time.perf_counter() - t0), 60.0) if s.max_seconds else 0.0
         log.info["oom_fallback"] = {"micro_batch": s.micro_batch, "to": FALLBACK_MICRO,
                                     "after_s": round(time.perf_counter() - t0, 1),
                                     "error": str(e)[:300]}
+    if summary is None:  # outside the handler: its traceback no longer holds the trainer
+        import gc
+
+        gc.collect()
         torch.cuda.empty_cache()
         shutil.rmtree(work / "grpo", ignore_errors=True)
+        left = max(s.max_seconds - (time.perf_counter() - t0), 60.0) if s.max_seconds else 0.0
         s = s.replace(micro_batch=FALLBACK_MICRO, max_seconds=left)
         summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
     train_log = [json.loads(x) for x in (work / "grpo" / "train_log.jsonl").read_text()
