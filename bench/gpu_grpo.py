@@ -66,7 +66,7 @@ EVAL_N = 300
 # before it ran from run 1's train log alone: twice the learning rate (the policy had barely
 # moved), a longer budget, and micro-batches of 64 (half the forward/backward passes a step; on
 # CUDA the policy's weights are now bf16, so the memory run 1 peaked at, 54 GB with 32 in fp32,
-# covers it). A CUDA out-of-memory error at 64 falls back to 32 for the budget left (recorded).
+# covers it). A CUDA out-of-memory error halves the micro-batch for the budget left (recorded).
 RUN1 = {
     "steps": 400, "prompts_per_step": 16, "num_generations": 8, "micro_batch": 32,
     "max_completion_length": 24,
@@ -74,7 +74,6 @@ RUN1 = {
     "cite_weight": 0.5, "save_steps": 25, "keep_checkpoints": 20, "max_seconds": 240.0,
     "eval_n": 0, "seed": 0}
 SETTINGS = {**RUN1, "lr": 1e-4, "micro_batch": 64, "max_seconds": 330.0}
-FALLBACK_MICRO = 32
 RUN = "run2"
 RAW = RESULTS / "gpu_grpo_run2_raw"
 EVAL_EVERY = 25
@@ -239,6 +238,30 @@ def _base_from_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def train_with_fallback(train, s, info: dict, clean) -> dict:
+    """`train(s)`; on a CUDA out-of-memory error, `clean()` and once more with half the
+    micro-batch for the wall-clock budget left (what happened goes to info["oom_fallback"]).
+    The retry runs outside the handler, whose traceback would keep the failed trainer's GPU
+    memory alive."""
+    import gc
+
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        return train(s)
+    except torch.OutOfMemoryError as e:
+        info["oom_fallback"] = {"micro_batch": s.micro_batch, "to": s.micro_batch // 2,
+                                "after_s": round(time.perf_counter() - t0, 1),
+                                "error": str(e)[:300]}
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    clean()
+    left = max(s.max_seconds - (time.perf_counter() - t0), 60.0) if s.max_seconds else 0.0
+    return train(s.replace(micro_batch=s.micro_batch // 2, max_seconds=left))
+
+
 def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
         max_seconds: float | None, policy_dir: Path | None = None) -> None:
     """The device step (module docstring). `policy_dir`: an HF folder used as the SFT policy
@@ -292,22 +315,10 @@ def run(cargo: Path, out: Path, device: str, smoke: bool, work: Path,
     examples = [SFTExample.from_dict(r) for r in (rows[:4] if smoke else rows)]
     s = GRPOSettings().replace(**settings, n_train=len(examples))
     t0 = time.perf_counter()
-    summary = None
-    try:
-        summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
-    except torch.OutOfMemoryError as e:
-        log.info["oom_fallback"] = {"micro_batch": s.micro_batch, "to": FALLBACK_MICRO,
-                                    "after_s": round(time.perf_counter() - t0, 1),
-                                    "error": str(e)[:300]}
-    if summary is None:  # outside the handler: its traceback no longer holds the trainer
-        import gc
-
-        gc.collect()
-        torch.cuda.empty_cache()
-        shutil.rmtree(work / "grpo", ignore_errors=True)
-        left = max(s.max_seconds - (time.perf_counter() - t0), 60.0) if s.max_seconds else 0.0
-        s = s.replace(micro_batch=FALLBACK_MICRO, max_seconds=left)
-        summary = run_grpo(sft, work / "grpo", s, examples, merge=False)
+    summary = train_with_fallback(lambda st: run_grpo(sft, work / "grpo", st, examples,
+                                                      merge=False),
+                                  s, log.info, lambda: shutil.rmtree(work / "grpo",
+                                                                     ignore_errors=True))
     train_log = [json.loads(x) for x in (work / "grpo" / "train_log.jsonl").read_text()
                  .splitlines()]
     log.info["grpo"] = {k: v for k, v in summary.items() if k != "eval"}

@@ -106,3 +106,31 @@ def test_quant_ingest_reads_a_cut_qlora_log(tmp_path):
     assert qlora_progress(log) == [
         {"step": 25, "total": 125, "loss": 0.73, "eval_f1": 0.298},
         {"step": 50, "total": 125, "loss": 0.6124, "eval_f1": 0.384}]
+
+
+def test_out_of_memory_halves_the_micro_batch_for_the_budget_left():
+    """The device step's fallback (the real trainer runs above; here a stand-in raises the
+    CUDA error a 64-completion micro-batch would)."""
+    import torch
+
+    from bench.gpu_grpo import train_with_fallback
+    from rl.adaptation.grpo import GRPOSettings
+
+    calls, cleaned, info = [], [], {}
+
+    def train(s):
+        calls.append(s)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return {"steps_done": 3}
+
+    s = GRPOSettings().replace(prompts_per_step=16, num_generations=8, micro_batch=64,
+                               max_seconds=330.0)
+    assert train_with_fallback(train, s, info, lambda: cleaned.append(1)) == {"steps_done": 3}
+    assert [c.micro_batch for c in calls] == [64, 32] and cleaned == [1]
+    assert 300 < calls[1].max_seconds <= 330.0
+    assert info["oom_fallback"]["micro_batch"] == 64 and info["oom_fallback"]["to"] == 32
+    assert "Tried to allocate" in info["oom_fallback"]["error"]
+    info.clear()
+    assert train_with_fallback(lambda st: {"ok": st.micro_batch}, s, info, None) == {"ok": 64}
+    assert info == {}
