@@ -112,8 +112,8 @@ def test_out_of_memory_halves_the_micro_batch_for_the_budget_left():
     """The device step's fallback (the real trainer runs above; here a stand-in raises the
     CUDA error a 64-completion micro-batch would)."""
     import torch
-
     from bench.gpu_grpo import train_with_fallback
+
     from rl.adaptation.grpo import GRPOSettings
 
     calls, cleaned, info = [], [], {}
