@@ -145,7 +145,7 @@ def prepare(cargo: Path, sft_ref: str, train_n: int) -> None:
         shutil.rmtree(pieces)
     pieces.mkdir()
     names = [f"p{i:02d}" for i in range(len(cuts) - 1)]
-    for name, a, b in zip(names, cuts, cuts[1:], strict=True):
+    for name, a, b in zip(names, cuts[:-1], cuts[1:], strict=True):
         (pieces / name).write_bytes(data[a:b])
     (base / "pieces.json").write_text(json.dumps({
         "pieces": names, "size": len(data), "dest": f"{SMOL}/{gguf.name}",
