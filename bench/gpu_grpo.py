@@ -73,7 +73,11 @@ RUN1 = {
     "temperature": 0.9, "beta": 0.04, "lr": 5e-5, "lora_r": 8, "lora_alpha": 16,
     "cite_weight": 0.5, "save_steps": 25, "keep_checkpoints": 20, "max_seconds": 240.0,
     "eval_n": 0, "seed": 0}
-SETTINGS = {**RUN1, "lr": 1e-4, "micro_batch": 64, "max_seconds": 330.0}
+SETTINGS = {**RUN1, "lr": 1e-4, "micro_batch": 32, "max_seconds": 300.0, "precision": "fp32"}
+RUN2_FIRST_TRY = {**RUN1, "lr": 1e-4, "micro_batch": 64, "max_seconds": 330.0}
+"""Run 2's first try (bf16 weights and autocast): a NaN gradient at step 46 of 330 s, then a
+CUDA assert in sampling; nothing was evaluated (bench/results/gpu_grpo_run2_raw/first-try.*).
+The second try keeps run 1's numerics (fp32, micro-batches of 32) and its own lr and budget."""
 RUN = "run2"
 RAW = RESULTS / "gpu_grpo_run2_raw"
 EVAL_EVERY = 25

@@ -65,6 +65,9 @@ class GRPOSettings:
     eval_n: int = 16              # valid questions for meta eval_f1 (the registry's @best)
     seed: int = 0
     prompt_id: str = "cite_concise"
+    precision: str = "auto"       # "auto": bf16 weights and autocast on a CUDA GPU with bf16,
+    #                               else fp32; "fp32": fp32 everywhere (an H200 run with bf16
+    #                               weights reached a NaN gradient at step 46, lr 1e-4)
 
     def __post_init__(self):
         for name in ("n_train", "steps", "prompts_per_step", "max_completion_length",
@@ -83,6 +86,8 @@ class GRPOSettings:
                                                   f"num_generations = {bs} (0: all of it)")
         if not 0 < self.temperature <= 2 or not 0 < self.lr < 1:
             raise ConfigError("grpo.temperature/lr", "temperature in (0, 2], lr in (0, 1)")
+        if self.precision not in ("auto", "fp32"):
+            raise ConfigError("grpo.precision", f"auto or fp32, got {self.precision!r}")
         get_prompt(self.prompt_id)
 
     def replace(self, **changes: Any) -> GRPOSettings:
@@ -198,6 +203,7 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
     ds = grpo_dataset(tok, examples, s.prompt_id)
     bs = s.prompts_per_step * s.num_generations
     micro = s.micro_batch or bs
+    bf16 = s.precision == "auto" and _cuda_bf16()
     args = GRPOConfig(
         # TRL generates per_device_train_batch_size * gradient_accumulation_steps completions
         # per optimiser step (steps_per_generation defaults to the accumulation steps)
@@ -206,14 +212,14 @@ def run_grpo(policy: str | Path, out: str | Path, settings: GRPOSettings | None 
         max_completion_length=s.max_completion_length, temperature=s.temperature,
         beta=s.beta, learning_rate=s.lr, max_steps=s.steps, logging_steps=1,
         save_steps=s.save_steps, save_total_limit=s.keep_checkpoints, seed=s.seed, use_cpu=not
-        torch.cuda.is_available(), report_to=[], bf16=_cuda_bf16(), disable_dropout=True,
+        torch.cuda.is_available(), report_to=[], bf16=bf16, disable_dropout=True,
         dataloader_num_workers=0, shuffle_dataset=True,
         # TRL turns checkpointing on by default; on CPU with a 135M model it only makes the
         # sampling slower (no KV cache reuse) and memory is not the limit
         gradient_checkpointing=False,
         # on CUDA the policy's weights load in bf16 (TRL's default is fp32): half the memory
         # and traffic for the sampling and the reference pass; the LoRA weights stay fp32
-        model_init_kwargs={"dtype": "bfloat16"} if _cuda_bf16() else None)
+        model_init_kwargs={"dtype": "bfloat16"} if bf16 else None)
     lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                       task_type="CAUSAL_LM")
