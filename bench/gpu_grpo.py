@@ -434,6 +434,11 @@ def ingest(src: Path, quick: bool) -> None:
              f"{info['torch']}, {info.get('versions')}; the device's files are in "
              f"`bench/results/{RAW.name}/`. Run 1 (stop 41, lr 5e-5, 240 s, micro-batch 32, "
              "fp32 weights): `bench/results/gpu_grpo_run1.md`.", "",
+             *(["Run 2's first try (bf16 weights and autocast, micro-batches of 64, lr 1e-4, "
+                "330 s) reached a NaN gradient norm at step 46 and stopped on a CUDA assert in "
+                "sampling; nothing was evaluated (`first-try.*` in the raw folder). The run "
+                "below is the second try, with run 1's fp32 numerics, fixed before it ran.", ""]
+               if (RAW / "first-try.run.json").exists() else []),
              *([f"Out of memory at micro-batch {info['oom_fallback']['micro_batch']}: fell "
                 f"back to {info['oom_fallback']['to']} after "
                 f"{info['oom_fallback']['after_s']} s."] if info.get("oom_fallback") else []),
