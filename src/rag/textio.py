@@ -2,8 +2,9 @@
 (editors on Windows write one; JSON and TSV parsers would otherwise choke on it, or read it as
 part of the first field), and a byte that is not UTF-8 located by line and column.
 
-Callers turn `NotUtf8` into their own typed error (a loader's DataError, a setting's
-ConfigError) naming the file."""
+Callers turn `NotUtf8` into their own typed error (a loader's DataError, an evidence file's
+ConfigError) naming the file. `rag.settings_base` keeps its own copy of the rule: its code is
+part of the row caches' key (`rl.tuner.evaluator.rows_version`)."""
 
 from __future__ import annotations
 

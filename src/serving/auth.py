@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rag.jsonrec import check_fields
 
 ROLES = ("read", "admin")
 PREFIX = "rpk"
@@ -80,17 +81,7 @@ _KEY_FIELDS = {"id": str, "role": str, "salt": str, "hash": str, "name": str,
 def _key_record(k: Any, i: int) -> KeyRecord:
     """The i-th (1-based) entry of a key file's `keys`, each field's type checked (ValueError
     naming the key and field, never a Python signature)."""
-    if not isinstance(k, dict):
-        raise ValueError(f"key {i}: expected an object")
-    unknown = sorted(set(k) - set(_KEY_FIELDS))
-    missing = [f for f in ("id", "role", "salt", "hash") if f not in k]
-    if unknown or missing:
-        raise ValueError(f"key {i}: " + "; ".join(
-            ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-            + ([f"missing field(s) {', '.join(missing)}"] if missing else [])))
-    for name, kind in _KEY_FIELDS.items():
-        if name in k and (isinstance(k[name], bool) or not isinstance(k[name], kind)):
-            raise ValueError(f"key {i}: field {name!r} has the wrong type")
+    check_fields(k, _KEY_FIELDS, ("id", "role", "salt", "hash"), where=f"key {i}: ")
     if k["role"] not in ROLES:  # a key nobody could check a role against
         raise ValueError(f"key {k['id']!r} has role {k['role']!r} (roles: {', '.join(ROLES)})")
     try:

@@ -30,6 +30,7 @@ the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -66,8 +67,6 @@ def claim_policy_directory(out: Path, overwrite: bool, resumable: bool = False) 
     if not overwrite:
         raise ConfigError("out", f"{out} holds a trained policy ({POLICY_FILE}): choose "
                                  "another --out, or pass --overwrite to replace it")
-    import shutil
-
     for name in POLICY_RUN_FILES:
         p = out / name
         if p.is_dir() and not p.is_symlink():

@@ -41,11 +41,12 @@ import math
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag.errors import ConfigError
+from rag.jsonrec import check_fields
 from rl.promotion.evaluators import EvaluationReport
 from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
@@ -110,25 +111,16 @@ class RolloutState:
     transition, so a stage never sees the previous stage's traffic."""
 
 
+_STATE_FIELDS = {"rollout_id": str, "candidate": str, "stable": str, "manifest_id": str,
+                 "code_commit": str, "stage": str, "started": (int, float), "evidence": dict,
+                 "history": list, "config": dict, "row_cursor": (int, float)}
+
+
 def _state_from_dict(data: Any) -> RolloutState:
     """A state file's content as a RolloutState; ValueError naming the field in words (not a
     dataclass signature) when it is not one this version wrote."""
-    if not isinstance(data, dict):
-        raise ValueError("expected a JSON object")
-    known = {f.name: f for f in fields(RolloutState)}
-    unknown = sorted(set(data) - set(known))
-    missing = [n for n in ("rollout_id", "candidate", "stable", "manifest_id", "code_commit")
-               if n not in data]
-    if unknown or missing:
-        raise ValueError("; ".join(
-            ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-            + ([f"missing field(s) {', '.join(missing)}"] if missing else [])))
-    types = {"rollout_id": str, "candidate": str, "stable": str, "manifest_id": str,
-             "code_commit": str, "stage": str, "started": (int, float), "evidence": dict,
-             "history": list, "config": dict, "row_cursor": (int, float)}
-    for name, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, types[name]):
-            raise ValueError(f"field {name!r} has the wrong type")
+    check_fields(data, _STATE_FIELDS, ("rollout_id", "candidate", "stable", "manifest_id",
+                                       "code_commit"))
     if data.get("stage", "candidate") not in (*STAGES, ROLLED_BACK):
         raise ValueError(f"stage {data['stage']!r} is not one of {', '.join(STAGES)}, "
                          f"{ROLLED_BACK}")
