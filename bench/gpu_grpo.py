@@ -12,7 +12,8 @@ network, and only 64 MiB travel per call, so the work is split in three steps, a
                          distractor and with the default hybrid top 5: `teacher_examples`),
                          the valid/test questions with their hybrid k=5 contexts (the parts
                          `bench/generator_adaptation.py` evaluates on), the settings, and the
-                         SmolLM2 GGUF cut in pieces that fit a call each -> .gpu_cargo/grpo/ (+ wheels).
+                         SmolLM2 GGUF cut in pieces that fit a call each -> .gpu_cargo/grpo/
+                         (+ wheels).
   run      (device)      rebuilds base -> merged SFT, runs `rl.adaptation.grpo.run_grpo` under a
                          wall-clock budget, merges every `--eval-every`-th checkpoint and
                          answers valid (300) with each and with the SFT policy through
@@ -20,14 +21,15 @@ network, and only 64 MiB travel per call, so the work is split in three steps, a
                          with the highest valid F1 (ties: the earliest) and the SFT policy then
                          answer test (300). Writes run.json, the two eval parts and the chosen
                          and last adapters (adapters.tar) under $OUT, after every stage.
-  ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_<run>_raw/, rebuilds
+  ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_<run>_raw/,
+                         rebuilds
                          and registers the chosen GRPO model here (`smollm2-grpo-gpu`, local
                          registry) so `bench/generator_adaptation.py --section eval` answers
                          with it on CPU, and writes bench/results/gpu_grpo.{json,md}.
 
 Fixed before the run (pre-registered; nothing here was tuned on valid or test): the settings in
-SETTINGS (run 2; run 1's are RUN1), the selection rule above, and the acceptance row `smollm2-grpo - smollm2-sft`
-delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
+SETTINGS (run 2; run 1's are RUN1), the selection rule above, and the acceptance row
+`smollm2-grpo - smollm2-sft` delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
 
     python bench/gpu_grpo.py prepare                       # here
     # device: call 1 carries .gpu_cargo/grpo/{base,whl,pieces/p00}, each later call the next
@@ -62,11 +64,11 @@ SMOL = "smollm2-135m-instruct"
 EVAL_N = 300
 # rl.adaptation.grpo.GRPOSettings overrides, fixed before each run. Run 1 (stop 41,
 # bench/results/gpu_grpo_run1.md, raw files in gpu_grpo_raw/): 49 steps in its 240 s, test
-# +0.011 [-0.007, +0.030], KL to the SFT policy still ~0.03. Run 2 changes three things, chosen
-# before it ran from run 1's train log alone: twice the learning rate (the policy had barely
-# moved), a longer budget, and micro-batches of 64 (half the forward/backward passes a step; on
-# CUDA the policy's weights are now bf16, so the memory run 1 peaked at, 54 GB with 32 in fp32,
-# covers it). A CUDA out-of-memory error halves the micro-batch for the budget left (recorded).
+# +0.011 [-0.007, +0.030], KL to the SFT policy still ~0.03. Run 2 (bench/results/gpu_grpo.md)
+# changes, from run 1's train log alone: twice the learning rate (the policy had barely moved)
+# and a longer budget. Its first try also loaded the policy in bf16 with micro-batches of 64
+# (RUN2_FIRST_TRY) and failed; the second try (SETTINGS) keeps run 1's fp32 numerics. A CUDA
+# out-of-memory error halves the micro-batch for the budget left (recorded).
 RUN1 = {
     "steps": 400, "prompts_per_step": 16, "num_generations": 8, "micro_batch": 32,
     "max_completion_length": 24,
