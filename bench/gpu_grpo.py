@@ -22,14 +22,14 @@ network, and only 64 MiB travel per call, so the work is split in three steps, a
                          answer test (300). Writes run.json, the two eval parts and the chosen
                          and last adapters (adapters.tar) under $OUT, after every stage.
   ingest   (here, CPU)   copies the device's outputs to bench/results/gpu_grpo_<run>_raw/,
-                         rebuilds
-                         and registers the chosen GRPO model here (`smollm2-grpo-gpu`, local
-                         registry) so `bench/generator_adaptation.py --section eval` answers
+                         rebuilds and registers the chosen GRPO model here (`smollm2-grpo-gpu`,
+                         local registry) so `bench/generator_adaptation.py --section eval` answers
                          with it on CPU, and writes bench/results/gpu_grpo.{json,md}.
 
 Fixed before the run (pre-registered; nothing here was tuned on valid or test): the settings in
 SETTINGS (run 2; run 1's are RUN1), the selection rule above, and the acceptance row
-`smollm2-grpo - smollm2-sft` delta_answer_f1 (paired bootstrap over the 300 test questions, target CI above 0 and +0.02).
+`smollm2-grpo - smollm2-sft` delta_answer_f1 (paired bootstrap over the 300 test questions,
+target CI above 0 and +0.02).
 
     python bench/gpu_grpo.py prepare                       # here
     # device: call 1 carries .gpu_cargo/grpo/{base,whl,pieces/p00}, each later call the next
