@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -158,6 +159,25 @@ def content_hash(ds: Dataset) -> str:
     for digest in sorted(ds.sources.values()):
         h.update(digest.encode())
     return h.hexdigest()[:16]
+
+
+def claim_directory(out: Path, marker: str, what: str, files: Sequence[str],
+                    overwrite: bool) -> None:
+    """Refuse to write a new run into `out` when it holds a finished one (its `marker` file):
+    a ConfigError naming `out`, since its results would be mixed with the new run's or
+    replaced under what points at them. `overwrite` removes `files` (file or directory names
+    under `out`) and nothing else."""
+    if not (out / marker).exists():
+        return
+    if not overwrite:
+        raise ConfigError("out", f"{out} holds {what} ({marker}): choose another --out, or "
+                                 "pass --overwrite to replace it")
+    for name in files:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
 
 
 @contextmanager

@@ -30,7 +30,6 @@ the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,19 +59,11 @@ def claim_policy_directory(out: Path, overwrite: bool, resumable: bool = False) 
     """Refuse to train a new policy over one already saved in `out` (ConfigError naming
     `out`): a serve.yaml or a rollout may point at it. `overwrite` removes POLICY_RUN_FILES
     first; `resumable` (a PPO run's record under `out`/ppo with resume asked) keeps them."""
+    from rl.common.data import claim_directory
     from rl.policy.base import POLICY_FILE
 
-    if resumable or not (out / POLICY_FILE).exists():
-        return
-    if not overwrite:
-        raise ConfigError("out", f"{out} holds a trained policy ({POLICY_FILE}): choose "
-                                 "another --out, or pass --overwrite to replace it")
-    for name in POLICY_RUN_FILES:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
+    if not resumable:
+        claim_directory(out, POLICY_FILE, "a trained policy", POLICY_RUN_FILES, overwrite)
 
 
 def role_indices(ev: Any, seed: int, max_train: int | None = None

@@ -27,7 +27,6 @@ progress reaches the caller through `on_iteration`.
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -214,17 +213,10 @@ these, and nothing else)."""
 def _claim_run_directory(out: Path, overwrite: bool, resumed: bool) -> None:
     """Refuse to write a new run over a finished one (its results would be mixed with the new
     run's: report.md and plots of the old run beside the new best config), unless asked."""
-    if not (out / "summary.json").exists() or resumed:
-        return
-    if not overwrite:
-        raise ConfigError("out", f"{out} holds a finished tune run (summary.json): choose "
-                                 "another --out, or pass --overwrite to replace it")
-    for name in RUN_FILES:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
+    from rl.common.data import claim_directory
+
+    if not resumed:
+        claim_directory(out, "summary.json", "a finished tune run", RUN_FILES, overwrite)
 
 
 def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
