@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -25,6 +26,19 @@ def add_set_argument(parser: argparse.ArgumentParser, help: str | None = None) -
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help=help or "override a config key (dotted for nested keys); the "
                                      "value is read as YAML, e.g. --set k=5")
+
+
+def output_file(value: str | Path, flag: str, what: str) -> Path:
+    """`value` as a file a command will write, checked before its work starts (found after
+    it, the result had nowhere to go): a directory there, or a file where one of its parent
+    directories must be, is a ConfigError naming `flag`."""
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(flag, f"{path} is a directory; name the {what} file to write")
+    above = next(p for p in path.parents if p.exists())  # ends at "." or the root
+    if not above.is_dir():
+        raise ConfigError(flag, f"cannot create {path.parent}: {above} is not a directory")
+    return path
 
 
 def port_number(value: str) -> int:

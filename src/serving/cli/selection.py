@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from rag.errors import ConfigError
-from serving.cli.common import add_set_argument, with_sets
+from serving.cli.common import add_set_argument, output_file, with_sets
 
 
 def _config(args: argparse.Namespace):
@@ -40,20 +40,6 @@ def _runner(args: argparse.Namespace):
     return make_runner(local=args.local, parallel=args.parallel)
 
 
-def _check_out(out: str | None) -> None:
-    """--out before any training (a run takes minutes to hours): a directory, or a parent that
-    cannot be one, is a ConfigError naming --out."""
-    if not out:
-        return
-    path = Path(out)
-    if path.is_dir():
-        raise ConfigError("--out", f"{path} is a directory; name the JSON file to write")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file where a directory must be
-        raise ConfigError("--out", f"cannot create {path.parent}: {exc.strerror}") from None
-
-
 def _limit(value: int | None, flag: str) -> int | None:
     if value is not None and value < 1:
         raise ConfigError(flag, "must be >= 1")
@@ -62,7 +48,8 @@ def _limit(value: int | None, flag: str) -> int | None:
 
 def cmd_select_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    _check_out(args.out)
+    if args.out:
+        output_file(args.out, "--out", "JSON")  # before Ray starts
     if args.split != "test":
         raise ConfigError("--split", "only test (the holdout) is reported: train trains the "
                                      "policy and valid selects the model")
@@ -78,7 +65,8 @@ def cmd_select_run(args: argparse.Namespace) -> int:
 
 def cmd_select_ablate(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    _check_out(args.out)
+    if args.out:
+        output_file(args.out, "--out", "JSON")  # before Ray starts
     from rl.selection.ablate import Sizes, run_dataset
 
     sizes = Sizes(train=60, valid=30, test=40, ks=(20, 50), lambdas=(0.2, 0.8),

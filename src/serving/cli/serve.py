@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rag.errors import ConfigError
 from rag.resources import default_config
-from serving.cli.common import flags
+from serving.cli.common import flags, output_file
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -28,8 +28,7 @@ def cmd_export_interactions(args: argparse.Namespace) -> int:
     if "://" not in args.store and Path(args.out).resolve() == Path(args.store).resolve():
         raise ConfigError("--out", f"{args.out} is the store itself; write the export "
                                    "elsewhere")
-    if Path(args.out).is_dir():
-        raise ConfigError("--out", f"{args.out} is a directory; name the JSONL file to write")
+    output_file(args.out, "--out", "JSONL")
     with flags({"store_url": "--store"}):
         store = open_store(args.store, create=False)  # a mistyped path: an error, no new file
     try:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from rag.errors import ConfigError
 from rag.resources import default_config
-from serving.cli.common import add_set_argument, with_sets
+from serving.cli.common import add_set_argument, output_file, with_sets
 
 DEFAULT_CONFIG = "configs/rl/generator_sft.yaml"
 
@@ -127,10 +127,7 @@ def check_registry(value: str | None) -> None:
     path = registry_file(value)
     if path is None:
         return
-    if path.is_dir():
-        raise ConfigError("--registry", f"{path} is a directory; name the registry YAML file")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise ConfigError("--registry", f"{path.parent} is not a directory")
+    output_file(path, "--registry", "registry YAML")
     try:
         read_registry_file(path)
     except ConfigError as exc:

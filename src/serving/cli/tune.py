@@ -45,6 +45,7 @@ from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import (
     add_set_argument,
     flags,
+    output_file,
     port_number,
     rag_config,
     tuner_settings,
@@ -60,9 +61,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with flags(FLAGS):
         check(args.method, args.budget, args.budget_unit, resume=args.resume,
               checkpoint=args.checkpoint)  # before the settings and data
-    if args.metrics_textfile and Path(args.metrics_textfile).is_dir():
-        raise ConfigError("--metrics-textfile", f"{args.metrics_textfile} is a directory; "
-                                                "name the .prom file to write")
+    if args.metrics_textfile:
+        output_file(args.metrics_textfile, "--metrics-textfile", ".prom")
     cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
     settings = tuner_settings(args.policy)
     if "ray_address" in cluster and args.method not in TUNE_METHODS:
