@@ -93,9 +93,8 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
         raise ConfigError("pipeline", f"expected a rag.pipeline.Pipeline, got "
                                       f"{type(pipeline).__name__}")
     t_load = time.perf_counter()
-    if examples:
-        pipeline.load_models()
-    if examples and examples[0].question.strip():
+    pipeline.load_models()
+    if examples[0].question.strip():
         pipeline.retrieve(examples[0].question.strip())  # warm-up: builds/loads indexes, encoder
     model_load_s = time.perf_counter() - t_load
 
