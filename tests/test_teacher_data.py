@@ -9,8 +9,18 @@ import pytest
 from tests.conftest import require_dataset
 
 from rag import llama_runtime
-from rl.adaptation.sft_data import SFTExample, distillation_sets, format_target
+from rag.errors import ConfigError, DataError
+from rl.adaptation.sft_data import (
+    SFTExample,
+    cut_at_sentence,
+    distillation_sets,
+    format_target,
+    mtrag_sft_examples,
+    mtrag_split,
+)
 from rl.adaptation.teacher import (
+    MODES,
+    ModeSpec,
     TeacherRecord,
     TeacherStore,
     filtered_examples,
@@ -94,3 +104,123 @@ def test_smollm2_teacher_caches_and_filters(tmp_path):
     kept = filtered_examples(exs, first, min_f1=0.0, min_cite_precision=0.0)
     assert len(kept) == sum(bool(r.citations and r.text.strip()) for r in first)
     assert filtered_examples(exs, first, min_f1=1.01) == []
+
+
+def test_keep_threshold_is_the_records_modes():
+    """MTRAG's long-form references bound a one-sentence answer's F1: its mode keeps F1 >= 0.3,
+    HotpotQA's 0.5; an explicit min_f1 still wins."""
+    mt = TeacherRecord("km", "m", "mtrag-gold", "t", "x [1]", "x", (1,), 0.35, 1.0, 1.0)
+    assert keep_record(mt) and not keep_record(_rec(f1=0.35))
+    assert not keep_record(mt, min_f1=0.5)
+    assert MODES["mtrag-gold"].prompt_id == "cite_verbose"
+    assert MODES["gold"] == MODES["hybrid"] == ModeSpec("cite_concise", 32, 0.5)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        teacher_examples("mtrag-hybrid", 3)
+
+
+def _mtrag_file(path, tasks):
+    import json
+
+    lines = []
+    for tid, label, ctx, answer, coll in tasks:
+        lines.append(json.dumps({
+            "task_id": tid, "conversation_id": tid.split("<::>")[0], "turn": tid[-1],
+            "Collection": coll, "answerability": [label], "Question Type": ["Factoid"],
+            "input": [{"speaker": "user", "text": "earlier?"},
+                      {"speaker": "agent", "text": "earlier answer"},
+                      {"speaker": "user", "text": f"question of {tid}?"}],
+            "contexts": [{"document_id": d, "text": t, "title": d} for d, t in ctx],
+            "targets": [{"text": answer}] if answer else []}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_mtrag_examples_hold_gold_and_a_distractor_of_another_conversation(tmp_path):
+    long = "First sentence here. " + "Second sentence is much longer than the first. " * 3
+    f = _mtrag_file(tmp_path / "r.jsonl", [
+        ("c1<::>2", "ANSWERABLE", [("d1", long), ("d2", "Two."), ("d3", "Three.")], "A1", "x"),
+        ("c1<::>3", "PARTIAL", [("d4", "Four.")], "A2", "x"),
+        ("c2<::>1", "UNANSWERABLE", [], "I do not know", "x"),
+        ("c3<::>1", "ANSWERABLE", [("d5", "Five.")], "A3", "x"),
+        ("c4<::>1", "UNDERSPECIFIED", [("d6", "Six.")], "Which one?", "y"),
+    ])
+    exs = mtrag_sft_examples(f, ["c1<::>2", "c1<::>3", "c2<::>1", "c3<::>1", "c4<::>1"],
+                             max_gold=2, max_context_chars=40, seed=0)
+    assert [e.id for e in exs] == ["c1<::>2", "c1<::>3", "c3<::>1"]   # answer-holding only
+    e = exs[0]
+    assert e.question == "question of c1<::>2?" and e.source == "mtrag"
+    ids = [c.id for c in e.contexts]
+    gold = [ids[p - 1] for p in e.gold_positions]
+    assert sorted(gold) == ["d1", "d2"]                      # max_gold=2: d3 left out
+    (other,) = set(ids) - set(gold)
+    assert other == "d5"            # collection x, not conversation c1's own d3/d4
+    assert e.target == format_target("A1", e.gold_positions)
+    d1 = next(c for c in e.contexts if c.id == "d1")
+    assert d1.text == "First sentence here."                 # cut at a sentence end
+    with pytest.raises(DataError, match="not in the file"):
+        mtrag_sft_examples(f, ["c9<::>1"])
+    with pytest.raises(ConfigError, match="not in the train split"):
+        mtrag_sft_examples(f, ["c1<::>2"], split_ids={"train": ["c3<::>1"]})
+
+
+def test_cut_at_sentence():
+    assert cut_at_sentence("One. Two. Three.", 9) == "One. Two."
+    assert cut_at_sentence("  One.\n Two. ", 100) == "One. Two."
+    assert cut_at_sentence("Averyveryverylongfirstsentence. Two.", 10) == "Averyveryv"
+
+
+def test_mtrag_split_reads_train_tasks_only():
+    require_dataset("mtrag/mtragun-human/generation_tasks/reference.jsonl")
+    from rag.corpus.hygiene import load_split
+
+    exs = mtrag_split()
+    train = set(load_split("mtrag").ids("train"))
+    assert exs and {e.id for e in exs} <= train
+    assert all(e.meta["answerability"] in ("answerable", "partial") for e in exs)
+    assert all(1 <= len(e.gold_positions) <= 2 and len(e.contexts) == len(e.gold_positions) + 1
+               for e in exs)
+    assert all(len(c.text) <= 700 for e in exs for c in e.contexts)
+    assert [e.id for e in teacher_examples("mtrag-gold", 5)] == [e.id for e in exs[:5]]
+
+
+def test_export_sets_never_mixes_hotpotqa_and_mtrag(tmp_path):
+    from rl.adaptation.teacher import export_sets
+
+    with pytest.raises(ValueError, match="exported apart"):
+        export_sets(tmp_path / "out", modes=("gold", "mtrag-gold"), store_path=tmp_path / "s")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        export_sets(tmp_path / "out", modes=("golden",), store_path=tmp_path / "s")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mtrag_teacher_job_uses_the_modes_prompt_and_budget(tmp_path, monkeypatch):
+    """`run_teacher_job(mode="mtrag-gold")` answers MTRAG's examples with `cite_verbose` and 64
+    new tokens (a recording generator stands in; the real llama.cpp path is
+    test_smollm2_teacher_caches_and_filters and bench/teacher_mtrag.py), and a re-run reads
+    the store instead of answering."""
+    require_dataset("mtrag/mtragun-human/generation_tasks/reference.jsonl")
+    from rag.generation import factory
+    from rag.generation.base import Generator
+    from rag.types import Generation
+    from rl.adaptation.teacher import run_teacher_job
+
+    calls = []
+
+    class Recorder(Generator):
+        name, fingerprint = "recorder", "rec-1"
+
+        def generate(self, question, contexts, prompt_id, max_new_tokens=48, temperature=0.0,
+                     abstain_threshold=None):
+            calls.append((question, prompt_id, max_new_tokens))
+            return Generation("an answer", "an answer [1]", (1,))
+
+    monkeypatch.setattr(factory, "make_generator", lambda *a, **k: Recorder())
+    store = tmp_path / "t.sqlite"
+    assert run_teacher_job("recorder", "mtrag-gold", 3, store_path=str(store)) == 3
+    exs = mtrag_split(3)
+    assert calls == [(e.question, "cite_verbose", 64) for e in exs]
+    assert run_teacher_job("recorder", "mtrag-gold", 3, store_path=str(store)) == 3
+    assert len(calls) == 3
+    recs = TeacherStore(store).records(mode="mtrag-gold", model="recorder")
+    assert {r.qid for r in recs} == {e.id for e in exs}
+    assert {r.cite_precision for r in recs} <= {0.0, 1.0}

@@ -7,6 +7,11 @@ A target is exactly what `rag.generation.parse` reads back: `<short answer> [i][
   question + the two gold paragraphs (+ distractors from the same record), shuffled, each trimmed
   to `max_context_chars` around its supporting sentences so prompts stay short (CPU cost is
   linear in tokens), target = gold answer + citations of the gold paragraphs.
+* MTRAG (train split of configs/splits/mtrag.json only): the tasks whose gold holds an answer
+  (answerability ANSWERABLE or PARTIAL, at least one gold passage); question = the last user
+  turn (what the pipeline's generator answers), contexts = up to `max_gold` gold passages and
+  `n_distractors` gold passages of other conversations of the same collection, shuffled, each
+  cut at a sentence end to `max_context_chars`; target = the reference answer + citations.
 * The interaction log: `ragpilot export-interactions` JSONL (serving.store.export_jsonl layout:
   question, context_ids, citations, answer, reward, shadow, ...). Rows rated >= `min_reward`
   become examples; context ids are resolved against a passage lookup (the index's corpus).
@@ -176,6 +181,94 @@ def hotpot_split(split: str, n: int | None = None, *, n_distractors: int = 0,
                                    split_ids=manifest.splits)
     return hotpot_sft_examples(hotpot_path(), ids, n_distractors=n_distractors, seed=seed,
                                trim=False)
+
+
+MTRAG_ANSWERED = frozenset({"answerable", "partial"})
+"""MTRAG answerability labels (lower-cased) whose reference is an answer to learn; UNANSWERABLE
+and UNDERSPECIFIED references are an abstention or a clarifying question instead."""
+
+
+def cut_at_sentence(text: str, max_chars: int) -> str:
+    """`text`'s leading sentences while they fit `max_chars` (at least the first sentence, itself
+    cut at `max_chars` when longer): a passage shortened for a CPU prompt without a half
+    sentence at its end."""
+    import re
+
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    out = ""
+    for sent in re.split(r"(?<=[.!?])\s+", text):
+        if out and len(out) + 1 + len(sent) > max_chars:
+            break
+        out = f"{out} {sent}".strip() if out else sent
+    return out[:max_chars]
+
+
+def mtrag_path() -> Path:
+    from rag.corpus.loaders import MTRAG_FILE, data_root
+
+    return data_root() / MTRAG_FILE
+
+
+def mtrag_sft_examples(path: str | Path, train_ids: Iterable[str], *, max_gold: int = 2,
+                       n_distractors: int = 1, max_context_chars: int = 700, seed: int = 0,
+                       split_ids: Mapping[str, Iterable[str]] | None = None
+                       ) -> list[SFTExample]:
+    """SFT examples from the MTRAG generation tasks whose id is in `train_ids` and whose gold
+    holds an answer (module docstring), in `train_ids` order. `split_ids` (the manifest's
+    splits): every requested id must belong to its "train" split, else ConfigError. An id
+    that is not a task of the file is a DataError (never silently fewer examples)."""
+    from rag.corpus.loaders import load_mtrag
+
+    wanted = list(dict.fromkeys(train_ids))
+    if split_ids is not None:
+        _check_split(wanted, set(split_ids.get("train", ())), "train_ids")
+    data = load_mtrag(path)
+    by_id = {e.id: e for e in data.examples}
+    missing = [i for i in wanted if i not in by_id]
+    if missing:
+        raise DataError(str(path), f"{len(missing)} requested task id(s) are not in the file "
+                                   f"(e.g. {missing[0]!r})")
+    conv = {e.id: e.id.split("<::>")[0] for e in data.examples}
+    pool: dict[str, list[tuple[str, str]]] = {}  # collection -> (conversation, passage id)
+    for e in data.examples:
+        for pid in e.gold_passage_ids:
+            pool.setdefault(str(e.metadata.get("collection")), []).append((conv[e.id], pid))
+    rng = random.Random(seed)
+    out = []
+    for qid in wanted:
+        e = by_id[qid]
+        label = str(e.metadata.get("answerability") or "").strip().lower()
+        if label not in MTRAG_ANSWERED or not e.gold_passage_ids or not e.answers:
+            continue
+        gold = list(e.gold_passage_ids[:max_gold])
+        others = sorted({pid for c, pid in pool.get(str(e.metadata.get("collection")), ())
+                         if c != conv[qid] and pid not in e.gold_passage_ids})
+        chosen = gold + rng.sample(others, min(n_distractors, len(others)))
+        rng.shuffle(chosen)
+        contexts = tuple(Context(pid, data.corpus[pid].title,
+                                 cut_at_sentence(data.corpus[pid].text, max_context_chars))
+                         for pid in chosen)
+        gold_pos = tuple(k for k, pid in enumerate(chosen, 1) if pid in gold)
+        out.append(SFTExample(qid, e.question, contexts, format_target(e.answers[0], gold_pos),
+                              "mtrag", e.answers, gold_pos,
+                              {"answerability": label, "collection": e.metadata.get("collection"),
+                               "turn": e.metadata.get("turn")}))
+    return out
+
+
+def mtrag_split(n: int | None = None, *, max_gold: int = 2, n_distractors: int = 1,
+                max_context_chars: int = 700, seed: int = 0) -> list[SFTExample]:
+    """The first `n` answer-holding tasks of the train split of configs/splits/mtrag.json (the
+    only MTRAG split SFT and teacher data may read)."""
+    from rag.corpus.hygiene import load_split
+
+    manifest = load_split("mtrag")
+    exs = mtrag_sft_examples(mtrag_path(), manifest.ids("train"), max_gold=max_gold,
+                             n_distractors=n_distractors, max_context_chars=max_context_chars,
+                             seed=seed, split_ids=manifest.splits)
+    return exs[:n] if n is not None else exs
 
 
 def log_sft_examples(path: str | Path, passages: Mapping[str, Passage], *,

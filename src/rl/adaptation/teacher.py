@@ -1,19 +1,27 @@
 """Teacher data for distillation: a strong generator (Qwen2.5-Coder-1.5B on llama.cpp) answers
 HotpotQA *train* questions with citations, over gold paragraphs or over the project's hybrid
-retrieved contexts; answers are scored against gold and filtered.
+retrieved contexts, and MTRAG *train* tasks over their gold passages; answers are scored against
+gold and filtered.
 
 Contract:
   input    `SFTExample`s (question, numbered contexts, gold answers, gold passage positions),
            from `teacher_examples(mode, n)`: mode "gold" (gold paragraphs + distractors, the
            SFT layout) or "hybrid" (the default `RAGConfig()` top-5 over the pooled corpus; gold
-           positions = where the gold paragraphs landed, possibly none).
+           positions = where the gold paragraphs landed, possibly none); mode "mtrag-gold"
+           (`sft_data.mtrag_split`: the answer-holding MTRAG train tasks, last user turn, up to
+           2 gold passages + 1 of another conversation, cut to 700 characters).
+  prompt   per mode (`MODES`): HotpotQA `cite_concise`, 32 new tokens (a short answer);
+           MTRAG `cite_verbose`, 64 new tokens (its references are long-form answers).
   store    `TeacherStore` (SQLite, WAL, safe across processes and Ray workers) keyed by
            sha256(model fingerprint, prompt id, question, contexts hash, max_new_tokens): a
            re-run answers only what is missing (resumable; a killed job loses one answer).
   record   `TeacherRecord`: raw reply, parsed answer, citations (1-based), answer F1 vs gold,
            citation precision vs gold positions, seconds (0 for a cache hit).
   filter   `keep_record`: F1 >= min_f1 and citation precision >= min_cite_precision (a
-           citation of a non-gold passage teaches the student to cite wrongly).
+           citation of a non-gold passage teaches the student to cite wrongly). min_f1 is the
+           mode's: 0.5 for HotpotQA's short answers; 0.3 for MTRAG, whose references (median 50
+           words) bound the token F1 of a one-sentence answer by its recall (fixed before the
+           first MTRAG run).
 
 Runs as a Ray job: `ray job submit -- python -m rl.adaptation.teacher --mode gold --n 500`;
 `--shards K` fans the questions out as K Ray tasks (one llama thread each) writing the same
@@ -39,6 +47,29 @@ from rag.models import cache_dir
 from rl.adaptation.sft_data import SFTExample, format_target
 
 TEACHER = "qwen2.5-coder-1.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """How the teacher answers one kind of example, and which answers are kept."""
+
+    prompt_id: str = "cite_concise"
+    max_new_tokens: int = 32
+    min_f1: float = 0.5
+
+
+MODES: dict[str, ModeSpec] = {
+    "gold": ModeSpec(),
+    "hybrid": ModeSpec(),
+    "mtrag-gold": ModeSpec("cite_verbose", 64, 0.3),
+}
+
+
+def mode_spec(mode: str) -> ModeSpec:
+    try:
+        return MODES[mode]
+    except KeyError:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}") from None
 
 
 @dataclass(frozen=True)
@@ -156,16 +187,19 @@ def teacher_answers(teacher: Generator, examples: Sequence[SFTExample], mode: st
     return out
 
 
-def keep_record(rec: TeacherRecord, min_f1: float = 0.5, min_cite_precision: float = 1.0
-                ) -> bool:
-    """Keep a teacher answer for SFT: non-empty, cites something, F1 >= min_f1 and citation
+def keep_record(rec: TeacherRecord, min_f1: float | None = None,
+                min_cite_precision: float = 1.0) -> bool:
+    """Keep a teacher answer for SFT: non-empty, cites something, F1 >= min_f1 (the record's
+    mode's, `MODES`, unless given; 0.5 for a mode this version does not know) and citation
     precision >= min_cite_precision."""
+    if min_f1 is None:
+        min_f1 = MODES.get(rec.mode, ModeSpec()).min_f1
     return bool(rec.text.strip()) and bool(rec.citations) and rec.f1 >= min_f1 \
         and rec.cite_precision >= min_cite_precision
 
 
 def filtered_examples(examples: Sequence[SFTExample], records: Sequence[TeacherRecord],
-                      min_f1: float = 0.5, min_cite_precision: float = 1.0
+                      min_f1: float | None = None, min_cite_precision: float = 1.0
                       ) -> list[SFTExample]:
     """The teacher's kept answers as SFT examples (target `<answer> [i][j]`, source
     "teacher"), matched to `examples` by question id."""
@@ -182,7 +216,7 @@ def filtered_examples(examples: Sequence[SFTExample], records: Sequence[TeacherR
 
 
 def stored_teacher_examples(examples: Sequence[SFTExample], store: TeacherStore,
-                            mode: str, model: str = TEACHER, min_f1: float = 0.5,
+                            mode: str, model: str = TEACHER, min_f1: float | None = None,
                             min_cite_precision: float = 1.0
                             ) -> tuple[list[SFTExample], dict[str, int]]:
     """The kept teacher answers of `mode` already in `store` (written by any machine) as SFT
@@ -190,7 +224,9 @@ def stored_teacher_examples(examples: Sequence[SFTExample], store: TeacherStore,
     counts. A record is used only when re-scoring it against this machine's example gives
     the stored F1 and citation precision: a retrieval that put the gold paragraphs elsewhere
     would make its `[i]` citations point at other passages (counted as `mismatched`); a
-    question answered twice (another key) uses its first record by key."""
+    question answered twice (another key) uses its first record by key. `min_f1`: the
+    mode's (`MODES`) unless given."""
+    min_f1 = mode_spec(mode).min_f1 if min_f1 is None else min_f1
     by_id = {e.id: e for e in examples}
     seen: dict[str, TeacherRecord] = {}
     counts = {"records": 0, "unknown_question": 0, "mismatched": 0, "duplicate": 0}
@@ -213,14 +249,16 @@ def stored_teacher_examples(examples: Sequence[SFTExample], store: TeacherStore,
 
 
 def teacher_examples(mode: str, n: int, seed: int = 0) -> list[SFTExample]:
-    """The first `n` HotpotQA train questions with `mode` contexts (module docstring)."""
-    from rl.adaptation.sft_data import hotpot_split
+    """The first `n` HotpotQA train questions with `mode` contexts, or the first `n`
+    answer-holding MTRAG train tasks for "mtrag-gold" (module docstring)."""
+    from rl.adaptation.sft_data import hotpot_split, mtrag_split
 
+    mode_spec(mode)
+    if mode == "mtrag-gold":
+        return mtrag_split(n, seed=seed)
     gold = hotpot_split("train", n, n_distractors=1, seed=seed)
     if mode == "gold":
         return gold
-    if mode != "hybrid":
-        raise ValueError(f"mode must be gold or hybrid, got {mode!r}")
     from rag.config import RAGConfig
     from rag.corpus.loaders import load_hotpotqa
     from rag.indexset import IndexSet
@@ -247,10 +285,12 @@ def _shard(model: str, mode: str, n: int, k: int, shards: int, budget_s: float |
     """One Ray task (or the whole job when shards == 1): questions k, k+shards, ..."""
     from rag.generation.factory import make_generator
 
+    spec = mode_spec(mode)
     exs = teacher_examples(mode, n)[k::shards]
     gen = make_generator(model, cache=False)
-    recs = teacher_answers(gen, exs, mode, store=TeacherStore(store_path), budget_s=budget_s,
-                           log=lambda m: print(m, flush=True))
+    recs = teacher_answers(gen, exs, mode, prompt_id=spec.prompt_id,
+                           max_new_tokens=spec.max_new_tokens, store=TeacherStore(store_path),
+                           budget_s=budget_s, log=lambda m: print(m, flush=True))
     return len(recs)
 
 
@@ -273,11 +313,17 @@ def export_sets(out_dir: str | Path, n: int = 500, store_path: str | None = None
                 model: str = TEACHER, modes: Sequence[str] = ("gold", "hybrid")) -> dict:
     """Write the distillation SFT sets (`sft_data.distillation_sets`) of the kept stored
     answers of `modes` over the first `n` train questions: <out>/teacher.jsonl and
-    <out>/teacher+gold.jsonl (gold = the SFT recipe's gold-paragraph examples), + counts."""
+    <out>/teacher+gold.jsonl (gold = the SFT recipe's gold-paragraph examples: HotpotQA's,
+    or MTRAG's when every mode is "mtrag-gold"; the two datasets' modes are not mixed), +
+    counts."""
     from rl.adaptation.sft_data import distillation_sets, save_examples
 
+    for m in modes:
+        mode_spec(m)
+    if len({m == "mtrag-gold" for m in modes}) != 1:
+        raise ValueError(f"modes {list(modes)}: HotpotQA and MTRAG modes are exported apart")
     store = TeacherStore(store_path)
-    gold = teacher_examples("gold", n)
+    gold = teacher_examples("mtrag-gold" if modes[0] == "mtrag-gold" else "gold", n)
     kept: list[SFTExample] = []
     counts = {}
     for mode in modes:
@@ -299,19 +345,21 @@ def main() -> None:
     from rag.env import configure_runtime_env
 
     configure_runtime_env()
-    ap = argparse.ArgumentParser(description="teacher answers for HotpotQA train questions")
+    ap = argparse.ArgumentParser(description="teacher answers for HotpotQA or MTRAG train "
+                                             "questions")
     ap.add_argument("--model", default=TEACHER)
-    ap.add_argument("--mode", choices=["gold", "hybrid"], default="gold")
+    ap.add_argument("--mode", choices=list(MODES), default="gold")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--budget-s", type=float)
     ap.add_argument("--store")
     ap.add_argument("--export-sets", metavar="DIR",
-                    help="write the distillation SFT sets of the stored answers (both modes) "
-                         "to DIR instead of answering")
+                    help="write the distillation SFT sets of the stored answers to DIR "
+                         "instead of answering (HotpotQA: both modes; --mode mtrag-gold: MTRAG's)")
     a = ap.parse_args()
     if a.export_sets:
-        print(json.dumps(export_sets(a.export_sets, a.n, a.store, a.model)))
+        modes = ("mtrag-gold",) if a.mode == "mtrag-gold" else ("gold", "hybrid")
+        print(json.dumps(export_sets(a.export_sets, a.n, a.store, a.model, modes)))
         return
     done = run_teacher_job(a.model, a.mode, a.n, a.shards, a.budget_s, a.store)
     print(json.dumps({"answers": done, "store": str(TeacherStore(a.store).path)}))
