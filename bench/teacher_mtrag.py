@@ -4,14 +4,14 @@ against the reference answers and gold passages and filtered, and compared, on t
 with the student's base model (SmolLM2-135M-Instruct), so the teacher is shown to know more than
 the student before anyone distils from it.
 
-    python bench/teacher_mtrag.py              # every answer-holding train task (~2 h on 2 cores)
-    python bench/teacher_mtrag.py --n 60       # the first 60 (what bench/results holds, see meta)
+    python bench/teacher_mtrag.py              # every answer-holding train task (~45 min on 2 cores)
+    python bench/teacher_mtrag.py --n 60       # the first 60
     python bench/teacher_mtrag.py --quick      # 2 tasks -> bench/results/teacher_mtrag.quick.*
 
 Examples: `rl.adaptation.sft_data.mtrag_split` (train split of configs/splits/mtrag.json only;
 last user turn; up to 2 gold passages + 1 gold passage of another conversation of the same
 collection, shuffled, each cut at a sentence end to 700 characters). Prompt and filter:
-`rl.adaptation.teacher.MODES["mtrag-gold"]` (`cite_verbose`, 64 new tokens; kept = cites
+`rl.adaptation.teacher.MODES["mtrag-gold"]` (`cite_long`, 96 new tokens; kept = cites
 something, cites only gold passages, token F1 >= 0.3 against the reference answer).
 
 The teacher runs as a Ray job of `--shards` tasks (one llama.cpp thread each) writing the

@@ -112,7 +112,7 @@ def test_keep_threshold_is_the_records_modes():
     mt = TeacherRecord("km", "m", "mtrag-gold", "t", "x [1]", "x", (1,), 0.35, 1.0, 1.0)
     assert keep_record(mt) and not keep_record(_rec(f1=0.35))
     assert not keep_record(mt, min_f1=0.5)
-    assert MODES["mtrag-gold"].prompt_id == "cite_verbose"
+    assert MODES["mtrag-gold"].prompt_id == "cite_long"
     assert MODES["gold"] == MODES["hybrid"] == ModeSpec("cite_concise", 32, 0.5)
     with pytest.raises(ValueError, match="mode must be one of"):
         teacher_examples("mtrag-hybrid", 3)
@@ -194,7 +194,7 @@ def test_export_sets_never_mixes_hotpotqa_and_mtrag(tmp_path):
 
 
 def test_mtrag_teacher_job_uses_the_modes_prompt_and_budget(tmp_path, monkeypatch):
-    """`run_teacher_job(mode="mtrag-gold")` answers MTRAG's examples with `cite_verbose` and 64
+    """`run_teacher_job(mode="mtrag-gold")` answers MTRAG's examples with `cite_long` and 96
     new tokens (a recording generator stands in; the real llama.cpp path is
     test_smollm2_teacher_caches_and_filters and bench/teacher_mtrag.py), and a re-run reads
     the store instead of answering."""
@@ -218,7 +218,7 @@ def test_mtrag_teacher_job_uses_the_modes_prompt_and_budget(tmp_path, monkeypatc
     store = tmp_path / "t.sqlite"
     assert run_teacher_job("recorder", "mtrag-gold", 3, store_path=str(store)) == 3
     exs = mtrag_split(3)
-    assert calls == [(e.question, "cite_verbose", 64) for e in exs]
+    assert calls == [(e.question, "cite_long", 96) for e in exs]
     assert run_teacher_job("recorder", "mtrag-gold", 3, store_path=str(store)) == 3
     assert len(calls) == 3
     recs = TeacherStore(store).records(mode="mtrag-gold", model="recorder")

@@ -46,6 +46,10 @@ _REGISTRY: dict[str, PromptTemplate] = {t.id: t for t in [
     PromptTemplate("cite_verbose", _SYS,
                    "Reply with one sentence that answers the question and cite the passages "
                    "you used by their numbers in brackets.", concise=False),
+    PromptTemplate("cite_long", _SYS,
+                   "Reply with two or three sentences that answer the question, and end each "
+                   "sentence with the number of the passage that supports it in brackets, like "
+                   "[2].", concise=False),
     PromptTemplate("cite_concise_abstain", _SYS,
                    "Reply with only the answer (a few words: a name, number, date, or yes/no) "
                    "and then the numbers of the passages that support it in brackets. If the "

@@ -11,7 +11,7 @@ Contract:
            (`sft_data.mtrag_split`: the answer-holding MTRAG train tasks, last user turn, up to
            2 gold passages + 1 of another conversation, cut to 700 characters).
   prompt   per mode (`MODES`): HotpotQA `cite_concise`, 32 new tokens (a short answer);
-           MTRAG `cite_verbose`, 64 new tokens (its references are long-form answers).
+           MTRAG `cite_long`, 96 new tokens (its references are long-form answers).
   store    `TeacherStore` (SQLite, WAL, safe across processes and Ray workers) keyed by
            sha256(model fingerprint, prompt id, question, contexts hash, max_new_tokens): a
            re-run answers only what is missing (resumable; a killed job loses one answer).
@@ -61,7 +61,7 @@ class ModeSpec:
 MODES: dict[str, ModeSpec] = {
     "gold": ModeSpec(),
     "hybrid": ModeSpec(),
-    "mtrag-gold": ModeSpec("cite_verbose", 64, 0.3),
+    "mtrag-gold": ModeSpec("cite_long", 96, 0.3),
 }
 
 
