@@ -91,7 +91,7 @@ def main() -> None:
                  metric_row(ds, label, "kept", [float(keep_record(r)) for r in recs])]
     rows.append(metric_row(ds, f"{TEACHER_LABEL} - {STUDENT_LABEL}", "delta_answer_f1",
                            [a.f1 - b.f1 for a, b in zip(teacher, student, strict=True)]))
-    secs = {label: float(np.mean([r.seconds for r in recs if r.seconds > 0] or [np.nan]))
+    secs = {label: float(np.mean([r.seconds for r in recs]))
             for label, recs in ((TEACHER_LABEL, teacher), (STUDENT_LABEL, student))}
     spec = MODES[MODE]
     labels = {str(e.meta["answerability"]) for e in exs}
@@ -111,24 +111,25 @@ def main() -> None:
         f"{spec.max_new_tokens} new tokens, both models on llama.cpp (Q4_K_M GGUF resp. the "
         "packaged SmolLM2 GGUF), one thread per model instance on the shared 2-core machine. "
         "answer_f1 = token F1 against the reference answer (MTRAG's references are long-form, "
-        "median 50 words, so a one-sentence answer's F1 is bounded by its recall); "
+        "median 50 words, so a short answer's F1 is bounded by its recall); "
         "citation_precision = share of the cited passages that are gold (0 when nothing is "
         f"cited); kept = cites something, only gold passages, F1 >= {spec.min_f1} "
         "(`rl.adaptation.teacher.keep_record`, the threshold fixed before the first run). "
         "The delta row is a paired bootstrap over the same tasks.", "", *table, "",
         f"Kept teacher answers: {kept} of {len(exs)} (what `python -m rl.adaptation.teacher "
-        f"--mode {MODE} --export-sets DIR` writes as the MTRAG distillation sets). Mean seconds "
-        "per answer when generated in this run (cache hits excluded): "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in secs.items())
-        + f"; teacher wall time {t_teacher / 60:.1f} min over {args.shards if not args.quick else 1}"
-        " shard(s).",
+        f"--mode {MODE} --export-sets DIR` writes as the MTRAG distillation sets). Seconds per "
+        "answer, as stored when it was generated (one llama.cpp thread, the other core busy "
+        "with the other shard): " + ", ".join(f"{k} {v:.1f} s" for k, v in secs.items())
+        + f"; the teacher's {len(teacher)} answers took {sum(r.seconds for r in teacher) / 60:.0f}"
+        " thread-minutes.",
     ]
     meta = make_meta(0, {"mtrag": data_root() / "mtrag/mtragun-human/generation_tasks"},
                      {"quick": args.quick, "n_tasks": len(exs), "teacher": TEACHER,
                       "student": STUDENT, "fingerprints": {TEACHER: teacher_fp,
                                                            STUDENT: student_fp}, "mode": MODE,
                       "prompt_id": spec.prompt_id, "max_new_tokens": spec.max_new_tokens,
-                      "min_f1": spec.min_f1, "seconds_per_answer": secs})
+                      "min_f1": spec.min_f1, "seconds_per_answer": secs,
+                      "wall_s_this_run": round(t_teacher, 1)})
     write_results("teacher_mtrag", rows, meta, "MTRAG teacher data: Qwen vs the student's base "
                   "model on MTRAG train tasks (issue 21)", "\n".join(body))
 
