@@ -16,7 +16,7 @@ Contract:
            sha256(model fingerprint, prompt id, question, contexts hash, max_new_tokens): a
            re-run answers only what is missing (resumable; a killed job loses one answer).
   record   `TeacherRecord`: raw reply, parsed answer, citations (1-based), answer F1 vs gold,
-           citation precision vs gold positions, seconds (0 for a cache hit).
+           citation precision vs gold positions, seconds it took to generate (read back unchanged from the store).
   filter   `keep_record`: F1 >= min_f1 and citation precision >= min_cite_precision (a
            citation of a non-gold passage teaches the student to cite wrongly). min_f1 is the
            mode's: 0.5 for HotpotQA's short answers; 0.3 for MTRAG, whose references (median 50
