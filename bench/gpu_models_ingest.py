@@ -204,7 +204,8 @@ def _teacher(jobs, answers, info, notes_dir: Path, rows, notes, store_path=None)
                 continue
             f1, prec = score(a["text"], a["citations"], ex)
             rec = TeacherRecord(teacher_key(fp, "cite_concise", ex, 32), ex.id, mode, TEACHER,
-                                a["raw"], a["text"], tuple(a["citations"]), f1, prec, sec)
+                                a["raw"], a["text"], tuple(a["citations"]), f1, prec, sec,
+                                "cite_concise", 32)
             store.put(rec)
             recs.append(rec)
         kept = filtered_examples(exs, recs)

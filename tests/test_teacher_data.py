@@ -74,8 +74,27 @@ def test_stored_answers_are_read_back_and_checked_against_this_machines_contexts
     assert len(store.records()) == 5
     kept, counts = stored_teacher_examples(exs, store, "gold", model="t")
     assert [(e.id, e.source, e.target) for e in kept] == [("a", "teacher", "Paris [1]")]
-    assert counts == {"records": 3, "unknown_question": 0, "mismatched": 1, "duplicate": 1,
-                      "used": 1, "kept": 1}
+    assert counts == {"records": 3, "unknown_question": 0, "other_prompt": 0, "mismatched": 1,
+                      "duplicate": 1, "used": 1, "kept": 1}
+
+
+def test_stored_answers_of_another_prompt_are_not_used(tmp_path):
+    """A store holding a mode's answers under an earlier prompt or token budget (MTRAG's
+    quick run used `cite_verbose`, 64 tokens) uses only the mode's; records written before the
+    fields existed (None) count as the mode's."""
+    exs = [SFTExample(q, f"{q}?", (), format_target("Paris", (1,)), answers=("Paris",),
+                      gold_positions=(1,)) for q in ("a", "b", "c")]
+    store = TeacherStore(tmp_path / "t.sqlite")
+    rec = lambda key, qid, *how: TeacherRecord(key, qid, "mtrag-gold", "t", "Paris [1]",  # noqa: E731
+                                               "Paris", (1,), 1.0, 1.0, 1.0, *how)
+    store.put(rec("k1", "a", "cite_verbose", 64))          # sorts first, another prompt
+    store.put(rec("k2", "a", "cite_long", 96))
+    store.put(rec("k3", "b", "cite_long", 64))             # another budget
+    store.put(rec("k4", "c"))                              # written before the fields existed
+    kept, counts = stored_teacher_examples(exs, store, "mtrag-gold", model="t")
+    assert [e.id for e in kept] == ["a", "c"]
+    assert counts["other_prompt"] == 2 and counts["duplicate"] == 0
+    assert store.get("k2").prompt_id == "cite_long" and store.get("k4").prompt_id is None
 
 
 @pytest.mark.slow
@@ -94,6 +113,7 @@ def test_smollm2_teacher_caches_and_filters(tmp_path):
     first = teacher_answers(gen, exs, "gold", max_new_tokens=16, store=store)
     assert len(first) == 3 and len(calls) == 3 and len(store) == 3
     assert all(r.seconds > 0 and 0 <= r.f1 <= 1 and 0 <= r.cite_precision <= 1 for r in first)
+    assert {(r.prompt_id, r.max_new_tokens) for r in first} == {("cite_concise", 16)}
     again = teacher_answers(gen, exs, "gold", max_new_tokens=16,
                             store=TeacherStore(tmp_path / "teacher.sqlite"))
     assert len(calls) == 3                                   # all three from the store

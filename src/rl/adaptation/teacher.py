@@ -84,6 +84,10 @@ class TeacherRecord:
     f1: float
     cite_precision: float
     seconds: float
+    prompt_id: str | None = None
+    max_new_tokens: int | None = None
+    """How it was asked (None in records written before these fields existed: read as the
+    mode's, `MODES`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "citations": list(self.citations)}
@@ -179,7 +183,8 @@ def teacher_answers(teacher: Generator, examples: Sequence[SFTExample], mode: st
             g = teacher.generate(ex.question, list(ex.contexts), prompt_id, max_new_tokens)
             f1, prec = score(g.text, g.citations, ex)
             rec = TeacherRecord(key, ex.id, mode, teacher.name, g.raw, g.text,
-                                tuple(g.citations), f1, prec, time.perf_counter() - t1)
+                                tuple(g.citations), f1, prec, time.perf_counter() - t1,
+                                prompt_id, max_new_tokens)
             store.put(rec)
             if log:
                 log(f"[teacher] {ex.id} f1 {f1:.2f} cite {prec:.2f} ({rec.seconds:.1f} s)")
@@ -224,16 +229,23 @@ def stored_teacher_examples(examples: Sequence[SFTExample], store: TeacherStore,
     counts. A record is used only when re-scoring it against this machine's example gives
     the stored F1 and citation precision: a retrieval that put the gold paragraphs elsewhere
     would make its `[i]` citations point at other passages (counted as `mismatched`); a
-    question answered twice (another key) uses its first record by key. `min_f1`: the
-    mode's (`MODES`) unless given."""
-    min_f1 = mode_spec(mode).min_f1 if min_f1 is None else min_f1
+    question answered twice (another key) uses its first record by key. A record asked with
+    another prompt or token budget than the mode's (`MODES`; a store can hold both after the
+    mode's prompt changed) is not used (counted as `other_prompt`). `min_f1`: the mode's
+    unless given."""
+    spec = mode_spec(mode)
+    min_f1 = spec.min_f1 if min_f1 is None else min_f1
     by_id = {e.id: e for e in examples}
     seen: dict[str, TeacherRecord] = {}
-    counts = {"records": 0, "unknown_question": 0, "mismatched": 0, "duplicate": 0}
+    counts = {"records": 0, "unknown_question": 0, "other_prompt": 0, "mismatched": 0,
+              "duplicate": 0}
     for r in store.records(mode=mode, model=model):
         counts["records"] += 1
         e = by_id.get(r.qid)
-        if e is None:
+        if r.prompt_id not in (None, spec.prompt_id) or \
+                r.max_new_tokens not in (None, spec.max_new_tokens):
+            counts["other_prompt"] += 1
+        elif e is None:
             counts["unknown_question"] += 1
         elif r.qid in seen:
             counts["duplicate"] += 1
