@@ -56,13 +56,17 @@ class ModeSpec:
     prompt_id: str = "cite_concise"
     max_new_tokens: int = 32
     min_f1: float = 0.5
+    dataset: str = "hotpotqa"
 
 
 MODES: dict[str, ModeSpec] = {
     "gold": ModeSpec(),
     "hybrid": ModeSpec(),
-    "mtrag-gold": ModeSpec("cite_long", 96, 0.3),
+    "mtrag-gold": ModeSpec("cite_long", 96, 0.3, "mtrag"),
 }
+GOLD_MODES = {"hotpotqa": "gold", "mtrag": "mtrag-gold"}
+"""Per dataset, the mode whose examples are the gold-target SFT recipe's (the gold half of
+`export_sets`' teacher+gold set)."""
 
 
 def mode_spec(mode: str) -> ModeSpec:
@@ -265,8 +269,7 @@ def teacher_examples(mode: str, n: int, seed: int = 0) -> list[SFTExample]:
     answer-holding MTRAG train tasks for "mtrag-gold" (module docstring)."""
     from rl.adaptation.sft_data import hotpot_split, mtrag_split
 
-    mode_spec(mode)
-    if mode == "mtrag-gold":
+    if mode_spec(mode).dataset == "mtrag":
         return mtrag_split(n, seed=seed)
     gold = hotpot_split("train", n, n_distractors=1, seed=seed)
     if mode == "gold":
@@ -325,21 +328,21 @@ def export_sets(out_dir: str | Path, n: int = 500, store_path: str | None = None
                 model: str = TEACHER, modes: Sequence[str] = ("gold", "hybrid")) -> dict:
     """Write the distillation SFT sets (`sft_data.distillation_sets`) of the kept stored
     answers of `modes` over the first `n` train questions: <out>/teacher.jsonl and
-    <out>/teacher+gold.jsonl (gold = the SFT recipe's gold-paragraph examples: HotpotQA's,
-    or MTRAG's when every mode is "mtrag-gold"; the two datasets' modes are not mixed), +
-    counts."""
+    <out>/teacher+gold.jsonl (gold = the examples of the modes' dataset's `GOLD_MODES` mode;
+    the modes must all be of one dataset), + counts."""
     from rl.adaptation.sft_data import distillation_sets, save_examples
 
-    for m in modes:
-        mode_spec(m)
-    if len({m == "mtrag-gold" for m in modes}) != 1:
-        raise ValueError(f"modes {list(modes)}: HotpotQA and MTRAG modes are exported apart")
+    datasets = {mode_spec(m).dataset for m in modes}
+    if len(datasets) != 1:
+        raise ValueError(f"modes {list(modes)}: give the modes of one dataset (HotpotQA and "
+                         "MTRAG are exported apart)")
+    gold_mode = GOLD_MODES[datasets.pop()]
     store = TeacherStore(store_path)
-    gold = teacher_examples("mtrag-gold" if modes[0] == "mtrag-gold" else "gold", n)
+    gold = teacher_examples(gold_mode, n)
     kept: list[SFTExample] = []
     counts = {}
     for mode in modes:
-        exs = gold if mode == "gold" else teacher_examples(mode, n)
+        exs = gold if mode == gold_mode else teacher_examples(mode, n)
         k, c = stored_teacher_examples(exs, store, mode, model)
         kept += k
         counts[mode] = c
@@ -370,7 +373,7 @@ def main() -> None:
                          "instead of answering (HotpotQA: both modes; --mode mtrag-gold: MTRAG's)")
     a = ap.parse_args()
     if a.export_sets:
-        modes = ("mtrag-gold",) if a.mode == "mtrag-gold" else ("gold", "hybrid")
+        modes = tuple(m for m, s in MODES.items() if s.dataset == MODES[a.mode].dataset)
         print(json.dumps(export_sets(a.export_sets, a.n, a.store, a.model, modes)))
         return
     done = run_teacher_job(a.model, a.mode, a.n, a.shards, a.budget_s, a.store)
