@@ -67,6 +67,9 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, help="teacher generation budget per shard")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    for flag, v in (("--n", args.n), ("--shards", args.shards)):
+        if v is not None and v < 1:
+            ap.error(f"{flag} must be >= 1")
 
     from rag.corpus.loaders import data_root
     from rl.adaptation.sft_data import mtrag_split

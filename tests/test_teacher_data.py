@@ -244,3 +244,24 @@ def test_mtrag_teacher_job_uses_the_modes_prompt_and_budget(tmp_path, monkeypatc
     recs = TeacherStore(store).records(mode="mtrag-gold", model="recorder")
     assert {r.qid for r in recs} == {e.id for e in exs}
     assert {r.cite_precision for r in recs} <= {0.0, 1.0}
+
+
+def test_a_question_count_below_one_is_refused():
+    """`[:n]` would read -1 as "all but the last" (a silently smaller set) and 0 as none."""
+    from rl.adaptation.sft_data import hotpot_split
+
+    for n in (0, -1, True, 2.0):
+        with pytest.raises(ConfigError, match="n: must be a whole number >= 1"):
+            mtrag_split(n)
+        with pytest.raises(ConfigError, match="n: must be a whole number >= 1"):
+            hotpot_split("train", n)
+
+
+def test_teacher_cli_refuses_counts_below_one():
+    import subprocess
+    import sys
+
+    for flag in ("--n", "--shards"):
+        r = subprocess.run([sys.executable, "-m", "rl.adaptation.teacher", flag, "0",
+                            "--export-sets", "/nonexistent"], capture_output=True, text=True)
+        assert r.returncode == 2 and f"argument {flag}: must be >= 1, got 0" in r.stderr

@@ -102,6 +102,13 @@ def trim_sentences(sentences: Sequence[str], keep: Iterable[int], max_chars: int
     return " ".join(sents[i] for i in sorted(chosen) if sents[i])
 
 
+def _check_count(n: int | None) -> None:
+    """`n` questions of a split: None (all) or >= 1 (a slice `[:n]` would read 0 or -1 as
+    "all but the last")."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError("n", f"must be a whole number >= 1 (or none for all), got {n!r}")
+
+
 def _check_split(ids: Iterable[str], allowed: set[str], what: str) -> None:
     bad = [i for i in ids if i not in allowed]
     if bad:
@@ -173,6 +180,7 @@ def hotpot_split(split: str, n: int | None = None, *, n_distractors: int = 0,
     distractors (training); any other split: whole gold paragraphs only (evaluation)."""
     from rag.corpus.hygiene import load_split
 
+    _check_count(n)
     manifest = load_split("hotpotqa")
     ids = manifest.ids(split)[:n]
     if split in TRAIN_SPLITS:
@@ -264,6 +272,7 @@ def mtrag_split(n: int | None = None, *, max_gold: int = 2, n_distractors: int =
     only MTRAG split SFT and teacher data may read)."""
     from rag.corpus.hygiene import load_split
 
+    _check_count(n)
     manifest = load_split("mtrag")
     exs = mtrag_sft_examples(mtrag_path(), manifest.ids("train"), max_gold=max_gold,
                              n_distractors=n_distractors, max_context_chars=max_context_chars,

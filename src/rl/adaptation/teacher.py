@@ -356,6 +356,17 @@ def export_sets(out_dir: str | Path, n: int = 500, store_path: str | None = None
     return summary
 
 
+def _at_least_one(value: str) -> int:
+    """argparse type of a count flag (argparse then exits 2 naming the flag)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def main() -> None:
     from rag.env import configure_runtime_env
 
@@ -364,8 +375,8 @@ def main() -> None:
                                              "questions")
     ap.add_argument("--model", default=TEACHER)
     ap.add_argument("--mode", choices=list(MODES), default="gold")
-    ap.add_argument("--n", type=int, default=500)
-    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--n", type=_at_least_one, default=500)
+    ap.add_argument("--shards", type=_at_least_one, default=1)
     ap.add_argument("--budget-s", type=float)
     ap.add_argument("--store")
     ap.add_argument("--export-sets", metavar="DIR",
