@@ -169,7 +169,7 @@ def evaluator(ds: str, policy, search_json: Path = SEARCH_JSON
     import hashlib
 
     from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import TunerEvaluator
 
     saved = None
     if search_json.exists():

@@ -30,14 +30,14 @@ Synthetic has no train split: train and valid are the two halves of its valid sp
 Systems: `bench/drift_streams.py` (`frozen-static`, `searcher-per-phase`, `sw-bandit`,
 `router-policy`, `router-policy-online`) and `ppo-policy` / `ppo-policy-online`
 (`bench/drift_ppo.py`; `--no-ppo` leaves them out). The learned per-query policies never
-read test: `router-policy` is the supervised router (`rl.policy.router.select_router_cv`,
+read test: `router-policy` is the supervised router (`rl.routing.router.select_router_cv`,
 chosen by cross-validation over train, `bench/drift_policy.py`), the product's default; `ppo-policy` is issue 19's per-query PPO
-policy (`rl.policy.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen:
+policy (`rl.routing.ppo_policy`, trained as in `bench/policy.py`, one policy per seed), frozen:
 by default bench/policy.py's residual design, which may defer a query to `router-policy`'s
 router held to the budget (`--ppo-base none`: PPO alone); it picks configs outside the
 portfolio and is scored by its own picks' rows;
 `ppo-policy-online` is that policy updated by PPO on the stream from the rewards of the
-configs it served (`rl.policy.ppo_online`).
+configs it served (`rl.routing.ppo_online`).
 
 Rows (per stream = `dataset`, pooled over `--seeds` seeds (stream draws and bandit /
 exploration seeds), bootstrap 95% CIs over (seed, query) steps):
@@ -97,8 +97,8 @@ from bench.drift_streams import (  # noqa: E402
     static_arm_for_mix,
 )
 from rag.corpus.loaders import data_root  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "drift"
 PRICE_FACTOR = 2.0
@@ -208,11 +208,11 @@ def streams(quick: bool, length: int, bundles: dict[str, Bundle],
 
 def make_bandit_factory(kind: str):
     """n_arms, seed -> a bandit with select()/update(arm, reward in [0, 1]): `sw-ucb` (this
-    bench's `SlidingWindowUCB`) or `rl` (`rl.policy.bandit.SlidingWindowUCB`, helper B's)."""
+    bench's `SlidingWindowUCB`) or `rl` (`rl.routing.bandit.SlidingWindowUCB`, helper B's)."""
     if kind == "rl":
-        from rl.policy.bandit import SlidingWindowUCB as RLSW
+        from rl.routing.bandit import SlidingWindowUCB as RLSW
 
-        return lambda k, seed: RLSW(k, window=SW_WINDOW), "rl.policy.bandit.SlidingWindowUCB"
+        return lambda k, seed: RLSW(k, window=SW_WINDOW), "rl.routing.bandit.SlidingWindowUCB"
     return (lambda k, seed: SlidingWindowUCB(k, window=SW_WINDOW, seed=seed),
             "bench.drift_streams.SlidingWindowUCB")
 
@@ -451,7 +451,7 @@ def main() -> None:
         "notes": {
             "router_policy": {ds: lp.describe for ds, lp in learned.items()},
             "ppo_policy": {ds: t.describe for ds, t in ppo.items()},
-            "ppo_online": (f"rl.policy.ppo_online.adapt_online: configs sampled from the "
+            "ppo_online": (f"rl.routing.ppo_online.adapt_online: configs sampled from the "
                            f"trained ppo-policy, a PPO update every {drift_ppo.ONLINE_BATCH} "
                            "served requests from their rewards only (bandit feedback), the "
                            "Lagrange multiplier stepped with the training budget; no model "

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from bench.headroom import matrices, segmentations
-from rl.policy.portfolio import portfolio, with_formulations
-from rl.policy.worlds import EvaluatorWorld
-from rl.tuner.reward import PII_COLUMN
-from rl.tuner.settings import TunerSettings
+from rl.kernel.reward import PII_COLUMN
+from rl.kernel.settings import TunerSettings
+from rl.routing.portfolio import portfolio, with_formulations
+from rl.routing.worlds import EvaluatorWorld
 
 UPDATE_WORLD = {"seed": 1, "n_people": 300, "n_companies": 180, "n_questions": 240}
 """`make_synthetic_world` arguments of the corpus update: a new seed and twice the people and
@@ -65,7 +65,7 @@ class Bundle:
 def drift_arms(ev, policy: TunerSettings) -> tuple[list, tuple[str, ...]]:
     """(arms, formulation views) of evaluator `ev`'s dataset: the headroom portfolio, with
     bench/policy.py's formulation arms on conversational data (module docstring)."""
-    from rl.policy.features import conversation_views
+    from rl.routing.features import conversation_views
 
     views = conversation_views(ev.data.dataset.examples)
     return with_formulations(portfolio(policy), views), views
@@ -106,8 +106,8 @@ def group_labels(ds: str, examples) -> dict[str, np.ndarray]:
 
 def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = "") -> Bundle:
     """Matrices, features and labels of evaluator `ev`'s data by role (module docstring)."""
-    from rl.policy.features import QueryFeaturizer
-    from rl.policy.router import arm_features
+    from rl.routing.features import QueryFeaturizer
+    from rl.routing.router import arm_features
 
     configs, views = drift_arms(ev, policy)
     roles = _roles(ev.data, seed)
@@ -144,7 +144,7 @@ def load_updated_world(policy: TunerSettings, old: Bundle, seed: int = 0) -> Bun
     from rag.indexset import IndexSet
     from rag.models import cache_dir
     from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import TunerEvaluator
 
     w = make_synthetic_world(**UPDATE_WORLD)
     ds = Dataset("synthetic", w.corpus, w.examples, {}, builtin=True)

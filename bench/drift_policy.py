@@ -6,11 +6,11 @@ it by cross-validation over train; it never reads the test split (the streams dr
 per arm in reward units (what `router-policy-online` corrects online), `describe` the
 implementation (in `meta.notes.router_policy`).
 
-Kinds: `router` (the only one): the supervised router (`rl.policy.router.select_router_cv`,
+Kinds: `router` (the only one): the supervised router (`rl.routing.router.select_router_cv`,
 per-arm gradient boosting, parameters chosen by grouped cross-validation over train (margin
 0: plain argmax, `CV_MARGINS`), so valid stays out of sample for what reads it), the
 per-query policy the product ships as default (`bench/results/policy.json`). Issue 19's
-per-query PPO (`rl.policy.ppo_policy`) acts on the whole config space, not on this
+per-query PPO (`rl.routing.ppo_policy`) acts on the whole config space, not on this
 portfolio's arms, so it is not a kind here: `bench/drift_ppo.py` trains it and scores its own
 choices per query.
 """
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from rl.policy.router import CV_FOLDS
+from rl.routing.router import CV_FOLDS
 
 ROUTER_GRID = None
-"""The router's parameter grid (None: `rl.policy.router.PARAM_GRID`; tests shrink it)."""
+"""The router's parameter grid (None: `rl.routing.router.PARAM_GRID`; tests shrink it)."""
 
 
 @dataclass
@@ -35,7 +35,7 @@ class LearnedPolicy:
     scores: Callable[[np.ndarray], np.ndarray]
     describe: str
     router: Any = None
-    """The fitted `rl.policy.router.Router` behind `act` (the PPO policy's warm starts)."""
+    """The fitted `rl.routing.router.Router` behind `act` (the PPO policy's warm starts)."""
 
 
 def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
@@ -48,14 +48,14 @@ def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,
     against the router's valid residuals and the PPO policy selects on it, and all three
     need the router never to have fitted it. `X_valid` / `R_valid` give the description its
     valid reward."""
-    from rl.policy.router import PARAM_GRID, select_router_cv
+    from rl.routing.router import PARAM_GRID, select_router_cv
     from rl.stats.headroom import pick
 
     router, sel = select_router_cv(X_train, R_train, T_train, groups,
                                    grid=ROUTER_GRID or PARAM_GRID, seed=seed, arms=arms)
     p = sel.tried[sel.best]
     valid = float(pick(R_valid, router.choose(X_valid, 0.0)).mean())
-    desc = (f"supervised router (rl.policy.router.select_router_cv; chosen by "
+    desc = (f"supervised router (rl.routing.router.select_router_cv; chosen by "
             f"{CV_FOLDS}-fold CV over train: max_iter {p['max_iter']}, leaves "
             f"{p['max_leaf_nodes']}, shrink {p['shrink']}, pooled {p['pooled']}, margin "
             f"{p['margin']:g}; CV reward {p['cv_reward']:.4f}, valid reward {valid:.4f})")

@@ -1,12 +1,12 @@
 """Issue 19's per-query PPO policy in the drift benchmark: the `ppo-policy` system, frozen.
 
-The policy (`rl.policy.ppo_policy.PerQueryPPO`) picks any config of the space, not one of the
+The policy (`rl.routing.ppo_policy.PerQueryPPO`) picks any config of the space, not one of the
 portfolio's arms, so it brings its own per-query rewards to the streams (`Pool.extra`,
 `bench/drift_streams.py`): for every pool query, the reward of the config it picks there,
 read from the tuner's lazy per-(config, query) rows (`bench.drift_data.served_rewards`).
 
 Training is `bench/policy.py`'s, on the drift bundle's roles (`bench.policy_ppo.run_ppo`):
-one policy per seed of configs/policy/ppo.yaml, trained on train under the PPO-Lagrangian
+one policy per seed of configs/routing/ppo.yaml, trained on train under the PPO-Lagrangian
 bound on best-static's mean valid tokens, the checkpoint chosen on valid. By default it is
 bench/policy.py's design, a residual policy over the supervised router (`base="router"`): a
 `defer` head hands a query to the `router-policy` system's router held to the budget, and the
@@ -20,7 +20,7 @@ the price, so a frozen policy keeps its picks), `updated` (the regenerated synth
 the policy acts on its queries' features and its picks are evaluated on the new corpus).
 
 `ppo-policy-online` (`online_served`): the same trained policy, updated online on the stream
-(`rl.policy.ppo_online.adapt_online`): it serves configs sampled from itself, observes only
+(`rl.routing.ppo_online.adapt_online`): it serves configs sampled from itself, observes only
 the served config's reward (re-priced or on the new corpus in the phases that say so), and
 runs a PPO update every `ONLINE_BATCH` requests, its cost bound the training budget.
 """
@@ -37,9 +37,9 @@ from bench.drift_data import Bundle, PricedWorld, _roles, drift_arms, served_rew
 from bench.drift_policy import train_groups
 from bench.policy import DEFAULT_WARM, warm_starts
 from bench.policy_ppo import run_ppo, with_heads, with_train
-from rl.policy.ppo_serving import ResidualBase
-from rl.policy.router import STACK_FOLDS, stacked
-from rl.policy.worlds import EvaluatorWorld
+from rl.routing.ppo_serving import ResidualBase
+from rl.routing.router import STACK_FOLDS, stacked
+from rl.routing.worlds import EvaluatorWorld
 
 SYSTEM = "ppo-policy"
 ONLINE = "ppo-policy-online"
@@ -62,8 +62,8 @@ class TrainedPPO:
 
 
 def settings(quick: bool):
-    """configs/policy/ppo.yaml (--quick: one seed, 3 iterations of 128 queries)."""
-    from rl.policy.settings import PPOPolicySettings
+    """configs/routing/ppo.yaml (--quick: one seed, 3 iterations of 128 queries)."""
+    from rl.routing.settings import PPOPolicySettings
 
     s = PPOPolicySettings.load()
     return with_train(s, iters=3, batch=128, seeds=(0,), eval_every=3) if quick else s
@@ -107,7 +107,7 @@ def train(bundle: Bundle, router, ppo_settings, seed: int, base: str = "router",
     _, details = run_ppo(ev, parts, X, budget, settings, list(settings.train.seeds),
                          warm=starts, keep=kept, base=bases)
     s = ppo_settings.train
-    desc = (f"rl.policy.ppo_policy.PerQueryPPO, {len(kept)} seeds x {s.iters} iterations x "
+    desc = (f"rl.routing.ppo_policy.PerQueryPPO, {len(kept)} seeds x {s.iters} iterations x "
             f"{s.batch} queries on train ({bundle.R['train'].shape[0]}), checkpoint chosen on "
             f"valid; token budget {budget:.0f} (best static `{bundle.names[static]}` on valid); "
             f"warm starts {', '.join(w.name for w in starts) or 'none'}; kept starts: "
@@ -175,7 +175,7 @@ def online_served(trained: TrainedPPO, bundle: Bundle, updated: Bundle | None,
     """real, i -> (N,) served rewards of `ppo-policy-online` on realised stream `real` (stream
     seed index i: policy i mod S, RLlib seed i). `pool_price(name)`: a pool's token price
     factor (None: not a re-priced pool)."""
-    from rl.policy.ppo_online import adapt_online
+    from rl.routing.ppo_online import adapt_online
 
     def world(pool: str, idx) -> EvaluatorWorld:
         if pool == "updated" and updated is not None:

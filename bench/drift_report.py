@@ -116,7 +116,7 @@ def _targets(stream: str, n_phases: int, rows: list[dict], system: str) -> list[
 def _ppo_paragraph(notes: dict, details: dict | None = None) -> str:
     ppo = notes.get("ppo_policy")
     if not ppo:
-        return ("`ppo-policy` (issue 19's per-query PPO policy, `rl.policy.ppo_policy`) was left "
+        return ("`ppo-policy` (issue 19's per-query PPO policy, `rl.routing.ppo_policy`) was left "
                 "out of this run (`--no-ppo`): its drift rows are **not run**.")
     text = ("`ppo-policy`: issue 19's per-query PPO policy, frozen after training; it picks "
             "any config of the space, so its per-query rewards are its own picks' rows (not "

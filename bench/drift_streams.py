@@ -6,7 +6,7 @@ No data loading and no model weights here: everything works on matrices, so the 
 Vocabulary.
   * A *pool* holds the test-split queries a phase may draw from: `R` (n, K) per-query reward
     of each of the K portfolio configs ("arms", reward units), `X` (n, d) the query features
-    (`rl.policy.features`, no gold) and `labels` (n,) the group a query belongs to (HotpotQA
+    (`rl.routing.features`, no gold) and `labels` (n,) the group a query belongs to (HotpotQA
     type, MTRAG domain or turn band, ...). A price change is a second pool over the same
     queries whose `R` is recomputed with the new token price; a corpus update one over the
     queries of the regenerated world.
@@ -239,7 +239,7 @@ class SlidingWindowUCB:
     """UCB over the last `window` pulls (Garivier & Moulines 2011), rewards in [0, 1]: an arm
     not pulled in the window is tried first (random order, `seed`), else the argmax of
     mean + c·sqrt(log(min(t, window)) / count). `select()` / `update(arm, reward)`: the
-    interface of `rl.policy.bandit`'s bandits, so either can serve `sw-bandit`."""
+    interface of `rl.routing.bandit`'s bandits, so either can serve `sw-bandit`."""
 
     def __init__(self, n_arms: int, window: int = 150, c: float = 0.5, seed: int = 0):
         self.n_arms, self.window, self.c = n_arms, window, c

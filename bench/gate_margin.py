@@ -45,9 +45,9 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from rag.corpus.loaders import data_root  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.kernel.space import ConfigSpace  # noqa: E402
 from rl.tuner.ask_tell import run_search  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
-from rl.tuner.space import ConfigSpace  # noqa: E402
 
 DATASETS = ("hotpotqa", "scifact", "mtrag")
 METHOD = "local-asha"

@@ -6,7 +6,7 @@ neighbours on the tuning split and the held-out split, under the point reward.
     python bench/gate_spike.py --quick               # the first 4 neighbours (writes *.quick.*)
 
 The best-known config of bench/results/search.json (meta.details.<dataset>.best_known) and every
-config one head away in the tuner's space (`rl.tuner.space.ConfigSpace` params: each other value
+config one head away in the tuner's space (`rl.kernel.space.ConfigSpace` params: each other value
 of a categorical head; k and the rerank depth one and two choices either way; a continuous head
 one and two grid steps either way; changes to a head that does not act in the config are the
 same config and skipped), each scored on the valid (tuning) and test (held-out) splits with the
@@ -87,8 +87,8 @@ def _scores(ev, cfg: RAGConfig) -> dict[str, Any]:
 
 def run(ds: str, search_json: Path, limit: int | None = None
         ) -> tuple[list[dict], dict[str, Any], list[str]]:
-    from rl.tuner.settings import TunerSettings
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.settings import TunerSettings
+    from rl.kernel.space import ConfigSpace
 
     all_details = json.loads(search_json.read_text())["meta"]["details"]
     if ds not in all_details:
@@ -126,7 +126,7 @@ def run(ds: str, search_json: Path, limit: int | None = None
     md = [f"## {ds}", "",
           f"Best-known `{best.config_hash}` ({details['best_known'].get('method')} seed "
           f"{details['best_known'].get('seed')}); {n} one-head neighbours. Gate violations "
-          "are relative (`rl.tuner.reward.Gate.violation`; <= 0 passes).", "", *table, ""]
+          "are relative (`rl.kernel.reward.Gate.violation`; <= 0 passes).", "", *table, ""]
     return rows, {"best_known": best.config_hash, "cost_model": cm, "neighbours": n}, md
 
 

@@ -58,7 +58,9 @@ from bench.common import (  # noqa: E402
 from bench.headroom_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.portfolio import PORTFOLIO, portfolio  # noqa: E402
+from rl.kernel.reward import PII_COLUMN  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.portfolio import PORTFOLIO, portfolio  # noqa: E402
 from rl.stats.bootstrap import bootstrap_mean_ci, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import (  # noqa: E402
     best_static,
@@ -70,8 +72,6 @@ from rl.stats.headroom import (  # noqa: E402
     segment_choice,
     segment_values,
 )
-from rl.tuner.reward import PII_COLUMN  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "headroom"
 RUNGS = (25, 75)

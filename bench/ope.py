@@ -9,20 +9,20 @@ Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config h
 portfolio + the searchers' best-known config), its train / valid / test parts and the
 (queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows;
 latency priced with search.json's cost model: `bench.common.evaluator`), features from
-`rl.policy.features.QueryFeaturizer`. On conversational data (MTRAG) both are bench/policy.py's
+`rl.routing.features.QueryFeaturizer`. On conversational data (MTRAG) both are bench/policy.py's
 formulation design: the 85 arms (each portfolio arm again with `last_two_user` and `all_user`)
 and the 126 columns (the retrieval features on each formulation and their differences).
 
-Logging policies (`rl.policy.decision_log`): ε-greedy around the best static arm (chosen on
+Logging policies (`rl.routing.decision_log`): ε-greedy around the best static arm (chosen on
 valid), ε = 0.1 uniform over the M arms, so every propensity is >= 0.1 / M; and the same with
-candidate-aware exploration (`rl.policy.base.explore_mix`): the candidate policy awaiting its
+candidate-aware exploration (`rl.routing.base.explore_mix`): the candidate policy awaiting its
 gate — the supervised router — is given `CANDIDATE_SHARE` of the requests on top of the
 uniform ε, so the arms it chooses are logged with propensity >= `CANDIDATE_SHARE` (what
 `serve.policy.candidate_dir` / `candidate_share` do in the Serve app). The share, 0.1, was fixed
 before the run that introduced it (the earlier run, ε-uniform only, missed the target on
 SciFact and MTRAG).
 
-1. B4 `linucb`: `rl.policy.bandit.LinUCB` fitted on one ε-greedy pass over train (each train
+1. B4 `linucb`: `rl.routing.bandit.LinUCB` fitted on one ε-greedy pass over train (each train
    query logged once, its reward only for the arm served), ridge penalty and deployment
    pessimism (`beta`) chosen on valid's full-information matrix; rows as bench/policy.py's
    (`linucb` reward/quality/tokens; `linucb - best-static` delta_reward, delta_quality,
@@ -82,19 +82,19 @@ from bench.headroom import matrices  # noqa: E402
 from bench.ope_report import TITLE, markdown  # noqa: E402
 from bench.policy import _delta_rows, _parts, arms  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.bandit import select_linucb  # noqa: E402
-from rl.policy.base import RouterPolicy, one_hot  # noqa: E402
-from rl.policy.decision_log import (  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.bandit import select_linucb  # noqa: E402
+from rl.routing.base import RouterPolicy, one_hot  # noqa: E402
+from rl.routing.decision_log import (  # noqa: E402
     epsilon_greedy_probs,
     log_epsilon_greedy,
     ope_error,
     true_value,
 )
-from rl.policy.features import QueryFeaturizer, conversation_views, feature_names  # noqa: E402
-from rl.policy.router import PARAM_GRID, arm_features, select_router  # noqa: E402
+from rl.routing.features import QueryFeaturizer, conversation_views, feature_names  # noqa: E402
+from rl.routing.router import PARAM_GRID, arm_features, select_router  # noqa: E402
 from rl.stats.bootstrap import bootstrap_mean_ci  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "ope"
 EPSILON = 0.1
@@ -184,7 +184,7 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
     `candidate`: a policy on the same arms, explored beside the router at CANDIDATE_SHARE for
     `pick_ms_p95_with_candidate`; `grid_routers`: the router of every `PARAM_GRID` entry,
     each timed the same way (`pick_ms_p95_slowest_router`). Returns (rows' values, grid)."""
-    from rl.policy.base import LoadedPolicy
+    from rl.routing.base import LoadedPolicy
     from serving.policy_router import PolicyRouter
 
     configs = [c for _, c in data["configs"]]

@@ -12,13 +12,13 @@ the tuner's per-query tables (`TunerEvaluator.table`): reward = `per_query_rewar
 αF + βR, cost = tokens. Latency is priced with the cost model that search.json stored for the
 dataset (`bench.common.evaluator`: the same rewards on any machine or day; measured here only
 without one; `details[ds]["cost_model"]` says which). Features:
-`rl.policy.features.QueryFeaturizer` over the memoised indexes with the policy's base config
+`rl.routing.features.QueryFeaturizer` over the memoised indexes with the policy's base config
 (no gold).
 
 Protocol (test is touched once, after every choice is made):
   * `best-static`: the arm with the best mean reward on valid;
   * `supervised-router`: per-arm gradient boosting, hyper-parameters
-    (`rl.policy.router.PARAM_GRID`) chosen by grouped 4-fold cross-validation over train ∪
+    (`rl.routing.router.PARAM_GRID`) chosen by grouped 4-fold cross-validation over train ∪
     valid (`select_router_cv`, margin 0: plain argmax), refitted on train ∪ valid;
   * `supervised-router-equal-cost`: the same router with a token price chosen on valid so
     that its mean tokens there stay at most best-static's, fitted on the cross-validation's
@@ -89,16 +89,17 @@ from bench.policy_ppo import (  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.base import save_policy  # noqa: E402
-from rl.policy.features import (  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.base import save_policy  # noqa: E402
+from rl.routing.features import (  # noqa: E402
     FEATURE_NAMES,
     QueryFeaturizer,
     conversation_views,
     feature_names,
 )
-from rl.policy.portfolio import portfolio, with_formulations  # noqa: E402
-from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase  # noqa: E402
-from rl.policy.router import (  # noqa: E402
+from rl.routing.portfolio import portfolio, with_formulations  # noqa: E402
+from rl.routing.ppo_serving import PPOPortfolioPolicy, ResidualBase  # noqa: E402
+from rl.routing.router import (  # noqa: E402
     CV_FOLDS,
     ROUTER_FEATURE_NAMES,
     SegmentLookup,
@@ -106,12 +107,11 @@ from rl.policy.router import (  # noqa: E402
     select_router_cv,
     stacked,
 )
-from rl.policy.settings import PPOPolicySettings  # noqa: E402
-from rl.policy.train import conversation_of, role_indices  # noqa: E402
-from rl.policy.warm_start import WarmStart  # noqa: E402
+from rl.routing.settings import PPOPolicySettings  # noqa: E402
+from rl.routing.train import conversation_of, role_indices  # noqa: E402
+from rl.routing.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "policy"
 BASELINE = "best-static"
@@ -150,7 +150,7 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON,
          formulations: Sequence[str] = ()) -> list[tuple[str, RAGConfig]]:
     """The headroom portfolio, plus the searchers' best-known config when there is one, plus
     (`formulations`: conversational data) the portfolio's arms with each other query
-    formulation (`rl.policy.portfolio.with_formulations`; the best-known config as it is)."""
+    formulation (`rl.routing.portfolio.with_formulations`; the best-known config as it is)."""
     out = portfolio(policy)
     best = search_best(ds, search_json)
     if best is not None and best.config_hash not in {c.config_hash for _, c in out}:
@@ -160,7 +160,7 @@ def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON,
 
 def _parts(ev, seed: int, max_train: int | None = None) -> dict[str, tuple[str, np.ndarray]]:
     """role (train / valid / test) -> (split name, query indices into that split): the shipped
-    router's roles (`rl.policy.train.role_indices`; a train split longer than `max_train` is a
+    router's roles (`rl.routing.train.role_indices`; a train split longer than `max_train` is a
     seeded random subset of that many queries)."""
     return role_indices(ev, seed, max_train)
 
@@ -342,7 +342,7 @@ def served_policy_dir(pol, reference: np.ndarray, residual: ResidualBase | None,
                       names: list[str], base_config: RAGConfig, views: Sequence[str],
                       out: Path) -> Path:
     """Write a trained PPO policy as a policy directory `ragpilot serve` loads
-    (`rl.policy.ppo_serving.PPOPortfolioPolicy` over its greedy configs on `reference`, the
+    (`rl.routing.ppo_serving.PPOPortfolioPolicy` over its greedy configs on `reference`, the
     raw features of its train and valid queries, plus the router's arms when residual)."""
     served = PPOPortfolioPolicy(pol, reference, residual)
     known = {} if residual is None else {c.config_hash: n for n, c in
@@ -593,7 +593,7 @@ def _deadline(hhmm: str | None) -> float | None:
 
 
 def _ppo_settings(a: argparse.Namespace) -> PPOPolicySettings:
-    """configs/policy/ppo.yaml with the command line's overrides (--quick: 1 seed, 3 iters)."""
+    """configs/routing/ppo.yaml with the command line's overrides (--quick: 1 seed, 3 iters)."""
     s = PPOPolicySettings.load()
     train: dict[str, Any] = {}
     if a.quick:
@@ -665,7 +665,7 @@ def main() -> None:
                     help="bench/search.py's results, whose best-known configs join the arms")
     ap.add_argument("--no-ppo", action="store_true", help="skip the ppo-policy system")
     ap.add_argument("--ppo-iters", type=int, default=None,
-                    help="PPO iterations per seed (default: configs/policy/ppo.yaml)")
+                    help="PPO iterations per seed (default: configs/routing/ppo.yaml)")
     ap.add_argument("--ppo-seeds", default=None, help="comma-separated seeds (default: yaml)")
     ap.add_argument("--ppo-base", default="router",
                     help="router: PPO is a residual policy over the supervised router held to "

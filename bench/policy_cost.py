@@ -8,7 +8,7 @@ context tokens (`delta_cost_pct` <= -25) by choosing per query.
 Same data, splits, arms and features as `bench/policy.py` (its 31-arm portfolio and the
 pre-answer query features; on MTRAG, conversational, its 85 formulation arms and 126 columns;
 the best static arm chosen on valid by reward, MTRAG's 5 cross-fitted folds). The router here predicts each arm's *quality* (not reward) from the
-features (`rl.policy.router.SupervisedRouter` fitted on Q over train ∪ valid) and picks, per
+features (`rl.routing.router.SupervisedRouter` fitted on Q over train ∪ valid) and picks, per
 test query, the cheapest arm (mean train ∪ valid tokens) whose predicted quality is at least the
 best static arm's predicted quality minus a slack δ. δ = 0 is "never predicted worse"; a larger
 δ trades quality for tokens. Rows:
@@ -46,12 +46,12 @@ from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, crossfit_parts, role_data  # noqa: E402
 from bench.policy_ppo import segments  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.features import conversation_views  # noqa: E402
-from rl.policy.router import RouterParams, SupervisedRouter  # noqa: E402
-from rl.policy.train import conversation_of  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.features import conversation_views  # noqa: E402
+from rl.routing.router import RouterParams, SupervisedRouter  # noqa: E402
+from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "policy_cost"
 SLACKS = (0.0, 0.01, 0.02, 0.03, 0.05, 0.1)

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REPO, RESULTS, make_meta, write_markdown  # noqa: E402
 from bench.headroom import matrices  # noqa: E402
-from rl.policy.heads import HeadLayout  # noqa: E402
-from rl.policy.settings import PPOPolicySettings  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.kernel.space import is_conversational  # noqa: E402
+from rl.routing.heads import HeadLayout  # noqa: E402
+from rl.routing.settings import PPOPolicySettings  # noqa: E402
 from rl.stats.headroom import best_static  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
-from rl.tuner.space import is_conversational  # noqa: E402
 
 NAME = "policy_diagnosis"
 TITLE = "Why the cold-start PPO per-query policy lost to the best static config (issue 19)"

@@ -1,5 +1,5 @@
 """The `ppo-policy` system of `bench/policy.py`: issue 19's per-query PPO policy
-(`rl.policy.ppo_policy.PerQueryPPO`) trained per seed on the train split, its checkpoint chosen
+(`rl.routing.ppo_policy.PerQueryPPO`) trained per seed on the train split, its checkpoint chosen
 on valid (greedy, realised reward among checkpoints within the cost budget), then served
 greedily on test once.
 
@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.policy.heads import HeadLayout
-from rl.policy.ppo_policy import PerQueryPPO
-from rl.policy.selection import better_on_valid
-from rl.policy.settings import PPOPolicySettings
-from rl.policy.warm_start import WarmStart
-from rl.policy.worlds import ConcatWorld, EvaluatorWorld
-from rl.tuner.space import is_conversational
+from rl.kernel.space import is_conversational
+from rl.routing.heads import HeadLayout
+from rl.routing.ppo_policy import PerQueryPPO
+from rl.routing.selection import better_on_valid
+from rl.routing.settings import PPOPolicySettings
+from rl.routing.warm_start import WarmStart
+from rl.routing.worlds import ConcatWorld, EvaluatorWorld
 
 SYSTEM = "ppo-policy"
 

@@ -3,7 +3,7 @@
     python bench/router_embedding.py            # hotpotqa, scifact, mtrag (committed splits)
     python bench/router_embedding.py --quick    # the synthetic world, a small grid (< 2 min)
 
-The shipped router (`select_router_cv`) sees `rl.policy.features`: retrieval scores, list
+The shipped router (`select_router_cv`) sees `rl.routing.features`: retrieval scores, list
 agreement, question cues and conversation flags, 42-126 scalars. Routers in the literature
 (RouteLLM's BERT and matrix-factorisation routers) route on the text's embedding instead. The
 dense retriever computes that embedding for every question anyway, so it costs nothing more
@@ -42,12 +42,12 @@ from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from bench.router_selection import OUTER, study_main  # noqa: E402
 from rag.encoders import Encoder, encode_queries  # noqa: E402
-from rl.policy.features import QueryFeaturizer, conversation_views  # noqa: E402
-from rl.policy.router import PARAM_GRID, arm_features, select_router_cv  # noqa: E402
-from rl.policy.train import conversation_of  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.features import QueryFeaturizer, conversation_views  # noqa: E402
+from rl.routing.router import PARAM_GRID, arm_features, select_router_cv  # noqa: E402
+from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "router_embedding"
 TITLE = "Routing on the question's embedding: does it help the supervised router?"

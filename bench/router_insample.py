@@ -7,7 +7,7 @@ start, `bench/policy.py`) is fitted to.
 
 The protocol is bench/policy.py's on the committed splits (train: the seeded subset of
 `--max-train` queries, 250 as in the committed policy run; the router chosen on valid by
-`rl.policy.router.select_router`). Rows per role (train / valid / test): the mean per-query
+`rl.routing.router.select_router`). Rows per role (train / valid / test): the mean per-query
 reward of `supervised-router`, `best-static` (valid's best arm) and `per-query-oracle`
 (`metric`: `<role>_reward`), and `supervised-router` `<role>_oracle_agreement`: the share of
 queries where the router's pick scores as well as the oracle's. A router whose train rewards
@@ -29,9 +29,9 @@ from bench.common import cost_model_used, evaluator, make_meta, metric_row, writ
 from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.router import arm_features, select_router  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.router import arm_features, select_router  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "router_insample"
 TITLE = "The supervised router on its own training queries vs valid and test"

@@ -41,17 +41,17 @@ from bench.common import cost_model_used, evaluator, make_meta, write_results  #
 from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
-from rl.policy.router import (  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.router import (  # noqa: E402
     MARGINS,
     PARAM_GRID,
     arm_features,
     select_router,
     select_router_cv,
 )
-from rl.policy.train import conversation_of  # noqa: E402
+from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 NAME = "router_selection"
 TITLE = "Choosing the supervised router: one valid split vs cross-validation with a margin"

@@ -81,10 +81,10 @@ from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.errors import ConfigError  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
+from rl.kernel.evaluator import TunerEvaluator  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.kernel.space import ConfigSpace  # noqa: E402
 from rl.tuner.ask_tell import run_search  # noqa: E402
-from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
-from rl.tuner.space import ConfigSpace  # noqa: E402
 from rl.tuner.tune_search import DEFAULT_SEARCHER  # noqa: E402
 
 NAME = "search"
@@ -156,7 +156,7 @@ def pinned_cost_model(ev, space, out: Path, n_samples: int = 4000) -> Path:
     the dataset's processes then price with: parts run apart (searchers or seed ranges in
     separate processes) must price alike, and a component two processes measured at the same
     moment would not be."""
-    from rl.tuner.cost_model import CostModel
+    from rl.kernel.cost_model import CostModel
 
     rng = np.random.default_rng(0)
     names: set[str] = set()
@@ -478,7 +478,7 @@ def markdown(parts: list[dict[str, Any]], rows: list[dict], commands: list[str] 
         bk = part["best_known"]
         cm_meta = part["cost_model"].get("meta", {})
         out += [f"## {ds}", "",
-                f"Cost model (latency; `rl.tuner.cost_model`): measured "
+                f"Cost model (latency; `rl.kernel.cost_model`): measured "
                 f"{cm_meta.get('measured_at', '?')} on `{cm_meta.get('machine', '?')}`, one model "
                 f"for every process of this dataset.", "",
                 f"Valid split {part['n_valid']} queries, test {part['n_test']}; space "

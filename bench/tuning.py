@@ -51,14 +51,14 @@ from bench.common import (  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
+from rl.kernel.evaluator import TunerEvaluator  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.kernel.space import ConfigSpace  # noqa: E402
 from rl.tuner.baselines import grid_search  # noqa: E402
 from rl.tuner.env import TunerEnv  # noqa: E402
-from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.report import Comparison, compare, evals_to_reach, plot_curves, plot_pareto  # noqa: E402
 from rl.tuner.results import Incumbent, TuneResult  # noqa: E402
 from rl.tuner.run import search  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
-from rl.tuner.space import ConfigSpace  # noqa: E402
 
 DATA_FILES = {"hotpotqa": "hotpotqa", "scifact": "scifact", "mtrag": "mtrag"}
 TITLE = "RL tuning: PPO vs static configs and baselines"
@@ -396,7 +396,7 @@ def _reward_header(policy: dict[str, Any], names: list[str]) -> str:
     fr = "; ".join(f"{n}: F = {sl[n]['faithfulness']}, R = {sl[n]['relevancy']}"
                    for n in names if n in sl)
     return ("Reward r = αF + βR − γ·min(p95/T,2) − δ·min(cost/C_ref,2) − λ·P "
-            f"(configs/rl/policy.defaults.yaml; F/R per dataset, `policy.datasets`: {fr}; "
+            f"(configs/rl/tuner.yaml; F/R per dataset, `policy.datasets`: {fr}; "
             "`support` = answer tokens found in the cited passages). One evaluation = one "
             "config on one batch of the valid split. Targets: ≥ 99% of the grid best; "
             "≥ +10% over the static default on the holdout with a CI excluding 0.")

@@ -31,10 +31,10 @@ from bench.common import plain_row, rerender, rerendered_note, write_results  # 
 from bench.tuning import run_all, run_arguments  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.common.data import TuningData  # noqa: E402
+from rl.kernel.evaluator import TunerEvaluator  # noqa: E402
+from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.tuner.baselines import grid_search  # noqa: E402
-from rl.tuner.evaluator import TunerEvaluator  # noqa: E402
 from rl.tuner.run import search  # noqa: E402
-from rl.tuner.settings import TunerSettings  # noqa: E402
 
 TITLE = "Tuning budgets: evaluation steps vs distinct configs"
 UNITS = ("steps", "configs")

@@ -26,7 +26,7 @@ whl=$(ls "$work"/dist/ragpilot-*.whl)
 # list once: `unzip -l | grep -q` under pipefail fails at random (grep exits at the first match
 # and unzip dies of SIGPIPE)
 listing=$(unzip -l "$whl")
-for f in ragpilot_configs/rl/policy.defaults.yaml ragpilot_configs/splits/hotpotqa.json \
+for f in ragpilot_configs/rl/tuner.yaml ragpilot_configs/splits/hotpotqa.json \
          ragpilot_configs/rag/default.yaml rag/bundled/reward_models/quality-rm/v1/weights.npz; do
   grep -q " $f\$" <<< "$listing" || { echo "[wheel] $f missing from $(basename "$whl")"; exit 1; }
 done

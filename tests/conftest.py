@@ -47,14 +47,14 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_retrieval_memo(tmp_path_factory):
-    """One retrieval memo for the whole session (`rl.tuner.evaluator.MEMO_DIR_ENV`): tests
+    """One retrieval memo for the whole session (`rl.kernel.evaluator.MEMO_DIR_ENV`): tests
     keep their own fresh row caches, but a question retrieved by one test is not retrieved (and
     timed three times) again by the next; subprocesses (the CLI, Ray workers) inherit it. The
     memo holds candidate lists only, the same for every test on the same corpus. Tests of the
     memo's cold path pass their own `memo_root` (tests/test_tuner_latency.py)."""
     import os
 
-    from rl.tuner.evaluator import MEMO_DIR_ENV
+    from rl.kernel.evaluator import MEMO_DIR_ENV
 
     before = os.environ.get(MEMO_DIR_ENV)
     os.environ[MEMO_DIR_ENV] = str(tmp_path_factory.mktemp("retrieval-memo"))

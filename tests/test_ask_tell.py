@@ -42,8 +42,8 @@ class ToyEvaluator:
         self.noise = noise - noise.mean()
 
     def reward_spec(self):
-        from rl.tuner.reward import RewardSpec
-        from rl.tuner.settings import Thresholds, TunerSettings
+        from rl.kernel.reward import RewardSpec
+        from rl.kernel.settings import Thresholds, TunerSettings
 
         return RewardSpec.from_settings(TunerSettings.defaults(), Thresholds())
 

@@ -31,7 +31,7 @@ def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     out = tmp_path / "run"
-    rc = main(["tune", "--method", "random", "--budget", "5", "--policy", str(policy_file),
+    rc = main(["tune", "--method", "random", "--budget", "5", "--settings", str(policy_file),
                "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -61,7 +61,7 @@ def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
     assert list((tmp_path / "ml" / "artifacts").rglob("reward-curve.png"))
 
     assert summary["budget_unit"] == "steps" and 1 <= summary["distinct_configs"] <= 5
-    assert main(["report", "--run", str(out), "--policy", str(policy_file), "--grid"]) == 0
+    assert main(["report", "--run", str(out), "--settings", str(policy_file), "--grid"]) == 0
     report = (out / "report.md").read_text()
     assert "chosen − static default" in report and "chosen − grid best" in report
     assert (out / "pareto-cost.png").stat().st_size > 1000
@@ -77,7 +77,7 @@ def test_tune_and_report(tmp_path, policy_file, capsys, monkeypatch):
 def test_tune_budget_in_distinct_configs(tmp_path, policy_file):
     out = tmp_path / "run"
     assert main(["tune", "--method", "random", "--budget", "4", "--budget-unit", "configs",
-                 "--policy", str(policy_file), "--out", str(out), "--no-mlflow"]) == 0
+                 "--settings", str(policy_file), "--out", str(out), "--no-mlflow"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["budget_unit"] == "configs" and summary["distinct_configs"] == 4
     assert summary["evaluations"] >= 4  # revisits of the 8-config space are free steps
@@ -108,5 +108,5 @@ def test_bad_input_exits_2(argv, field, capsys, tmp_path):
 def test_bad_policy_file_exits_2(tmp_path, capsys):
     f = tmp_path / "p.yaml"
     f.write_text("policy:\n  reward_weights: {alpha: 0.5, gama: 0.1}\n")
-    assert main(["tune", "--policy", str(f), "--out", str(tmp_path / "o")]) == 2
+    assert main(["tune", "--settings", str(f), "--out", str(tmp_path / "o")]) == 2
     assert "policy.reward_weights.gama: unknown key" in capsys.readouterr().err

@@ -23,7 +23,7 @@ def test_tune_with_a_ray_tune_searcher(tmp_path, monkeypatch):
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "run"
-    assert main(["tune", "--budget", "480", "--policy", str(policy),
+    assert main(["tune", "--budget", "480", "--settings", str(policy),
                  "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == "local-asha" and summary["budget_unit"] == "queries"

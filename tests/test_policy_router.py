@@ -1,7 +1,7 @@
 """`serving.policy_router.PolicyRouter` without Ray, over the synthetic world's real indexes:
 what a pick logs as its propensity is the exploring policy's probability of the drawn arm,
 with and without a candidate policy explored beside it (candidate-aware exploration,
-rl.policy.base), and a candidate on other arms or other features is refused by name.
+rl.routing.base), and a candidate on other arms or other features is refused by name.
 The Serve app path of the same router is tests/test_serve_policy.py."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ ARMS = [RAGConfig(**BASE), RAGConfig(**BASE, variant="bm25"), RAGConfig(**BASE, 
 
 
 def _save(d: Path, seed: int, arms=ARMS, feature_names=None, base=None) -> Path:
-    from rl.policy.base import RouterPolicy, save_policy
-    from rl.policy.features import FEATURE_NAMES, N_FEATURES
-    from rl.policy.router import RouterParams, SupervisedRouter
+    from rl.routing.base import RouterPolicy, save_policy
+    from rl.routing.features import FEATURE_NAMES, N_FEATURES
+    from rl.routing.router import RouterParams, SupervisedRouter
 
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(200, N_FEATURES))
@@ -41,7 +41,7 @@ def indexes():
 
 def test_picks_log_the_mixture_propensity_with_and_without_a_candidate(indexes, tmp_path):
     from rag.corpus.synthetic import make_synthetic_world
-    from rl.policy.base import Exploring
+    from rl.routing.base import Exploring
     from serving.policy_router import PolicyRouter
 
     served, cand = _save(tmp_path / "v1", 0), _save(tmp_path / "v2", 1)
@@ -68,7 +68,7 @@ def test_picks_log_the_mixture_propensity_with_and_without_a_candidate(indexes, 
 
 
 def test_a_candidate_on_other_arms_or_features_is_refused(indexes, tmp_path):
-    from rl.policy.features import FEATURE_NAMES
+    from rl.routing.features import FEATURE_NAMES
     from serving.policy_router import PolicyRouter
 
     served = _save(tmp_path / "v1", 0)
@@ -85,13 +85,13 @@ def test_a_candidate_on_other_arms_or_features_is_refused(indexes, tmp_path):
 
 
 def test_a_conversational_policy_reads_the_turns_with_its_formulation_views(indexes, tmp_path):
-    """A policy saved with formulation views (rl.policy.train on conversational data) is
+    """A policy saved with formulation views (rl.routing.train on conversational data) is
     served by a featurizer rebuilt from its feature names: the picks' features have those
     columns and the earlier turns change them; a policy whose names are no featurizer's
     columns is refused by name."""
-    from rl.policy.base import RouterPolicy, save_policy
-    from rl.policy.features import CONVERSATION_VIEWS, RETRIEVAL_NAMES, feature_names
-    from rl.policy.router import RouterParams, SupervisedRouter
+    from rl.routing.base import RouterPolicy, save_policy
+    from rl.routing.features import CONVERSATION_VIEWS, RETRIEVAL_NAMES, feature_names
+    from rl.routing.router import RouterParams, SupervisedRouter
     from serving.policy_router import PolicyRouter
 
     names = feature_names(CONVERSATION_VIEWS)

@@ -52,8 +52,8 @@ def test_the_report_compares_the_router_with_both_static_baselines(trained):
 
 def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
     from rl.common.data import TuningData
-    from rl.policy.base import load_policy
-    from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
+    from rl.routing.base import load_policy
+    from rl.routing.features import FEATURE_NAMES, QueryFeaturizer
     from serving.launch import read_serve_yaml
     from serving.policy_router import PolicyRouter
     from serving.schemas import ServeSettings
@@ -82,7 +82,7 @@ def test_the_directory_is_what_the_serve_app_loads_and_picks_with(trained):
 def test_each_stage_says_what_it_did_on_stderr(trained):
     """A cold run on real data computes rows for minutes (MTRAG: 85 arms); the CLI says what it
     is doing: the data, the rows, the features and the router's cross-validation."""
-    from rl.policy.router import PARAM_GRID
+    from rl.routing.router import PARAM_GRID
 
     _, rep, err = trained
     lines = err.splitlines()
@@ -103,10 +103,10 @@ def test_rows_are_computed_only_for_the_queries_asked(tmp_path, monkeypatch):
     """`split_matrices(idx=...)`: a role's subset (e.g. `--max-train`) computes only its
     queries' rows, not the whole split's; progress lines come at most every PROGRESS_S."""
     from rl.common.data import TuningData
-    from rl.policy import train
-    from rl.policy.portfolio import portfolio
-    from rl.tuner.evaluator import TunerEvaluator
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.evaluator import TunerEvaluator
+    from rl.kernel.settings import TunerSettings
+    from rl.routing import train
+    from rl.routing.portfolio import portfolio
 
     settings = TunerSettings.defaults()
     ev = TunerEvaluator(TuningData.open("synthetic"), settings, cache_root=tmp_path)
@@ -135,7 +135,7 @@ def test_a_second_run_into_the_same_directory_is_refused_and_keeps_the_policy(tr
 
 
 def test_overwrite_removes_the_policy_files_and_nothing_else(tmp_path):
-    from rl.policy.train import POLICY_RUN_FILES, claim_policy_directory
+    from rl.routing.train import POLICY_RUN_FILES, claim_policy_directory
 
     for name in POLICY_RUN_FILES:
         (tmp_path / name).write_text("old")

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from rl.policy.train_ppo import ppo_verdict
+from rl.routing.train_ppo import ppo_verdict
 from serving.cli import main
 
 pytestmark = pytest.mark.ray
@@ -103,9 +103,9 @@ def test_resume_reuses_the_finished_seed_and_refuses_another_run(trained, capsys
 
 def test_the_directory_is_what_the_policy_replica_loads_and_picks_with(trained):
     from rl.common.data import TuningData
-    from rl.policy.base import load_policy
-    from rl.policy.features import QueryFeaturizer
-    from rl.policy.ppo_serving import PPOPortfolioPolicy
+    from rl.routing.base import load_policy
+    from rl.routing.features import QueryFeaturizer
+    from rl.routing.ppo_serving import PPOPortfolioPolicy
     from serving.launch import read_serve_yaml
     from serving.policy_router import PolicyService
     from serving.schemas import ServeSettings
@@ -152,7 +152,7 @@ def test_the_directory_is_served_over_http_with_its_propensities_logged(trained,
     import ray
 
     from rl.common.data import TuningData
-    from rl.policy.base import load_policy
+    from rl.routing.base import load_policy
     from serving import netns
     from serving.auth import KeyFile
     from serving.launch import read_serve_yaml, start_local, stop_local

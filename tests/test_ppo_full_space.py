@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from rl.common.data import TuningData
-from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 
 pytestmark = pytest.mark.ray
 

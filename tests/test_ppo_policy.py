@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rl.policy.heads import HeadLayout
-from rl.policy.ppo_policy import PerQueryPPO
-from rl.policy.settings import PPOPolicySettings
-from rl.policy.worlds import Outcome
-from rl.tuner.settings import TunerSettings
+from rl.kernel.settings import TunerSettings
+from rl.routing.heads import HeadLayout
+from rl.routing.ppo_policy import PerQueryPPO
+from rl.routing.settings import PPOPolicySettings
+from rl.routing.worlds import Outcome
 
 pytestmark = pytest.mark.ray
 
@@ -100,7 +100,7 @@ def test_warm_start_reaches_the_samplers_and_selection_never_drops_below_it(setu
     RLlib samples with the cloned weights from iteration 1 (its sampled return is far above a
     random module's), iteration 0 is a selection candidate, and the kept module is never worse
     on valid than the warm start (here nothing is better, so it keeps the optimum)."""
-    from rl.policy.warm_start import WarmStart
+    from rl.routing.warm_start import WarmStart
 
     s, layout, X = setup
     world = ToyWorld(X)
@@ -133,7 +133,7 @@ def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup
     where x0 < 0), warm-started to defer everywhere with its own heads cloned to dense k=2
     (right on the other half): PPO learns per query when to hand the query to the base and
     when to act itself, so its greedy reward beats the base's and the start's."""
-    from rl.policy.warm_start import WarmStart
+    from rl.routing.warm_start import WarmStart
 
     s, _, X = setup
     # 36 iterations, not the module's 12: from a clone that defers with probability 0.9 the
@@ -167,7 +167,7 @@ def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup
 
     # served online (bench/drift.py's ppo-policy-online for a residual policy): the stream's
     # base configs reach the served steps, sampled deferrals serve the base's config
-    from rl.policy.ppo_online import adapt_online
+    from rl.routing.ppo_online import adapt_online
 
     order = np.random.default_rng(3).integers(0, len(X), size=256)
     with pytest.raises(ValueError, match="needs the base policy's config"):
@@ -181,13 +181,13 @@ def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup
 
 
 def test_online_adaptation_learns_from_served_requests_only(setup):
-    """`rl.policy.ppo_online.adapt_online`: a barely trained policy (one PPO iteration) serves
+    """`rl.routing.ppo_online.adapt_online`: a barely trained policy (one PPO iteration) serves
     a stream of the toy world with the variants' roles swapped (the world drifted); from the
     rewards of what it served alone, PPO updates every 128 requests lift the stream's last
     quarter well above its first quarter and above what the frozen policy earns there; every request is served once, in order, and
     the trained policy itself is left unchanged. (PPO's clipped steps move a near-greedy
     policy slowly: from a confident clone the same stream barely changes it.)"""
-    from rl.policy.ppo_online import adapt_online
+    from rl.routing.ppo_online import adapt_online
 
     s, layout, X = setup
     world = ToyWorld(X)
@@ -217,13 +217,13 @@ def _short(s, iters=2):
 
 
 def test_served_over_a_fixed_arm_list_and_saved_as_a_policy_directory(setup, tmp_path):
-    """`rl.policy.ppo_serving.PPOPortfolioPolicy`: the arms are the PPO policy's greedy configs
+    """`rl.routing.ppo_serving.PPOPortfolioPolicy`: the arms are the PPO policy's greedy configs
     on reference queries; on them it acts exactly as PPO does; a new query whose greedy config
     is no arm gets the arm PPO puts most probability on (counted); that probability is the one
     PPO's own sampling logs as propensity; it round-trips through a policy directory."""
     from rag.config import RAGConfig
-    from rl.policy.base import Exploring, PerQueryPolicy, load_policy, save_policy
-    from rl.policy.ppo_serving import PPOPortfolioPolicy
+    from rl.routing.base import Exploring, PerQueryPolicy, load_policy, save_policy
+    from rl.routing.ppo_serving import PPOPortfolioPolicy
 
     s, layout, X = setup
     world = ToyWorld(X)
@@ -270,10 +270,10 @@ def test_a_residual_policy_is_served_with_its_router(setup, tmp_path):
     training; a greedy deferral serves the router's pick; a config's probability adds the
     defer head's mass on the router's pick to PPO's own propensity."""
     from rag.config import RAGConfig
-    from rl.policy.base import load_policy, save_policy
-    from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase
-    from rl.policy.router import RouterParams, SupervisedRouter, arm_features
-    from rl.policy.warm_start import WarmStart
+    from rl.routing.base import load_policy, save_policy
+    from rl.routing.ppo_serving import PPOPortfolioPolicy, ResidualBase
+    from rl.routing.router import RouterParams, SupervisedRouter, arm_features
+    from rl.routing.warm_start import WarmStart
 
     s, _, X = setup
     s = _short(s.model_copy(update={"heads": s.heads.model_copy(update={"defer": True})}))
@@ -328,9 +328,9 @@ def test_the_policy_replica_serves_a_ppo_policy_directory(setup, tmp_path):
     at least ε/M) and answers with the picked arm's pipeline; greedy picks are PPO's."""
     from rag.config import RAGConfig
     from rl.common.data import TuningData
-    from rl.policy.base import save_policy
-    from rl.policy.features import FEATURE_NAMES, QueryFeaturizer
-    from rl.policy.ppo_serving import PPOPortfolioPolicy
+    from rl.routing.base import save_policy
+    from rl.routing.features import FEATURE_NAMES, QueryFeaturizer
+    from rl.routing.ppo_serving import PPOPortfolioPolicy
     from serving.policy_router import PolicyService
 
     s, layout, _ = setup

@@ -12,9 +12,9 @@ import pytest
 from rag.config import RAGConfig
 from rag.corpus.hygiene import gold_by_question
 from rag.errors import ConfigError, DataError
+from rl.kernel.settings import Thresholds
 from rl.promotion.replay import ReplayEvaluator, read_log, stable_rows
 from rl.promotion.state_machine import PromotionSettings, PromotionStateMachine
-from rl.tuner.settings import Thresholds
 from serving.cli import main as cli_main
 
 N = 30  # questions in the log (bm25 + extractive: ~0.1 s per replay after the scorer loads)

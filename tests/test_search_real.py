@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from rl.common.data import TuningData
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import run_search
-from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.fidelity import rung_indices
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
 
 
 @pytest.fixture(scope="module")

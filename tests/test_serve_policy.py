@@ -27,13 +27,13 @@ BASE = {"generator": "extractive"}
 ARMS = [RAGConfig(**BASE), RAGConfig(**BASE, variant="bm25"), RAGConfig(**BASE, k=3)]
 EPSILON = 0.3
 SHARE = 0.2
-"""The candidate policy's share (candidate-aware exploration, rl.policy.base)."""
+"""The candidate policy's share (candidate-aware exploration, rl.routing.base)."""
 
 
 def _save_policy(d: Path, seed: int = 0) -> Path:
-    from rl.policy.base import RouterPolicy, save_policy
-    from rl.policy.features import FEATURE_NAMES, N_FEATURES
-    from rl.policy.router import RouterParams, SupervisedRouter
+    from rl.routing.base import RouterPolicy, save_policy
+    from rl.routing.features import FEATURE_NAMES, N_FEATURES
+    from rl.routing.router import RouterParams, SupervisedRouter
 
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(200, N_FEATURES))
@@ -79,9 +79,9 @@ def served(tmp_path_factory):
 
 def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):
     from rag.corpus.synthetic import make_synthetic_world
-    from rl.policy.base import load_policy
-    from rl.policy.features import N_FEATURES
     from rl.promotion.log_evaluators import policy_from_log
+    from rl.routing.base import load_policy
+    from rl.routing.features import N_FEATURES
     from serving.store import open_store
 
     client, store, policy_dir, candidate_dir = served
@@ -122,7 +122,7 @@ def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):
     logged = [r for r in logged if r["route"] == "policy"]
     X = np.array([r["features"]["policy_x"] for r in logged])
     assert X.shape == (len(got), N_FEATURES)
-    from rl.policy.base import Exploring
+    from rl.routing.base import Exploring
 
     lc = load_policy(candidate_dir)
     probs = Exploring(lp.policy, EPSILON, lc.policy, SHARE).probs(X)

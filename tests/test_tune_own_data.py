@@ -54,7 +54,7 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     policy.write_text(yaml.safe_dump(SMALL))
     out1, out2 = tmp_path / "run1", tmp_path / "run2"
     args = ["tune", "--dataset", str(data), "--method", "random", "--budget", "3",
-            "--policy", str(policy), "--no-mlflow"]
+            "--settings", str(policy), "--no-mlflow"]
     assert main([*args, "--out", str(out1)]) == 0
     s1 = json.loads((out1 / "summary.json").read_text())
     # the split: made, stratified halves of 21, written next to the run and to the cache
@@ -80,7 +80,7 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     # tuner-eval on the same folder: the cached split, the tune half
     capsys.readouterr()
     assert main(["tuner-eval", "--dataset", str(data), "--set", "variant=bm25", "--set", "k=3",
-                 "--policy", str(policy)]) == 0
+                 "--settings", str(policy)]) == 0
     cap = capsys.readouterr()
     rep = json.loads(cap.out)
     assert rep["split"] == "valid" and rep["n"] == 11 and rep["dataset"] == "mybeir"
@@ -100,7 +100,7 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
 
     # the report compares the tuned config with the default on the held-out half
     capsys.readouterr()
-    assert main(["report", "--run", str(out1), "--policy", str(policy), "--no-mlflow"]) == 0
+    assert main(["report", "--run", str(out1), "--settings", str(policy), "--no-mlflow"]) == 0
     report = (out1 / "report.md").read_text()
     assert "| chosen − static default |" in report
     assert "Holdout `test`, n = 10 queries" in report

@@ -9,11 +9,11 @@ import pytest
 
 from rag.errors import ConfigError
 from rl.common.data import TuningData
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.reward import HARD_GATES
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 from rl.tuner.baselines import grid_search
-from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.reward import HARD_GATES
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
 from rl.tuner.tune_search import METHODS, tune_search
 
 pytestmark = pytest.mark.ray

@@ -9,12 +9,12 @@ from gymnasium.utils.env_checker import check_env
 
 from rag.errors import ConfigError
 from rl.common.data import TuningData
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.reward import StepMetrics, reward
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search
 from rl.tuner.env import TunerEnv
-from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.reward import StepMetrics, reward
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ class _TableEvaluator:
     """What rl.tuner.report reads of a TunerEvaluator: policy, thresholds, quality(table)."""
 
     def __init__(self, thresholds=None):
-        from rl.tuner.settings import Thresholds
+        from rl.kernel.settings import Thresholds
 
         self.policy = TunerSettings.defaults()
         self.thresholds = thresholds or Thresholds(faithfulness=0.75, relevancy=0.3,
@@ -260,7 +260,7 @@ def _copy_sources(tmp_path):
 
 def test_rows_code_fingerprint_changes_with_metric_code_not_with_docs(tmp_path):
     from rl.common.fingerprint import code_fingerprint, module_closure
-    from rl.tuner.evaluator import ROWS_SOURCES, ROWS_STOP
+    from rl.kernel.evaluator import ROWS_SOURCES, ROWS_STOP
 
     pk = _copy_sources(tmp_path)
     closure = module_closure(ROWS_SOURCES, ROWS_STOP, pk)
@@ -309,7 +309,7 @@ def test_retrieval_code_versions_the_memo_and_the_rows(tmp_path):
 
 def test_the_memo_file_and_the_rows_key_carry_the_retrieval_version(ev):
     from rl.common.memo import retrieval_version
-    from rl.tuner.evaluator import rows_version
+    from rl.kernel.evaluator import rows_version
 
     v = retrieval_version()
     assert ev.memo.store.path.name.endswith(f"-r{v}.sqlite")
@@ -317,7 +317,7 @@ def test_the_memo_file_and_the_rows_key_carry_the_retrieval_version(ev):
 
 
 def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, monkeypatch):
-    import rl.tuner.evaluator as evaluation
+    import rl.kernel.evaluator as evaluation
 
     cfg = ConfigSpace(small_policy).base
     first = ev.evaluate(cfg)

@@ -10,10 +10,10 @@ import pytest
 
 from rag.config import RAGConfig
 from rl.common.data import TuningData
+from rl.kernel.cost_model import CostModel, Linear
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.settings import TunerSettings
 from rl.tuner.baselines import random_search
-from rl.tuner.cost_model import CostModel, Linear
-from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.settings import TunerSettings
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_a_component_another_process_measured_is_read_not_measured_again(tmp_pat
 
 
 def test_the_retrieval_memo_lives_where_configured_and_is_shared(data, tmp_path, monkeypatch):
-    from rl.tuner.evaluator import MEMO_DIR_ENV
+    from rl.kernel.evaluator import MEMO_DIR_ENV
 
     def memo_rows(ev):
         ev.memo.flush()

@@ -6,10 +6,10 @@ import pytest
 
 from rag.errors import ConfigError
 from rl.common.data import TuningData
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search
-from rl.tuner.evaluator import TunerEvaluator
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
 
 
 @pytest.fixture(scope="module")

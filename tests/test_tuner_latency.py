@@ -15,7 +15,7 @@ from rag.pipeline import STAGES, Pipeline, Resources, check_question
 from rl.common.data import TuningData
 from rl.common.fingerprint import module_closure
 from rl.common.memo import MemoIndexSet
-from rl.tuner.evaluator import ROWS_SOURCES, ROWS_STOP, TunerEvaluator
+from rl.kernel.evaluator import ROWS_SOURCES, ROWS_STOP, TunerEvaluator
 
 N = 30  # queries per latency comparison: enough for robust medians, quick on a cold memo
 

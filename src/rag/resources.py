@@ -1,12 +1,12 @@
 """Files ragpilot ships with its code, read through `importlib.resources`.
 
 - The documented defaults: the repository's top-level `configs/` folder (rag/default.yaml,
-  rl/policy.defaults.yaml, splits/*.json, ...). Users read and edit it there; the wheel ships
+  rl/tuner.yaml, splits/*.json, ...). Users read and edit it there; the wheel ships
   the same files as the data-only package `ragpilot_configs` (pyproject.toml maps the folder
   in with `[tool.setuptools.package-dir]`, so there is one copy of each file).
 - Small artefacts the code needs to run, e.g. the committed reward models (`rag/bundled/`).
 
-    default_config("rl/policy.defaults.yaml")   # -> pathlib.Path
+    default_config("rl/tuner.yaml")   # -> pathlib.Path
     bundled("reward_models")
 
 Both return real paths: pip installs packages as files (never zipped), and the callers hand

@@ -11,7 +11,7 @@ validation error into a `ConfigError` that names
 - the YAML file and the 1-based line of that key (of its nearest written parent when the key
   itself is missing), read from yaml's node marks.
 
-    cfg = TunerSettings.from_yaml("configs/rl/policy.defaults.yaml")
+    cfg = TunerSettings.from_yaml("configs/rl/tuner.yaml")
     cfg = TunerSettings.from_mapping({"bounds": {"k": {"min": 3, "max": 8}}})
 
 A file may hold the mapping bare or under its section key (`policy: {...}`); subclasses with
@@ -70,7 +70,7 @@ class YamlSource:
             raise ConfigError(field, f"file {p} {what}")
         # decoded here, not by rag.textio (same rule, YAML drops a BOM itself): rag.config
         # imports this module, so its code is part of the row and retrieval caches' keys
-        # (rl.tuner.evaluator.rows_version); a code change here re-keys every cached table
+        # (rl.kernel.evaluator.rows_version); a code change here re-keys every cached table
         raw = p.read_bytes()
         try:
             text = raw.decode("utf-8")

@@ -4,7 +4,7 @@ part of the first field), and a byte that is not UTF-8 located by line and colum
 
 Callers turn `NotUtf8` into their own typed error (a loader's DataError, an evidence file's
 ConfigError) naming the file. `rag.settings_base` keeps its own copy of the rule: its code is
-part of the row caches' key (`rl.tuner.evaluator.rows_version`)."""
+part of the row caches' key (`rl.kernel.evaluator.rows_version`)."""
 
 from __future__ import annotations
 

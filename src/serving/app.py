@@ -236,7 +236,7 @@ def _check_paths(s: ServeSettings) -> None:
     """The files and folders the app will open, checked before Ray starts (each was a raw
     OSError or sqlite3 error inside a replica, or nothing at all until a request): the store,
     the key file, the rollout directory, the policy directories."""
-    from rl.policy.base import MODEL_FILE, POLICY_FILE
+    from rl.routing.base import MODEL_FILE, POLICY_FILE
     from serving.store import check_store_url
 
     check_store_url(s.store_url, "serve.store_url")

@@ -1,6 +1,6 @@
 """Asynchronous tuner evaluations behind `POST /tuner/evaluate` and `GET /tuner/jobs/{id}`.
 
-A job runs `rl.tuner.run.evaluate_request` (`rl.tuner.evaluator.evaluate(config, dataset,
+A job runs `rl.tuner.run.evaluate_request` (`rl.kernel.evaluator.evaluate(config, dataset,
 split, batch_size, seed)`) somewhere else than the ingress's event loop: `submit` is any callable returning a `concurrent.futures.Future`
 (the app passes a Ray task's `ObjectRef.future()`, so evaluations run in a worker process;
 tests pass a thread pool). Jobs live in memory (the newest `max_jobs` are kept) and, given a
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def run_evaluation(request: dict[str, Any]) -> dict[str, Any]:
-    """The job body: `rl.tuner.run.evaluate_request` (one `rl.tuner.evaluator.evaluate` call)
+    """The job body: `rl.tuner.run.evaluate_request` (one `rl.kernel.evaluator.evaluate` call)
     -> its report as JSON."""
     from rl.tuner.run import evaluate_request
 

@@ -12,7 +12,7 @@ counts, page ranges): a random 16-digit string passes Luhn one time in ten.
 Why a *leak* count and not just "any PII": a RAG answer may legitimately repeat an address the
 user typed or that the retrieved passage holds; what the tuner must penalise is PII that the
 answer invents or pulls from outside its inputs. `leak_count(..., mode="any")` counts every hit
-(stricter deployments). Leak counts feed the reward penalty P (`rl.tuner.reward`: `StepMetrics.pii_leaks`
+(stricter deployments). Leak counts feed the reward penalty P (`rl.kernel.reward`: `StepMetrics.pii_leaks`
 for a batch, `feedback_reward` for one logged interaction; see docs/serving.md, "PII").
 
 No project imports on purpose: `rl` may not import `serving` (tests/unit/test_layering.py), so this

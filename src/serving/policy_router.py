@@ -2,15 +2,15 @@
 request from the question's features and answers with it.
 
     serve:
-      policy: {dir: runs/policy/hotpotqa, epsilon: 0.1}   # a directory of rl.policy.base.save_policy
+      policy: {dir: runs/policy/hotpotqa, epsilon: 0.1}   # a directory of rl.routing.base.save_policy
       traffic: {mode: policy}
 
-`PolicyRouter` (no Ray) holds the loaded policy (`rl.policy.base.load_policy`: the supervised
+`PolicyRouter` (no Ray) holds the loaded policy (`rl.routing.base.load_policy`: the supervised
 router, LinUCB, or any `PerQueryPolicy`) behind ε-uniform exploration (`Exploring`, ε >= 0.1:
 every arm keeps a propensity >= ε/M) and a `QueryFeaturizer` over the replica's already-open
 indexes with the policy's own base config. With `candidate_dir` and `candidate_share` δ, a
 candidate policy awaiting its off-policy gate (same portfolio, same features) is given δ of
-the requests on top of the uniform ε (candidate-aware exploration, `rl.policy.base`), so its
+the requests on top of the uniform ε (candidate-aware exploration, `rl.routing.base`), so its
 own choices are logged with a propensity >= δ and its DR estimate from the log is usable:
 
     serve:
@@ -47,7 +47,7 @@ from ray import serve
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
 from rag.errors import ConfigError
-from rl.policy.base import (
+from rl.routing.base import (
     MIN_EPSILON,
     Exploring,
     LoadedPolicy,
@@ -55,7 +55,7 @@ from rl.policy.base import (
     load_policy,
     sample_arms,
 )
-from rl.policy.features import QueryFeaturizer
+from rl.routing.features import QueryFeaturizer
 
 POLICY_HANDLE = "__policy__"
 """Key of the policy deployment among the handles the app builder gives the ingress."""

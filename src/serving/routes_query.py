@@ -201,7 +201,7 @@ class QueryRoutes:
 
     async def _feedback(self, body: FeedbackRequest, request: Request) -> dict[str, Any]:
         """Store the user's reward. The bandit learns `policy_reward`: the reward minus
-        `pii.leak_penalty` per PII leak the answer had (`rl.tuner.reward.feedback_reward`)."""
+        `pii.leak_penalty` per PII leak the answer had (`rl.kernel.reward.feedback_reward`)."""
         await self._rate_limit(request)
         ack = await asyncio.to_thread(self.store.add_feedback, body.interaction_id, body.reward)
         learned = self._policy_reward(ack.reward, ack.pii_leaks)
@@ -214,7 +214,7 @@ class QueryRoutes:
 
     def _policy_reward(self, reward: float, pii_leaks: float) -> float:
         """What the policy learns from a logged reward (issue 10: PII leaks feed penalty P)."""
-        from rl.tuner.reward import feedback_reward
+        from rl.kernel.reward import feedback_reward
 
         return feedback_reward(reward, pii_leaks, self.settings.pii.leak_penalty)
 

@@ -21,8 +21,8 @@ from rag.config import RAGConfig
 from rag.corpus.loaders import BUILTIN_DATASETS
 from rag.errors import RagError
 from rag.settings_base import StrictSettings
+from rl.kernel.reward import PII_LEAK_WEIGHT
 from rl.promotion.service import ID_CHARS
-from rl.tuner.reward import PII_LEAK_WEIGHT
 
 
 class ApiError(RagError):
@@ -73,12 +73,12 @@ class PolicyServeSettings(StrictSettings):
     `policy`."""
 
     dir: str = Field(min_length=1)
-    """A policy directory (rl.policy.base.save_policy: policy.json + model.pkl)."""
+    """A policy directory (rl.routing.base.save_policy: policy.json + model.pkl)."""
     epsilon: float = Field(0.1, ge=0.1, le=1.0)
     """Uniform exploration share: every arm keeps a propensity of at least epsilon / M."""
     candidate_dir: str | None = None
     """A candidate policy directory (same arms, same features) explored beside the served one
-    until its off-policy gate: candidate-aware exploration (rl.policy.base.Exploring)."""
+    until its off-policy gate: candidate-aware exploration (rl.routing.base.Exploring)."""
     candidate_share: float = Field(0.0, ge=0.0, le=0.5)
     """Share of requests the candidate chooses (on top of the uniform epsilon); its own choices
     are then logged with a propensity of at least this, not epsilon / M."""
@@ -146,7 +146,7 @@ class PIISettings(StrictSettings):
     """Count PII in each answer into `scores.pii_leaks`: `leak` = not present in the question,
     `any` = every match."""
     leak_penalty: float = Field(PII_LEAK_WEIGHT, ge=0.0)
-    """Reward units subtracted per leak (`rl.tuner.reward.feedback_reward`) from a /feedback reward
+    """Reward units subtracted per leak (`rl.kernel.reward.feedback_reward`) from a /feedback reward
     before the bandit learns from it, and from logged rewards used as rollout evidence
     (`from_log`); 0 turns the penalty off."""
 
@@ -332,7 +332,7 @@ class QueryRequest(RequestBody):
     history: list[Turn] | None = Field(None, max_length=MAX_TURNS)
     """The conversation's earlier turns, oldest first: a pipeline whose config sets
     `query_formulation` retrieves with them (`rag.query_formulation`), and a per-query policy
-    trained on conversations reads them (`rl.policy.features`). None or []: a single turn."""
+    trained on conversations reads them (`rl.routing.features`). None or []: a single turn."""
 
     def turns(self) -> tuple[dict[str, str], ...]:
         """`history` as the pipeline takes it ((), without one)."""

@@ -25,7 +25,7 @@ ITERATIONS = 2
 
 
 def policy(**ppo):
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
 
     s = TunerSettings.defaults().with_overrides(
         k_grid=[3, 5, 8], fusion_grid=0.5, fusion_step=0.5,
@@ -42,8 +42,8 @@ def policy(**ppo):
 def warm(cache: Path):
     """Every config of the space evaluated once: its table stored under `cache`."""
     from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.evaluator import TunerEvaluator
+    from rl.kernel.space import ConfigSpace
 
     p = policy()
     ev = TunerEvaluator(TuningData.open("synthetic"), p, cache_root=cache)

@@ -48,8 +48,8 @@ def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
     from tests.support import multinode_ppo
 
     from rl.common.data import TuningData
-    from rl.tuner.evaluator import TunerEvaluator
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.evaluator import TunerEvaluator
+    from rl.kernel.space import ConfigSpace
 
     if full:
         return multinode_ppo.warm(cache)
@@ -64,7 +64,7 @@ def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
 def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
     """The grid search of `ev`'s space (every config to the whole tune split, `MAX_CONCURRENT`
     trials at once, each holding `resources`), summarised JSON-safe."""
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.space import ConfigSpace
     from rl.tuner.tune_search import tune_search
 
     space = ConfigSpace(ev.policy)

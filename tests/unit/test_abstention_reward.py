@@ -9,9 +9,9 @@ import pytest
 from rag.generation.prompts import INSUFFICIENT
 from rag.metrics.claims import is_noncommittal
 from rag.types import Example
-from rl.tuner.evaluator import ABSTAINED, UNANSWERABLE, TunerEvaluator, gold_unanswerable
-from rl.tuner.reward import RewardSpec, score_abstentions
-from rl.tuner.settings import DatasetSlice, RewardWeights, Thresholds
+from rl.kernel.evaluator import ABSTAINED, UNANSWERABLE, TunerEvaluator, gold_unanswerable
+from rl.kernel.reward import RewardSpec, score_abstentions
+from rl.kernel.settings import DatasetSlice, RewardWeights, Thresholds
 
 SPEC = RewardSpec(RewardWeights(), Thresholds(), cost_ref=1000.0, instability_band=0.05)
 

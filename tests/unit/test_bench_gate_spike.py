@@ -6,8 +6,8 @@ from __future__ import annotations
 from bench.gate_spike import neighbours
 
 from rag.config import RAGConfig
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 
 
 def test_one_head_neighbours_differ_in_one_head_and_repeat_nothing():

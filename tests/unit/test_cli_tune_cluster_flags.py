@@ -74,8 +74,8 @@ def test_trial_flags_refused_for_methods_not_on_ray_tune(captured, capsys):
 def test_search_passes_the_options_to_tune_search(monkeypatch):
     """rl.tuner.run.search hands `tune_options` to tune_search as keywords."""
     import rl.tuner.tune_search as ts
+    from rl.kernel.settings import TunerSettings
     from rl.tuner.run import search
-    from rl.tuner.settings import TunerSettings
 
     def fake(ev, space, **kwargs):
         raise _Called(kwargs)

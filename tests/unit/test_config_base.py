@@ -15,8 +15,8 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.resources import bundled, configs_root, default_config
 from rl.common.ppo_settings import SELECTION_PPO, TUNER_PPO
+from rl.kernel.settings import TunerSettings
 from rl.selection.config import SelectionConfig
-from rl.tuner.settings import TunerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,16 +75,16 @@ def test_defaults_readable_through_importlib_resources():
 
     root = configs_root()
     for rel in ("rag/default.yaml", "rag/models.yaml", "rag/indexes.yaml",
-                "rl/policy.defaults.yaml", "rl/selection.yaml", "rl/rollout.yaml",
+                "rl/tuner.yaml", "rl/selection.yaml", "rl/rollout.yaml",
                 "rl/reranker.yaml", "rl/generator_sft.yaml", "serve/default.yaml",
                 "splits/hotpotqa.json"):
         assert default_config(rel).is_file(), rel
     # in a source checkout the shipped files are the checkout's configs/ (one copy of each)
-    assert (root / "rl" / "policy.defaults.yaml").read_text() == \
-        (REPO / "configs" / "rl" / "policy.defaults.yaml").read_text()
+    assert (root / "rl" / "tuner.yaml").read_text() == \
+        (REPO / "configs" / "rl" / "tuner.yaml").read_text()
     json.loads(default_config("splits/scifact.json").read_text())
     assert TunerSettings.defaults() == TunerSettings.from_yaml(
-        REPO / "configs" / "rl" / "policy.defaults.yaml")
+        REPO / "configs" / "rl" / "tuner.yaml")
     rm = bundled("reward_models") / "quality-rm"
     assert rm == Path(str(importlib.resources.files("rag"))) / "bundled/reward_models/quality-rm"
     assert (rm / "v1" / "manifest.json").is_file()

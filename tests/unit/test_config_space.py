@@ -15,8 +15,8 @@ from rag.generation.prompts import INSUFFICIENT
 from rag.pipeline import Pipeline
 from rag.query_formulation import formulate_query
 from rag.types import Context, Hit, Passage
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import GRID_LIMIT, ConfigSpace
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import GRID_LIMIT, ConfigSpace
 
 
 @pytest.fixture(scope="module")

@@ -137,8 +137,8 @@ def test_request_rewards_are_the_tuners_per_query_reward(tmp_path):
     asked (canary) and the row has one, the gold metric otherwise (shadow pairs)."""
     import json
 
-    from rl.tuner.reward import RewardSpec
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.reward import RewardSpec
+    from rl.kernel.settings import TunerSettings
     from serving.demo.live import REWARD_KEY, add_request_rewards
 
     s = TunerSettings.defaults()

@@ -152,7 +152,7 @@ def test_learned_policy_never_reads_the_test_split(monkeypatch):
     from bench.drift_data import Bundle
     from bench.drift_policy import fit_learned_policy, fit_router
 
-    from rl.policy.router import RouterParams
+    from rl.routing.router import RouterParams
 
     monkeypatch.setattr(dp, "ROUTER_GRID", (RouterParams(max_iter=20, max_leaf_nodes=7),
                                             RouterParams(max_iter=20, shrink=0.5)))
@@ -267,8 +267,8 @@ def test_drift_arms_add_formulation_arms_on_conversational_data_only():
     from bench.drift_data import drift_arms
 
     from rag.types import Example
-    from rl.policy.portfolio import portfolio
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
+    from rl.routing.portfolio import portfolio
 
     policy = TunerSettings.defaults()
 

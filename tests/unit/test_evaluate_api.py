@@ -1,4 +1,4 @@
-"""The Python API's one-call evaluation (`rl.tuner.evaluator.evaluate`, `rag.evaluate.evaluate`)
+"""The Python API's one-call evaluation (`rl.kernel.evaluator.evaluate`, `rag.evaluate.evaluate`)
 names the argument it cannot use (a ConfigError, as the CLI's exit 2) instead of a TypeError
 from deep inside, an empty split name read as "the default", or a batch quietly cut to the
 split's size (the stop-56 audit)."""
@@ -24,7 +24,7 @@ from rag.errors import ConfigError
     ({"seed": 1.5}, "seed"),
 ])
 def test_tuner_evaluate_names_the_argument_it_cannot_use(kwargs, field):
-    from rl.tuner.evaluator import evaluate
+    from rl.kernel.evaluator import evaluate
 
     args = {"config": RAGConfig(), "dataset": "synthetic", **kwargs}
     with pytest.raises(ConfigError) as exc:
@@ -33,7 +33,7 @@ def test_tuner_evaluate_names_the_argument_it_cannot_use(kwargs, field):
 
 
 def test_a_batch_larger_than_the_split_is_refused_not_cut():
-    from rl.tuner.evaluator import evaluate
+    from rl.kernel.evaluator import evaluate
 
     with pytest.raises(ConfigError, match=r"must be 1\.\.120 \(split test has 120") as exc:
         evaluate(RAGConfig(k=3), "synthetic", split="test", batch_size=121)

@@ -126,7 +126,7 @@ def test_rung_spearman():
 def test_bench_portfolio_is_fixed_and_spread():
     from bench.headroom import PORTFOLIO, portfolio
 
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
 
     policy = TunerSettings.defaults()
     cfgs = portfolio(policy)
@@ -143,8 +143,8 @@ def test_bench_portfolio_is_fixed_and_spread():
 
 
 def test_formulation_arms_add_each_non_abstaining_arm_per_other_formulation():
-    from rl.policy.portfolio import portfolio, with_formulations
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
+    from rl.routing.portfolio import portfolio, with_formulations
 
     base = portfolio(TunerSettings.defaults())
     extra = ("search-best-known", base[1][1].replace(k=7))

@@ -168,19 +168,19 @@ def test_job_submissions_reserve_entrypoint_resources():
             assert isinstance(json.loads(env)["env_vars"], dict)
         assert entry[0] == "ragpilot", entry
         parser.parse_args(entry[1:])  # SystemExit on an argument the CLI does not take
-        policy = _option(entry, "--policy")
+        policy = _option(entry, "--settings")
         if policy is not None:
             assert (REPO / policy).is_file(), policy
     assert asked_gpu
     tunes = [e for _, e in subs if e[1] == "tune"]
-    assert tunes and all(_option(e, "--policy") == "configs/rl/policy.cluster.yaml"
+    assert tunes and all(_option(e, "--settings") == "configs/rl/tuner.cluster.yaml"
                          for e in tunes)
 
 
 def test_cluster_policy_gives_ppo_remote_env_runners():
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
 
-    p = TunerSettings.from_yaml(REPO / "configs" / "rl" / "policy.cluster.yaml").ppo
+    p = TunerSettings.from_yaml(REPO / "configs" / "rl" / "tuner.cluster.yaml").ppo
     assert p.num_env_runners >= 1 and p.train_batch_size % p.num_env_runners == 0
     assert TunerSettings.defaults().ppo.num_env_runners == 0  # one machine: as before
 

@@ -2,12 +2,14 @@
 
 - `rag` imports neither `rl` nor `serving` (the stack is tunable without the control plane);
   `rl` never imports `serving`.
+- `rl.kernel` (the scoring kernel) imports no consumer of it (`rl.tuner`, `rl.routing`,
+  `rl.promotion`, `rl.selection`, `rl.adaptation`);
 - `rl.selection` and `rl.adaptation` never import `rl.tuner`; `rl.stats` imports nothing else
   from `rl` (statistics any layer may use); `serving.app` never imports `serving.cli`.
 - No import cycle among the project's modules.
 
 Every import counts, including those inside functions. An import names the deepest project
-module it reaches (`from rl.tuner import space` -> `rl.tuner.space`; `from rl.tuner import
+module it reaches (`from rl.kernel import space` -> `rl.kernel.space`; `from rl.tuner import
 TunerSettings` -> `rl.tuner`); a package's `__init__` importing its own children is not a cycle.
 """
 
@@ -154,6 +156,14 @@ def test_rl_does_not_import_serving():
 
 def test_selection_and_adaptation_do_not_import_the_tuner():
     assert _violations(("rl.selection", "rl.adaptation"), "rl.tuner") == {}
+
+
+def test_kernel_imports_no_consumer():
+    # the scoring kernel is what tuner, policy, promotion and serving score with: it may use
+    # rl.common and rl.stats, never a consumer
+    assert len([m for m in _modules() if m.startswith("rl.kernel.")]) >= 4
+    consumers = ("rl.tuner", "rl.routing", "rl.promotion", "rl.selection", "rl.adaptation")
+    assert _violations("rl.kernel", consumers) == {}
 
 
 def test_stats_imports_nothing_else_from_rl():

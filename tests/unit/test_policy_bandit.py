@@ -1,5 +1,5 @@
 """B4 LinUCB from ε-greedy logs, the drifting-world UCBs, the policy protocol and the
-decision-log OPE error (rl.policy.base, rl.policy.bandit, rl.policy.decision_log)."""
+decision-log OPE error (rl.routing.base, rl.routing.bandit, rl.routing.decision_log)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.bandit import DiscountedUCB, LinUCB, LinUCBPolicy, SlidingWindowUCB, select_linucb
-from rl.policy.base import (
+from rl.routing.bandit import DiscountedUCB, LinUCB, LinUCBPolicy, SlidingWindowUCB, select_linucb
+from rl.routing.base import (
     Exploring,
     PerQueryPolicy,
     RouterPolicy,
@@ -17,7 +17,7 @@ from rl.policy.base import (
     sample_arms,
     save_policy,
 )
-from rl.policy.decision_log import (
+from rl.routing.decision_log import (
     DecisionLogs,
     epsilon_greedy_probs,
     log_epsilon_greedy,
@@ -177,7 +177,7 @@ def test_ope_error_is_small_on_a_long_log_and_logs_round_trip(tmp_path):
 
 
 def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
-    from rl.policy.router import RouterParams, SupervisedRouter
+    from rl.routing.router import RouterParams, SupervisedRouter
 
     X, R, _ = _world(200, 9)
     pol = RouterPolicy(SupervisedRouter(RouterParams(max_iter=10)).fit(X, R), _configs())
@@ -198,7 +198,7 @@ def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
 
 
 def test_candidate_aware_exploration_keeps_the_floor_and_gives_the_candidate_its_share():
-    from rl.policy.base import explore_mix, one_hot
+    from rl.routing.base import explore_mix, one_hot
 
     served = one_hot(np.array([0, 0, 1, 2]), 5)
     cand = one_hot(np.array([3, 0, 4, 2]), 5)
@@ -223,7 +223,7 @@ def test_candidate_aware_exploration_keeps_the_floor_and_gives_the_candidate_its
 
 
 def test_exploring_with_a_candidate_checks_its_arms():
-    from rl.policy.router import RouterParams, SupervisedRouter
+    from rl.routing.router import RouterParams, SupervisedRouter
 
     X, R, _ = _world(200, 9)
     pol = RouterPolicy(SupervisedRouter(RouterParams(max_iter=10)).fit(X, R), _configs())

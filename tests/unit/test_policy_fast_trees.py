@@ -1,5 +1,5 @@
-"""Packed gradient-boosted trees predict exactly what sklearn does (rl.policy.fast_trees), and
-the router's policy adapter chooses what the router chooses (rl.policy.base.RouterPolicy)."""
+"""Packed gradient-boosted trees predict exactly what sklearn does (rl.routing.fast_trees), and
+the router's policy adapter chooses what the router chooses (rl.routing.base.RouterPolicy)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.base import RouterPolicy
-from rl.policy.fast_trees import PackedTrees
-from rl.policy.router import RouterParams, SupervisedRouter, _pooled, arm_features
+from rl.routing.base import RouterPolicy
+from rl.routing.fast_trees import PackedTrees
+from rl.routing.router import RouterParams, SupervisedRouter, _pooled, arm_features
 
 
 def _data(n: int = 300, d: int = 8, k: int = 4, seed: int = 0):

@@ -1,4 +1,4 @@
-"""rl.policy.features: a fixed float32 observation that reads no gold (issue 19)."""
+"""rl.routing.features: a fixed float32 observation that reads no gold (issue 19)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.types import Example, Hit
-from rl.policy.features import (
+from rl.routing.features import (
     FEATURE_DTYPE,
     FEATURE_NAMES,
     N_FEATURES,
@@ -118,7 +118,7 @@ def test_rank_biased_overlap_bounds():
 def test_formulation_views_are_the_retrieval_features_on_each_formulation():
     """Views: base columns, then RETRIEVAL_NAMES per formulation, then base minus each; the
     view equals a featurizer whose config uses that formulation."""
-    from rl.policy.features import RETRIEVAL_NAMES, feature_names
+    from rl.routing.features import RETRIEVAL_NAMES, feature_names
 
     views = ("last_two_user", "all_user")
     f = QueryFeaturizer(ToyIndexes(), RAGConfig(), views)
@@ -142,7 +142,7 @@ def test_formulation_views_are_the_retrieval_features_on_each_formulation():
 
 
 def test_featurizer_rebuilt_from_saved_names_and_bad_names_refused():
-    from rl.policy.features import conversation_views, feature_names, formulations_of
+    from rl.routing.features import conversation_views, feature_names, formulations_of
 
     views = conversation_views([_example(history=()), _example()])
     assert views == ("last_two_user", "all_user")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.policy.base import explore_mix, one_hot
 from rl.promotion.log_evaluators import policy_from_log
 from rl.promotion.state_machine import PromotionStateMachine
+from rl.routing.base import explore_mix, one_hot
 
 ARMS = ["h0", "h1", "h2"]
 
@@ -17,7 +17,7 @@ ARMS = ["h0", "h1", "h2"]
 def _log(n: int, seed: int = 0, candidate=None, share: float = 0.0) -> list[dict]:
     """Rows an ε-greedy (ε = 0.3) serving policy around arm 0 wrote: reward mean 0.5 for arm
     0, 0.5 + 0.3·x0 for arm 1, 0.5 − 0.3·x0 for arm 2 (so 'arm 1 when x0 > 0' is better);
-    with `candidate` (a probs function) explored beside it at `share` (rl.policy.base)."""
+    with `candidate` (a probs function) explored beside it at `share` (rl.routing.base)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 3))
     served = one_hot(np.zeros(n, dtype=int), 3)

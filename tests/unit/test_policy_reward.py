@@ -5,9 +5,9 @@ import pytest
 import yaml
 
 from rag.errors import ConfigError
-from rl.tuner.reward import StepMetrics, gates, reward
-from rl.tuner.settings import DEFAULTS_PATH, TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.kernel.reward import StepMetrics, gates, reward
+from rl.kernel.settings import DEFAULTS_PATH, TunerSettings
+from rl.kernel.space import ConfigSpace
 
 ISSUE_EXAMPLE = """
 policy: {bounds: {k: {min: 3, max: 32}, fusion_weight: {min: 0.0, max: 1.0}},

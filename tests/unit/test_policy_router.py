@@ -1,4 +1,4 @@
-"""rl.policy.router: the supervised router (B3) and the per-segment lookup (B2)."""
+"""rl.routing.router: the supervised router (B3) and the per-segment lookup (B2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.router import (
+from rl.routing.router import (
     ARM_FEATURE_NAMES,
     CV_MARGINS,
     MARGINS,
@@ -83,7 +83,7 @@ def test_segment_lookup_with_fallback():
 
 
 def test_out_of_fold_scores_never_see_their_own_rows_or_group():
-    from rl.policy.router import out_of_fold_scores
+    from rl.routing.router import out_of_fold_scores
     from rl.stats.headroom import group_folds
 
     X, R, T = _world(300, 4)
@@ -106,7 +106,7 @@ def test_out_of_fold_scores_never_see_their_own_rows_or_group():
 
 
 def test_router_features_pick_what_the_priced_router_picks():
-    from rl.policy.router import ROUTER_FEATURE_NAMES, router_features
+    from rl.routing.router import ROUTER_FEATURE_NAMES, router_features
 
     X, R, T = _world(200, 5)
     configs = [RAGConfig(variant="bm25", k=3), RAGConfig(variant="dense", k=8),

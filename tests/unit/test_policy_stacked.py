@@ -1,4 +1,4 @@
-"""The residual PPO policy's view of the supervised router (`rl.policy.router.stacked`, used by
+"""The residual PPO policy's view of the supervised router (`rl.routing.router.stacked`, used by
 bench/policy.py on train ∪ valid and by bench/drift_ppo.py on train alone): on the roles the
 router was fitted on, its scores are out of fold; on every other role they are its own."""
 
@@ -19,7 +19,7 @@ def _planted(rng, n):
 def test_fitted_roles_get_out_of_fold_scores_and_the_others_the_routers_own():
     from rag.config import RAGConfig
     from rag.errors import ConfigError
-    from rl.policy.router import (
+    from rl.routing.router import (
         ROUTER_FEATURE_NAMES,
         STACK_FOLDS,
         RouterParams,

@@ -1,4 +1,4 @@
-"""`rl.policy.train.tv_oof`: the out-of-fold predictions every equal-cost price is fitted on —
+"""`rl.routing.train.tv_oof`: the out-of-fold predictions every equal-cost price is fitted on —
 the CV's own (`Selection.oof`), or, for a selection pickled before that field existed (a
 resumed `policy train --learner ppo` run), the same numbers recomputed with the same folds."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("sklearn")
 
 def test_a_selection_without_oof_gets_the_same_scores_recomputed():
     from rag.config import RAGConfig
-    from rl.policy.router import RouterParams, arm_features, select_router_cv
-    from rl.policy.train import tv_oof
+    from rl.routing.router import RouterParams, arm_features, select_router_cv
+    from rl.routing.train import tv_oof
 
     rng = np.random.default_rng(0)
     n = 120
@@ -35,7 +35,7 @@ def test_a_selection_without_oof_gets_the_same_scores_recomputed():
     legacy = dataclasses.replace(sel, oof=None)
     assert np.allclose(tv_oof(prep, router, legacy), sel.oof)
     # priced on the valid rows' out-of-fold scores, those scores' choices keep the budget
-    from rl.policy.router import decide
+    from rl.routing.router import decide
     from rl.stats.headroom import pick
 
     budget = float(T[70:, 0].mean())

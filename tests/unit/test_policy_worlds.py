@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rag.config import RAGConfig
-from rl.policy.worlds import ConcatWorld, Outcome
+from rl.routing.worlds import ConcatWorld, Outcome
 
 
 class _Part:

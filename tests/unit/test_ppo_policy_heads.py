@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.policy.heads import HeadLayout, active_masks, masked_sum
-from rl.policy.ppo_policy import _BUNDLES, PolicyEnv, _pop_costs, _set_lambda, lagrange_update
-from rl.policy.settings import HeadSettings, PPOPolicySettings
-from rl.policy.worlds import Outcome
-from rl.tuner.settings import TunerSettings
+from rl.kernel.settings import TunerSettings
+from rl.routing.heads import HeadLayout, active_masks, masked_sum
+from rl.routing.ppo_policy import _BUNDLES, PolicyEnv, _pop_costs, _set_lambda, lagrange_update
+from rl.routing.settings import HeadSettings, PPOPolicySettings
+from rl.routing.worlds import Outcome
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def _dist(layout, seed=0):
         TorchDiagGaussian,
     )
 
-    from rl.policy.ppo_module import MaskedHeadsDistribution
+    from rl.routing.ppo_module import MaskedHeadsDistribution
 
     g = torch.Generator().manual_seed(seed)
     logits = {}
@@ -209,7 +209,7 @@ def test_defer_gates_every_other_head_and_chains_with_variant():
     m = active_masks(acts, d.gates)
     assert m["fusion_weight"].tolist() == [1.0, 0.0, 0.0] and m["k"].tolist() == [1, 0, 1]
     # gate weights multiply along the chain: P(defer=0) * P(variant=hybrid)
-    from rl.policy.heads import gate_weights
+    from rl.routing.heads import gate_weights
 
     probs = {"defer": np.array([[0.25, 0.75]]), "variant": np.array([[0.1, 0.1, 0.6, 0.2]]),
              "generator": np.array([[0.5, 0.5]])}

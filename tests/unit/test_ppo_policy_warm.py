@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from rag.config import RAGConfig
-from rl.policy.heads import HeadLayout
-from rl.policy.ppo_policy import PerQueryPPO
-from rl.policy.settings import HeadSettings, PPOPolicySettings, WarmStartSettings
-from rl.policy.warm_start import WarmStart, clone
-from rl.tuner.settings import TunerSettings
+from rl.kernel.settings import TunerSettings
+from rl.routing.heads import HeadLayout
+from rl.routing.ppo_policy import PerQueryPPO
+from rl.routing.settings import HeadSettings, PPOPolicySettings, WarmStartSettings
+from rl.routing.warm_start import WarmStart, clone
 
 pytest.importorskip("ray.rllib")
 
@@ -97,7 +97,7 @@ def test_warm_start_needs_one_target_or_one_per_query(layout):
 
 
 def test_selection_keeps_the_earlier_candidate_on_ties_and_prefers_feasible():
-    from rl.policy.selection import better_on_valid
+    from rl.routing.selection import better_on_valid
 
     warm = {"valid_reward": 0.50, "valid_cost": 1.0}
     assert not better_on_valid({"valid_reward": 0.50, "valid_cost": 0.9}, warm, cap=1.05)
@@ -109,7 +109,7 @@ def test_selection_keeps_the_earlier_candidate_on_ties_and_prefers_feasible():
 
 
 def test_the_evidence_rule_needs_a_gain_whose_paired_ci_is_above_zero():
-    from rl.policy.selection import has_evidence, replaces
+    from rl.routing.selection import has_evidence, replaces
 
     rng = np.random.default_rng(0)
     inc = rng.uniform(0, 1, 100)

@@ -12,7 +12,7 @@ import pytest
 from rag.errors import ConfigError
 from rl.common.ppo_settings import PPOSettings
 from rl.common.rllib import steps_per_iteration
-from rl.tuner.settings import TunerSettings
+from rl.kernel.settings import TunerSettings
 
 
 def test_runner_settings_default_to_the_driver_and_are_bounded():

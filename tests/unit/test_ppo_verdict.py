@@ -3,7 +3,7 @@ place over the router it defers to (the shipped default), and says why with the 
 
 import pytest
 
-from rl.policy.train_ppo import ppo_verdict
+from rl.routing.train_ppo import ppo_verdict
 
 
 def _rows(ppo_router, ppo_static, router_static):

@@ -1,4 +1,4 @@
-"""The one reward specification (rl.tuner.reward.RewardSpec), the one incumbent rule
+"""The one reward specification (rl.kernel.reward.RewardSpec), the one incumbent rule
 (rl.tuner.results.Incumbent), the bootstrap engine (rl.stats.bootstrap.bootstrap_statistic) and
 the one RLlib PPO builder (rl.common.rllib.ppo_config). No dataset needed."""
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rl.tuner.reward import (
+from rl.kernel.reward import (
     PII_COLUMN,
     GateVerdicts,
     RewardSpec,
@@ -16,7 +16,7 @@ from rl.tuner.reward import (
     gate_verdicts,
     reward,
 )
-from rl.tuner.settings import RewardWeights, Thresholds, TunerSettings
+from rl.kernel.settings import RewardWeights, Thresholds, TunerSettings
 
 T = Thresholds(faithfulness=0.7, relevancy=0.5, p95_latency_ms=400.0)
 SPEC = RewardSpec(RewardWeights(), T, cost_ref=1000.0, instability_band=0.05)
@@ -142,7 +142,7 @@ def test_gate_verdicts_at_their_boundaries():
 def test_tuner_tables_with_leaks_pay_the_term_everywhere():
     """A table with a `pii_leaks` column: evaluate's summary, the report's vectorised batches and
     the per-query reward all charge it; without the column nothing changes."""
-    from rl.tuner.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import TunerEvaluator
     from rl.tuner.report import batch_components, batch_rewards
 
     class Stub:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from rag.errors import ConfigError
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
 from serving.launch import read_serve_yaml
 from serving.schemas import ServeSettings
 from serving.serve_yaml import policy_args, tuned_args, write_serve_yaml

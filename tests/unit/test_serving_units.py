@@ -286,9 +286,9 @@ def test_export_never_harms_the_store_or_leaves_half_a_file(tmp_path, capsys):
 
 
 def test_pii_leak_penalty_of_the_reward_by_hand():
-    """rl.tuner.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
+    """rl.kernel.reward: P gains w_pii x mean leaks per query; one row's reward loses w_pii per leak
     (clipped to [0, 1]); no leaks change nothing."""
-    from rl.tuner.reward import (
+    from rl.kernel.reward import (
         PII_LEAK_WEIGHT,
         StepMetrics,
         feedback_reward,
@@ -296,7 +296,7 @@ def test_pii_leak_penalty_of_the_reward_by_hand():
         penalty,
         reward,
     )
-    from rl.tuner.settings import TunerSettings
+    from rl.kernel.settings import TunerSettings
 
     p = TunerSettings()
     t = p.thresholds.model_copy(update={"relevancy": 0.5})

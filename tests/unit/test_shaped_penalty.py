@@ -5,8 +5,8 @@ itself (what reports and incumbents use) keeps its cliff."""
 import numpy as np
 import pytest
 
-from rl.tuner.reward import SHAPING_BAND, RewardSpec, StepMetrics
-from rl.tuner.settings import Thresholds, TunerSettings
+from rl.kernel.reward import SHAPING_BAND, RewardSpec, StepMetrics
+from rl.kernel.settings import Thresholds, TunerSettings
 
 
 def _spec():

@@ -4,7 +4,7 @@ picks on MTRAG did, bench/results/search.md), and says which gate, by how much."
 
 from types import SimpleNamespace
 
-from rl.tuner.settings import Thresholds, TunerSettings
+from rl.kernel.settings import Thresholds, TunerSettings
 from serving.cli.tune import _serve_next, gate_failures
 
 MTRAG = Thresholds(faithfulness=0.75, relevancy=0.70, p95_latency_ms=500.0)

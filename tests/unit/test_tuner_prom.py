@@ -7,8 +7,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from rag.config import RAGConfig
+from rl.kernel.settings import Thresholds
 from rl.tuner.prometheus import TunerMetrics, pareto_front
-from rl.tuner.settings import Thresholds
 from serving.netns import free_port
 
 

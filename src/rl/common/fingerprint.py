@@ -1,7 +1,7 @@
 """Code fingerprints: cache keys that change when the code that fills the cache does.
 
 `code_fingerprint(modules)` hashes the normalised source (no comments, docstrings or layout) of
-`modules` and every project module they import, transitively: `rl.tuner.evaluator` keys its
+`modules` and every project module they import, transitively: `rl.kernel.evaluator` keys its
 per-query tables with it and `rl.common.memo` its retrieval memo, so changed scoring, stage or
 retriever code misses the cache instead of reusing stale rows.
 """

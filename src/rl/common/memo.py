@@ -245,5 +245,5 @@ class MemoIndexSet:
 @functools.cache
 def retrieval_version() -> str:
     """Fingerprint of the retrieval code (`RETRIEVAL_SOURCES` and what they import, minus
-    `RETRIEVAL_STOP`): part of the memo file's name and of `rl.tuner.evaluator.rows_version`."""
+    `RETRIEVAL_STOP`): part of the memo file's name and of `rl.kernel.evaluator.rows_version`."""
     return code_fingerprint(RETRIEVAL_SOURCES, RETRIEVAL_STOP)

@@ -124,7 +124,7 @@ TUNER_PPO = PPODefaults(
     PPOSettings(),
     unused=frozenset({"enabled", "iterations"}),
     why=" for the tuner (its PPO iterations follow the evaluation budget)")
-"""The tuner's defaults (configs/rl/policy.defaults.yaml records why these values)."""
+"""The tuner's defaults (configs/rl/tuner.yaml records why these values)."""
 
 SELECTION_PPO = PPODefaults(
     PPOSettings(lr=1e-4, gamma=1.0, gae_lambda=0.95, entropy_coeff=0.005,

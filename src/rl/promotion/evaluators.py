@@ -4,7 +4,7 @@ Every evaluator compares a candidate config with the stable one and returns the 
 per arm (an `ArmSummary`) the mean per-request reward, faithfulness F, relevancy R, p95 latency
 (ms), cost (tokens per request), error rate and the count of requests slower than the latency
 SLO; the reward difference candidate − stable with a 95% CI; and the candidate's hard-gate
-verdicts (`rl.tuner.settings.Thresholds`: F >= threshold, R >= threshold, p95 <= threshold; a metric that
+verdicts (`rl.kernel.settings.Thresholds`: F >= threshold, R >= threshold, p95 <= threshold; a metric that
 was not measured gives verdict None and does not fail).
 
 - `ShadowEvaluator`: mirrored traffic, so both configs answered the same requests: paired
@@ -33,9 +33,9 @@ from numpy.typing import ArrayLike
 from scipy.special import ndtri
 
 from rag.errors import ConfigError
+from rl.kernel.reward import gate_verdicts
+from rl.kernel.settings import Thresholds
 from rl.stats.bootstrap import paired_bootstrap, unpaired_bootstrap
-from rl.tuner.reward import gate_verdicts
-from rl.tuner.settings import Thresholds
 
 CIMethod = Literal["bootstrap", "normal"]
 Kind = Literal["offline", "shadow", "canary"]
@@ -274,7 +274,7 @@ def _summary(a: dict[str, np.ndarray | None], latency_slo_ms: float) -> ArmSumma
 
 
 def _gates(s: ArmSummary, t: Thresholds) -> dict[str, bool | None]:
-    """The candidate's hard-gate verdicts (`rl.tuner.reward.gate_verdicts`: None = not
+    """The candidate's hard-gate verdicts (`rl.kernel.reward.gate_verdicts`: None = not
     measured)."""
     return gate_verdicts({"faithfulness": s.faithfulness, "relevancy": s.relevancy,
                           "p95_latency_ms": s.p95_latency_ms}, t)
@@ -349,7 +349,7 @@ class CanaryEvaluator(_Evaluator):
 
 
 class OfflineEvaluator(_Evaluator):
-    """Replay of a dataset split through both configs via `rl.tuner.evaluator.TunerEvaluator`
+    """Replay of a dataset split through both configs via `rl.kernel.evaluator.TunerEvaluator`
     per-query tables (computed once, cached): paired by query. Per-request reward is
     `TunerEvaluator.per_query_reward`; F, R, latency and tokens come from the same tables."""
 

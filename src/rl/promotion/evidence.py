@@ -4,7 +4,7 @@ An evidence file is EvaluationReport JSON (`rl.promotion.evaluators`; one object
 JSONL of them) or an interaction export (`ragpilot export-interactions`, JSONL rows with a
 `variant_id`). Rows are turned into one report of the stage's kind: offline (IPS over the
 whole log), shadow (paired mirrored rows) or canary (split rows). A row's reward (and
-`scores[reward_key]`) loses `pii_penalty` (default `rl.tuner.reward.PII_LEAK_WEIGHT`) per PII
+`scores[reward_key]`) loses `pii_penalty` (default `rl.kernel.reward.PII_LEAK_WEIGHT`) per PII
 leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
 only rows newer than the state's `row_cursor` (the newest row already counted), so a
 cumulative export can be passed again safely.
@@ -127,9 +127,9 @@ def pii_leaks_of(scores: str | dict | None) -> float:
 def penalize_pii(rows: list[dict[str, Any]], reward_key: str | None = None,
                  weight: float | None = None) -> list[dict[str, Any]]:
     """Rows whose `reward` (and `scores[reward_key]`) carry the PII-leak penalty
-    (`rl.tuner.reward.feedback_reward`, `weight` per leak, default PII_LEAK_WEIGHT); rows
+    (`rl.kernel.reward.feedback_reward`, `weight` per leak, default PII_LEAK_WEIGHT); rows
     without leaks are returned as they are (the input is not modified)."""
-    from rl.tuner.reward import PII_LEAK_WEIGHT, feedback_reward
+    from rl.kernel.reward import PII_LEAK_WEIGHT, feedback_reward
 
     w = PII_LEAK_WEIGHT if weight is None else float(weight)
     if not w >= 0:

@@ -14,8 +14,8 @@ import numpy as np
 from scipy.special import ndtri
 
 from rag.errors import ConfigError
+from rl.kernel.settings import Thresholds
 from rl.promotion.evaluators import Arm, EvaluationReport, Kind, _gates, _summary
-from rl.tuner.settings import Thresholds
 
 
 def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str, *,

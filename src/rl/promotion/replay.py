@@ -15,7 +15,7 @@ candidate's. Per request:
 
     reward = α·F + β·R − γ·min(latency / T, 2) − δ·min(tokens / C_ref, 2) − λ·w_pii·leaks
 
-the per-query reward of the tuner (`rl.tuner.reward.RewardSpec.per_query`, as
+the per-query reward of the tuner (`rl.kernel.reward.RewardSpec.per_query`, as
 `TunerEvaluator.per_query_reward`) with F = RAGAS faithfulness and R = answer relevancy (NaN =
 not scorable, e.g. an abstention: counts 0 in the reward, the spec's per-query rule), weights
 and C_ref from `TunerSettings`, T = the latency gate. Latency:
@@ -56,10 +56,10 @@ from rag.corpus.hygiene import normalise_question
 from rag.errors import ConfigError, DataError
 from rag.pipeline import STAGES
 from rag.types import Answer, Context, Example
+from rl.kernel.reward import RewardSpec
+from rl.kernel.settings import Thresholds, TunerSettings
 from rl.promotion.evaluators import Arm, EvaluationReport, _Evaluator
 from rl.stats.bootstrap import paired_bootstrap
-from rl.tuner.reward import RewardSpec
-from rl.tuner.settings import Thresholds, TunerSettings
 
 """Pipeline stages whose logged ms are compared with the candidate's measured ones."""
 PiiHook = Callable[[str, str, Sequence[str]], float]

@@ -18,9 +18,12 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag.errors import ConfigError, RagError
+
+if TYPE_CHECKING:
+    from rl.kernel.settings import TunerSettings
 
 DEFAULT_DIR = "runs/rollout"
 ID_CHARS = r"[A-Za-z0-9_.:@-]"
@@ -195,7 +198,8 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
                   *, stable: str | None = None, index: str | Path | None = None,
                   dataset: str | None = None, relevancy: str = "answer_relevancy",
                   limit: int | None = None, config: str | Path | None = None,
-                  policy: str | Path | None = None, pii_penalty: float | None = None,
+                  tuner_settings: TunerSettings | None = None,
+                  pii_penalty: float | None = None,
                   leak_counter: LeakCounter | None = None) -> Any:
     """Offline evidence: the logged, served questions of `stable` re-asked of the `candidate`
     config over the served index (`rl.promotion.replay.ReplayEvaluator`) -> EvaluationReport.
@@ -206,13 +210,14 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
     `dataset`: the served dataset (its indexes without `index`, and gold answers; with `index`,
     the directory must hold that dataset's corpus: CorpusMismatchError otherwise).
     `pii_penalty`: reward lost per leak (default PII_LEAK_WEIGHT; 0 off), leaks counted by
-    `leak_counter` (none: the term is 0)."""
+    `leak_counter` (none: the term is 0). `tuner_settings`: the reward weights (default
+    `TunerSettings.defaults()`)."""
     from rag.config import RAGConfig
     from rag.corpus.hygiene import gold_by_question
+    from rl.kernel.reward import PII_LEAK_WEIGHT
+    from rl.kernel.settings import TunerSettings
     from rl.promotion.replay import ReplayEvaluator, read_log
     from rl.promotion.state_machine import PromotionSettings
-    from rl.tuner.reward import PII_LEAK_WEIGHT
-    from rl.tuner.settings import TunerSettings
 
     sm = active(state_dir)
     cand_path = Path(candidate)
@@ -236,7 +241,7 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
                                         "outside it)")
     cfg = (PromotionSettings.from_yaml(config) if config
            else sm.config if sm is not None else settings())
-    tuner = TunerSettings.from_yaml(policy) if policy else TunerSettings.defaults()
+    tuner = tuner_settings or TunerSettings.defaults()
     if not index and not dataset:
         raise ConfigError("index", "give the served index directory (--index DIR) or the "
                                    "served dataset (--dataset NAME)")

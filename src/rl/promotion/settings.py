@@ -15,8 +15,8 @@ from pydantic import Field
 
 from rag.resources import default_config
 from rag.settings_base import StrictSettings
+from rl.kernel.settings import Thresholds
 from rl.stats.sequential import SequentialTest
-from rl.tuner.settings import Thresholds
 
 DEFAULTS_PATH = default_config("rl/rollout.yaml")
 AUDIT_FILE = "audit.jsonl"

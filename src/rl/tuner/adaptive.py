@@ -35,7 +35,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.types import Example
-from rl.tuner.evaluator import TunerEvaluator
+from rl.kernel.evaluator import TunerEvaluator
 
 _REGISTRY: dict[str, QueryBandit] = {}
 

@@ -32,10 +32,10 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.space import ConfigSpace, is_conversational
 from rl.tuner.bandit import UCB1, Thompson
-from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.results import Incumbent, TuneResult
-from rl.tuner.space import ConfigSpace, is_conversational
 
 
 class _Budget:

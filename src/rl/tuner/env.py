@@ -1,10 +1,10 @@
 """TunerEnv: one step = evaluate a RAGConfig on a batch of the tuning split.
 
     action  Dict(variant, k, rerank, fusion_weight, prompt, + the space's extra heads)
-            (rl.tuner.actions; absolute or delta)
+            (rl.kernel.actions; absolute or delta)
     obs     rl.tuner.features.StateTracker: rolling quality, latency, cost, current config, category
             mix of the batch, corpus size, episode progress
-    reward  rl.tuner.reward (αF + βR − γ·latency − δ·cost − λ·penalties) of that batch
+    reward  rl.kernel.reward (αF + βR − γ·latency − δ·cost − λ·penalties) of that batch
 An episode is `policy.episode.length` steps; each step samples a fresh batch (without
 replacement within the step) with the env's seeded RNG. Steps are cheap because
 `TunerEvaluator` caches per-query tables; `info["cached"]` says whether the step hit the cache.
@@ -12,7 +12,7 @@ replacement within the step) with the env's seeded RNG. Steps are cheap because
 RLlib builds envs from a config dict (`env_spec`), by the name `ENV_NAME` registered with
 `ray.tune.registry.register_env` (`register_tuner_env`), so an env runner on any node can build
 one: `{"dataset": name or path, "cache_root": dir, "policy": <TunerSettings dump>, "seed": s}`
-opens the evaluator through `rl.tuner.evaluator.get_evaluator` in the runner's process (once
+opens the evaluator through `rl.kernel.evaluator.get_evaluator` in the runner's process (once
 per process). An extra `"evaluator": <key>` names an evaluator registered in this process with
 `register_evaluator`: used when the key is known here (`num_env_runners=0`: the env steps in
 the driver and shares its evaluator, tables and `seen` configs), ignored elsewhere.
@@ -33,10 +33,10 @@ import gymnasium as gym
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.tuner.evaluator import TunerEvaluator, get_evaluator
+from rl.kernel.evaluator import TunerEvaluator, get_evaluator
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace, is_conversational
 from rl.tuner.features import StateTracker
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace, is_conversational
 
 ENV_NAME = "ragpilot-tuner"
 """The name RLlib builds a TunerEnv by (`register_tuner_env`)."""

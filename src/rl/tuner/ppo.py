@@ -9,9 +9,9 @@ runner, or with `ppo.num_env_runners` remote env runners on any node of the clus
 building its env from `rl.tuner.env.env_spec` (RLlib sized by `rl.common.rllib.ppo_config`),
 and runs `num_epochs` of minibatch SGD:
 clip 0.2, an entropy bonus, γ/GAE λ 0.99/0.95 in delta mode and 0/0 in absolute mode, the KL
-penalty optional, all from `configs/rl/policy.defaults.yaml` (which records why those values). The categorical heads (variant, k,
+penalty optional, all from `configs/rl/tuner.yaml` (which records why those values). The categorical heads (variant, k,
 rerank, prompt, and the space's extra Discrete heads) and the Gaussian Box heads (fusion weight,
-and mmr_lambda / rerank_mix / abstain_threshold where the space has them: `rl.tuner.actions`)
+and mmr_lambda / rerank_mix / abstain_threshold where the space has them: `rl.kernel.actions`)
 share one MLP torso (RLlib's default module for a Dict action space).
 
 The *greedy config* of a run is the deterministic action from the reset state, rolled for one
@@ -42,6 +42,8 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.common.rllib import ppo_config, steps_per_iteration
 from rl.common.runtime import init_ray
+from rl.kernel.evaluator import TunerEvaluator
+from rl.kernel.settings import TunerSettings
 from rl.tuner.env import (
     TunerEnv,
     env_spec,
@@ -50,9 +52,7 @@ from rl.tuner.env import (
     register_tuner_env,
     step_records,
 )
-from rl.tuner.evaluator import TunerEvaluator
 from rl.tuner.results import TuneResult, curve_from_history, incumbent
-from rl.tuner.settings import TunerSettings
 
 
 class PPOTuner:

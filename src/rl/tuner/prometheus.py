@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from rl.tuner.reward import HARD_GATES, gate_verdicts
+from rl.kernel.reward import HARD_GATES, gate_verdicts
 
 PREFIX = "ragpilot_tuner"
 VARIANTS = ("bm25", "dense", "hybrid", "graph")

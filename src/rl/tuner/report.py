@@ -5,7 +5,7 @@ How a holdout comparison stays statistically sound (`compare`). The reward of a 
 split is r = C − λ·P with
     C = αF + βR − γ·min(p95/T, 2) − δ·min(cost/C_ref, 2)      (the continuous part)
     P = [F < θ_F] + [R < θ_R] + [p95 > T] + 0.5·[se > band] + w_pii·L    (the penalty)
-(`rl.tuner.reward.RewardSpec`, the one definition; L = mean PII leaks per query, 0 unless the
+(`rl.kernel.reward.RewardSpec`, the one definition; L = mean PII leaks per query, 0 unless the
 table has a `pii_leaks` column).
 C is built from means, a quantile and saturating clips: smooth (or Lipschitz) functions of the
 query sample, for which the percentile bootstrap is consistent. P is a sum of step functions; a
@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
+from rl.kernel.evaluator import QueryTable, TunerEvaluator
+from rl.kernel.reward import PII_COLUMN
 from rl.stats.bootstrap import bootstrap_statistic
-from rl.tuner.evaluator import QueryTable, TunerEvaluator
-from rl.tuner.reward import PII_COLUMN
 
 GATES = ("faithfulness", "relevancy", "p95_latency_ms", "stable")
 

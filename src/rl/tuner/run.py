@@ -14,7 +14,7 @@ tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
         summary.csv of the chosen config on the holdout split), optionally checkpoint/ (PPO)
         and an MLflow run in experiment `rl_autotuner`;
     evaluate_request(request) -> dict
-        `rl.tuner.evaluator.evaluate(config, dataset, split, batch_size, seed)` as JSON.
+        `rl.kernel.evaluator.evaluate(config, dataset, split, batch_size, seed)` as JSON.
 
 Budget: `unit="steps"` counts every evaluation (one config on one batch); `"configs"` counts
 distinct configs (a revisit reads the cached table); `"queries"` (TUNE_METHODS, the searches on
@@ -150,7 +150,7 @@ def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = 
     check(method, budget, unit, resume=resume, checkpoint=checkpoint_dir is not None)
     unit = unit or default_unit(method)
     if method in TUNE_METHODS:
-        from rl.tuner.space import ConfigSpace
+        from rl.kernel.space import ConfigSpace
         from rl.tuner.tune_search import tune_search
 
         found = tune_search(ev, ConfigSpace(ev.policy), method=method.removeprefix("tune-"),
@@ -249,7 +249,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData, run_directory
-    from rl.tuner.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import TunerEvaluator
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
@@ -321,7 +321,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                "wall_s": res.wall_s,
                "best_config_hash": best.config_hash, "valid": valid.to_dict(),
                "holdout": test.to_dict(),
-               # the latency prices every reward of this run used (rl.tuner.cost_model)
+               # the latency prices every reward of this run used (rl.kernel.cost_model)
                "cost_model": ev.cost_model.to_dict()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     curve_png = plot_run_curve([float(s["reward"]) for s in steps],
@@ -348,8 +348,8 @@ def evaluate_request(request: dict[str, Any]) -> dict[str, Any]:
     """A tuner evaluation job (`POST /tuner/evaluate`): `request` holds config (a RAGConfig
     mapping), dataset (default synthetic), split, batch_size, seed (default 0),
     allow_missing_gold (default false) -> the EvaluationReport of
-    `rl.tuner.evaluator.evaluate` as JSON."""
-    from rl.tuner.evaluator import evaluate
+    `rl.kernel.evaluator.evaluate` as JSON."""
+    from rl.kernel.evaluator import evaluate
 
     allow = bool(request.get("allow_missing_gold", False))
     report = evaluate(request["config"], dataset=request.get("dataset", "synthetic"),

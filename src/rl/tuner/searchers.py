@@ -32,7 +32,7 @@ from ray.tune.search.sample import Categorical, Integer
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.tuner.reward import HARD_GATES, UNSTABLE_PENALTY
+from rl.kernel.reward import HARD_GATES, UNSTABLE_PENALTY
 
 SEARCH_METRIC = "score"
 """What searchers and schedulers rank trials by (`search_score`); incumbents are still chosen by

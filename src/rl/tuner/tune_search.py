@@ -69,9 +69,9 @@ from ray.tune import Callback, Stopper
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rl.kernel.reward import HARD_GATES
 from rl.tuner.fidelity import rung_indices, rungs_for
 from rl.tuner.results import Incumbent, TuneResult
-from rl.tuner.reward import HARD_GATES
 from rl.tuner.searchers import SEARCH_METRIC, search_score
 
 METHODS = ("tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt", "random", "grid")
@@ -129,9 +129,9 @@ def open_evaluator(spec: EvaluatorSpec) -> tuple[Any, Any]:
     with _OPEN_LOCK:
         if spec not in _OPEN:
             from rl.common.data import TuningData
-            from rl.tuner.evaluator import TunerEvaluator
-            from rl.tuner.settings import TunerSettings
-            from rl.tuner.space import ConfigSpace
+            from rl.kernel.evaluator import TunerEvaluator
+            from rl.kernel.settings import TunerSettings
+            from rl.kernel.space import ConfigSpace
 
             policy = TunerSettings.from_dict(json.loads(spec.policy))
             ev = TunerEvaluator(TuningData.open(spec.dataset, run_dir=spec.run_dir), policy,
@@ -164,7 +164,7 @@ def trial_metrics(rep: Any, spec: Any, rung: int, full: bool) -> dict[str, Any]:
 def relative_violations(rep: Any, t: Any) -> dict[str, float]:
     """Each hard gate's violation relative to its threshold (<= 0 passes; 0.1 = 10% short of a
     floor or over a ceiling; NaN -> 1): what `EvalReport.violations` holds where the evaluator
-    computes it (`rl.tuner.reward.Gate.violation`)."""
+    computes it (`rl.kernel.reward.Gate.violation`)."""
     out = {}
     for name, floor in (("faithfulness", True), ("relevancy", True), ("p95_latency_ms", False)):
         th, v = float(getattr(t, name)), float(getattr(rep, name))

@@ -9,6 +9,7 @@ into exit code 2.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,10 +86,31 @@ def rag_config(path: str | None, overrides: list[str] | None):
     return with_sets(RAGConfig.from_yaml(path) if path else RAGConfig(), overrides)
 
 
-def tuner_settings(path: str | None):
-    """The tuner settings of `--policy PATH` (default configs/rl/policy.defaults.yaml)."""
-    from rl.tuner.settings import TunerSettings
+def add_settings_argument(parser, help: str = "tuner settings YAML (reward, gates, datasets, "
+                                              "base config; default configs/rl/tuner.yaml)") -> None:
+    """`--settings PATH`: the tuner settings file. `--policy` is its old name, accepted for one
+    release with a one-line deprecation notice (`tuner_settings`)."""
+    parser.add_argument("--settings", help=help)
+    parser.add_argument("--policy", dest="legacy_settings", help=argparse.SUPPRESS)
 
+
+def tuner_settings(args_or_path):
+    """The tuner settings of `--settings PATH` (default configs/rl/tuner.yaml). Takes the parsed
+    arguments (reads `settings`, and the deprecated `--policy` with a notice on stderr) or a
+    path (None: the defaults)."""
+    from rl.kernel.settings import TunerSettings
+
+    path = args_or_path
+    if isinstance(args_or_path, argparse.Namespace):
+        path = args_or_path.settings
+        legacy = getattr(args_or_path, "legacy_settings", None)
+        if legacy:
+            if path:
+                raise ConfigError("--policy", "give the settings file once: --settings "
+                                              "(--policy is its deprecated name)")
+            print("deprecated: --policy names the tuner settings file; use --settings "
+                  "(--policy will be removed in the next release)", file=sys.stderr)
+            path = legacy
     return TunerSettings.from_yaml(path) if path else TunerSettings.defaults()
 
 

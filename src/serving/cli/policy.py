@@ -1,8 +1,8 @@
 """`ragpilot policy train`: the shipped per-query policy (the supervised router over the config
-portfolio, `rl.policy.train`) trained on a dataset, checked on its holdout split against the
+portfolio, `rl.routing.train`) trained on a dataset, checked on its holdout split against the
 best static config and the static default, and saved as a directory the Serve app serves.
 `--learner ppo` trains issue 19's residual PPO policy over that router instead
-(`rl.policy.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it against the router,
+(`rl.routing.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it against the router,
 best static and the default.
 
     ragpilot policy train --dataset hotpotqa --out runs/policy/hotpotqa [--max-train 250]
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
-from serving.cli.common import flags, tuner_settings
+from serving.cli.common import add_settings_argument, flags, tuner_settings
 
 FLAGS = {"extra": "--add-config", "dataset": "--dataset", "out": "--out",
          "max_train": "--max-train", "seeds": "--ppo-seeds", "iters": "--ppo-iters",
@@ -47,14 +47,14 @@ def _extra(specs: list[str] | None):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rl.policy.train import train_router_policy
+    from rl.routing.train import train_router_policy
 
     if args.max_train is not None and args.max_train < 2:
         raise ConfigError("--max-train", "must be >= 2")
     if args.seed < 0:  # numpy's generators take no negative seed
         raise ConfigError("--seed", "must be >= 0")
     extra = _extra(args.add_config)
-    settings = tuner_settings(args.policy)
+    settings = tuner_settings(args)
     if args.learner == "ppo":
         run = _train_ppo(args, settings, extra)
     else:
@@ -97,8 +97,8 @@ def _stderr(message: str) -> None:
 
 
 def _train_ppo(args: argparse.Namespace, settings, extra):
-    from rl.policy.settings import PPOPolicySettings
-    from rl.policy.train_ppo import train_ppo_policy
+    from rl.routing.settings import PPOPolicySettings
+    from rl.routing.train_ppo import train_ppo_policy
 
     if args.equal_cost:
         raise ConfigError("--equal-cost", "--learner ppo always holds the policy and the "
@@ -129,8 +129,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--out", default="runs/policy",
                    help="policy directory: policy.json, model.pkl, report.json/.md and "
                         "serve.yaml (ragpilot serve --config it)")
-    s.add_argument("--policy", help="tuner policy YAML (reward, base config; "
-                                    "configs/rl/policy.defaults.yaml)")
+    add_settings_argument(s)
     s.add_argument("--add-config", action="append", metavar="NAME=PATH",
                    help="one more arm: a rag: YAML (e.g. ragpilot tune's best_config.yaml)")
     s.add_argument("--max-train", type=int,
@@ -144,8 +143,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--learner", choices=("router", "ppo"), default="router",
                    help="router: the supervised router (default, the shipped policy); ppo: a "
-                        "residual RLlib PPO policy over that router (rl.policy.train_ppo)")
-    s.add_argument("--ppo-config", help="PPO policy YAML (configs/policy/ppo.yaml)")
+                        "residual RLlib PPO policy over that router (rl.routing.train_ppo)")
+    s.add_argument("--ppo-config", help="PPO policy YAML (configs/routing/ppo.yaml)")
     s.add_argument("--ppo-seeds", type=int,
                    help="train this many of the config's seeds (default all), keep the best "
                         "on valid")

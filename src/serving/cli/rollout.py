@@ -34,7 +34,7 @@ from typing import Any
 
 from rl.promotion import service
 from rl.promotion.service import DEFAULT_DIR, RolloutClosed
-from serving.cli.common import flags
+from serving.cli.common import add_settings_argument, flags, tuner_settings
 
 # library field -> the flag a user typed
 FLAGS = {"candidate": "--candidate", "stable": "--stable", "manifest": "--manifest",
@@ -149,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         rep = service.replay_report(
             args.log, args.candidate, _state_dir(args), stable=args.stable, index=args.index,
             dataset=args.dataset, relevancy=args.relevancy, limit=args.limit,
-            config=args.config, policy=args.policy, pii_penalty=args.pii_penalty,
+            config=args.config, tuner_settings=tuner_settings(args), pii_penalty=args.pii_penalty,
             leak_counter=_leak_count)
     out = Path(args.out) if args.out else _state_dir(args) / "replay_report.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--reward-key", help="take the reward from scores[KEY] (shadow rows)")
     s.add_argument("--pii-penalty", type=float, default=None, metavar="W",
                    help="reward lost per PII leak of a row's answer (default 1.0, "
-                        "rl.tuner.reward.PII_LEAK_WEIGHT; 0: off)")
+                        "rl.kernel.reward.PII_LEAK_WEIGHT; 0: off)")
     s.set_defaults(func=cmd_advance)
 
     s = rs.add_parser("replay", help="offline evidence: replay the logged stable requests "
@@ -217,8 +217,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--limit", type=int, help="replay only the newest N replayable rows")
     s.add_argument("--config", help="rollout policy YAML for the gates and SLO (default: the "
                                     "active rollout's, else configs/rl/rollout.yaml)")
-    s.add_argument("--policy", help="tuner policy YAML for the reward weights (default "
-                                    "configs/rl/policy.defaults.yaml)")
+    add_settings_argument(s, "tuner settings YAML for the reward weights (default "
+                             "configs/rl/tuner.yaml)")
     s.add_argument("--pii-penalty", type=float, default=None, metavar="W",
                    help="reward lost per PII leak of an answer (default 1.0; 0: off)")
     s.add_argument("--out", help="report JSON (default <state-dir>/replay_report.json)")

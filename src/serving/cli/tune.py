@@ -1,6 +1,6 @@
 """`ragpilot tune`, `ragpilot report` and `ragpilot tuner-eval`: the tuner from the shell.
 `tune` is `rl.tuner.run.run_tuning` (the one tuning run); `tuner-eval` is
-`rl.tuner.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
+`rl.kernel.evaluator.evaluate`; `report` reads a tune run's directory (rl.tuner.report).
 
     ragpilot tune --dataset hotpotqa --out runs/tune-hotpot   # local-asha, 20 valid splits
                                                               # of query-evaluations
@@ -44,6 +44,7 @@ from rl.tuner.run import BUDGET_UNITS, DEFAULT_METHOD, METHODS
 from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import (
     add_set_argument,
+    add_settings_argument,
     flags,
     output_file,
     port_number,
@@ -64,7 +65,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.metrics_textfile:
         output_file(args.metrics_textfile, "--metrics-textfile", ".prom")
     cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
-    settings = tuner_settings(args.policy)
+    settings = tuner_settings(args)
     if "ray_address" in cluster and args.method not in TUNE_METHODS:
         if args.method != "ppo":
             raise ConfigError("--ray-address", f"--method {args.method} runs in this process; "
@@ -104,9 +105,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def gate_failures(report, thresholds) -> list[str]:
-    """The hard gates (`rl.tuner.reward.hard_gates` of `thresholds`) an EvalReport fails, each
+    """The hard gates (`rl.kernel.reward.hard_gates` of `thresholds`) an EvalReport fails, each
     as "name value < threshold" (a floor) or "name value > threshold" (a ceiling)."""
-    from rl.tuner.reward import hard_gates
+    from rl.kernel.reward import hard_gates
 
     out = []
     for g in hard_gates(thresholds):
@@ -123,7 +124,7 @@ def _serve_next(run, settings) -> None:
     commands that serve and promote it; nothing to serve when the tuned config is the default,
     and nothing when it fails a hard gate on the holdout split (a config is never promoted
     when one fails: the search met the gate on the tune split only)."""
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.space import ConfigSpace
     from serving.serve_yaml import SERVE_FILE, tuned_args, write_serve_yaml
 
     default = ConfigSpace(settings).base
@@ -178,14 +179,14 @@ def _run_summary(run: Path) -> tuple[dict, list[float]]:
 def cmd_report(args: argparse.Namespace) -> int:
     from rag.config import RAGConfig
     from rl.common.data import TuningData
+    from rl.kernel.evaluator import TunerEvaluator
+    from rl.kernel.space import ConfigSpace
     from rl.tuner.baselines import grid_search
-    from rl.tuner.evaluator import TunerEvaluator
     from rl.tuner.report import compare, plot_pareto, plot_run_curve, power_plan
-    from rl.tuner.space import ConfigSpace
 
     run = Path(args.run)
     summary, rewards = _run_summary(run)
-    policy = tuner_settings(args.policy)
+    policy = tuner_settings(args)
     # the run's own split.json (data without a committed manifest) is the split it reports on
     ev = TunerEvaluator(TuningData.open(summary["dataset"], run_dir=run), policy)
     best = RAGConfig.from_yaml(run / "best_config.yaml")
@@ -270,10 +271,10 @@ def _split_line(ev) -> str:
 
 
 def cmd_tuner_eval(args: argparse.Namespace) -> int:
-    from rl.tuner.evaluator import evaluate
+    from rl.kernel.evaluator import evaluate
 
     cfg = rag_config(args.config, args.set)
-    rep = evaluate(cfg, args.dataset, args.split, tuner_settings(args.policy), args.batch_size,
+    rep = evaluate(cfg, args.dataset, args.split, tuner_settings(args), args.batch_size,
                    args.seed, allow_missing_gold=args.allow_missing_gold)
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -292,7 +293,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--cold-start", action="store_true",
                    help="optuna and the Ray Tune searches: do not evaluate the static default "
                         "as the first trial")
-    s.add_argument("--policy", help="policy YAML (configs/rl/policy.defaults.yaml)")
+    add_settings_argument(s)
     s.add_argument("--budget", type=int,
                    help="evaluations (default 5 PPO iterations; Ray Tune searches: "
                         "query-evaluations, default 20 x the tune split)")
@@ -324,10 +325,10 @@ def add_parsers(sub) -> None:
 
     s = sub.add_parser("report", help="holdout comparison, CIs and Pareto plots of a tune run")
     s.add_argument("--run", required=True)
-    s.add_argument("--policy")
+    add_settings_argument(s)
     s.add_argument("--grid", action="store_true",
                    help="also evaluate the exhaustive grid (a space of at most 20,000 configs: "
-                        "pin heads in the --policy file; the default space has millions)")
+                        "pin heads in the --settings file; the default space has millions)")
     s.add_argument("--no-mlflow", action="store_true",
                    help="do not add the plots to the tune run's MLflow run")
     s.set_defaults(func=cmd_report)
@@ -337,7 +338,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--split")
     s.add_argument("--config", help="YAML with a `rag:` mapping (configs/rag/default.yaml)")
     add_set_argument(s)
-    s.add_argument("--policy")
+    add_settings_argument(s)
     s.add_argument("--batch-size", type=int)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--allow-missing-gold", action="store_true",

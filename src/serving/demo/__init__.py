@@ -113,8 +113,8 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
     when its valid reward is higher. `warm_start`: the searcher's first trial is the default
     config (so "tuned" never did worse than it on the tuning batches; when nothing beats it,
     there is nothing to roll out and serve/promotion are skipped)."""
-    from rl.tuner.settings import TunerSettings
-    from rl.tuner.space import ConfigSpace
+    from rl.kernel.settings import TunerSettings
+    from rl.kernel.space import ConfigSpace
     from serving.demo import live, offline
     from serving.demo.html import write_report
     from serving.serve_yaml import changed_keys
@@ -253,7 +253,7 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
         console.print(f"  Prometheus: {url}/metrics   API docs: {url}/docs", soft_wrap=True)
         users = live.SimulatedUsers(url, data.examples(ev.slice.holdout_split), seed,
                                     n_users=budget.users)
-        from rl.tuner.reward import RewardSpec
+        from rl.kernel.reward import RewardSpec
 
         spec = RewardSpec.from_settings(ev.policy, ev.thresholds)
         loop = live.PromotionLoop(out / "rollout", url, key,

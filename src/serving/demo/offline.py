@@ -1,7 +1,7 @@
 """The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
 tune (`rl.tuner.run.run_tuning` with the project's default searcher, `local-asha`: local
 search on Ray Tune with ASHA over fidelity rungs, on a budget of query-evaluations), the per-query router
-(`rl.policy.train`: the shipped per-query policy over a config portfolio plus the tuned config), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
+(`rl.routing.train`: the shipped per-query policy over a config portfolio plus the tuned config), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
 quality and cost apart, Pareto and reward-curve PNGs).
 
 Nothing here prints; the orchestrator (`serving.demo`) shows progress and results.
@@ -60,14 +60,14 @@ def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
 
 
 def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
-    """The shipped per-query policy (`rl.policy.train.train_router_policy`): the supervised
+    """The shipped per-query policy (`rl.routing.train.train_router_policy`): the supervised
     router over the 30-config portfolio plus the tuned config (arm "tuned" unless the
     portfolio has it), chosen by grouped cross-validation over the valid split (its two
     halves are the router's train and valid roles; `select_router_cv`), compared on
     the holdout with the tuned config, the best static arm and the default; a servable policy
     directory and report.md under `out`. The RouterRun."""
-    from rl.policy.portfolio import portfolio
-    from rl.policy.train import train_router_policy
+    from rl.routing.portfolio import portfolio
+    from rl.routing.train import train_router_policy
 
     known = {c.config_hash: n for n, c in portfolio(settings)}
     name = known.get(tuned.config_hash, "tuned")

@@ -1,11 +1,11 @@
-"""MLflow metrics of one per-query PPO policy training run (`rl.policy.ppo_policy`): its
+"""MLflow metrics of one per-query PPO policy training run (`rl.routing.ppo_policy`): its
 parameters, one step of `charts/*` per iteration, and the chosen checkpoint as `best/*`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rl.policy.settings import PPOPolicySettings
+from rl.routing.settings import PPOPolicySettings
 
 
 class PolicyRunLog:

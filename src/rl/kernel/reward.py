@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rl.tuner.settings import RewardWeights, Thresholds
+from rl.kernel.settings import RewardWeights, Thresholds
 
 PII_LEAK_WEIGHT = 1.0
 """Penalty units per PII leak (per query on average for a batch; per interaction for one row)."""

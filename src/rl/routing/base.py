@@ -1,7 +1,7 @@
 """What any per-query config policy offers the bench, the OPE code and the Serve app.
 
 A per-query policy chooses one of a fixed list of configs ("arms") per question, from the
-question's features (`rl.policy.features.QueryFeaturizer`, shape (n, N_FEATURES)):
+question's features (`rl.routing.features.QueryFeaturizer`, shape (n, N_FEATURES)):
 
     class PerQueryPolicy(Protocol):
         arms: Sequence[RAGConfig]             # the portfolio, arm j = arms[j]
@@ -9,7 +9,7 @@ question's features (`rl.policy.features.QueryFeaturizer`, shape (n, N_FEATURES)
         def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
 
 Implementations: `RouterPolicy` (the supervised router, B3, greedy: one-hot probs),
-`rl.policy.bandit.LinUCBPolicy` (B4) and `rl.policy.ppo_serving.PPOPortfolioPolicy` (issue 19's
+`rl.routing.bandit.LinUCBPolicy` (B4) and `rl.routing.ppo_serving.PPOPortfolioPolicy` (issue 19's
 PPO policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
 on reference queries plus, for a residual policy, its base router's portfolio).
 `Exploring(policy, epsilon)` is the ε-mixture every *served* policy
@@ -113,11 +113,11 @@ def sample_arms(probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray
 
 @dataclass
 class RouterPolicy:
-    """`rl.policy.router.SupervisedRouter` as a `PerQueryPolicy`: greedy, one-hot probs of
+    """`rl.routing.router.SupervisedRouter` as a `PerQueryPolicy`: greedy, one-hot probs of
     the router's choice (`router.choose(X)`: argmax of predicted reward − its fitted token
     price × the arm's mean tokens, or its static arm where that gains no more than its
     margin). Predictions run on the router's trees packed by
-    `rl.policy.fast_trees.PackedTrees` (the same numbers, well under a millisecond per
+    `rl.routing.fast_trees.PackedTrees` (the same numbers, well under a millisecond per
     request instead of sklearn's per-model call overhead)."""
 
     router: Any
@@ -131,7 +131,7 @@ class RouterPolicy:
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The router's predicted reward per arm (n, M), as `router.predict(X)`."""
-        from rl.policy.fast_trees import PackedTrees
+        from rl.routing.fast_trees import PackedTrees
 
         r = self.router
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
@@ -147,7 +147,7 @@ class RouterPolicy:
         return (1.0 - s) * r.arm_mean[None, :] + s * raw
 
     def act(self, X: np.ndarray) -> np.ndarray:
-        from rl.policy.router import decide
+        from rl.routing.router import decide
 
         r = self.router
         return decide(self.predict(X), r.token_price, r.arm_tokens, r.margin, r.static_arm)

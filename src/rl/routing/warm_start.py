@@ -21,7 +21,7 @@ checks that the cloned module's greedy configs equal the targets on a toy world.
 
 The module is then handed to RLlib the documented way (`RLModule.save_to_path`, then
 `Algorithm.restore_from_path(..., component=MODULE_COMPONENT)`, which also syncs the env
-runners): `rl.policy.ppo_policy.PerQueryPPO.train`.
+runners): `rl.routing.ppo_policy.PerQueryPPO.train`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.policy.heads import HeadLayout
-from rl.policy.selection import better_on_valid
-from rl.policy.settings import WarmStartSettings
+from rl.routing.heads import HeadLayout
+from rl.routing.selection import better_on_valid
+from rl.routing.settings import WarmStartSettings
 
 MODULE_COMPONENT = "learner_group/learner/rl_module/default_policy"
 """Where `Algorithm.restore_from_path` puts a single-agent module's state."""

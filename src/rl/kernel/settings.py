@@ -1,10 +1,10 @@
 """The tuner's policy configuration: what it may change, what it must not break, what it wants.
 
-`configs/rl/policy.defaults.yaml` documents every key; `TunerSettings.from_yaml` validates a file
+`configs/rl/tuner.yaml` documents every key; `TunerSettings.from_yaml` validates a file
 at load time and names the offending key (`policy.bounds.k.min: ...`). A file only needs the
 keys it changes: everything else takes the documented default.
 
-The heads of the config space (`rl.tuner.space.ConfigSpace`; the defaults hold > 10^6 distinct
+The heads of the config space (`rl.kernel.space.ConfigSpace`; the defaults hold > 10^6 distinct
 configs). A head acts only where noted; elsewhere it is canonicalised so equal configs hash equal.
 A head is pinned by listing one value (Discrete) or by min == max (Box).
     variant       Discrete over `discrete.variant` labels: a retriever name (bm25, dense, hybrid,
@@ -50,7 +50,7 @@ from rl.common.ppo_settings import TUNER_PPO, PPOSettings
 RETRIEVERS = ("bm25", "dense", "hybrid", "graph")
 LEGACY_K_GRID = (3, 4, 5, 6, 8, 12, 16, 24, 32)
 """The k grid of the space before issue 18 (`TunerSettings.with_legacy_space`)."""
-DEFAULTS_PATH = default_config("rl/policy.defaults.yaml")
+DEFAULTS_PATH = default_config("rl/tuner.yaml")
 """The documented defaults, shipped in the wheel (`rag.resources`)."""
 
 

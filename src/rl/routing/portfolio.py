@@ -1,7 +1,7 @@
 """The fixed portfolio of configs a per-query router chooses among ("arms"), and what
 `bench/headroom.py` measures the per-query headroom over: the static default plus 29 configs
 spread over retriever, k, fusion weight and normalisation, MMR, cosine rerank and the two
-prompts, each made from the policy's base config (`rl.tuner.settings.TunerSettings`).
+prompts, each made from the policy's base config (`rl.kernel.settings.TunerSettings`).
 
     portfolio(settings) -> [(name, RAGConfig), ...]     # arm 0 is the static default
     with_formulations(arms, ("last_two_user", "all_user"))   # + each arm per formulation
@@ -10,7 +10,7 @@ On conversational data a router also chooses how the turn's retrieval query is f
 `with_formulations` adds each non-abstaining arm again with every other query formulation
 (`<name>@<formulation>`; 31 -> 85 arms with the search's best-known config left out, as in
 the design study `bench/router_formulation.py`). It pays only with the formulation views in
-the features (`rl.policy.features.conversation_views`).
+the features (`rl.routing.features.conversation_views`).
 """
 
 from __future__ import annotations

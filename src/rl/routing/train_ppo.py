@@ -1,5 +1,5 @@
 """Train issue 19's per-query PPO policy on a dataset and save it as a policy directory the Serve
-app serves: `ragpilot policy train --learner ppo` (the router alone is `rl.policy.train`).
+app serves: `ragpilot policy train --learner ppo` (the router alone is `rl.routing.train`).
 
     run = train_ppo_policy("synthetic", TunerSettings.defaults(), PPOPolicySettings.load(),
                            "runs/policy/synthetic-ppo", seeds=3)
@@ -7,7 +7,7 @@ app serves: `ragpilot policy train --learner ppo` (the router alone is `rl.polic
     run.verdict     # "ppo-policy", "supervised-router" or "best-static" (module docstring)
 
 The policy is the design `bench/policy.py` reports (`--ppo-base router`): a residual policy
-over the supervised router. Everything up to the router is `rl.policy.train`'s (`prepare`: the
+over the supervised router. Everything up to the router is `rl.routing.train`'s (`prepare`: the
 roles, the portfolio, the lazy per-(config, query) rows and the features; `fit_router`: the
 router chosen by grouped cross-validation over train ∪ valid). Then:
 
@@ -15,11 +15,11 @@ router chosen by grouped cross-validation over train ∪ valid). Then:
   (`fit_token_price` on the valid queries' out-of-fold predictions: the
   `supervised-router-equal-cost` baseline);
 - PPO's observation is the query features followed by the router's view of the query
-  (`rl.policy.router.stacked`: out of fold on train ∪ valid, where the router was fitted:
+  (`rl.routing.router.stacked`: out of fold on train ∪ valid, where the router was fitted:
   the cross-validation's own folds, so the defer start spends on valid what the price
   allows);
   a `defer` head hands a query to the router's pick, the other heads pick a config from the
-  whole space (`configs/policy/ppo.yaml`), under the PPO-Lagrangian token constraint;
+  whole space (`configs/routing/ppo.yaml`), under the PPO-Lagrangian token constraint;
 - each seed starts from the better on valid of two behaviour-cloned starts (defer everywhere,
   the best static config), trains on train and keeps its checkpoint best on valid
   (`PerQueryPPO.train`); the seed best on valid (`better_on_valid`) is the policy;
@@ -27,7 +27,7 @@ router chosen by grouped cross-validation over train ∪ valid). Then:
   on train ∪ valid and the router's arms: a holdout query whose greedy config is not an arm
   gets PPO's most probable arm, counted as `test_off_list`), and the holdout is read once: the
   served picks' per-query reward, quality and tokens against the router, best static and the
-  default (paired bootstrap 95% CIs, `rl.policy.train.system_rows`).
+  default (paired bootstrap 95% CIs, `rl.routing.train.system_rows`).
 
 Checkpoints and resume: each seed checkpoints every iteration under `ppo/seed<s>/checkpoints`
 (`PerQueryPPO.train`); with `resume` the router (`ppo/router.pkl`) and every finished seed
@@ -63,7 +63,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.train import (
+from rl.routing.train import (
     RouterRun,
     counts_of,
     delta_rows,
@@ -125,19 +125,19 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
     with the tuner `settings` (reward, base config, space) and the PPO settings `ppo`
     (`PPOPolicySettings`); `seeds`: how many of `ppo.train.seeds` to train (default all),
     `iters`: PPO iterations per seed (default `ppo.train.iters`); a value below 1 is a
-    ConfigError naming it. `seed`, `max_train`, `extra`: as `rl.policy.train.prepare`;
+    ConfigError naming it. `seed`, `max_train`, `extra`: as `rl.routing.train.prepare`;
     `resume`, `tracking_uri`: module docstring; `overwrite`: as `train_router_policy` (a
     resumed run, one with a record under `out`/ppo, replaces its own policy)."""
-    from rl.policy.base import save_policy
-    from rl.policy.heads import HeadLayout
-    from rl.policy.ppo_policy import PerQueryPPO
-    from rl.policy.ppo_serving import PPOPortfolioPolicy, ResidualBase
-    from rl.policy.router import CV_FOLDS, stacked
-    from rl.policy.selection import better_on_valid
-    from rl.policy.warm_start import WarmStart
-    from rl.policy.worlds import EvaluatorWorld
+    from rl.kernel.space import is_conversational
+    from rl.routing.base import save_policy
+    from rl.routing.heads import HeadLayout
+    from rl.routing.ppo_policy import PerQueryPPO
+    from rl.routing.ppo_serving import PPOPortfolioPolicy, ResidualBase
+    from rl.routing.router import CV_FOLDS, stacked
+    from rl.routing.selection import better_on_valid
+    from rl.routing.warm_start import WarmStart
+    from rl.routing.worlds import EvaluatorWorld
     from rl.stats.headroom import best_static, pick
-    from rl.tuner.space import is_conversational
 
     all_seeds = list(ppo.train.seeds)
     if seeds is not None and not 1 <= seeds <= len(all_seeds):

@@ -1,5 +1,5 @@
 """Train the shipped per-query policy on a dataset: the supervised router (issue 19's B3,
-`rl.policy.router`) over the config portfolio (`rl.policy.portfolio`, plus any configs given),
+`rl.routing.router`) over the config portfolio (`rl.routing.portfolio`, plus any configs given),
 checked on the holdout split against the best static config and the static default, and
 saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.policy_router`).
 
@@ -24,7 +24,7 @@ Rewards are the tuner's per-query rewards (`TunerEvaluator.per_query_reward`: qu
 and token cost, no batch gates), quality = αF + βR of the evaluator's F and R, cost = tokens;
 every (config, query) row comes from the evaluator's lazy per-query cache, so a second run on
 the same data computes nothing. The directory holds `policy.json` + `model.pkl`
-(`rl.policy.base.save_policy`, ε = `MIN_EPSILON`) and `report.json` / `report.md`.
+(`rl.routing.base.save_policy`, ε = `MIN_EPSILON`) and `report.json` / `report.md`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def claim_policy_directory(out: Path, overwrite: bool, resumable: bool = False) 
     `out`): a serve.yaml or a rollout may point at it. `overwrite` removes POLICY_RUN_FILES
     first; `resumable` (a PPO run's record under `out`/ppo with resume asked) keeps them."""
     from rl.common.data import claim_directory
-    from rl.policy.base import POLICY_FILE
+    from rl.routing.base import POLICY_FILE
 
     if not resumable:
         claim_directory(out, POLICY_FILE, "a trained policy", POLICY_RUN_FILES, overwrite)
@@ -133,7 +133,7 @@ class RouterRun:
     warnings: list[str] = field(default_factory=list)
     """Counted, not fatal: e.g. too few queries to learn a per-query choice from."""
     ppo: dict[str, Any] | None = None
-    """The PPO learner's record (`rl.policy.train_ppo`), None for the router alone."""
+    """The PPO learner's record (`rl.routing.train_ppo`), None for the router alone."""
     reason: str = ""
     """Why the verdict, from the rows it rests on (the PPO learner's; "" for the router's)."""
 
@@ -258,10 +258,10 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
     `log`: one line per stage (and progress while rows are computed), None for silence.
     `overwrite`, `resumable`: `claim_policy_directory`, done once the arguments are checked."""
     from rl.common.data import TuningData, run_directory
-    from rl.policy.features import QueryFeaturizer, conversation_views
-    from rl.policy.portfolio import portfolio, with_formulations
-    from rl.policy.router import CV_FOLDS
-    from rl.tuner.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import TunerEvaluator
+    from rl.routing.features import QueryFeaturizer, conversation_views
+    from rl.routing.portfolio import portfolio, with_formulations
+    from rl.routing.router import CV_FOLDS
 
     say = log or (lambda _m: None)
     out = Path(out)
@@ -339,7 +339,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
 def fit_router(prep: Prepared, seed: int = 0, log: Log | None = None) -> tuple[Any, Any]:
     """The router chosen by grouped cross-validation over train ∪ valid and refitted on both
     (`select_router_cv`), and the selection record."""
-    from rl.policy.router import (
+    from rl.routing.router import (
         CV_FOLDS,
         CV_MARGINS,
         PARAM_GRID,
@@ -365,7 +365,7 @@ def tv_oof(prep: Prepared, router: Any, sel: Any, seed: int = 0) -> np.ndarray:
     train ∪ valid in that order (`sel.oof`; recomputed with the same folds for a selection
     pickled before `Selection.oof` existed). Every equal-cost price is fitted on the valid
     rows of these: on them the refitted router's own predictions are in-sample."""
-    from rl.policy.router import CV_FOLDS, arm_features, out_of_fold_scores
+    from rl.routing.router import CV_FOLDS, arm_features, out_of_fold_scores
 
     oof = getattr(sel, "oof", None)
     if oof is None:
@@ -389,7 +389,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`.
     `log`: a line per stage (`prepare`), None for silence. An `out` that holds a trained
     policy is a ConfigError naming `out` unless `overwrite` (`claim_policy_directory`)."""
-    from rl.policy.base import MIN_EPSILON, RouterPolicy, save_policy
+    from rl.routing.base import MIN_EPSILON, RouterPolicy, save_policy
     from rl.stats.headroom import best_static, pick
 
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
@@ -460,7 +460,7 @@ def markdown(run: RouterRun, dataset: str) -> str:
     params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items())
     title = "PPO policy" if run.ppo is not None else "router policy"
     lines = [f"# Per-query {title}: {dataset}", "",
-             f"Arms: {len(run.names)} configs (`rl.policy.portfolio` + given). Queries: "
+             f"Arms: {len(run.names)} configs (`rl.routing.portfolio` + given). Queries: "
              + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "
              f"`{run.best_static}`. Router chosen by cross-validation over train ∪ valid: "
              f"{params}, margin {run.router['margin']:g} over `{run.router['static_arm']}` "
@@ -469,7 +469,7 @@ def markdown(run: RouterRun, dataset: str) -> str:
              f"{run.router['token_price']:.2e}).", ""]
     if run.ppo is not None:
         p = run.ppo
-        lines += [f"PPO (`rl.policy.train_ppo`): a residual policy over the router held to "
+        lines += [f"PPO (`rl.routing.train_ppo`): a residual policy over the router held to "
                   f"best static's valid tokens ({p['budget_tokens']:.0f}); {len(p['seeds'])} "
                   f"seed(s) × {p['iters']} iterations, the seed best on valid kept (seed "
                   f"{p['chosen_seed']}: start `{p['warm_start']}`, valid reward "

@@ -15,7 +15,7 @@ How a step stays cheap (`TunerEvaluator`):
      split, `rl.tuner.fidelity`) therefore cost what they evaluate, and a config promoted to
      the next rung pays only for the new queries;
   3. every evaluation is then a numpy reduction over the split's rows.
-Latency is priced by the per-stage cost model (`rl.tuner.cost_model`), measured once per
+Latency is priced by the per-stage cost model (`rl.kernel.cost_model`), measured once per
 component from repeated medians and saved beside the rows: the same rows give the same reward in
 every run, whatever the load while they were built. Rows keep the wall time each stage took
 (`measured_<stage>_ms`) for inspection only.
@@ -28,7 +28,7 @@ answer with `rag.metrics.quality.QualityScorer` (the local RAGAS-compatible metr
 tables are keyed apart from gold-only ones. A dataset the policy does not name scores with the gold
 it has (`DatasetSlice.for_gold`). Every row also records whether the answer abstained and whether
 the gold marks the question unanswerable; `quality` scores abstentions by answerability
-(`rl.tuner.reward.score_abstentions`) whatever F and R are.
+(`rl.kernel.reward.score_abstentions`) whatever F and R are.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ from rag.pipeline import STAGES, Pipeline, Resources
 from rag.types import Answer, Example
 from rl.common.data import TuningData
 from rl.common.memo import MemoIndexSet
-from rl.tuner.cost_measure import make_measurer
-from rl.tuner.cost_model import CostModel
-from rl.tuner.reward import PII_COLUMN, RewardSpec, StepMetrics, score_abstentions
-from rl.tuner.settings import DatasetSlice, TunerSettings
+from rl.kernel.cost_measure import make_measurer
+from rl.kernel.cost_model import CostModel
+from rl.kernel.reward import PII_COLUMN, RewardSpec, StepMetrics, score_abstentions
+from rl.kernel.settings import DatasetSlice, TunerSettings
 
 ROWS_VERSION = "rows-v1"
 """Manual part of the table key: bump it when rows change for a reason the code fingerprint
@@ -149,7 +149,7 @@ class EvalReport:
     """`RewardSpec.shaped_reward` of the same batch: PPO's training signal when
     `TunerSettings.gate_penalty` is "shaped"."""
     violations: dict[str, float] = field(default_factory=dict)
-    """Each hard gate's relative violation (`rl.tuner.reward.Gate.violation`; <= 0 passes):
+    """Each hard gate's relative violation (`rl.kernel.reward.Gate.violation`; <= 0 passes):
     the feasibility signal constrained searchers read."""
     warnings: list[str] = field(default_factory=list)
     """Gold of the split the corpus cannot reach (`TuningData.gold_report`), set by `evaluate`,
@@ -194,7 +194,7 @@ class TunerEvaluator:
                 data.indexes, self.resources, lambda: data.examples(self.slice.tune_split),
                 self.policy.base_config()))
         self.cost_model = cost_model
-        """Prices every row's latency (`rl.tuner.cost_model`): measured once per component,
+        """Prices every row's latency (`rl.kernel.cost_model`): measured once per component,
         saved beside the rows and reused, so rewards do not depend on the load while rows are
         built."""
         self.counters = {"evaluations": 0, "tables_computed": 0, "queries_computed": 0}
@@ -253,7 +253,7 @@ class TunerEvaluator:
               idx: np.ndarray | Sequence[int] | None = None) -> QueryTable:
         """Per-query metrics of `config` on `split`: one value per query of the split, NaN in
         every column of a query not computed yet. Rows `idx` (all when None) are computed first
-        when missing; latency columns come from the cost model (`rl.tuner.cost_model`)."""
+        when missing; latency columns come from the cost model (`rl.kernel.cost_model`)."""
         self.ensure_rows(config, split, idx)
         return self._assemble(config, split)
 
@@ -293,10 +293,10 @@ class TunerEvaluator:
             # a row's recall@n / ndcg@10 / mrr@10 read the reranked list: what rerank changes
             ans = replace(ans, candidates=tuple(trace.ranked))
             row = score_answer(ans, e, k=config.k)
-            # what `quality` scores abstentions by (rl.tuner.reward.score_abstentions)
+            # what `quality` scores abstentions by (rl.kernel.reward.score_abstentions)
             row[ABSTAINED] = float(is_noncommittal(ans.text))
             row[UNANSWERABLE] = float(gold_unanswerable(e))
-            # what the cost model prices (rl.tuner.cost_model); the wall times are kept only
+            # what the cost model prices (rl.kernel.cost_model); the wall times are kept only
             # for inspection: no reward reads them
             row["tokens_in"], row["tokens_out"] = float(ans.tokens_in), float(ans.tokens_out)
             row["tokens"] = row["tokens_in"] + row["tokens_out"]
@@ -318,7 +318,7 @@ class TunerEvaluator:
     # ---- evaluation -----------------------------------------------------------------------
     def quality(self, tab: QueryTable) -> tuple[np.ndarray, np.ndarray]:
         """Per-query F and R arrays: the dataset's chosen metrics with abstentions scored by
-        answerability (`rl.tuner.reward.score_abstentions`; one rule for batch and per-query
+        answerability (`rl.kernel.reward.score_abstentions`; one rule for batch and per-query
         rewards, the report and the promotion evaluators, which all read F and R here)."""
         for name in (self.slice.faithfulness, self.slice.relevancy):
             if name not in tab:

@@ -1,4 +1,4 @@
-"""Issue 19's per-query PPO policy as a servable `PerQueryPolicy` (`rl.policy.base`).
+"""Issue 19's per-query PPO policy as a servable `PerQueryPolicy` (`rl.routing.base`).
 
 `PerQueryPPO` picks a config from the whole space per query; the Serve app, the decision logs
 and the OPE code work over a fixed list of arms (one pipeline per arm, built when a replica
@@ -10,7 +10,7 @@ policy (a `defer` head), every arm of its base router, so a deferral is always a
     save_policy(served, "runs/policy/ppo", base_config=..., feature_names=...)
 
 Per query it builds PPO's observation as in training (the query features; for a residual
-policy followed by the router's view of the query, `rl.policy.router.router_view`), takes
+policy followed by the router's view of the query, `rl.routing.router.router_view`), takes
 PPO's greedy config and returns its arm. A greedy config outside the list (a query unlike the
 reference ones) is served the arm PPO gives the highest probability (`arm_probs`: for a
 residual policy P(defer) on the router's pick plus P(act) times its own heads' probability of
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.policy.router import SupervisedRouter, arm_features, router_view
+from rl.routing.router import SupervisedRouter, arm_features, router_view
 
 PPO_FILES = ("module.pt", "policy.json")
 
@@ -41,7 +41,7 @@ PPO_FILES = ("module.pt", "policy.json")
 class ResidualBase:
     """The base policy a residual PPO policy defers to: the supervised router over `arms`,
     held to its token `price`, with `static_arm` the reference arm of its view (as in
-    training: `rl.policy.router.stacked`)."""
+    training: `rl.routing.router.stacked`)."""
 
     router: SupervisedRouter
     arms: list[RAGConfig]
@@ -152,7 +152,7 @@ class PPOPortfolioPolicy:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        from rl.policy.ppo_policy import PerQueryPPO
+        from rl.routing.ppo_policy import PerQueryPPO
 
         files = state.pop("ppo")
         with tempfile.TemporaryDirectory() as d:

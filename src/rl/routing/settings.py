@@ -1,9 +1,9 @@
-"""PPOPolicySettings: configs/policy/ppo.yaml (`ppo_policy:`), validated at load (unknown key
+"""PPOPolicySettings: configs/routing/ppo.yaml (`ppo_policy:`), validated at load (unknown key
 or bad value -> `ConfigError` naming `ppo_policy.<section>.<key>`, with the YAML line).
 
-Four groups: `heads` (the mixed action space of `rl.policy.heads`), `train` (RLlib PPO sizing
+Four groups: `heads` (the mixed action space of `rl.routing.heads`), `train` (RLlib PPO sizing
 and model selection), `lagrange` (the PPO-Lagrangian cost multiplier) and `warm_start` (the
-behaviour-cloning start of `rl.policy.warm_start`)."""
+behaviour-cloning start of `rl.routing.warm_start`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from rag.resources import default_config
 from rag.settings_base import StrictSettings
 
-DEFAULT_PATH = default_config("policy/ppo.yaml")
+DEFAULT_PATH = default_config("routing/ppo.yaml")
 
 
 class Range(StrictSettings):
@@ -85,11 +85,11 @@ class TrainSettings(StrictSettings):
     """How a later checkpoint replaces the incumbent (the warm start, or an earlier
     checkpoint) on valid: "mean" (higher valid mean reward, within the cost cap) or
     "evidence" (also a paired bootstrap 95% CI of the per-query gain above 0:
-    `rl.policy.selection.replaces`)."""
+    `rl.routing.selection.replaces`)."""
 
 
 class WarmStartSettings(StrictSettings):
-    """Behaviour-cloning warm start (`rl.policy.warm_start`)."""
+    """Behaviour-cloning warm start (`rl.routing.warm_start`)."""
 
     keep: float = Field(0.9, gt=0.5, lt=1.0)
     """Probability the cloned module puts on each categorical head's target value (> 1/2, so
@@ -121,7 +121,7 @@ class PPOPolicySettings(StrictSettings):
     @classmethod
     def load(cls, path: str | os.PathLike[str] | Traversable | None = None
              ) -> PPOPolicySettings:
-        """Read `ppo_policy: {...}` from YAML (default configs/policy/ppo.yaml)."""
+        """Read `ppo_policy: {...}` from YAML (default configs/routing/ppo.yaml)."""
         return cls.from_yaml(path if path else DEFAULT_PATH)
 
     def with_train(self, **train: object) -> PPOPolicySettings:

@@ -2,17 +2,17 @@
 
 - `LinUCB` (issue 19's B4): disjoint linear UCB (Li et al. 2010), one ridge regression per arm
   on standardised features plus an intercept. It learns from logged decisions of any logging
-  policy (`fit(X, arms, rewards, propensities)`; with ε-greedy logs, `rl.policy.decision_log`)
+  policy (`fit(X, arms, rewards, propensities)`; with ε-greedy logs, `rl.routing.decision_log`)
   and online (`update`). Scores per arm: mean(x) ± alpha·width(x) with width = sqrt(xᵀA⁻¹x):
   `+` (optimism) when it explores online, `−` (pessimism, a lower confidence bound) when a
   policy learnt from logs is deployed, so arms the logs rarely tried do not win on noise.
   Rewards are centred on the logged mean first, so an arm with no data predicts that mean.
-- `LinUCBPolicy`: a fitted `LinUCB` as a `rl.policy.base.PerQueryPolicy` (greedy on the LCB).
+- `LinUCBPolicy`: a fitted `LinUCB` as a `rl.routing.base.PerQueryPolicy` (greedy on the LCB).
 - `DiscountedUCB` / `SlidingWindowUCB`: non-contextual UCB over configs for a drifting world
   (Garivier & Moulines 2011): past pulls are discounted by `gamma` per step, or forgotten
   after `window` steps, so the learner follows a change of the best arm.
 
-Rewards in [0, 1] (reward units); features are `rl.policy.features` vectors.
+Rewards in [0, 1] (reward units); features are `rl.routing.features` vectors.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.policy.base import one_hot
+from rl.routing.base import one_hot
 
 
 class LinUCB:
@@ -138,7 +138,7 @@ class LinUCB:
 @dataclass
 class LinUCBPolicy:
     """A fitted `LinUCB` deployed greedily on its lower confidence bound mean − beta·width
-    (beta = 0: plain predicted reward). A `rl.policy.base.PerQueryPolicy`."""
+    (beta = 0: plain predicted reward). A `rl.routing.base.PerQueryPolicy`."""
 
     model: LinUCB
     arms: Sequence[RAGConfig]

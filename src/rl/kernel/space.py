@@ -1,6 +1,6 @@
 """The tuner's config space: its heads, their canonical configs, and how searchers address it.
 
-Heads (`rl.tuner.settings` documents each): variant, k, rerank, fusion_weight, prompt, and the
+Heads (`rl.kernel.settings` documents each): variant, k, rerank, fusion_weight, prompt, and the
 heads issue 18 added — normalisation, mmr_lambda, rerank_depth, rerank_mix, abstain_threshold,
 query_formulation, generator. `make` turns one value per head into a RAGConfig and
 canonicalises the heads that do not act in it (the fusion weight and normalisation outside
@@ -14,7 +14,7 @@ Searchers address the space as
     tune_param_space()      Ray Tune domains, one per head with > 1 value; `from_params` inverts
     suggest(optuna_trial)   Optuna define-by-run (conditional heads only where they act)
     grid()                  every distinct config, for small (pinned) spaces only
-and RLlib through the gymnasium action space in `rl.tuner.actions` (`action_space`,
+and RLlib through the gymnasium action space in `rl.kernel.actions` (`action_space`,
 `to_config`, `to_action`, `one_hot`, mixed in here).
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.generation.extractive import ExtractiveReader
-from rl.tuner.actions import DELTA_W, ActionCodec
-from rl.tuner.settings import TunerSettings
+from rl.kernel.actions import DELTA_W, ActionCodec
+from rl.kernel.settings import TunerSettings
 
 __all__ = ["DELTA_W", "ConfigSpace", "BoxHead", "is_conversational"]
 

@@ -2,12 +2,12 @@
 full-information router (issue 19's B3) and the per-segment lookup table (B2).
 
 Both learn from full-information rows: for every training query the per-query reward of every
-arm (`R`, shape (n, K), `rl.tuner.evaluator.TunerEvaluator.per_query_reward`) and, for the
+arm (`R`, shape (n, K), `rl.kernel.evaluator.TunerEvaluator.per_query_reward`) and, for the
 cost constraint, its tokens (`T`, same shape). Neither sees the queries it is scored on.
 
 - `SupervisedRouter`: one `sklearn.ensemble.HistGradientBoostingRegressor` per arm (or, with
   `pooled`, one over the features and the arm's one-hot) predicts each arm's reward from the
-  query's features (`rl.policy.features`); the router picks the arm
+  query's features (`rl.routing.features`); the router picks the arm
   with the highest prediction, optionally minus `token_price` × the arm's mean training tokens
   (a Lagrange multiplier on mean tokens: `fit_token_price`). `shrink` blends each prediction
   towards the arm's training mean (0 = always the best static arm of train, 1 = the model).

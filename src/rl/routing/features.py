@@ -65,8 +65,8 @@ from rag.config import RAGConfig
 from rag.pipeline import MAX_QUESTION_CHARS, check_question
 from rag.query_formulation import formulate_query, user_turns
 from rag.types import Example, Hit
+from rl.kernel.space import is_conversational
 from rl.selection.features import content, words
-from rl.tuner.space import is_conversational
 
 TOP = 5
 LIST = 10

@@ -9,7 +9,7 @@ step of `ks` / stay / up one) and fusion_weight a Box in [-DELTA_W, DELTA_W] add
 current weight; every other head stays absolute (no order to step along, or a range short
 enough to pick from directly).
 
-`ActionCodec` is mixed into `rl.tuner.space.ConfigSpace`, which supplies the heads' values.
+`ActionCodec` is mixed into `rl.kernel.space.ConfigSpace`, which supplies the heads' values.
 """
 
 from __future__ import annotations

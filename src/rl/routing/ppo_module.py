@@ -1,5 +1,5 @@
 """RLlib glue of the per-query PPO policy: a multi-head action distribution whose gated heads
-(`rl.policy.heads.HeadLayout.gates`) get no gradient where they do not act, the PPO catalog
+(`rl.routing.heads.HeadLayout.gates`) get no gradient where they do not act, the PPO catalog
 that hands it to RLlib's default PPO module, and the module spec.
 
 `MaskedHeadsDistribution` is RLlib's `TorchMultiDistribution` (one child distribution per
@@ -23,7 +23,7 @@ from ray.rllib.core.distribution.torch.torch_distribution import (
 )
 from ray.rllib.utils.spaces.space_utils import flatten_space, get_base_struct_from_space
 
-from rl.policy.heads import active_masks, gate_weights, masked_sum
+from rl.routing.heads import active_masks, gate_weights, masked_sum
 
 GATES_KEY = "head_gates"
 """Model-config key that carries `HeadLayout.gates_spec()` to the catalog."""

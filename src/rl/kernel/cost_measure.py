@@ -1,4 +1,4 @@
-"""How each `rl.tuner.cost_model` component is measured: the real stage code on the real
+"""How each `rl.kernel.cost_model` component is measured: the real stage code on the real
 (unmemoised) indexes and loaded models, timed `REPEATS` times per fixed query and size.
 
 Component names (`CostModel.retrieval_names`, `rerank_name`, `generate_name`):
@@ -16,7 +16,7 @@ from rag.errors import ConfigError
 from rag.fusion import fuse_scores
 from rag.pipeline import Pipeline, Resources, check_question
 from rag.types import Example
-from rl.tuner.cost_model import QUERIES, REPEATS, Linear, median_ms
+from rl.kernel.cost_model import QUERIES, REPEATS, Linear, median_ms
 
 RERANK_DEPTHS = (10, 30, 50)
 MMR_KS = (3, 8, 16)

@@ -2,12 +2,12 @@
 them land from the truth.
 
 The logging policy serves arm `greedy[i]` of a base policy (e.g. the best static config) with
-probability 1 − ε + ε/M and every other arm with ε/M (ε >= `rl.policy.base.MIN_EPSILON`, so the
+probability 1 − ε + ε/M and every other arm with ε/M (ε >= `rl.routing.base.MIN_EPSILON`, so the
 minimum propensity is ε/M and importance weights stay bounded by M/ε). One record per decision:
 
     {"query_id", "features": [...], "arm": j, "config_hash", "propensity", "reward"}
 
-With a candidate policy (`candidate_probs`, share δ; `rl.policy.base.explore_mix`), the
+With a candidate policy (`candidate_probs`, share δ; `rl.routing.base.explore_mix`), the
 logging policy is candidate-aware: (1 − ε − δ) on `greedy[i]`, δ on the candidate's choice,
 ε/M uniform; the candidate's arms are then logged with propensity >= δ.
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rag.errors import ConfigError
-from rl.policy.base import MIN_EPSILON, explore_mix, one_hot, sample_arms
+from rl.routing.base import MIN_EPSILON, explore_mix, one_hot, sample_arms
 
 ESTIMATORS = ("ips", "snips", "dr")
 

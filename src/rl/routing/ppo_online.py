@@ -26,14 +26,14 @@ import gymnasium as gym
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.policy.ppo_policy import (
+from rl.routing.ppo_policy import (
     OBS_CLIP,
     PerQueryPPO,
     _pop_costs,
     _set_lambda,
     lagrange_update,
 )
-from rl.policy.worlds import QueryWorld
+from rl.routing.worlds import QueryWorld
 
 _STREAMS: dict[str, dict] = {}
 
@@ -98,7 +98,7 @@ def adapt_online(policy: PerQueryPPO, world: QueryWorld, X: np.ndarray, budget: 
     policy with a `defer` head, as in `PerQueryPPO.act`)."""
     from rl.common.rllib import ppo_config
     from rl.common.runtime import init_ray
-    from rl.policy.warm_start import MODULE_COMPONENT
+    from rl.routing.warm_start import MODULE_COMPONENT
 
     if policy.module is None:
         raise ValueError("adapt_online needs a trained policy (its module is None)")

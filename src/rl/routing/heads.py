@@ -26,7 +26,7 @@ Gates (`HeadLayout.gates`: head -> (parent head, parent values that make it act)
 fusion weight acts when defer == 0 and variant == hybrid). A gated head
 that does not act in a sample contributes nothing to the log-probability, entropy or KL of the
 policy (`masked_sum`, `gate_weights`), so PPO never gets a gradient for a no-op choice. The
-RLlib distribution that applies them lives in `rl.policy.ppo_module`.
+RLlib distribution that applies them lives in `rl.routing.ppo_module`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from gymnasium import spaces
 
 from rag.config import RAGConfig
 from rag.generation.extractive import ExtractiveReader
-from rl.policy.settings import HeadSettings
-from rl.tuner.settings import TunerSettings
-from rl.tuner.space import ConfigSpace
+from rl.kernel.settings import TunerSettings
+from rl.kernel.space import ConfigSpace
+from rl.routing.settings import HeadSettings
 
 BOX_HEADS = ("abstain_threshold", "fusion_weight", "mmr_lambda")
 

@@ -1,5 +1,5 @@
 """The per-query PPO policy (issue 19): query features -> one config per query, through mixed
-action heads (`rl.policy.heads`), trained with RLlib PPO on the new API stack under a mean-cost
+action heads (`rl.routing.heads`), trained with RLlib PPO on the new API stack under a mean-cost
 constraint (PPO-Lagrangian).
 
 MDP: one step per query (gamma = GAE lambda = 0: the next query does not depend on this
@@ -10,7 +10,7 @@ standardised with the training split's mean and std (clipped to +-10); the actio
     r_t = reward_t - lambda * cost_t
 
 with reward_t the tuner's per-query reward of that config on that query and cost_t its tokens
-in units of C_ref (`rl.policy.worlds`).
+in units of C_ref (`rl.routing.worlds`).
 
 PPO-Lagrangian (`lagrange_update`): after every training iteration j, with c_j the mean cost of
 the iteration's sampled steps and b the budget (the comparison baseline's mean cost: the bench
@@ -21,13 +21,13 @@ uses best-static's on valid),
 (projected gradient ascent on the Lagrangian's dual); lambda reaches the env runners through
 `foreach_env_runner` before the next iteration samples.
 
-Warm start (`rl.policy.warm_start`, optional): before PPO samples, the module is cloned to
+Warm start (`rl.routing.warm_start`, optional): before PPO samples, the module is cloned to
 known-good choices (the best static config, a router's per-query picks); each clone's greedy
 policy is scored on valid, the best one is loaded into RLlib's learner and env runners and is
 model selection's iteration-0 candidate, so PPO starts at the baseline and the kept module is
 never worse on valid than it (by the rule below).
 
-Model selection (`rl.policy.selection.replaces`): every `eval_every` iterations (and after
+Model selection (`rl.routing.selection.replaces`): every `eval_every` iterations (and after
 the last) the greedy policy serves the valid queries; a checkpoint replaces the incumbent (the
 warm start, or the last checkpoint kept) when it is feasible (valid mean cost <= b * (1 +
 slack)) and the incumbent is not, or, both feasible, when its realised mean reward on valid is
@@ -56,13 +56,13 @@ import gymnasium as gym
 import numpy as np
 
 from rag.config import RAGConfig
-from rl.policy.heads import HeadLayout
-from rl.policy.run_log import PolicyRunLog
-from rl.policy.selection import replaces
-from rl.policy.settings import PPOPolicySettings
-from rl.policy.warm_start import WarmStart
-from rl.policy.worlds import QueryWorld
-from rl.tuner.settings import TunerSettings
+from rl.kernel.settings import TunerSettings
+from rl.routing.heads import HeadLayout
+from rl.routing.run_log import PolicyRunLog
+from rl.routing.selection import replaces
+from rl.routing.settings import PPOPolicySettings
+from rl.routing.warm_start import WarmStart
+from rl.routing.worlds import QueryWorld
 
 _BUNDLES: dict[str, dict[str, Any]] = {}
 OBS_CLIP = 10.0
@@ -155,7 +155,7 @@ class PerQueryPPO:
         return np.clip(z, -OBS_CLIP, OBS_CLIP).astype(np.float32)
 
     def spec(self) -> Any:
-        from rl.policy.ppo_module import module_spec
+        from rl.routing.ppo_module import module_spec
 
         obs = gym.spaces.Box(-OBS_CLIP, OBS_CLIP, shape=(len(self.mean),), dtype=np.float32)
         return module_spec(obs, self.layout.action_space(), list(self.settings.train.hidden),
@@ -171,7 +171,7 @@ class PerQueryPPO:
               base_valid: Sequence[RAGConfig] | None = None) -> list[dict[str, Any]]:
         """Train on `world` (features `X_train`, raw), select on `valid` (module docstring);
         `budget`: the mean cost bound in C_ref units; `warm`: behaviour-cloning starts
-        (`rl.policy.warm_start`), the best on valid is where PPO starts and the first model
+        (`rl.routing.warm_start`), the best on valid is where PPO starts and the first model
         selection candidate (iteration 0); `base_train` / `base_valid`: the base policy's
         config per query, what the `defer` head hands a query to (needed with that head).
         Returns one record per iteration (and per warm start, iteration 0)."""
@@ -261,11 +261,11 @@ class PerQueryPPO:
                     budget: float, seed: int, state: dict, log: Callable[[str], None],
                     base_train: Sequence[RAGConfig] | None = None,
                     base_valid: Sequence[RAGConfig] | None = None) -> dict:
-        """The best warm start on valid (`rl.policy.warm_start.choose_start`) goes to RLlib's
+        """The best warm start on valid (`rl.routing.warm_start.choose_start`) goes to RLlib's
         learner and env runners; returns its module state."""
         import tempfile
 
-        from rl.policy.warm_start import MODULE_COMPONENT, choose_start
+        from rl.routing.warm_start import MODULE_COMPONENT, choose_start
 
         recs, best, module, rewards = choose_start(
             self, warm, world, X_train, valid, X_valid,
