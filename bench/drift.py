@@ -86,7 +86,6 @@ from bench.drift_streams import (  # noqa: E402
     OnlineSettings,
     PhaseSpec,
     Pool,
-    SlidingWindowUCB,
     StreamSpec,
     online_policy,
     phase_best,
@@ -98,6 +97,7 @@ from bench.drift_streams import (  # noqa: E402
 )
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
+from rl.routing.bandit import SlidingWindowUCB  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
 NAME = "drift"
@@ -206,15 +206,10 @@ def streams(quick: bool, length: int, bundles: dict[str, Bundle],
     ]
 
 
-def make_bandit_factory(kind: str):
-    """n_arms, seed -> a bandit with select()/update(arm, reward in [0, 1]): `sw-ucb` (this
-    bench's `SlidingWindowUCB`) or `rl` (`rl.routing.bandit.SlidingWindowUCB`, helper B's)."""
-    if kind == "rl":
-        from rl.routing.bandit import SlidingWindowUCB as RLSW
-
-        return lambda k, seed: RLSW(k, window=SW_WINDOW), "rl.routing.bandit.SlidingWindowUCB"
-    return (lambda k, seed: SlidingWindowUCB(k, window=SW_WINDOW, seed=seed),
-            "bench.drift_streams.SlidingWindowUCB")
+def make_bandit(n_arms: int, seed: int) -> SlidingWindowUCB:
+    """`sw-bandit`'s learner: `rl.routing.bandit.SlidingWindowUCB` over `n_arms` arms, window
+    `SW_WINDOW`, c 0.5, untried arms drawn with `seed`."""
+    return SlidingWindowUCB(n_arms, window=SW_WINDOW, seed=seed)
 
 
 def _ratio_row(stream: str, system: str, num: np.ndarray, den: np.ndarray, phase: int,
@@ -380,7 +375,6 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=None,
                     help="queries per phase (default 300; --quick 150)")
     ap.add_argument("--policy", choices=("router",), default="router")
-    ap.add_argument("--bandit", choices=("sw-ucb", "rl"), default="sw-ucb")
     ap.add_argument("--no-ppo", action="store_true",
                     help="leave out the ppo-policy system (issue 19's per-query PPO policy)")
     ap.add_argument("--ppo-base", choices=("router", "none"), default="router",
@@ -404,7 +398,6 @@ def main() -> None:
     updated = load_updated_world(policy, bundles["synthetic"])
     t_load = time.perf_counter()
     learned = {ds: fit_learned_policy(a.policy, b, a.seed) for ds, b in bundles.items()}
-    bandit_factory, bandit_name = make_bandit_factory(a.bandit)
     t_fit = time.perf_counter()
     ppo = {} if a.no_ppo else {ds: drift_ppo.train(b, learned[ds].router,
                                                    drift_ppo.settings(a.quick), a.seed,
@@ -432,7 +425,7 @@ def main() -> None:
         adapters = ({} if spec.dataset not in ppo else {PPO_ONLINE: drift_ppo.online_served(
             ppo[spec.dataset], bundles[spec.dataset], updated, pool_price)})
         r, d = run_stream(spec, key, pools, bundles[spec.dataset], learned[spec.dataset],
-                          bandit_factory, a.seeds, a.seed,
+                          make_bandit, a.seeds, a.seed,
                           RESULTS / f"drift-{spec.name}{'.quick' if a.quick else ''}.png",
                           online, adapters)
         rows.extend(r)
@@ -456,7 +449,7 @@ def main() -> None:
                            "served requests from their rewards only (bandit feedback), the "
                            "Lagrange multiplier stepped with the training budget; no model "
                            "selection") if ppo else None,
-            "sw_bandit": f"{bandit_name}, window {SW_WINDOW}, c 0.5, rewards rescaled to "
+            "sw_bandit": f"rl.routing.bandit.SlidingWindowUCB, window {SW_WINDOW}, c 0.5, rewards rescaled to "
                          "[0, 1] by the train split's min/max",
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "
                         f"eta {SH_ETA}, re-run at each shift on the new phase's queries "

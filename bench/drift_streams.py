@@ -32,8 +32,9 @@ Systems (names as they appear in the rows):
     keeping the best 1/`SH_ETA` by mean reward after each rung. Every query of the search
     window is served by the candidate being evaluated, so its evaluations are charged as
     regret; after the window it serves the winner.
-  * `sw-bandit`: a sliding-window UCB over the portfolio (bandit feedback only: it sees the
-    reward of the arm it served), rewards rescaled to [0, 1] by the train split's range.
+  * `sw-bandit`: a sliding-window UCB over the portfolio (`rl.routing.bandit.SlidingWindowUCB`;
+    bandit feedback only: it sees the reward of the arm it served), rewards rescaled to [0, 1]
+    by the train split's range.
   * `router-policy`: the learned per-query policy (`act(X)`), frozen.
   * `router-policy-online`: the same policy updated online from bandit feedback
     (`online_policy`): ε-greedy serving logs (features, arm, reward, propensity); a per-arm
@@ -233,37 +234,6 @@ def searcher_per_phase(R: np.ndarray, phase: np.ndarray, start_arm: int,
         out[t:end] = current
         t = end
     return out
-
-
-class SlidingWindowUCB:
-    """UCB over the last `window` pulls (Garivier & Moulines 2011), rewards in [0, 1]: an arm
-    not pulled in the window is tried first (random order, `seed`), else the argmax of
-    mean + c·sqrt(log(min(t, window)) / count). `select()` / `update(arm, reward)`: the
-    interface of `rl.routing.bandit`'s bandits, so either can serve `sw-bandit`."""
-
-    def __init__(self, n_arms: int, window: int = 150, c: float = 0.5, seed: int = 0):
-        self.n_arms, self.window, self.c = n_arms, window, c
-        self.rng = np.random.default_rng(seed)
-        self.hist: deque[tuple[int, float]] = deque()
-        self.counts = np.zeros(n_arms)
-        self.sums = np.zeros(n_arms)
-
-    def select(self) -> int:
-        untried = np.flatnonzero(self.counts == 0)
-        if untried.size:
-            return int(self.rng.choice(untried))
-        ucb = self.sums / self.counts + self.c * np.sqrt(math.log(len(self.hist))
-                                                         / self.counts)
-        return int(np.argmax(ucb))
-
-    def update(self, arm: int, reward: float) -> None:
-        self.hist.append((int(arm), float(reward)))
-        self.counts[arm] += 1
-        self.sums[arm] += reward
-        if len(self.hist) > self.window:
-            a, r = self.hist.popleft()
-            self.counts[a] -= 1
-            self.sums[a] -= r
 
 
 def run_bandit(R: np.ndarray, bandit, lo: float, hi: float) -> np.ndarray:

@@ -11,7 +11,6 @@ from bench.drift_streams import (
     OnlineSettings,
     PhaseSpec,
     Pool,
-    SlidingWindowUCB,
     StreamSpec,
     draw_phase,
     online_policy,
@@ -24,6 +23,8 @@ from bench.drift_streams import (
     searcher_per_phase,
     static_arm_for_mix,
 )
+
+from rl.routing.bandit import SlidingWindowUCB
 
 
 def _planted(n_per_group: int = 50, seed: int = 0) -> Pool:

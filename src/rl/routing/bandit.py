@@ -221,31 +221,38 @@ class DiscountedUCB:
             return np.where(self.counts > 1e-12, self.sums / self.counts, np.nan)
 
 
-@dataclass
 class SlidingWindowUCB:
-    """UCB over the last `window` steps only (the same `select` rule as `DiscountedUCB`)."""
+    """UCB over the last `window` pulls only (Garivier & Moulines 2011), rewards in [0, 1].
 
-    n_arms: int
-    window: int = 500
-    c: float = 0.5
-    _hist: deque = field(init=False)
+    `select()` returns an arm not pulled within the window first (drawn uniformly among them
+    from `np.random.default_rng(seed)`), else the argmax of
+    mean + c·sqrt(log(min(t, window)) / count) over the window's pulls. `update(arm, reward)`
+    records one pull in O(1). The same `select` / `update` interface as `DiscountedUCB`.
+    Raises `ConfigError` for `n_arms < 1` or `window < 1`."""
 
-    def __post_init__(self):
-        if self.n_arms < 1 or self.window < 1:
+    def __init__(self, n_arms: int, window: int = 500, c: float = 0.5, seed: int = 0):
+        if n_arms < 1 or window < 1:
             raise ConfigError("window", f"needs n_arms >= 1 and window >= 1, got "
-                                        f"{self.n_arms}, {self.window}")
-        self._hist = deque(maxlen=self.window)
+                                        f"{n_arms}, {window}")
+        self.n_arms, self.window, self.c = int(n_arms), int(window), c
+        self.rng = np.random.default_rng(seed)
+        self.hist: deque[tuple[int, float]] = deque()
+        self.counts = np.zeros(self.n_arms)
+        self.sums = np.zeros(self.n_arms)
 
     def select(self) -> int:
-        counts, sums = np.zeros(self.n_arms), np.zeros(self.n_arms)
-        for a, r in self._hist:
-            counts[a] += 1
-            sums[a] += r
-        untried = np.flatnonzero(counts == 0)
+        untried = np.flatnonzero(self.counts == 0)
         if untried.size:
-            return int(untried[0])
-        ucb = sums / counts + self.c * np.sqrt(math.log(len(self._hist)) / counts)
+            return int(self.rng.choice(untried))
+        ucb = self.sums / self.counts + self.c * np.sqrt(math.log(len(self.hist))
+                                                         / self.counts)
         return int(np.argmax(ucb))
 
     def update(self, arm: int, reward: float) -> None:
-        self._hist.append((int(arm), float(reward)))
+        self.hist.append((int(arm), float(reward)))
+        self.counts[arm] += 1
+        self.sums[arm] += reward
+        if len(self.hist) > self.window:
+            a, r = self.hist.popleft()
+            self.counts[a] -= 1
+            self.sums[a] -= r
