@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bench.headroom import matrices, segmentations
+from rag.types import conversation_of
 from rl.kernel.reward import PII_COLUMN
 from rl.kernel.settings import TunerSettings
 from rl.routing.portfolio import portfolio, with_formulations
@@ -53,6 +54,9 @@ class Bundle:
     arm_descriptors: np.ndarray | None = None
     views: tuple[str, ...] = ()
     """The query-formulation views of the features and arms (`drift_arms`); () = none."""
+    conversations: dict[str, np.ndarray] = field(default_factory=dict)
+    """Each role's queries' conversations (`rag.types.conversation_of`); a role missing here
+    groups each query alone."""
 
     def summary(self) -> dict[str, Any]:
         return {"n": {r: int(v.shape[0]) for r, v in self.R.items()},
@@ -124,7 +128,8 @@ def build_bundle(ds: str, ev, policy: TunerSettings, seed: int, describe: str = 
         {r: np.array([e.id for e in ex]) for r, ex in examples.items()}, ev,
         {r: (full[s]["tabs"], idx) for r, (s, idx) in roles.items()},
         describe or f"{ds}: train/valid/test of TuningData",
-        arm_features([c for _, c in configs]), views)
+        arm_features([c for _, c in configs]), views,
+        {r: np.array([conversation_of(e) for e in ex]) for r, ex in examples.items()})
 
 
 def load_bundle(ds: str, policy: TunerSettings, seed: int) -> Bundle:

@@ -72,6 +72,6 @@ def fit_learned_policy(kind: str, bundle, seed: int) -> LearnedPolicy:
 
 
 def train_groups(bundle) -> list[str]:
-    """Each train query's group for grouped folds: its conversation on MTRAG (ids
-    `<conversation><::><turn>`), the query itself elsewhere."""
-    return [str(i).split("<::>")[0] for i in bundle.ids["train"]]
+    """Each train query's group for grouped folds: its conversation (`Bundle.conversations`),
+    the query's own id when the bundle carries none."""
+    return [str(g) for g in bundle.conversations.get("train", bundle.ids["train"])]

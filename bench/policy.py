@@ -89,6 +89,7 @@ from bench.policy_ppo import (  # noqa: E402
 from bench.policy_report import TITLE, markdown  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
+from rag.types import conversation_of  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.routing.base import save_policy  # noqa: E402
 from rl.routing.features import (  # noqa: E402
@@ -108,7 +109,7 @@ from rl.routing.router import (  # noqa: E402
     stacked,
 )
 from rl.routing.settings import PPOPolicySettings  # noqa: E402
-from rl.routing.train import conversation_of, role_indices  # noqa: E402
+from rl.routing.train import role_indices  # noqa: E402
 from rl.routing.warm_start import WarmStart  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402

@@ -46,10 +46,10 @@ from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, crossfit_parts, role_data  # noqa: E402
 from bench.policy_ppo import segments  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
+from rag.types import conversation_of  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.routing.features import conversation_views  # noqa: E402
 from rl.routing.router import RouterParams, SupervisedRouter  # noqa: E402
-from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
 

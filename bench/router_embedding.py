@@ -42,10 +42,10 @@ from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from bench.router_selection import OUTER, study_main  # noqa: E402
 from rag.encoders import Encoder, encode_queries  # noqa: E402
+from rag.types import conversation_of  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.routing.features import QueryFeaturizer, conversation_views  # noqa: E402
 from rl.routing.router import PARAM_GRID, arm_features, select_router_cv  # noqa: E402
-from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
 

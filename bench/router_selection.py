@@ -41,6 +41,7 @@ from bench.common import cost_model_used, evaluator, make_meta, write_results  #
 from bench.headroom import matrices  # noqa: E402
 from bench.policy import _features, _parts, arms, role_data  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
+from rag.types import conversation_of  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.routing.router import (  # noqa: E402
     MARGINS,
@@ -49,7 +50,6 @@ from rl.routing.router import (  # noqa: E402
     select_router,
     select_router_cv,
 )
-from rl.routing.train import conversation_of  # noqa: E402
 from rl.stats.bootstrap import paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, pick  # noqa: E402
 

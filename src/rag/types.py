@@ -70,6 +70,23 @@ class Example:
         )
 
 
+
+CONVERSATION_SEPARATOR = "<::>"
+"""MTRAG task ids are `<conversation id><::><turn>`."""
+
+
+def conversation_of(example: Example) -> str:
+    """The conversation `example` belongs to, the unit no split or fold may cut through.
+
+    An explicit `metadata["conversation_id"]` (user data may carry one) wins; else the part of
+    the id before `CONVERSATION_SEPARATOR` (MTRAG task ids); else the id itself, so a
+    single-turn question is its own conversation. Returns a non-empty string for an example
+    with a non-empty id."""
+    explicit = (example.metadata or {}).get("conversation_id")
+    if explicit is not None and str(explicit) != "":
+        return str(explicit)
+    return str(example.id).split(CONVERSATION_SEPARATOR)[0]
+
 @dataclass(frozen=True, order=True)
 class Hit:
     """A retrieval or rerank result: a passage id and the stage's score (higher is better)."""

@@ -41,7 +41,7 @@ from rag.errors import ConfigError, DataError
 from rag.generation.base import Generator
 from rag.generation.prompts import INSUFFICIENT
 from rag.metrics.qa import best_em_f1
-from rag.types import Context, Passage
+from rag.types import Context, Passage, conversation_of
 
 TRAIN_SPLITS = ("train",)
 """The only split ids SFT may read (valid picks the `best` checkpoint, test reports)."""
@@ -238,7 +238,7 @@ def mtrag_sft_examples(path: str | Path, train_ids: Iterable[str], *, max_gold: 
     if missing:
         raise DataError(str(path), f"{len(missing)} requested task id(s) are not in the file "
                                    f"(e.g. {missing[0]!r})")
-    conv = {e.id: e.id.split("<::>")[0] for e in data.examples}
+    conv = {e.id: conversation_of(e) for e in data.examples}
     pool: dict[str, list[tuple[str, str]]] = {}  # collection -> (conversation, passage id)
     for e in data.examples:
         for pid in e.gold_passage_ids:

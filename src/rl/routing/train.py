@@ -13,8 +13,8 @@ one (a seeded subset of `max_train` queries when longer), valid = its tune split
 a train split (the synthetic world, a user's folder) trains on a seeded half of the tune split
 and chooses on the other half. The router's hyper-parameters (`select_router_cv`, margin 0:
 plain argmax, ties to the best static arm of train ∪ valid) are chosen by grouped
-cross-validation over train ∪ valid (folds by conversation, `conversation_of`) and the router
-is refitted on both. With `equal_cost` a token price holds its mean tokens on valid to the
+cross-validation over train ∪ valid (folds by conversation, `rag.types.conversation_of`) and
+the router is refitted on both. With `equal_cost` a token price holds its mean tokens on valid to the
 best static config's there (`SupervisedRouter.fit_token_price`), fitted on the
 cross-validation's out-of-fold predictions of the valid queries (`tv_oof`): the refitted
 router's own are in-sample there, and a price fitted on them let it overspend on new
@@ -41,6 +41,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rag.types import conversation_of
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
@@ -82,14 +83,6 @@ def role_indices(ev: Any, seed: int, max_train: int | None = None
     half = n_tune // 2
     return {"train": (tune, np.sort(perm[:half])), "valid": (tune, np.sort(perm[half:])),
             "test": test}
-
-
-def conversation_of(example: Any) -> str:
-    """The group a query is cross-validated with: its conversation
-    (`metadata.conversation_id`, else the MTRAG task id's part before `<::>`), else the query
-    itself, so no conversation straddles a router's folds."""
-    meta = example.metadata or {}
-    return str(meta.get("conversation_id") or str(example.id).split("<::>")[0])
 
 
 def split_matrices(ev: Any, configs: list[RAGConfig], split: str,
