@@ -182,6 +182,72 @@ class DatasetSlice(StrictSettings):
         return cls(faithfulness=f, relevancy=r)
 
 
+class Budgets(StrictSettings):
+    """Ceilings of the `max_quality` objective; None = the incumbent's own value (the pick is
+    never costlier or slower than what is served now)."""
+
+    tokens: float | None = Field(None, gt=0.0)
+    """Tokens per query (in + out)."""
+    cost_per_1k_queries: float | None = Field(None, gt=0.0)
+    """Money per 1,000 queries, priced at `Objective.price_per_1k_tokens` (the same currency)."""
+    p95_latency_ms: float | None = Field(None, gt=0.0)
+    """95th-percentile latency, ms."""
+
+
+class Objective(StrictSettings):
+    """What the tuner's operating point is chosen for, stated as a user states it
+    (`rl.kernel.objective.choose`):
+
+        min_cost     the cheapest config (tokens per query) whose quality is non-inferior to
+                     the incumbent's: the one-sided `level` lower bound of the paired
+                     difference is >= -`margin`, for the quality q = (αF + βR)/(α + β) and for
+                     each of F and R that has no floor;
+        max_quality  the config with the highest lower bound of paired Δq > 0 within
+                     `budgets` (tokens or cost per 1k queries, p95 ms; unset = the
+                     incumbent's), F and R each non-inferior as above;
+        reward       the seed's weighted scalar reward (`reward_weights`, `thresholds`): the
+                     search's best config, gated as before.
+
+    Gates of min_cost and max_quality: an absolute floor applies to a quality metric only when
+    `quality_floors` names that metric (the seed's 0.75 to the RAGAS-style faithfulness and
+    answer relevancy); every other quality metric is gated by non-inferiority; latency (the
+    dataset's `thresholds.p95_latency_ms`) and the error rate (`error_rate_slo`, where rows
+    record errors) are SLOs."""
+
+    kind: Literal["min_cost", "max_quality", "reward"] = "min_cost"
+    margin: float = Field(0.01, ge=0.0, le=1.0)
+    """Non-inferiority margin, in quality units ([0, 1] metrics)."""
+    level: float = Field(0.95, gt=0.5, lt=1.0)
+    """One-sided confidence of every bound the choice reads (paired bootstrap over queries)."""
+    budgets: Budgets = Budgets()
+    price_per_1k_tokens: float | None = Field(None, gt=0.0)
+    """Money per 1,000 tokens: what turns `budgets.cost_per_1k_queries` into tokens."""
+    quality_floors: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=lambda: {"q_faithfulness": 0.75, "q_answer_relevancy": 0.75})
+    """Absolute thresholds by per-query metric name; a floor binds only where that metric plays
+    F or R for the dataset."""
+    error_rate_slo: float = Field(0.01, ge=0.0, le=1.0)
+    """Largest share of failed queries (rows with an `error` column; offline rows have none)."""
+    n_resamples: int = Field(2000, ge=200, le=100_000)
+    """Paired bootstrap resamples behind every bound."""
+
+    @model_validator(mode="after")
+    def _priced(self) -> Objective:
+        if self.budgets.cost_per_1k_queries is not None and self.price_per_1k_tokens is None:
+            raise ValueError("budgets.cost_per_1k_queries needs price_per_1k_tokens (money per "
+                             "1,000 tokens) to be turned into a token budget")
+        return self
+
+    def token_budget(self) -> float | None:
+        """The tighter of `budgets.tokens` and the cost budget in tokens per query (cost per
+        1k queries = tokens per query × price per 1k tokens); None when neither is set."""
+        b = [self.budgets.tokens]
+        if self.budgets.cost_per_1k_queries is not None:
+            b.append(self.budgets.cost_per_1k_queries / float(self.price_per_1k_tokens))
+        b = [x for x in b if x is not None]
+        return min(b) if b else None
+
+
 class TunerSettings(StrictSettings):
     SECTION = "policy"
 
@@ -227,6 +293,8 @@ class TunerSettings(StrictSettings):
                                                           "n_candidates": 50})
     """RAGConfig fields every action starts from (the static default config)."""
     datasets: dict[str, DatasetSlice] = Field(default_factory=dict)
+    objective: Objective = Objective()
+    """What the run's operating point is chosen for (`Objective`)."""
     ppo: PPOSettings = TUNER_PPO.settings
     """PPO hyperparameters (`rl.common.ppo_settings`); unset keys take `TUNER_PPO`'s values."""
     seed: int = 0
