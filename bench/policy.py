@@ -111,8 +111,8 @@ from rl.routing.router import (  # noqa: E402
 from rl.routing.settings import PPOPolicySettings  # noqa: E402
 from rl.routing.train import role_indices  # noqa: E402
 from rl.routing.warm_start import WarmStart  # noqa: E402
-from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap  # noqa: E402
 from rl.stats.headroom import best_static, group_folds, oracle_choice, pick  # noqa: E402
+from rl.stats.rows import cost_pct, delta_row, ratio_row  # noqa: E402
 
 NAME = "policy"
 BASELINE = "best-static"
@@ -180,30 +180,13 @@ def _delta_rows_of(ds: str, system: str, base: dict[str, np.ndarray],
     """The same rows from per-query arrays {"R", "Q", "T"} of best-static (`base`) and of
     the system (`got`); `oracle_r`: the per-query oracle's rewards."""
     name = f"{system} - {BASELINE}"
-    rows = []
-    for metric, k in (("delta_reward", "R"), ("delta_quality", "Q")):
-        r = paired_bootstrap(base[k], got[k], seed=seed)
-        rows.append({"dataset": ds, "system": name, "metric": metric, "value": r.mean_diff,
-                     "ci_low": r.ci_low, "ci_high": r.ci_high, "n": r.n})
-    rows.append(_ratio_row(ds, name, "delta_cost_pct", got["T"], base["T"], seed,
-                           lambda a, b: 100.0 * (a / b - 1.0)))
+    rows = [delta_row(ds, name, metric, base[k], got[k], seed)
+            for metric, k in (("delta_reward", "R"), ("delta_quality", "Q"))]
+    rows.append(ratio_row(ds, name, "delta_cost_pct", got["T"], base["T"], cost_pct, seed))
     if headroom:
-        rows.append(_ratio_row(ds, system, "headroom_captured", got["R"] - base["R"],
-                               oracle_r - base["R"], seed, lambda a, b: a / b))
+        rows.append(ratio_row(ds, system, "headroom_captured", got["R"] - base["R"],
+                              oracle_r - base["R"], lambda a, b: a / b, seed))
     return rows
-
-
-def _ratio_row(ds: str, system: str, metric: str, num: np.ndarray, den: np.ndarray, seed: int,
-               f) -> dict:
-    """f(mean(num), mean(den)) with a paired bootstrap 95% CI over queries."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot = bootstrap_statistic(lambda idx: f(num[idx].mean(axis=1), den[idx].mean(axis=1)),
-                                   num.size, seed=seed)
-        value = float(f(num.mean(), den.mean()))
-    boot = boot[np.isfinite(boot)]
-    lo, hi = (np.quantile(boot, [0.025, 0.975]) if boot.size else (np.nan, np.nan))
-    return {"dataset": ds, "system": system, "metric": metric, "value": value,
-            "ci_low": float(lo), "ci_high": float(hi), "n": int(num.size)}
 
 
 WARM_STARTS = ("best-static", "supervised-router", "supervised-router-equal-cost",
@@ -267,8 +250,7 @@ def equal_quality_summary(cheapest: np.ndarray, base_tokens: np.ndarray, seed: i
                           ) -> dict[str, Any]:
     """`delta_cost_pct` of the per-query cheapest equal-quality arm against best static, with
     its paired bootstrap CI."""
-    r = _ratio_row("", "", "", cheapest, base_tokens, seed,
-                   lambda a, b: 100.0 * (a / b - 1.0))
+    r = ratio_row("", "", "", cheapest, base_tokens, cost_pct, seed)
     return {"delta_cost_pct": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"]}
 
 
@@ -471,10 +453,8 @@ def system_rows(ds: str, got: dict[str, dict[str, np.ndarray]], oracle_r: np.nda
                                    system != "per-query-oracle"))
     for system in ppos:
         for other in ("supervised-router", "supervised-router-equal-cost"):
-            r = paired_bootstrap(got[other]["R"], got[system]["R"], seed=seed)
-            rows.append({"dataset": ds, "system": f"{system} - {other}",
-                         "metric": "delta_reward", "value": r.mean_diff, "ci_low": r.ci_low,
-                         "ci_high": r.ci_high, "n": r.n})
+            rows.append(delta_row(ds, f"{system} - {other}", "delta_reward", got[other]["R"],
+                                  got[system]["R"], seed))
     return rows
 
 

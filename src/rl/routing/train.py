@@ -42,6 +42,7 @@ import numpy as np
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.types import conversation_of
+from rl.stats.rows import cost_pct, delta_row, metric_row, ratio_row
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
@@ -149,13 +150,6 @@ class RouterRun:
                 **({} if self.ppo is None else {"ppo": self.ppo, "reason": self.reason})}
 
 
-def _row(dataset: str, system: str, metric: str, value: float, lo: float | None = None,
-         hi: float | None = None, n: int = 0) -> dict[str, Any]:
-    return {"dataset": dataset, "system": system, "metric": metric, "value": float(value),
-            "ci_low": None if lo is None else float(lo),
-            "ci_high": None if hi is None else float(hi), "n": int(n)}
-
-
 def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.ndarray],
                  seed: int = 0, subject: str = "supervised-router") -> list[dict[str, Any]]:
     """Rows of the holdout matrices `M` (R, Q, T) for each system's arm per query (`picks`):
@@ -169,45 +163,25 @@ def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.nda
 def system_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], seed: int = 0,
                 subject: str = "supervised-router") -> list[dict[str, Any]]:
     """Rows of each system's per-query holdout reward, quality and tokens (`got[system]`
-    {"R", "Q", "T"}, the same queries in the same order): its means with bootstrap 95% CIs,
-    then `delta_rows` of `subject` against every other system."""
-    from rl.stats.bootstrap import bootstrap_mean_ci
-
-    rows = []
-    n = len(got[subject]["R"])
-    for s, g in got.items():
-        for k, metric in (("R", "reward"), ("Q", "quality"), ("T", "tokens")):
-            b = bootstrap_mean_ci(g[k], seed=seed)
-            rows.append(_row(dataset, s, metric, b.mean_diff, b.ci_low, b.ci_high, n))
+    {"R", "Q", "T"}, the same queries in the same order): its means with bootstrap 95% CIs
+    (`rl.stats.rows.metric_row`), then `delta_rows` of `subject` against every other system."""
+    rows = [metric_row(dataset, s, metric, g[k], seed) for s, g in got.items()
+            for k, metric in (("R", "reward"), ("Q", "quality"), ("T", "tokens"))]
     return rows + delta_rows(dataset, got, subject, [s for s in got if s != subject], seed)
 
 
 def delta_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], subject: str,
                others: list[str], seed: int = 0) -> list[dict[str, Any]]:
     """`subject - X` rows for each X of `others` (`got` as `system_rows`): delta_reward,
-    delta_quality (paired bootstrap 95% CIs over queries) and delta_cost_pct (100 · (mean
-    tokens / X's − 1), CI from the same resamples)."""
-    from rl.stats.bootstrap import bootstrap_statistic, paired_bootstrap
-
+    delta_quality (paired bootstrap 95% CIs over queries, `rl.stats.rows.delta_row`) and
+    delta_cost_pct (100 · (mean tokens / X's − 1), `rl.stats.rows.ratio_row`)."""
     rows = []
     r = got[subject]
-    n = len(r["R"])
-
-    def cost_pct(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return 100.0 * (a / np.maximum(b, 1e-9) - 1.0)
-
     for other in others:
-        o = got[other]
-        for k, metric in (("R", "delta_reward"), ("Q", "delta_quality")):
-            b = paired_bootstrap(o[k], r[k], seed=seed)
-            rows.append(_row(dataset, f"{subject} - {other}", metric, b.mean_diff,
-                             b.ci_low, b.ci_high, n))
-        boot = bootstrap_statistic(lambda idx, o=o: cost_pct(r["T"][idx].mean(axis=1),
-                                                             o["T"][idx].mean(axis=1)),
-                                   n, seed=seed)
-        point = float(cost_pct(r["T"].mean(), o["T"].mean()))
-        lo, hi = np.percentile(boot, [2.5, 97.5])
-        rows.append(_row(dataset, f"{subject} - {other}", "delta_cost_pct", point, lo, hi, n))
+        o, name = got[other], f"{subject} - {other}"
+        rows += [delta_row(dataset, name, metric, o[k], r[k], seed)
+                 for k, metric in (("R", "delta_reward"), ("Q", "delta_quality"))]
+        rows.append(ratio_row(dataset, name, "delta_cost_pct", r["T"], o["T"], cost_pct, seed))
     return rows
 
 
