@@ -13,7 +13,7 @@ bench/results/generator_adaptation.md.
 
 The teacher's answers come from the committed device run (bench/results/gpu_models_raw); a
 machine without the teacher store fills it from there first (`bench.gpu_models_ingest._teacher`,
-which `python bench/gpu_models.py ingest` runs).
+which `python bench/gpu_models_ingest.py` runs).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ bench/generator_adaptation.py: first 100 test questions, default `RAGConfig()` t
 pairs: `dpo_pairs_gold.jsonl` / `dpo_pairs_hybrid.jsonl` from the committed device run
   (`bench/results/gpu_models_raw`: the Qwen judge's order-swapped verdicts on (Qwen, SmolLM2)
   answers to the 500 HotpotQA train questions; ties dropped), the same 1,217 pairs as
-  `bench/gpu_models.py ingest` writes (`bench.gpu_models_ingest._pair_rows`).
+  `bench/gpu_models_ingest.py` writes (`bench.gpu_models_ingest._pair_rows`).
 pairs --ranker judge:qwen+reference:pointwise: the same answer pairs re-judged against the gold
   answer (2,763 decisive pairs; bench/judge_relabel.py), trained as `smollm2-<method>-ref`.
 render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`, each `-ref`) found

@@ -15,13 +15,13 @@ only a small working tree travels to it, so the work is split in three steps:
   run      (device)      python bench/gpu_models.py run --cargo .gpu_cargo/base --out $OUT
                          generates, judges and embeds; writes answers.json.gz, judge.json.gz,
                          the nomic vectors and run.json (device, versions, seconds per stage).
-  ingest   (here, CPU)   scores what came back with the project's scorers and writes
+  ingest   (here, CPU)   bench/gpu_models_ingest.py: scores what came back with the project's scorers and writes
                          bench/results/gpu_models.json + .md, the teacher store and the
                          distillation / preference sets (`--notes-dir`), and the nomic vectors into
                          the embedding cache so `bench/models.py` computes their nDCG.
                          The device's outputs (but the 16 MB of vectors) and the jobs file are
                          committed in bench/results/gpu_models_raw/, so the committed rows can be
-                         re-derived here: `python bench/gpu_models.py ingest --cargo
+                         re-derived here: `python bench/gpu_models_ingest.py --cargo
                          bench/results/gpu_models_raw --from bench/results/gpu_models_raw
                          --notes-dir DIR`.
 
@@ -434,24 +434,14 @@ def main() -> None:
     m.add_argument("--pieces", type=Path, default=Path(".gpu_cargo/pieces"))
     m.add_argument("--manifest", type=Path, default=Path(".gpu_cargo/base/pieces.json"))
     m.add_argument("--cache", type=Path, required=True)
-    i = sub.add_parser("ingest", help="score the device's results here (CPU)")
-    i.add_argument("--cargo", type=Path, default=Path(".gpu_cargo"))
-    i.add_argument("--from", dest="src", type=Path, required=True)
-    i.add_argument("--notes-dir", type=Path, required=True,
-                   help="where the distillation and preference sets are written")
-    i.add_argument("--store", type=Path, help="teacher store (default: the cache's)")
     a = ap.parse_args()
     if a.cmd == "prepare":
         prepare(a.cargo, a.valid_n, a.test_n, a.train_n)
     elif a.cmd == "assemble":
         assemble(a.pieces, a.manifest, a.cache)
-    elif a.cmd == "run":
+    else:
         a.out.mkdir(parents=True, exist_ok=True)
         run(a.cargo, a.out, set(a.only) if a.only else None, a.device, a.qwen, a.smol)
-    else:
-        from bench.gpu_models_ingest import ingest
-
-        ingest(a.cargo, a.src, a.notes_dir, a.store)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The ingest step of bench/gpu_models.py: what the device returned, scored here with the
 project's own scorers.
 
+    python bench/gpu_models_ingest.py --from OUT --notes-dir DIR   # OUT: what the device wrote
+
 Writes
   bench/results/gpu_models.json + .md   every row of the GPU run (answer F1 and EM with 95% CIs,
                                         paired deltas, GPU seconds per answer, the judge's
@@ -18,15 +20,26 @@ Writes
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import make_meta, metric_row, optional_data, plain_row, write_results
-from bench.gpu_models import NOMIC, QWEN, _read_gz
-from rag.metrics.qa import best_em_f1
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    make_meta,
+    metric_row,
+    optional_data,
+    plain_row,
+    write_results,
+)
+from bench.gpu_models import NOMIC, QWEN, _read_gz  # noqa: E402
+from rag.metrics.qa import best_em_f1  # noqa: E402
 
 HOTPOT_DS = "hotpotqa/test/hybrid-k5"
 
@@ -293,3 +306,18 @@ def ingest(cargo: Path, src: Path, notes_dir: Path, store_path: Path | None = No
     if info.get("errors"):
         body += ["", "Errors on the device:", *[f"- {e}" for e in info["errors"]]]
     write_results("gpu_models", rows, meta, "Packaged models on a lent GPU", "\n".join(body))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cargo", type=Path, default=Path(".gpu_cargo"))
+    ap.add_argument("--from", dest="src", type=Path, required=True)
+    ap.add_argument("--notes-dir", type=Path, required=True,
+                    help="where the distillation and preference sets are written")
+    ap.add_argument("--store", type=Path, help="teacher store (default: the cache's)")
+    a = ap.parse_args()
+    ingest(a.cargo, a.src, a.notes_dir, a.store)
+
+
+if __name__ == "__main__":
+    main()

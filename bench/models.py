@@ -481,7 +481,7 @@ def main() -> None:
     if "rerank" in sections:
         from bench.models_rerank import rerank_section
 
-        rerank_section(args, rows, notes)
+        rerank_section(args, rows, notes, scifact)
     kept = merge_previous(args, sections, rows, notes)
     gpu_rows(rows, notes)
     md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]

@@ -64,11 +64,11 @@ def _timed(reranker, work) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     return scores, np.asarray(cpu), np.asarray(wall)
 
 
-def rerank_section(args, rows: list, notes: list) -> None:
-    """Rows for the torch / ONNX fp32 / ONNX int8 cross-encoder (see the module docstring)."""
+def rerank_section(args, rows: list, notes: list, scifact) -> None:
+    """Rows for the torch / ONNX fp32 / ONNX int8 cross-encoder (see the module docstring),
+    appended to `rows`; `scifact` is bench/models.py's loader of the SciFact test queries."""
     import torch
 
-    from bench.models import scifact
     from rag.errors import RagError
     from rag.index.bm25 import TantivyBM25
     from rag.rerank import CrossEncoderReranker
