@@ -131,12 +131,14 @@ def score_answers(answers: Sequence[Answer], examples: Sequence[Example],
 def summarize(answers: Sequence[Answer], rows: Sequence[dict[str, float]], *, wall_s: float,
               model_load_s: float) -> dict[str, Any]:
     """The summary of an evaluation: n, wall and load seconds, the metric means
-    (`rag.metrics.aggregate`), per-stage latency percentiles (ms) and mean tokens. Shared by
-    `evaluate` and the Ray fan-out (rl.common.fanout), so both report the same keys."""
-    from rag.metrics import aggregate
+    (`rag.metrics.aggregate`) and the n each was taken over (`n_by_metric`), per-stage latency
+    percentiles (ms) and mean tokens. Shared by `evaluate` and the Ray fan-out
+    (rl.common.fanout), so both report the same keys."""
+    from rag.metrics import aggregate, metric_counts
 
     return {"n": len(answers), "wall_s": wall_s, "model_load_s": model_load_s,
-            **aggregate(list(rows)), **latency_summary(answers),
+            **aggregate(list(rows)), "n_by_metric": metric_counts(list(rows)),
+            **latency_summary(answers),
             "tokens_in_mean": float(np.mean([a.tokens_in for a in answers]))
             if answers else 0.0,
             "tokens_out_mean": float(np.mean([a.tokens_out for a in answers]))

@@ -1,14 +1,19 @@
 """ExtractiveReader: a fast, model-free reader for large sweeps (>= 500 questions/s).
 
 1. Question type from its wording: yes/no ("Is/Were/Did ..."), either-or comparison ("..., X or
-   Y?"), year/date ("when", "what year"), number ("how many/much"), otherwise an entity.
+   Y?"), year/date ("when", "what year"), number ("how many/much"), otherwise an entity; the
+   answer-type contract is `rag.generation.answer_check`.
 2. Sentences of the contexts are scored by the IDF-weighted overlap with the question's content
    words (IDF over the given contexts).
 3. Inside the best sentences, candidate spans of the wanted type (years, numbers, capitalised
    names, or the words after a matched anchor) that do not repeat the question are scored by
-   sentence score and closeness to matched question words.
+   sentence score and closeness to matched question words. An entity question (who, what,
+   where) never gets a date, time or bare number; a passage's title is a candidate only when it
+   is a name its own text says (never a timestamp or other metadata title).
 Comparison questions pick the option whose passage holds the smaller/larger year or number as
-the wording asks; "same ..." yes/no questions compare the values found for both entities.
+the wording asks. Yes/no questions are decided by the passages the question names: "same ..."
+compares their values (years, or a name both opening sentences share), otherwise "yes" needs
+every named passage to hold `yes_coverage` of the question's other content words.
 Cites the passages the answer came from.
 """
 
@@ -19,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from rag.generation.answer_check import DATE, ISO, TIME, answer_type, expected_type, fits
 from rag.generation.base import Generator
 from rag.generation.prompts import INSUFFICIENT
 from rag.types import Context, Generation
@@ -26,8 +32,7 @@ from rag.types import Context, Generation
 _WORD = re.compile(r"[^\W_]+(?:[-'][^\W_]+)*", re.UNICODE)
 _SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _YEAR = re.compile(r"\b(1[0-9]{3}|20[0-9]{2})\b")
-_DATE = re.compile(r"\b(?:\d{1,2}\s+)?(?:January|February|March|April|May|June|July|August|"
-                   r"September|October|November|December)(?:\s+\d{1,2},?)?\s+\d{4}\b")
+_DATE = DATE
 _NUM = re.compile(r"\b\d[\d,]*(?:\.\d+)?(?:\s*(?:million|billion|thousand|percent|%))?")
 _CAP = re.compile(r"\b[A-Z][\w'\-]*(?:\s+(?:(?:of|the|de|von|van|and|&|du|la)\s+)?"
                   r"[A-Z0-9][\w'\-]*)*")
@@ -36,6 +41,8 @@ _YESNO = re.compile(r"^(is|are|was|were|do|does|did|can|could|has|have|had|will|
 _STOP = set(["a", "an", "the", "of", "in", "on", "at", "to", "for", "from", "by", "with", "and", "or", "is", "are", "was", "were", "be", "been", "being", "do", "does", "did", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "that", "this", "these", "those", "it", "its", "as", "into", "than", "then", "there", "their", "they", "he", "she", "his", "her", "both", "same", "either", "one", "ones", "name", "named", "called", "also", "has", "have", "had", "not", "no", "yes"])
 _PLACE = re.compile(r"^\s*(where|how)\b|\bin which (city|country|state|town|county)\b|"
                     r"\bwhat (city|country|state|town|county)\b", re.I)
+_LEAD = re.compile(r"^(?:(?:In|On|At|By|From|After|Before|During|Since|Until|When|While|"
+                   r"And|But|As|If|Then|\d[\d,]*)\s+)+")
 _TITLE_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 _EARLY = re.compile(r"\b(earlier|first|older|oldest|before|earliest)\b", re.I)
 _LATE = re.compile(r"\b(later|younger|youngest|last|after|latest|more recent(ly)?)\b", re.I)
@@ -82,7 +89,7 @@ class ExtractiveReader(Generator):
     """Deterministic span extraction; tokens_in/out are whitespace tokens."""
 
     name = "extractive"
-    fingerprint = "extractive-v3"
+    fingerprint = "extractive-v4"
     title_bonus = 6.0  # tuned on the HotpotQA train split with gold paragraphs (0..100)
     abstain_below = 0.5
     """`*_abstain` prompts: answer INSUFFICIENT when no sentence (with its passage title) holds
@@ -147,12 +154,15 @@ class ExtractiveReader(Generator):
             kind = "entity"
         if kind == "yesno":
             return self._yesno(question, contexts, scored)
+        expected = expected_type(question)
         best: tuple[float, str, int] | None = None
         for rank, (sscore, ci, sent) in enumerate(scored[:4]):
             for span, pos in self._spans(sent, kind):
                 sw = set(_words(span))
                 if not sw or sw <= qw | _STOP:
                     continue
+                if kind == "entity" and not fits(expected, answer_type(span)):
+                    continue  # a date, time or bare number for a who/what/where question
                 words = _words(sent)
                 hits = [j for j, w in enumerate(words) if w in qw]
                 span_pos = len(_words(sent[:pos]))
@@ -162,23 +172,36 @@ class ExtractiveReader(Generator):
                     best = (s, span, ci)
         if kind == "entity" and not _PLACE.search(question):
             # bridge questions often ask for the entity a passage is *about*: its title, when
-            # the question does not name it already and the passage matches the question
+            # the question does not name it already, the passage matches the question, and
+            # the title is a name its own text says (not a timestamp or other metadata)
             for ci, c in enumerate(contexts, 1):
-                tw = set(_words(_TITLE_PAREN.sub("", c.title)))
-                if not tw or tw & qw:
+                title = _TITLE_PAREN.sub("", c.title).strip()
+                tw = set(_words(title))
+                if not tw or tw & qw or not self._title_is_subject(title, c.text):
                     continue
                 sc = max((sc for sc, i, _ in scored if i == ci), default=0.0)
                 if sc <= 0:
                     continue
                 s = sc + self.title_bonus
                 if best is None or s > best[0]:
-                    best = (s, _TITLE_PAREN.sub("", c.title).strip(), ci)
+                    best = (s, title, ci)
         if best is None:
             if not scored:
                 return INSUFFICIENT, []
             _, ci, sent = scored[0]
-            return " ".join(_content(sent)[:4]) or INSUFFICIENT, [ci]
+            words = [w for w in _content(sent) if answer_type(w) == "text"]
+            return " ".join(words[:4]) or INSUFFICIENT, [ci]
         return best[1], [best[2]]
+
+    @staticmethod
+    def _title_is_subject(title: str, text: str) -> bool:
+        """A title may be answered when it is a name (text, not a date/time/number) and at
+        least half of its words occur in the passage's own text."""
+        if answer_type(title) != "text" or TIME.search(title) or ISO.search(title):
+            return False
+        tw = [w for w in _words(title) if w not in _STOP] or _words(title)
+        body = set(_words(text))
+        return sum(w in body for w in tw) >= 0.5 * len(tw)
 
     @staticmethod
     def _spans(sent: str, kind: str):
@@ -190,7 +213,13 @@ class ExtractiveReader(Generator):
             pats = [_CAP]
         found = []
         for p in pats:
-            found += [(m.group(0).strip(" ,"), m.start()) for m in p.finditer(sent)]
+            for m in p.finditer(sent):
+                span, start = m.group(0).strip(" ,"), m.start()
+                if p is _CAP:  # "In 1950 Tom Ferr" -> "Tom Ferr"
+                    lead = _LEAD.match(span)
+                    if lead and lead.end() < len(span):
+                        span, start = span[lead.end():], start + lead.end()
+                found.append((span, start))
             if found:
                 break
         if kind == "entity" and not found:  # lower-case answers: a profession, an industry
@@ -228,15 +257,63 @@ class ExtractiveReader(Generator):
         pick = 0 if counts[0] >= counts[1] else 1
         return opts[pick], [scored[0][1]] if scored else []
 
+    yes_coverage = 0.6
+    """Yes/no questions: "yes" when every passage the question names (by title) holds at least
+    this share of the question's other content words (prefix-matched); "same X" questions
+    compare the named passages' values instead (module docstring)."""
+
+    def _named_passages(self, question: str, contexts: Sequence[Context]) -> list[int]:
+        """1-based indices of the passages whose title the question names (most of its words)."""
+        qw = set(_words(question))
+        out, seen = [], set()
+        for ci, c in enumerate(contexts, 1):
+            tw = [w for w in _words(_TITLE_PAREN.sub("", c.title)) if w not in _STOP]
+            key = " ".join(tw)
+            if tw and key not in seen and sum(w in qw for w in tw) >= 0.6 * len(tw):
+                seen.add(key)
+                out.append(ci)
+        return out
+
+    @staticmethod
+    def _has(word: str, vocab: set[str]) -> bool:
+        if word in vocab:
+            return True
+        stem = word[:5] if len(word) > 5 else None
+        return stem is not None and any(v.startswith(stem) for v in vocab)
+
     def _yesno(self, question: str, contexts: Sequence[Context], scored):
-        m = re.search(r"same (year|country|city|nationality|age)", question, re.I)
-        cites = sorted({ci for _, ci, _ in scored[:2]})
-        if m:
-            names = [n for n in _CAP.findall(question) if not _YESNO.match(n)]
-            if len(names) >= 2:
-                pattern = _YEAR if m.group(1).lower() in ("year", "age") else None
-                if pattern is not None:
-                    (va, ca), (vb, cb) = (self._values(n, contexts, pattern) for n in names[:2])
-                    if va is not None and vb is not None:
-                        return ("yes" if va == vb else "no"), [c for c in (ca, cb) if c]
-        return "yes", cites
+        named = self._named_passages(question, contexts)
+        if len(named) < 1:
+            named = sorted({ci for _, ci, _ in scored[:2]})
+        cites = named[:2] or sorted({ci for _, ci, _ in scored[:2]})
+        m = re.search(r"same (year|age|\w+)", question, re.I)
+        if m and len(named) >= 2:
+            a, b = named[:2]
+            if m.group(1).lower() in ("year", "age"):
+                (va, _), (vb, _) = ((self._values(contexts[i - 1].title, contexts, _YEAR))
+                                    for i in (a, b))
+                if va is not None and vb is not None:
+                    return ("yes" if va == vb else "no"), cites
+            # same country / nationality / city / director ...: a shared name (not a date, not
+            # the question's own words) in the opening sentences of both passages
+            qw = set(_words(question))
+
+            def names(i: int) -> set[str]:
+                c = contexts[i - 1]
+                head = " ".join(_SENT.split(c.text)[:2])
+                own = set(_words(c.title))
+                return {w for span in _CAP.findall(head) for w in _words(span)
+                        if w not in own and w not in qw and w not in _STOP
+                        and answer_type(w) == "text"}
+            return ("yes" if names(a) & names(b) else "no"), cites
+        title_words = {w for i in named for w in _words(contexts[i - 1].title)}
+        pred = [w for w in _content(_YESNO.sub("", question.strip(), count=1))
+                if w not in title_words]
+        if not pred:
+            return "yes", cites
+        cover = []
+        for i in named:
+            c = contexts[i - 1]
+            vocab = set(_words(f"{c.title} {c.text}"))
+            cover.append(sum(self._has(w, vocab) for w in pred) / len(pred))
+        return ("yes" if min(cover) >= self.yes_coverage else "no"), cites

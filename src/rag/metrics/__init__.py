@@ -25,7 +25,7 @@ from rag.metrics.qa import best_em_f1, supporting_passage_f1
 from rag.metrics.retrieval import mrr_at_k, ndcg_at_k, recall_at_k
 from rag.types import Answer, Example
 
-__all__ = ["score_answer", "aggregate"]
+__all__ = ["score_answer", "aggregate", "metric_counts"]
 
 
 def _gold_rel(example: Example) -> dict[str, int]:
@@ -67,6 +67,13 @@ def score_answer(answer: Answer, example: Example, k: int | None = None) -> dict
 
 
 def aggregate(rows: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Mean of every metric over the rows that have it."""
+    """Mean of every metric over the rows that have it; `metric_counts` says how many that is."""
     keys = sorted({k for r in rows for k in r})
     return {k: float(np.mean([r[k] for r in rows if k in r])) for k in keys}
+
+
+def metric_counts(rows: Sequence[dict[str, float]]) -> dict[str, int]:
+    """The n each `aggregate` mean was taken over: rows that have the metric (e.g. `support`
+    leaves out bare yes/no answers, `em`/`f1` questions without gold answers)."""
+    keys = sorted({k for r in rows for k in r})
+    return {k: sum(k in r for r in rows) for k in keys}

@@ -47,7 +47,12 @@ def _examples_for(dataset: str, split: str | None, limit: int | None):
         raise ConfigError("--limit", "must be >= 1")
     ds = load_dataset(dataset)
     split = split or default_split(ds)
-    examples = resolve_split(ds, split)
+    try:
+        examples = resolve_split(ds, split)
+    except ConfigError as exc:  # name the flag
+        if exc.field != "split":
+            raise
+        raise ConfigError("--split", exc.message) from None
     if limit is not None:
         examples = examples[:limit]
     return ds, split, examples
@@ -146,10 +151,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result.summary.update({"dataset": ds.name, "split": split,
                            "no_reachable_gold": gold["no_reachable_gold"]})
     out = result.write(args.out)
-    keys = [k for k in result.summary if not k.endswith("_p50_ms")]
+    keys = [k for k in result.summary if not k.endswith("_p50_ms") and k != "n_by_metric"]
+    counts = result.summary.get("n_by_metric", {})
     for k in keys:
         v = result.summary[k]
-        print(f"{k:<28} {v:.4f}" if isinstance(v, float) else f"{k:<28} {v}")
+        n = f"  (n={counts[k]})" if counts.get(k, len(examples)) != len(examples) else ""
+        print(f"{k:<28} {v:.4f}{n}" if isinstance(v, float) else f"{k:<28} {v}")
     print(f"wrote {out}/predictions.jsonl, contexts.jsonl, summary.json, summary.csv")
     return 0
 
