@@ -87,7 +87,17 @@ async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
 # Starlette puts the last-added middleware outermost, so these two are added before the counter.
 # State reaches them through functions of serving.limits/serving.auth (see install_guard).
 api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
-api.add_middleware(AuthMiddleware, guard=current_guard)
+api.add_middleware(AuthMiddleware, guard=current_guard, routed=lambda scope: _routed(scope))
+
+
+def _routed(scope) -> bool:
+    """Whether a route of the API has this request's path (any method): the API-key check
+    runs only then, and any other path answers 404."""
+    from starlette.routing import Match
+
+    scope = {**scope, "path": route_path(scope), "root_path": ""}
+    # another method on a route's path is a PARTIAL match: 405 after the key check
+    return any(route.matches(scope)[0] is not Match.NONE for route in api.router.routes)
 
 
 REPLICA_ID = f"{socket.gethostname()}:{os.getpid()}"

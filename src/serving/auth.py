@@ -284,8 +284,10 @@ class AuthMiddleware:
     callable (the ingress sets the Guard from its settings after import); None means the app
     is not initialised yet, and a protected path is refused with 503 (fail closed)."""
 
-    def __init__(self, app, guard):
-        self.app, self.guard = app, guard
+    def __init__(self, app, guard, routed=None):
+        """`routed(scope)`: whether any route of the app has the request's path (a path
+        none has is passed on, so it answers 404 instead of asking for a key)."""
+        self.app, self.guard, self.routed = app, guard, routed
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -300,7 +302,7 @@ class AuthMiddleware:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                        for k, v in scope.get("headers", ())}
             denied = g.check(path, headers)
-        if denied is None:
+        if denied is None or (self.routed is not None and not self.routed(scope)):
             await self.app(scope, receive, send)
             return
         payload = json.dumps({"error": f"authorization: {denied.message}",

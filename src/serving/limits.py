@@ -3,7 +3,9 @@
 Both answer "no" instantly with the number of seconds after which a retry can succeed, which
 the ingress returns as `429 Too Many Requests` with a `Retry-After` header (whole seconds,
 rounded up, at least 1). Thread-safe; time comes from an injectable clock (seconds) for tests.
-`BodyLimitMiddleware` refuses oversized request bodies (413) before anything parses them.
+`BodyLimitMiddleware` refuses oversized request bodies (413) before anything parses them, and
+bodies FastAPI would refuse with a message naming neither the cause nor the fix
+(`check_json_body`: not JSON by its Content-Type, not UTF-8, nested too deep).
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class BodyLimitMiddleware:
             if not msg.get("more_body", False):
                 break
         body, replayed = b"".join(chunks), False
+        bad = check_json_body(scope, body)
+        if bad is not None:
+            await _json(send, *bad)
+            return
 
         async def replay():
             nonlocal replayed
@@ -148,6 +154,62 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays and objects a request body may have (the API's own bodies nest
+at most 4 deep; Python's JSON parser fails past ~1,000 levels with a generic error)."""
+
+
+def check_json_body(scope, body: bytes) -> tuple[int, str, str] | None:
+    """(status, field, message) for a request body the JSON routes cannot read, else None:
+    415 `content-type` when a body is sent as something other than JSON, 400 `body` when it
+    is not UTF-8 (naming the byte offset) or nests deeper than MAX_JSON_DEPTH. A request
+    without a body passes (the route says what it needs)."""
+    if not body.strip() or scope.get("method") not in ("POST", "PUT", "PATCH"):
+        return None
+    ctype = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                  if k == b"content-type"), "")
+    media = ctype.split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        return (415, "content-type", f"is {media or 'missing'!r}; this API reads JSON bodies: "
+                                     "send the body with `Content-Type: application/json`")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (400, "body", f"is not valid UTF-8 (byte {exc.start}: 0x{body[exc.start]:02x}); "
+                             "encode the JSON body as UTF-8")
+    depth = _json_depth(body) if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH else 0
+    if depth > MAX_JSON_DEPTH:
+        return (400, "body", f"JSON nests {depth}+ levels deep; the limit is "
+                             f"{MAX_JSON_DEPTH} (arrays and objects inside each other)")
+    return None
+
+
+def _json_depth(body: bytes) -> int:
+    """Deepest array/object nesting of a JSON text (brackets inside strings ignored); stops
+    counting one past MAX_JSON_DEPTH."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for b in body:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:  # quote
+                in_str = False
+        elif b == 0x22:
+            in_str = True
+        elif b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 async def _json(send, status: int, field: str, message: str) -> None:

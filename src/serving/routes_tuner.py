@@ -38,6 +38,12 @@ class TunerRoutes:
             raise ApiError("dataset", f"{body.dataset!r} is not one this server evaluates: "
                                       "add it to serve.eval_datasets (a name, file or folder)",
                            403)
+        from rag.corpus.hygiene import SPLIT_NAMES
+
+        if body.split is not None and body.split not in SPLIT_NAMES:  # else a failed job
+            raise ApiError("split", f"unknown split {body.split!r}: one of "
+                                    f"{', '.join(SPLIT_NAMES)} (or leave it out: the tuner's "
+                                    "split)")
         cfg = self._limited_config(body.config, "config")
         job = self.jobs.submit({"config": cfg.model_dump(mode="json"), "dataset": body.dataset,
                                 "split": body.split, "batch_size": body.batch_size,

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 SPLITS_DIR = default_config("splits")
 """The committed split manifests (shipped with the code, `rag.resources`)."""
 ALL = "all"
+SPLIT_NAMES = ("train", "valid", "test")
+"""The splits a manifest holds (committed or derived); `ALL` is every example."""
 """The split name that selects every example of a dataset."""
 DERIVED_SPLIT_SIZES: dict[str, float | int] = {"valid": 0.5, "test": 0.5}
 """Split sizes for data without a committed manifest (the synthetic world, a user's own file)
@@ -266,6 +268,9 @@ def resolve_split(dataset: Dataset, split: str, *, seed: int = 13,
                         f"a dataset with questions (a HotpotQA file or a BEIR folder)")
     if split == ALL:
         return list(dataset.examples)
+    if split not in SPLIT_NAMES:  # a typo, not a manifest problem
+        raise ConfigError("split", f"unknown split {split!r}: one of "
+                                   f"{', '.join((*SPLIT_NAMES, ALL))}")
     if manifest_for(dataset) is None and not derive:
         raise _no_manifest(dataset, split)
     manifest = split_manifest(dataset, seed=seed, derive=derive)
