@@ -613,7 +613,7 @@ def test_cli_train_generator(tiny, tmp_path, capsys):
     assert {"tiny-cli", "tiny-cli@v1", "tiny-cli@best"} <= set(local)
     assert local["tiny-cli@best"]["path"] == str((tmp_path / "run" / "merged").resolve())
     rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "dpo"),
-               "--train-jsonl", str(data), "--policy", str(tmp_path / "run" / "merged"),
+               "--train-jsonl", str(data), "--model", str(tmp_path / "run" / "merged"),
                "--set", "prefs.steps=1", "--name", "tiny-dpo"])
     assert rc == 0 and (tmp_path / "dpo" / "merged" / "config.json").exists()
     # pairs ranked elsewhere (a judge on another machine): trained on as given
@@ -621,7 +621,7 @@ def test_cli_train_generator(tiny, tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "dpo" / "pairs.jsonl").read_text().splitlines()]
     given.write_text("".join(json.dumps({**r, "ranker": "judge:test"}) + "\n" for r in rows))
     rc = main(["train-generator", "dpo", "--config", str(cfg), "--out", str(tmp_path / "jd"),
-               "--pairs-jsonl", str(given), "--policy", str(tmp_path / "run" / "merged"),
+               "--pairs-jsonl", str(given), "--model", str(tmp_path / "run" / "merged"),
                "--set", "prefs.steps=1", "--name", "tiny-jdpo"])
     assert rc == 0 and (tmp_path / "jd" / "merged" / "config.json").exists()
     summary = json.loads((tmp_path / "jd" / "summary.json").read_text())

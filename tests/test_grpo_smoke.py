@@ -91,8 +91,8 @@ def test_two_grpo_steps_then_resume(tmp_path):
 def test_cli_grpo_refuses_bad_input(tmp_path, capsys):
     from serving.cli import main
 
-    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o")]) == 2  # no --policy
-    assert "--policy" in capsys.readouterr().err
-    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o"), "--policy",
+    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o")]) == 2  # no --model
+    assert "--model" in capsys.readouterr().err
+    assert main(["train-generator", "grpo", "--out", str(tmp_path / "o"), "--model",
                  str(tmp_path), "--grpo-set", "nope=1"]) == 2
     assert "nope" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`ragpilot policy train` (issue 19: the supervised router is the shipped per-query policy, so a
+"""`ragpilot router train` (issue 19: the supervised router is the shipped per-query policy, so a
 user must be able to train it and serve it): on the synthetic world the CLI fits the router
 over the 30-config portfolio, reads the holdout once, writes a policy directory, and that
 directory is what the Serve app's `PolicyRouter` loads and picks with, from features of the
@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("policy") / "synthetic"
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert main(["policy", "train", "--out", str(out)]) == 0
+        assert main(["router", "train", "--out", str(out)]) == 0
     return out, json.loads((out / "report.json").read_text()), err.getvalue()
 
 
@@ -128,7 +128,7 @@ def test_rows_are_computed_only_for_the_queries_asked(tmp_path, monkeypatch):
 def test_a_second_run_into_the_same_directory_is_refused_and_keeps_the_policy(trained, capsys):
     out, _, _ = trained
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    assert main(["policy", "train", "--out", str(out)]) == 2
+    assert main(["router", "train", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "--overwrite" in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -1,4 +1,4 @@
-"""`ragpilot policy train --learner ppo` (issue 19: a user trains the PPO policy from the CLI and
+"""`ragpilot router train --learner ppo` (issue 19: a user trains the PPO policy from the CLI and
 serves it): on the synthetic world the command fits the router, trains the residual PPO policy
 over it with real RLlib (1 seed, 2 iterations: the pipeline, not the policy's quality, is
 under test here; bench/policy.py measures that), reads the holdout once against the router,
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.ray
 SYSTEMS = ("ppo-policy", "supervised-router-equal-cost", "best-static", "static-default")
 
 
-ARGV = ["policy", "train", "--learner", "ppo", "--ppo-seeds", "1", "--ppo-iters", "2"]
+ARGV = ["router", "train", "--learner", "ppo", "--ppo-seeds", "1", "--ppo-iters", "2"]
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def test_policy_train_on_a_tiny_folder_warns_and_still_reports(tmp_path, monkeyp
     monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
     data = _beir(tmp_path / "tinybeir")
     out = tmp_path / "policy"
-    assert main(["policy", "train", "--dataset", str(data), "--out", str(out)]) == 0
+    assert main(["router", "train", "--dataset", str(data), "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     assert len(rep["warnings"]) == 1 and "train ∪ valid queries" in rep["warnings"][0]
     assert rep["router"]["static_arm"] in rep["arms"] and rep["router"]["margin"] >= 0

@@ -249,7 +249,7 @@ def _check_paths(s: ServeSettings) -> None:
             if d is not None and not all((Path(d) / f).is_file()
                                          for f in (POLICY_FILE, MODEL_FILE)):
                 raise ConfigError(f"serve.policy.{field}", f"{d} is not a policy directory "
-                                  f"({POLICY_FILE} and {MODEL_FILE}; `ragpilot policy train` "
+                                  f"({POLICY_FILE} and {MODEL_FILE}; `ragpilot router train` "
                                   "writes one)")
 
 

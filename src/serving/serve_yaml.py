@@ -1,5 +1,5 @@
 """A Serve config for what a run produced, so the step from `ragpilot tune` or
-`ragpilot policy train` to serving it is one command, not a hand-edited copy of
+`ragpilot router train` to serving it is one command, not a hand-edited copy of
 configs/serve/default.yaml:
 
     write_serve_yaml(run / "serve.yaml", tuned_args(dataset, default, tuned, run))

@@ -60,7 +60,7 @@ def test_reranker_submit_sends_the_command_and_resources(client, tmp_path, capsy
 def test_generator_submit_asks_for_gpus_and_waits(client, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
     monkeypatch.chdir(tmp_path)
-    rc = main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--policy", "/srv/sft",
+    rc = main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--model", "/srv/sft",
                "--set", "train.max_steps=20", "--registry", "local", "--submit",
                "--gpus", "1", "--wait"])
     assert rc == 0
@@ -68,7 +68,7 @@ def test_generator_submit_asks_for_gpus_and_waits(client, tmp_path, monkeypatch,
     assert job["address"] == "http://head:8265"  # from $RAY_ADDRESS
     assert shlex.split(job["entrypoint"]) == [
         "ragpilot", "train-generator", "dpo", "--set", "train.max_steps=20", "--out",
-        "/srv/runs/gen", "--policy", "/srv/sft", "--registry", "local"]
+        "/srv/runs/gen", "--model", "/srv/sft", "--registry", "local"]
     assert job["entrypoint_num_cpus"] == 1.0 and job["entrypoint_num_gpus"] == 1.0
     out = capsys.readouterr().out
     assert "trained" in out and out.rstrip().endswith("job raysubmit_test123: SUCCEEDED")
@@ -100,7 +100,8 @@ def test_registry_flag_names_the_local_registry(tmp_path):
 @pytest.mark.parametrize("argv, flag", [
     (["sft", "--grpo-set", "steps=3"], "--grpo-set"),       # silently dropped before
     (["dpo", "--grpo-set", "steps=3"], "--grpo-set"),
-    (["sft", "--policy", "runs/x/merged"], "--policy"),     # sft trains base_model
+    (["sft", "--model", "runs/x/merged"], "--model"),       # sft trains base_model
+    (["dpo", "--model", "a", "--policy", "b"], "--policy"),  # the old name and the new
     (["sft", "--no-merge", "--registry", "local"], "--registry"),
 ])
 def test_generator_flags_that_do_nothing_are_refused_before_a_job_is_sent(
@@ -123,3 +124,16 @@ def test_a_bad_registry_is_refused_before_training(tmp_path, make, says, capsys)
     assert main(["train-generator", "sft", "--out", str(out), "--registry", str(reg)]) == 2
     err = capsys.readouterr().err
     assert "error: --registry:" in err and says in err and not out.exists()
+
+
+def test_generator_policy_flag_is_the_deprecated_name_of_model(client, monkeypatch, capsys):
+    """`--policy` still works for one release: a one-line notice on stderr, and the job runs
+    with `--model`."""
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    assert main(["train-generator", "dpo", "--out", "/srv/runs/gen", "--policy", "/srv/sft",
+                 "--submit"]) == 0
+    (job,) = client.submitted
+    argv = shlex.split(job["entrypoint"])
+    assert argv[argv.index("--model") + 1] == "/srv/sft" and "--policy" not in argv
+    err = [line for line in capsys.readouterr().err.splitlines() if "deprecated" in line]
+    assert len(err) == 1 and "--model" in err[0]

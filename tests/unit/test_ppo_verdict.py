@@ -1,4 +1,4 @@
-"""`ppo_verdict`: `ragpilot policy train --learner ppo` recommends PPO only where it earns its
+"""`ppo_verdict`: `ragpilot router train --learner ppo` recommends PPO only where it earns its
 place over the router it defers to (the shipped default), and says why with the deltas."""
 
 import pytest

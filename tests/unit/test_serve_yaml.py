@@ -1,4 +1,4 @@
-"""serving.serve_yaml: the Serve config `ragpilot tune` and `ragpilot policy train` write next
+"""serving.serve_yaml: the Serve config `ragpilot tune` and `ragpilot router train` write next
 to their run. What is checked is what the app would deploy: the file passes the same checks as
 `ragpilot serve --config` (read_serve_yaml, then ServeSettings), stable is exactly the default
 config, the canary exactly the tuned one, and every path is absolute."""

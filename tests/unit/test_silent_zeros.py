@@ -193,7 +193,7 @@ def test_tune_and_tuner_eval_refuse_a_split_without_reachable_gold(tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     capsys.readouterr()
     pol = tmp_path / "policy"
-    assert main(["policy", "train", "--dataset", d, "--out", str(pol)]) == 2
+    assert main(["router", "train", "--dataset", d, "--out", str(pol)]) == 2
     assert "no reachable gold" in capsys.readouterr().err and not pol.exists()
     assert main(["tuner-eval", "--dataset", d, "--split", "test"]) == 2
     err = capsys.readouterr().err

@@ -53,7 +53,7 @@ PROGRESS_S = 30.0
 Log = Callable[[str], None]
 POLICY_RUN_FILES = ("policy.json", "model.pkl", "report.json", "report.md", "serve.yaml",
                     "split.json", "ppo")
-"""What policy training (and `ragpilot policy train`) writes into its directory: `overwrite`
+"""What policy training (and `ragpilot router train`) writes into its directory: `overwrite`
 removes these, and nothing else."""
 
 
@@ -187,7 +187,7 @@ def delta_rows(dataset: str, got: dict[str, dict[str, np.ndarray]], subject: str
 
 @dataclass
 class Prepared:
-    """What both learners of `ragpilot policy train` start from (`prepare`): the evaluator,
+    """What both learners of `ragpilot router train` start from (`prepare`): the evaluator,
     the arms, each role's (queries × arms) matrices and features, and the conversation group
     of every train ∪ valid query (in that order)."""
 
@@ -408,7 +408,7 @@ VERDICTS = {
     "router": "Verdict: **serve the router** — its reward gain over the best static config has "
               "a 95% CI above 0.",
     "ppo-policy": "Verdict: **serve the PPO policy** — {reason}.",
-    "supervised-router": "Verdict: **serve the supervised router** (`ragpilot policy train` "
+    "supervised-router": "Verdict: **serve the supervised router** (`ragpilot router train` "
                          "without `--learner ppo`) — {reason}.",
     "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s reward "
                    "gain over it has no 95% CI above 0 on this holdout{reason}.",
@@ -468,6 +468,6 @@ def markdown(run: RouterRun, dataset: str) -> str:
                           else run.reason)),
               "", f"Serve {'this directory' if run.ppo is not None else 'it'}: "
               f"`serve: {{policy: {{dir: {run.out}}}, traffic: {{mode: policy}}}}` "
-              "(`serving.policy_router`); `ragpilot policy train` writes that Serve config "
+              "(`serving.policy_router`); `ragpilot router train` writes that Serve config "
               f"as `{run.out}/serve.yaml` (`ragpilot serve --config` it).", ""]
     return "\n".join(lines)

@@ -4,6 +4,7 @@
     demo       demo                                                     (serving.demo)
     serve      serve | export-interactions                              (serving.launch, .store)
     tune       tune | report | tuner-eval                               (rl.tuner.run, .report)
+    router     router train (old name: policy train)                    (rl.routing.train)
     rollout    rollout status | start | replay | advance | rollback      (rl.promotion.service)
     keys       keys create | list | revoke                              (serving.auth)
     train      train-reranker | train-generator sft|dpo|ipo|orpo       (rl.adaptation)
@@ -40,13 +41,13 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from serving.cli import data, demo, keys, policy, rollout, selection, serve, train, tune
+    from serving.cli import data, demo, keys, rollout, router, selection, serve, train, tune
 
     p = argparse.ArgumentParser(prog="ragpilot",
                                 description="ragpilot: auto-tuning control plane for RAG")
     p.add_argument("--version", action="version", version=f"ragpilot {version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (data, demo, serve, tune, policy, rollout, keys, train, selection):
+    for group in (data, demo, serve, tune, router, rollout, keys, train, selection):
         group.add_parsers(sub)
     return p
 

@@ -11,8 +11,8 @@ checkpoints (re-running the same command after a kill resumes), saves
 eval metrics, paths).
 
     ragpilot train-generator sft --out runs/gen-sft                       # HotpotQA train split
-    ragpilot train-generator dpo --out runs/gen-dpo --policy runs/gen-sft/merged
-    ragpilot train-generator grpo --out runs/gen-grpo --policy runs/gen-sft/merged \
+    ragpilot train-generator dpo --out runs/gen-dpo --model runs/gen-sft/merged
+    ragpilot train-generator grpo --out runs/gen-grpo --model runs/gen-sft/merged \
         --grpo-set steps=80     # online RL (TRL GRPO); as a Ray job: ray job submit -- <this>
     RAGPILOT_MODELS=runs/gen-sft/models.yaml ragpilot eval ... --set generator=gen-sft-gen-sft
 
@@ -20,7 +20,9 @@ Each run writes <out>/merged (a plain HF folder: base + LoRA merged) and <out>/m
 `format: hf` generator entry, so the trained model is selectable by name in any RAG config, the
 tuner's search space and the bandit's arms. SFT keeps `checkpoints/latest` and `checkpoints/best`
 (valid-split F1) and resumes from `latest` when re-run with the same --out.
-Bad config keys/values exit with code 2 naming the key.
+Bad config keys/values exit with code 2 naming the key. `--model` (the model dpo/ipo/orpo/grpo
+start from) was called `--policy`; the old name is accepted for one release with a one-line
+deprecation notice on stderr.
 
     ragpilot train-reranker --set max_items=40 --submit --job-address http://10.0.0.10:8265
     ragpilot train-generator sft --out /srv/runs/gen-sft --submit --gpus 1 [--wait]
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
@@ -153,7 +156,7 @@ def _register(out: Path, name: str, merged: Path, registry: str | None = None) -
 
 SUBMIT_FLAGS = ("job_address", "cpus", "gpus", "working_dir", "wait")
 RERANKER_FORWARD = ("config", "set", "run_dir", "stop_after", "no_register")
-GENERATOR_FORWARD = ("config", "set", "out", "train_jsonl", "eval_jsonl", "policy", "name",
+GENERATOR_FORWARD = ("config", "set", "out", "train_jsonl", "eval_jsonl", "model", "name",
                      "no_merge", "grpo_set", "registry", "pairs_jsonl")
 """The options a submitted job gets (flag = `--` + dest with dashes)."""
 
@@ -235,14 +238,14 @@ def cmd_train_reranker(args: argparse.Namespace) -> int:
 
 
 def _train_grpo(args: argparse.Namespace, cfg, out: Path, name: str) -> int:
-    """GRPO from --policy (an SFT run's merged folder); --grpo-set KEY=VALUE overrides
+    """GRPO from --model (an SFT run's merged folder); --grpo-set KEY=VALUE overrides
     rl.adaptation.grpo.GRPOSettings fields. Registers the merged model like SFT does."""
     from dataclasses import fields
 
     from rl.adaptation.grpo import GRPOSettings, run_grpo, settings_from_env
 
-    if not args.policy:
-        raise ConfigError("--policy", "grpo starts from an SFT policy: pass its merged folder")
+    if not args.model:
+        raise ConfigError("--model", "grpo starts from an SFT model: pass its merged folder")
     types = {f.name: type(getattr(GRPOSettings(), f.name)) for f in fields(GRPOSettings)}
     over: dict = {"seed": cfg.train.seed, "prompt_id": cfg.prompt_id}
     for kv in args.grpo_set or []:
@@ -250,7 +253,7 @@ def _train_grpo(args: argparse.Namespace, cfg, out: Path, name: str) -> int:
         if key not in types:
             raise ConfigError(f"--grpo-set {key}", f"unknown GRPO setting (known: {sorted(types)})")
         over[key] = types[key](val)
-    summary = run_grpo(args.policy, out, settings_from_env(**over), merge=not args.no_merge)
+    summary = run_grpo(args.model, out, settings_from_env(**over), merge=not args.no_merge)
     print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, default=str))
     if not args.no_merge:
         _register(out, name, Path(summary["merged"]), args.registry)
@@ -274,12 +277,21 @@ def _given_pairs(paths: list[str]) -> tuple[list[dict], dict]:
 
 def check_generator_flags(args: argparse.Namespace) -> None:
     """Flags that do nothing for the method asked for are refused (here and before a job is
-    submitted), not silently dropped."""
+    submitted), not silently dropped. The deprecated `--policy` becomes `--model` here, with a
+    notice on stderr (both given: refused)."""
+    legacy = getattr(args, "legacy_model", None)
+    if legacy:
+        if args.model:
+            raise ConfigError("--policy", "give the model once: --model (--policy is its "
+                                          "deprecated name)")
+        print("deprecated: train-generator --policy is now --model (--policy will be removed "
+              "in the next release)", file=sys.stderr)
+        args.model, args.legacy_model = legacy, None
     if args.grpo_set and args.method != "grpo":
         raise ConfigError("--grpo-set", "only for grpo")
-    if args.policy and args.method == "sft":
-        raise ConfigError("--policy", "sft trains generator_sft.base_model (set it with --set "
-                                      "base_model=...); --policy is for dpo, ipo, orpo and grpo")
+    if args.model and args.method == "sft":
+        raise ConfigError("--model", "sft trains generator_sft.base_model (set it with --set "
+                                     "base_model=...); --model is for dpo, ipo, orpo and grpo")
     if args.no_merge and args.registry:
         raise ConfigError("--registry", "--no-merge keeps only the adapter: nothing to register")
 
@@ -334,14 +346,14 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
             train_preferences,
         )
 
-        policy = Path(args.policy) if args.policy else resolve_base(cfg.base_model)
+        start_model = Path(args.model) if args.model else resolve_base(cfg.base_model)
         if args.pairs_jsonl:  # ranked elsewhere (e.g. a judge on a GPU): train on them as is
             pairs, manifest = _given_pairs(args.pairs_jsonl)
         else:
             ranker_name, ranker = make_ranker(cfg.prefs.ranker, cfg.prefs.judge_model,
                                               cfg.device)
-            tok = load_tokenizer(policy)
-            model = load_base_model(policy, cfg)
+            tok = load_tokenizer(start_model)
+            model = load_base_model(start_model, cfg)
             used = train[: cfg.prefs.n_pairs]
             pairs = build_pairs(model, tok, used, cfg, ranker)
             del model
@@ -349,11 +361,11 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
         save_pairs(pairs, out / "pairs.jsonl")
         print(f"{len(pairs)} preference pairs (ranker "
               f"{'+'.join(sorted({str(p.get('ranker')) for p in pairs}))})")
-        m = train_preferences(args.method, policy, pairs, cfg, out, data_manifest=manifest)
+        m = train_preferences(args.method, start_model, pairs, cfg, out, data_manifest=manifest)
         print(json.dumps(m, default=str))
         if args.no_merge:
             return 0
-        merged = merge_adapter(out / "adapter", out / "merged", base_path=policy)
+        merged = merge_adapter(out / "adapter", out / "merged", base_path=start_model)
     _register(out, name, merged, args.registry)
     return 0
 
@@ -379,12 +391,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--train-jsonl", help="SFT examples (rl.adaptation.sft_data JSONL) instead of "
                                          "the configured datasets")
     s.add_argument("--eval-jsonl", help="evaluation examples (default: HotpotQA valid split)")
-    s.add_argument("--policy", help="dpo/ipo/orpo: the model to align (default: base_model); "
-                                    "normally an SFT run's merged folder")
+    s.add_argument("--model", help="dpo/ipo/orpo/grpo: the model to align (dpo/ipo/orpo "
+                                   "default: base_model); normally an SFT run's merged folder")
+    s.add_argument("--policy", dest="legacy_model", help=argparse.SUPPRESS)
     s.add_argument("--name", help="registry name of the trained generator")
     s.add_argument("--pairs-jsonl", action="append", metavar="FILE",
                    help="dpo/ipo/orpo: train on these preference pairs (rl.adaptation.prefs "
-                        "rows, e.g. judge-ranked elsewhere) instead of ranking the policy's own "
+                        "rows, e.g. judge-ranked elsewhere) instead of ranking the model's own "
                         "samples; repeatable")
     s.add_argument("--no-merge", action="store_true", help="keep only the adapter")
     s.add_argument("--registry", help="also register the merged model in this registry YAML; "

@@ -1,19 +1,20 @@
-"""`ragpilot policy train`: the shipped per-query policy (the supervised router over the config
-portfolio, `rl.routing.train`) trained on a dataset, checked on its holdout split against the
-best static config and the static default, and saved as a directory the Serve app serves.
-`--learner ppo` trains issue 19's residual PPO policy over that router instead
-(`rl.routing.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it against the router,
-best static and the default.
+"""`ragpilot router train`: the per-query router (which config answers each question: the
+supervised router over the config portfolio, `rl.routing.train`) trained on a dataset, checked
+on its holdout split against the best static config and the static default, and saved as a
+policy directory the Serve app serves. `--learner ppo` trains the residual PPO policy over that
+router instead (`rl.routing.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it
+against the router, best static and the default.
 
-    ragpilot policy train --dataset hotpotqa --out runs/policy/hotpotqa [--max-train 250]
-    ragpilot policy train --dataset path/to/beir-folder --out runs/policy/mine \
+    ragpilot router train --dataset hotpotqa --out runs/policy/hotpotqa [--max-train 250]
+    ragpilot router train --dataset path/to/beir-folder --out runs/policy/mine \
         --add-config tuned=runs/my-tune/best_config.yaml --equal-cost
-    ragpilot policy train --learner ppo --ppo-seeds 3 --out runs/policy/synthetic-ppo
+    ragpilot router train --learner ppo --ppo-seeds 3 --out runs/policy/synthetic-ppo
 
-It prints the holdout report (report.md in the directory) and the verdict; serve the directory
-with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Each stage (rows, features, the
-router's cross-validation, PPO's iterations) says what it did on stderr. Bad input exits 2
-naming the flag.
+Output: the holdout report (report.md in the directory) and the verdict on stdout; serve the
+directory with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Each stage (rows,
+features, the router's cross-validation, PPO's iterations) says what it did on stderr. Bad input
+exits 2 naming the flag. `ragpilot policy train` is the command's old name, accepted for one
+release with a one-line deprecation notice on stderr.
 """
 
 from __future__ import annotations
@@ -46,9 +47,16 @@ def _extra(specs: list[str] | None):
     return out
 
 
+DEPRECATED_GROUP = "policy"
+"""The command group's old name (`ragpilot policy train`), kept for one release."""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rl.routing.train import train_router_policy
 
+    if args.command == DEPRECATED_GROUP:
+        print("deprecated: `ragpilot policy train` is now `ragpilot router train` (the old name "
+              "will be removed in the next release)", file=sys.stderr)
     if args.max_train is not None and args.max_train < 2:
         raise ConfigError("--max-train", "must be >= 2")
     if args.seed < 0:  # numpy's generators take no negative seed
@@ -71,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     serve = write_serve_yaml(run.out / SERVE_FILE,
                              policy_args(args.dataset, settings.base_config(), run.out),
-                             note=f"ragpilot policy train, policy {run.out}")
+                             note=f"ragpilot router train, policy {run.out}")
     print((run.out / "report.md").read_text())
     for w in run.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -81,7 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"serve it: ragpilot serve --config {serve}")
     elif run.verdict == "supervised-router":
         print(f"serve the router: {run.reason}. Train and serve it "
-              f"(ragpilot policy train without --learner ppo), or serve this policy anyway "
+              f"(ragpilot router train without --learner ppo), or serve this policy anyway "
               f"to log exploration data (ragpilot serve --config {serve})")
     else:  # written all the same: serving it logs propensities that a later run can learn from
         who = "PPO policy" if args.learner == "ppo" else "router"
@@ -119,9 +127,15 @@ def _train_ppo(args: argparse.Namespace, settings, extra):
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("policy", help="per-query config policy: train (the supervised router, "
-                                      "or --learner ppo)")
-    ps = p.add_subparsers(dest="policy_command", required=True)
+    """`router train`, and `policy train` (its deprecated name) with the same arguments."""
+    _add_group(sub, "router", "per-query router (which config answers each question): train "
+                              "the supervised router, or --learner ppo")
+    _add_group(sub, DEPRECATED_GROUP, "deprecated name of `router`")
+
+
+def _add_group(sub, name: str, help: str) -> None:
+    p = sub.add_parser(name, help=help)
+    ps = p.add_subparsers(dest="router_command", required=True)
     s = ps.add_parser("train", help="fit the router over the config portfolio, check it on "
                                     "the holdout split, save a servable policy directory")
     s.add_argument("--dataset", default="synthetic",
