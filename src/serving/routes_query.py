@@ -213,7 +213,7 @@ class QueryRoutes:
                 "policy_reward": learned}
 
     def _policy_reward(self, reward: float, pii_leaks: float) -> float:
-        """What the policy learns from a logged reward (issue 10: PII leaks feed penalty P)."""
+        """What the policy learns from a logged reward (PII leaks feed the penalty P)."""
         from rl.kernel.reward import feedback_reward
 
         return feedback_reward(reward, pii_leaks, self.settings.pii.leak_penalty)

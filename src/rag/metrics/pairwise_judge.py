@@ -19,7 +19,7 @@ grade: no slot is ever shown, so it has no position bias by construction, and an
 grade is computed once however many pairs it is in (cheaper than a pairwise judge when a
 question has several sampled answers, as DPO pair labelling does).
 
-`judge_stats(results, f1_a, f1_b)` -> the acceptance metrics of issue 21:
+`judge_stats(results, f1_a, f1_b)` -> the judge's reliability metrics:
   position_bias  share of pairs where the same *slot* won in both orders (first/first or
                  second/second): the verdict followed the position, not the answer.
   tie_rate       share of pairs whose order-swapped verdict is a tie (the orders disagreed,

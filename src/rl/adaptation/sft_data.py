@@ -338,7 +338,7 @@ def teacher_sft_examples(examples: Sequence[SFTExample], teacher: Generator, *,
 
 def distillation_sets(gold: Sequence[SFTExample], teacher: Sequence[SFTExample]
                       ) -> dict[str, list[SFTExample]]:
-    """The two distillation SFT sets of issue 21 from gold-target examples and the kept
+    """The two distillation SFT sets from gold-target examples and the kept
     teacher answers (`rl.adaptation.teacher.filtered_examples`):
     "teacher"       the teacher's answers only;
     "teacher+gold"  every gold example, then every kept teacher answer (as the CLI's

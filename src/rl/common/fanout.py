@@ -1,4 +1,4 @@
-"""Evaluation and dense-index encoding as Ray tasks (issue 23 item 2): `ragpilot eval` and
+"""Evaluation and dense-index encoding as Ray tasks: `ragpilot eval` and
 `ragpilot index` with `--workers N` or a cluster address.
 
     evaluate_fanout(spec, examples, workers)  -> (rag.evaluate.EvalResult, FanoutInfo)

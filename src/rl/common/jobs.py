@@ -1,4 +1,4 @@
-"""Long training runs as Ray jobs (issue 23 item 2): `ragpilot train-reranker --submit` and
+"""Long training runs as Ray jobs: `ragpilot train-reranker --submit` and
 `ragpilot train-generator ... --submit` hand their own command line to a cluster's job server
 (`ray.job_submission.JobSubmissionClient`, the dashboard's HTTP address, port 8265 by default)
 instead of training in the submitting process.

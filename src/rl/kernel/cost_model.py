@@ -13,8 +13,8 @@ the median over queries for a constant). Components are measured on first use, o
 that builds the model, and saved as JSON (`CostModel.path`); every later evaluation and every
 later run on the same cache reads the saved numbers. So two runs with the same seed score
 identical rewards however loaded the machine is while they run, and the first config evaluated
-is charged exactly what it is charged when evaluated last (the cold-retrieval double count of
-issue 18 cannot come back: nothing measured while rows are built reaches the reward).
+is charged exactly what it is charged when evaluated last (nothing measured while rows are built
+reaches the reward, so a cold retrieval is never counted twice).
 
 What the table rows keep is what the model needs per query (tokens in/out, candidates
 reranked, MMR pool) and, for inspection, the wall time each stage took when the row was built

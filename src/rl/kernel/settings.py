@@ -49,7 +49,7 @@ from rl.common.ppo_settings import TUNER_PPO, PPOSettings
 
 RETRIEVERS = ("bm25", "dense", "hybrid", "graph")
 LEGACY_K_GRID = (3, 4, 5, 6, 8, 12, 16, 24, 32)
-"""The k grid of the space before issue 18 (`TunerSettings.with_legacy_space`)."""
+"""The k grid of the small space (`TunerSettings.with_legacy_space`)."""
 DEFAULTS_PATH = default_config("rl/tuner.yaml")
 """The documented defaults, shipped in the wheel (`rag.resources`)."""
 
@@ -349,10 +349,10 @@ class TunerSettings(StrictSettings):
         return tuple(k for k in self.k_grid if lo <= k <= hi)
 
     def with_legacy_space(self) -> TunerSettings:
-        """This policy with every head issue 18 added pinned to the base config's value and,
+        """This policy with every head beyond variant, k, rerank, fusion_weight and prompt pinned to the base config's value and,
         when `k_grid` is unset, the old k grid (`LEGACY_K_GRID`): the small space (504 configs
         with the default heads) that the exhaustive grid baseline and older benches enumerate.
-        Configs of that space hash as they did before issue 18."""
+        Configs of that space hash as they did when it was the whole space."""
         base = self.base_config()
         data = self.model_dump(mode="json", by_alias=True)
         if self.k_grid is None:

@@ -1,7 +1,7 @@
 """The tuner's config space: its heads, their canonical configs, and how searchers address it.
 
 Heads (`rl.kernel.settings` documents each): variant, k, rerank, fusion_weight, prompt, and the
-heads issue 18 added — normalisation, mmr_lambda, rerank_depth, rerank_mix, abstain_threshold,
+further heads — normalisation, mmr_lambda, rerank_depth, rerank_mix, abstain_threshold,
 query_formulation, generator. `make` turns one value per head into a RAGConfig and
 canonicalises the heads that do not act in it (the fusion weight and normalisation outside
 hybrid, rerank depth and mix with rerank off, the abstain threshold without an `*_abstain`

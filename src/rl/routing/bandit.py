@@ -1,6 +1,6 @@
 """Bandit learners over a portfolio of configs.
 
-- `LinUCB` (issue 19's B4): disjoint linear UCB (Li et al. 2010), one ridge regression per arm
+- `LinUCB`: disjoint linear UCB (Li et al. 2010), one ridge regression per arm
   on standardised features plus an intercept. It learns from logged decisions of any logging
   policy (`fit(X, arms, rewards, propensities)`; with ε-greedy logs, `rl.routing.decision_log`)
   and online (`update`). Scores per arm: mean(x) ± alpha·width(x) with width = sqrt(xᵀA⁻¹x):

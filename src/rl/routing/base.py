@@ -8,9 +8,9 @@ question's features (`rl.routing.features.QueryFeaturizer`, shape (n, N_FEATURES
         def probs(X) -> np.ndarray            # (n, len(arms)) action probabilities, rows sum to 1
         def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
 
-Implementations: `RouterPolicy` (the supervised router, B3, greedy: one-hot probs),
-`rl.routing.bandit.LinUCBPolicy` (B4) and `rl.routing.ppo_serving.PPOPortfolioPolicy` (issue 19's
-PPO policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
+Implementations: `RouterPolicy` (the supervised router, greedy: one-hot probs),
+`rl.routing.bandit.LinUCBPolicy` and `rl.routing.ppo_serving.PPOPortfolioPolicy` (the PPO
+policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
 on reference queries plus, for a residual policy, its base router's portfolio).
 `Exploring(policy, epsilon)` is the ε-mixture every *served* policy
 runs behind: probs = (1 − ε)·policy.probs + ε/M, so every arm keeps a propensity of at least

@@ -4,7 +4,7 @@ walking the trees, by leaf bitmasks (QuickScorer, Lucchese et al., SIGIR 2015).
 
 Why: sklearn's `predict` costs ~1-2 ms per call and model even for one row (input checks,
 thread pools), so the supervised router's 31 per-arm models took tens of ms per request; the
-serving policy's pick has a budget of 5 ms (issue 19). A level-by-level walk of all trees at
+serving policy's pick has a budget of 5 ms. A level-by-level walk of all trees at
 once (the previous version of this module) still took 6.5 ms p95 on MTRAG's pooled router:
 400 trees evaluated once per arm = 12,400 walks, each step a dependent gather.
 

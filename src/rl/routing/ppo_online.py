@@ -1,5 +1,5 @@
-"""Online adaptation of a trained per-query PPO policy from the requests it serves (issue 19:
-"the PPO policy frozen and updated online"; `bench/drift.py`'s `ppo-policy-online`).
+"""Online adaptation of a trained per-query PPO policy from the requests it serves (the
+drift benchmark's `ppo-policy-online`, `bench/drift.py`).
 
 A stream of requests is served in order. Each request's config is *sampled* from the current
 policy (PPO is on-policy: its updates need its own samples, so the exploration is served and

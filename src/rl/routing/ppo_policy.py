@@ -1,4 +1,4 @@
-"""The per-query PPO policy (issue 19): query features -> one config per query, through mixed
+"""The per-query PPO policy: query features -> one config per query, through mixed
 action heads (`rl.routing.heads`), trained with RLlib PPO on the new API stack under a mean-cost
 constraint (PPO-Lagrangian).
 

@@ -1,5 +1,5 @@
 """Per-query config choice over a fixed portfolio of K configs ("arms"): the supervised
-full-information router (issue 19's B3) and the per-segment lookup table (B2).
+full-information router and the per-segment lookup table.
 
 Both learn from full-information rows: for every training query the per-query reward of every
 arm (`R`, shape (n, K), `rl.kernel.evaluator.TunerEvaluator.per_query_reward`) and, for the
@@ -433,7 +433,7 @@ def stacked(router: SupervisedRouter, price: float, static_arm: int,
 
 
 class SegmentLookup:
-    """The best arm per segment label (B2), learnt from a reward matrix."""
+    """The best arm per segment label, learnt from a reward matrix."""
 
     def __init__(self):
         self.table: dict[str, int] = {}

@@ -44,7 +44,7 @@ def replaces(rec: dict, best: dict | None, cap: float, rewards: Sequence[float] 
     "evidence": as "mean", but where both are feasible the candidate must also beat the
     incumbent with evidence (`has_evidence` over their per-query valid rewards): many noisy
     checkpoints are compared on few valid queries, and one that is better by chance would
-    otherwise replace a start that generalises (issue 19's SciFact run, policy.md)."""
+    otherwise replace a start that generalises (docs/policy.md)."""
     if not better_on_valid(rec, best, cap):
         return False
     if rule == "mean" or best is None or best["valid_cost"] > cap:

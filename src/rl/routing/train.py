@@ -1,5 +1,5 @@
-"""Train the shipped per-query policy on a dataset: the supervised router (issue 19's B3,
-`rl.routing.router`) over the config portfolio (`rl.routing.portfolio`, plus any configs given),
+"""Train the shipped per-query policy on a dataset: the supervised router
+(`rl.routing.router`) over the config portfolio (`rl.routing.portfolio`, plus any configs given),
 checked on the holdout split against the best static config and the static default, and
 saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.policy_router`).
 

@@ -1,4 +1,4 @@
-"""Train issue 19's per-query PPO policy on a dataset and save it as a policy directory the Serve
+"""Train the per-query PPO policy on a dataset and save it as a policy directory the Serve
 app serves: `ragpilot router train --learner ppo` (the router alone is `rl.routing.train`).
 
     run = train_ppo_policy("synthetic", TunerSettings.defaults(), PPOPolicySettings.load(),

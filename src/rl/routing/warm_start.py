@@ -3,7 +3,7 @@ RLModule's action heads are fitted (supervised, plain torch) to a known-good cho
 training query, so iteration 0 already acts like a baseline and PPO only moves on evidence.
 
 A `WarmStart` names the target config of each training query: one config for all (the best
-static config, B1) or one per query (e.g. the supervised router's picks). `HeadLayout.encode`
+static config) or one per query (e.g. the supervised router's picks). `HeadLayout.encode`
 turns each into an action; a `defer` warm start (a layout with the defer head) also sets
 defer = 1 (hand every query to the base policy; the other heads still learn the targets, so a
 later defer = 0 starts from them); `clone` fits the module to them:
