@@ -28,8 +28,9 @@ from rl.promotion.state_machine import (
 )
 from serving.cli import main as cli_main
 
-SMALL = {"stages": {"shadow": {"looks": 2, "max_n": 40}, "canary_5": {"looks": 2, "max_n": 40},
-                    "canary_25": {"looks": 2, "max_n": 40}},
+SMALL = {"stages": {"shadow": {"min_n": 20, "max_n": 40},
+                    "canary_5": {"min_n": 20, "max_n": 40},
+                    "canary_25": {"min_n": 20, "max_n": 40}},
          "min_clean_batches": 2}
 
 
@@ -41,13 +42,18 @@ def fast():
     return {"thresholds": PromotionSettings().thresholds, "ci_method": "normal"}
 
 
-def paired(delta: float, n: int = 20, seed: int = 0, lat: float = 100.0, errors: int = 0):
+def paired(delta: float, n: int = 20, seed: int = 0, lat: float = 100.0, errors: int = 0,
+           tokens: float = 0.0):
+    """Mirrored requests: the candidate's quality (and reward) is the stable's + `delta` +
+    small noise, its tokens the stable's + `tokens`."""
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.4, 0.8, n)
+    cost = rng.uniform(150, 250, n)
     err = np.zeros(n, dtype=bool)
     err[:errors] = True
-    return (Arm(base, np.full(n, 100.0), np.zeros(n, dtype=bool)),
-            Arm(base + delta + rng.normal(0, 0.01, n), np.full(n, lat), err))
+    cand = base + delta + rng.normal(0, 0.01, n)
+    return (Arm(base, np.full(n, 100.0), np.zeros(n, dtype=bool), cost=cost, quality=base),
+            Arm(cand, np.full(n, lat), err, cost=cost + tokens, quality=cand))
 
 
 def offline_report(delta: float = 0.05) -> EvaluationReport:
@@ -60,10 +66,14 @@ def shadow_report(delta: float, seed: int = 0, **kw) -> EvaluationReport:
     return ShadowEvaluator(**fast()).evaluate(*paired(delta, seed=seed, **kw))
 
 
-def canary_report(delta: float, seed: int = 0) -> EvaluationReport:
+def canary_report(tokens: float, seed: int = 0) -> EvaluationReport:
+    """A live split: 60 stable, 20 candidate requests; the candidate's tokens differ by
+    `tokens` per request."""
     rng = np.random.default_rng(seed)
-    s = Arm(rng.normal(0.6, 0.05, 60), np.full(60, 100.0), np.zeros(60, dtype=bool))
-    c = Arm(rng.normal(0.6 + delta, 0.05, 20), np.full(20, 100.0), np.zeros(20, dtype=bool))
+    s = Arm(rng.normal(0.6, 0.05, 60), np.full(60, 100.0), np.zeros(60, dtype=bool),
+            cost=rng.normal(200, 10, 60))
+    c = Arm(rng.normal(0.6, 0.05, 20), np.full(20, 100.0), np.zeros(20, dtype=bool),
+            cost=rng.normal(200 + tokens, 10, 20))
     return CanaryEvaluator(**fast()).evaluate(s, c)
 
 
@@ -74,29 +84,24 @@ def test_documented_yaml_equals_code_defaults():
     assert PromotionSettings.from_yaml(DEFAULTS_PATH) == PromotionSettings()
 
 
-def test_default_stages_have_the_documented_power():
-    """configs/rl/rollout.yaml claims power >= 0.998 per stage for +0.03 at per-request sd 0.25
-    (shadow pairs correlated 0.5): computed here from the configured sample sizes, looks and
-    boundaries. With one look the sequential figure is the fixed-sample z-test's."""
-    from rl.promotion.settings import stage_power
+def test_default_shadow_plan_detects_the_documented_effects():
+    """configs/rl/rollout.yaml sizes shadow for a quality gain of +0.03 at paired sd 0.25 and a
+    10% token cut at sd 0.2 of the mean: both need fewer pairs than its max_n (1,500)."""
+    from rl.promotion.metrics import requests_needed
 
-    got = stage_power(PromotionSettings.from_yaml(DEFAULTS_PATH), 0.03, 0.25, rho=0.5)
-    assert set(got) == {"shadow", "canary_5", "canary_25"}
-    for name, p in got.items():
-        assert p["sequential"] >= 0.997 and p["fixed"] >= 0.998, (name, p)
-        assert p["sequential"] <= p["fixed"] + 0.002  # interim looks cost a little power
-    assert got["canary_5"]["n_effective"] == pytest.approx(1 / (1 / 1600 + 1 / 30400))
-    one = PromotionSettings.from_dict({"stages": {s: {"looks": 1, "max_n": 400} for s in got}})
-    for name, p in stage_power(one, 0.03, 0.25).items():
-        assert p["sequential"] == pytest.approx(p["fixed"], abs=0.005), name
-        assert 0.6 < p["fixed"] < 0.8
+    c = PromotionSettings.from_yaml(DEFAULTS_PATH)
+    need = requests_needed(c.metrics, {"quality": 0.03, "tokens": -20.0},
+                           {"quality": 0.25, "tokens": 40.0}, {"tokens": 200.0}, c.alpha)
+    assert 400 < need["quality"] <= c.stages.shadow.max_n
+    assert need["tokens"] < 200
+    assert need["latency_ms"] is None  # no effect given: no size
 
 
 @pytest.mark.parametrize("data,field", [
-    ({"stages": {"shadow": {"looks": 2, "max_n": 40, "bogus": 1}}}, "rollout.stages.shadow.bogus"),
+    ({"stages": {"shadow": {"min_n": 2, "max_n": 40, "bogus": 1}}}, "rollout.stages.shadow.bogus"),
     ({"alpha": 0.7}, "rollout.alpha"),
     ({"slo": {"error_budget": 0}}, "rollout.slo.error_budget"),
-    ({"spending": "linear"}, "rollout.spending"),
+    ({"metrics": {"quality": {"direction": "up"}}}, "rollout.metrics.quality.direction"),
 ])
 def test_config_errors_name_the_key(data, field):
     with pytest.raises(ConfigError) as exc:
@@ -153,13 +158,19 @@ def _row(i, variant, reward, p=0.5, shadow=False, parent=None, scores=None):
 
 
 def test_log_adapters_pair_shadow_rows_and_ips():
-    rows = [_row(1, "S", 0.5), _row(2, "S", 0.7), _row(3, "S", None),
-            _row(4, "C", None, 1.0, True, "r1", {"reward": 0.9}),
-            _row(5, "C", None, 1.0, True, "r2", {"reward": 0.6}),
-            _row(6, "C", None, 1.0, True, "r3", {"reward": 0.6})]
-    s, c = arms_from_rows(rows, "S", "C", "shadow", reward_key="reward")
-    assert list(s.reward) == [0.5, 0.7] and list(c.reward) == [0.9, 0.6]  # r3 has no reward
-    assert list(c.latency_ms) == [100.0, 100.0]
+    rows = [_row(1, "S", 0.5, scores={"support": 1.0, "f1": 0.5}),
+            _row(2, "S", 0.7, scores={"support": 0.5}), _row(3, "S", None),
+            _row(4, "C", None, 1.0, True, "r1", {"support": 1.0, "f1": 1.0}),
+            _row(5, "C", None, 1.0, True, "r2", {"support": 0.25}),
+            _row(6, "C", None, 1.0, True, "r3", None)]
+    s, c = arms_from_rows(rows, "S", "C", "shadow")
+    # every mirrored pair counts (r3 unscored: quality NaN, its tokens and latency still count)
+    assert list(s.quality)[:2] == [0.75, 0.5] and math.isnan(s.quality[2])
+    assert list(c.quality)[:2] == [1.0, 0.25] and list(c.cost) == [15.0] * 3
+    assert np.all(np.isnan(c.feedback))  # users never see a mirrored answer
+    rep = ShadowEvaluator(ci_method="normal").evaluate(s, c)
+    assert rep.metrics["quality"]["n"] == 2 and rep.metrics["tokens"]["n"] == 3
+    assert "feedback" not in rep.metrics
     served = [_row(1, "S", 0.5), _row(2, "C", 1.0), _row(3, "S", 0.3), _row(4, "C", 0.6)]
     rep = offline_from_log(served, "S", "C")
     terms = np.array([-0.5, 1.0, -0.3, 0.6]) / 0.5
@@ -194,7 +205,7 @@ def test_promotion_path_needs_evidence_at_every_step(tmp_path):
     assert sm.observe(offline_report(0.05)).action == "ready"
     assert sm.advance().to_stage == "shadow" and sm.traffic()["shadow_percent"] == 100.0
     assert sm.advance().action == "refused"  # shadow evidence starts from zero
-    d = sm.observe(shadow_report(0.05, seed=1))  # n=20: the first of 2 looks (max_n 40)
+    d = sm.observe(shadow_report(0.05, seed=1))  # n = 20 = min_n: quality better
     assert sm.state.evidence["efficacy"] is True
     assert d.action == "hold" and "consecutive gate-clean" in d.reason  # 1 clean batch of 2
     assert sm.advance().action == "refused"
@@ -203,9 +214,9 @@ def test_promotion_path_needs_evidence_at_every_step(tmp_path):
     with pytest.raises(ConfigError) as exc:
         sm.observe(shadow_report(0.05))
     assert exc.value.field == "report.kind"
-    for stage in ("canary_25", "full"):
-        sm.observe(canary_report(0.2, seed=3))
-        sm.observe(canary_report(0.2, seed=4))
+    for stage in ("canary_25", "full"):  # canaries: 40 fewer tokens per request
+        sm.observe(canary_report(-40.0, seed=3))
+        sm.observe(canary_report(-40.0, seed=4))
         assert sm.advance().to_stage == stage
     assert sm.traffic()["canary_percent"] == 100.0 and sm.advance().action == "refused"
     audit = read_audit(tmp_path)
@@ -218,14 +229,19 @@ def test_promotion_path_needs_evidence_at_every_step(tmp_path):
         assert a["config_hash"] == "cand" and a["code_commit"] == "deadbeef"
     shadow_step = audit[2]["evidence"]
     assert shadow_step["n"] == 40 and shadow_step["efficacy"] is True
-    assert shadow_step["last_look"]["rci_low"] > 0 and shadow_step["z"] > 0
+    verdicts = {j["metric"]: j for j in shadow_step["metrics"]}
+    assert verdicts["quality"]["verdict"] == "better" and verdicts["quality"]["low"] > 0
+    assert verdicts["tokens"]["verdict"] == "non_inferior" and verdicts["quality"]["paired"]
+    canary = {j["metric"]: j for j in audit[3]["evidence"]["metrics"]}
+    assert "quality" not in canary  # judged on mirrored requests only
+    assert canary["tokens"]["verdict"] == "better" and not canary["tokens"]["paired"]
 
 
 def test_gate_breach_rolls_back_and_state_survives_reload(tmp_path):
     sm = PromotionStateMachine.start(tmp_path, "cand", "stable", config=cfg(), code_commit="c")
     sm.observe(offline_report())
     sm.advance()
-    sm.observe(shadow_report(0.05, n=10))  # no look due yet (first look at 20)
+    sm.observe(shadow_report(0.05, n=10))  # below min_n (20): no verdict yet
     again = PromotionStateMachine.load(tmp_path)
     assert again.stage == "shadow" and again.state.evidence["n"] == 10
     assert again.state.evidence == sm.state.evidence
@@ -262,9 +278,11 @@ def test_worse_reward_and_inconclusive_and_burn_roll_back():
     sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
     sm.observe(offline_report())
     sm.advance()
-    d = sm.observe(shadow_report(-0.05))
-    assert d.action == "rollback" and "significantly worse" in d.reason
-    assert d.evidence["z"] < d.evidence["harm_boundary"]
+    d = sm.observe(shadow_report(-0.05, tokens=-50.0))  # cheaper, but quality worse
+    assert d.action == "rollback" and d.reason == ("critical metric worse than its margin: "
+                                                   "quality")
+    q = next(j for j in d.evidence["metrics"] if j["metric"] == "quality")
+    assert q["verdict"] == "worse" and q["high"] < -q["margin"]
 
     sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
     sm.observe(offline_report())
@@ -274,8 +292,10 @@ def test_worse_reward_and_inconclusive_and_burn_roll_back():
     noise = np.tile([0.05, -0.05], 10)  # equal configs: differences with mean exactly 0
     for _ in range(2):
         base = rng.uniform(0.4, 0.8, 20)
-        d = sm.observe(ev.evaluate(Arm(base), Arm(base + noise)))
+        d = sm.observe(ev.evaluate(Arm(base, quality=base), Arm(base + noise,
+                                                                 quality=base + noise)))
     assert d.action == "rollback" and d.reason.startswith("inconclusive")
+    assert "no objective metric significantly better" in d.reason
 
     held = PromotionStateMachine.start(None, "c", "s", config=cfg(on_inconclusive="hold"),
                                        code_commit="x")
@@ -283,7 +303,8 @@ def test_worse_reward_and_inconclusive_and_burn_roll_back():
     held.advance()
     for _ in range(2):
         base = rng.uniform(0.4, 0.8, 20)
-        held.observe(ev.evaluate(Arm(base), Arm(base + noise)))
+        held.observe(ev.evaluate(Arm(base, quality=base), Arm(base + noise,
+                                                               quality=base + noise)))
     assert held.stage == "shadow" and "inconclusive" in held.advance().reason
 
     sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
@@ -330,53 +351,120 @@ def _write(path, obj):
     return str(path)
 
 
+def _store(path, rows):
+    """A server's SQLite interaction store holding `rows` (as `_row` builds them)."""
+    from serving.store import Interaction, open_store
+
+    store = open_store(str(path))
+    for r in rows:
+        store.log_interaction(Interaction(
+            r["id"], "q", r["variant_id"], "split", r["propensity"], "a", ts=r["ts"],
+            latency_ms=r["latency_ms"], tokens_in=r["tokens_in"], tokens_out=r["tokens_out"],
+            shadow=r["shadow"], parent_id=r["parent_id"], scores=r["scores"]))
+        if r["reward"] is not None:
+            store.add_feedback(r["id"], r["reward"])
+    return store
+
+
+def _mirrored(start, n, stable, cand, gain=0.1, tokens=-5):
+    """n served stable rows and the candidate's mirrored answers (quality + `gain`)."""
+    rows = []
+    for i in range(start, start + n):
+        q = 0.4 + (i % 5) / 10
+        rows.append(_row(i, stable, None, scores={"support": q}))
+        cr = _row(1000 + i, cand, None, 1.0, True, f"r{i}",
+                  {"support": min(1.0, q + gain + (i % 3) / 100)})
+        cr["tokens_out"] += tokens
+        rows.append(cr)
+    return rows
+
+
 def test_cli_start_status_advance_rollback(tmp_path, capsys):
     d = str(tmp_path / "state")
     conf = tmp_path / "rollout.yaml"
     conf.write_text(json.dumps({"rollout": SMALL}))
+    db = tmp_path / "interactions.sqlite"
+    store = _store(db, [_row(0, "0123456789ab", 0.5)])
     main = cli_main
-    assert main(["rollout", "start", "--state-dir", d, "--candidate", "abc123def456",
+    where = ["--state-dir", d, "--store", str(db), "--url", "http://127.0.0.1:8123"]
+    assert main(["rollout", "status", *where]) == 0  # no rollout yet: said, not an error
+    assert "no rollout in" in capsys.readouterr().out
+    # a stable that nothing serves is refused, naming the flag and what is served
+    assert main(["rollout", "start", *where, "--candidate", "abc123def456.yaml",
+                 "--stable", "ffffffffffff"]) == 2
+    assert "--candidate" in capsys.readouterr().err
+    assert main(["rollout", "start", *where, "--candidate", "abc123def456",
+                 "--stable", "ffffffffffff"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --stable:" in err and "0123456789ab" in err
+    off_path = _write(tmp_path / "off.json", offline_report().to_dict())
+    assert main(["rollout", "start", *where, "--candidate", "abc123def456",
                  "--stable", "0123456789ab", "--manifest", str(DEFAULTS_PATH),
-                 "--config", str(conf)]) == 0
-    assert main(["rollout", "advance", "--state-dir", d]) == 1
+                 "--config", str(conf)]) == 2  # the candidate is not deployed either
+    assert "error: --candidate:" in capsys.readouterr().err
+    store.save_routing("fp", "admin/traffic", {"stable": "0123456789ab",
+                                               "canary": "abc123def456"})
+    assert main(["rollout", "start", *where, "--candidate", "abc123def456",
+                 "--stable", "0123456789ab", "--manifest", str(DEFAULTS_PATH),
+                 "--config", str(conf), "--offline", off_path]) == 0
+    out = capsys.readouterr().out
+    assert "quality: offline Δ +0.0497 (sd 0.0098): ~20 mirrored requests to show better" in out
+    assert "tokens: offline Δ +0 (sd 0): ~20 mirrored requests to show non-inferior" in out
+    assert main(["rollout", "status", *where]) == 0  # status finds what start wrote
+    assert "stage candidate" in capsys.readouterr().out
+    assert main(["rollout", "advance", *where]) == 1
     assert "refused" in capsys.readouterr().out
-    off = _write(tmp_path / "off.json", offline_report().to_dict())
-    assert main(["rollout", "advance", "--state-dir", d, "--evidence", off]) == 0
+    assert main(["rollout", "advance", *where, "--evidence", off_path]) == 0
+    out = capsys.readouterr().out
+    assert "curl -s -XPOST http://127.0.0.1:8123/admin/traffic" in out and ":8000" not in out
     st = service.status(d)
     assert st["stage"] == "shadow" and st["traffic"]["shadow"] == "abc123def456"
     assert st["dataset_manifest_id"].startswith("rollout@")
-    # shadow evidence as an interaction export: stable rows + mirrored candidate rows
-    rows = []
-    for i in range(40):
-        rows.append(_row(i, "0123456789ab", 0.5 + (i % 5) / 20))
-        rows.append(_row(100 + i, "abc123def456", None, 1.0, True, f"r{i}",
-                         {"reward": 0.6 + (i % 5) / 20 + (i % 3) / 100}))
-    exp = tmp_path / "interactions.jsonl"
-    exp.write_text("\n".join(json.dumps(r) for r in rows))
-    assert main(["rollout", "advance", "--state-dir", d, "--evidence", str(exp),
-                 "--reward-key", "reward"]) == 1  # efficacy, but 1 of 2 clean batches
-    assert service.status(d)["evidence"]["n"] == 40
-    assert main(["rollout", "advance", "--state-dir", d, "--evidence", str(exp)]) == 1
+    # shadow evidence: read from the server's own store, each row once
+    for r in _mirrored(1, 30, "0123456789ab", "abc123def456"):
+        _store_add(store, r)
+    assert main(["rollout", "advance", *where]) == 1  # better, but 1 of 2 clean batches
+    out = capsys.readouterr().out
+    assert "quality: better" in out and "2 consecutive gate-clean batches" in out
+    assert service.status(d)["evidence"]["n"] == 30
+    assert main(["rollout", "advance", *where]) == 1
     assert "no interaction rows newer" in capsys.readouterr().out  # not counted twice
-    assert service.status(d)["evidence"]["n"] == 40
+    assert service.status(d)["evidence"]["n"] == 30
     rep = _write(tmp_path / "b.json", [shadow_report(0.05).to_dict()])
-    assert main(["rollout", "advance", "--state-dir", d, "--evidence", rep]) == 0
+    assert main(["rollout", "advance", *where, "--evidence", rep]) == 0
     assert service.status(d)["stage"] == "canary_5"
-    assert main(["rollout", "status", "--state-dir", d]) == 0
+    assert main(["rollout", "status", *where]) == 0
     out = capsys.readouterr().out
     assert "stage canary_5: canary 5% (abc123def456)" in out and "audit.jsonl" in out
-    assert main(["rollout", "status", "--state-dir", d, "--json"]) == 0
+    assert main(["rollout", "status", *where, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stage"] == "canary_5"
-    assert main(["rollout", "rollback", "--state-dir", d, "--reason", "dashboard p95"]) == 0
+    # the same report again counts once: resubmitting it adds nothing
+    c_rep = _write(tmp_path / "c.json", [canary_report(-40.0, seed=3).to_dict()])
+    assert main(["rollout", "advance", *where, "--evidence", c_rep]) == 1
+    assert service.status(d)["evidence"]["n"] == 20
+    for _ in range(2):
+        assert main(["rollout", "advance", *where, "--evidence", c_rep]) == 1
+        assert "already counted" in capsys.readouterr().out
+    assert service.status(d)["evidence"]["n"] == 20 and service.status(d)["stage"] == "canary_5"
+    assert main(["rollout", "rollback", *where, "--reason", "dashboard p95"]) == 0
+    assert "http://127.0.0.1:8123/admin/traffic" in capsys.readouterr().out
     audit = read_audit(d)
     assert audit[-1]["to"] == "rolled_back" and audit[-1]["reason"] == "manual: dashboard p95"
-    assert main(["rollout", "advance", "--state-dir", d]) == 1
+    assert main(["rollout", "advance", *where]) == 1
+
+
+def _store_add(store, r):
+    from serving.store import Interaction
+
+    store.log_interaction(Interaction(
+        r["id"], "q", r["variant_id"], "split", r["propensity"], "a", ts=r["ts"],
+        latency_ms=r["latency_ms"], tokens_in=r["tokens_in"], tokens_out=r["tokens_out"],
+        shadow=r["shadow"], parent_id=r["parent_id"], scores=r["scores"]))
 
 
 @pytest.mark.parametrize("argv,field", [
     (["rollout", "start", "--candidate", "bad hash!", "--stable", "abc"], "--candidate"),
     (["rollout", "start", "--candidate", "missing.yaml", "--stable", "abc"], "--candidate"),
-    (["rollout", "status"], "state"),
     (["rollout", "rollback", "--reason", " "], "--reason"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, argv, field):
@@ -388,12 +476,17 @@ def test_cli_bad_input_exits_2_naming_the_field(tmp_path, capsys, argv, field):
 def test_cli_bad_evidence_and_config(tmp_path, capsys):
     d = str(tmp_path / "s")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("rollout:\n  stages:\n    shadow: {looks: 0, max_n: 40}\n")
-    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "a",
-                             "--stable", "b", "--config", str(bad)]) == 2
-    assert "rollout.stages.shadow.looks" in capsys.readouterr().err
-    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "a",
-                             "--stable", "b"]) == 0
+    bad.write_text("rollout:\n  stages:\n    shadow: {min_n: 0, max_n: 40}\n")
+    db = tmp_path / "i.sqlite"
+    _store(db, [_row(0, "a", 0.5), _row(1, "b", 0.5)])
+    assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(db), "--candidate",
+                     "a", "--stable", "b", "--config", str(bad)]) == 2
+    assert "rollout.stages.shadow.min_n" in capsys.readouterr().err
+    assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(tmp_path / "no.db"),
+                     "--candidate", "a", "--stable", "b"]) == 2
+    assert "error: --store: no interaction store at" in capsys.readouterr().err
+    assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(db), "--candidate",
+                     "a", "--stable", "b"]) == 0
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"kind": "offline", "candidate": {}}\nnot json\n')
     assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
@@ -403,8 +496,10 @@ def test_cli_bad_evidence_and_config(tmp_path, capsys):
 
 def test_cli_offline_evidence_from_interaction_log(tmp_path, capsys):
     d = str(tmp_path / "s")
-    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "C",
-                             "--stable", "S"]) == 0
+    db = tmp_path / "i.sqlite"
+    _store(db, [_row(0, "C", 0.5), _row(1, "S", 0.5)])
+    assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(db), "--candidate",
+                     "C", "--stable", "S"]) == 0
     rng = np.random.default_rng(0)
     rows = [_row(i, v, float(np.clip(rng.normal(0.8 if v == "C" else 0.5, 0.1), 0, 1)))
             for i, v in enumerate(["S", "C"] * 100)]
@@ -439,6 +534,11 @@ class _FakeTuner:
 
     def per_query_reward(self, tab):
         return tab["reward"]
+
+    def reward_spec(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(quality=lambda f, r: (f + r) / 2)
 
 
 def test_offline_evaluator_uses_tuner_tables():

@@ -59,7 +59,8 @@ def _arr(name: str, v: ArrayLike | None, n: int | None = None) -> np.ndarray | N
 class Arm:
     """Per-request observations of one config in one batch. `reward` is required (metric
     units); the rest are optional arrays of the same length: `latency_ms`, `error` (truthy =
-    failed request), `faithfulness`, `relevancy` (NaN = not scored), `cost` (tokens)."""
+    failed request), `faithfulness`, `relevancy`, `quality` (the request's quality score in
+    [0, 1]), `feedback` (the user's rating) (NaN = not scored), `cost` (tokens)."""
 
     reward: ArrayLike
     latency_ms: ArrayLike | None = None
@@ -67,6 +68,8 @@ class Arm:
     faithfulness: ArrayLike | None = None
     relevancy: ArrayLike | None = None
     cost: ArrayLike | None = None
+    quality: ArrayLike | None = None
+    feedback: ArrayLike | None = None
 
     def arrays(self, name: str) -> dict[str, np.ndarray | None]:
         r = _arr(f"{name}.reward", self.reward)
@@ -75,9 +78,34 @@ class Arm:
         if np.any(np.isnan(r)):
             raise ConfigError(f"{name}.reward", "contains NaN")
         out: dict[str, np.ndarray | None] = {"reward": r}
-        for key in ("latency_ms", "error", "faithfulness", "relevancy", "cost"):
+        for key in ("latency_ms", "error", "faithfulness", "relevancy", "cost", "quality",
+                    "feedback"):
             out[key] = _arr(f"{name}.{key}", getattr(self, key), r.size)
         return out
+
+
+METRIC_ARRAYS = {"quality": "quality", "tokens": "cost", "latency_ms": "latency_ms",
+                 "error_rate": "error", "feedback": "feedback"}
+"""Per-metric judgement's metric name -> the `Arm` array it reads."""
+
+
+def metric_stats(stable: dict[str, np.ndarray | None], candidate: dict[str, np.ndarray | None],
+                 paired: bool) -> dict[str, dict[str, Any]]:
+    """`MetricStats` dicts (rl.promotion.metrics) of every metric both arms measured: of the
+    pairs when `paired` (NaN pairs dropped), else of each arm."""
+    from rl.promotion.metrics import MetricStats
+
+    out = {}
+    for name, key in METRIC_ARRAYS.items():
+        s, c = stable[key], candidate[key]
+        if s is None or c is None:
+            continue
+        if key == "error":
+            s, c = (np.nan_to_num(x).astype(bool).astype(np.float64) for x in (s, c))
+        st = MetricStats.of_pairs(s, c) if paired else MetricStats.of_arms(s, c)
+        if st.n > 0 and st.s_n > 0:
+            out[name] = st.to_dict()
+    return out
 
 
 # --------------------------------------------------------------------------- the report
@@ -124,6 +152,9 @@ class EvaluationReport:
     diff_sd: float | None = None
     p_value: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per metric (quality, tokens, latency_ms, error_rate, feedback) the batch's sufficient
+    statistics (`rl.promotion.metrics.MetricStats.to_dict`): what the tested stages judge."""
 
     # the candidate's numbers, flat
     @property
@@ -178,7 +209,8 @@ class EvaluationReport:
             arms = {k: _arm_from_dict(d[k], f"report.{k}") for k in ("candidate", "stable")}
         except KeyError as exc:
             raise ConfigError(f"report.{exc.args[0]}", "missing") from None
-        opt = {k: d[k] for k in ("ci", "ci_method", "diff_sd", "p_value", "meta") if k in d}
+        opt = {k: d[k] for k in ("ci", "ci_method", "diff_sd", "p_value", "meta", "metrics")
+               if k in d}
         if data["kind"] not in ("offline", "shadow", "canary"):
             raise ConfigError("report.kind", f"must be offline|shadow|canary, got "
                                              f"{data['kind']!r}")
@@ -206,6 +238,13 @@ class EvaluationReport:
                                                   f"{opt['ci_method']!r}")
         if "meta" in opt and not isinstance(opt["meta"], Mapping):
             raise ConfigError("report.meta", "must be an object")
+        if "metrics" in opt:
+            from rl.promotion.metrics import MetricStats
+
+            if not isinstance(opt["metrics"], Mapping):
+                raise ConfigError("report.metrics", "must be an object")
+            opt["metrics"] = {str(k): MetricStats.from_dict(v, f"report.metrics.{k}").to_dict()
+                              for k, v in opt["metrics"].items()}
         return cls(**data, **arms, **opt)
 
 
@@ -331,7 +370,7 @@ class _Evaluator:
         return EvaluationReport(self.kind, self.paired, cand, _summary(s, self.latency_slo_ms),
                                 diff, float(se), float(lo), float(hi),
                                 _gates(cand, self.thresholds), self.ci, self.ci_method,
-                                diff_sd, p, dict(meta))
+                                diff_sd, p, dict(meta), metric_stats(s, c, self.paired))
 
 
 class ShadowEvaluator(_Evaluator):
@@ -366,7 +405,8 @@ class OfflineEvaluator(_Evaluator):
         split = split or self.ev.slice.tune_split
         tab = self.ev.table(config, split)
         f, r = self.ev.quality(tab)
-        return Arm(self.ev.per_query_reward(tab), tab["latency_ms"], None, f, r, tab["tokens"])
+        return Arm(self.ev.per_query_reward(tab), tab["latency_ms"], None, f, r, tab["tokens"],
+                   self.ev.reward_spec().quality(f, r))
 
     def compare(self, stable: Any, candidate: Any, split: str | None = None) -> EvaluationReport:
         """Report of `candidate` vs `stable` (RAGConfigs) on `split` (default: the tune split)."""

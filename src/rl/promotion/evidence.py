@@ -7,7 +7,9 @@ whole log), shadow (paired mirrored rows) or canary (split rows). A row's reward
 `scores[reward_key]`) loses `pii_penalty` (default `rl.kernel.reward.PII_LEAK_WEIGHT`) per PII
 leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
 only rows newer than the state's `row_cursor` (the newest row already counted), so a
-cumulative export can be passed again safely.
+cumulative export can be passed again safely; a report file's report is counted once per
+rollout (its fingerprint is kept in the state). `reports_from_store` reads the Serve app's own
+store instead of a file.
 
 Nothing here prints. Errors are ConfigError with the field `evidence` (file missing, not JSON
 at file:line, neither reports nor rows) or `pii_penalty` (negative weight).
@@ -15,6 +17,7 @@ at file:line, neither reports nor rows) or `pii_penalty` (negative weight).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -149,32 +152,75 @@ def penalize_pii(rows: list[dict[str, Any]], reward_key: str | None = None,
     return out
 
 
+def report_fingerprint(rec: dict[str, Any]) -> str:
+    """sha256 of a report's canonical JSON: the same report submitted again has the same one."""
+    return hashlib.sha256(json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
                       thresholds: Any = None, pii_penalty: float | None = None) -> Evidence:
     """The evidence of one file for the rollout `sm` (a PromotionStateMachine) at its current
-    stage. Interaction rows for shadow/canary advance `sm.state.row_cursor` (saved by the next
-    `sm.observe`)."""
-    from rl.promotion.evaluators import CanaryEvaluator, EvaluationReport, ShadowEvaluator
-    from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
-    from rl.promotion.state_machine import KIND
+    stage. A report already counted in this rollout (same canonical JSON,
+    `state.counted`) is skipped with a note, so resubmitting a file adds nothing. Interaction
+    rows for shadow/canary advance `sm.state.row_cursor` (saved by the next `sm.observe`)."""
+    from rl.promotion.evaluators import EvaluationReport
 
     located = read_located(path)
     recs = [r for _, r in located]
     if not recs:
         raise ConfigError("evidence", f"{path} is empty")
     if all("kind" in r and "candidate" in r for r in recs):
-        reports = []
+        out = Evidence()
         for where, r in located:
+            fp = report_fingerprint(r)
+            if fp in sm.state.counted:
+                out.notes.append(f"{where}: this report was already counted in rollout "
+                                 f"{sm.state.rollout_id}; not counted again")
+                continue
             try:
-                reports.append(EvaluationReport.from_dict(r))
+                out.reports.append(EvaluationReport.from_dict(r))
             except ConfigError as exc:
                 raise ConfigError(exc.field, f"{exc.message} (at {where})") from None
-        return Evidence(reports)
+            sm.state.counted.append(fp)  # saved by the next observe
+        return out
     if not all("variant_id" in r for r in recs):
         raise ConfigError("evidence", f"{path}: neither evaluation reports nor interaction "
                                       "rows (need 'kind'+'candidate' or 'variant_id')")
+    return reports_from_rows(located, sm, str(path), reward_key, thresholds, pii_penalty)
+
+
+def reports_from_store(store_url: str | Path, sm: Any, pii_penalty: float | None = None,
+                       open_store: Any = None) -> Evidence:
+    """The evidence in the Serve app's own interaction store (`store_url`, what its
+    `store_url` setting names) for the rollout `sm`: the store exported once (every row with
+    its feedback) and read like an interaction export. `open_store`: the store opener
+    (serving.store.open_store; passed in, since `rl` never imports `serving`)."""
+    import tempfile
+
+    if open_store is None:
+        raise ConfigError("store", "no store opener given")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "interactions.jsonl"
+        open_store(str(store_url), create=False).export_jsonl(path)
+        located = read_located(path)
+    if not located:
+        return Evidence(notes=[f"{store_url}: no interactions logged yet; nothing added"])
+    return reports_from_rows([(w.replace(str(path), str(store_url)), r) for w, r in located],
+                             sm, str(store_url), None, None, pii_penalty)
+
+
+def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source: str,
+                      reward_key: str | None = None, thresholds: Any = None,
+                      pii_penalty: float | None = None) -> Evidence:
+    """Interaction rows -> one report of the stage's kind (offline: IPS over the log; shadow:
+    paired mirrored rows; canary: split rows). Shadow/canary use only rows newer than
+    `sm.state.row_cursor` and move it to the newest (a row is counted at most once)."""
+    from rl.promotion.evaluators import CanaryEvaluator, ShadowEvaluator
+    from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+    from rl.promotion.state_machine import KIND
+
     check_rows(located)
-    recs = penalize_pii(recs, reward_key, pii_penalty)
+    recs = penalize_pii([r for _, r in located], reward_key, pii_penalty)
     cfg, st = sm.config, sm.state
     kind = KIND.get(sm.stage, "canary")
     if kind == "offline":  # the logged history before the rollout is what IPS replays
@@ -183,13 +229,18 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
                                               thresholds=cfg.thresholds,
                                               latency_slo_ms=cfg.slo.latency_ms)])
         except ConfigError as exc:
-            raise ConfigError(exc.field, f"{exc.message} (in {path})") from None
+            raise ConfigError(exc.field, f"{exc.message} (in {source})") from None
     fresh = [r for r in recs if float(r.get("ts") or 0.0) > st.row_cursor]
     if not fresh:
-        return Evidence(notes=[f"{path}: no interaction rows newer than the last batch "
+        return Evidence(notes=[f"{source}: no interaction rows newer than the last batch "
                                f"counted (ts > {st.row_cursor:.3f}); nothing added"])
-    st.row_cursor = max(float(r["ts"]) for r in fresh)  # saved by the next observe
     ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
     ev = ev_cls(thresholds or cfg.thresholds, latency_slo_ms=cfg.slo.latency_ms)
-    stable, cand = arms_from_rows(fresh, st.stable, st.candidate, kind, reward_key)
-    return Evidence([ev.evaluate(stable, cand, source=str(path))])
+    try:
+        stable, cand = arms_from_rows(fresh, st.stable, st.candidate, kind, reward_key,
+                                      cfg.quality_scores)
+    except ConfigError as exc:  # e.g. no mirrored pair yet: wait for more traffic
+        return Evidence(notes=[f"{source}: {len(fresh)} new rows, no evidence yet "
+                               f"({exc.message})"])
+    st.row_cursor = max(float(r["ts"]) for r in fresh)  # saved by the next observe
+    return Evidence([ev.evaluate(stable, cand, source=source)])

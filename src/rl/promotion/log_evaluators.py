@@ -61,12 +61,29 @@ def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: 
 # --------------------------------------------------------------------------- log adapter
 
 
-def _row_reward(r: Mapping[str, Any], reward_key: str | None) -> float:
+QUALITY_SCORES = ("support", "f1")
+"""Default row scores averaged into a request's quality (`PromotionSettings.quality_scores`)."""
+
+
+def row_quality(r: Mapping[str, Any], keys: Sequence[str] = QUALITY_SCORES) -> float:
+    """A logged request's quality: the mean of its `scores[k]` for the keys present (NaN when
+    none is)."""
+    sc = r.get("scores") or {}
+    got = [float(sc[k]) for k in keys if sc.get(k) is not None and math.isfinite(float(sc[k]))]
+    return float(np.mean(got)) if got else float("nan")
+
+
+def _row_reward(r: Mapping[str, Any], reward_key: str | None,
+                quality_scores: Sequence[str] | None = None) -> float:
+    """`scores[reward_key]` when given and present, else the user's feedback `reward`, else
+    (with `quality_scores`) the row's quality, else NaN."""
     if reward_key:
         v = (r.get("scores") or {}).get(reward_key)
         if v is not None:
             return float(v)
-    return float("nan") if r.get("reward") is None else float(r["reward"])
+    if r.get("reward") is not None:
+        return float(r["reward"])
+    return row_quality(r, quality_scores) if quality_scores else float("nan")
 
 
 def row_latency_ms(r: Mapping[str, Any]) -> float:
@@ -79,46 +96,65 @@ def row_latency_ms(r: Mapping[str, Any]) -> float:
     return float(sum(lat.values()))
 
 
-def _row_arm(rows: list[Mapping[str, Any]], reward_key: str | None = None) -> Arm:
+def _row_arm(rows: list[Mapping[str, Any]], reward_key: str | None = None,
+             quality_scores: Sequence[str] = QUALITY_SCORES) -> Arm:
     def score(key: str) -> list[float]:
         return [float((r.get("scores") or {}).get(key, np.nan)) for r in rows]
 
-    return Arm([_row_reward(r, reward_key) for r in rows],
+    return Arm([_row_reward(r, reward_key, quality_scores) for r in rows],
                [row_latency_ms(r) for r in rows],
                [bool(r.get("error", False)) for r in rows], score("faithfulness"),
                score("relevancy"),
-               [float(r.get("tokens_in", 0) + r.get("tokens_out", 0)) for r in rows])
+               [float(r.get("tokens_in", 0) + r.get("tokens_out", 0)) for r in rows],
+               [row_quality(r, quality_scores) for r in rows],
+               [np.nan if r.get("reward") is None else float(r["reward"]) for r in rows])
+
+
+def _filled(values: Any) -> np.ndarray:
+    """`values` with NaN replaced by the mean of the others (0 when all are NaN)."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(v)
+    return np.where(ok, v, float(v[ok].mean()) if ok.any() else 0.0)
 
 
 def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str,
-                   kind: Kind, reward_key: str | None = None) -> tuple[Arm, Arm]:
+                   kind: Kind, reward_key: str | None = None,
+                   quality_scores: Sequence[str] = QUALITY_SCORES) -> tuple[Arm, Arm]:
     """(stable, candidate) arms from `InteractionStore.export_jsonl` rows.
 
     shadow: each shadow row of the candidate is paired with the served stable row it mirrors
-    (`parent_id`); canary: served rows per variant. Reward = `scores[reward_key]` when given
-    and present, else the joined feedback `reward`; rows without a reward are skipped.
-    Latency = sum of the per-stage ms; cost = tokens in + out; `error` if a row carries one."""
+    (`parent_id`): the same question answered by both; canary: served rows per variant. Every
+    row counts (cost, latency and errors are measured on every request); per request the
+    arms carry quality (`row_quality` over `quality_scores`, NaN when unscored), tokens,
+    latency (`row_latency_ms`), error and the user's feedback (NaN when unrated; a mirrored
+    answer is never shown, so shadow pairs have none). The scalar `reward` (shown, not
+    judged) is `scores[reward_key]`, else the feedback (canary), else the quality; a row with
+    none of these takes its arm's mean (0 when no row of the arm has one)."""
     rows = list(rows)
+    qs = tuple(quality_scores)
     if kind == "shadow":
         served = {r["id"]: r for r in rows if not r.get("shadow") and r.get("variant_id") == stable}
         pairs = [(served[r["parent_id"]], r) for r in rows
                  if r.get("shadow") and r.get("variant_id") == candidate
                  and r.get("parent_id") in served]
-        pairs = [(s, c) for s, c in pairs if not (math.isnan(_row_reward(s, reward_key))
-                                                 or math.isnan(_row_reward(c, reward_key)))]
         if not pairs:
-            raise ConfigError("rows", f"no rated shadow pairs of {candidate} against {stable}")
-        return (_row_arm([s for s, _ in pairs], reward_key),
-                _row_arm([c for _, c in pairs], reward_key))
+            raise ConfigError("rows", f"no shadow pairs of {candidate} against {stable}")
+
+        def arm(got: list[Mapping[str, Any]]) -> Arm:
+            a = _row_arm(got, reward_key, qs)
+            rew = [_row_reward({**r, "reward": None}, reward_key, qs) for r in got]
+            return replace(a, reward=_filled(rew))
+
+        return arm([s for s, _ in pairs]), arm([c for _, c in pairs])
     if kind != "canary":
         raise ConfigError("kind", f"must be shadow or canary, got {kind!r}")
     out = []
     for name, variant in (("stable", stable), ("candidate", candidate)):
-        got = [r for r in rows if not r.get("shadow") and r.get("variant_id") == variant
-               and not math.isnan(_row_reward(r, reward_key))]
+        got = [r for r in rows if not r.get("shadow") and r.get("variant_id") == variant]
         if not got:
-            raise ConfigError(name, f"no rated rows served by {variant}")
-        out.append(_row_arm(got, reward_key))
+            raise ConfigError(name, f"no rows served by {variant}")
+        a = _row_arm(got, reward_key, qs)
+        out.append(replace(a, reward=_filled(a.reward)))
     return out[0], out[1]
 
 

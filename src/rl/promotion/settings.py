@@ -1,22 +1,20 @@
-"""Rollout policy (`PromotionSettings`, documented in configs/rl/rollout.yaml), the sequential
-boundaries and burn-rate bound the promotion state machine (`rl.promotion.state_machine`) uses, and its audit
-log helpers (JSONL reader, MLflow logging)."""
+"""Rollout policy (`PromotionSettings`, documented in configs/rl/rollout.yaml): the per-metric
+rules and stage sizes the promotion state machine (`rl.promotion.state_machine`) judges with, the
+burn-rate bound, and its audit log helpers (JSONL reader, MLflow logging)."""
 
 from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field
 
 from rag.resources import default_config
 from rag.settings_base import StrictSettings
 from rl.kernel.settings import Thresholds
-from rl.stats.sequential import SequentialTest
+from rl.promotion.metrics import MetricRule
 
 DEFAULTS_PATH = default_config("rl/rollout.yaml")
 AUDIT_FILE = "audit.jsonl"
@@ -25,10 +23,12 @@ AUDIT_FILE = "audit.jsonl"
 
 
 class StagePlan(StrictSettings):
-    looks: int = Field(5, ge=1, le=20)
-    """Planned interim analyses (the last one is final)."""
+    min_n: int = Field(30, ge=2)
+    """Observations (shadow: request pairs; canary: candidate requests) before any verdict:
+    the confidence sequences are asymptotic."""
     max_n: int = Field(..., ge=10)
-    """Candidate requests (shadow: request pairs) at the final look."""
+    """Observations after which a stage without a pass is inconclusive; the confidence
+    sequences are tightest here."""
 
 
 class SLO(StrictSettings):
@@ -44,19 +44,36 @@ class SLO(StrictSettings):
 
 
 class Stages(StrictSettings):
-    shadow: StagePlan = StagePlan(looks=5, max_n=1500)
-    canary_5: StagePlan = StagePlan(looks=5, max_n=1600)
-    canary_25: StagePlan = StagePlan(looks=5, max_n=2000)
+    shadow: StagePlan = StagePlan(min_n=30, max_n=1500)
+    canary_5: StagePlan = StagePlan(min_n=30, max_n=1600)
+    canary_25: StagePlan = StagePlan(min_n=30, max_n=2000)
+
+
+def default_metrics() -> dict[str, MetricRule]:
+    """The per-metric rules of configs/rl/rollout.yaml (its comments say why)."""
+    return {"quality": MetricRule(direction="higher", margin=0.01, critical=True,
+                                  required=True, objective=True, paired_only=True),
+            "tokens": MetricRule(direction="lower", margin=0.05, relative=True,
+                                 objective=True),
+            "latency_ms": MetricRule(direction="lower", margin=0.10, relative=True,
+                                     critical=True),
+            "error_rate": MetricRule(direction="lower", margin=0.005, critical=True,
+                                     required=True),
+            "feedback": MetricRule(direction="higher", margin=0.02)}
 
 
 class PromotionSettings(StrictSettings):
     SECTION = "rollout"
 
     alpha: float = Field(0.05, gt=0.0, lt=0.5)
-    """One-sided type-I error per tested stage (promoting a candidate that is not better)."""
-    spending: Literal["obrien_fleming", "pocock"] = "obrien_fleming"
-    harm_alpha: float = Field(0.05, gt=0.0, lt=0.5)
-    harm_spending: Literal["obrien_fleming", "pocock"] = "pocock"
+    """Error of each metric's always-valid confidence sequence per tested stage (over every
+    look at once); `better` splits it over the objective metrics."""
+    metrics: dict[str, MetricRule] = Field(default_factory=default_metrics)
+    """Per-metric rules (`rl.promotion.metrics`), by the metric names evaluators report:
+    quality, tokens, latency_ms, error_rate, feedback."""
+    quality_scores: list[str] = Field(default_factory=lambda: ["support", "f1"])
+    """Row scores averaged into a logged request's `quality` (the first present ones;
+    `support` needs no gold answer)."""
     offline_ci: float = Field(0.95, gt=0.0, lt=1.0)
     min_clean_batches: int = Field(3, ge=1)
     on_inconclusive: Literal["rollback", "hold"] = "rollback"
@@ -65,7 +82,9 @@ class PromotionSettings(StrictSettings):
     shadow_percent: float = Field(100.0, gt=0.0, le=100.0)
     """Share of stable traffic mirrored to the candidate during shadow."""
     stages: Stages = Stages()
-    thresholds: Thresholds = Thresholds()
+    thresholds: Thresholds = Thresholds(faithfulness=0.0, relevancy=0.0)
+    """Hard gates per batch; quality gates off (0): promotion judges quality as
+    non-inferiority to stable (`metrics.quality`)."""
     slo: SLO = SLO()
     mlflow: bool = False
     mlflow_experiment: str = "rl_rollout"
@@ -78,49 +97,7 @@ class PromotionSettings(StrictSettings):
         return cls.from_mapping(data)
 
 
-# --------------------------------------------------------------------------- boundaries
-
-
-@lru_cache(maxsize=64)
-def boundaries(looks: int, alpha: float, kind: str) -> tuple[float, ...]:
-    """One-sided z boundaries of `looks` equally spaced looks (SequentialTest's plan)."""
-    return SequentialTest(looks, alpha=alpha, kind=kind, alternative="greater").plan.z  # type: ignore[arg-type]
-
-
-def stage_power(config: PromotionSettings, delta: float, sd: float, rho: float = 0.5,
-                n_sim: int = 200_000, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Power of each tested stage's test to detect a per-request reward gain `delta`, with
-    per-request reward sd `sd` and, in shadow, correlation `rho` between the two configs'
-    rewards for the same request (paired difference sd = sd·sqrt(2(1 − rho))). Canary stages
-    are unpaired: `max_n` candidate requests against the stable requests of the same traffic
-    split (5% → 19× as many), effective n = 1 / (1/n_c + 1/n_s).
-
-    Per stage: `n` (candidate requests or pairs at the last look), `n_effective`, `fixed` (the
-    one-sided z-test at `config.alpha` with all of `n`, `rl.stats.power.power`) and `sequential` (the
-    stage's group-sequential test: its `looks` equally spaced looks and efficacy boundaries,
-    power by Monte Carlo over `n_sim` seeded Brownian paths, ± ~0.001). A normal
-    approximation: the evaluators' t/Welch statistics behave alike at these sample sizes."""
-    from rl.stats.power import power
-
-    rng = np.random.default_rng(seed)
-    out: dict[str, dict[str, float]] = {}
-    for name in ("shadow", "canary_5", "canary_25"):
-        plan = getattr(config.stages, name)
-        if name == "shadow":
-            s, n_eff = sd * math.sqrt(2 * (1 - rho)), float(plan.max_n)
-        else:
-            pct = float(name.split("_")[1])
-            s, n_eff = sd, 1.0 / (1.0 / plan.max_n + pct / (plan.max_n * (100.0 - pct)))
-        theta = delta / s * math.sqrt(n_eff)  # mean of the final look's z
-        t = np.arange(1, plan.looks + 1) / plan.looks
-        b = np.asarray(boundaries(plan.looks, config.alpha, config.spending))
-        walk = np.cumsum(rng.standard_normal((n_sim, plan.looks)), axis=1) / math.sqrt(
-            plan.looks)
-        z = (walk + theta * t) / np.sqrt(t)
-        out[name] = {"n": float(plan.max_n), "n_effective": n_eff,
-                     "fixed": power(max(1, int(n_eff)), delta, s, config.alpha, sided=1),
-                     "sequential": float(np.mean(np.any(z >= b, axis=1)))}
-    return out
+# --------------------------------------------------------------------------- helpers
 
 
 def wilson_lower(k: int, n: int, z: float = 1.6448536) -> float:

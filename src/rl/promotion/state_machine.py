@@ -11,33 +11,34 @@ Evidence, per stage (the stage's reports must be of the stage's kind):
              a report carrying `meta.margin` m (a new per-query policy's DR estimate from the
              interaction log, `log_evaluators.policy_from_log`): CI lower bound >= −m, i.e.
              the candidate's DR lower bound at least the stable value minus m.
-  shadow     paired shadow batches;  canary_5 / canary_25: unpaired canary batches.
-             A group sequential test (Lan-DeMets spending, O'Brien–Fleming by default, the
-             boundaries of `rl.stats.sequential.SequentialTest`) over `looks` planned looks at equal
-             fractions of `max_n` candidate requests: look k is taken when the stage has
-             accumulated k/looks · max_n requests; efficacy when z >= b_k, i.e. when the
-             repeated-confidence lower bound diff − b_k·se is above 0 (that bound, one-sided
-             at 1 − alpha, is the "CI above 0" for these stages, valid over repeated looks).
-             Harm: z <= −h_k (Pocock spending at `harm_alpha` by default) rolls back. The last
-             planned look without efficacy is inconclusive: rollback (or hold, `on_inconclusive`).
+  shadow     paired shadow batches (mirrored requests: both arms answered the same question);
+  canary_5 / canary_25: unpaired canary batches (a live split).
+             Judged per metric (`rl.promotion.metrics`; the rules are `metrics` in
+             configs/rl/rollout.yaml): each metric's candidate − stable difference has an
+             always-valid confidence sequence (`rl.stats.always_valid`), so the evidence is
+             read after every batch without inflating the error rate. The stage passes once
+             `min_n` observations are in, no metric is worse than its margin or still pending,
+             and an objective metric (quality or tokens by default) is significantly better.
+             A critical metric (quality, latency, errors) significantly worse than its margin
+             rolls back at once; `max_n` observations without a pass is inconclusive: rollback
+             (or hold, `on_inconclusive`).
   every stage after candidate also needs `min_clean_batches` consecutive batches without a
              hard-gate violation, and error-budget burn rates at most `advance_max_burn_rate`.
 Automatic rollback, at every stage before `full` (the state machine would judge evidence at
 `full` too, but `ragpilot rollout advance` and the admin API refuse it there: at full, rollback
 is the operator's `ragpilot rollout rollback`, runbooks/canary_promotion.md): a batch with a
 hard-gate violation; a
-significantly worse reward (harm boundary; offline: CI entirely below 0); a fast error-budget
+critical metric worse than its margin (offline: the reward CI entirely below 0); a fast error-budget
 burn: the one-sided 95% Wilson lower bound of the stage's candidate error rate (or of its
 fraction of requests slower than `slo.latency_ms`) exceeds `slo.max_burn_rate` × the budget.
 
 Every transition is appended to `audit.jsonl` (time, from, to, reason, config hashes, dataset
-manifest id, code commit, evidence numbers); with `mlflow: true` also an MLflow run. Config,
-boundaries and audit helpers: `rl.promotion.settings`."""
+manifest id, code commit, evidence numbers); with `mlflow: true` also an MLflow run. Config
+and audit helpers: `rl.promotion.settings`."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import uuid
@@ -48,6 +49,7 @@ from typing import Any
 from rag.errors import ConfigError
 from rag.jsonrec import check_fields
 from rl.promotion.evaluators import EvaluationReport
+from rl.promotion.metrics import MetricStats, judge
 from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
     DEFAULTS_PATH,
@@ -55,7 +57,6 @@ from rl.promotion.settings import (  # noqa: F401
     PromotionSettings,
     _jsonable,
     _log_mlflow,
-    boundaries,
     read_audit,
     wilson_lower,
 )
@@ -88,9 +89,9 @@ class Decision:
 
 
 def _fresh_evidence() -> dict[str, Any]:
-    return {"batches": 0, "clean_streak": 0, "n": 0, "sum": 0.0, "sumsq": 0.0,
-            "s_n": 0, "s_sum": 0.0, "s_sumsq": 0.0, "req": 0, "errors": 0, "err_n": 0,
-            "slow": 0, "lat_n": 0, "looks": [], "efficacy": False, "offline": None}
+    return {"batches": 0, "clean_streak": 0, "n": 0, "errors": 0, "err_n": 0, "slow": 0,
+            "lat_n": 0, "metrics": {}, "judgements": [], "decision": None, "why": "",
+            "efficacy": False, "offline": None}
 
 
 @dataclass
@@ -109,11 +110,15 @@ class RolloutState:
     """Unix time of the newest interaction row already counted (log adapters skip older rows,
     so a cumulative export is never counted twice); reset to the transition time on every
     transition, so a stage never sees the previous stage's traffic."""
+    counted: list[str] = field(default_factory=list)
+    """Fingerprints of the evaluation reports already observed (`rl.promotion.evidence`):
+    the same report submitted again is not counted twice."""
 
 
 _STATE_FIELDS = {"rollout_id": str, "candidate": str, "stable": str, "manifest_id": str,
                  "code_commit": str, "stage": str, "started": (int, float), "evidence": dict,
-                 "history": list, "config": dict, "row_cursor": (int, float)}
+                 "history": list, "config": dict, "row_cursor": (int, float),
+                 "counted": list}
 
 
 def _state_from_dict(data: Any) -> RolloutState:
@@ -202,7 +207,8 @@ class PromotionStateMachine:
 
     # ---- evidence -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Evidence numbers of the current stage: n, diff, se, z, boundaries, burn rates."""
+        """Evidence of the current stage: n, per-metric judgements (verdict, difference, its
+        confidence sequence, margin), the stage decision, burn rates."""
         e, c = self.state.evidence, self.config
         out: dict[str, Any] = {"stage": self.stage, "batches": e["batches"],
                                "clean_streak": e["clean_streak"], "n": e["n"]}
@@ -210,32 +216,11 @@ class PromotionStateMachine:
             out["offline"] = e["offline"]
         elif self.stage in TESTED:
             plan = getattr(c.stages, self.stage)
-            out.update(self._test_stats())
-            out.update({"looks_taken": len(e["looks"]), "looks_planned": plan.looks,
-                        "max_n": plan.max_n, "efficacy": e["efficacy"],
-                        "last_look": e["looks"][-1] if e["looks"] else None})
+            out.update({"min_n": plan.min_n, "max_n": plan.max_n, "efficacy": e["efficacy"],
+                        "decision": e["decision"], "why": e["why"],
+                        "metrics": e["judgements"]})
         out.update(self._burn())
         return out
-
-    def _test_stats(self) -> dict[str, float | None]:
-        e = self.state.evidence
-        n = e["n"]
-        if n < 2:
-            return {"diff": None, "se": None, "z": None}
-        if self.stage == "shadow":  # paired differences
-            mean = e["sum"] / n
-            var = max(0.0, (e["sumsq"] - n * mean * mean) / (n - 1))
-            se = math.sqrt(var / n)
-        else:
-            sn = e["s_n"]
-            if sn < 2:
-                return {"diff": None, "se": None, "z": None}
-            mc, ms = e["sum"] / n, e["s_sum"] / sn
-            vc = max(0.0, (e["sumsq"] - n * mc * mc) / (n - 1))
-            vs = max(0.0, (e["s_sumsq"] - sn * ms * ms) / (sn - 1))
-            mean, se = mc - ms, math.sqrt(vc / n + vs / sn)
-        z = mean / se if se > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
-        return {"diff": mean, "se": se, "z": z}
 
     def _burn(self) -> dict[str, float | None]:
         e, slo = self.state.evidence, self.config.slo
@@ -253,7 +238,7 @@ class PromotionStateMachine:
         e = self.state.evidence
         e["batches"] += 1
         e["clean_streak"] = e["clean_streak"] + 1 if r.gates_passed else 0
-        c, s = r.candidate, r.stable
+        c = r.candidate
         if c.errors is not None:
             e["errors"] += c.errors
             e["err_n"] += c.n
@@ -264,20 +249,17 @@ class PromotionStateMachine:
             e["n"] = c.n
             e["offline"] = {"diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
                             "ci": r.ci, "n": c.n, "method": r.ci_method,
-                            "margin": float(r.meta.get("margin") or 0.0)}
-            return
-        if self.stage == "shadow":
-            sd = r.diff_sd if r.diff_sd is not None else 0.0
-            e["n"] += c.n
-            e["sum"] += c.n * r.diff
-            e["sumsq"] += (c.n - 1) * sd * sd + c.n * r.diff * r.diff
+                            "margin": float(r.meta.get("margin") or 0.0),
+                            "metrics": dict(r.metrics)}
             return
         e["n"] += c.n
-        e["sum"] += c.n * c.reward
-        e["sumsq"] += (c.n - 1) * c.reward_sd ** 2 + c.n * c.reward ** 2
-        e["s_n"] += s.n
-        e["s_sum"] += s.n * s.reward
-        e["s_sumsq"] += (s.n - 1) * s.reward_sd ** 2 + s.n * s.reward ** 2
+        for name, d in r.metrics.items():
+            if name not in self.config.metrics:
+                continue
+            got = MetricStats.from_dict(d, f"report.metrics.{name}")
+            old = e["metrics"].get(name)
+            e["metrics"][name] = (got if old is None else
+                                  MetricStats.from_dict(old) + got).to_dict()
 
     def check_kind(self, report: EvaluationReport, field: str = "report.kind") -> None:
         """ConfigError `field` unless the current stage takes reports of `report.kind`."""
@@ -308,7 +290,7 @@ class PromotionStateMachine:
                 return self.rollback("offline reward significantly worse (CI below "
                                      f"{-off.get('margin', 0.0):g})", off)
         elif self.stage in TESTED and not self.state.evidence["efficacy"]:
-            d = self._look()
+            d = self._judge()
             if d is not None:
                 return d
         if self.stage == "full":
@@ -320,33 +302,30 @@ class PromotionStateMachine:
         self.save()
         return Decision("ready" if ok else "hold", self.stage, self.stage, why, self.summary())
 
-    def _look(self) -> Decision | None:
+    def _judge(self) -> Decision | None:
+        """Judge the tested stage's metrics (`rl.promotion.metrics.judge`); record the
+        verdicts. A critical metric worse than its margin rolls back; a pass marks the stage
+        efficacious; `max_n` observations without a pass is inconclusive (rollback or hold)."""
         e, c = self.state.evidence, self.config
         plan = getattr(c.stages, self.stage)
-        due = min(plan.looks, int(e["n"] * plan.looks // plan.max_n))
-        if due <= len(e["looks"]):
-            return None
-        t = self._test_stats()
-        if t["z"] is None:
-            return None
-        k = due - 1
-        b = boundaries(plan.looks, c.alpha, c.spending)[k]
-        h = boundaries(plan.looks, c.harm_alpha, c.harm_spending)[k]
-        look = {"look": due, "n": e["n"], "diff": t["diff"], "se": t["se"], "z": t["z"],
-                "boundary": b, "harm_boundary": -h,
-                "rci_low": t["diff"] - b * t["se"] if math.isfinite(b) else None}
-        e["looks"].append(look)
-        if t["z"] >= b:
+        judged, decision, why = judge(c.metrics, self._stats(), c.alpha, plan.max_n, plan.min_n)
+        e["judgements"] = [j.to_dict() for j in judged]
+        e["decision"], e["why"] = decision, why
+        if decision == "veto":
+            return self.rollback(why, self.summary())
+        if decision == "pass":
             e["efficacy"] = True
             return None
-        if t["z"] <= -h:
-            return self.rollback("reward significantly worse than stable", look)
-        if due == plan.looks:
+        if e["n"] >= plan.max_n:
             if c.on_inconclusive == "rollback":
-                return self.rollback("inconclusive: no significant gain after the final look",
-                                     look)
+                return self.rollback(f"inconclusive after {e['n']} observations (max_n "
+                                     f"{plan.max_n}): {why}", self.summary())
             e["efficacy"] = None  # hold: spent, waiting for an operator
         return None
+
+    def _stats(self) -> dict[str, MetricStats]:
+        return {k: MetricStats.from_dict(v, f"evidence.metrics.{k}")
+                for k, v in self.state.evidence["metrics"].items()}
 
     def ready(self) -> tuple[bool, str]:
         """Whether the current stage's evidence suffices to advance, and what is missing."""
@@ -370,11 +349,10 @@ class PromotionStateMachine:
         if e["efficacy"] is None:
             missing.append("sequential test ended inconclusive (hold): roll back or restart")
         elif not e["efficacy"]:
-            last = e["looks"][-1] if e["looks"] else None
             plan = getattr(c.stages, self.stage)
-            where = (f"look {last['look']}/{plan.looks}: z={last['z']:.2f} < {last['boundary']:.2f}"
-                     if last else f"no look yet: {e['n']}/{plan.max_n // plan.looks} requests")
-            missing.append(f"reward gain not yet significant ({where})")
+            missing.append(e["why"].removeprefix("needs: ") if e["why"] else
+                           f"per-metric evidence ({e['n']} of at least {plan.min_n} "
+                           "observations)")
         if e["clean_streak"] < c.min_clean_batches:
             missing.append(f"{c.min_clean_batches} consecutive gate-clean batches "
                            f"(have {e['clean_streak']})")
