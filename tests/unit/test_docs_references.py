@@ -10,6 +10,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from tests.unit.test_docs_numbers import checked_text
+
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 PROSE = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
@@ -90,7 +92,7 @@ def resolves(ref: str) -> bool:
 
 def _refs(pattern: re.Pattern) -> list[tuple[str, str]]:
     return [(f"{md.relative_to(REPO)}:{n}", m.group(1)) for md in PROSE
-            for n, line in enumerate(md.read_text().splitlines(), 1)
+            for n, line in enumerate(checked_text(md).splitlines(), 1)
             for m in pattern.finditer(line)]
 
 

@@ -280,13 +280,13 @@ class TunerSettings(StrictSettings):
     """Margin of the faithfulness and relevancy gates, in standard errors of the batch mean: a
     gate passes when mean − gate_z·se ≥ its threshold (`RewardSpec.gates`). 0 (the default):
     the point estimate. 1.645: its one-sided 95% lower bound, so a config that clears a gate
-    on the tuning split only by sampling luck is not chosen (`bench/gate_margin.py`)."""
+    on the tuning split only by sampling luck is not chosen."""
     gate_expected: bool = False
     """Charge the faithfulness and relevancy gates in the reward by their probability of
     failing on a new batch of as many queries, Φ((θ − mean)/(√2·se)), instead of 0/1
     (`RewardSpec.expected_penalty`): the tuner then maximises the expected reward on new
     queries, and a search is drawn towards configs that clear the gates with room to spare.
-    Exclusive with `gate_z` > 0 (`bench/gate_margin.py` compares the three rules)."""
+    Exclusive with `gate_z` > 0."""
     action_mode: Literal["absolute", "delta"] = "absolute"
     episode: Episode = Episode()
     base: dict[str, Any] = Field(default_factory=lambda: {"generator": "extractive",

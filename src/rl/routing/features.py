@@ -47,8 +47,7 @@ Features (units in brackets; "top-n" lists are best first, missing entries count
 `QueryFeaturizer(indexes, config, formulations=("last_two_user", "all_user"))` appends the
 formulation views (`feature_names(formulations)`; 42 -> 126 columns): how the same retrievers
 fare on each other way of forming the turn's query, so a router can choose a formulation per
-turn (`bench/router_formulation.py`: on MTRAG neither these features nor formulation arms
-alone help; together they gain +0.048 [+0.024, +0.074] reward over best static). A saved
+turn (with the formulation arms of `rl.routing.portfolio.with_formulations`). A saved
 policy records its `feature_names`; `QueryFeaturizer.for_names` rebuilds the featurizer from
 them at serving time.
 """

@@ -8,9 +8,8 @@ prompts, each made from the policy's base config (`rl.kernel.settings.TunerSetti
 
 On conversational data a router also chooses how the turn's retrieval query is formed:
 `with_formulations` adds each non-abstaining arm again with every other query formulation
-(`<name>@<formulation>`; 31 -> 85 arms with the search's best-known config left out, as in
-the design study `bench/router_formulation.py`). It pays only with the formulation views in
-the features (`rl.routing.features.conversation_views`).
+(`<name>@<formulation>`; 31 -> 85 arms with the search's best-known config left out). It
+pays only with the formulation views in the features (`rl.routing.features.conversation_views`).
 """
 
 from __future__ import annotations

@@ -20,10 +20,7 @@ cost constraint, its tokens (`T`, same shape). Neither sees the queries it is sc
   kept (`Selection.oof`) to price the router's tokens on (`fit_token_price(scores=)`: a
   price fitted on the refitted router's in-sample predictions buys fewer tokens than it
   should on new queries, where its predictions are as noisy as out of fold). The margins
-  tried by default are `CV_MARGINS` (0 only: plain argmax). A design study on train ∪ valid
-  only (`bench/router_selection.py`, test unread) compared one valid split, CV and CV with
-  the margins `MARGINS`; its rule fixed before the run (highest mean Δ reward over the three
-  datasets) chose plain CV (bench/results/router_selection.md).
+  tried by default are `CV_MARGINS` (0 only: plain argmax).
 - `out_of_fold_scores` / `router_features`: the router's view of a query as observation
   features for a policy stacked on it (the residual PPO policy's `defer` head): its predicted
   reward of its pick, of the best static arm, its margin, the pick's cost and descriptors. On
@@ -279,13 +276,12 @@ def select_router(X_train: np.ndarray, R_train: np.ndarray, X_valid: np.ndarray,
 
 
 MARGINS: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, float("inf"))
-"""The switching margins of the `cv-margin` rule (bench/router_selection.py), in reward units
+"""Switching margins a caller may have `select_router_cv` choose among, in reward units
 (inf = always the static arm)."""
 
 CV_MARGINS: tuple[float, ...] = (0.0,)
 """The margins `select_router_cv` tries by default: 0 alone (plain argmax, ties to the static
-arm), the rule bench/results/router_selection.md's pre-registered comparison chose over
-`MARGINS` (mean Δ reward +0.0089 vs +0.0058 over HotpotQA, SciFact, MTRAG)."""
+arm)."""
 
 CV_FOLDS = 4
 """Folds of `select_router_cv`'s cross-validation."""

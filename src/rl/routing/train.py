@@ -256,7 +256,7 @@ def prepare(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
         gold_warnings = [w for s in ev.data.check_gold(list(ev.data.splits), override=None)
                          for w in ev.data.gold_warnings(s)]
     # conversational data: each arm also per query formulation, and the features that tell
-    # how each formulation retrieves (bench/router_formulation.py: together, not alone)
+    # how each formulation retrieves (together: either alone does not help)
     views = conversation_views(ev.data.dataset.examples)
     if views:
         arms = with_formulations(arms, views, skip={n for n, _ in extra or []})

@@ -1,41 +1,13 @@
-"""bench/policy_cost.py's choice rule and slack selection, and bench/judge_reference.py's
-judge rows, on toy inputs (no model, no evaluation)."""
+"""bench/judge_reference.py's judge rows and bench/judge_rm.py's agreement counts, on toy
+inputs (no model, no evaluation)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from bench.judge_reference import stats_rows
-from bench.policy_cost import cheapest_kept, oof_slack
 
 from rag.metrics.pairwise_judge import reference_text
-
-
-def test_cheapest_arm_within_the_slack_and_the_base_always_qualifies():
-    P = np.array([[0.50, 0.49, 0.40],    # arm 1 within 0.02 of base 0; arm 2 not
-                  [0.50, 0.60, 0.10],    # arm 1 predicted better
-                  [0.50, 0.20, 0.20]])   # nothing cheaper qualifies: stay on base
-    tokens = np.array([300.0, 100.0, 50.0])
-    assert cheapest_kept(P, tokens, 0, 0.0).tolist() == [0, 1, 0]
-    assert cheapest_kept(P, tokens, 0, 0.02).tolist() == [1, 1, 0]
-    assert cheapest_kept(P, tokens, 0, 0.5).tolist() == [2, 2, 2]
-    # a base arm that is not the cheapest still qualifies against itself at slack 0
-    assert cheapest_kept(P, np.array([10.0, 100.0, 50.0]), 0, 0.0).tolist() == [0, 0, 0]
-
-
-def test_the_slack_rule_keeps_the_out_of_fold_quality_change_non_inferior():
-    """Arm 1 is cheap and as good as arm 0 when feature 0 > 0, useless otherwise: a router
-    that learns that may take arm 1 there; the rule must not pick a slack that loses more
-    than 0.005 out of fold."""
-    rng = np.random.default_rng(0)
-    n = 400
-    X = rng.normal(size=(n, 3))
-    Q = np.column_stack([np.full(n, 0.6), np.where(X[:, 0] > 0, 0.6, 0.0)])
-    T = np.tile([500.0, 100.0], (n, 1))
-    slack, change = oof_slack(X, Q, T, [f"c{i}" for i in range(n)], 0, seed=0)
-    assert change[slack] >= -0.005
-    assert set(change) >= {0.0, 0.1}
-    assert change[0.1] <= change[0.0] + 1e-12  # a larger slack never keeps more quality here
 
 
 def test_judge_rows_count_ties_as_misses_and_skip_equal_f1_pairs():
