@@ -8,17 +8,10 @@ with the Q/K/V projections in one GEMM, `SkipLayerNormalization`, `BiasGelu`,
 then dynamic int8 (`quantize_dynamic`: weights int8 per output channel, 7-bit range, activations
 quantised per call) of every MatMul and Attention -> `model.fused.int8.onnx`.
 
-Why these choices (CPU seconds per SciFact abstract, 1 thread, measured on this AVX2-only EPYC
-with other jobs running, 60 abstracts, bench notes in bench/results/models.md):
-  * fusion: fp32 99 -> 86 ms; int8 with QAttention (Q/K/V GEMM in int8 too) 68 -> 58-60 ms.
-  * `reduce_range` (7-bit weights): this CPU has no VNNI, so ORT's u8s8 kernel multiplies
-    with `vpmaddubsw`, whose int16 pair sums saturate with full-range int8 weights; 7-bit
-    weights cannot saturate. Same speed, mean cosine to fp32 0.9923 -> 0.9936 (MatMul-only:
-    0.9950). u8u8 (no saturation either) was 15-20% slower; per-tensor weights broke (0.77).
-  * threads: ORT's intra-op pool spins while waiting; with 2 intra-op threads on a shared
-    2-core machine it burned 2x the CPU (121 vs 59 ms per abstract) and ran slower than one
-    thread. `threads` here = worker threads, each running whole texts on a 1-thread
-    session (no spinning, no per-op barrier; the session is shared, `run` is thread-safe).
+Runtime choices (the measurements behind them: docs/design-notes.md): 7-bit int8 weights
+(`reduce_range`, no saturation on CPUs without VNNI), per-channel weight scales, and `threads`
+= worker threads each running whole texts on one shared 1-thread session (ORT's intra-op pool
+spins while it waits).
 
 Encoding tokenises with the model's own `tokenizer.json` (HF `tokenizers`, no torch). int8
 runs one text per call: dynamic quantisation fits activation scales per call, so in a padded
@@ -28,14 +21,9 @@ keyed by text needs). fp32 sorts texts by token length and batches neighbours (r
 little padding). Both mean-pool over the attention mask and L2-normalise, exactly as
 sentence-transformers' Transformer -> Pooling(mean) -> Normalize does.
 
-The floor on 2 AVX2 cores (bench/models.py notes): MiniLM-L6 costs 21.2 MFLOP per token in its
-linear layers plus 4·seq·384·6 FLOP per token in attention; SciFact at 256 tokens is 1.24 M
-tokens, 26.4 TFLOP linear + 2.8 TFLOP attention. At peak (2 cores x 32 fp32 FLOP/cycle, twice
-that for u8s8 `vpmaddubsw`+`vpmaddwd`) that is >= 186 s fp32 and >= 102 s int8.
-
 `OnnxEncoder(..., quantize=False)` is also `rag.encoders.Encoder`'s twin for small (query-time)
 calls when serving asks for it (rag.encoders.set_query_runtime): same vectors as torch, without
-torch's per-module overhead (a one-question encode costs ~2.6x less CPU).
+torch's per-module overhead.
 
 Needs onnxruntime and onnx; without them `OnnxEncoder` raises ConfigError naming the packages.
 Quality versus fp32 sentence-transformers is checked in tests/test_fast_encoder.py (cosine of

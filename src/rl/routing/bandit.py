@@ -120,8 +120,7 @@ class LinUCB:
         Z = self._z(X)
         inv, theta = self._inverses()
         mean = Z @ theta.T + self.offset
-        # zᵀA⁻¹z per arm by batched matmul (BLAS), not a three-operand einsum: 85 arms x 127
-        # columns, one row 1.4 -> 0.5 ms, 300 rows 400 -> 20 ms
+        # zᵀA⁻¹z per arm by batched matmul (BLAS), not a three-operand einsum (faster)
         quad = np.einsum("knj,nj->nk", np.matmul(Z, inv), Z)
         return mean, np.sqrt(np.maximum(quad, 0.0))
 

@@ -2,11 +2,9 @@
 millisecond: every tree of every model packed into flat numpy arrays and evaluated without
 walking the trees, by leaf bitmasks (QuickScorer, Lucchese et al., SIGIR 2015).
 
-Why: sklearn's `predict` costs ~1-2 ms per call and model even for one row (input checks,
-thread pools), so the supervised router's 31 per-arm models took tens of ms per request; the
-serving policy's pick has a budget of 5 ms. A level-by-level walk of all trees at
-once (the previous version of this module) still took 6.5 ms p95 on MTRAG's pooled router:
-400 trees evaluated once per arm = 12,400 walks, each step a dependent gather.
+Contract: `predict` of the packed models equals each model's `predict(X)` (see the last
+paragraph); a served pick stays within the serving policy's 5 ms budget where sklearn's own
+per-call overhead does not (measurements: docs/design-notes.md).
 
 How: number each tree's leaves left to right; give every split node a bitmask with the bits
 of its *left* subtree's leaves cleared. For a row, AND together the masks of the split nodes
@@ -17,11 +15,8 @@ right-going nodes clear), so nothing depends on the previous step. Trees of at m
 fit one uint64 word, of at most 32 (every router of `PARAM_GRID`: 31) one uint32.
 
 The node tests: each distinct (feature, threshold) pair is compared once and the result
-gathered per node (`_Splits.tree_masks`). A served pick follows the question's retrievals, so
-the packed arrays are out of the CPU caches and the pick is bound by the bytes it reads per
-node. On MTRAG's 85 per-arm models (up to 300 trees of 31 leaves each) a
-direct comparison with `np.where` took 5.7 ms p95 a served pick; `take` and a multiply, 7.1 ms
-on a noisier run; the slot gather with uint32 words, 4.7 ms (`bench/results/ope.md`).
+gathered per node (`_Splits.tree_masks`), with uint32 words where the trees allow: a served
+pick is bound by the bytes it reads per node.
 
 The pooled router predicts rows (query features, arm block) for every arm: `TailedTrees`
 splits the split nodes into query nodes and arm-block nodes and ANDs the arm-block masks once
