@@ -35,7 +35,7 @@ class LearnedPolicy:
     scores: Callable[[np.ndarray], np.ndarray]
     describe: str
     router: Any = None
-    """The fitted `rl.routing.router.Router` behind `act` (the PPO policy's warm starts)."""
+    """The fitted `rl.routing.router.SupervisedRouter` behind `act` (the PPO policy's warm starts)."""
 
 
 def fit_router(X_train: np.ndarray, R_train: np.ndarray, T_train: np.ndarray,

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from rag.config import RAGConfig
-from serving.router import bucket
+from serving.traffic import bucket
 
 pytestmark = pytest.mark.ray
 

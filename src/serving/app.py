@@ -60,7 +60,7 @@ from serving.pii import RedactingFilter
 from serving.pipelines import deployment_options
 from serving.policy_router import POLICY_HANDLE, bind_policy
 from serving.replica_sync import ReplicaSync
-from serving.router import Router
+from serving.traffic import TrafficSplitter
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
 from serving.routes_policy import PolicyRoutes
@@ -117,7 +117,7 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
         if s.pii.redact_logs and not any(isinstance(f, RedactingFilter) for f in log.filters):
             log.addFilter(RedactingFilter(s.pii.kinds))
         explicit = [s.config(a).config_hash for a in s.bandit.arms]
-        self.router = Router(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
+        self.router = TrafficSplitter(roles["stable"] or "", s.traffic, s.bandit, canary=roles["canary"],
                              shadow=roles["shadow"], arms=explicit or list(self.handles))
         self._explicit_arms = bool(explicit)
         self._routing_fp = yaml_fingerprint(s, roles)

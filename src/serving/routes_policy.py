@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from rag.errors import ConfigError
-from serving.router import Decision
+from serving.traffic import Decision
 from serving.schemas import ApiError, QueryRequest, QueryResponse
 from serving.store import Interaction
 

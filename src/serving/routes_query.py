@@ -21,7 +21,7 @@ from serving.api import log
 from serving.auth import Guard
 from serving.limits import retry_after_header
 from serving.pii import leak_count, redact
-from serving.router import Decision
+from serving.traffic import Decision
 from serving.schemas import ApiError, FeedbackRequest, QueryRequest, QueryResponse
 from serving.store import Interaction
 

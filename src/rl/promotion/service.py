@@ -83,8 +83,8 @@ def manifest_id(value: str | None) -> str:
 
 
 def router_settings(sm: Any) -> dict[str, Any]:
-    """The router split at the rollout's stage (`Router.set_traffic` arguments): mode,
-    canary_percent, shadow_percent, canary, shadow, stable. At `full` the candidate *is* the
+    """The traffic split at the rollout's stage (`serving.traffic.TrafficSplitter.set_traffic`
+    arguments): mode, canary_percent, shadow_percent, canary, shadow, stable. At `full` the candidate *is* the
     stable (its 100% share), so no canary share is left."""
     t = sm.traffic()
     stage = sm.stage

@@ -201,7 +201,8 @@ class PromotionStateMachine:
         return self.stage in ("full", ROLLED_BACK)
 
     def traffic(self) -> dict[str, float]:
-        """Router split for the current stage (`serving.router.Router.set_traffic` keys)."""
+        """Traffic split for the current stage (`serving.traffic.TrafficSplitter.set_traffic`
+        keys)."""
         return {"canary_percent": CANARY_PERCENT[self.stage],
                 "shadow_percent": self.config.shadow_percent if self.stage == "shadow" else 0.0}
 

@@ -1,6 +1,8 @@
 """Which pipeline answers a request: stable/canary split, shadow mirroring, or a bandit.
 
-Pure Python (no Ray), so it is unit-tested directly; the Serve ingress holds one `Router`.
+Pure Python (no Ray), so it is unit-tested directly; the Serve ingress holds one
+`TrafficSplitter` (the split between served variants; the per-query router that picks a config
+per question is `serving.policy_router`).
 
 Split mode: a request goes to the canary when `bucket(key) < canary_percent`, where
 `bucket` maps sha256(salt, key) uniformly onto [0, 100) and the key is the user id (then the
@@ -13,7 +15,7 @@ mirrors the request to the shadow candidate; its answer is logged (and scored wh
 known) but never returned.
 
 Bandit mode: arms are config hashes; one UCB1 or Thompson learner (`rl.tuner.bandit`) per request
-category; `/feedback` rewards update the arm of the interaction's category. The router computes
+category; `/feedback` rewards update the arm of the interaction's category. The splitter computes
 the arm probabilities first and samples from them, so the logged propensity is exactly the
 probability the arm was chosen with (Thompson's is a vectorised Monte-Carlo estimate).
 """
@@ -86,7 +88,7 @@ def arm_probabilities(bandit: Bandit, rng: np.random.Generator,
     return bandit.probabilities(rng)
 
 
-class Router:
+class TrafficSplitter:
     """Thread-safe routing state: the traffic split, the variants, the per-category bandits."""
 
     def __init__(self, stable: str, traffic: TrafficSettings | None = None,

@@ -1,4 +1,5 @@
-"""Router: canary split by percentage, stickiness, shadow mirroring, bandit mode (no Ray)."""
+"""TrafficSplitter: canary split by percentage, stickiness, shadow mirroring, bandit mode (no
+Ray)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import pytest
 from pydantic import ValidationError
 
 from rag.errors import ConfigError
-from serving.router import Router, arm_probabilities, bucket
+from serving.traffic import TrafficSplitter, arm_probabilities, bucket
 from serving.schemas import BanditSettings, TrafficSettings
 
 
-def _router(**traffic) -> Router:
-    return Router("S", TrafficSettings(**traffic), canary="C", shadow="X")
+def _router(**traffic) -> TrafficSplitter:
+    return TrafficSplitter("S", TrafficSettings(**traffic), canary="C", shadow="X")
 
 
 def test_bucket_is_uniform_and_stable():
@@ -76,7 +77,7 @@ def test_set_traffic_validates_and_removes():
 
 
 def test_ucb1_probabilities_are_exact():
-    r = Router("a", TrafficSettings(mode="bandit"), BanditSettings(algorithm="ucb1"),
+    r = TrafficSplitter("a", TrafficSettings(mode="bandit"), BanditSettings(algorithm="ucb1"),
                arms=["a", "b", "c"])
     d = r.route("q", category="x")
     assert d.route == "bandit" and d.propensity == pytest.approx(1 / 3)
@@ -90,7 +91,7 @@ def test_ucb1_probabilities_are_exact():
 def test_bandit_learns_best_arm_per_category(algorithm):
     rng = np.random.default_rng(0)
     means = {"single": {"a": 0.8, "b": 0.3}, "bridge": {"a": 0.2, "b": 0.7}}
-    r = Router("a", TrafficSettings(mode="bandit"),
+    r = TrafficSplitter("a", TrafficSettings(mode="bandit"),
                BanditSettings(algorithm=algorithm, prior_sd=0.5, noise_sd=0.5), arms=["a", "b"])
     for i in range(1500):
         cat = "single" if i % 2 else "bridge"
@@ -103,7 +104,7 @@ def test_bandit_learns_best_arm_per_category(algorithm):
 
 
 def test_thompson_probabilities_sum_to_one_and_are_positive():
-    r = Router("a", TrafficSettings(mode="bandit"), BanditSettings(algorithm="thompson"),
+    r = TrafficSplitter("a", TrafficSettings(mode="bandit"), BanditSettings(algorithm="thompson"),
                arms=["a", "b", "c"])
     b = r._bandit_for("c")
     for _ in range(50):
@@ -115,7 +116,7 @@ def test_thompson_probabilities_sum_to_one_and_are_positive():
 
 
 def test_bandit_state_is_bounded_and_validates():
-    r = Router("a", TrafficSettings(mode="bandit"), BanditSettings(max_categories=2),
+    r = TrafficSplitter("a", TrafficSettings(mode="bandit"), BanditSettings(max_categories=2),
                arms=["a", "b"])
     for cat in ("x", "y", "z", "w"):
         r.route("q", category=cat)
