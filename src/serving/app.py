@@ -60,7 +60,6 @@ from serving.pii import RedactingFilter
 from serving.pipelines import deployment_options
 from serving.policy_router import POLICY_HANDLE, bind_policy
 from serving.replica_sync import ReplicaSync
-from serving.traffic import TrafficSplitter
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
 from serving.routes_policy import PolicyRoutes
@@ -81,6 +80,7 @@ from serving.schemas import (
 from serving.shared_limits import StoreTokenBucket
 from serving.shared_pipelines import VariantHandle, bind_shared
 from serving.store import open_store
+from serving.traffic import TrafficSplitter
 
 _STATE: dict[str, Any] = {}
 

@@ -19,9 +19,9 @@ import uuid
 from typing import Any
 
 from rag.errors import ConfigError
-from serving.traffic import Decision
 from serving.schemas import ApiError, QueryRequest, QueryResponse
 from serving.store import Interaction
+from serving.traffic import Decision
 
 
 class PolicyRoutes:

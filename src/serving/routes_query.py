@@ -21,9 +21,9 @@ from serving.api import log
 from serving.auth import Guard
 from serving.limits import retry_after_header
 from serving.pii import leak_count, redact
-from serving.traffic import Decision
 from serving.schemas import ApiError, FeedbackRequest, QueryRequest, QueryResponse
 from serving.store import Interaction
+from serving.traffic import Decision
 
 
 def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from rag.errors import ConfigError
-from serving.traffic import TrafficSplitter, arm_probabilities, bucket
 from serving.schemas import BanditSettings, TrafficSettings
+from serving.traffic import TrafficSplitter, arm_probabilities, bucket
 
 
 def _router(**traffic) -> TrafficSplitter:
