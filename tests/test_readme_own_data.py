@@ -51,7 +51,7 @@ def test_readme_own_data_path_runs_as_written(tmp_path):
     # next to the run
     assert summary["split"]["source"] == "reused" and (run / "split.json").exists()
     assert len(list((tmp_path / "cache" / "splits").glob("*.json"))) == 1
-    assert summary["metrics"] == {"faithfulness": "recall@k", "relevancy": "ndcg@10"}
+    assert summary["metrics"] == {"faithfulness": "sig_combined", "relevancy": "ndcg@10"}
     report = (run / "report.md").read_text()
     assert "default" in report and "95%" in report
     assert "bm25" in proc.stdout or "hybrid" in proc.stdout or "dense" in proc.stdout  # best_config

@@ -1,6 +1,6 @@
 """`ragpilot tune --dataset <a BEIR folder>` (and `tuner-eval`, `report`) end to end (issue 18): data without a committed
 split manifest gets a seeded split written next to the run and reused by a later run on the
-same bytes; F and R default to what gold the data has (qrels: recall@k / ndcg@10); `report`
+same bytes; F and R default to what gold the data has (qrels: sig_combined / ndcg@10); `report`
 compares the tuned config with the static default on the held-out half."""
 
 import json
@@ -63,8 +63,8 @@ def test_tune_and_report_on_a_beir_folder(tmp_path, monkeypatch, capsys):
     assert split1["counts"] == {"valid": 11, "test": 10} == s1["split"]["sizes"]
     assert not set(split1["splits"]["valid"]) & set(split1["splits"]["test"])
     assert list((tmp_path / "cache" / "splits").glob("mybeir-*.json"))
-    # retrieval-only gold: F = recall@k, R = nDCG@10
-    assert s1["metrics"] == {"faithfulness": "recall@k", "relevancy": "ndcg@10"}
+    # retrieval-only gold: F = the reference-free answer signal, R = nDCG@10
+    assert s1["metrics"] == {"faithfulness": "sig_combined", "relevancy": "ndcg@10"}
     assert s1["holdout"]["split"] == "test" and s1["holdout"]["n"] == 10
     assert s1["dataset_name"] == "mybeir"
     # every query also names a document the corpus lacks: counted per split, and said on

@@ -43,6 +43,9 @@ _PLACE = re.compile(r"^\s*(where|how)\b|\bin which (city|country|state|town|coun
                     r"\bwhat (city|country|state|town|county)\b", re.I)
 _LEAD = re.compile(r"^(?:(?:In|On|At|By|From|After|Before|During|Since|Until|When|While|"
                    r"And|But|As|If|Then|\d[\d,]*)\s+)+")
+_WHAT_DID = re.compile(r"^\s*what\s+(did|does|do|has|have|had|will|would|can|could)\b", re.I)
+_OBJ_END = re.compile(r"[.,;:!?]|\s(?:for|to|in|at|on|with|from|because|and|but|yesterday|"
+                      r"today|last|this|when|while|after|before)\b", re.I)
 _TITLE_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 _EARLY = re.compile(r"\b(earlier|first|older|oldest|before|earliest)\b", re.I)
 _LATE = re.compile(r"\b(later|younger|youngest|last|after|latest|more recent(ly)?)\b", re.I)
@@ -90,6 +93,9 @@ class ExtractiveReader(Generator):
 
     name = "extractive"
     fingerprint = "extractive-v4"
+    object_bonus = 1.0
+    """"What did X <verb> ...?": the words after the verb in a sentence get this bonus over the
+    sentence's other spans."""
     title_bonus = 6.0  # tuned on the HotpotQA train split with gold paragraphs (0..100)
     abstain_below = 0.5
     """`*_abstain` prompts: answer INSUFFICIENT when no sentence (with its passage title) holds
@@ -170,6 +176,11 @@ class ExtractiveReader(Generator):
                 s = sscore - 0.15 * dist - 0.3 * rank - 0.05 * len(sw & qw)
                 if best is None or s > best[0]:
                     best = (s, span, ci)
+            if kind == "entity" and _WHAT_DID.match(question):
+                for span in self._objects(question, sent):
+                    s = sscore - 0.3 * rank + self.object_bonus
+                    if best is None or s > best[0]:
+                        best = (s, span, ci)
         if kind == "entity" and not _PLACE.search(question):
             # bridge questions often ask for the entity a passage is *about*: its title, when
             # the question does not name it already, the passage matches the question, and
@@ -192,6 +203,26 @@ class ExtractiveReader(Generator):
             words = [w for w in _content(sent) if answer_type(w) == "text"]
             return " ".join(words[:4]) or INSUFFICIENT, [ci]
         return best[1], [best[2]]
+
+    @staticmethod
+    def _objects(question: str, sent: str) -> list[str]:
+        """"What did Gina design ...?" -> the words after "designed" in `sent` ("a new logo"),
+        up to a preposition, a conjunction or punctuation (at most five words)."""
+        caps = {w.lower() for w in re.findall(r"\b[A-Z][\w'-]*", question)}
+        verbs = [w for w in _words(question)[2:] if w not in _STOP and len(w) >= 3
+                 and w not in caps]
+        out = []
+        for m in _WORD.finditer(sent):
+            w = m.group(0).lower()
+            if not any(w.startswith(v[:4]) for v in verbs):
+                continue
+            rest = sent[m.end():]
+            cut = _OBJ_END.search(rest)
+            phrase = rest[:cut.start()] if cut else rest
+            words = phrase.split()[:5]
+            if words and any(x.lower() not in _STOP for x in words):
+                out.append(" ".join(words).strip(" ,;:"))
+        return out
 
     @staticmethod
     def _title_is_subject(title: str, text: str) -> bool:

@@ -190,7 +190,8 @@ class TransformersGenerator(Generator):
             for j, i in enumerate(idx):
                 ids = [t for t in new[j].tolist() if t != self.tokenizer.pad_token_id]
                 raw = self.tokenizer.decode(ids, skip_special_tokens=True)
-                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise, questions[i])
+                text, cites = parse_output(raw, len(contexts_list[i]), tpl.concise, questions[i],
+                                           contexts_list[i])
                 g = Generation(text, raw, cites if tpl.cites else (),
                                int(enc["attention_mask"][j].sum()), len(ids))
                 self.stats["tokens_in"] += g.tokens_in

@@ -41,7 +41,7 @@ class OpenAIChatGenerator(Generator):
             return hit
         reply = self.endpoint.chat(messages, max_tokens=max_new_tokens, temperature=temperature)
         raw = reply.text
-        text, cites = parse_output(raw, len(contexts), tpl.concise, question)
+        text, cites = parse_output(raw, len(contexts), tpl.concise, question, contexts)
         g = Generation(text, raw, cites if tpl.cites else (), reply.prompt_tokens,
                        reply.completion_tokens or len(raw.split()))
         if self.cache:

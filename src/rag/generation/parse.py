@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from rag.generation.prompts import INSUFFICIENT
+from rag.types import Context
 
 _CITE = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 _PAREN_CITE = re.compile(r"\((\d+(?:\s*[,;]\s*\d+)*)\)")
@@ -103,8 +105,19 @@ def clean_answer(raw: str, concise: bool = True, question: str | None = None) ->
     return text.rstrip(".").strip()
 
 
-def parse_output(raw: str, n_contexts: int, concise: bool = True, question: str | None = None
-                 ) -> tuple[str, tuple[int, ...]]:
-    """(answer text, 1-based citations); `[n]` and in-range `(n)` lists both count as cites."""
+def parse_output(raw: str, n_contexts: int, concise: bool = True, question: str | None = None,
+                 contexts: Sequence[Context] | None = None) -> tuple[str, tuple[int, ...]]:
+    """(answer text, 1-based citations); `[n]` and in-range `(n)` lists both count as cites.
+    With the `contexts` and the `question`, an answer that is a passage's title or metadata
+    the passages' texts never say (e.g. a session timestamp answered to a what-question;
+    `rag.generation.answer_check.check_answer`) is replaced by INSUFFICIENT, citing nothing."""
     raw = bracket_paren_citations(raw, n_contexts)
-    return clean_answer(raw, concise, question), parse_citations(raw, n_contexts)
+    text, cites = clean_answer(raw, concise, question), parse_citations(raw, n_contexts)
+    if contexts and question:
+        from rag.generation.answer_check import check_answer
+
+        verdict = check_answer(question, text, [c.title for c in contexts],
+                               [c.text for c in contexts])
+        if verdict.reason == "metadata":
+            return INSUFFICIENT, ()
+    return text, cites

@@ -25,7 +25,9 @@ F = `support` (answer grounded in its cited passages), R = answer `f1`; SciFact 
 F = `recall@k` (context recall), R = `ndcg@10` of the reranked list. Naming a `q_` metric
 (`q_faithfulness`, `q_answer_relevancy`, `q_context_precision`, `q_context_recall`) scores every
 answer with `rag.metrics.quality.QualityScorer` (the local RAGAS-compatible metrics) as well; its
-tables are keyed apart from gold-only ones. A dataset the policy does not name scores with the gold
+tables are keyed apart from gold-only ones; naming a `sig_` metric (`sig_relevancy`,
+`sig_faithfulness`, `sig_combined`) adds the reference-free answer signals of
+`rag.metrics.signals`. A dataset the policy does not name scores with the gold
 it has (`DatasetSlice.for_gold`). Every row also records whether the answer abstained and whether
 the gold marks the question unanswerable; `quality` scores abstentions by answerability
 (`rl.kernel.reward.score_abstentions`) whatever F and R are.
@@ -90,7 +92,10 @@ rows). The memo depends only on the corpus, the encoder, the retrievers and thei
 file name carries all four), never on a run's configs or rewards, so any number of row caches
 can share one: a cluster's shared volume, or a test session's runs on fresh row caches."""
 QUALITY_VERSION = "quality-v1"
-QUALITY_SOURCES = ("rag.metrics.quality",)
+QUALITY_SOURCES = ("rag.metrics.quality", "rag.metrics.signals")
+SIGNAL_PREFIX = "sig_"
+"""Per-query reference-free answer signals (`rag.metrics.signals`: sig_relevancy,
+sig_faithfulness, sig_combined), computed when F or R names one."""
 
 
 @functools.cache
@@ -202,7 +207,20 @@ class TunerEvaluator:
         """Every config evaluated, by hash (reports value incumbents named by hash)."""
         self.uses_quality = any(m.startswith(QUALITY_PREFIX)
                                 for m in (self.slice.faithfulness, self.slice.relevancy))
+        self.uses_signals = any(m.startswith(SIGNAL_PREFIX)
+                                for m in (self.slice.faithfulness, self.slice.relevancy))
         self._quality = None
+        self._signals = None
+
+    @property
+    def signals(self):
+        """The reference-free answer signals (rag.metrics.signals.AnswerSignals), loaded on
+        first use (only when F or R names a `sig_` metric)."""
+        if self._signals is None:
+            from rag.metrics.signals import AnswerSignals
+
+            self._signals = AnswerSignals()
+        return self._signals
 
     @property
     def quality_scorer(self):
@@ -216,7 +234,8 @@ class TunerEvaluator:
 
     # ---- rows -------------------------------------------------------------------------------
     def _cfg_key(self, config: RAGConfig) -> str:
-        return f"{rows_version(self.uses_quality)}:{self.data.name}:{config.config_hash}"
+        return (f"{rows_version(self.uses_quality or self.uses_signals)}"
+                f"{':sig' if self.uses_signals else ''}:{self.data.name}:{config.config_hash}")
 
     def _load_rows(self, key: str) -> dict[str, dict[str, float]]:
         """Every stored row of one config (query id -> row), read once per process."""
@@ -311,6 +330,9 @@ class TunerEvaluator:
             scored = self.quality_scorer.score_batch(answers, list(examples))
             for row, q in zip(rows, scored, strict=True):
                 row.update({QUALITY_PREFIX + m: float(v) for m, v in q.items()})
+        if self.uses_signals:
+            for row, sg in zip(rows, self.signals.score_batch(answers), strict=True):
+                row.update({m: float(v) for m, v in sg.items()})
         self.counters["tables_computed"] += 1
         self.counters["queries_computed"] += len(examples)
         return rows

@@ -170,12 +170,12 @@ class DatasetSlice(StrictSettings):
     def for_gold(cls, kind: str) -> DatasetSlice:
         """The default F and R for data with gold of `kind` (`rl.common.data.TuningData.
         gold_kind`), used for a dataset `policy.datasets` does not name: answers (QA) ->
-        support / f1; qrels (retrieval-only) -> recall@k / ndcg@10; gold passage ids only ->
-        recall@k / recall@10; none -> the local RAGAS-compatible q_faithfulness /
-        q_answer_relevancy (no gold needed)."""
-        metrics = {"answers": ("support", "f1"), "qrels": ("recall@k", "ndcg@10"),
-                   "passages": ("recall@k", "recall@10"),
-                   "none": ("q_faithfulness", "q_answer_relevancy")}
+        support / f1; qrels (retrieval-only) -> sig_combined (the reference-free answer
+        signal, rag.metrics.signals: the answer layer has no gold) / ndcg@10; gold passage ids
+        only -> sig_combined / recall@10; none -> sig_faithfulness / sig_relevancy."""
+        metrics = {"answers": ("support", "f1"), "qrels": ("sig_combined", "ndcg@10"),
+                   "passages": ("sig_combined", "recall@10"),
+                   "none": ("sig_faithfulness", "sig_relevancy")}
         if kind not in metrics:
             raise ValueError(f"gold kind must be one of {', '.join(metrics)}, got {kind!r}")
         f, r = metrics[kind]
