@@ -1,4 +1,4 @@
-"""Issue 19's per-query PPO policy as a servable `PerQueryPolicy` (`rl.routing.base`).
+"""The per-query PPO policy as a servable `PerQueryPolicy` (`rl.routing.base`).
 
 `PerQueryPPO` picks a config from the whole space per query; the Serve app, the decision logs
 and the OPE code work over a fixed list of arms (one pipeline per arm, built when a replica
