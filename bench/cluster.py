@@ -4,8 +4,6 @@ the same seed on one node (tune, ppo) or in one process (eval, index).
 
     python bench/cluster.py                # full: 24-config space, PPO 2 iterations
     python bench/cluster.py --quick        # ~2 min: 8-config space, PPO 1 iteration
-    python bench/cluster.py --only eval,index   # re-run these parts, keep the other rows
-    python bench/cluster.py --render-only  # rewrite cluster.md from cluster.json
 
 The benchmark re-runs itself (`--inner ROOT OUT`) inside a private network namespace and there
 starts a head and a second node with `ray start` (1 CPU each, custom resources `head` /
@@ -55,50 +53,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import REPO, make_meta, plain_row, rerender, write_results  # noqa: E402
+from bench.common import REPO, make_meta, plain_row, write_results  # noqa: E402
 
 NAME = "cluster"
 TITLE = "Tuning on a two-node Ray cluster (issue 23)"
 DATASET = "synthetic"
 INNER_TIMEOUT_S = 900
 PARTS = ("tune", "ppo", "eval", "index")
-SYSTEMS = {"tune": ("tune-2-nodes", "tune-1-node"), "ppo": ("ppo-2-nodes", "ppo-1-node"),
-           "eval": ("eval-2-nodes", "eval-1-node"), "index": ("index-2-nodes", "index-1-node")}
 
 
 # ---- inside the network namespace -------------------------------------------------------------
-def inner(root: Path, out: Path, quick: bool, parts: tuple[str, ...] = PARTS) -> None:
-    """Warm the cache, start the cluster, run `parts` (PPO and Tune on 2 nodes and on 1, eval
+def inner(root: Path, out: Path, quick: bool) -> None:
+    """Warm the cache, start the cluster, run every part (PPO and Tune on 2 nodes and on 1, eval
     and index encoding on 2 nodes against the driver): `out` (JSON)."""
     from tests.support import multinode_fanout, multinode_ppo, multinode_tune
     from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
 
     t0 = time.perf_counter()
-    report: dict = {"quick": quick, "parts": list(parts)}
-    if "tune" in parts or "ppo" in parts:
-        ev, n_grid = multinode_tune.warm(root / "cache", full=not quick)
-        report.update(warm_s=time.perf_counter() - t0, grid=n_grid)
+    report: dict = {"quick": quick, "parts": list(PARTS)}
+    ev, n_grid = multinode_tune.warm(root / "cache", full=not quick)
+    report.update(warm_s=time.perf_counter() - t0, grid=n_grid)
     if quick:
         multinode_ppo.ITERATIONS = 1
     report["ppo_iterations"] = multinode_ppo.ITERATIONS
-    prep = None
-    if "eval" in parts or "index" in parts:
-        t1 = time.perf_counter()
-        prep = multinode_fanout.prepare(root / "fanout")
-        report["fanout_prepare_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    prep = multinode_fanout.prepare(root / "fanout")
+    report["fanout_prepare_s"] = time.perf_counter() - t1
     with cluster_session(root, out, report):
-        if "tune" in parts:
-            multinode_tune.both_runs(ev, root, report)
-        if "ppo" in parts:
-            report["ppo"] = {
-                "2-nodes": multinode_ppo.run(ev, ppo_policy(quick)),
-                "1-node": multinode_ppo.run(ev, ppo_policy(
-                    quick, num_cpus_per_env_runner=0.0,
-                    env_runner_resources={HEAD_RESOURCE: 0.5}))}
-        if "eval" in parts:
-            report["eval"] = multinode_fanout.run_eval(prep)
-        if "index" in parts:
-            report["index"] = multinode_fanout.run_index(prep)
+        multinode_tune.both_runs(ev, root, report)
+        report["ppo"] = {
+            "2-nodes": multinode_ppo.run(ev, ppo_policy(quick)),
+            "1-node": multinode_ppo.run(ev, ppo_policy(
+                quick, num_cpus_per_env_runner=0.0,
+                env_runner_resources={HEAD_RESOURCE: 0.5}))}
+        report["eval"] = multinode_fanout.run_eval(prep)
+        report["index"] = multinode_fanout.run_index(prep)
     report["wall_s"] = time.perf_counter() - t0
     out.write_text(json.dumps(report, indent=1))
 
@@ -114,7 +103,7 @@ def ppo_policy(quick: bool, **ppo):
     return p.with_overrides(ppo={**p.model_dump(mode="json", by_alias=True)["ppo"], **ppo})
 
 
-def run_cluster(quick: bool, parts: tuple[str, ...] = PARTS) -> dict:
+def run_cluster(quick: bool) -> dict:
     """`inner` in a fresh private network namespace; its JSON report. The nodes are stopped
     by `inner`, and again here by their recorded process groups (never `ray stop`)."""
     from tests.support.ray_cluster import RUNTIME_ENV, netns_command, stop_recorded
@@ -123,7 +112,7 @@ def run_cluster(quick: bool, parts: tuple[str, ...] = PARTS) -> dict:
     root = Path(tempfile.mkdtemp(prefix="rpb-", dir="/tmp"))
     out = root / "out.json"
     cmd = netns_command([sys.executable, str(Path(__file__).resolve()), "--inner", str(root),
-                         str(out), "--only", ",".join(parts)]
+                         str(out)]
                         + (["--quick"] if quick else []))
     if cmd is None:
         raise SystemExit("no private network namespace here (unshare -n / ip link)")
@@ -244,10 +233,6 @@ def body(meta: dict, rows: list[dict]) -> str:
         lines += ["", *fan]
     run = meta.get("run", {})
     nan = float("nan")
-    stamps = {p: (m.get("commit") or "?")[:10] for p, m in meta.get("parts", {}).items()}
-    if len(set(stamps.values())) > 1:  # a partial re-run (--only) merged into older rows
-        lines += ["", "Parts measured at different commits (`--only`): " + ", ".join(
-            f"{p} {c}" for p, c in stamps.items()) + "."]
     notes = [
         f"n = trials (tune) or env steps read from the training results (ppo). Tune: a grid "
         f"search over {run.get('grid', '?')} configs of the synthetic dataset's space, rungs "
@@ -282,52 +267,15 @@ def body(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n\n" + "\n\n".join(textwrap.fill(p, 96) for p in notes)
 
 
-def _parts(text: str) -> tuple[str, ...]:
-    parts = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in parts if p not in PARTS]
-    if bad or not parts:
-        raise SystemExit(f"--only: comma list of {', '.join(PARTS)}, got {text!r}")
-    return tuple(p for p in PARTS if p in parts)
-
-
-def merged(old: dict | None, parts: tuple[str, ...], rows: list[dict], meta: dict
-           ) -> tuple[list[dict], dict]:
-    """(rows, meta) of a run of `parts` merged into the committed results `old`: the other
-    parts' rows and meta stay as they were; `meta["parts"]` records each part's commit and
-    time. Without `old` (or for all parts): this run's."""
-    stamp = {k: meta[k] for k in ("commit", "src_dirty", "created") if k in meta}
-    if old is None or set(parts) == set(PARTS):
-        return rows, {**meta, "parts": {p: stamp for p in parts}}
-    systems = {s for p in parts for s in SYSTEMS[p]}
-    keep = [r for r in old["rows"] if r["system"] not in systems]
-    order = {s: i for i, p in enumerate(PARTS) for s in SYSTEMS[p]}
-    out_rows = sorted(keep + rows, key=lambda r: order.get(r["system"], len(order)))
-    out_meta = dict(old["meta"])
-    # this run's own numbers (wall time, nodes) under its parts' name: the committed run's stay
-    out_meta["run"] = {**out_meta.get("run", {}), "+".join(parts): meta["run"]}
-    out_meta["parts"] = {**out_meta.get("parts", {p: {k: old["meta"].get(k) for k in stamp}
-                                                   for p in PARTS if p not in parts}),
-                         **{p: stamp for p in parts}}
-    return out_rows, out_meta
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="~2 min: 8 configs, 1 PPO iteration")
-    ap.add_argument("--only", default=",".join(PARTS),
-                    help=f"comma list of parts to run ({', '.join(PARTS)}; default all); the "
-                         "other parts' committed rows are kept")
-    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
     ap.add_argument("--inner", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    parts = _parts(args.only)
     if args.inner:
-        inner(Path(args.inner[0]), Path(args.inner[1]), args.quick, parts)
+        inner(Path(args.inner[0]), Path(args.inner[1]), args.quick)
         return
-    if args.render_only:
-        rerender(NAME, args.quick, TITLE, body)
-        return
-    rep = run_cluster(args.quick, parts)
+    rep = run_cluster(args.quick)
     keep = ("grid", "ppo_iterations", "warm_s", "fanout_prepare_s", "cluster_wall_s",
             "wall_s", "nodes")
     run = {k: rep[k] for k in keep if k in rep}
@@ -346,10 +294,6 @@ def main() -> None:
 
     meta = make_meta(multinode_tune.SEED, {}, {"quick": args.quick, "run": run,
                                                "ppo_seed": multinode_ppo.SEED})
-    stem = f"{NAME}.quick" if args.quick else NAME
-    path = REPO / "bench" / "results" / f"{stem}.json"
-    old = json.loads(path.read_text()) if path.exists() else None
-    rows, meta = merged(old, parts, rows, meta)
     write_results(NAME, rows, meta, TITLE, body(meta, rows))
 
 

@@ -1,5 +1,4 @@
-"""bench/cluster.py's eval/index rows (issue 23) and `--only` merging: a partial re-run
-replaces its parts' rows and keeps every other committed row and the old meta. No Ray here."""
+"""bench/cluster.py's eval/index rows from an inner report. No Ray here."""
 
 from __future__ import annotations
 
@@ -33,17 +32,3 @@ def test_eval_and_index_rows():
     rep["eval"]["same_rows"] = False
     assert _value(cluster.rows_of(rep), "eval-2-nodes", "matches_1_node") == 0
 
-
-def test_only_merges_into_the_committed_rows():
-    old_rows = [cluster.plain_row("synthetic", "tune-2-nodes", "nodes_used", 2, 24),
-                cluster.plain_row("synthetic", "eval-2-nodes", "nodes_used", 1, 240)]
-    old = {"rows": old_rows, "meta": {"commit": "old", "created": "t0", "run": {"grid": 24}}}
-    new_meta = {"commit": "new", "created": "t1", "run": {"fanout_prepare_s": 9.0}}
-    rows, meta = cluster.merged(old, ("eval", "index"), cluster.rows_of(_report()), new_meta)
-    assert rows[0] == old_rows[0]  # tune kept, first
-    assert _value(rows, "eval-2-nodes", "nodes_used") == 2  # replaced, not duplicated
-    assert meta["commit"] == "old"
-    assert meta["run"] == {"grid": 24, "eval+index": {"fanout_prepare_s": 9.0}}
-    assert meta["parts"]["tune"]["commit"] == "old" and meta["parts"]["eval"]["commit"] == "new"
-    md = cluster.body(meta, rows)
-    assert "| eval-2-nodes | 2 | 1 |" in md and "Parts measured at different commits" in md

@@ -165,7 +165,7 @@ def test_formulation_arms_add_each_non_abstaining_arm_per_other_formulation():
     assert got[1][1].query_formulation is None
 
 def test_bench_markdown_reads_its_numbers_from_the_rows():
-    from bench.headroom_report import markdown
+    from bench.headroom import markdown
 
     def row(system, metric, value, split="valid"):
         return {"dataset": "d", "split": split, "system": system, "metric": metric,
