@@ -88,8 +88,8 @@ def policy() -> dict[str, Any]:
                    "{{variant}}"),
         ], 0, 16),
         panel("timeseries", "Canary minus stable", [
-            target('ragpilot_canary_delta{metric="reward"}', "reward"),
-            target('ragpilot_canary_delta{metric="f1"}', "gold F1", "B"),
+            target('avg(ragpilot_canary_delta{metric="reward"})', "reward"),
+            target('avg(ragpilot_canary_delta{metric="f1"})', "gold F1", "B"),
         ], 12, 16, description="Running means of canary minus stable (see also the latency "
                                "dashboard for the latency delta)."),
     ])
@@ -207,11 +207,11 @@ def variants() -> dict[str, Any]:
                    "{{variant}}"),
         ], 12, 8),
         panel("timeseries", "Configured traffic (%)", [
-            target("ragpilot_traffic_percent", "{{kind}}"),
+            target("max by (kind) (ragpilot_traffic_percent)", "{{kind}}"),
         ], 0, 16, unit="percent"),
         panel("timeseries", "Shadow minus served (paired)", [
-            target('ragpilot_shadow_delta{metric="f1"}', "gold F1"),
-            target('ragpilot_shadow_delta{metric="latency_ms"}', "latency (ms)", "B"),
+            target('avg(ragpilot_shadow_delta{metric="f1"})', "gold F1"),
+            target('avg(ragpilot_shadow_delta{metric="latency_ms"})', "latency (ms)", "B"),
         ], 12, 16),
     ])
 
@@ -238,7 +238,7 @@ def latency() -> dict[str, Any]:
                    f"ragpilot_stage_latency_seconds_bucket[{RATE}])))", "{{stage}}"),
         ], 0, 8, unit="s"),
         panel("timeseries", "Canary minus stable mean latency (ms)", [
-            target('ragpilot_canary_delta{metric="latency_ms"}', "canary − stable"),
+            target('avg(ragpilot_canary_delta{metric="latency_ms"})', "canary − stable"),
         ], 12, 8, unit="ms"),
         panel("timeseries", "Latency SLO burn rate (objective: 99% of answers <= 2.5 s)", [
             target("ragpilot:request_latency_slow_ratio:rate5m / 0.01", "5 min"),

@@ -78,7 +78,8 @@ def _ask(client: httpx.Client, question: str, **extra) -> httpx.Response:
 
 def test_healthz_and_docs(served):
     client, _ = served
-    r = client.get("/healthz")
+    assert client.get("/healthz").json()["status"] == "alive"
+    r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["status"] == "ok"
     assert set(r.json()["variants"]) == {STABLE_ID, CANARY_ID, SHADOW_ID}
     assert client.get("/docs").status_code == 200
@@ -364,7 +365,7 @@ def test_a_restarted_app_serves_the_last_split(served):
         assert (t["stable"], t["canary_percent"]) == (new, 0.0), t
         assert t["restored"]["action"] == "admin/traffic"
         assert _ask(c2, "Where was person 3 born?").json()["variant_id"] == new
-        assert new in c2.get("/healthz").json()["variants"]
+        assert new in c2.get("/readyz").json()["variants"]
 
 
 def _batch(kind: str, n_c: int, n_s: int) -> dict:

@@ -58,7 +58,7 @@ def _start(store: Path, port: int) -> subprocess.Popen:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

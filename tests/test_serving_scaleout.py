@@ -143,7 +143,7 @@ def test_the_chosen_proxy_answers(served, request):
     import psutil
 
     client, _ = served
-    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
     run_dir = os.path.dirname(os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/nonexistent"))
     ours = [p for p in psutil.process_iter(["name", "cmdline"])
             if p.info["name"] == "haproxy" and run_dir in " ".join(p.info["cmdline"] or [])]

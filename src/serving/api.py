@@ -102,6 +102,14 @@ def _routed(scope) -> bool:
 
 REPLICA_ID = f"{socket.gethostname()}:{os.getpid()}"
 """Which ingress replica answered: every response's `X-Ragpilot-Replica` header."""
+
+
+def replica_id() -> str:
+    """REPLICA_ID of the calling process. Code pickled by value (serving.app's Ingress) must
+    call this rather than import the constant, which would carry the driver's pid along."""
+    return REPLICA_ID
+
+
 _REPLICA_HEADER = (b"x-ragpilot-replica", REPLICA_ID.encode("latin-1"))
 
 

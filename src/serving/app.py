@@ -13,7 +13,7 @@ HTTP ─► Ingress ×N ─► Router ── stable ─► SharedPipelines (vari
           └─ store: interaction log, routing rows, feedback, rate-limit buckets
 
 Endpoints: POST /query, POST /feedback, GET /rl/stats, GET /rl/leaderboard,
-POST /tuner/evaluate, GET /tuner/jobs/{id}, POST|GET /admin/traffic, GET /metrics, GET /healthz,
+POST /tuner/evaluate, GET /tuner/jobs/{id}, POST|GET /admin/traffic, GET /metrics, GET /healthz (alive), GET /readyz (ready),
 OpenAPI at /docs. Hardening (docs/serving.md): /admin/*, /tuner/* need an `admin` API key
 (serving.auth; /rl/* a `read` key when `auth.protect_reads`), bodies over
 `limits.max_body_bytes` get 413 before parsing, PII is redacted from logs (serving.pii), and a
@@ -24,7 +24,8 @@ Scale-out (`ingress.replicas`, default 1; configs/serve/default.yaml: 2): routin
 statistics and rate limits live in the store, so any replica answers the same
 (serving.replica_sync, serving.shared_limits). Per replica: the in-flight gate
 (`limits.max_inflight` each), tuner jobs (GET /tuner/jobs/{id} answers on the replica that
-took the job) and Prometheus counters (scrape every replica). Variants are declared in the
+took the job) and Prometheus counters (each replica publishes its own to the store, and
+`GET /metrics` on any replica serves all of them, labelled `replica`: serving.metrics). Variants are declared in the
 Serve args (stable/canary/shadow/bandit.arms) and changed through Serve's own config update
 (`serve deploy` / `serve run` of the edited YAML, or `serving.launch.update_app` from the
 driver): the shared deployment's args do not name variants. A variant added at run time
@@ -33,7 +34,7 @@ ingress replica's reconciler adopts it (no `serve.run` in a replica). On restart
 bring back the last run-time split (serving.routing_state).
 
 Routes by concern: serving.routes_query (/query, /feedback), serving.routes_admin (/rl/*,
-/admin/*), serving.routes_tuner (/tuner/*), serving.routes_ops (/metrics, /healthz); the FastAPI
+/admin/*), serving.routes_tuner (/tuner/*), serving.routes_ops (/metrics, /healthz, /readyz); the FastAPI
 object, error bodies and middleware in serving.api. This module composes them into `Ingress`
 and builds the application (`build_app`, or `local_app` in-process).
 """
@@ -51,11 +52,11 @@ from ray import serve
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
 from rag.errors import ConfigError, DataError
-from serving.api import api, log
+from serving.api import api, log, replica_id
 from serving.auth import Guard, KeyFile, install_guard
 from serving.jobs import TunerJobs, run_evaluation
 from serving.limits import InflightGate, TokenBucketLimiter, set_body_limit
-from serving.metrics import ServeMetrics, install_metrics
+from serving.metrics import MetricsPublisher, ServeMetrics, install_metrics
 from serving.pii import RedactingFilter
 from serving.pipelines import deployment_options
 from serving.policy_router import POLICY_HANDLE, bind_policy
@@ -111,6 +112,8 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
         self.metrics = ServeMetrics(max_variants=s.max_variants)
         _STATE["metrics"] = self.metrics
         install_metrics(self.metrics)
+        self.publisher = MetricsPublisher(self.store, self.metrics, replica_id(),
+                                          s.ingress.metrics_interval_s).start()
         set_body_limit(s.limits.max_body_bytes)
         self.guard = Guard(KeyFile(s.auth.keys_file), s.auth.enabled, s.auth.protect_reads)
         install_guard(self.guard)
@@ -197,11 +200,15 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
 
     @api.get("/healthz")
     async def healthz(self) -> JSONResponse:
-        """Readiness: 200 once the store answers and every pipeline has a warm replica (each is
-        asked for its info, 5 s at most). Otherwise 503 (never a 500), JSON with `status`
-        `starting` (no answer within 5 s) or `unavailable` (the store or a replica failed),
-        `error` saying what failed and `failed`: variant id -> exception type and message."""
+        """Liveness: 200 `alive` whenever this ingress replica answers (nothing else is
+        checked: that is /readyz)."""
         return await self._healthz()
+
+    @api.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        """Readiness: 200 once the store and every deployment answer (2 s each at most);
+        else 503 JSON with `status` `starting` or `unavailable`, `error` and `failed`."""
+        return await self._readyz()
 
 
 

@@ -38,9 +38,10 @@ from rag.jsonrec import check_fields
 
 ROLES = ("read", "admin")
 PREFIX = "rpk"
-OPEN_PATHS = frozenset({"/query", "/feedback", "/metrics", "/healthz", "/docs",
+OPEN_PATHS = frozenset({"/query", "/feedback", "/metrics", "/healthz", "/readyz", "/docs",
                         "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-"""The user path (rate-limited), Prometheus, the readiness probe and the API docs."""
+"""The user path (rate-limited), Prometheus, the liveness and readiness probes and the API
+docs."""
 READ_PREFIXES = ("/rl/",)
 
 

@@ -7,13 +7,25 @@ histograms (Prometheus convention), tokens for token counters, rewards in [0, 1]
 
     m = ServeMetrics(max_variants=8)
     m.observe_answer("3fa1c0de12ab", "stable", {"retrieve": 12.1, ...}, 120, 8)   # latency ms
-    m.render() -> (bytes, content type)   # what GET /metrics answers
+    m.render() -> (bytes, content type)   # this process's series only
+
+Replicas: every ingress replica keeps its own counters. Each publishes `m.snapshot()` (its
+samples as JSON) to the interaction store about once a second (`MetricsPublisher`), and
+`GET /metrics` on any replica answers `render_replicas(...)`: every live replica's samples
+with a `replica` label (`host:pid`), so one scrape target behind the Serve proxy sees every
+replica's counters, each one monotonic, and `sum(rate(...))` over them is the whole app's
+rate. Counters with a fixed label set (requests by endpoint and status class, rejections by
+reason, tuner jobs by status, shadow mirrors by outcome) have a 0 sample from the start.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
+import time
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,11 +35,21 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import Metric
+
+log = logging.getLogger(__name__)
 
 OTHER = "other"
 STAGES = ("retrieve", "rerank", "select", "generate", "pipeline", "store", "total")
 ROUTES = ("stable", "canary", "bandit", "shadow")
 ENDPOINTS = ("query", "feedback", "tuner_evaluate", "admin_traffic", "other")
+STATUS_CLASSES = ("2xx", "4xx", "5xx")
+REJECT_REASONS = ("queue_full", "rate_limit")
+JOB_STATUSES = ("done", "failed")
+SHADOW_OUTCOMES = ("ok", "error")
+REPLICA_LABEL = "replica"
+STALE_S = 30.0
+"""A replica whose snapshot is older than this (s) is gone: its series are no longer served."""
 LATENCY_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
                      2.5, 5.0, 10.0)
 PREFIX = "ragpilot"
@@ -117,6 +139,16 @@ class ServeMetrics:
                             ["status"], registry=r)
         self._means: dict[tuple[str, str], RunningMean] = {}
         self._lock = threading.Lock()
+        for ep in ENDPOINTS:  # a 0 sample from the start, not "No data" until the first event
+            for status in STATUS_CLASSES:
+                self.requests.labels(ep, status)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for status in JOB_STATUSES:
+            self.jobs.labels(status)
+        for outcome in SHADOW_OUTCOMES:
+            self.shadow_requests.labels(outcome)
+        self.inflight.set(0)
 
     # ---- observations -----------------------------------------------------------------------
     def request(self, endpoint: str, status: int) -> None:
@@ -197,7 +229,91 @@ class ServeMetrics:
             return {f"{r}:{m}": {"n": s.n, "mean": s.mean} for (r, m), s in self._means.items()}
 
     def render(self) -> tuple[bytes, str]:
+        """This process's series only (Prometheus text, content type)."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every family as JSON-able {name, type, help, samples: [[name, labels, value]]}
+        (`_created` samples left out: a replica's start is not a metric anyone reads)."""
+        return [{"name": fam.name, "type": fam.type, "help": fam.documentation,
+                 "samples": [[x.name, x.labels, x.value] for x in fam.samples
+                             if not x.name.endswith("_created")]}
+                for fam in self.registry.collect()]
+
+
+class _Replicas:
+    """A collector over stored snapshots: replica id -> `ServeMetrics.snapshot()`."""
+
+    def __init__(self, snapshots: Mapping[str, list[dict[str, Any]]]):
+        self.snapshots = snapshots
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for replica in sorted(self.snapshots):
+            for fam in self.snapshots[replica]:
+                m = families.get(fam["name"])
+                if m is None:
+                    m = families[fam["name"]] = Metric(fam["name"], fam["help"], fam["type"])
+                for name, labels, value in fam["samples"]:
+                    m.add_sample(name, {**labels, REPLICA_LABEL: replica}, value)
+        yield from families.values()
+
+
+def render_replicas(snapshots: Mapping[str, list[dict[str, Any]]]) -> tuple[bytes, str]:
+    """Prometheus text of every replica's samples, each with `replica="<id>"`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Replicas(snapshots))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class MetricsPublisher:
+    """Writes `metrics.snapshot()` to the store under `replica` every `interval_s` seconds
+    (a daemon thread) and answers `GET /metrics` with every live replica's series.
+
+    `store` needs `save_replica_metrics(replica, body)` and `replica_metrics(since)` ->
+    {replica: body} (serving.store). A failed write or read is logged and retried at the next
+    tick; /metrics then still answers this replica's own series."""
+
+    def __init__(self, store: Any, metrics: ServeMetrics, replica: str, interval_s: float = 1.0):
+        self.store, self.metrics, self.replica = store, metrics, replica
+        self.interval_s = float(interval_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> None:
+        self.store.save_replica_metrics(self.replica, json.dumps(self.metrics.snapshot()))
+
+    def start(self) -> MetricsPublisher:
+        self._thread = threading.Thread(target=self._run, name="metrics-publisher",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.publish()
+            except Exception as exc:  # noqa: BLE001 - keep publishing; say why once a tick
+                log.warning("metrics snapshot not stored: %s: %s", type(exc).__name__, exc)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def render(self) -> tuple[bytes, str]:
+        """Every replica seen within `STALE_S` (this one fresh), each with its label."""
+        mine = self.metrics.snapshot()
+        try:
+            self.store.save_replica_metrics(self.replica, json.dumps(mine))
+            stored = self.store.replica_metrics(time.time() - STALE_S)
+            snapshots = {r: json.loads(body) for r, body in stored.items()}
+        except Exception as exc:  # noqa: BLE001 - the siblings' series are missing, not ours
+            log.warning("replica metrics not read from the store: %s: %s",
+                        type(exc).__name__, exc)
+            snapshots = {}
+        snapshots[self.replica] = mine
+        return render_replicas(snapshots)
 
 
 # ---- the ingress's metrics, reachable from middleware -------------------------------------------

@@ -78,7 +78,11 @@ class AdminRoutes:
         return state
 
     # ---- control plane ------------------------------------------------------------------------
+    # Reads of shared state adopt the store's newest routing and feedback first, so every
+    # replica answers the same at once, also when no query has passed through it
+    # (serving.replica_sync); without that a quiet replica showed its old split.
     async def _stats(self) -> dict[str, Any]:
+        await self._sync_state(force=True)
         counts = await asyncio.to_thread(self.store.counts)
         by_variant = await asyncio.to_thread(self.store.variant_summary)
         return {"traffic": self.router.state(), "variants": self.configs, "store": counts,
@@ -88,12 +92,14 @@ class AdminRoutes:
                 "shadow_tasks_pending": len(self._tasks)}
 
     async def _leaderboard(self, category: str | None = None) -> dict[str, Any]:
+        await self._sync_state(force=True)
         rows = await asyncio.to_thread(self.store.variant_summary)
         return {"mode": self.router.traffic.mode,
                 "bandit": self.router.leaderboard(category),
                 "variants": [r for r in rows if r["route"] != "shadow"]}
 
     async def _get_traffic(self) -> dict[str, Any]:
+        await self._sync_state(force=True)
         return {**self.router.state(), "restored": self.restored}
 
     # ---- evidence-gated promotion (rl.promotion.service; same state as `ragpilot rollout`) ---

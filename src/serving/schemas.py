@@ -174,6 +174,9 @@ class IngressSettings(StrictSettings):
     in the store, so any replica answers the same."""
     sync_interval_s: float = Field(0.2, ge=0.0, le=10.0)
     """At most this long (s) before a replica adopts a sibling's routing change or feedback."""
+    metrics_interval_s: float = Field(1.0, gt=0.0, le=60.0)
+    """How often (s) each replica writes its metrics snapshot to the store, which every
+    replica's `GET /metrics` serves with a `replica` label (serving.metrics)."""
 
 
 class ServeSettings(StrictSettings):

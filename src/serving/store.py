@@ -233,6 +233,22 @@ class InteractionStore:
                           "LIMIT 1", {"id": job_id})
         return json.loads(rows[0][0]) if rows else None
 
+    def save_replica_metrics(self, replica: str, body: str) -> None:
+        """Overwrite `replica`'s metrics snapshot (JSON text, serving.metrics) with the time
+        now; rows of replicas silent for a day are dropped."""
+        now = time.time()
+        self._write([("INSERT INTO replica_metrics (replica, ts, body) VALUES (:r, :ts, :b) "
+                      "ON CONFLICT (replica) DO UPDATE SET ts = excluded.ts, body = excluded.body",
+                      {"r": replica, "ts": now, "b": body}),
+                     ("DELETE FROM replica_metrics WHERE ts < :cut", {"cut": now - 86400.0})])
+
+    def replica_metrics(self, since: float) -> dict[str, str]:
+        """replica -> its snapshot (JSON text) for every replica that wrote at or after
+        `since` (Unix seconds)."""
+        rows = self._read("SELECT replica, body FROM replica_metrics WHERE ts >= :since",
+                          {"since": float(since)})
+        return {r: b for r, b in rows}
+
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
         `feedback_ts` (null when unrated). Returns the number of lines. The file appears

@@ -8,6 +8,9 @@ Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
   feedback(seq, interaction_id UNIQUE -> interactions.id, reward in [0, 1], ts)
   routing(seq, ts, fingerprint, action, state JSON)   the router's split after every admin or
                rollout change, so a restarted app serves what it served (serving.routing_state)
+  replica_metrics(replica PRIMARY KEY, ts, body JSON)   the newest metrics snapshot of each
+               ingress replica (serving.metrics.MetricsPublisher): the one table whose rows
+               are overwritten (and deleted a day after their replica stopped writing)
 `ts` is Unix time in seconds; latency in ms per stage; `shadow`=1 rows are mirrored answers
 (never returned to the user), `parent_id` names the served interaction they mirror; `error`=1
 rows are requests whose pipeline call failed (the caller got a 5xx; answer empty), so the
@@ -32,7 +35,11 @@ COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensit
            "shadow", "parent_id", "scores", "error", "policy_id", "arm", "features_hash")
 
 APPEND_ONLY = ("interactions", "feedback", "routing", "tuner_jobs")
-"""Every table: rows are only ever added (a job's state change is a new `tuner_jobs` row)."""
+"""Tables whose rows are only ever added (a job's state change is a new `tuner_jobs` row);
+`replica_metrics` is the one that is not."""
+
+REPLICA_METRICS_DDL = """CREATE TABLE IF NOT EXISTS replica_metrics (
+        replica TEXT PRIMARY KEY, ts REAL NOT NULL, body TEXT NOT NULL)"""
 
 SQLITE_DDL = [
     """CREATE TABLE IF NOT EXISTS interactions (
@@ -57,6 +64,7 @@ SQLITE_DDL = [
     *[f"""CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t}
           BEGIN SELECT RAISE(ABORT, '{t} is append-only'); END"""
       for t in APPEND_ONLY for op in ("update", "delete")],
+    REPLICA_METRICS_DDL,
 ]
 PG_DDL = [
     SQLITE_DDL[0].replace(" REAL", " DOUBLE PRECISION"),
@@ -71,6 +79,7 @@ PG_DDL = [
     *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}
           FOR EACH ROW EXECUTE FUNCTION ragpilot_append_only()"""
       for t in APPEND_ONLY],
+    REPLICA_METRICS_DDL.replace(" REAL", " DOUBLE PRECISION"),
 ]
 
 MIGRATIONS = {"error": "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NULL DEFAULT 0",

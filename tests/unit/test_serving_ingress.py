@@ -1,5 +1,5 @@
 """The Serve ingress in-process (`serving.app.local_app`, no Ray): per-client rate limits on
-/query and /feedback, /healthz on failures, rollback from `full` restoring the old stable,
+/query and /feedback, /readyz on failures, rollback from `full` restoring the old stable,
 routing that survives a restart, PII leaks feeding the reward the bandit learns, and the load
 benchmark's admin key.
 
@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rag.config import RAGConfig
+from serving.api import REPLICA_ID
 from serving.auth import KeyFile
 
 BASE = {"generator": "extractive"}
@@ -91,7 +92,7 @@ def test_changing_user_id_does_not_escape_the_rate_limit(tmp_path):
         # a valid key is its own client (its own bucket), whatever the address
         assert c.post("/query", json={"question": "Who?"}, headers=read).status_code == 200
         text = c.get("/metrics").text
-        assert 'ragpilot_rejected_total{reason="rate_limit"} 2.0' in text
+        assert f'ragpilot_rejected_total{{reason="rate_limit",replica="{REPLICA_ID}"}} 2.0' in text
 
 
 def test_feedback_is_rate_limited_with_retry_after(tmp_path):
@@ -110,12 +111,15 @@ def test_feedback_is_rate_limited_with_retry_after(tmp_path):
 # --------------------------------------------------------------------------- health
 
 
-def test_healthz_answers_503_json_when_a_replica_or_the_store_fails(tmp_path):
+def test_readyz_answers_503_json_when_a_replica_or_the_store_fails(tmp_path):
+    """/readyz is readiness (503 JSON naming what failed); /healthz is liveness and stays 200
+    through all of it (a failed pipeline is no reason to restart the ingress)."""
     c, _, _, stubs, inst = make_app(tmp_path)
     with c:
-        assert c.get("/healthz").json()["status"] == "ok"
+        assert c.get("/readyz").json()["status"] == "ok"
         stubs[CAND_ID].dead = True
-        r = c.get("/healthz")
+        assert c.get("/healthz").json()["status"] == "alive"
+        r = c.get("/readyz")
         assert r.status_code == 503, r.text
         body = r.json()
         assert body["status"] == "unavailable" and list(body["failed"]) == [CAND_ID]
@@ -126,9 +130,10 @@ def test_healthz_answers_503_json_when_a_replica_or_the_store_fails(tmp_path):
             raise OSError("disk I/O error")
 
         inst.store.counts = broken
-        r = c.get("/healthz")
+        r = c.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "unavailable"
         assert r.json()["error"].startswith("store: OSError")
+        assert c.get("/healthz").status_code == 200
 
 
 # --------------------------------------------------------------------------- rollback

@@ -195,3 +195,45 @@ def test_a_request_arriving_while_a_sync_runs_waits_for_it(tmp_path):
         return [await first, second]
 
     assert [r.route for r in asyncio.run(late_arrival())] == ["canary", "canary"]
+
+
+def test_admin_reads_on_a_quiet_replica_show_a_change_made_on_another(tmp_path):
+    """No query reaches `b` (its throttled sync never runs on a request path): its
+    /admin/traffic, /rl/stats and /rl/leaderboard still show `a`'s change, well within 1 s."""
+    import time
+
+    a = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 10.0})
+    b = replica(tmp_path, ingress={"replicas": 2, "sync_interval_s": 10.0})
+    assert asyncio.run(b._get_traffic())["canary_percent"] == 0.0
+    asyncio.run(a._set_traffic(TrafficRequest(canary_percent=35.0, mode="bandit")))
+    t0 = time.perf_counter()
+    assert asyncio.run(b._get_traffic())["canary_percent"] == 35.0
+    assert asyncio.run(b._stats())["traffic"]["canary_percent"] == 35.0
+    assert asyncio.run(b._leaderboard())["mode"] == "bandit"
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_metrics_of_either_replica_count_both(tmp_path):
+    """Each replica publishes its counters to the store; /metrics on either serves both,
+    labelled by replica, so their sum is every request whichever replica took it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a, b = replica(tmp_path), replica(tmp_path)
+    a.publisher.replica, b.publisher.replica = "host:1", "host:2"  # one process here
+    for inst, n in ((a, 3), (b, 5)):
+        for _ in range(n):
+            inst.metrics.request("query", 200)
+    for inst in (a, b):  # each replica's tick (its thread runs one a second)
+        inst.publisher.stop()
+        inst.publisher.publish()
+    for inst in (a, b):
+        text = asyncio.run(inst._metrics_endpoint()).body.decode()
+        rows = {(s.labels["replica"], s.labels["status"]): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.name == "ragpilot_requests_total" and s.labels["endpoint"] == "query"}
+        assert rows[("host:1", "2xx")] == 3 and rows[("host:2", "2xx")] == 5
+        assert rows[("host:1", "5xx")] == 0  # a sample before the first error
+        rejected = [s for fam in text_string_to_metric_families(text) for s in fam.samples
+                    if s.name == "ragpilot_rejected_total"]
+        assert {s.labels["reason"] for s in rejected} == {"queue_full", "rate_limit"}
+        assert all(s.value == 0 for s in rejected)
