@@ -3,7 +3,6 @@ much regret each way of configuring RAG pays against the best static config of e
 
     python bench/drift.py                  # full: HotpotQA, MTRAG and the synthetic world
     python bench/drift.py --quick          # < 2 min: the synthetic world only
-    python bench/drift.py --render-only    # rewrite drift.md from drift.json
 
 Arms: the 30-config portfolio of `bench/headroom.py` (on MTRAG, conversational, also each arm
 with the other query formulations, and formulation feature views: `drift_data.drift_arms`,
@@ -69,7 +68,6 @@ from bench.common import (  # noqa: E402
     RESULTS,
     make_meta,
     metric_row,
-    rerender,
     write_results,
 )
 from bench.drift_data import Bundle, load_bundle, load_updated_world, price_matrix  # noqa: E402
@@ -380,15 +378,10 @@ def main() -> None:
     ap.add_argument("--ppo-base", choices=("router", "none"), default="router",
                     help="router (default, bench/policy.py's design): a residual PPO policy "
                          "that may defer to the supervised router; none: PPO alone")
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
     for flag, v in (("--seeds", a.seeds), ("--length", a.length)):
         if v is not None and v < 1:
             ap.error(f"{flag}: must be >= 1 (got {v})")
-    if a.render_only:
-        rerender(NAME, a.quick, TITLE, markdown)
-        return
     t0 = time.perf_counter()
     length = a.length or (150 if a.quick else 300)
     a.seeds = a.seeds or (3 if a.quick else 5)

@@ -3,7 +3,6 @@ logs, and the serving policy's pick latency, on HotpotQA, SciFact and MTRAG.
 
     python bench/ope.py                 # full: 3 datasets
     python bench/ope.py --quick         # < 2 min: the synthetic world
-    python bench/ope.py --render-only   # rewrite ope.md from ope.json
 
 Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config headroom
 portfolio + the searchers' best-known config), its train / valid / test parts and the
@@ -75,7 +74,6 @@ from bench.common import (  # noqa: E402
     make_meta,
     metric_row,
     plain_row,
-    rerender,
     write_results,
 )
 from bench.headroom import matrices  # noqa: E402
@@ -303,12 +301,7 @@ def main() -> None:
     ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-latency", action="store_true", help="skip the pick-latency rows")
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
-    if a.render_only:
-        rerender(NAME, a.quick, TITLE, markdown)
-        return
     datasets = ["synthetic"] if a.quick else a.datasets.split(",")
     policy = TunerSettings.defaults()
     rows: list[dict] = []
