@@ -374,7 +374,7 @@ def main() -> None:
                     help="queries per phase (default 300; --quick 150)")
     ap.add_argument("--policy", choices=("router",), default="router")
     ap.add_argument("--no-ppo", action="store_true",
-                    help="leave out the ppo-policy system (issue 19's per-query PPO policy)")
+                    help="leave out the ppo-policy system (the per-query PPO policy)")
     ap.add_argument("--ppo-base", choices=("router", "none"), default="router",
                     help="router (default, bench/policy.py's design): a residual PPO policy "
                          "that may defer to the supervised router; none: PPO alone")
