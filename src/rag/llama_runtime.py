@@ -170,8 +170,7 @@ class LlamaCppEncoder:
 
         `batch_size` (the callers' hint) is ignored: `self.texts_per_call` texts go to llama.cpp
         per call, 1 by default, because packed sequences share one masked attention over the
-        whole batch: on SciFact abstracts (~325 tokens) one at a time was faster here
-        (1.95 s/doc vs 2.92 s/doc at 16 per call, one thread)."""
+        whole batch (one at a time is faster on long passages: docs/design-notes.md)."""
         texts = list(texts)
         self.calls += len(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)

@@ -12,8 +12,8 @@ Tables, columns, the append-only triggers and the migrations of older logs:
 Durability: SQLite runs in WAL mode with `synchronous=FULL` (an fsync of the WAL at every
 COMMIT), and `log_interaction` / `add_feedback` return only after COMMIT, so the API
 acknowledges (2xx) only rows that survive a process kill *and* a power cut. NORMAL would still
-survive a SIGKILL (the WAL is in the OS page cache) but not a power cut; at ~1-2 ms per commit
-on this machine FULL costs little next to the pipeline (tests/test_serving_crash.py).
+survive a SIGKILL (the WAL is in the OS page cache) but not a power cut. FULL costs one fsync
+per commit (docs/design-notes.md; durability: tests/test_serving_crash.py).
 """
 
 from __future__ import annotations

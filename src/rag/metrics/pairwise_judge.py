@@ -5,9 +5,9 @@
 
 `ChatLMJudgeBackend(chat, fingerprint)` asks "which answer is correct, A or B?" with a short
 prompt (question first, then the two answers; the passages only when `with_contexts`) and reads
-the first letter of a <= 3-token reply. Why so short: on this machine Qwen reads ~14 prompt
-tokens/s on one thread, so the prompt length *is* the cost, and putting the question before the
-answers lets llama.cpp reuse the KV cache of the shared prefix for the swapped order. Replies are
+the first letter of a <= 3-token reply. The prompt is short because on a CPU its length is the
+judge's cost (docs/design-notes.md), and the question comes before the answers so that llama.cpp
+reuses the KV cache of the shared prefix for the swapped order. Replies are
 cached in `JudgeCache` under sha256(fingerprint, messages, max_tokens), so a re-run replays.
 Both backends take a reference answer as a fifth item element (`PairwiseJudge.compare(...,
 reference=)`): the prompt then shows it after the question and asks which answer agrees with

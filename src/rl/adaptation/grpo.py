@@ -167,9 +167,8 @@ def _last_checkpoint(trainer_dir: Path) -> str | None:
 
 def _cuda_bf16() -> bool:
     """bf16 (mixed precision, and the policy's weights) where a CUDA GPU supports it; never on
-    CPU, where AVX2 without bf16 instructions runs bf16 matmuls on a scalar kernel
-    (`rl.adaptation.prefs`). Measured on an H200 (bench/results/gpu_grpo.md): 3.4 s a step
-    against ~5 s in fp32, and a NaN gradient at step 46 with lr 1e-4 (`precision: fp32`)."""
+    CPU, where a CPU without bf16 instructions runs bf16 matmuls on a scalar kernel
+    (`rl.adaptation.prefs`). Returns False without CUDA. Measurements: docs/design-notes.md."""
     import torch
 
     return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())

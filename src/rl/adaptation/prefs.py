@@ -262,10 +262,9 @@ def _log_run(cfg: GeneratorSFTConfig, out: Path, meta: dict[str, Any],
 
 def trainer_args(cfg: GeneratorSFTConfig, output_dir: str | Path) -> dict[str, Any]:
     """The TRL DPO/ORPO arguments shared by every method. Mixed precision follows the device:
-    TRL's configs default to `bf16=True`, which on a CPU autocasts every matmul to bf16 — on
-    AVX2 without bf16 instructions a scalar kernel (`bf16_dot_with_fp32_arith`): one 2-pair
-    step at max_len 768 ran > 10 minutes without finishing here, where the earlier fp32 run
-    took 19 s per step at max_len 384 (bench/results/adaptation_generator.json)."""
+    TRL's configs default to `bf16=True`, which on a CPU autocasts every matmul to bf16, a
+    scalar kernel (`bf16_dot_with_fp32_arith`) on CPUs without bf16 instructions; here bf16
+    is used only where a CUDA GPU supports it (measurements: docs/design-notes.md)."""
     p = cfg.prefs
     return {"output_dir": str(output_dir), "max_steps": p.steps,
             "per_device_train_batch_size": p.batch_size, "learning_rate": p.lr,
