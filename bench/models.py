@@ -3,12 +3,12 @@
     python bench/models.py            # full: SciFact test (5,183 docs, 300 queries), Qwen on
                                       # --llm-n HotpotQA test questions (hours on 2 cores)
     python bench/models.py --only generators --threads 1   # the Qwen acceptance rows alone
-    python bench/models.py --only encoders    # the SciFact encoder rows alone; merged into the
-                                              # committed models.json (generator rows kept)
-    python bench/models.py --only encoders --reuse-fp32 --no-nomic   # MiniLM rows only; the
-                                              # committed nomic rows are kept
+    python bench/models.py --only encoders    # the SciFact encoder rows alone
+    python bench/models.py --only encoders --reuse-fp32 --no-nomic   # MiniLM rows only
     python bench/models.py --only rerank      # the cross-encoder rows alone (torch vs ONNX
-                                              # fp32/int8, bench/models_rerank.py); merged
+                                              # fp32/int8, bench/models_rerank.py)
+    A run of one section (`--only`, `--no-nomic`) writes models.<section>.json, never into
+    the full run's models.json.
     python bench/models.py --quick    # minutes: MiniLM fp32 vs int8 on a 1,500-doc sub-corpus
                                       # (50 queries); nomic on --nomic-docs docs and Qwen on
                                       # --llm-n 3 questions, for per-item cost and projections
@@ -58,7 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
 from bench.models_generators import HOTPOT, generator_section  # noqa: E402
 from rag.corpus import Corpus  # noqa: E402
 from rag.corpus.loaders import data_root, load_beir  # noqa: E402
@@ -70,8 +70,6 @@ from rag.metrics.retrieval import per_query_scores  # noqa: E402
 from rag.models import cache_dir  # noqa: E402
 from rag.onnx_encoder import THREADS_ENV  # noqa: E402
 from rag.types import Hit  # noqa: E402
-
-NOMIC_SYSTEMS = ("dense-nomic", "hybrid-nomic")
 
 
 class LoadSampler:
@@ -343,86 +341,11 @@ def nomic_section(args, corpus, test_qs, qrels, train_qs, train_qrels, ds, rows,
     notes.append(f"hybrid-nomic: min-max fusion with tantivy BM25, w={w} (dense weight) chosen "
                  f"on {len(train_qs)} SciFact train queries.")
     if cached:
-        gpu = RESULTS / "gpu_models.json"
-        cos = next((r["value"] for r in (json.loads(gpu.read_text())["rows"] if gpu.exists()
-                                         else []) if r["metric"] == "min_cosine_gpu_vs_cpu"),
-                   float("nan"))
         notes.append(f"dense-nomic / hybrid-nomic ndcg@10: the corpus vectors are the embedding "
                      f"cache's ({corpus.fingerprint()}-{enc.fingerprint}.npy), which the lent-GPU "
-                     f"run built with this port on cuda (bench/gpu_models.py; min cosine to the "
-                     f"CPU port's vectors {cos:.8f} on 16 abstracts); the queries were encoded "
+                     f"run built with this port on cuda (bench/gpu_models_ingest.py; its results "
+                     f"give their min cosine to the CPU port's vectors); the queries were encoded "
                      f"here on the CPU.")
-
-
-GPU_ROWS = ("hotpotqa/test/hybrid-k5", "hotpotqa/valid/hybrid-k5")
-
-
-def gpu_rows(rows: list, notes: list) -> None:
-    """The generator rows of the lent-GPU run (bench/results/gpu_models.json: Qwen and SmolLM2
-    on transformers bf16, all 300 test questions, Qwen's prompt chosen on valid) and its nomic
-    build time, carried here beside the CPU rows so issue 20's rows sit in one file; replaced
-    whenever that file changes."""
-    path = RESULTS / "gpu_models.json"
-    rows[:] = [r for r in rows if r["dataset"] not in GPU_ROWS
-               and r["metric"] != "gpu_index_build_s"]
-    notes[:] = [n for n in notes if not n.startswith("GPU rows")]
-    if not path.exists():
-        return
-    g = json.loads(path.read_text())
-    keep = [r for r in g["rows"] if r["dataset"] in GPU_ROWS
-            or (r["system"] == "dense-nomic" and r["metric"] == "gpu_index_build_s")]
-    rows.extend(keep)
-    dev = g["meta"].get("device_run", {})
-    vf = ", ".join(f"{k} {v:.3f}" for k, v in
-                   dev.get("qwen_prompt", {}).get("valid_f1", {}).items())
-    notes.append(f"GPU rows ({len(keep)}, datasets {', '.join(GPU_ROWS)} and dense-nomic "
-                 f"gpu_index_build_s) are carried from bench/results/gpu_models.json (commit "
-                 f"{g['meta']['commit'][:10]}): {dev.get('device')}, transformers "
-                 f"{dev.get('transformers')} bf16, the Q4_K_M GGUF dequantised at load; Qwen's "
-                 f"test prompt `{dev.get('qwen_prompt', {}).get('chosen')}` was chosen on the 300 "
-                 f"valid questions (valid F1 {vf}), so "
-                 f"its answer_f1 is tuned (prompt only), not zero-shot; gpu_s_per_answer is "
-                 f"batched (48 per batch) on one H100.")
-
-
-def section_of(row: dict) -> str:
-    """Which section measured a row: rerank-* rows the reranker's, other SciFact rows the
-    encoders', the rest generators'."""
-    if row["system"].startswith("rerank-"):
-        return "rerank"
-    return "retrieval" if row["dataset"].startswith("scifact") else "generators"
-
-
-def note_section(note: str) -> str:
-    if note.startswith("rerank-"):
-        return "rerank"
-    return "retrieval" if note.startswith(("dense-", "hybrid-")) else "generators"
-
-
-def merge_previous(args, sections: list[str], rows: list, notes: list) -> dict | None:
-    """With --only, keep the other section's rows and notes from the committed models.json
-    (a one-section run must not drop the other's results); returns where they came from."""
-    path = RESULTS / "models.json"
-    if not (args.only or args.no_nomic) or args.quick or not path.exists():
-        return None
-    old = json.loads(path.read_text())
-
-    def kept(section: str, system: str) -> bool:  # --no-nomic: nomic's committed rows stay
-        return section not in sections or (args.no_nomic and system.startswith(NOMIC_SYSTEMS))
-
-    if args.only == "nomic":  # everything but nomic's own rows and notes stays
-        def kept(section: str, system: str) -> bool:
-            return not system.startswith(NOMIC_SYSTEMS)
-
-    keep = [r for r in old["rows"] if kept(section_of(r), r["system"])]
-    old_meta = old["meta"]
-    old_notes = [n for n in old_meta.get("notes", []) if not n.startswith("Not run in this")
-                 and kept(note_section(n), n)]
-    rows[:0] = keep
-    notes.extend(old_notes)
-    return {"sections": sorted({section_of(r) for r in keep}),
-            "systems": sorted({r["system"] for r in keep}), "commit": old_meta.get("commit"),
-            "created": old_meta.get("created"), "argv": old_meta.get("argv")}
 
 
 def main() -> None:
@@ -456,10 +379,10 @@ def main() -> None:
                     default=None,
                     help="one section (encoders = retrieval: the SciFact encoder rows; nomic: "
                          "only nomic's rows, e.g. from vectors a GPU run put in the embedding "
-                         "cache); its rows replace that section's rows in the committed "
-                         "models.json, the other rows are kept")
+                         "cache), written to models.<section>.json")
     ap.add_argument("--no-nomic", action="store_true",
-                    help="MiniLM rows only (minutes); the committed nomic rows are kept")
+                    help="no nomic rows (minutes), written to models.no-nomic.json (or "
+                         "models.<section>.json)")
     args = ap.parse_args()
     args.only = "retrieval" if args.only == "encoders" else args.only
     args.llm_n = args.llm_n or (3 if args.quick else 100)
@@ -482,8 +405,6 @@ def main() -> None:
         from bench.models_rerank import rerank_section
 
         rerank_section(args, rows, notes, scifact)
-    kept = merge_previous(args, sections, rows, notes)
-    gpu_rows(rows, notes)
     md = ["| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
     for r in rows:
         ci = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if r["ci_low"] is not None else ""
@@ -497,13 +418,14 @@ def main() -> None:
         datasets["hotpotqa"] = data_root() / HOTPOT
     extra = {"quick": args.quick, "sections_run": sections, "llm_n": args.llm_n,
              "nomic_docs": args.nomic_docs, "encoder_threads": args.encoder_threads,
-             "notes": notes, "kept_from_previous": kept}
+             "notes": notes}
     if "generators" in sections:
         extra["generators"] = {"contexts": args.contexts, "prompt": "cite_concise",
                                "shots": "zero-shot", "max_new_tokens": args.max_new_tokens,
                                "llama_threads": args.threads, "runtime": "llama.cpp",
                                "budget_min": args.budget_min}
-    write_results("models", rows, make_meta(args.seed, datasets, extra=extra),
+    write_results("models" if args.only is None and not args.no_nomic
+                  else f"models.{args.only or 'no-nomic'}", rows, make_meta(args.seed, datasets, extra=extra),
                   md_title="Stronger and faster models", md_body="\n".join(md))
 
 
