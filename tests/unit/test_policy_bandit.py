@@ -18,7 +18,7 @@ from rl.routing.base import (
     save_policy,
 )
 from rl.routing.decision_log import (
-    DecisionLogs,
+    DecisionLog,
     epsilon_greedy_probs,
     log_epsilon_greedy,
     ope_error,
@@ -171,7 +171,7 @@ def test_ope_error_is_small_on_a_long_log_and_logs_round_trip(tmp_path):
         out = ope_error(probs[logs.qidx], logs, truth)
         assert set(out) == {"ips", "snips", "dr"}
         assert out["dr"]["abs_error"] < 0.01 and out["dr"]["covered"]
-    back = DecisionLogs.read_jsonl(logs.write_jsonl(tmp_path / "log.jsonl"))
+    back = DecisionLog.read_jsonl(logs.write_jsonl(tmp_path / "log.jsonl"))
     assert np.array_equal(back.arm, logs.arm) and np.allclose(back.x, logs.x)
     assert back.config_hash[:3] == logs.config_hash[:3]
 

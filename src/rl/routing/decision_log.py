@@ -36,7 +36,7 @@ ESTIMATORS = ("ips", "snips", "dr")
 
 
 @dataclass(frozen=True)
-class DecisionLogs:
+class DecisionLog:
     """A decision log as arrays: `query_ids` (n,), `qidx` (n,) index of the query in the
     matrix the log was drawn from (-1 when read from a file), `x` (n, d) features, `arm` (n,),
     `config_hash` (n,), `propensity` (n,) in (0, 1], `reward` (n,)."""
@@ -66,7 +66,7 @@ class DecisionLogs:
         return p
 
     @classmethod
-    def read_jsonl(cls, path: str | Path) -> DecisionLogs:
+    def read_jsonl(cls, path: str | Path) -> DecisionLog:
         recs = [json.loads(line) for line in Path(path).read_text().splitlines()
                 if line.strip()]
         if not recs:
@@ -96,7 +96,7 @@ def log_epsilon_greedy(X: np.ndarray, R: np.ndarray, greedy: np.ndarray, epsilon
                        query_ids: Sequence[str] | None = None,
                        config_hashes: Sequence[str] | None = None,
                        candidate_probs: np.ndarray | None = None,
-                       candidate_share: float = 0.0) -> DecisionLogs:
+                       candidate_share: float = 0.0) -> DecisionLog:
     """Simulate the ε-greedy logging policy over queries with features `X` (n, d) and
     full-information rewards `R` (n, M) (module docstring). `greedy` (n,): the base policy's
     arm per query; `candidate_probs` (n, M): a candidate policy's probabilities per query,
@@ -113,7 +113,7 @@ def log_epsilon_greedy(X: np.ndarray, R: np.ndarray, greedy: np.ndarray, epsilon
     arms, prop = sample_arms(P, rng)
     ids = list(query_ids) if query_ids is not None else [str(i) for i in range(n)]
     hashes = list(config_hashes) if config_hashes is not None else [f"arm-{j}" for j in range(m)]
-    return DecisionLogs([ids[i] for i in qidx], qidx, X[qidx], arms,
+    return DecisionLog([ids[i] for i in qidx], qidx, X[qidx], arms,
                         [hashes[j] for j in arms], prop, R[qidx, arms])
 
 
@@ -146,7 +146,7 @@ def grouped_cross_fit_q(x: np.ndarray, a: np.ndarray, r: np.ndarray, groups: np.
     return q
 
 
-def ope_error(target_probs: np.ndarray, logs: DecisionLogs, true_value: float, *,
+def ope_error(target_probs: np.ndarray, logs: DecisionLog, true_value: float, *,
               q_hat: np.ndarray | None = None, n_folds: int = 5, seed: int = 0,
               l2: float = 1.0) -> dict[str, dict[str, Any]]:
     """IPS, SNIPS and DR estimates of the target's value from `logs`, each with its absolute
