@@ -446,10 +446,9 @@ def _formulations(meta: dict) -> str:
                        "`rl.routing.portfolio.with_formulations`), and the features add the "
                        "retrieval features on each of those formulations and their "
                        f"differences ({d['n_features']} columns: "
-                       "`rl.routing.features.conversation_views`), the design that "
-                       "`bench/router_formulation.py` chose on train ∪ valid with test unread "
-                       "(+0.048 [+0.024, +0.074] reward over best static there, neither change "
-                       "alone above 0).")
+                       "`rl.routing.features.conversation_views`), the design the retired "
+                       "router_formulation study chose on train ∪ valid with test unread "
+                       "(docs/results.md).")
     commits = {ds: d.get("part_commit") or meta["commit"] for ds, d in meta["details"].items()}
     if len(set(commits.values())) > 1:
         out.append("Rows by dataset come from the runs at commits "
@@ -547,9 +546,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             "sent every HotpotQA query to the cheapest arm, because best static itself spends "
             "more on train than on valid); `best-static` ")
            + "stays the valid split's choice. The rule replaced selection on valid after a "
-           "design study on train ∪ valid only, test unread (`bench/router_selection.py`: "
-           "outer 5 grouped folds, the mean gain over valid's best static of each rule: "
-           "`bench/results/router_selection.md`)" if _any_cv(meta) else " The router is fitted on train, its "
+           "design study on train ∪ valid only, test unread (the retired router_selection "
+           "study, docs/results.md)" if _any_cv(meta) else " The router is fitted on train, its "
            "hyper-parameters and token price chosen on valid")
         + "; the per-segment table uses dataset labels (HotpotQA type, MTRAG domain × "
         "turn) that a serving policy would not have. "

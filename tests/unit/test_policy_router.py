@@ -188,7 +188,8 @@ def test_token_price_is_the_lowest_feasible_even_when_spend_is_not_monotone():
 
 
 def test_cv_defaults_to_plain_argmax_and_keeps_the_winners_out_of_fold_scores():
-    """The default margins are `CV_MARGINS` (0: the rule bench/router_selection.py chose);
+    """The default margins are `CV_MARGINS` (0: plain argmax, the rule the retired
+    router_selection study chose, docs/results.md);
     `Selection.oof` is the chosen parameters' out-of-fold predictions, the same numbers
     `out_of_fold_scores` gives with the same folds."""
     X, R, T = _world(200, 0)
