@@ -1,23 +1,44 @@
-"""Rollout simulation: does evidence-gated promotion promote what is better and stop the rest?
+"""Promotion simulation: per-metric paired judgement against today's scalar unpaired canary.
 
-    python bench/rollout_sim.py           # full: 200 runs per scenario (~1 min on 2 cores)
-    python bench/rollout_sim.py --quick   # < 2 min: 40 runs per scenario, fewer OPE runs
+    python bench/rollout_sim.py           # 2,000 simulated rollouts per scenario and system
+    python bench/rollout_sim.py --quick   # < 2 min: 300 per scenario (writes promotion.quick.*)
 
-1. Promotion (`rl.promotion.state_machine.PromotionStateMachine`, default `configs/rl/rollout.yaml`), seeded,
-   200 runs per scenario. Per-request reward ~ N(0.6 + delta, 0.25) with a per-request component
-   shared by both configs (correlation 0.5, so a shadow pair's difference also has sd 0.25);
-   latency lognormal (median 200 ms, sigma 0.3), error rate 0.1%. Each run goes through the real
-   evaluators (`rl.promotion.evaluators`: offline replay of 2,000 queries, paired shadow batches, unpaired
-   canary batches at the 5% / 25% split) into the state machine with auto_advance.
-   Scenarios: better (delta +0.03), worse (−0.03), equal (0), slow (+0.03 but latency x2.5,
-   which breaks the p95 gate). Reported: share promoted to full, share rolled back before 25%
-   (i.e. never reaching canary_25), mean requests per stage.
-2. OPE: `rl.stats.simulate.BanditSimulator` (5 actions, 5-d contexts, epsilon 0.1) logged data of
-   3,000 rounds, target = softmax(true logits / 0.5); 200 seeds; IPS / SNIPS / DM / DR: coverage
-   of the 95% CI of the true value, bias, variance, RMSE.
-3. Sequential test: `rl.stats.sequential.SequentialTest` (5 equal looks, O'Brien–Fleming, one-sided 0.05)
-   on null data (per-request differences N(0, 1), 200 per look): empirical type-I error over 200
-   runs, and over 20,000 runs (vectorised with the same boundaries) for a tighter estimate.
+Writes bench/results/promotion.{json,md}.
+
+Per-request noise comes from real rows: the tuner evaluator's per-query rows on the synthetic
+world (`rl.kernel.evaluator`, both splits, 240 questions; computed once and cached, so run it
+under the heavy lock the first time) for the static default config (the stable arm), and for a
+second real config (dense retrieval, k = 2) whose per-query differences from the default,
+centred and given a random sign per request, are the paired noise of a candidate: quality
+(`RewardSpec.quality` of F and R), tokens (in + out) and latency (the stage wall times measured
+when the row was built). The random sign makes the noise symmetric, as paired differences of
+two exchangeable arms are; centring alone left a skewed mass (97% of the pairs agree). A
+simulated request draws one question uniformly; the stable arm answers with the default's row,
+the candidate with
+
+    quality  = stable quality + delta_quality + noise_quality
+    tokens   = stable tokens · (1 + token_change) + noise_tokens
+    latency  = stable latency · (1 + latency_change) + noise_latency
+
+Scenarios (delta_quality, token_change, latency_change): cheaper-equal-quality (0, −30%, 0),
+better-quality (+0.05, 0, 0) — good, should be promoted; cheaper-worse-quality (−0.05, −30%,
+0), latency-regression (0, −30%, +50%) — harmful; no-difference (0, 0, 0) — no gain. Neither
+harmful nor no-gain candidates should be promoted.
+
+Systems, each deciding on the same traffic:
+- `per-metric` (new): the shadow stage of `configs/rl/rollout.yaml`, every request mirrored to
+  the candidate, judged per metric by `rl.promotion.metrics` (the state machine's code) after
+  every 10 requests: promoted = the stage passes before any veto and before `max_n` pairs.
+- `scalar-unpaired` (today's, before this change): the candidate at 5% of traffic, one per-request
+  scalar reward (`RewardSpec.per_query`: quality − γ·latency − δ·tokens) compared unpaired with
+  the stable's, the group-sequential test the state machine used (5 looks at 320, ..., 1,600
+  candidate requests, O'Brien–Fleming one-sided alpha 0.05 for efficacy, Pocock 0.05 for harm):
+  promoted = efficacy before harm.
+
+Metrics: `wrong_promotion_rate` (harmful and no-gain scenarios; target <= 0.05), `power`
+(good scenarios; target >= 0.80), `requests_to_decision_median` (all requests served until the
+system decided, an undecided run counted at its last look; target: per-metric <= 1/10 of
+scalar-unpaired's), each with a 95% CI (Wilson for rates, order statistics for medians).
 """
 
 from __future__ import annotations
@@ -33,260 +54,295 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
-from rl.promotion.evaluators import Arm, CanaryEvaluator, ShadowEvaluator  # noqa: E402
-from rl.promotion.settings import stage_power  # noqa: E402
-from rl.promotion.state_machine import DEFAULTS_PATH, PromotionSettings, PromotionStateMachine  # noqa: E402
-from rl.stats.ope import estimate_all  # noqa: E402
-from rl.stats.sequential import SequentialTest  # noqa: E402
-from rl.stats.simulate import BanditSimulator  # noqa: E402
+from bench.common import make_meta, write_results  # noqa: E402
+from rl.promotion.metrics import VERDICTS, stage_decision, verdicts  # noqa: E402
+from rl.promotion.settings import DEFAULTS_PATH, PromotionSettings  # noqa: E402
+from rl.stats.always_valid import rho2_for  # noqa: E402
+from rl.stats.sequential import group_sequential_bounds  # noqa: E402
 
 SEED = 0
-BASE, SD, RHO = 0.6, 0.25, 0.5
-SCENARIOS = {"better": (0.03, 1.0), "worse": (-0.03, 1.0), "equal": (0.0, 1.0),
-             "slow": (0.03, 2.5)}
-OFFLINE_N = 2000
-BATCHES_PER_LOOK = 2
+SCENARIOS = {  # delta_quality, token_change, latency_change, kind
+    "cheaper-equal-quality": (0.0, -0.30, 0.0, "good"),
+    "better-quality": (0.05, 0.0, 0.0, "good"),
+    "cheaper-worse-quality": (-0.05, -0.30, 0.0, "harmful"),
+    "no-difference": (0.0, 0.0, 0.0, "no-gain"),
+    "latency-regression": (0.0, -0.30, 0.50, "harmful"),
+}
+BATCH = 10
+"""Requests between two looks of the per-metric judge."""
+CANARY_PERCENT = 5.0
+SCALAR_LOOKS, SCALAR_MAX_N = 5, 1600
+"""Today's canary_5 plan (configs/rl/rollout.yaml before per-metric promotion)."""
+TARGET_WRONG, TARGET_POWER, TARGET_RATIO = 0.05, 0.80, 0.1
 
 
-class World:
-    """Per-request observations of stable and candidate for one run."""
-
-    def __init__(self, delta: float, lat_factor: float, rng: np.random.Generator):
-        self.delta, self.lat_factor, self.rng = delta, lat_factor, rng
-
-    def _arm(self, n: int, shared: np.ndarray, delta: float, lat: float) -> Arm:
-        g = self.rng
-        r = BASE + delta + shared + g.normal(0, SD * math.sqrt(1 - RHO), n)
-        latency = lat * 200.0 * np.exp(g.normal(0, 0.3, n))
-        return Arm(r, latency, g.random(n) < 0.001)
-
-    def paired(self, n: int) -> tuple[Arm, Arm]:
-        shared = self.rng.normal(0, SD * math.sqrt(RHO), n)
-        return (self._arm(n, shared, 0.0, 1.0),
-                self._arm(n, shared, self.delta, self.lat_factor))
-
-    def unpaired(self, n_c: int, n_s: int) -> tuple[Arm, Arm]:
-        g = self.rng
-        return (self._arm(n_s, g.normal(0, SD * math.sqrt(RHO), n_s), 0.0, 1.0),
-                self._arm(n_c, g.normal(0, SD * math.sqrt(RHO), n_c), self.delta,
-                          self.lat_factor))
+# --------------------------------------------------------------------------- real rows
 
 
-def run_once(cfg: PromotionSettings, delta: float, lat_factor: float, seed: int,
-             honest_offline: bool = True) -> dict:
-    """One rollout. honest_offline=False: the offline replay shows +0.03 whatever the truth
-    (an optimistic replay, e.g. distribution shift), so the online stages must decide alone."""
-    rng = np.random.default_rng((SEED, seed))
-    world = World(delta, lat_factor, rng)
-    kw = {"thresholds": cfg.thresholds, "latency_slo_ms": cfg.slo.latency_ms,
-          "ci_method": "normal"}
-    shadow, canary = ShadowEvaluator(**kw), CanaryEvaluator(**kw)
-    offline = ShadowEvaluator(**kw)
-    offline.kind = "offline"  # replay of a fixed query set: paired, one look
-    sm = PromotionStateMachine.start(None, "cand", "stable", "sim", cfg, code_commit="sim")
-    requests = {s: 0 for s in ("shadow", "canary_5", "canary_25")}
-    replay = world if honest_offline else World(0.03, 1.0, rng)
-    sm.observe(offline.evaluate(*replay.paired(OFFLINE_N)))
-    for _ in range(200):  # batches; every stage ends well before this
-        if sm.done or sm.stage == "candidate":
+def real_rows() -> dict[str, dict[str, np.ndarray]]:
+    """Per-query quality, tokens and measured latency (ms) of the default and the second
+    config on the synthetic world's valid + test splits (module doc)."""
+    from rl.kernel.evaluator import get_evaluator
+    from rl.kernel.settings import TunerSettings
+    from rl.kernel.space import ConfigSpace
+
+    settings = TunerSettings.defaults()
+    default = ConfigSpace(settings).base
+    configs = {"default": default,
+               "other": default.model_copy(update={"variant": "dense", "k": 2})}
+    ev = get_evaluator("synthetic", settings)
+    spec = ev.reward_spec()
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, cfg in configs.items():
+        cols: dict[str, list[np.ndarray]] = {"quality": [], "tokens": [], "latency_ms": []}
+        for split in ("valid", "test"):
+            print(f"  rows: {name} ({cfg.config_hash}) on synthetic/{split}", flush=True)
+            tab = ev.table(cfg, split)
+            f, r = ev.quality(tab)
+            cols["quality"].append(np.asarray(spec.quality(f, r), dtype=np.float64))
+            cols["tokens"].append(tab["tokens"])
+            cols["latency_ms"].append(sum(tab[c] for c in tab if c.startswith("measured_")
+                                          and c.endswith("_ms")))
+        out[name] = {k: np.concatenate(v) for k, v in cols.items()}
+        out[name]["hash"] = cfg.config_hash  # type: ignore[assignment]
+    return out
+
+
+class Traffic:
+    """Simulated requests of one scenario (module doc): `draw(runs, n)` -> stable and
+    candidate arrays per metric, shape (runs, n)."""
+
+    def __init__(self, rows: dict, scenario: tuple, rng: np.random.Generator):
+        self.s = {k: rows["default"][k] for k in ("quality", "tokens", "latency_ms")}
+        diff = {k: rows["other"][k] - self.s[k] for k in self.s}
+        self.noise = {k: v - v.mean() for k, v in diff.items()}
+        self.dq, self.dt, self.dl, _ = scenario
+        self.rng, self.n_q = rng, self.s["quality"].size
+
+    def draw(self, runs: int, n: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        j = self.rng.integers(0, self.n_q, size=(runs, n))
+        sign = np.where(self.rng.random((runs, n)) < 0.5, -1.0, 1.0)
+        s = {k: v[j] for k, v in self.s.items()}
+        e = {k: sign * v[j] for k, v in self.noise.items()}
+        c = {"quality": s["quality"] + self.dq + e["quality"],
+             "tokens": s["tokens"] * (1 + self.dt) + e["tokens"],
+             "latency_ms": s["latency_ms"] * (1 + self.dl) + e["latency_ms"]}
+        return s, c
+
+    def stable_only(self, runs: int, n: int) -> dict[str, np.ndarray]:
+        j = self.rng.integers(0, self.n_q, size=(runs, n))
+        return {k: v[j] for k, v in self.s.items()}
+
+
+# --------------------------------------------------------------------------- systems
+
+
+def per_metric(traffic: Traffic, cfg: PromotionSettings, runs: int) -> dict[str, np.ndarray]:
+    """The shadow stage's per-metric judgement on mirrored requests (module doc). Returns per
+    run `promoted` (bool), `vetoed` and `requests` (until the decision, or max_n)."""
+    plan = cfg.stages.shadow
+    rules = {k: r for k, r in cfg.metrics.items() if k in ("quality", "tokens", "latency_ms")}
+    n_obj = sum(r.objective for r in rules.values())
+    rho2 = rho2_for(plan.max_n, cfg.alpha)
+    s, c = traffic.draw(runs, plan.max_n)
+    cum = {}
+    for k in rules:
+        d = c[k] - s[k]
+        cum[k] = (np.cumsum(c[k], 1), np.cumsum(c[k] ** 2, 1), np.cumsum(s[k], 1),
+                  np.cumsum(s[k] ** 2, 1), np.cumsum(d, 1), np.cumsum(d * d, 1))
+    decided = np.zeros(runs, dtype=bool)
+    promoted, vetoed = np.zeros(runs, dtype=bool), np.zeros(runs, dtype=bool)
+    requests = np.full(runs, plan.max_n, dtype=np.int64)
+    for n in range(BATCH, plan.max_n + 1, BATCH):
+        i = n - 1
+        judged = {}
+        for k, rule in rules.items():
+            cs, css, ss, sss, ds, dss = (x[:, i] for x in cum[k])
+            judged[k] = verdicts(rule, True, (n, cs, css), (n, ss, sss), (ds, dss), cfg.alpha,
+                                 rho2, plan.min_n, cfg.alpha / n_obj)
+        veto, passed = stage_decision(rules, judged, True, plan.min_n)
+        new = ~decided & (veto | passed)
+        promoted |= new & passed & ~veto
+        vetoed |= new & veto
+        requests[new] = n
+        decided |= new
+        if decided.all():
             break
-        plan = getattr(cfg.stages, sm.stage)
-        n_c = max(2, plan.max_n // (plan.looks * BATCHES_PER_LOOK))
-        if sm.stage == "shadow":
-            rep = shadow.evaluate(*world.paired(n_c))
-            requests["shadow"] += n_c
-        else:
-            pct = 5.0 if sm.stage == "canary_5" else 25.0
-            n_s = int(round(n_c * (100 - pct) / pct))
-            requests[sm.stage] += n_c + n_s
-            rep = canary.evaluate(*world.unpaired(n_c, n_s))
-        sm.observe(rep)
-    reached = [h["to"] for h in sm.state.history]
-    return {"final": sm.stage, "reached_25": "canary_25" in reached,
-            "stopped_at": sm.state.history[-1]["from"] if sm.stage == "rolled_back" else sm.stage,
-            "rolled_back": sm.stage == "rolled_back", "requests": requests,
-            "reason": sm.state.history[-1]["reason"]}
+    return {"promoted": promoted, "vetoed": vetoed, "requests": requests,
+            "verdict_names": np.asarray(VERDICTS)}
 
 
-def promotion(cfg: PromotionSettings, runs: int, rows: list, md: list) -> dict:
-    out = {}
-    for honest in (False, True):
-        label = "honest offline replay" if honest else "optimistic offline replay (+0.03 always)"
-        md += [f"## Promotion, {label}", "",
-               "| scenario | Δ reward | promoted to full | rolled back before 25% | "
-               "final stage (count) | mean requests shadow / canary 5% / canary 25% | "
-               "top rollback reason |", "|---|---|---|---|---|---|---|"]
-        out.update(_promotion(cfg, runs, rows, md, honest))
-        md.append("")
-    st = cfg.stages
-    md += [f"Plan (configs/rl/rollout.yaml): offline replay {OFFLINE_N} queries (95% CI "
-           f"above 0); shadow {st.shadow.max_n} pairs, canary 5% {st.canary_5.max_n} candidate "
-           f"requests (~{st.canary_5.max_n * 20} total), canary 25% {st.canary_25.max_n} "
-           f"(~{st.canary_25.max_n * 4} total); {st.shadow.looks} looks per stage, "
-           f"O'Brien–Fleming one-sided alpha {cfg.alpha}, harm boundary Pocock "
-           f"{cfg.harm_alpha}; {cfg.min_clean_batches} gate-clean batches; "
-           f"{BATCHES_PER_LOOK} batches per look. Per-request reward sd {SD}. With the "
-           "optimistic replay every candidate enters shadow, so the online sequential stages "
-           "alone decide: the acceptance checks use that (harder) variant.", ""]
-    md += power_table(cfg)
-    return out
+def scalar_unpaired(traffic: Traffic, spec, runs: int, alpha: float = 0.05) -> dict:
+    """Today's canary_5 test on one scalar reward, unpaired (module doc)."""
+    eff = group_sequential_bounds(SCALAR_LOOKS, alpha, "obrien_fleming", 1).z
+    harm = group_sequential_bounds(SCALAR_LOOKS, alpha, "pocock", 1).z
+    ratio = (100.0 - CANARY_PERCENT) / CANARY_PERCENT  # stable requests per candidate request
+    per_look = SCALAR_MAX_N // SCALAR_LOOKS
+
+    def reward(x: dict[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(spec.per_query(x["quality"], x["quality"], x["latency_ms"],
+                                         x["tokens"]), dtype=np.float64)
+
+    sums = np.zeros((4, runs))  # candidate sum, sumsq; stable sum, sumsq
+    n_c = n_s = 0
+    decided = np.zeros(runs, dtype=bool)
+    promoted = np.zeros(runs, dtype=bool)
+    requests = np.full(runs, int(SCALAR_MAX_N * (1 + ratio)), dtype=np.int64)
+    for k in range(SCALAR_LOOKS):
+        _, c = traffic.draw(runs, per_look)
+        rc = reward(c)
+        ns = int(round(per_look * ratio))
+        rs = np.concatenate([reward(traffic.stable_only(runs, min(ns - i, 2000)))
+                             for i in range(0, ns, 2000)], axis=1)
+        sums += np.stack([rc.sum(1), (rc ** 2).sum(1), rs.sum(1), (rs ** 2).sum(1)])
+        n_c, n_s = n_c + per_look, n_s + ns
+        mc, ms = sums[0] / n_c, sums[2] / n_s
+        vc = (sums[1] - n_c * mc ** 2) / (n_c - 1)
+        vs = (sums[3] - n_s * ms ** 2) / (n_s - 1)
+        z = (mc - ms) / np.sqrt(vc / n_c + vs / n_s)
+        win, lose = z >= eff[k], z <= -harm[k]
+        new = ~decided & (win | lose)
+        promoted |= new & win
+        requests[new] = n_c + n_s
+        decided |= new
+    return {"promoted": promoted, "requests": requests}
 
 
-def power_table(cfg: PromotionSettings) -> list[str]:
-    """Per-stage power of the configured plan for the simulated gain (+0.03, sd SD, paired
-    correlation RHO), `rl.promotion.settings.stage_power`: what configs/rl/rollout.yaml claims."""
-    got = stage_power(cfg, 0.03, SD, RHO)
-    return ["", f"Power per stage to detect +0.03 (per-request sd {SD}, shadow pairs correlated "
-            f"{RHO}; normal approximation, `rl.promotion.settings.stage_power`):", "",
-            "| stage | candidate n at last look | effective n | fixed-sample power | "
-            "sequential power (its looks and boundaries) |", "|---|---|---|---|---|",
-            *[f"| {k} | {v['n']:.0f} | {v['n_effective']:.0f} | {v['fixed']:.4f} | "
-              f"{v['sequential']:.4f} |" for k, v in got.items()], ""]
+# --------------------------------------------------------------------------- stats
 
 
-def _promotion(cfg: PromotionSettings, runs: int, rows: list, md: list, honest: bool) -> dict:
-    out = {}
-    tag = "" if honest else "-online"
-    for j, (name, (delta, lat)) in enumerate(SCENARIOS.items()):
-        t0 = time.perf_counter()
-        res = [run_once(cfg, delta, lat, 100_000 * j + i + (0 if honest else 50_000), honest)
-               for i in range(runs)]
-        full = np.array([r["final"] == "full" for r in res], dtype=float)
-        early = np.array([r["rolled_back"] and not r["reached_25"] for r in res], dtype=float)
-        req = {s: float(np.mean([r["requests"][s] for r in res])) for s in res[0]["requests"]}
-        reasons = [r["reason"].split(":")[0] for r in res if r["rolled_back"]]
-        top = max(set(reasons), key=reasons.count) if reasons else "—"
-        system = f"rollout{tag}-{name}"
-        rows.append(metric_row("sim", system, "promoted_full_rate", full))
-        rows.append(metric_row("sim", system, "rollback_before_25_rate", early))
-        for s, v in req.items():
-            rows.append(plain_row("sim", system, f"mean_requests_{s}", v, runs))
-        out[f"{name}{tag}"] = {"promoted": float(full.mean()),
-                               "early_rollback": float(early.mean())}
-        finals = [r["stopped_at"] + ("→rb" if r["rolled_back"] else "") for r in res]
-        dist = ", ".join(f"{k} {finals.count(k)}" for k in sorted(set(finals)))
-        md.append(f"| {name} | {delta:+.2f}{' (latency x2.5)' if lat != 1 else ''} | "
-                  f"{full.mean():.3f} | {early.mean():.3f} | {dist} | {req['shadow']:.0f} / "
-                  f"{req['canary_5']:.0f} / {req['canary_25']:.0f} | {top} |")
-        print(f"[rollout{tag}] {name}: promoted {full.mean():.3f}, rolled back before 25% "
-              f"{early.mean():.3f} ({time.perf_counter() - t0:.1f}s) {dist}", flush=True)
-    return out
-
-
-def ope(runs: int, rows: list, md: list) -> dict:
-    sim = BanditSimulator(n_actions=5, dim=5, seed=SEED)
-    pol = sim.target_policy(0.5)
-    truth = sim.true_value(pol)
-    est: dict[str, list] = {}
-    for i in range(runs):
-        d = sim.sample(3000, seed=i)
-        for k, e in estimate_all(d.x, d.a, d.p, d.r, pol(d.x), seed=i).items():
-            est.setdefault(k, []).append((e.value, e.ci_low, e.ci_high))
-    md += ["## Off-policy evaluation (BanditSimulator, 3,000 logged rounds, "
-           f"true value {truth:.4f})", "",
-           "| estimator | 95% CI coverage | bias | variance | RMSE | mean CI width |",
-           "|---|---|---|---|---|---|"]
-    out = {}
-    for k, v in est.items():
-        a = np.array(v)
-        cover = (a[:, 1] <= truth) & (truth <= a[:, 2])
-        bias, var = float(a[:, 0].mean() - truth), float(a[:, 0].var(ddof=1))
-        rows.append(metric_row("bandit-sim", f"ope-{k}", "ci95_coverage", cover))
-        rows.append(metric_row("bandit-sim", f"ope-{k}", "bias", a[:, 0] - truth))
-        rows.append(plain_row("bandit-sim", f"ope-{k}", "variance", var, runs))
-        rows.append(plain_row("bandit-sim", f"ope-{k}", "rmse",
-                              math.sqrt(bias ** 2 + var), runs))
-        out[k] = float(cover.mean())
-        md.append(f"| {k} | {cover.mean():.3f} | {bias:+.4f} | {var:.2e} | "
-                  f"{math.sqrt(bias ** 2 + var):.4f} | {np.mean(a[:, 2] - a[:, 1]):.4f} |")
-    md += ["", "Target ≥ 0.90 for IPS, SNIPS, DR. DM's interval ignores the reward model's "
-           "bias, so it is not expected to cover.", ""]
-    print(f"[ope] coverage {out}", flush=True)
-    return out
-
-
-def type_one(runs: int, big: int, rows: list, md: list) -> dict:
-    per_look, looks = 200, 5
-    rejects = []
-    for i in range(runs):
-        rng = np.random.default_rng((SEED, 7, i))
-        d = rng.normal(0, 1, per_look * looks)
-        test = SequentialTest(looks, alpha=0.05, kind="obrien_fleming")
-        rej = False
-        for k in range(1, looks + 1):
-            if test.look(d[: k * per_look]).reject:
-                rej = True
-                break
-        rejects.append(rej)
-    z_b = np.array(SequentialTest(looks, alpha=0.05).plan.z)
-    rng = np.random.default_rng((SEED, 8))
-    hits = naive = 0
-    for _ in range(0, big, 2000):
-        d = rng.normal(0, 1, (2000, per_look * looks))
-        ns = per_look * np.arange(1, looks + 1)
-        cs, cs2 = np.cumsum(d, axis=1)[:, ns - 1], np.cumsum(d * d, axis=1)[:, ns - 1]
-        mean = cs / ns
-        sd = np.sqrt((cs2 - ns * mean ** 2) / (ns - 1))
-        z = mean * np.sqrt(ns) / sd
-        hits += int(np.any(z >= z_b, axis=1).sum())
-        naive += int(np.any(z >= 1.6448536, axis=1).sum())
-    rate = np.array(rejects, dtype=float)
-    rows.append(metric_row("null", "sequential-obf-5looks", "type1_error", rate))
-    lo, hi = _wilson(hits, big)
-    rows.append({"dataset": "null", "system": "sequential-obf-5looks-vectorised",
-                 "metric": "type1_error", "value": hits / big, "ci_low": lo, "ci_high": hi,
-                 "n": big})
-    md += ["## Sequential test under H0 (5 looks, O'Brien–Fleming, one-sided alpha 0.05)", "",
-           "| runs | type-I error | 95% CI |", "|---|---|---|",
-           f"| {runs} (SequentialTest.look) | {rate.mean():.4f} | "
-           f"{rows[-2]['ci_low']:.4f}–{rows[-2]['ci_high']:.4f} |",
-           f"| {big} (same boundaries, vectorised) | {hits / big:.4f} | {lo:.4f}–{hi:.4f} |",
-           "", f"Boundaries z: {', '.join(f'{b:.3f}' for b in z_b)}. A naive test at every "
-           f"look (z ≥ 1.645 at each of the 5 looks) rejects {naive / big:.3f} of the same "
-           "null runs.", ""]
-    rows.append(plain_row("null", "naive-5looks-z1.645", "type1_error", naive / big, big))
-    print(f"[seq] type-I {rate.mean():.4f} ({runs}), {hits / big:.4f} ({big})", flush=True)
-    return {"type1": float(rate.mean()), "type1_big": hits / big}
-
-
-def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     p = k / n
-    c = (p + z * z / (2 * n)) / (1 + z * z / n)
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return c - h, c + h
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def median_ci(x: np.ndarray, z: float = 1.959964) -> tuple[float, float, float]:
+    """Median with its distribution-free 95% CI (order statistics of a binomial(n, 1/2))."""
+    s = np.sort(np.asarray(x, dtype=np.float64))
+    n = s.size
+    lo = max(0, int(math.floor(n / 2 - z * math.sqrt(n) / 2)))
+    hi = min(n - 1, int(math.ceil(n / 2 + z * math.sqrt(n) / 2)))
+    return float(np.median(s)), float(s[lo]), float(s[hi])
+
+
+def row(scenario: str, system: str, metric: str, value: float, lo: float, hi: float,
+        n: int) -> dict:
+    return {"dataset": scenario, "system": system, "metric": metric, "value": float(value),
+            "ci_low": float(lo), "ci_high": float(hi), "n": int(n)}
+
+
+# --------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="300 rollouts per scenario")
+    ap.add_argument("--runs", type=int, default=None)
     args = ap.parse_args()
-    runs = 40 if args.quick else 200
+    runs = args.runs or (300 if args.quick else 2000)
     t0 = time.perf_counter()
-    cfg = PromotionSettings.from_yaml(DEFAULTS_PATH).model_copy(update={"auto_advance": True})
-    rows: list[dict] = []
-    md: list[str] = []
-    prom = promotion(cfg, runs, rows, md)
-    cov = ope(runs, rows, md)
-    n_big = 4000 if args.quick else 20000
-    seq = type_one(runs, n_big, rows, md)
-    checks = {"better promoted >= 0.95": prom["better-online"]["promoted"] >= 0.95,
-              "worse rolled back before 25% >= 0.95":
-                  prom["worse-online"]["early_rollback"] >= 0.95,
-              "equal promoted <= 0.05": prom["equal-online"]["promoted"] <= 0.05,
-              "OPE coverage >= 0.90 (ips, snips, dr)": all(cov[k] >= 0.9
-                                                           for k in ("ips", "snips", "dr")),
-              # 200 runs resolve a rate near 0.05 only to +-0.03, so the check reads the
-              # large-sample estimate (same boundaries); the 200-run figure is reported beside it
-              f"sequential type-I <= 0.05 ({n_big} runs)": seq["type1_big"] <= 0.05}
-    md = ["## Acceptance", "", "| check | result |", "|---|---|",
-          *[f"| {k} | {'pass' if v else 'FAIL'} |" for k, v in checks.items()], "", *md,
-          f"Wall time {time.perf_counter() - t0:.0f} s."]
+    cfg = PromotionSettings.from_yaml(DEFAULTS_PATH)
+    print("real rows (synthetic world, tuner evaluator):", flush=True)
+    rows_ = real_rows()
+    from rl.kernel.evaluator import get_evaluator
+    from rl.kernel.settings import TunerSettings
+
+    spec = get_evaluator("synthetic", TunerSettings.defaults()).reward_spec()
+    rng = np.random.default_rng(SEED)
+    out_rows, table, checks = [], [], {}
+    medians: dict[tuple[str, str], float] = {}
+    for name, sc in SCENARIOS.items():
+        kind = sc[3]
+        for system in ("per-metric", "scalar-unpaired"):
+            t1 = time.perf_counter()
+            traffic = Traffic(rows_, sc, rng)
+            res = (per_metric(traffic, cfg, runs) if system == "per-metric"
+                   else scalar_unpaired(traffic, spec, runs, cfg.alpha))
+            k = int(res["promoted"].sum())
+            lo, hi = wilson(k, runs)
+            metric = "power" if kind == "good" else "wrong_promotion_rate"
+            out_rows.append(row(name, system, metric, k / runs, lo, hi, runs))
+            m, mlo, mhi = median_ci(res["requests"])
+            medians[(name, system)] = m
+            out_rows.append(row(name, system, "requests_to_decision_median", m, mlo, mhi, runs))
+            ok = (k / runs >= TARGET_POWER) if kind == "good" else (k / runs <= TARGET_WRONG)
+            if system == "per-metric":
+                checks[f"{name}: {metric} {'>=' if kind == 'good' else '<='} "
+                       f"{TARGET_POWER if kind == 'good' else TARGET_WRONG}"] = ok
+            extra = (f"vetoed {int(res['vetoed'].sum()) / runs:.3f}"
+                     if "vetoed" in res else "")
+            table.append(f"| {name} | {kind} | {system} | {metric} | {k / runs:.4f} "
+                         f"[{lo:.4f}, {hi:.4f}] | {m:,.0f} [{mlo:,.0f}, {mhi:,.0f}] | {extra} |")
+            print(f"  {name:24s} {system:16s} {metric} {k / runs:.4f}  median requests "
+                  f"{m:,.0f}  ({time.perf_counter() - t1:.1f} s)", flush=True)
+    for name in SCENARIOS:
+        ratio = medians[(name, "per-metric")] / medians[(name, "scalar-unpaired")]
+        out_rows.append({"dataset": name, "system": "per-metric / scalar-unpaired",
+                         "metric": "requests_to_decision_ratio", "value": ratio,
+                         "ci_low": None, "ci_high": None, "n": runs})
+        checks[f"{name}: requests_to_decision_median ratio <= {TARGET_RATIO}"] = (
+            ratio <= TARGET_RATIO)
+    d, o = rows_["default"], rows_["other"]
+    noise = {k: float(np.std(o[k] - d[k], ddof=1)) for k in ("quality", "tokens", "latency_ms")}
     meta = make_meta(SEED, {}, {"quick": args.quick, "runs": runs, "checks": checks,
-                                "config": cfg.model_dump(mode="json"),
-                                "stage_power": stage_power(cfg, 0.03, SD, RHO)})
-    write_results("rollout_sim", rows, meta, "Rollout simulation: promotion, OPE, sequential "
-                  "test", "\n".join(md))
+                                "rows_source": "rl.kernel.evaluator per-query rows, synthetic "
+                                               "world, valid + test (240 questions)",
+                                "stable_config": d["hash"], "noise_config": o["hash"],
+                                "paired_noise_sd": noise,
+                                "stable_means": {k: float(np.mean(d[k])) for k in noise},
+                                "per_metric_plan": cfg.stages.shadow.model_dump(),
+                                "scalar_plan": {"looks": SCALAR_LOOKS, "max_n": SCALAR_MAX_N,
+                                                "canary_percent": CANARY_PERCENT}})
+    margin_lines = []
+    for name in SCENARIOS:
+        for system in ("per-metric", "scalar-unpaired"):
+            r = next(x for x in out_rows if x["dataset"] == name and x["system"] == system
+                     and x["metric"] in ("power", "wrong_promotion_rate"))
+            target = TARGET_POWER if r["metric"] == "power" else TARGET_WRONG
+            margin = r["value"] - target if r["metric"] == "power" else target - r["value"]
+            margin_lines.append(f"| {name} | {system} | {r['metric']} | {r['value']:.4f} | "
+                                f"{'>=' if r['metric'] == 'power' else '<='} {target} | "
+                                f"{margin:+.4f} | {'met' if margin >= 0 else 'MISSED'} |")
+        ratio = medians[(name, "per-metric")] / medians[(name, "scalar-unpaired")]
+        margin_lines.append(f"| {name} | per-metric / scalar-unpaired | "
+                            f"requests_to_decision_median ratio | {ratio:.4f} | <= "
+                            f"{TARGET_RATIO} | {TARGET_RATIO - ratio:+.4f} | "
+                            f"{'met' if ratio <= TARGET_RATIO else 'MISSED'} |")
+    body = "\n".join([
+        f"{runs:,} simulated rollouts per scenario and system. Per-request noise from real "
+        f"rows: the tuner evaluator's per-query rows on the synthetic world (240 questions), "
+        f"stable = the static default `{d['hash']}`, paired noise = its centred per-query "
+        f"differences from `{o['hash']}` (dense, k = 2) with a random sign: sd quality "
+        f"{noise['quality']:.3f}, tokens {noise['tokens']:.1f}, latency "
+        f"{noise['latency_ms']:.1f} ms (stable means: quality "
+        f"{np.mean(d['quality']):.3f}, tokens {np.mean(d['tokens']):.1f}, latency "
+        f"{np.mean(d['latency_ms']):.1f} ms).", "",
+        "`per-metric`: shadow stage of configs/rl/rollout.yaml (every request mirrored; "
+        f"looks every {BATCH} requests; min_n {cfg.stages.shadow.min_n}, max_n "
+        f"{cfg.stages.shadow.max_n} pairs; rules: "
+        + "; ".join(f"{k} {r.direction} margin {r.margin:g}{' rel' if r.relative else ''}"
+                    f"{' critical' if r.critical else ''}{' objective' if r.objective else ''}"
+                    for k, r in cfg.metrics.items() if k in ("quality", "tokens",
+                                                             "latency_ms"))
+        + f"; alpha {cfg.alpha}). `scalar-unpaired`: today's canary_5 test "
+        f"({SCALAR_LOOKS} looks up to {SCALAR_MAX_N} candidate requests at "
+        f"{CANARY_PERCENT:g}%, i.e. up to {int(SCALAR_MAX_N * 100 / CANARY_PERCENT):,} "
+        "requests in all).", "",
+        "## Targets (fixed before the run) and margins", "",
+        "| scenario | system | metric | value | target | margin | |",
+        "|---|---|---|---|---|---|---|", *margin_lines, "",
+        "## All rows", "",
+        "| scenario | kind | system | metric | value [95% CI] | requests to decision, median "
+        "[95% CI] | |", "|---|---|---|---|---|---|---|", *table, "",
+        "Only the per-metric system's rates are targets; the scalar-unpaired rows show what "
+        "today's test does on the same traffic. A harmful or no-gain candidate that is not "
+        "promoted is either vetoed (a critical metric shown worse) or ends inconclusive at "
+        "max_n. Canary stages after shadow (guardrails on latency and errors from every "
+        f"request) are not simulated. Wall time {time.perf_counter() - t0:.0f} s."])
+    write_results("promotion", out_rows, meta, "Promotion: per-metric paired vs scalar "
+                  "unpaired", body)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ flips the sign), with its confidence sequence [low, high] at the stage's `alpha`
     pending       none of these yet (or fewer than `min_n` observations)
     unmeasured    no observation of this metric in this stage
 
-A stage passes when every `required` metric is shown non-inferior (or better), no metric is
-worse, and at least one objective metric is better (the candidate must be better on the
-objective, not merely equal); verdicts need `min_n` observations. A critical metric that is
+A paired stage (shadow: both arms answer the same questions) passes when every `required`
+metric is shown non-inferior (or better), no metric is worse, and at least one objective metric
+is better (the candidate must be better on the objective, not merely equal). The unpaired
+canary stages after it are guardrails: they pass once `min_n` candidate requests show no metric
+worse (their per-arm spread could not show non-inferiority on a canary's share of traffic).
+Verdicts need `min_n` observations. A critical metric that is
 worse vetoes: the rollout is rolled back at once. A non-critical worse metric blocks the pass.
 A `paired_only` metric is judged only on paired evidence (mirrored requests). `margin` is in the metric's units, or, with
 `relative: true`, a fraction of the stable arm's mean (e.g. 0.05: 5% more tokens).
@@ -57,8 +60,9 @@ class MetricRule(StrictSettings):
     critical: bool = False
     """A significant failure (worse by more than the margin) rolls back at once."""
     required: bool = False
-    """The stage passes only once this metric is shown non-inferior (pending or unmeasured
-    blocks); other metrics block only when shown worse."""
+    """A paired stage passes only once this metric is shown non-inferior (pending or
+    unmeasured blocks); other metrics, and every metric in an unpaired stage, block only when
+    shown worse."""
     objective: bool = False
     """A significant improvement here makes the candidate better on the objective."""
     paired_only: bool = False
@@ -171,34 +175,31 @@ def verdicts(rule: MetricRule, paired: bool, c: tuple, s: tuple, d: tuple | None
             "margin": margin, "n": n}
 
 
-def stage_decision(rules: Mapping[str, MetricRule], judged: Mapping[str, Mapping[str, Any]]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised decision over metrics: (`veto`, `passed`) boolean arrays. veto: a critical
-    metric is worse. passed: no metric worse, every required metric non-inferior or better,
-    and an objective metric better (module doc). Metrics missing from `judged` are left
-    out (a required one the caller must judge as UNMEASURED to block)."""
-    veto = passed = None
-    any_better = has_judged = blocked = None
+def stage_decision(rules: Mapping[str, MetricRule], judged: Mapping[str, Mapping[str, Any]],
+                   paired: bool, min_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised decision over metrics: (`veto`, `passed`) boolean arrays (module doc).
+    veto: a critical metric is worse. passed: no metric worse and, in a `paired` stage, every
+    required metric non-inferior or better and an objective metric better; in an unpaired
+    stage, at least `min_n` observations of some metric. Metrics missing from `judged` are
+    left out (a required one must be judged UNMEASURED to block)."""
+    veto = blocked = any_better = enough = None
     for name, rule in rules.items():
         if name not in judged:
             continue
-        v = np.asarray(judged[name]["verdict"])
-        zero = np.zeros(v.shape, dtype=bool)
-        veto = zero if veto is None else veto
-        any_better = zero if any_better is None else any_better
-        has_judged = zero if has_judged is None else has_judged
-        blocked = zero if blocked is None else blocked
+        v, n = np.asarray(judged[name]["verdict"]), np.asarray(judged[name]["n"])
+        if veto is None:
+            veto = blocked = any_better = enough = np.zeros(v.shape, dtype=bool)
         if rule.critical:
             veto = veto | (v == WORSE)
         blocked = blocked | (v == WORSE)
-        if rule.required:
+        if paired and rule.required:
             blocked = blocked | (v == PENDING) | (v == UNMEASURED)
-        has_judged = has_judged | (v != UNMEASURED)
         if rule.objective:
             any_better = any_better | (v == BETTER)
+        enough = enough | (n >= min_n)
     if veto is None:
         return np.asarray(False), np.asarray(False)
-    passed = ~veto & ~blocked & has_judged & any_better
+    passed = ~veto & ~blocked & enough & (any_better if paired else True)
     return veto, passed
 
 
@@ -261,17 +262,23 @@ def judge(rules: Mapping[str, MetricRule], stats: Mapping[str, MetricStats], alp
                 f"{' paired' if st.paired else ''}"))
         out.append(Judgement(name, v, st.paired, int(st.n), diff, lo, hi, margin,
                              rule.critical, rule.objective, text))
-    veto, passed = stage_decision(applies, judged)
+    veto, passed = stage_decision(applies, judged, paired, min_n)
     if bool(veto):
         bad = [j.metric for j in out if j.critical and j.verdict == "worse"]
         return out, "veto", f"critical metric worse than its margin: {', '.join(bad)}"
     if bool(passed):
         good = [j.metric for j in out if j.objective and j.verdict == "better"]
+        if not paired:
+            return out, "pass", (f"no regression in {int(max(j.n for j in out))} requests: "
+                                 "no metric worse than its margin")
         return out, "pass", (f"better on {', '.join(good)}, no metric worse than its margin")
     missing = [f"{j.metric} {j.verdict}" for j in out if j.verdict == "worse"
-               or (rules[j.metric].required and j.verdict in ("pending", "unmeasured"))]
-    if not any(j.objective and j.verdict == "better" for j in out):
+               or (paired and rules[j.metric].required
+                   and j.verdict in ("pending", "unmeasured"))]
+    if paired and not any(j.objective and j.verdict == "better" for j in out):
         missing.append("no objective metric significantly better yet")
+    if not missing:
+        missing.append(f"at least {min_n} observations")
     return out, "continue", "needs: " + "; ".join(missing)
 
 

@@ -44,19 +44,19 @@ class SLO(StrictSettings):
 
 
 class Stages(StrictSettings):
-    shadow: StagePlan = StagePlan(min_n=30, max_n=1500)
-    canary_5: StagePlan = StagePlan(min_n=30, max_n=1600)
-    canary_25: StagePlan = StagePlan(min_n=30, max_n=2000)
+    shadow: StagePlan = StagePlan(min_n=30, max_n=2000)
+    canary_5: StagePlan = StagePlan(min_n=500, max_n=1600)
+    canary_25: StagePlan = StagePlan(min_n=1000, max_n=2000)
 
 
 def default_metrics() -> dict[str, MetricRule]:
     """The per-metric rules of configs/rl/rollout.yaml (its comments say why)."""
-    return {"quality": MetricRule(direction="higher", margin=0.01, critical=True,
+    return {"quality": MetricRule(direction="higher", margin=0.02, critical=True,
                                   required=True, objective=True, paired_only=True),
             "tokens": MetricRule(direction="lower", margin=0.05, relative=True,
                                  objective=True),
             "latency_ms": MetricRule(direction="lower", margin=0.10, relative=True,
-                                     critical=True),
+                                     critical=True, required=True),
             "error_rate": MetricRule(direction="lower", margin=0.005, critical=True,
                                      required=True),
             "feedback": MetricRule(direction="higher", margin=0.02)}
