@@ -95,7 +95,7 @@ from bench.drift_streams import (  # noqa: E402
 )
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
-from rl.routing.bandit import SlidingWindowUCB  # noqa: E402
+from rl.routing.portfolio_bandit import SlidingWindowUCB  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
 NAME = "drift"
@@ -205,7 +205,7 @@ def streams(quick: bool, length: int, bundles: dict[str, Bundle],
 
 
 def make_bandit(n_arms: int, seed: int) -> SlidingWindowUCB:
-    """`sw-bandit`'s learner: `rl.routing.bandit.SlidingWindowUCB` over `n_arms` arms, window
+    """`sw-bandit`'s learner: `rl.routing.portfolio_bandit.SlidingWindowUCB` over `n_arms` arms, window
     `SW_WINDOW`, c 0.5, untried arms drawn with `seed`."""
     return SlidingWindowUCB(n_arms, window=SW_WINDOW, seed=seed)
 
@@ -442,7 +442,7 @@ def main() -> None:
                            "served requests from their rewards only (bandit feedback), the "
                            "Lagrange multiplier stepped with the training budget; no model "
                            "selection") if ppo else None,
-            "sw_bandit": f"rl.routing.bandit.SlidingWindowUCB, window {SW_WINDOW}, c 0.5, rewards rescaled to "
+            "sw_bandit": f"rl.routing.portfolio_bandit.SlidingWindowUCB, window {SW_WINDOW}, c 0.5, rewards rescaled to "
                          "[0, 1] by the train split's min/max",
             "searcher": f"successive halving, {list(SH_RUNGS)} queries per arm per rung, "
                         f"eta {SH_ETA}, re-run at each shift on the new phase's queries "

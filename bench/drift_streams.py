@@ -32,7 +32,7 @@ Systems (names as they appear in the rows):
     keeping the best 1/`SH_ETA` by mean reward after each rung. Every query of the search
     window is served by the candidate being evaluated, so its evaluations are charged as
     regret; after the window it serves the winner.
-  * `sw-bandit`: a sliding-window UCB over the portfolio (`rl.routing.bandit.SlidingWindowUCB`;
+  * `sw-bandit`: a sliding-window UCB over the portfolio (`rl.routing.portfolio_bandit.SlidingWindowUCB`;
     bandit feedback only: it sees the reward of the arm it served), rewards rescaled to [0, 1]
     by the train split's range.
   * `router-policy`: the learned per-query policy (`act(X)`), frozen.

@@ -21,7 +21,7 @@ uniform ε, so the arms it chooses are logged with propensity >= `CANDIDATE_SHAR
 before the run that introduced it (the earlier run, ε-uniform only, missed the target on
 SciFact and MTRAG).
 
-1. B4 `linucb`: `rl.routing.bandit.LinUCB` fitted on one ε-greedy pass over train (each train
+1. B4 `linucb`: `rl.routing.portfolio_bandit.LinUCB` fitted on one ε-greedy pass over train (each train
    query logged once, its reward only for the arm served), ridge penalty and deployment
    pessimism (`beta`) chosen on valid's full-information matrix; rows as bench/policy.py's
    (`linucb` reward/quality/tokens; `linucb - best-static` delta_reward, delta_quality,
@@ -81,7 +81,6 @@ from bench.ope_report import TITLE, markdown  # noqa: E402
 from bench.policy import _delta_rows, _parts, arms  # noqa: E402
 from rag.corpus.loaders import data_root  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
-from rl.routing.bandit import select_linucb  # noqa: E402
 from rl.routing.base import RouterPolicy, one_hot  # noqa: E402
 from rl.routing.decision_log import (  # noqa: E402
     epsilon_greedy_probs,
@@ -90,6 +89,7 @@ from rl.routing.decision_log import (  # noqa: E402
     true_value,
 )
 from rl.routing.features import QueryFeaturizer, conversation_views, feature_names  # noqa: E402
+from rl.routing.portfolio_bandit import select_linucb  # noqa: E402
 from rl.routing.router import PARAM_GRID, arm_features, select_router  # noqa: E402
 from rl.stats.bootstrap import bootstrap_mean_ci  # noqa: E402
 from rl.stats.headroom import best_static, oracle_choice, pick  # noqa: E402

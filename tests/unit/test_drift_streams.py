@@ -24,7 +24,7 @@ from bench.drift_streams import (
     static_arm_for_mix,
 )
 
-from rl.routing.bandit import SlidingWindowUCB
+from rl.routing.portfolio_bandit import SlidingWindowUCB
 
 
 def _planted(n_per_group: int = 50, seed: int = 0) -> Pool:

@@ -1,5 +1,6 @@
 """B4 LinUCB from ε-greedy logs, the drifting-world UCBs, the policy protocol and the
-decision-log OPE error (rl.routing.base, rl.routing.bandit, rl.routing.decision_log)."""
+decision-log OPE error (rl.routing.base, rl.routing.portfolio_bandit,
+rl.routing.decision_log)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
-from rl.routing.bandit import DiscountedUCB, LinUCB, LinUCBPolicy, SlidingWindowUCB, select_linucb
 from rl.routing.base import (
     Exploring,
     PerQueryPolicy,
@@ -23,6 +23,13 @@ from rl.routing.decision_log import (
     log_epsilon_greedy,
     ope_error,
     true_value,
+)
+from rl.routing.portfolio_bandit import (
+    DiscountedUCB,
+    LinUCB,
+    LinUCBPolicy,
+    SlidingWindowUCB,
+    select_linucb,
 )
 
 M = 3

@@ -34,11 +34,13 @@ BENCH = REPO / "bench"
 ALLOWED_UNREACHED = {
     "rl.tuner.adaptive": "superseded per-query tuner; its deletion with bench/tuning.py is the "
                          "search-driver work of issue 59 item 1 (another engineer's change)",
-    "rl.routing.bandit": "LinUCB and the sliding-window UCB, being merged with "
-                         "bench/drift_streams.py's copy into one bandit (issue 59 item 3, "
-                         "another engineer's change)",
-    "rl.routing.decision_log": "one of the two decision-log classes being merged into one "
-                               "(issue 59 item 3, another engineer's change)",
+    "rl.routing.portfolio_bandit": "LinUCB and the drift UCBs over the portfolio's arms (the "
+                                   "one sliding-window UCB since issue 59 item 3), measured by "
+                                   "bench/ope.py and bench/drift.py; no product path trains "
+                                   "or serves them yet",
+    "rl.routing.decision_log": "the one decision log (issue 59 item 3): ε-greedy logs and OPE "
+                               "error, read by bench/ope.py; the Serve app logs decisions "
+                               "through serving.store, not this class",
     "rl.routing.ppo_online": "online PPO adaptation, measured only by the drift benchmark "
                              "(bench/drift_ppo.py); whether serving adapts a policy online is "
                              "an open product decision, and bench/drift*.py is being reworked",

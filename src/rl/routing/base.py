@@ -9,7 +9,7 @@ question's features (`rl.routing.features.QueryFeaturizer`, shape (n, N_FEATURES
         def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
 
 Implementations: `RouterPolicy` (the supervised router, greedy: one-hot probs),
-`rl.routing.bandit.LinUCBPolicy` and `rl.routing.ppo_serving.PPOPortfolioPolicy` (the PPO
+`rl.routing.portfolio_bandit.LinUCBPolicy` and `rl.routing.ppo_serving.PPOPortfolioPolicy` (the PPO
 policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
 on reference queries plus, for a residual policy, its base router's portfolio).
 `Exploring(policy, epsilon)` is the ε-mixture every *served* policy

@@ -1,4 +1,6 @@
-"""Bandit learners over a portfolio of configs.
+"""Bandits over the arms of a config portfolio (`rl.routing.portfolio`): which config answers a
+query, learnt from bandit feedback. (The bandits over the Serve app's variants are
+`rl.tuner.bandit`.)
 
 - `LinUCB`: disjoint linear UCB (Li et al. 2010), one ridge regression per arm
   on standardised features plus an intercept. It learns from logged decisions of any logging
