@@ -11,6 +11,7 @@ serving.routes_query, routes_admin, routes_tuner and routes_ops.
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag.errors import ConfigError
+from serving import request_log
 from serving.auth import AuthMiddleware, current_guard, route_path
 from serving.limits import BodyLimitMiddleware, current_body_limit
 from serving.metrics import ServeMetrics, current_metrics
@@ -100,6 +102,9 @@ def _routed(scope) -> bool:
     return any(route.matches(scope)[0] is not Match.NONE for route in api.router.routes)
 
 
+_UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
+"""Probe and scrape paths: no request log line (they would be most of the file)."""
+
 REPLICA_ID = f"{socket.gethostname()}:{os.getpid()}"
 """Which ingress replica answered: every response's `X-Ragpilot-Replica` header."""
 
@@ -127,16 +132,29 @@ class CountRequests:
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
+        t0 = time.perf_counter()
+        fields = request_log.begin()
+        status = [500]  # what the client gets if the app raises before answering
 
         async def send_counted(message) -> None:
             if message["type"] == "http.response.start":
+                status[0] = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), _REPLICA_HEADER]}
                 metrics: ServeMetrics | None = current_metrics()  # see install_metrics
                 if metrics is not None:
                     metrics.request(_ENDPOINTS.get(path, "other"), message["status"])
             await send(message)
 
-        await self.app(scope, receive, send_counted)
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            out = request_log.current_request_log()
+            if out is not None and path not in _UNLOGGED:
+                try:
+                    out.request(scope.get("method", ""), path, status[0],
+                                (time.perf_counter() - t0) * 1000.0, fields)
+                except Exception as exc:  # noqa: BLE001 - a full disk must not fail requests
+                    log.warning("request log not written: %s: %s", type(exc).__name__, exc)
 
 
 api.add_middleware(CountRequests)

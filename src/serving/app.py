@@ -61,6 +61,7 @@ from serving.pii import RedactingFilter
 from serving.pipelines import deployment_options
 from serving.policy_router import POLICY_HANDLE, bind_policy
 from serving.replica_sync import ReplicaSync
+from serving.request_log import RequestLog, install_request_log, log_dir
 from serving.routes_admin import AdminRoutes
 from serving.routes_ops import OpsRoutes
 from serving.routes_policy import PolicyRoutes
@@ -114,6 +115,10 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
         install_metrics(self.metrics)
         self.publisher = MetricsPublisher(self.store, self.metrics, replica_id(),
                                           s.ingress.metrics_interval_s).start()
+        self.request_log = (RequestLog(log_dir(s.logs.dir, s.store_url), replica_id(), s.logs.sample_rate,
+                                       s.logs.max_bytes, s.logs.backups)
+                            if s.logs.enabled else None)
+        install_request_log(self.request_log)
         set_body_limit(s.limits.max_body_bytes)
         self.guard = Guard(KeyFile(s.auth.keys_file), s.auth.enabled, s.auth.protect_reads)
         install_guard(self.guard)
@@ -218,7 +223,9 @@ def _resolved(s: ServeSettings) -> ServeSettings:
     if "://" not in s.store_url:
         s = s.model_copy(update={"store_url": str(Path(s.store_url).resolve())})
     keys = str(Path(s.auth.keys_file).resolve())
-    return s.model_copy(update={"auth": s.auth.model_copy(update={"keys_file": keys})})
+    logs = s.logs.model_copy(update={"dir": log_dir(s.logs.dir, s.store_url)})
+    return s.model_copy(update={"auth": s.auth.model_copy(update={"keys_file": keys}),
+                                "logs": logs})
 
 
 def preflight(args: dict[str, Any] | None = None) -> ServeSettings:

@@ -35,6 +35,7 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rag.jsonrec import check_fields
+from serving.request_log import note
 
 ROLES = ("read", "admin")
 PREFIX = "rpk"
@@ -248,6 +249,7 @@ class Guard:
             return Denied(401, f"API keys unavailable ({exc.message})")
         if rec is None:
             return Denied(401, "invalid or revoked API key")
+        note(key_id=rec.id)  # the request log's "who"
         if not role_allows(rec.role, need):
             return Denied(403, f"key {rec.id} has role {rec.role}; {path} needs role {need}")
         return None

@@ -21,6 +21,7 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.promotion import service as rollouts
 from serving.api import log
+from serving.request_log import noted
 from serving.routing_state import ROLES, snapshot
 from serving.schemas import (
     ApiError,
@@ -75,6 +76,8 @@ class AdminRoutes:
                                     f"({type(exc).__name__}: {exc})", 503) from None
         self.metrics.set_traffic(self.router.traffic.canary_percent,
                                  self.router.traffic.shadow_percent)
+        if self.request_log is not None:
+            self.request_log.admin(action, before, self.router.state(), noted("key_id"))
         return state
 
     # ---- control plane ------------------------------------------------------------------------

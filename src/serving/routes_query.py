@@ -21,6 +21,7 @@ from serving.api import log
 from serving.auth import Guard
 from serving.limits import retry_after_header
 from serving.pii import leak_count, redact
+from serving.request_log import note
 from serving.schemas import ApiError, FeedbackRequest, QueryRequest, QueryResponse
 from serving.store import Interaction
 from serving.traffic import Decision
@@ -96,6 +97,10 @@ class QueryRoutes:
         category = body.category or "default"
         await self._sync_state()  # siblings' routing changes and feedback (replica_sync)
         d = self.router.route(iid, body.user_id, body.session_id, category)
+        note(interaction_id=iid, variant=d.variant, route=d.route)
+        if self.settings.logs.include_question:
+            note(question=(redact(body.question, self.settings.pii.kinds)
+                           if self.settings.pii.redact_logs else body.question))
         try:
             res = await self.handles[d.variant].answer.remote(*body.answer_args(iid))
         except Exception as exc:  # a replica's typed input error is the caller's 422

@@ -179,6 +179,25 @@ class IngressSettings(StrictSettings):
     replica's `GET /metrics` serves with a `replica` label (serving.metrics)."""
 
 
+class LogSettings(StrictSettings):
+    """The ingress's structured logs (serving.request_log): one JSON line per request and per
+    admin action, in a rotating file per replica."""
+
+    enabled: bool = True
+    dir: str | None = None
+    """Folder of the files `requests-<host>-<pid>.jsonl` (relative: to the working directory
+    `ragpilot serve` starts in). Default: `logs/` beside an SQLite store, else
+    `runs/serve/logs`."""
+    sample_rate: float = Field(1.0, ge=0.0, le=1.0)
+    """Share of requests written (5xx answers and admin actions: always)."""
+    include_question: bool = False
+    """Write the question text too (PII-redacted when `pii.redact_logs`)."""
+    max_bytes: int = Field(50_000_000, ge=10_000)
+    """Rotate a file at this size."""
+    backups: int = Field(5, ge=0, le=100)
+    """Rotated files kept per replica."""
+
+
 class ServeSettings(StrictSettings):
     SECTION = "serve"
 
@@ -213,6 +232,7 @@ class ServeSettings(StrictSettings):
     each shared replica's cache of per-variant pipeline views."""
     ingress_num_cpus: float = Field(0.25, ge=0.0)
     ingress: IngressSettings = IngressSettings()
+    logs: LogSettings = LogSettings()
     eval_num_cpus: float = Field(0.0, ge=0.0)
     """CPUs reserved by a /tuner/evaluate Ray task (0: runs beside the replicas)."""
     max_jobs: int = Field(256, ge=1)

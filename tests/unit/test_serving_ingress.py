@@ -382,3 +382,32 @@ def test_a_query_carries_its_conversation_to_the_replica(tmp_path, monkeypatch):
         long = [{"role": "user", "text": "x"}] * 51
         assert c.post("/query", json={"question": "Q?", "history": long}).status_code == 422
         assert len(seen) == 3  # refused requests reach no replica
+
+
+# --------------------------------------------------------------------------- request log
+
+
+def test_every_request_and_admin_change_is_one_json_line(tmp_path):
+    """Through the real middleware: a /query line carries the interaction id, variant, status
+    and latency (no question text), a refused request its status, an admin change the key's
+    id and the split before and after; probes and scrapes write nothing."""
+    c, admin, _, _, inst = make_app(tmp_path)
+    with c:
+        r = c.post("/query", json={"question": "Where is the secret base?", "user_id": "u"})
+        assert r.status_code == 200
+        assert c.post("/admin/traffic", json={"canary_percent": 40.0},
+                      headers=admin).status_code == 200
+        assert c.post("/admin/traffic", json={"canary_percent": 400.0},
+                      headers=admin).status_code == 422
+        c.get("/healthz"), c.get("/readyz"), c.get("/metrics")
+    lines = [json.loads(x) for x in inst.request_log.path.read_text().splitlines()]
+    assert [(x["kind"], x.get("path", x.get("action")), x.get("status")) for x in lines] == [
+        ("request", "/query", 200), ("admin", "admin/traffic", None),
+        ("request", "/admin/traffic", 200), ("request", "/admin/traffic", 422)]
+    q = lines[0]
+    assert q["interaction_id"] == r.json()["interaction_id"] and q["latency_ms"] > 0
+    assert q["variant"] == r.json()["variant_id"] and "secret" not in json.dumps(q)
+    key_id = admin["X-API-Key"].split("_")[1]
+    assert lines[1]["key_id"] == key_id and lines[2]["key_id"] == key_id
+    assert (lines[1]["before"]["canary_percent"], lines[1]["after"]["canary_percent"]) == (
+        0.0, 40.0)

@@ -237,3 +237,33 @@ def test_metrics_of_either_replica_count_both(tmp_path):
                     if s.name == "ragpilot_rejected_total"]
         assert {s.labels["reason"] for s in rejected} == {"queue_full", "rate_limit"}
         assert all(s.value == 0 for s in rejected)
+
+
+def test_request_and_admin_log_lines(tmp_path):
+    """One JSON line per request (interaction id, variant, route, latency, status; no question
+    text) and per admin action (key id, action, split before and after), in the replica's own
+    file beside the store."""
+    import json
+
+    from serving.request_log import begin, note
+
+    a = replica(tmp_path)
+    a.request_log.replica = "host:1"
+    r = ask(a, "u1")
+    a.request_log.request("POST", "/query", 200, 12.5, {"interaction_id": r.interaction_id,
+                                                        "variant": r.variant_id})
+    async def admin_change():
+        begin()
+        note(key_id="k123")
+        await a._set_traffic(TrafficRequest(canary_percent=25.0))
+
+    asyncio.run(admin_change())
+    lines = [json.loads(x) for x in a.request_log.path.read_text().splitlines()]
+    assert a.request_log.path.parent == tmp_path / "logs"
+    req = next(x for x in lines if x["kind"] == "request")
+    assert (req["status"], req["latency_ms"], req["interaction_id"]) == (200, 12.5,
+                                                                         r.interaction_id)
+    assert "question" not in req
+    adm = next(x for x in lines if x["kind"] == "admin")
+    assert (adm["action"], adm["key_id"]) == ("admin/traffic", "k123")
+    assert adm["before"]["canary_percent"] == 0.0 and adm["after"]["canary_percent"] == 25.0
