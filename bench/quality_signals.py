@@ -14,7 +14,8 @@ Per dataset with gold answers (HotpotQA, MTRAG), answers labelled right / wrong 
             restated), `distractor` (a name from a passage that is not gold), `truncated` (the
             gold answer cut to its first word / first quarter), `abstain` (an abstention on an
             answerable question); each paired with the gold answer (right)
-The combination is trained on the train splits' items only and evaluated on the test splits.
+The combination (rules, then a logistic regression on the answers that pass them) is trained
+on the train splits' items only and evaluated on the test splits.
 MTRAG tasks that are UNANSWERABLE or UNDERSPECIFIED are left out (no gold answer to judge by).
 
 Rows: `auc_wrong_answer` (dataset hotpotqa | mtrag | adversarial | adversarial:<kind>, system
@@ -50,7 +51,13 @@ from rag.generation.answer_check import DATE, YEAR, answer_type, expected_type  
 from rag.generation.extractive import ExtractiveReader  # noqa: E402
 from rag.generation.prompts import INSUFFICIENT  # noqa: E402
 from rag.metrics.qa import best_em_f1  # noqa: E402
-from rag.metrics.signals import FEATURES, GATE, AnswerSignals, Combiner  # noqa: E402
+from rag.metrics.signals import (  # noqa: E402
+    FEATURES,
+    GATE,
+    AnswerSignals,
+    Combiner,
+    passes_rules,
+)
 from rag.resources import bundled  # noqa: E402
 from rag.types import Answer, Context  # noqa: E402
 
@@ -269,9 +276,11 @@ def row(dataset, system, metric, value, ci, n):
 
 
 def score_items(sig: AnswerSignals, items: list[dict]) -> np.ndarray:
+    """FEATURES per item plus a last column: 1 for an abstention (scored 0 by rule, as
+    `AnswerSignals.score_batch` does, and left out of the combination's training)."""
     feats = sig.features([it["answer"] for it in items])
     zero = np.zeros(len(FEATURES))
-    return np.array([zero if f is None else f for f in feats])
+    return np.array([np.append(zero if f is None else f, float(f is None)) for f in feats])
 
 
 def reader_timestamp_rate() -> tuple[float, int]:
@@ -332,6 +341,8 @@ def main() -> None:
     Xtr = np.vstack([X["hotpotqa", "train"], X["mtrag", "train"]])
     ytr = np.array([it["label"] for k in (("hotpotqa", "train"), ("mtrag", "train"))
                     for it in data[k]])
+    keep = (Xtr[:, -1] == 0) & np.array([passes_rules(f) for f in Xtr[:, :-1]])
+    Xtr, ytr = Xtr[keep, :-1], ytr[keep]
     mean, scale = Xtr.mean(0), Xtr.std(0)
     scale[scale < 1e-9] = 1.0
     lr = LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced")
@@ -346,9 +357,11 @@ def main() -> None:
         log(f"wrote {out}")
 
     def systems(x: np.ndarray) -> dict[str, np.ndarray]:
+        ruled_out = np.array([f[-1] == 1 or not passes_rules(f[:-1]) for f in x], dtype=bool)
+        comb_s = comb.predict(x[:, :-1]) if len(x) else np.zeros(0)
         return {"relevancy": x[:, FEATURES.index("relevancy")],
                 "faithfulness": x[:, FEATURES.index("faithfulness")],
-                "combined": comb.predict(x) if len(x) else np.zeros(0)}
+                "combined": np.where(ruled_out, 0.0, comb_s)}
 
     rows = []
 
@@ -378,7 +391,7 @@ def main() -> None:
     for kind in KINDS:
         sel = [i for i, it in enumerate(adv_items) if it["kind"] == kind]
         if sel:
-            below = (comb.predict(adv_x[sel]) < GATE).astype(float)
+            below = (systems(adv_x[sel])["combined"] < GATE).astype(float)
             rows.append(row(f"adversarial:{kind}", "combined", "below_gate", below.mean(),
                             (None, None), len(sel)))
     # human judgements

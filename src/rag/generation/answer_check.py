@@ -7,7 +7,8 @@ before an answer is returned) and the reference-free quality signals (`rag.metri
 Types (plain strings):
   expected (from the question): yesno | choice | date | number | person | place | entity
   of an answer: abstain | yesno | time | date | number | text
-`fits(expected, kind)` is the contract between them: a date/when question accepts a date or a
+`fits(expected, kind)` is the contract between them (for short answers: a statement of more
+than SHORT_WORDS words can answer any question and is not type-checked, `type_checked`): a date/when question accepts a date or a
 year (number), a number question a number, yes/no a yes/no; person/place/entity questions (who,
 where, what, which) accept text and refuse dates, times and bare numbers; an abstention fits
 nothing.
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 
 from rag.generation.prompts import INSUFFICIENT
 
-__all__ = ["expected_type", "answer_type", "fits", "metadata_span", "check_answer",
+__all__ = ["expected_type", "answer_type", "fits", "type_checked", "metadata_span", "check_answer",
            "AnswerCheck", "EXPECTED_TYPES", "ANSWER_TYPES"]
 
+SHORT_WORDS = 8
 EXPECTED_TYPES = ("yesno", "choice", "date", "number", "person", "place", "entity")
 ANSWER_TYPES = ("abstain", "yesno", "time", "date", "number", "text")
 
@@ -102,12 +104,20 @@ def answer_type(answer: str) -> str:
     if re.fullmatch(rf"(?:\d{{1,2}}(?:st|nd|rd|th)?\s+)?{_MONTH}(?:\s+\d{{1,2}}(?:st|nd|rd|th)?)?",
                     a, re.I):
         return "date"
+    if re.search(r"\b(\d{1,2}(st|nd|rd|th)|[a-z]+(teenth|tieth))[\s-]century\b|\b(1[0-9]|20)\d0s\b",
+                 low) and len(words) <= 6:
+        return "date"
     if YEAR.fullmatch(a) or re.fullmatch(r"(?:in |the )?(?:1[0-9]{3}|20[0-9]{2})s?", low):
         return "date"
     if _NUMERIC.match(a) and any(ch.isdigit() for ch in a) or re.fullmatch(
             rf"(?:{_NUMBER_WORDS})(?:[\s-]+(?:{_NUMBER_WORDS}))*", low):
         return "number"
     return "text"
+
+
+def type_checked(answer: str) -> bool:
+    """Whether `fits` applies to this answer: at most SHORT_WORDS words."""
+    return len(_words(answer)) <= SHORT_WORDS
 
 
 def fits(expected: str, kind: str) -> bool:
@@ -170,6 +180,6 @@ def check_answer(question: str, answer: str, titles: Sequence[str] = (),
     if (titles and expected != "date" and metadata_span(answer, titles, texts)
             and not re.search(r"\b(title|titled|called|named)\b", question, re.I)):
         return AnswerCheck(False, expected, kind, "metadata")
-    if expected != "choice" and not fits(expected, kind):
+    if expected != "choice" and type_checked(answer) and not fits(expected, kind):
         return AnswerCheck(False, expected, kind, "off_type")
     return AnswerCheck(True, expected, kind)

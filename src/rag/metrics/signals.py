@@ -6,7 +6,8 @@ itself about the question (faithfulness), and a calibrated combination of both.
 [0, 1] (names are what the tuner and the benchmark call them):
 
   sig_relevancy     the answer's type fits the question's (rag.generation.answer_check: no date
-                    for a what-question, no text for a how-many), it is not a passage title or
+                    for a what-question, no text for a how-many; answers of at most 8 words,
+                    the option of an either-or question always fits), it is not a passage title or
                     metadata span, not the question echoed back, times the mean of
                     cos(question, answer) and cos(question, its evidence sentence), clipped at
                     0 (MiniLM unit vectors)
@@ -14,10 +15,11 @@ itself about the question (faithfulness), and a calibrated combination of both.
                     sentence's text (titles do not count), times that sentence's relevance to the
                     question (cos(question, sentence) / the best cos over all sentences);
                     averaged over the answer's sentences
-  sig_combined      P(answer is right) from a logistic regression over the features both use
-                    (FEATURES), trained on the train splits' gold labels of HotpotQA and MTRAG
-                    (bench/quality_signals.py) and shipped as `rag/bundled/answer_signals/
-                    combined.json`
+  sig_combined      0 when the answer fails a rule (`passes_rules`: wrong type, a title or
+                    metadata span, the question echoed), else P(answer is right) from a
+                    logistic regression over FEATURES, trained on the train splits' gold labels
+                    of HotpotQA and MTRAG (bench/quality_signals.py) and shipped as
+                    `rag/bundled/answer_signals/combined.json`
 An abstention scores 0 on all three (it answers nothing). `GATE` is the combined score below
 which an answer counts as not answering the question. Contexts are the cited ones (all when
 the answer cites none). `features(...)` exposes the per-answer feature vector for training.
@@ -38,12 +40,14 @@ from rag.generation.answer_check import (
     expected_type,
     fits,
     metadata_span,
+    type_checked,
 )
 from rag.metrics.claims import split_sentences, strip_citations
 from rag.metrics.embedding import Embedder
 from rag.types import Answer, Context
 
-__all__ = ["AnswerSignals", "FEATURES", "SIGNALS", "GATE", "Combiner", "load_combiner"]
+__all__ = ["AnswerSignals", "FEATURES", "SIGNALS", "GATE", "Combiner", "load_combiner",
+           "passes_rules"]
 
 SIGNALS = ("sig_relevancy", "sig_faithfulness", "sig_combined")
 GATE = 0.5
@@ -66,6 +70,13 @@ def _words(text: str) -> list[str]:
 
 def _content(text: str) -> list[str]:
     return [w for w in _words(text) if w not in _STOP]
+
+
+def passes_rules(f: np.ndarray) -> bool:
+    """The hard part of relevancy: the answer's type fits the question's, it is not a title or
+    metadata span, and at most 3/4 of its content words restate the question."""
+    return bool(f[FEATURES.index("type_fit")] == 1.0 and f[FEATURES.index("metadata")] == 0.0
+                and f[FEATURES.index("echo")] < 0.75)
 
 
 class Combiner:
@@ -135,7 +146,9 @@ class AnswerSignals:
                 out.append(dict.fromkeys(SIGNALS, 0.0))
                 continue
             rel, faith = f[FEATURES.index("relevancy")], f[FEATURES.index("faithfulness")]
-            if self.combiner is not None:
+            if not passes_rules(f):
+                comb = 0.0
+            elif self.combiner is not None:
                 comb = float(self.combiner.predict(f)[0])
             else:
                 comb = 0.5 * (rel + faith)
@@ -182,9 +195,11 @@ class AnswerSignals:
         best_cos = float(s_cos.max()) if len(s_cos) else 0.0
         qwords = set(_content(p["question"]))
         aw = _content(p["answer"])
-        echo = sum(w in qwords for w in aw) / len(aw) if aw else 1.0
+        choice = p["expected"] == "choice"  # the answer is one of the question's options
+        echo = 0.0 if choice else (sum(w in qwords for w in aw) / len(aw) if aw else 1.0)
         is_yesno = p["kind"] == "yesno"
-        type_fit = float(fits(p["expected"], p["kind"])) if p["expected"] != "choice" else 1.0
+        type_fit = (1.0 if choice or not type_checked(p["answer"])
+                    else float(fits(p["expected"], p["kind"])))
         meta = float(metadata_span(p["answer"], p["titles"], p["texts"])
                      and p["expected"] != "date")
         sent_words = [set(_words(s)) for s in sents]
