@@ -57,40 +57,22 @@ def test_simulated_users_stay_on_loopback():
     SimulatedUsers("http://127.0.0.1:8000", [object()])
 
 
-def test_deciding_text_names_the_statistic():
+def test_deciding_text_names_each_metrics_statistic():
+    from rl.promotion.metrics import MetricStats, judge
+    from rl.promotion.settings import PromotionSettings
     from serving.demo.live import deciding_text
 
-    look = {"look": 1, "n": 12, "diff": 0.2, "se": 0.08, "z": 2.5, "boundary": 1.64,
-            "harm_boundary": -1.64}
-    assert "z = 2.50 vs efficacy boundary 1.64" in deciding_text({"last_look": look})
-    assert "z = 2.50" in deciding_text(look)  # a rollback's evidence is the look itself
+    c = PromotionSettings()
+    stats = {"quality": MetricStats.of_pairs([0.5] * 40, [0.5] * 40),
+             "tokens": MetricStats.of_pairs([200.0 + i % 7 for i in range(40)],
+                                            [160.0 + i % 5 for i in range(40)])}
+    judged, decision, why = judge(c.metrics, stats, 0.05, 200, 30)
+    text = deciding_text([j.to_dict() for j in judged])
+    assert "quality: non_inferior, Δ +0" in text and "tokens: better, Δ -" in text
+    assert "error_rate: unmeasured" in text and decision == "continue"  # errors are required
     off = {"diff": -0.03, "ci_low": -0.05, "ci_high": -0.01, "ci": 0.95, "n": 120}
-    assert "CI [-0.0500, -0.0100]" in deciding_text({"offline": off})
-
-
-def test_canary_sizing_is_the_smallest_unpaired_canary_with_the_asked_power():
-    """The demo's rollback line: from the last look (n candidate requests, se of Δ at a 5%
-    split) the per-request sd, then the candidate requests whose unpaired one-sided test
-    detects the offline gain with 80% power, checked here against the power formula."""
-    from scipy.stats import norm
-
-    from serving.demo.live import canary_sizing, sizing_text
-
-    stat = {"last_look": {"look": 1, "n": 11, "diff": -0.037, "se": 0.120, "z": -0.3}}
-    z = canary_sizing(stat, 0.0157, 5.0, alpha=0.05)
-    ratio = 1 + 5 / 95
-    sd = 0.120 * math.sqrt(11 / ratio)
-    assert z["sd"] == pytest.approx(sd)
-
-    def power(n_c):  # unpaired: the stable arm has 19 requests for each candidate request
-        return norm.cdf(0.0157 / (sd * math.sqrt(ratio / n_c)) - norm.ppf(0.95))
-
-    n = z["candidate_requests"]
-    assert power(n) >= 0.8 > power(n - 2) and 3000 < n < 5000
-    assert z["total_requests"] == math.ceil(n * 20)
-    assert f"~{n:,} canary requests" in sizing_text(z) and "this canary had 11" in sizing_text(z)
-    # nothing to size without a look or without a gain
-    assert canary_sizing({}, 0.0157, 5.0) is None and canary_sizing(stat, -0.01, 5.0) is None
+    assert "CI [-0.0500, -0.0100]" in deciding_text(None, off)
+    assert deciding_text(None) == ""
 
 
 def test_report_is_self_contained(tmp_path):
@@ -130,32 +112,11 @@ def test_report_is_self_contained(tmp_path):
         assert base64.b64decode(src.removeprefix("data:image/png;base64,")).startswith(
             b"\x89PNG")
     assert "curve &lt;1&gt;" in page and "candidate → shadow" in page and "—" in page
-
-
-def test_request_rewards_are_the_tuners_per_query_reward(tmp_path):
-    """Each exported row gets the tuner's per-query reward; R is the user's rating only when
-    asked (canary) and the row has one, the gold metric otherwise (shadow pairs)."""
-    import json
-
-    from rl.kernel.reward import RewardSpec
-    from rl.kernel.settings import TunerSettings
-    from serving.demo.live import REWARD_KEY, add_request_rewards
-
-    s = TunerSettings.defaults()
-    spec = RewardSpec.from_settings(s, s.thresholds_for("synthetic"))
-    rows = [{"id": "a", "variant_id": "x", "reward": 1.0, "tokens_in": 100, "tokens_out": 10,
-             "latency_ms": {"pipeline": 50.0, "retrieve": 20.0},
-             "scores": {"support": 1.0, "f1": 0.2}},
-            {"id": "b", "variant_id": "x", "reward": None, "tokens_in": 0, "tokens_out": 0,
-             "latency_ms": {}, "scores": None}]
-    path = tmp_path / "rows.jsonl"
-    for use_feedback, rel in ((True, 1.0), (False, 0.2)):
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        add_request_rewards(path, spec, "support", "f1", use_feedback)
-        got = [json.loads(x) for x in path.read_text().splitlines()]
-        want = float(spec.per_query([1.0], [rel], [50.0], [110])[0])
-        assert got[0]["scores"][REWARD_KEY] == pytest.approx(want)
-        assert got[1]["scores"] is None  # no gold scores: no reward, the row is skipped later
+    summary["promotion"]["statistic"] = {"shadow": {"metrics": [
+        {"metric": "tokens", "verdict": "better", "diff": -38.4, "low": -40.1, "high": -36.7,
+         "margin": 8.2, "n": 40, "paired": True, "critical": False}]}}
+    page = write_report(tmp_path / "report.html", summary, {}).read_text()
+    assert "<td>better</td>" in page and "[-40.1, -36.7]" in page and "40 pairs" in page
 
 
 def _offline(ci_low: float, ci_high: float):

@@ -229,7 +229,6 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
     from rag.resources import default_config
     from rl.promotion import service
     from rl.promotion.evaluators import OfflineEvaluator
-    from rl.promotion.state_machine import CANARY_PERCENT
     from serving.demo import live
 
     if tuned.config_hash == default.config_hash:
@@ -253,12 +252,8 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
         console.print(f"  Prometheus: {url}/metrics   API docs: {url}/docs", soft_wrap=True)
         users = live.SimulatedUsers(url, data.examples(ev.slice.holdout_split), seed,
                                     n_users=budget.users)
-        from rl.kernel.reward import RewardSpec
-
-        spec = RewardSpec.from_settings(ev.policy, ev.thresholds)
         loop = live.PromotionLoop(out / "rollout", url, key,
-                                  out / "serve" / "interactions.sqlite", users, policy,
-                                  (spec, ev.slice.faithfulness, ev.slice.relevancy))
+                                  out / "serve" / "interactions.sqlite", users, policy)
         with st.stage("promotion", "simulated users, evidence, state machine",
                       spinner=False) as r, \
                 Progress(TextColumn("  users"), BarColumn(), MofNCompleteColumn(),
@@ -283,11 +278,6 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
                 loop.step(lambda: bar.advance(task))
                 bar.update(task, description=f"stage {loop.sm.stage}")
             promo = loop.outcome()
-            if promo["decision"] == "rolled_back" and "inconclusive" in promo["reason"] \
-                    and promo["last_stage"].startswith("canary_"):
-                promo["sizing"] = live.canary_sizing(
-                    promo["statistic"], offline_report.diff, CANARY_PERCENT[promo["last_stage"]],
-                    policy.alpha)
             r["result"] = (f"{promo['decision']} at {promo['last_stage']} after "
                            f"{promo['requests']} requests: {promo['reason']}")
     return {**promo, "timeline": loop.timeline, "user_errors": users.errors,
@@ -308,10 +298,6 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     table.add_row("promotion", f"{p['decision']} (at {p.get('last_stage', p['stage'])}, "
                                f"{p['requests']} "
                                f"requests): {p['reason']}")
-    table.add_row("deciding statistic", p.get("deciding") or "—")
-    if p.get("sizing"):
-        from serving.demo.live import sizing_text
-
-        table.add_row("to decide it", sizing_text(p["sizing"]))
+    table.add_row("deciding statistics", (p.get("deciding") or "—").replace("; ", "\n"))
     table.add_row("files", f"{s['tuned_config']['run_dir']}, report.html, summary.json")
     console.print(table)

@@ -10,8 +10,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from serving.demo.live import sizing_text
-
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1000px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
 text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}img{max-width:480px;margin:4px}
@@ -84,11 +82,24 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
     parts.append("<h2>Plots</h2>")
     parts += [f'<figure><img alt="{e(name)}" src="{data_uri(p)}"><figcaption>{e(name)}'
               "</figcaption></figure>" for name, p in plots.items()]
+    judged = [(stage, j) for stage, ev in (promo.get("statistic") or {}).items()
+              for j in (ev or {}).get("metrics") or []]
     parts += [f"<h2>Promotion: <span class={e(promo['decision'])}>{e(promo['decision'])}"
               f"</span> at {e(promo.get('last_stage', promo['stage']))}</h2>",
-              f"<p>{e(promo['reason'])}<br>{e(promo['deciding'])}"
-              + (f"<br>To decide it: {e(sizing_text(promo['sizing']))}"
-                 if promo.get("sizing") else "") + "</p>",
+              f"<p>{e(promo['reason'])}</p>",
+              "<h3>Deciding statistics, per stage and metric</h3>"
+              "<p>Candidate − stable; always-valid confidence sequences (valid at every look); "
+              "shadow compares the same requests answered by both configs (paired).</p>"
+              + (_table(["stage", "metric", "verdict", "Δ", "confidence sequence", "margin",
+                         "n", "critical"],
+                        [[e(stage), e(j["metric"]), e(j["verdict"]),
+                          "—" if j["diff"] is None else _f(j["diff"], "{:+.4g}"),
+                          f"[{_f(j['low'], '{:+.4g}') if j['low'] is not None else '-inf'}, "
+                          f"{_f(j['high'], '{:+.4g}') if j['high'] is not None else 'inf'}]",
+                          _f(j["margin"], "{:.4g}"),
+                          f"{j['n']}{' pairs' if j['paired'] else ''}",
+                          "yes" if j["critical"] else ""] for stage, j in judged])
+                 if judged else f"<p>{e(promo.get('deciding') or '')}</p>"),
               _table(["t (s)", "requests", "action", "from → to", "reason"],
                      [[_f(t["t_s"], "{:.1f}"), t["requests"], e(t["action"]),
                        e(f"{t['from']} → {t['to']}"), e(t["reason"])]

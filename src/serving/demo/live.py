@@ -7,9 +7,10 @@ simulated users, and the promotion loop driven by `rl.promotion.service`.
     loop.start(tuned, default, offline_report); loop.run(max_requests)
 
 The promotion decisions are the state machine's (`rl.promotion`): this module feeds it evidence
-(the offline holdout report, then the app's interaction log exported after each batch of
-simulated requests, as `ragpilot rollout advance --evidence` does) and applies the split each
-stage asks for through `POST /admin/traffic`.
+(the offline holdout report, then the app's own interaction store after each batch of
+simulated requests, as `ragpilot rollout advance` reads it: rows since the last batch, each
+judged per metric, quality paired on the mirrored requests of shadow) and applies the split
+each stage asks for through `POST /admin/traffic`.
 """
 
 from __future__ import annotations
@@ -132,9 +133,6 @@ class PromotionLoop:
     store_path: Path
     users: SimulatedUsers
     settings: Any
-    reward: tuple[Any, str, str] | None = None
-    """(RewardSpec, F metric, R metric): judge batches on `add_request_rewards`; None: on the
-    users' ratings alone (shadow rows then have none)."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     sm: Any = None
     last: Any = None
@@ -184,24 +182,16 @@ class PromotionLoop:
             time.sleep(0.2)
 
     def step(self, on_done: Callable[[], None] | None = None) -> Any:
-        """One batch of simulated requests, its evidence (the interaction log since the last
-        batch, each row judged by `add_request_rewards`), one advance tried."""
+        """One batch of simulated requests, its evidence (the app's store since the last
+        batch, `rl.promotion.evidence.reports_from_store`), one advance tried."""
         from rl.promotion import service
-        from rl.promotion.evidence import reports_from_file
+        from rl.promotion.evidence import reports_from_store
         from serving.store import open_store
 
         self.users.ask(BATCH, on_done)
         self._wait_shadows()
-        export = self.state_dir / "interactions.jsonl"
-        open_store(str(self.store_path)).export_jsonl(export)
         stage = self.sm.stage
-        if self.reward is not None:
-            add_request_rewards(export, *self.reward, use_feedback=stage != "shadow")
-        try:
-            reports = reports_from_file(export, self.sm,
-                                        REWARD_KEY if self.reward is not None else None).reports
-        except ConfigError:  # e.g. no rated row of one arm yet in this batch: no evidence
-            reports = []
+        reports = reports_from_store(self.store_path, self.sm, open_store=open_store).reports
         d = service.advance(self.sm, reports)
         if d.action != "refused" or not self.timeline or self.timeline[-1]["reason"] != d.reason:
             self._record(d)
@@ -241,119 +231,51 @@ class PromotionLoop:
 
     def outcome(self) -> dict[str, Any]:
         """`decision` promoted | rolled_back (| held before `finish`), the stage it ended at,
-        the reason and the deciding statistic (the numbers of the last decision), requests
-        sent."""
+        the reason, and the deciding statistics: per stage left (advance or rollback), each
+        metric's verdict with its difference and confidence sequence (`statistic`: stage ->
+        its evidence; `deciding`: the lines of the shadow stage, where quality and cost were
+        compared paired, else of the last stage judged, else the offline CI), requests sent."""
         st = self.sm.stage
         decision = {"full": "promoted", "rolled_back": "rolled_back"}.get(st, "held")
         d = self.last
-        stat = _numbers(d.evidence) if d is not None else {}
-        if decision == "promoted":  # the last advance: into full; its reason says why
-            adv = [t for t in self.timeline if t["action"] == "advance"]
-            stat = adv[-1]["evidence"] if adv else stat
         moves = [t for t in self.timeline if t["to"] != t["from"]]
+        stat = {t["from"]: t["evidence"] for t in moves if t["evidence"]}
+        judged = [v["metrics"] for v in stat.values() if v.get("metrics")]
+        shadow = (stat.get("shadow") or {}).get("metrics")
+        offline = next((v.get("offline") for v in stat.values() if v.get("offline")), None)
         return {"decision": decision, "stage": st,
                 "last_stage": moves[-1]["from"] if decision == "rolled_back" and moves else st,
                 "candidate": self.sm.state.candidate,
                 "stable": self.sm.state.stable, "reason": d.reason if d else "",
-                "statistic": stat, "deciding": deciding_text(stat),
+                "statistic": stat,
+                "deciding": deciding_text(shadow or (judged[-1] if judged else None), offline),
                 "requests": self.users.sent, "audit_log": str(self.state_dir / "audit.jsonl")}
 
 
-REWARD_KEY = "request_reward"
-
-
-def add_request_rewards(path: Path, spec: Any, f_key: str, r_key: str,
-                        use_feedback: bool) -> None:
-    """Give every row of an interaction export `scores[REWARD_KEY]`: the tuner's per-query
-    reward (`RewardSpec.per_query`: αF + βR − γ·min(latency/T, 2) − δ·min(tokens/C_ref, 2))
-    with F = `scores[f_key]`, latency as served (`row_latency_ms`), tokens in + out, and R =
-    the user's rating where `use_feedback` and the row has one, else `scores[r_key]` (gold).
-    So online batches are judged on what the offline report and the tuner judge, cost and
-    latency included. Shadow stages pass use_feedback=False: users never see a mirrored
-    answer, and both arms of a pair must be scored alike. PII leaks are left to
-    `rl.promotion.evidence` (it penalises the reward key)."""
-    import json
-    import math
-
-    from rl.promotion.log_evaluators import row_latency_ms
-
-    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    for r in rows:
-        sc = r.get("scores") or {}
-        if f_key not in sc or r_key not in sc:
-            continue
-        rel = r["reward"] if use_feedback and r.get("reward") is not None else sc[r_key]
-        v = float(spec.per_query([sc[f_key]], [rel], [row_latency_ms(r)],
-                                 [r.get("tokens_in", 0) + r.get("tokens_out", 0)])[0])
-        if math.isfinite(v):
-            r["scores"] = {**sc, REWARD_KEY: v}
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                    encoding="utf-8")
-
-
 def _numbers(ev: dict[str, Any] | None) -> dict[str, Any]:
-    """The scalar numbers (and the last look's) of a Decision's evidence, JSON-ready."""
+    """The scalar numbers, the per-metric judgements and the offline CI of a Decision's
+    evidence, JSON-ready."""
     out: dict[str, Any] = {}
     for k, v in (ev or {}).items():
         if isinstance(v, bool) or v is None:
             continue
-        if isinstance(v, (int, float)):
+        if isinstance(v, (int, float, str)):
             out[k] = v
-        elif isinstance(v, dict) and k in ("last_look", "offline"):
+        elif k == "metrics" and isinstance(v, list):
+            out[k] = [dict(j) for j in v]
+        elif isinstance(v, dict) and k == "offline":
             out[k] = {kk: vv for kk, vv in v.items() if isinstance(vv, (int, float, str))}
     return out
 
 
-def canary_sizing(stat: dict[str, Any], delta: float, percent: float, alpha: float = 0.05,
-                  power: float = 0.8) -> dict[str, Any] | None:
-    """What a canary stage that ended undecided would have needed: the candidate requests (and
-    all requests, at the stage's `percent` share) for its unpaired test to detect `delta` (the
-    offline gain) with `power` at one-sided `alpha`, at the spread this run observed. The
-    per-request sd comes from the last look: se² = sd²/n_c · (1 + p/(100 − p)) with the stable
-    arm p/(100 − p) times larger. A fixed-sample normal approximation (the stage's sequential
-    test needs a few % more). None without a look or a positive `delta`."""
-    import math
-
-    from rl.stats.power import required_sample_size
-
-    look = stat.get("last_look") or {}
-    n, se = look.get("n"), look.get("se")
-    if not (n and se and delta and delta > 0 and 0 < percent < 100):
-        return None
-    ratio = 1.0 + percent / (100.0 - percent)
-    sd = float(se) * math.sqrt(float(n) / ratio)
-    need = math.ceil(required_sample_size(delta, sd, alpha, power, paired=True, sided=1)
-                     * ratio)
-    return {"delta": float(delta), "sd": sd, "power": power, "alpha": alpha,
-            "percent": percent, "candidate_requests": need,
-            "total_requests": math.ceil(need * 100.0 / percent), "observed_n": int(n)}
-
-
-def sizing_text(z: dict[str, Any] | None) -> str:
-    """One line for `canary_sizing`'s numbers."""
-    if not z:
-        return ""
-    return (f"detecting the offline gain ({z['delta']:+.4f}) at this spread (sd "
-            f"{z['sd']:.2f} per request) with {z['power']:.0%} power needs ~"
-            f"{z['candidate_requests']:,} canary requests (~{z['total_requests']:,} in all at "
-            f"{z['percent']:g}%); this canary had {z['observed_n']}")
-
-
-def deciding_text(stat: dict[str, Any]) -> str:
-    """One line naming the statistic a decision rests on: the sequential z against its
-    boundary, or the offline CI."""
-    look = stat.get("last_look") or (stat if "boundary" in stat else None)
-    if look and look.get("z") is not None:
-        return (f"z = {look['z']:.2f} vs efficacy boundary {look['boundary']:.2f} "
-                f"(harm {look['harm_boundary']:.2f}) at look {look['look']}, n = {look['n']}, "
-                f"Δ reward {look['diff']:+.3f} ± {look['se']:.3f}")
-    off = stat.get("offline") or (stat if "ci_low" in stat else None)
-    if off and off.get("ci_low") is not None:
-        return (f"offline Δ reward {off['diff']:+.4f}, {off.get('ci', 0.95):.0%} CI "
-                f"[{off['ci_low']:+.4f}, {off['ci_high']:+.4f}] (n = {off.get('n', '?')})")
-    if stat.get("z") is not None:  # a tested stage before its first planned look
-        return (f"z = {stat['z']:.2f} before the first planned look (n = {stat.get('n')}), "
-                f"Δ reward {stat['diff']:+.3f} ± {stat['se']:.3f}")
-    if "batch_diff" in stat:
-        return f"batch Δ reward {stat['batch_diff']:+.3f} (n = {stat.get('batch_n')})"
+def deciding_text(judgements: list[dict[str, Any]] | None,
+                  offline: dict[str, Any] | None = None) -> str:
+    """The statistics a decision rests on, one clause per metric (`Judgement.statistic`:
+    verdict, Δ, always-valid CS, margin, n), else the offline CI."""
+    if judgements:
+        return "; ".join(j["statistic"] for j in judgements)
+    if offline and offline.get("ci_low") is not None:
+        return (f"offline Δ reward {offline['diff']:+.4f}, {offline.get('ci', 0.95):.0%} CI "
+                f"[{offline['ci_low']:+.4f}, {offline['ci_high']:+.4f}] "
+                f"(n = {offline.get('n', '?')})")
     return ""

@@ -1,7 +1,7 @@
 """Promotion simulation: per-metric paired judgement against today's scalar unpaired canary.
 
-    python bench/rollout_sim.py           # 2,000 simulated rollouts per scenario and system
-    python bench/rollout_sim.py --quick   # < 2 min: 300 per scenario (writes promotion.quick.*)
+    python bench/promotion.py           # 2,000 simulated rollouts per scenario and system
+    python bench/promotion.py --quick   # < 2 min: 300 per scenario (writes promotion.quick.*)
 
 Writes bench/results/promotion.{json,md}.
 
