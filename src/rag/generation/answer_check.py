@@ -109,7 +109,8 @@ def answer_type(answer: str) -> str:
         return "date"
     if YEAR.fullmatch(a) or re.fullmatch(r"(?:in |the )?(?:1[0-9]{3}|20[0-9]{2})s?", low):
         return "date"
-    if _NUMERIC.match(a) and any(ch.isdigit() for ch in a) or re.fullmatch(
+    named = any(w[:1].isupper() for w in a.split()[1:])  # "2000 Summer Olympics" is a name
+    if not named and _NUMERIC.match(a) and any(ch.isdigit() for ch in a) or re.fullmatch(
             rf"(?:{_NUMBER_WORDS})(?:[\s-]+(?:{_NUMBER_WORDS}))*", low):
         return "number"
     return "text"
