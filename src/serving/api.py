@@ -12,11 +12,14 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag.errors import ConfigError
@@ -29,7 +32,31 @@ from serving.schemas import ApiError
 log = logging.getLogger("ray.serve")
 api = FastAPI(title="ragpilot", version="0.1.0",
               description="RAG serving with canary/shadow routing, a bandit router, feedback "
-                          "logging and asynchronous tuner evaluations.")
+                          "logging and asynchronous tuner evaluations.",
+              docs_url=None, redoc_url=None)  # /docs below: FastAPI's loads a CDN
+DOCS_ASSETS = "/docs-assets"
+"""Swagger UI's JavaScript and CSS, from the swagger-ui-py package (no CDN: /docs works
+offline and on an air-gapped cluster)."""
+
+
+def _swagger_static() -> str:
+    import swagger_ui
+
+    return str(Path(swagger_ui.__file__).parent / "static")
+
+
+api.mount(DOCS_ASSETS, StaticFiles(directory=_swagger_static()), name="docs-assets")
+
+
+@api.get("/docs", include_in_schema=False)
+async def _docs(request: Request) -> HTMLResponse:
+    """Swagger UI over /openapi.json, every asset from DOCS_ASSETS."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    return get_swagger_ui_html(openapi_url=f"{root}{api.openapi_url}", title="ragpilot API",
+                               swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+                               swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+                               swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png")
+
 _ENDPOINTS = {"/query": "query", "/feedback": "feedback", "/tuner/evaluate": "tuner_evaluate",
               "/admin/traffic": "admin_traffic"}
 

@@ -40,15 +40,17 @@ from serving.request_log import note
 ROLES = ("read", "admin")
 PREFIX = "rpk"
 OPEN_PATHS = frozenset({"/query", "/feedback", "/metrics", "/healthz", "/readyz", "/docs",
-                        "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+                        "/openapi.json"})
 """The user path (rate-limited), Prometheus, the liveness and readiness probes and the API
 docs."""
+OPEN_PREFIXES = ("/docs-assets/",)
+"""Swagger UI's own files (serving.api.DOCS_ASSETS)."""
 READ_PREFIXES = ("/rl/",)
 
 
 def required_role(path: str, protect_reads: bool) -> str | None:
     """None (open), `read` or `admin` for a request path."""
-    if path in OPEN_PATHS:
+    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
         return None
     if path.startswith(READ_PREFIXES) or path.rstrip("/") in ("/rl",):
         return "read" if protect_reads else None

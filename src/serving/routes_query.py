@@ -75,7 +75,29 @@ class QueryRoutes:
                 rec = None
             if rec is not None:
                 return f"key:{rec.id}"
-        return f"ip:{request.client.host if request.client else 'unknown'}"
+        return f"ip:{self._client_address(request)}"
+
+    def _client_address(self, request: Request) -> str:
+        """The connection's address, or behind a trusted proxy (`limits.trusted_proxies`) the
+        nearest `X-Forwarded-For` hop that is not one."""
+        import ipaddress
+
+        addr = request.client.host if request.client else "unknown"
+        nets = [ipaddress.ip_network(n, strict=False)
+                for n in self.settings.limits.trusted_proxies]
+
+        def trusted(a: str) -> bool:
+            try:
+                ip = ipaddress.ip_address(a)
+            except ValueError:
+                return False
+            return any(ip in n for n in nets)
+
+        forwarded = request.headers.get("x-forwarded-for")
+        if not nets or not forwarded or not trusted(addr):
+            return addr
+        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        return next((h for h in reversed(hops) if not trusted(h)), hops[0] if hops else addr)
 
     async def _rate_limit(self, request: Request) -> None:
         """429 with Retry-After when this client's token bucket (shared by /query and

@@ -116,6 +116,24 @@ class LimitSettings(StrictSettings):
     """/tuner/evaluate `batch_size` at most (one job's examples)."""
     max_k: int = Field(32, ge=1, le=32)
     """`k` of any config sent to /tuner/evaluate or /admin/traffic at most."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Addresses or networks (`10.0.0.0/8`) of the proxies in front of the app. A request
+    without a valid API key that comes from one of them is rate-limited by the client address
+    its `X-Forwarded-For` names (the nearest hop that is not a trusted proxy); from anywhere
+    else the header is ignored (a client could write any address there)."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network (e.g. 10.0.0.5, "
+                                 "10.0.0.0/8)") from None
+        return v
 
 
 class AuthSettings(StrictSettings):

@@ -411,3 +411,22 @@ def test_every_request_and_admin_change_is_one_json_line(tmp_path):
     assert lines[1]["key_id"] == key_id and lines[2]["key_id"] == key_id
     assert (lines[1]["before"]["canary_percent"], lines[1]["after"]["canary_percent"]) == (
         0.0, 40.0)
+
+
+def test_docs_load_every_asset_from_the_app_itself(tmp_path):
+    """/docs names no other host (it rendered blank offline with FastAPI's CDN links); every
+    script, stylesheet and icon it names answers 200 without an API key."""
+    import re
+
+    c, _, _, _, _ = make_app(tmp_path)
+    with c:
+        html = c.get("/docs")
+        assert html.status_code == 200
+        assert not re.search(r"(?:src|href|url)\s*[=:]\s*['\"]https?://", html.text), html.text
+        assets = re.findall(r"(?:src|href)=['\"](/[^'\"]+)['\"]", html.text)
+        assert {a.rsplit("/", 1)[-1] for a in assets} >= {"swagger-ui-bundle.js",
+                                                          "swagger-ui.css"}
+        for a in assets:
+            r = c.get(a)
+            assert r.status_code == 200 and len(r.content) > 100, a
+        assert c.get("/openapi.json").json()["info"]["title"] == "ragpilot"

@@ -267,3 +267,23 @@ def test_request_and_admin_log_lines(tmp_path):
     adm = next(x for x in lines if x["kind"] == "admin")
     assert (adm["action"], adm["key_id"]) == ("admin/traffic", "k123")
     assert adm["before"]["canary_percent"] == 0.0 and adm["after"]["canary_percent"] == 25.0
+
+
+def test_rate_limit_client_behind_a_trusted_proxy_is_the_forwarded_address(tmp_path):
+    """Two users behind one load balancer get their own buckets; X-Forwarded-For from an
+    untrusted address is ignored (anyone can write that header)."""
+    inst = replica(tmp_path, limits={"rate_per_s": 1e6, "burst": 1e6,
+                                     "trusted_proxies": ["10.0.0.0/24"]})
+
+    def req(peer: str, forwarded: str | None) -> Request:
+        headers = [(b"x-forwarded-for", forwarded.encode())] if forwarded else []
+        return Request({"type": "http", "headers": headers, "client": (peer, 1234),
+                        "method": "POST", "path": "/query"})
+
+    assert inst.client_id(req("10.0.0.9", "203.0.113.5")) == "ip:203.0.113.5"
+    assert inst.client_id(req("10.0.0.9", "203.0.113.6")) == "ip:203.0.113.6"
+    # the nearest hop that is not a trusted proxy (a client-written first entry is skipped)
+    assert inst.client_id(req("10.0.0.9", "6.6.6.6, 203.0.113.7, 10.0.0.4")) == \
+        "ip:203.0.113.7"
+    assert inst.client_id(req("198.51.100.1", "203.0.113.5")) == "ip:198.51.100.1"
+    assert inst.client_id(req("10.0.0.9", None)) == "ip:10.0.0.9"
