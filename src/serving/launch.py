@@ -253,16 +253,97 @@ def stop_local() -> None:
         shutil.rmtree(_RUN_DIRS.pop(), ignore_errors=True)
 
 
-def run_server(config: str | Path, host: str | None = None, port: int | None = None,
-               private_netns: bool = False, proxy: str | None = None) -> int:
-    """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
-    `PROXIES`."""
+DRAIN_TIMEOUT_S = 30.0
+"""Longest wait (s) for in-flight requests after SIGTERM before Serve is shut down anyway."""
+
+
+def inflight(url: str) -> float | None:
+    """Requests in flight over every ingress replica: the sum of `ragpilot_inflight` on
+    `url`/metrics (each replica's own, published every `ingress.metrics_interval_s`); None
+    when the app does not answer."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return None
+    return sum(x.value for fam in text_string_to_metric_families(text) for x in fam.samples
+               if x.name == "ragpilot_inflight")
+
+
+def drain(url: str, quiet_s: float, timeout_s: float = DRAIN_TIMEOUT_S,
+          give_up: threading.Event | None = None) -> bool:
+    """Wait until no request is in flight on any ingress replica for `quiet_s` seconds in a
+    row (longer than the replicas' metrics interval, so every replica's published count is
+    from the quiet time), at most `timeout_s`, or until `give_up` is set. Prints one line a
+    second while it waits. True when the app went quiet (or no longer answers)."""
+    start = quiet_since = time.monotonic()
+    last_print = 0.0
+    while True:
+        now = time.monotonic()
+        n = inflight(url)
+        if n is None:
+            return True
+        if n > 0:
+            quiet_since = now
+        elif now - quiet_since >= quiet_s:
+            return True
+        if now - start >= timeout_s or (give_up is not None and give_up.is_set()):
+            print(f"drain: {n:g} request(s) still in flight after {now - start:.1f} s; "
+                  "stopping anyway", flush=True)
+            return False
+        if now - last_print >= 1.0:
+            print(f"drain: {n:g} request(s) in flight, {now - start:.1f} s of at most "
+                  f"{timeout_s:g} s", flush=True)
+            last_print = now
+        time.sleep(0.1)
+
+
+def reload_apps(config: str | Path, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Apply an edited Serve YAML to the running applications in place (Serve's own config
+    update: deployments whose args or options changed are replaced, the HTTP server, Ray and
+    the interaction store stay). Every application is checked (`build_app`) before any is
+    updated; an invalid file changes nothing and is reported. The store keeps every row, and
+    the run-time routing comes back when the file's routing is unchanged
+    (serving.routing_state). Returns the applications now running."""
     from ray import serve
 
     from serving.app import build_app
 
+    try:
+        http, apps = read_serve_yaml(config)
+        if [a.get("name", "ragpilot") for a in apps] != [a.get("name", "ragpilot")
+                                                         for a in running]:
+            raise ConfigError("applications", "names or order changed: that needs a restart")
+        built = [build_app(a.get("args")) for a in apps]
+    except ConfigError as exc:
+        print(f"reload refused, nothing changed: {exc}", flush=True)
+        return running
+    t0 = time.monotonic()
+    for a, app in zip(apps, built, strict=True):
+        serve.run(app, name=a.get("name", "ragpilot"), route_prefix=a.get("route_prefix", "/"))
+    print(f"reloaded {config} in {time.monotonic() - t0:.1f} s "
+          f"({len(apps)} application(s))", flush=True)
+    return apps
+
+
+def run_server(config: str | Path, host: str | None = None, port: int | None = None,
+               private_netns: bool = False, proxy: str | None = None,
+               drain_timeout_s: float = DRAIN_TIMEOUT_S) -> int:
+    """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
+    `PROXIES`. On the first signal, the requests in flight are answered before Serve stops
+    (`drain`, at most `drain_timeout_s`); a second signal stops at once."""
+    from ray import serve
+
+    from serving.app import build_app
+    from serving.schemas import ServeSettings
+
+    t_start = time.monotonic()
     http, apps = read_serve_yaml(config)
     built = [build_app(a.get("args")) for a in apps]  # every one checked before any starts
+    print(f"serve: {config} checked ({len(apps)} application(s)); starting Ray and Serve, "
+          "then the replicas (each loads its indexes and models)", flush=True)
     env_vars = app_env_vars(apps[0])
     host = host or http.get("host") or "127.0.0.1"
     port = int(port or http.get("port") or 8000)
@@ -275,13 +356,29 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
         else:
             serve.run(built[i], name=a.get("name", f"app{i}"),
                       route_prefix=a.get("route_prefix"))
-    print(f"ragpilot serving at {url} (docs: {url}/docs; proxy: {resolve_proxy(proxy)}); "
-          "Ctrl-C or SIGTERM stops it",
+    print(f"serve: ready after {time.monotonic() - t_start:.1f} s", flush=True)
+    print(f"ragpilot serving at {url} (docs: {url}/docs; proxy: {resolve_proxy(proxy)}; "
+          f"pid {os.getpid()}); SIGHUP reloads {config}, Ctrl-C or SIGTERM stops it",
           flush=True)
-    stop = threading.Event()
+    stop, force, reload = threading.Event(), threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:
+        (force if stop.is_set() else stop).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     while not stop.is_set():
-        time.sleep(0.5)
+        if reload.is_set():
+            reload.clear()
+            apps = reload_apps(config, apps)
+        time.sleep(0.2)
+    quiet = ServeSettings.from_args(apps[0].get("args")).ingress.metrics_interval_s + 0.5
+    print(f"stopping: answering the requests in flight first (at most {drain_timeout_s:g} s; "
+          "signal again to stop now)", flush=True)
+    t0 = time.monotonic()
+    drain(url.rstrip("/") + (apps[0].get("route_prefix") or "/").rstrip("/"), quiet,
+          drain_timeout_s, force)
+    print(f"drained in {time.monotonic() - t0:.1f} s; shutting Serve down", flush=True)
     stop_local()
     return 0

@@ -18,8 +18,11 @@ from serving.cli.common import flags, output_file
 def cmd_serve(args: argparse.Namespace) -> int:
     from serving.launch import run_server
 
+    if args.drain_timeout < 0:
+        raise ConfigError("--drain-timeout", f"is {args.drain_timeout:g}; must be >= 0 s")
     return run_server(args.config, host=args.host, port=args.port,
-                      private_netns=args.private_netns, proxy=args.proxy)
+                      private_netns=args.private_netns, proxy=args.proxy,
+                      drain_timeout_s=args.drain_timeout)
 
 
 def cmd_export_interactions(args: argparse.Namespace) -> int:
@@ -51,6 +54,9 @@ def add_parsers(sub) -> None:
                    help="what answers on the HTTP port: Serve's Python proxy (default) or "
                         "HAProxy in front of the ingress replicas (needs the haproxy binary; "
                         "docs/serving.md)")
+    s.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, wait at most this long for the requests in flight "
+                        "before stopping (a second signal stops at once; default 30)")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export-interactions", help="interaction log -> JSONL for training")
