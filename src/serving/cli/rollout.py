@@ -47,32 +47,64 @@ FLAGS = {"candidate": "--candidate", "stable": "--stable", "manifest": "--manife
          "reason": "--reason", "evidence": "--evidence", "pii_penalty": "--pii-penalty",
          "pii_weight": "--pii-penalty", "index": "--index", "rows": "--log",
          "relevancy": "--relevancy", "limit": "--limit", "store": "--store",
-         "offline": "--offline", "config": "--serve-config"}
+         "offline": "--offline"}
 SERVE_CONFIG = default_config("serve/default.yaml")
 
 
+def _serve_yaml(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(http_options, the first application's args) of `--serve-config` (default
+    configs/serve/default.yaml); ConfigError `--serve-config` when it cannot be read."""
+    from rag.settings_base import YamlSource
+
+    path = getattr(args, "serve_config", None) or SERVE_CONFIG
+    with flags({"config": "--serve-config"}):
+        data = YamlSource.read(path, "config").data or {}
+    apps = data.get("applications") or [{}]
+    return data.get("http_options") or {}, (apps[0] or {}).get("args") or {}
+
+
 def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(getattr(args, "state_dir", None) or DEFAULT_DIR)
+    """`--state-dir`, else the server's `rollout_dir` when `--serve-config` is given (the
+    state the app's /admin/rollout endpoints share), else runs/rollout."""
+    if getattr(args, "state_dir", None):
+        return Path(args.state_dir)
+    if getattr(args, "serve_config", None):
+        return Path(_serve_yaml(args)[1].get("rollout_dir") or DEFAULT_DIR)
+    return Path(DEFAULT_DIR)
 
 
 def server(args: argparse.Namespace) -> tuple[str, str]:
     """(base URL, interaction store URL) of the server `--serve-config` describes
     (`http_options.host` / `port`, the first application's `args.store_url`; Serve's and the
     app's defaults where unset), each replaced by `--url` / `--store` when given."""
-    from rag.settings_base import YamlSource
-
     url, store = getattr(args, "url", None), getattr(args, "store", None)
     if url and store:
         return url.rstrip("/"), store
-    path = getattr(args, "serve_config", None) or SERVE_CONFIG
-    with flags({"config": "--serve-config"}):
-        data = YamlSource.read(path, "config").data or {}
-    http = data.get("http_options") or {}
-    apps = data.get("applications") or [{}]
-    app_args = (apps[0] or {}).get("args") or {}
+    http, app_args = _serve_yaml(args)
     host = http.get("host") or "127.0.0.1"
     return ((url or f"http://{host}:{int(http.get('port') or 8000)}").rstrip("/"),
             store or app_args.get("store_url") or "runs/serve/interactions.sqlite")
+
+
+def served_stable(args: argparse.Namespace) -> str:
+    """The config hash of the stable config `--serve-config` serves (its `base` + `stable`
+    overrides)."""
+    from serving.schemas import ServeSettings
+
+    _, app_args = _serve_yaml(args)
+    with flags({"config": "--serve-config"}):
+        st = ServeSettings.from_args(app_args)
+    return st.config(st.stable).config_hash
+
+
+def _where(args: argparse.Namespace) -> str:
+    """The flags naming this server and state, to repeat in a printed next command."""
+    out = ""
+    for flag, key in (("--serve-config", "serve_config"), ("--state-dir", "state_dir"),
+                      ("--url", "url"), ("--store", "store")):
+        if getattr(args, key, None):
+            out += f" {flag} {getattr(args, key)}"
+    return out
 
 
 def _print_decision(d: Any) -> None:
@@ -115,10 +147,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"stage": None, "state_dir": str(_state_dir(args))}))
             return 0
-        print(f"no rollout in {_state_dir(args)}; start one with: ragpilot rollout start "
-              "--candidate <config YAML or hash> --stable <served config hash>"
-              + (f" --state-dir {_state_dir(args)}" if str(_state_dir(args)) != DEFAULT_DIR
-                 else "") + f"   (server {url})")
+        print(f"no rollout in {_state_dir(args)} (server {url}); start one with: ragpilot "
+              f"rollout start{_where(args)} --candidate <config YAML or hash>")
         return 0
     st = service.status(_state_dir(args))
     if args.json:
@@ -148,7 +178,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     url, store = server(args)
     with flags(FLAGS):
         cand = service.config_id(args.candidate, "candidate")
-        stable = service.config_id(args.stable, "stable")
+        stable = (service.config_id(args.stable, "stable") if args.stable
+                  else served_stable(args))
         cfg = service.settings(args.config, mlflow=args.mlflow)
         offline = None
         if args.offline:
@@ -172,8 +203,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     print(f"started rollout {sm.state.rollout_id}: {sm.state.candidate} vs {sm.state.stable} "
           f"at stage candidate; state and audit log in {_state_dir(args)}")
     _print_plan(sm, offline)
-    sd = "" if str(_state_dir(args)) == DEFAULT_DIR else f" --state-dir {_state_dir(args)}"
-    print(f"next: ragpilot rollout advance{sd} --evidence "
+    print(f"next: ragpilot rollout advance{_where(args)} --evidence "
           f"{args.offline or '<offline report JSON: ragpilot rollout replay ...>'}")
     return 0
 
@@ -243,7 +273,7 @@ def cmd_advance(args: argparse.Namespace) -> int:
         return 1
     _print_decision(d)
     _print_judgements(d.evidence)
-    sd = "" if str(_state_dir(args)) == DEFAULT_DIR else f" --state-dir {_state_dir(args)}"
+    sd = _where(args)
     if d.action == "rollback":
         print("rolled back: set the router to stable only (see runbooks/canary_promotion.md)")
         _print_apply(sm, url)
@@ -281,10 +311,16 @@ def _leak_count(answer: str, question: str, contexts: Any) -> float:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    dataset, stable = args.dataset, args.stable
+    if args.serve_config:  # the server's own dataset and stable, unless named
+        if not args.index and not dataset:
+            dataset = _serve_yaml(args)[1].get("dataset")
+        if not stable and service.active(_state_dir(args)) is None:
+            stable = served_stable(args)
     with flags(FLAGS):
         rep = service.replay_report(
-            args.log, args.candidate, _state_dir(args), stable=args.stable, index=args.index,
-            dataset=args.dataset, relevancy=args.relevancy, limit=args.limit,
+            args.log, args.candidate, _state_dir(args), stable=stable, index=args.index,
+            dataset=dataset, relevancy=args.relevancy, limit=args.limit,
             config=args.config, tuner_settings=tuner_settings(args), pii_penalty=args.pii_penalty,
             leak_counter=_leak_count)
     out = Path(args.out) if args.out else _state_dir(args) / "replay_report.json"
@@ -296,8 +332,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replayed {rep.n} logged requests of {rep.meta['stable_hash']} through "
           f"{rep.meta['candidate_hash']}: reward diff {rep.diff:+.4f}, {rep.ci:.0%} CI "
           f"[{rep.ci_low:+.4f}, {rep.ci_high:+.4f}]; gates {gates}", file=sys.stderr)
-    print(f"wrote {out}; next: ragpilot rollout advance --state-dir {_state_dir(args)} "
-          f"--evidence {out}", file=sys.stderr)
+    print(f"wrote {out}; next: ragpilot rollout advance{_where(args)} --evidence {out}",
+          file=sys.stderr)
     return 0
 
 
@@ -307,8 +343,9 @@ def add_parsers(sub) -> None:
     rs = p.add_subparsers(dest="rollout_cmd", required=True)
 
     def common(s: argparse.ArgumentParser) -> None:
-        s.add_argument("--state-dir", default=DEFAULT_DIR,
-                       help="state.json and audit.jsonl (default runs/rollout)")
+        s.add_argument("--state-dir", default=None,
+                       help="state.json and audit.jsonl (default: --serve-config's "
+                            "rollout_dir, else runs/rollout)")
         s.add_argument("--serve-config", default=None, metavar="FILE",
                        help="the server's Serve YAML: its address and interaction store "
                             "(default configs/serve/default.yaml)")
@@ -325,7 +362,8 @@ def add_parsers(sub) -> None:
     s = rs.add_parser("start", help="begin a rollout of a candidate config at stage candidate")
     common(s)
     s.add_argument("--candidate", required=True, help="config hash or RAG config YAML")
-    s.add_argument("--stable", required=True, help="config hash or RAG config YAML")
+    s.add_argument("--stable", help="config hash or RAG config YAML (default: the stable "
+                                    "config --serve-config serves)")
     s.add_argument("--manifest", help="dataset split manifest file (hashed) or an id")
     s.add_argument("--config", help="rollout policy YAML (configs/rl/rollout.yaml)")
     s.add_argument("--offline", metavar="FILE",
@@ -352,7 +390,7 @@ def add_parsers(sub) -> None:
                    help="interaction export (ragpilot export-interactions --out FILE)")
     s.add_argument("--candidate", required=True, help="the candidate's RAG config YAML")
     s.add_argument("--stable", help="stable config hash or YAML (default: the active "
-                                    "rollout's)")
+                                    "rollout's, else the one --serve-config serves)")
     s.add_argument("--index", metavar="DIR", help="the served index directory (context ids "
                                                   "of the log are resolved in it)")
     s.add_argument("--dataset", help="the served dataset: its indexes (without --index) and "
