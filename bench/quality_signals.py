@@ -313,6 +313,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--embeddings", default=None,
+                    help="an .npz of MiniLM vectors by text hash to read first and write back "
+                         "(a rerun then encodes only new texts)")
     args = ap.parse_args()
     n = 40 if args.quick else None
     rng = random.Random(args.seed)
@@ -327,6 +330,10 @@ def main() -> None:
     if args.quick:
         humans = humans[:60]
     sig = AnswerSignals(combiner=None)
+    if args.embeddings and Path(args.embeddings).is_file():
+        z = np.load(args.embeddings)
+        sig.embedder._cache.update(zip(z["keys"].tolist(), z["vecs"], strict=True))
+        log(f"read {len(z['keys'])} cached vectors from {args.embeddings}")
     X = {}
     for key, items in data.items():
         t1 = time.perf_counter()
@@ -334,6 +341,10 @@ def main() -> None:
         log(f"features {key}: {len(items)} answers in {time.perf_counter() - t1:.0f}s")
     Xh = score_items(sig, humans)
     log(f"features human: {len(humans)} in {time.perf_counter() - t0:.0f}s total")
+    if args.embeddings:
+        keys = list(sig.embedder._cache)
+        np.savez(args.embeddings, keys=np.array(keys),
+                 vecs=np.stack([sig.embedder._cache[k] for k in keys]))
 
     # ---- train the combination on the train splits only
     from sklearn.linear_model import LogisticRegression
