@@ -242,12 +242,13 @@ def choose(obj: Objective, candidates: Mapping[str, Columns], incumbent: str,
     return Choice(obj.kind, key, incumbent, key != incumbent, reason, deltas, verdicts)
 
 
-def _pct(d: Delta) -> str:
+def _pct(d: Delta) -> tuple[str, str]:
+    """("-38% tokens", "tokens 620 vs 1000, 95% CI [-40%, -36%]") of a tokens `Delta`."""
     b = d.baseline
     if not b:
-        return f"{d.diff:+.1f} tokens"
-    return (f"{d.diff / b:+.0%} tokens ({d.candidate:.0f} vs {b:.0f}; 95% CI "
-            f"[{d.ci_low / b:+.0%}, {d.ci_high / b:+.0%}])")
+        return f"{d.diff:+.1f} tokens", f"tokens {d.candidate:.0f} vs {b:.0f}"
+    return (f"{d.diff / b:+.0%} tokens", f"tokens {d.candidate:.0f} vs {b:.0f}, 95% CI "
+            f"[{d.ci_low / b:+.0%}, {d.ci_high / b:+.0%}]")
 
 
 def statement(kind: str, d: Mapping[str, Delta], margin: float, level: float = 0.95,
@@ -259,16 +260,17 @@ def statement(kind: str, d: Mapping[str, Delta], margin: float, level: float = 0
     if not better:
         return f"the static default stays: {reason}"
     q, tok, p95 = d[QUALITY], d[COST], d.get(P95)
+    head, detail = _pct(tok)
     qtxt = f"Δ quality {q.diff:+.4f}, 95% CI [{q.ci_low:+.4f}, {q.ci_high:+.4f}]"
-    ptxt = "" if p95 is None else f", p95 {p95.diff:+.0f} ms"
+    ptxt = "" if p95 is None else f", p95 {p95.diff:+.1f} ms"
     if kind == "min_cost":
         held = q.lcb >= -margin
         how = "at non-inferior quality" if held else \
             f"but quality not shown non-inferior ({level:.0%} lower bound {q.lcb:+.4f})"
-        return f"{_pct(tok)} {how} (margin {margin:g}, {qtxt}){ptxt}"
+        return f"{head} {how} (margin {margin:g}, {qtxt}; {detail}{ptxt})"
     if kind == "max_quality":
         cost = ("at ≤ the default's cost" if tok.diff <= 0 and (p95 is None or p95.diff <= 0)
                 else "at more than the default's cost")
         return (f"{q.diff:+.4f} quality (95% CI [{q.ci_low:+.4f}, {q.ci_high:+.4f}]) {cost} "
-                f"({_pct(tok)}{ptxt})")
-    return f"weighted reward's pick: {qtxt}, {_pct(tok)}{ptxt}"
+                f"({head}; {detail}{ptxt})")
+    return f"weighted reward's pick: {qtxt}; {head}; {detail}{ptxt}"
