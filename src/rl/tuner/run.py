@@ -205,7 +205,8 @@ def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
 
 
 RUN_FILES = ("summary.json", "best_config.yaml", "curve.jsonl", "report.md",
-             "reward-curve.png", "serve.yaml", "split.json", "holdout", "plots")
+             "reward-curve.png", "serve.yaml", "split.json", "holdout", "plots",
+             "settings.yaml", "pareto.json", "pareto.png")
 """What `run_tuning` and `ragpilot report` write into a run directory (`--overwrite` removes
 these, and nothing else)."""
 
@@ -246,6 +247,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     `warnings.warn`) and into summary.json's `gold`. An `out` holding a finished run
     (summary.json) is a ConfigError unless `overwrite` (its run files are removed first, so
     nothing of the old run stays beside the new one) or `resume`."""
+    import yaml
+
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData, run_directory
@@ -294,10 +297,19 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     if prom is not None:
         prom.consume(steps, resolve=ev.seen.get)
         prom.flush()
-    best = res.best_config
+    # the operating point: the objective's pick from the front of full-fidelity evaluations
+    from rl.tuner.pareto import build as build_pareto
+    from rl.tuner.pareto import objective_summary
+
+    pareto = build_pareto(ev, settings, search_best=res.best_config, seed=seed)
+    pareto.write(out, f"{dataset} / {method}: {settings.objective.kind}")
+    best = pareto.chosen
     valid = ev.evaluate(best)
     test = ev.evaluate(best, ev.slice.holdout_split)
     (out / "best_config.yaml").write_text(best.to_yaml())
+    (out / "settings.yaml").write_text(  # what `ragpilot report` reads the run back with
+        yaml.safe_dump({"policy": settings.model_dump(mode="json", by_alias=True)},
+                       sort_keys=False))
     with (out / "curve.jsonl").open("w") as f:
         for s in steps:
             f.write(json.dumps({k: v for k, v in s.items() if k != "config"}) + "\n")
@@ -319,7 +331,9 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                "query_evals": res.extra.get("query_evals"),
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,
-               "best_config_hash": best.config_hash, "valid": valid.to_dict(),
+               "best_config_hash": best.config_hash,
+               "objective": objective_summary(ev, pareto, settings, seed=seed),
+               "valid": valid.to_dict(),
                "holdout": test.to_dict(),
                # the latency prices every reward of this run used (rl.kernel.cost_model)
                "cost_model": ev.cost_model.to_dict()}
@@ -335,9 +349,12 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
         run_id = log_tuning_run(uri, dataset, method, seed, best,
                                 settings.model_dump(mode="json", by_alias=True), steps,
                                 {"valid_reward": valid.reward, "test_reward": test.reward,
-                                 "evaluations": res.evaluations},
+                                 "evaluations": res.evaluations,
+                                 "pareto_points": len(pareto.front),
+                                 **{f"holdout_delta_{m}": d["diff"] for m, d in
+                                    summary["objective"]["holdout"].items()}},
                                 ev.data.dataset.manifest_dict(), out,
-                                plots=[curve_png] if curve_png else [])
+                                plots=[x for x in (curve_png, out / "pareto.png") if x])
         # `ragpilot report` adds its plots to this run
         summary["mlflow"] = {"uri": uri, "run_id": run_id}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

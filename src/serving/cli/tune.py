@@ -94,12 +94,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     ml = run.summary.get("mlflow")
     if ml:
         print(f"mlflow run {ml['run_id']} ({ml['uri']})")
-    best, valid, test = run.best, run.valid, run.holdout
+    best = run.best
     print(f"best config {best.config_hash}: {best.variant} k={best.k} rerank={best.rerank} "
           f"w={best.fusion_weight} prompt={best.prompt_id}")
-    print(f"valid reward {valid.reward:.4f}; holdout reward {test.reward:.4f} "
-          f"(gates {'pass' if test.gates['passed'] else 'FAIL'}); "
-          f"{run.summary['evaluations']} evaluations; wrote {run.out}")
+    obj = run.summary["objective"]
+    print(f"{obj['kind']} on holdout `{obj['holdout_split']}` vs the static default: "
+          f"{obj['statement']} ({obj['pareto_points']} Pareto points of "
+          f"{obj['full_fidelity_configs']} full-fidelity configs; "
+          f"{run.summary['evaluations']} evaluations; wrote {run.out})")
     _serve_next(run, settings)
     return 0
 
@@ -121,22 +123,26 @@ def gate_failures(report, thresholds) -> list[str]:
 
 def _serve_next(run, settings) -> None:
     """`<out>/serve.yaml` (stable = default, canary = the tuned config at 0%) and the two
-    commands that serve and promote it; nothing to serve when the tuned config is the default,
-    and nothing when it fails a hard gate on the holdout split (a config is never promoted
-    when one fails: the search met the gate on the tune split only)."""
+    commands that serve and promote it, when the operating point is better than the default on
+    the objective (`summary.json`'s `objective.better`: shown on the tune split by its
+    confidence bounds, whatever the absolute quality); nothing when it is the default. Under
+    the `reward` objective, nothing either when it fails a hard gate of the reward on the
+    holdout split; under every objective, nothing when it breaks the p95 SLO there."""
     from rl.kernel.space import ConfigSpace
     from serving.serve_yaml import SERVE_FILE, tuned_args, write_serve_yaml
 
     default = ConfigSpace(settings).base
-    if run.best.config_hash == default.config_hash:
+    if run.best.config_hash == default.config_hash or not run.summary["objective"]["better"]:
         print("the tuned config is the static default: nothing to roll out")
         return
     failed = gate_failures(run.holdout, run.evaluator.thresholds)
+    if settings.objective.kind != "reward":  # quality gates: the objective's, on the tune split
+        failed = [f for f in failed if f.startswith("p95_latency_ms")]
     if failed:
         print(f"not rolled out: the tuned config fails a hard gate on the holdout split "
               f"({'; '.join(failed)}), so no serve.yaml was written. It met the gates on the "
               f"tune split only; see `ragpilot report --run {run.out}`, or tune again with a "
-              f"larger budget or higher thresholds (--policy).")
+              f"larger budget or other thresholds (--settings).")
         return
     out = Path(run.out)
     path = write_serve_yaml(out / SERVE_FILE,
@@ -186,7 +192,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run = Path(args.run)
     summary, rewards = _run_summary(run)
-    policy = tuner_settings(args)
+    policy, settings_from = _run_settings(args, run)
     # the run's own split.json (data without a committed manifest) is the split it reports on
     ev = TunerEvaluator(TuningData.open(summary["dataset"], run_dir=run), policy)
     best = RAGConfig.from_yaml(run / "best_config.yaml")
@@ -225,9 +231,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                 "construction):", *gold]
     lines = [f"# Tuning report: {summary['dataset']} / {summary['method']} "
              f"(seed {summary['seed']})", "",
-             f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations.",
-             "", _split_line(ev), *gold,
-             "", f"Holdout `{hold}`, n = {n} queries. Δ is the continuous part of the reward, "
+             f"Chosen config `{best.config_hash}` after {summary['evaluations']} evaluations; "
+             f"settings: {settings_from}.", "", _split_line(ev), *gold, "",
+             *_objective_lines(ev, policy, summary, best, default, hold, run),
+             "", "## The seed's weighted reward (for reference)", "",
+             f"Holdout `{hold}`, n = {n} queries. Δ is the continuous part of the reward, "
              "C = αF + βR − γ·min(p95/T,2) − δ·min(cost/C_ref,2), with a paired bootstrap CI "
              "(10k resamples of queries). The gate penalty λ·P is a step function, so it is "
              "not bootstrapped: each config's gates are listed below with their own evidence, "
@@ -259,6 +267,53 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"logged {', '.join(logged)} to mlflow run {ml['run_id']}")
     print((run / "report.md").read_text())
     return 0
+
+
+def _run_settings(args: argparse.Namespace, run: Path):
+    """The settings `report` reads the run with: `--settings` when given, else the run's own
+    settings.yaml (what it was tuned with), else the defaults; and where they came from."""
+    from rl.kernel.settings import TunerSettings
+
+    if args.settings or getattr(args, "legacy_settings", None):
+        return tuner_settings(args), f"`{args.settings or args.legacy_settings}` (--settings)"
+    own = run / "settings.yaml"
+    if own.is_file():
+        return TunerSettings.from_yaml(own), f"the run's own `{own.name}`"
+    return TunerSettings.defaults(), "the defaults (the run stored no settings.yaml)"
+
+
+def _objective_lines(ev, policy, summary: dict, best, default, hold: str, run: Path
+                     ) -> list[str]:
+    """The report's head in the objective's terms: the statement, and every quality metric and
+    the cost (tokens, p95) as paired deltas chosen − static default on `hold` with 95% CIs
+    (10k paired resamples); recall@10 and nDCG@10 at that fixed depth for both configs."""
+    from rl.kernel.objective import COST, P95, columns, paired_deltas, statement
+
+    obj = policy.objective
+    better = best.config_hash != default.config_hash
+    d = paired_deltas(columns(ev, ev.table(best, hold)), columns(ev, ev.table(default, hold)),
+                      10_000, 0, obj.level)
+    said = statement(obj.kind, d, obj.margin, obj.level, better,
+                     (summary.get("objective") or {}).get("reason", "the run chose it"))
+    out = [f"## Objective `{obj.kind}` (margin {obj.margin:g}, one-sided {obj.level:.0%} "
+           "bounds)", "", f"**Holdout `{hold}`, chosen vs static default: {said}.**", "",
+           "| metric | chosen | static default | Δ (chosen − default) | 95% CI (paired "
+           "bootstrap, 10k) | n |", "|---|---|---|---|---|---|"]
+    for m, x in d.items():
+        fmt = ".1f" if m in (COST, P95) else ".4f"
+        rel = f" ({x.relative:+.1%})" if m in (COST, P95) and x.baseline else ""
+        out.append(f"| {m} | {x.candidate:{fmt}} | {x.baseline:{fmt}} | {x.diff:+{fmt}}{rel} "
+                   f"| [{x.ci_low:+{fmt}}, {x.ci_high:+{fmt}}] | {x.n} |")
+    out += ["", "quality = (αF + βR)/(α + β) per query; recall@10 and ndcg@10 read both "
+            "configs' ranked lists at depth 10 (comparable across configs, unlike recall@k at "
+            "each config's own k); p95 compares 95th percentiles of the cost model's latency."]
+    pj = run / "pareto.json"
+    if pj.is_file():
+        pareto = json.loads(pj.read_text(encoding="utf-8"))
+        out += ["", f"Operating point from the Pareto front of {len(pareto['front'])} points "
+                f"(of {pareto['n_points']} full-fidelity configs on `{pareto['split']}`): "
+                f"{pareto['reason']}.", "", "![Pareto front](pareto.png)"]
+    return out
 
 
 def _split_line(ev) -> str:
