@@ -149,7 +149,9 @@ def _mtrag_like():
 
 
 def test_crossfit_folds_test_every_query_once_and_keep_conversations_together():
-    from bench.policy import conversation_of, crossfit_parts
+    from bench.policy import crossfit_parts
+
+    from rag.types import conversation_of
 
     ev = _mtrag_like()
     folds = crossfit_parts(ev, 4, seed=0)
