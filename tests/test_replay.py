@@ -89,7 +89,8 @@ def test_cli_replay_better_candidate_is_promoted_to_shadow(served, world, tmp_pa
     policy.write_text(json.dumps({"rollout": {"thresholds": RELAXED.model_dump()}}))
     d = str(tmp_path / "rollout")
     assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", str(cand),
-                             "--stable", ABSTAIN.config_hash, "--config", str(policy)]) == 0
+                     "--stable", ABSTAIN.config_hash, "--config", str(policy),
+                     "--store", str(tmp_path / "log.sqlite")]) == 0  # the server's store
     capsys.readouterr()
     # --stable, gates and SLO come from the active rollout
     assert cli_main(["rollout", "replay", "--state-dir", d, "--log", str(log),
@@ -217,8 +218,14 @@ def test_cli_replay_argument_errors(served, tmp_path, capsys):
     assert "index built from corpus" in capsys.readouterr().err
     # an active rollout: the replayed candidate must be its candidate
     d = str(tmp_path / "active")
-    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate",
-                             "abc123def456", "--stable", "stab1e"]) == 0
+    from serving.store import Interaction, SQLiteStore
+
+    store = SQLiteStore(tmp_path / "served.sqlite")
+    for i, v in enumerate(("stab1e", "abc123def456")):  # both deployed and serving
+        store.log_interaction(Interaction(f"i{i}", "q", v, "split", 1.0, "a"))
+    store.close()
+    assert cli_main(["rollout", "start", "--state-dir", d, "--candidate", "abc123def456",
+                     "--stable", "stab1e", "--store", str(tmp_path / "served.sqlite")]) == 0
     assert cli_main(["rollout", "replay", "--state-dir", d, "--log", log, "--index",
                              str(served[0].root), "--candidate", str(cand)]) == 2
     assert f"--candidate: config hash {TERSE.config_hash} is not the candidate" in \

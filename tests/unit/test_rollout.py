@@ -484,7 +484,8 @@ def test_cli_bad_evidence_and_config(tmp_path, capsys):
     assert "rollout.stages.shadow.min_n" in capsys.readouterr().err
     assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(tmp_path / "no.db"),
                      "--candidate", "a", "--stable", "b"]) == 2
-    assert "error: --store: no interaction store at" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: --store: no interaction store at" in err and "is the server running" in err
     assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(db), "--candidate",
                      "a", "--stable", "b"]) == 0
     junk = tmp_path / "junk.jsonl"

@@ -245,7 +245,7 @@ class ReplayEvaluator(_Evaluator):
         spec = RewardSpec.from_settings(self.policy, self.thresholds, self.pii_weight)
         reward = spec.per_query(F, R, latency, tokens, leaks)
         errors = np.array([a is None for a in answers], dtype=np.float64)
-        return Arm(reward, latency, errors, F, R, tokens), leaks
+        return Arm(reward, latency, errors, F, R, tokens, spec.quality(F, R)), leaks
 
     def _replay(self, pipe: Any, logged: Sequence[Answer]
                 ) -> tuple[list[Answer | None], np.ndarray, Counter[str]]:

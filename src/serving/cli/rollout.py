@@ -130,9 +130,8 @@ def served_variants(store_url: str) -> set[str]:
     try:
         store = open_store(store_url, create=False)
     except ConfigError as exc:
-        raise ConfigError("store", f"no interaction store at {store_url} ({exc.message}); is "
-                                   "the server running? name its store with --store or "
-                                   "--serve-config") from None
+        raise ConfigError("store", f"{exc.message}; is the server running? name its store "
+                                   "with --store or --serve-config") from None
     out = {v["variant_id"] for v in store.variant_summary()}
     last = store.last_routing()
     state = (last or {}).get("state") or {}
