@@ -109,9 +109,19 @@ def test_cli_replay_better_candidate_is_promoted_to_shadow(served, world, tmp_pa
     assert "next: ragpilot rollout advance" in err
     report = tmp_path / "rollout" / "replay_report.json"
     assert json.loads(report.read_text())["diff"] == rep["diff"]
+    assert "mirrored" not in err and rep["metrics"]["quality"]["paired"]  # per-metric stats
     assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
                              str(report)]) == 0
     assert PromotionStateMachine.load(d).stage == "shadow"
+    # a gate the candidate fails: no "next: advance" (advancing would roll back), exit 1
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(json.dumps({"rollout": {"thresholds": {**RELAXED.model_dump(),
+                                                             "relevancy": 0.999}}}))
+    assert cli_main(["rollout", "replay", "--state-dir", d, "--log", str(log), "--index",
+                     str(idx.root), "--candidate", str(cand), "--dataset", "synthetic",
+                     "--config", str(strict), "--out", str(tmp_path / "strict.json")]) == 1
+    err = capsys.readouterr().err
+    assert "fails relevancy" in err and "next: ragpilot rollout advance" not in err
 
 
 def test_replay_worse_candidate_ci_below_zero_rolls_back(served, world, scorer, tmp_path):

@@ -23,8 +23,9 @@ rollout) or an interaction export; rewards lose `--pii-penalty` (default 1.0) pe
 over the served index (`rl.promotion.service.replay_report`) and writes an offline report for
 `advance --evidence`; it defaults `--stable`, the gates and the SLO to the active rollout's and
 refuses a candidate or stable that is not the rollout's.
-Exit codes: 0 advanced (or, for status/start/replay/rollback, done); 1 evidence did not suffice or
-the rollout was rolled back (the message says why); 2 bad input, naming the field.
+Exit codes: 0 advanced (or, for status/start/replay/rollback, done); 1 evidence did not suffice,
+the rollout was rolled back, or the replayed candidate fails a gate (the message says why); 2 bad
+input, naming the field.
 """
 
 from __future__ import annotations
@@ -331,6 +332,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replayed {rep.n} logged requests of {rep.meta['stable_hash']} through "
           f"{rep.meta['candidate_hash']}: reward diff {rep.diff:+.4f}, {rep.ci:.0%} CI "
           f"[{rep.ci_low:+.4f}, {rep.ci_high:+.4f}]; gates {gates}", file=sys.stderr)
+    if not rep.gates_passed:
+        print(f"wrote {out}; the candidate fails {', '.join(rep.failed_gates)}: advancing with "
+              "this report rolls the rollout back (the gates are `thresholds` in the rollout "
+              "config)", file=sys.stderr)
+        return 1
     print(f"wrote {out}; next: ragpilot rollout advance{_where(args)} --evidence {out}",
           file=sys.stderr)
     return 0
