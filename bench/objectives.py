@@ -29,6 +29,7 @@ Latency is priced by the cost model bench/results/search.json stored (`bench.com
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -220,12 +221,28 @@ def main() -> None:
                     help="uniformly drawn configs evaluated on the whole valid split (they "
                          "join the best-known front)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts-dir", default="runs/objectives-parts",
+                    help="each finished dataset's part (reused by a later run with the same "
+                         "budget, extras and seed)")
     args = ap.parse_args()
     if args.quick:
         args.datasets, args.budget_x, args.extra = "synthetic", 4.0, 4
     datasets = args.datasets.split(",")
     log = lambda m: print(m, flush=True)  # noqa: E731
-    parts = [run_dataset(d, args.budget_x, args.extra, args.seed, log) for d in datasets]
+    parts_dir = Path(args.parts_dir)
+    parts = []
+    for d in datasets:
+        # a dataset's finished part is kept, so a stopped run resumes and datasets can run in
+        # parallel processes (each its own --datasets) before one call assembles them all
+        f = parts_dir / f"{d}-b{args.budget_x:g}-e{args.extra}-s{args.seed}.json"
+        if f.exists() and not args.quick:
+            log(f"[{d}] reusing {f}")
+            parts.append(json.loads(f.read_text()))
+            continue
+        parts.append(run_dataset(d, args.budget_x, args.extra, args.seed, log))
+        if not args.quick:
+            parts_dir.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(parts[-1], default=str))
     rows = [r for p in parts for r in p["rows"]]
     meta = make_meta(args.seed, {d: data_root() / d for d in datasets if d != "synthetic"},
                      {"quick": args.quick, "searcher": SEARCHER, "budget_x": args.budget_x,
