@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -105,12 +106,17 @@ def test_runbook_walkthrough_runs_as_written(tmp_path):
     sent = 0
 
     def users(n: int) -> None:
+        """n requests, then wait until their mirrored answers are logged too."""
         nonlocal sent
         with httpx.Client(base_url=url, timeout=60.0) as c:
             for i in range(n):
                 ex = questions[(sent + i) % len(questions)]
                 r = c.post("/query", json={"question": ex.question, "user_id": f"u{i % 7}"})
                 assert r.status_code == 200, r.text
+            deadline = time.time() + 60
+            while c.get("/rl/stats").json().get("shadow_tasks_pending") and \
+                    time.time() < deadline:
+                time.sleep(0.2)
         sent += n
 
     try:
@@ -119,7 +125,7 @@ def test_runbook_walkthrough_runs_as_written(tmp_path):
         proc = _run(b["start"], cwd, env)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
-        assert "no rollout in runs/my-tune/rollout" in out  # status before start: exit 0
+        assert f"no rollout in {run / 'rollout'}" in out  # status before start: exit 0
         assert "mirrored requests to show" in out  # start sized each metric
         assert "advance: candidate -> shadow" in out
         got = _apply_printed(proc.stdout, cwd, env, url)
