@@ -582,3 +582,35 @@ def test_evidence_files_name_the_line_of_a_bad_row_or_report(tmp_path):
     with pytest.raises(ConfigError) as e:
         reports_from_file(reports, sm)
     assert f"(at {reports}:1)" in e.value.message and e.value.field.startswith("report.")
+
+
+def test_a_mirror_logged_after_the_read_is_counted_next_time_and_nothing_twice(tmp_path):
+    """Evidence read while mirrored answers are still running: the served rows waiting for
+    their mirror (and those after them) are left for the next read, not lost; a row already
+    counted is never counted again."""
+    from rl.promotion.evidence import reports_from_file
+
+    sm = PromotionStateMachine.start(None, "cand", "stab", config=cfg(), code_commit="x")
+    sm.observe(offline_report())
+    sm.advance()
+    now = time.time()
+    rows = []
+    for i in range(10):
+        rows.append({**_row(i, "stab", None, scores={"support": 0.5}), "ts": now + i})
+        if i < 6:  # mirrors 6..9 still running when the log is first read
+            rows.append({**_row(100 + i, "cand", None, 1.0, True, f"r{i}",
+                                {"support": 0.5}), "ts": now + i + 0.5})
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = reports_from_file(log, sm).reports[0]
+    assert first.n == 6
+    sm.observe(first)
+    for i in range(6, 10):  # the late mirrors arrive
+        rows.append({**_row(100 + i, "cand", None, 1.0, True, f"r{i}", {"support": 0.5}),
+                     "ts": now + 11 + i})
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    second = reports_from_file(log, sm).reports[0]
+    assert second.n == 4  # the four late pairs, none of the first six again
+    sm.observe(second)
+    assert sm.state.evidence["n"] == 10
+    assert "newer" in reports_from_file(log, sm).notes[0]  # nothing left to count

@@ -7,7 +7,8 @@ whole log), shadow (paired mirrored rows) or canary (split rows). A row's reward
 `scores[reward_key]`) loses `pii_penalty` (default `rl.kernel.reward.PII_LEAK_WEIGHT`) per PII
 leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
 only rows newer than the state's `row_cursor` (the newest row already counted), so a
-cumulative export can be passed again safely; a report file's report is counted once per
+cumulative export can be passed again safely (in shadow, a served row whose mirrored answer is
+not logged yet waits for it, `MIRROR_WAIT_S`); a report file's report is counted once per
 rollout (its fingerprint is kept in the state). `reports_from_store` reads the Serve app's own
 store instead of a file.
 
@@ -234,6 +235,9 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
     if not fresh:
         return Evidence(notes=[f"{source}: no interaction rows newer than the last batch "
                                f"counted (ts > {st.row_cursor:.3f}); nothing added"])
+    cursor = max(float(r["ts"]) for r in fresh)
+    if kind == "shadow":
+        fresh, cursor = _settled_pairs(fresh, st.stable, cursor)
     ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
     ev = ev_cls(thresholds or cfg.thresholds, latency_slo_ms=cfg.slo.latency_ms)
     try:
@@ -242,5 +246,27 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
     except ConfigError as exc:  # e.g. no mirrored pair yet: wait for more traffic
         return Evidence(notes=[f"{source}: {len(fresh)} new rows, no evidence yet "
                                f"({exc.message})"])
-    st.row_cursor = max(float(r["ts"]) for r in fresh)  # saved by the next observe
+    st.row_cursor = cursor  # saved by the next observe
     return Evidence([ev.evaluate(stable, cand, source=source)])
+
+
+MIRROR_WAIT_S = 30.0
+"""How long a served stable row waits for its mirrored answer before the shadow evidence goes
+past it (a mirror still running when the evidence is read would otherwise be lost)."""
+
+
+def _settled_pairs(rows: list[dict[str, Any]], stable: str, newest: float
+                   ) -> tuple[list[dict[str, Any]], float]:
+    """The shadow rows to count now and the new cursor: every served stable row up to just
+    before the oldest one still waiting for its mirror (younger than MIRROR_WAIT_S before the
+    newest row), with the mirrors of those rows. The waiting row and the rows after it stay
+    newer than the cursor and are read again next time; counted rows are not."""
+    mirrored = {r.get("parent_id") for r in rows if r.get("shadow")}
+    waiting = [float(r["ts"]) for r in rows if not r.get("shadow")
+               and r.get("variant_id") == stable and r.get("id") not in mirrored
+               and float(r["ts"]) > newest - MIRROR_WAIT_S]
+    cut = min(waiting) - 1e-6 if waiting else newest
+    served = {r.get("id") for r in rows if not r.get("shadow") and float(r["ts"]) <= cut}
+    keep = [r for r in rows if (not r.get("shadow") and float(r["ts"]) <= cut)
+            or (r.get("shadow") and r.get("parent_id") in served)]
+    return keep, cut
