@@ -362,7 +362,7 @@ class PromotionStateMachine:
             if burn[key] is not None and burn[key] > c.slo.advance_max_burn_rate:
                 missing.append(f"{key} {burn[key]:.2f} > {c.slo.advance_max_burn_rate}")
         if not missing:
-            return True, "evidence suffices"
+            return True, e["why"] or "evidence suffices"
         return False, "needs: " + "; ".join(missing)
 
     def advance(self) -> Decision:
