@@ -13,14 +13,14 @@ query-evaluations, on the full config space (>= 10^6 configs), HotpotQA, SciFact
                                            # dataset: searchers and seed ranges run apart)
 
 Searchers (each seed is an independent search with budget = --budget-x full valid splits of
-query-evaluations; `rl.tuner.ask_tell` drives Ray Tune's own searcher and ASHA objects):
+query-evaluations; the one search protocol, `rl.tuner.ask_tell.run_search`, drives the
+searchers and ASHA of `rl.tuner.searchers` in this process):
   random          uniform configs, each on the full valid split
   tpe             Optuna TPE (Ray Tune's OptunaSearch) with the gates as constraints, full split
   tpe-asha        the same + ASHA over rungs 25 -> 75 -> full (trials stopped early are told
                   to TPE as pruned)
   local-asha      local search from the start point (`rl.tuner.searchers.LocalSearch`) + the
                   same ASHA: the project's default searcher
-  tpe-hyperband   the same with asynchronous HyperBand (one bracket per rung; --searchers only)
   hyperopt        HyperOpt TPE (Ray Tune's HyperOptSearch), full split
   ppo             the RLlib PPO tuner as a static searcher: 25-query batches per step, its
                   recommendation scored on the full split at the end (charged)
@@ -84,13 +84,11 @@ from rl.common.data import TuningData  # noqa: E402
 from rl.kernel.evaluator import TunerEvaluator  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.kernel.space import ConfigSpace  # noqa: E402
-from rl.tuner.ask_tell import run_search  # noqa: E402
-from rl.tuner.tune_search import DEFAULT_SEARCHER  # noqa: E402
+from rl.tuner.ask_tell import DEFAULT_SEARCHER, RUNG_KEYS, run_search  # noqa: E402
 
 NAME = "search"
 SEARCHERS = ("random", "tpe", "tpe-asha", "local-asha", "hyperopt", "ppo")
-"""What the full run compares; `--searchers` adds tpe-hyperband (asynchronous HyperBand), left
-out of the committed run for CPU time."""
+"""What the full run compares."""
 DATASETS = ("hotpotqa", "scifact", "mtrag")
 PPO_BATCH = 25
 
@@ -246,7 +244,7 @@ def run_dataset(name: str, settings: TunerSettings, seeds: list[int], budget_x: 
                      "query_evals": res.query_evals, "seconds": res.seconds, "curve": res.curve,
                      "trials": [{"config_hash": t.config.config_hash,
                                  "config": t.config.model_dump(mode="json"),
-                                 "rungs": [{k: v for k, v in g.items() if k != "gates"}
+                                 "rungs": [{k: g[k] for k in (*RUNG_KEYS, "n", "full")}
                                            for g in t.rungs]} for t in res.trials]}
             cfg = r.pop("best_config")  # each pick vs the default on the test split
             r["test"] = _summary(ev.evaluate(cfg, hold))

@@ -1,7 +1,8 @@
-"""Ray Tune's searchers and ASHA driven in-process (`rl.tuner.ask_tell`), on a toy evaluator whose
-rewards are known (the real evaluator runs under it in tests/test_search_real.py and
-bench/search.py): budget in query-evaluations, rungs as prefixes, ASHA stopping, only
-full-fidelity incumbents, determinism, and the gates reaching TPE as constraints."""
+"""The search protocol's in-process executor (`rl.tuner.ask_tell.run_search`) on a toy evaluator
+whose rewards are known (the real evaluator runs under it in tests/test_search_real.py and
+bench/search.py; tests/test_search_executors.py compares it with the Tune executor): budget in
+query-evaluations, rungs as prefixes, ASHA stopping, only full-fidelity incumbents,
+determinism, and the gates reaching TPE as constraints."""
 
 from types import SimpleNamespace
 
@@ -10,8 +11,10 @@ import pytest
 from ray import tune
 
 from rag.config import RAGConfig
-from rl.tuner.ask_tell import METHODS, run_search
+from rag.errors import ConfigError
+from rl.tuner.ask_tell import run_search
 from rl.tuner.fidelity import rung_indices, rungs_for
+from rl.tuner.searchers import MULTI_FIDELITY, SEARCHERS
 
 N = 120
 
@@ -74,7 +77,7 @@ def test_rungs_are_prefixes_of_one_permutation():
     assert np.array_equal(b[:25], a) and len(set(b)) == 75
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [m for m in SEARCHERS if m != "grid"])
 def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(method):
     ev = ToyEvaluator()
     res = run_search(ev, ToySpace(), method, budget=8 * N, seed=1)
@@ -85,7 +88,7 @@ def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(
     full = [t for t in res.trials if t.full is not None]
     assert full and res.best_reward == max(t.full["reward"] for t in full)
     assert res.curve[-1]["seconds"] == pytest.approx(res.query_evals * 10.0 / 1000)
-    if method in ("tpe-asha", "local-asha", "tpe-hyperband"):
+    if method in MULTI_FIDELITY:
         # ASHA stops trials at the first rung: more trials than full-split evaluations buy
         assert len(res.trials) > 8 and any(len(t.rungs) == 1 for t in res.trials)
         assert {n for _, n in ev.asked} == {25, 75, N}
@@ -148,3 +151,22 @@ def test_local_search_starts_from_the_start_point_and_finds_the_toy_optimum():
     assert res.best_config.variant == "hybrid" and abs(res.best_config.fusion_weight - 0.7) <= 0.1
     hashes = [t.config.config_hash for t in res.trials][:30]  # the space has 42 configs
     assert len(hashes) == 30 and len(set(hashes)) == 30  # no config is suggested twice
+
+
+def test_grid_scores_every_config_once_and_stops():
+    class GridSpace(ToySpace):
+        def grid(self):
+            return iter([RAGConfig(variant=v, fusion_weight=w) for v in ("hybrid", "bm25")
+                         for w in (0.3, 0.7)])
+
+    ev = ToyEvaluator()
+    res = run_search(ev, GridSpace(), "grid", budget=100 * N, seed=0)
+    assert len(res.trials) == 4 and res.query_evals == 4 * N  # the grid ended the search
+    assert res.best_config == RAGConfig(variant="hybrid", fusion_weight=0.7)
+
+
+def test_bad_requests_are_config_errors():
+    with pytest.raises(ConfigError, match="method"):
+        run_search(ToyEvaluator(), ToySpace(), "bohb", budget=N)
+    with pytest.raises(ConfigError, match="budget"):
+        run_search(ToyEvaluator(), ToySpace(), "tpe", budget=0)

@@ -1,6 +1,6 @@
-"""`ragpilot tune` with its default method (local-asha) end to end: a Ray Tune search under a query budget writes
-the run directory (Tune's experiment inside it), logs each trial to MLflow beside the tuning
-run, and a budget unit that does not fit the method is a usage error."""
+"""`ragpilot tune` with its default method (local-asha) on Ray Tune (`--max-concurrent 1`) end to
+end: the search under a query budget writes the run directory (Tune's experiment inside it),
+logs each trial to MLflow beside the tuning run; a cluster flag with ppo is a usage error."""
 
 import json
 
@@ -23,10 +23,10 @@ def test_tune_with_a_ray_tune_searcher(tmp_path, monkeypatch):
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "run"
-    assert main(["tune", "--budget", "480", "--settings", str(policy),
+    assert main(["tune", "--budget", "480", "--settings", str(policy), "--max-concurrent", "1",
                  "--out", str(out), "--mlflow-dir", str(tmp_path / "ml")]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == "local-asha" and summary["budget_unit"] == "queries"
+    assert summary["method"] == "local-asha" and summary["budget"] == 480
     assert summary["query_evals"] >= 480 and summary["warm_start"]
     assert (out / "ray_tune" / "local-asha-seed0").is_dir()  # never ~/ray_results
     steps = [json.loads(x) for x in (out / "curve.jsonl").read_text().splitlines()]
@@ -41,6 +41,7 @@ def test_tune_with_a_ray_tune_searcher(tmp_path, monkeypatch):
     assert len(mlflow.search_runs(experiment_names=["rl_autotuner"])) == 1
 
 
-def test_budget_unit_must_fit_the_method(capsys):
-    assert main(["tune", "--method", "tpe", "--budget-unit", "steps"]) == 2
-    assert "--budget-unit" in capsys.readouterr().err
+def test_trial_flags_do_not_fit_ppo(capsys, tmp_path):
+    assert main(["tune", "--method", "ppo", "--max-concurrent", "2", "--out",
+                 str(tmp_path)]) == 2
+    assert "--max-concurrent" in capsys.readouterr().err

@@ -68,32 +68,3 @@ def test_ppo_budget_in_distinct_configs(tuner):
     assert res.extra["iterations"] >= 1 and len(tuner.env.history) > start
     with pytest.raises(ConfigError, match="budget: 11 distinct configs cannot hold"):
         tuner.train_configs(11)  # < 8 steps + the 4-step read-out
-
-
-def test_adaptive_policy_learns_a_planted_context_rule(tmp_path):
-    """Two arms; arm 1 pays only when feature 0 is positive. PPO as a contextual bandit must
-    learn the rule, its propensities must be a distribution per query, and its logged
-    decisions must feed off-policy evaluation."""
-    from rl.tuner.adaptive import AdaptivePolicy, QueryBandit
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(400, 3)).astype(np.float32)
-    R = np.stack([np.full(400, 0.5), np.where(X[:, 0] > 0, 1.0, 0.0)], axis=1)
-    pol = AdaptivePolicy(QueryBandit([None, None], X, R), seed=0, batch=128)
-    try:
-        pol.fit(iterations=15)
-        P = pol.probabilities(X)
-        assert np.allclose(P.sum(axis=1), 1.0, atol=1e-5)
-        acts = pol.act(X)
-        agree = np.mean(acts == (X[:, 0] > 0))
-        assert agree > 0.85, agree
-        assert R[np.arange(400), acts].mean() > 0.7  # both static arms give 0.5 on average
-        # its decisions, sampled from its propensities, logged and evaluated off-policy
-        log = pol.log_decisions(pol.train_data, tmp_path / "decisions.jsonl", seed=0)
-        assert len((tmp_path / "decisions.jsonl").read_text().splitlines()) == 400
-        assert np.allclose(log.p, P[np.arange(400), log.a], atol=1e-6)
-        for name, e in log.estimate(np.eye(2)[acts]).items():  # the greedy policy
-            assert np.isfinite([e.value, e.ci_low, e.ci_high]).all(), name
-            assert e.ci_low <= e.value <= e.ci_high
-    finally:
-        pol.stop()

@@ -1,6 +1,7 @@
-"""Config search on Ray Tune (rl.tuner.tune_search) on the synthetic world: every method runs
-through tune.Tuner and answers with a full-fidelity incumbent, ASHA stops trials at the first
-rung, the query budget holds, a seed fixes the search, and the gate constraints reach Optuna.
+"""The search protocol on Ray Tune (rl.tuner.tune_search) on the synthetic world: every searcher
+runs through tune.Tuner and answers with a full-fidelity incumbent, ASHA stops trials at the
+first rung, the query budget holds, a seed fixes the search, the gate constraints reach Optuna,
+and `rl.tuner.run.search` sends a search to Tune when Tune options are given.
 
 A small pinned space (8 configs) whose tables are computed once in this process before any
 search: trial processes only read the shared on-disk row cache."""
@@ -13,8 +14,9 @@ from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.reward import HARD_GATES
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
-from rl.tuner.baselines import grid_search
-from rl.tuner.tune_search import METHODS, tune_search
+from rl.tuner.ask_tell import exhaustive
+from rl.tuner.searchers import MULTI_FIDELITY, SEARCHERS
+from rl.tuner.tune_search import tune_search
 
 pytestmark = pytest.mark.ray
 
@@ -31,7 +33,7 @@ def setup(tmp_path_factory):
     assert len(list(ConfigSpace(policy).grid())) == 8
     ev = TunerEvaluator(TuningData.open("synthetic"), policy,
                         cache_root=tmp_path_factory.mktemp("tune-cache"))
-    grid = grid_search(ev)  # every table once, here
+    grid = exhaustive(ev, ConfigSpace(policy))  # every table once, here
     return ev, ConfigSpace(policy), grid
 
 
@@ -52,26 +54,30 @@ def runs(setup, tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", SEARCHERS)
 def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup, runs, method):
     ev, _, grid = setup
     res = runs(method)
     n = len(ev.data.examples(ev.slice.tune_split))
-    assert res.rungs == (10, 30, n) and res.best_config is not None
+    assert res.rungs == ((10, 30, n) if method in MULTI_FIDELITY else (n,))
+    assert res.best_config is not None
     # the incumbent is the best reward among trials that reached the full split, and it is
     # the reward the driver's evaluator gives that config on the whole split
-    full = [t for t in res.trials if t["full_fidelity"]]
-    assert full and res.best_reward == pytest.approx(max(t["rung_rewards"][-1] for t in full))
-    assert res.incumbent == res.best_config.config_hash
+    full = [t for t in res.trials if t.full is not None]
+    assert full and res.best_reward == pytest.approx(max(t.full["reward"] for t in full))
     assert ev.evaluate(res.best_config).reward == pytest.approx(res.best_reward)
-    assert res.best_reward <= max(grid.extra["rewards"].values()) + 1e-9
-    # budget: counted in query-evaluations over all trials, stopped once spent
-    assert res.query_evals == sum(t["query_evals"] for t in res.trials)
-    assert BUDGET <= res.query_evals < BUDGET + n
-    assert len(res.grid) == len(res.trials) and 0 < res.seconds <= res.wall_s
+    assert res.best_reward <= grid.best_reward + 1e-9
+    # budget: counted in query-evaluations over all trials; no trial starts once spent
+    assert res.query_evals == sum(t.query_evals for t in res.trials)
+    if method == "grid":  # the 8 configs end the search first
+        assert len(res.trials) == 8 and res.query_evals == 8 * n
+    else:
+        assert BUDGET <= res.query_evals < BUDGET + n
+    assert len(res.grid) == len(res.trials) and res.seconds > 0 and res.wall_s > 0
+    assert all(t.node_id for t in res.trials)  # each trial names the Ray node it ran on
     # the curve: best full-fidelity reward so far against cumulative query-evals
     xs = [c["query_evals"] for c in res.curve]
-    ys = [c["best_reward"] for c in res.curve if c["best_reward"] is not None]
+    ys = [c["best_full"] for c in res.curve if c["best_full"] is not None]
     assert xs == sorted(xs) and xs[-1] == res.query_evals
     assert ys == sorted(ys) and ys[-1] == pytest.approx(res.best_reward)
     tr = res.to_tune_result()
@@ -81,20 +87,21 @@ def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup,
 def test_asha_stops_some_trials_at_the_first_rung(setup, runs):
     ev, _, _ = setup
     n = len(ev.data.examples(ev.slice.tune_split))
-    for method in ("tpe-asha", "local-asha"):
+    for method in MULTI_FIDELITY:
         res = runs(method, budget=1200)
-        spent = [t["query_evals"] for t in res.trials]
+        spent = [t.query_evals for t in res.trials]
         assert set(spent) <= {10, 30, n}
         assert 10 in spent and res.query_evals < len(res.trials) * n
-    # without a scheduler every trial runs to the full split (the last may be cut by budget)
-    assert all(t["query_evals"] == n for t in runs("tpe").trials[:-1])
+    # without a scheduler every trial runs to the full split
+    assert all(t.query_evals == n for t in runs("tpe").trials)
 
 
-@pytest.mark.parametrize("method", ["tpe-asha", "local-asha"])
+@pytest.mark.parametrize("method", MULTI_FIDELITY)
 def test_same_seed_same_search(runs, method):
     a, b = runs(method, seed=3), runs(method, seed=3, tag="-again")
-    assert [t["config_hash"] for t in a.trials] == [t["config_hash"] for t in b.trials]
-    assert [t["rung_rewards"] for t in a.trials] == [t["rung_rewards"] for t in b.trials]
+    assert [t.config for t in a.trials] == [t.config for t in b.trials]
+    assert [[r["reward"] for r in t.rungs] for t in a.trials] == \
+        [[r["reward"] for r in t.rungs] for t in b.trials]
     assert a.best_reward == b.best_reward and a.query_evals == b.query_evals
 
 
@@ -102,55 +109,60 @@ def test_gate_violations_reach_the_optuna_trials(runs):
     from optuna.trial import TrialState
 
     res = runs("tpe-asha", budget=1200)
-    study = res.searcher.searcher._ot_study
+    study = res.searcher.searcher._ot_study  # inside the BudgetLimiter
     told = [t for t in study.trials if t.state != TrialState.RUNNING]
-    assert len(told) >= len(res.trials) - 1  # the budget may stop the last one untold
-    last = {t["trial_id"]: h for h in res.history for t in res.trials
-            if h["trial_id"] == t["trial_id"]}
-    for ot, trial in zip(told, res.trials, strict=False):
-        h = last[trial["trial_id"]]
-        assert ot.constraints == {g: pytest.approx(h[f"violation_{g}"]) for g in HARD_GATES}
-        # a trial stopped below the full split is pruned: TPE does not read its low-fidelity
-        # reward as a full-split one
-        assert ot.state == (TrialState.COMPLETE if trial["full_fidelity"]
-                            else TrialState.PRUNED)
+    assert len(told) == len(res.trials)  # every started trial finished its rungs
+    for ot, trial in zip(told, res.trials, strict=True):
+        last = trial.rungs[-1]
+        assert ot.constraints == {g: pytest.approx(last[f"violation_{g}"]) for g in HARD_GATES}
+        # a trial stopped below the full split is pruned, with its last rung score: TPE does
+        # not read its low-fidelity reward as a full-split one
+        if trial.full is not None:
+            assert ot.state == TrialState.COMPLETE
+        else:
+            assert ot.state == TrialState.PRUNED
+            assert ot.intermediate_values[len(trial.rungs)] == pytest.approx(last["score"])
     assert any(ot.state == TrialState.PRUNED for ot in told)
 
 
 def test_bad_requests_are_config_errors(setup, tmp_path):
     ev, space, _ = setup
     with pytest.raises(ConfigError, match="budget"):
-        tune_search(ev, space, method="tpe", budget=50, rungs=RUNGS, storage_path=tmp_path)
+        tune_search(ev, space, method="tpe", budget=0, rungs=RUNGS, storage_path=tmp_path)
     with pytest.raises(ConfigError, match="method"):
         tune_search(ev, space, method="bohb", budget=BUDGET, storage_path=tmp_path)
 
 
-def test_the_tuning_run_dispatches_ray_tune_methods(setup, tmp_path):
-    from rl.tuner.run import check, search, steps_of
+def test_the_tuning_run_sends_a_search_to_tune_when_asked(setup, tmp_path):
+    from rl.tuner.run import check, search
 
     ev, _, _ = setup
-    found = search(ev, ev.policy, "tune-random", BUDGET, seed=1, storage_path=tmp_path)
+    found = search(ev, ev.policy, "random", BUDGET, seed=1, storage_path=tmp_path,
+                   tune_options={"max_concurrent": 1})
+    assert found.found.grid is not None  # Tune's ResultGrid: it ran on tune.Tuner
     res = found.result
     assert res.method == "random" and res.extra["query_evals"] >= BUDGET
-    steps = steps_of(ev, found)  # the rung evaluations, read from the trials' reports
-    assert len(steps) == res.evaluations == len(found.history)
+    steps = found.history  # the rung evaluations, read from the trials' reports
+    assert len(steps) == res.evaluations
     assert {"reward", "faithfulness", "relevancy", "p95_latency_ms", "cost",
             "config_hash", "query_evals"} <= set(steps[0])
     assert all(s["config_hash"] in ev.seen for s in steps)
-    with pytest.raises(ConfigError, match="budget_unit"):
-        check("tpe", 100, "steps")
-    with pytest.raises(ConfigError, match="budget_unit"):
-        check("ppo", 100, "queries")
+    local = search(ev, ev.policy, "random", BUDGET, seed=1)
+    assert local.found.grid is None  # no Tune options: in this process
+    assert [s["config_hash"] for s in local.history] == [s["config_hash"] for s in steps]
+    with pytest.raises(ConfigError, match="method"):
+        check("tune-random", 100)
     with pytest.raises(ConfigError, match="resume"):  # it would be ignored: refused instead
-        search(ev, ev.policy, "tune-random", BUDGET, resume=tmp_path, storage_path=tmp_path)
+        search(ev, ev.policy, "random", BUDGET, resume=tmp_path)
 
 
 def test_the_default_method_is_the_default_searcher():
-    from rl.tuner.run import DEFAULT_METHOD
-    from rl.tuner.tune_search import DEFAULT_SEARCHER
+    from rl.tuner.ask_tell import DEFAULT_SEARCHER
+    from rl.tuner.run import DEFAULT_METHOD, METHODS
     from serving.demo.offline import SEARCHER
 
     assert DEFAULT_METHOD == DEFAULT_SEARCHER == SEARCHER
+    assert len(METHODS) <= 6 and set(METHODS) - {"ppo"} <= set(SEARCHERS)
 
 
 @pytest.mark.parametrize("method", ["tpe", "random"])
@@ -158,4 +170,4 @@ def test_start_config_is_the_first_trial(setup, tmp_path, method):
     ev, space, _ = setup
     res = tune_search(ev, space, method=method, budget=240, seed=5, rungs=RUNGS,
                       storage_path=tmp_path, start=space.base)
-    assert res.trials[0]["config_hash"] == space.base.config_hash
+    assert res.trials[0].config.config_hash == space.base.config_hash

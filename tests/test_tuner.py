@@ -1,5 +1,5 @@
 """The tuner's evaluation path on the synthetic world with the real stack (tantivy, FAISS,
-MiniLM, graph, extractive reader): cached per-query tables, the env, the baselines."""
+MiniLM, graph, extractive reader): cached per-query tables, the env, the searches."""
 
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.reward import StepMetrics, reward
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
-from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search
+from rl.tuner.ask_tell import exhaustive, run_search
 from rl.tuner.env import TunerEnv
 
 
@@ -98,32 +98,18 @@ def test_env_passes_gymnasium_checks_and_steps(ev):
     assert env.history[-1]["config"].config_hash == info["config_hash"]
 
 
-def test_grid_is_the_ceiling_and_baselines_keep_budget(ev, small_policy):
-    grid = grid_search(ev)
-    rewards = grid.extra["rewards"]
-    assert grid.evaluations == len(rewards) == len(list(ConfigSpace(small_policy).grid()))
-    assert ev.evaluate(grid.best_config).reward == pytest.approx(max(rewards.values()))
-    for res in (random_search(ev, 12, seed=1), optuna_search(ev, 12, seed=1),
-                bandit_search(ev, 12, seed=1, kind="ucb"),
-                bandit_search(ev, 12, seed=1, kind="thompson")):
-        assert res.evaluations == 12 == len(res.curve), res.method
+def test_grid_is_the_ceiling_and_searches_keep_budget(ev, small_policy):
+    space = ConfigSpace(small_policy)
+    grid = exhaustive(ev, space)
+    rewards = [t.full["reward"] for t in grid.trials]
+    assert len(grid.trials) == len(list(space.grid())) == space.size()
+    assert ev.evaluate(grid.best_config).reward == pytest.approx(max(rewards))
+    n = len(ev.data.examples(ev.slice.tune_split))
+    for method in ("random", "tpe", "hyperopt", "local-asha"):
+        res = run_search(ev, space, method, budget=6 * n, seed=1)
+        assert 6 * n <= res.query_evals < 7 * n, method
         # no static config on the full split beats the grid's best
-        assert ev.evaluate(res.best_config).reward <= max(rewards.values()) + 1e-9
-
-
-def test_budget_in_distinct_configs_counts_revisits_as_free(ev, small_policy):
-    n_grid = len(list(ConfigSpace(small_policy).grid()))
-    for res in (random_search(ev, 6, seed=1, unit="configs"),
-                optuna_search(ev, 6, seed=1, unit="configs"),
-                bandit_search(ev, 6, seed=1, kind="ucb", unit="configs")):
-        distinct = {c["config_hash"] for c in res.curve}
-        assert len(distinct) == 6 < n_grid, res.method
-        assert 6 <= res.evaluations <= 60  # revisits are steps, capped at 10x the budget
-    # a bandit plays `budget` arms: done once each was pulled
-    ucb = bandit_search(ev, 6, seed=1, kind="ucb", unit="configs")
-    assert ucb.evaluations == 6 and ucb.extra["arms"] == 6
-    with pytest.raises(ValueError, match="unit"):
-        random_search(ev, 6, seed=1, unit="tokens")
+        assert ev.evaluate(res.best_config).reward <= max(rewards) + 1e-9
 
 
 def test_offline_evaluator_replays_real_tables(ev, small_policy):
@@ -334,62 +320,17 @@ def test_changed_scorer_version_misses_the_table_cache(data, small_policy, ev, m
                                                                first.relevancy))
 
 
-# ---- adaptive policy: decision log for off-policy evaluation -----------------------------------
-def test_adaptive_decision_log_feeds_ope(tmp_path):
-    """The per-query policy's decisions (sampled from its propensities) go to a JSONL log of
-    (query id, features, config hash, propensity, reward) that rl.stats.ope consumes: finite IPS,
-    SNIPS and DR estimates with CIs; evaluating the logging policy itself, IPS is exactly the
-    mean logged reward (every weight is 1)."""
-    import json
-
-    from rag.config import RAGConfig
-    from rl.tuner.adaptive import DecisionLog, QueryBandit, write_decision_log
-
-    rng = np.random.default_rng(0)
-    n = 300
-    X = rng.normal(size=(n, 3)).astype(np.float32)
-    R = np.stack([np.full(n, 0.5), np.where(X[:, 0] > 0, 1.0, 0.0)], axis=1)
-    arms = [RAGConfig(k=3), RAGConfig(k=5)]
-    data = QueryBandit(arms, X, R, [f"q{i}" for i in range(n)])
-    logits = np.stack([np.zeros(n), 2.0 * X[:, 0]], axis=1)
-    P = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    log = write_decision_log(tmp_path / "decisions.jsonl", data, P, seed=1)
-    lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
-    assert len(lines) == n and lines[0]["query_id"] == "q0" and len(lines[0]["features"]) == 3
-    for rec, a in zip(lines, log.a, strict=True):
-        assert rec["config_hash"] == arms[a].config_hash
-        i = int(rec["query_id"][1:])
-        assert rec["propensity"] == pytest.approx(P[i, a]) and rec["reward"] == R[i, a]
-    again = DecisionLog.read(tmp_path / "decisions.jsonl", [a.config_hash for a in arms])
-    np.testing.assert_array_equal(again.a, log.a)
-    est = log.estimate(P)
-    assert est["ips"].value == pytest.approx(log.r.mean())
-    greedy = np.eye(2)[P.argmax(axis=1)]
-    truth = R[np.arange(n), P.argmax(axis=1)].mean()
-    for name, e in log.estimate(greedy).items():
-        assert np.isfinite([e.value, e.ci_low, e.ci_high]).all(), name
-        assert e.ci_low <= e.value <= e.ci_high and e.n == n
-    dr = log.estimate(greedy)["dr"]
-    assert abs(dr.value - truth) < 4 * dr.se + 1e-9
-
-
-def test_optuna_warm_start_evaluates_the_default_first_and_never_ends_below_it(ev, small_policy):
-    """`start`: TPE's first trial is the given config, so the recommendation's mean observed
+def test_warm_start_evaluates_the_default_first_and_never_ends_below_it(ev, small_policy):
+    """`start`: a search's first trial is the given config, so the recommendation's full-split
     reward is at least the start's (a tuner that recommends a config that did worse than the
-    one in production on its own tuning batches is a regression the user would not expect)."""
-    import numpy as np
-
-    from rl.tuner.baselines import optuna_search
-
+    one in production on its tuning split is a regression the user would not expect)."""
     base = small_policy.base_config()
-    for seed in (0, 1, 2):
-        res = optuna_search(ev, 4, seed=seed, unit="configs", start=base)
-        assert res.curve[0]["config_hash"] == base.config_hash
-        seen: dict[str, list[float]] = {}
-        for step in res.curve:
-            seen.setdefault(step["config_hash"], []).append(step["reward"])
-        best = res.best_config.config_hash
-        assert np.mean(seen[best]) >= np.mean(seen[base.config_hash])
+    n = len(ev.data.examples(ev.slice.tune_split))
+    for method, seed in (("tpe", 0), ("tpe", 1), ("local-asha", 2), ("random", 0)):
+        res = run_search(ev, ConfigSpace(small_policy), method, budget=4 * n, seed=seed,
+                         start=base)
+        assert res.trials[0].config.config_hash == base.config_hash
+        assert res.best_reward >= res.trials[0].full["reward"]
 
 
 def test_served_rewards_score_a_config_per_query_and_reprice_its_tokens(ev, small_policy):

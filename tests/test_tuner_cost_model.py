@@ -13,7 +13,8 @@ from rl.common.data import TuningData
 from rl.kernel.cost_model import CostModel, Linear
 from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.settings import TunerSettings
-from rl.tuner.baselines import random_search
+from rl.kernel.space import ConfigSpace
+from rl.tuner.ask_tell import run_search
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,13 @@ def data():
 
 
 def _rewards(result):
-    return [(c["config_hash"], c["reward"]) for c in result.curve]
+    return [(h["config_hash"], h["reward"]) for h in result.history]
+
+
+def random_search(ev, budget, seed):
+    """`budget` random configs of the full space, each on the whole valid split."""
+    n = len(ev.data.examples("valid"))
+    return run_search(ev, ConfigSpace(ev.policy), "random", budget * n, seed, split="valid")
 
 
 def test_same_seed_two_runs_give_identical_rewards(data, tmp_path):

@@ -1,6 +1,6 @@
-"""The baselines on the full config space (issue 18, > 10^6 configs) on the synthetic world:
-random, Optuna (TPE, define-by-run) and the bandits sample it and keep their budgets; the
-exhaustive grid refuses it with the space's size."""
+"""The searches on the full config space (> 10^6 configs) on the synthetic world: random, TPE,
+HyperOpt and local-asha sample it and keep their budgets; the exhaustive grid refuses it with
+the space's size."""
 
 import pytest
 
@@ -9,32 +9,35 @@ from rl.common.data import TuningData
 from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
-from rl.tuner.baselines import bandit_search, grid_search, optuna_search, random_search
+from rl.tuner.ask_tell import exhaustive, run_search
 
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    policy = TunerSettings.defaults().with_overrides(episode={"length": 4, "batch_size": 20})
-    return TunerEvaluator(TuningData.open("synthetic"), policy,
+    return TunerEvaluator(TuningData.open("synthetic"), TunerSettings.defaults(),
                           cache_root=tmp_path_factory.mktemp("tuner"))
 
 
-def test_baselines_search_the_full_space(ev):
+def test_searches_sample_the_full_space(ev):
     space = ConfigSpace(ev.policy)
     assert space.size() >= 10**6
     with pytest.raises(ConfigError, match="grid"):
-        grid_search(ev)
+        exhaustive(ev, space)
     seen = set()
-    for res in (random_search(ev, 4, seed=2), optuna_search(ev, 4, seed=2),
-                bandit_search(ev, 4, seed=2, kind="ucb")):
-        assert res.evaluations == 4 == len(res.curve), res.method
-        # the answer is a config of the space (to_params raises otherwise)
-        assert space.from_params(space.to_params(res.best_config)) == res.best_config
-        seen |= {c["config_hash"] for c in res.curve}
+    for method in ("random", "tpe", "hyperopt"):
+        res = run_search(ev, space, method, budget=4 * 25, seed=2, split="valid",
+                         rungs=(25,))
+        assert res.rungs == (120,) and len(res.trials) == 1, method  # full split each
+        for t in res.trials:  # each trial is a config of the space (to_params raises else)
+            assert space.from_params(space.to_params(t.config)) == t.config
+        seen |= {t.config.config_hash for t in res.trials}
+    res = run_search(ev, space, "local-asha", budget=4 * 25, seed=2)
+    assert res.query_evals >= 100 and res.trials[0].rungs[0]["n"] == 25  # ASHA's first rung
+    seen |= {t.config.config_hash for t in res.trials}
     assert len(seen) > 4  # the searchers reach configs beyond one shared handful
 
 
-def test_optuna_warm_start_on_the_full_space(ev):
+def test_warm_start_on_the_full_space(ev):
     base = ev.policy.base_config()
-    res = optuna_search(ev, 3, seed=0, unit="configs", start=base)
-    assert res.curve[0]["config_hash"] == base.config_hash
+    res = run_search(ev, ConfigSpace(ev.policy), "tpe", budget=1, seed=0, start=base)
+    assert res.trials[0].config.config_hash == base.config_hash

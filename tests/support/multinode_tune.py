@@ -73,11 +73,11 @@ def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
     res = tune_search(ev, space, method="grid", budget=n_grid * n, seed=SEED, rungs=RUNGS,
                       storage_path=storage, max_concurrent=MAX_CONCURRENT,
                       resources_per_trial=resources, reuse_actors=False)
-    return {"best": res.incumbent, "best_reward": res.best_reward,
+    return {"best": res.best_config.config_hash, "best_reward": res.best_reward,
             "query_evals": res.query_evals, "wall_s": res.wall_s,
-            "trials": [{"trial_id": t["trial_id"], "config_hash": t["config_hash"],
-                        "node_id": t["node_id"], "rung_rewards": t["rung_rewards"],
-                        "query_evals": t["query_evals"]} for t in res.trials]}
+            "trials": [{"trial_id": t.trial_id, "config_hash": t.config.config_hash,
+                        "node_id": t.node_id, "rung_rewards": [r["reward"] for r in t.rungs],
+                        "query_evals": t.query_evals} for t in res.trials]}
 
 
 def both_runs(ev: Any, root: Path, report: dict) -> None:

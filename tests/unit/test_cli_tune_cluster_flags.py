@@ -1,9 +1,12 @@
-"""`ragpilot tune`'s cluster flags (issue 23 item 1): --max-concurrent, --cpus-per-trial,
---reuse-actors and --ray-address reach `rl.tuner.tune_search.tune_search` unchanged; a bad value
+"""`ragpilot tune`'s cluster flags: --max-concurrent, --cpus-per-trial, --reuse-actors and
+--ray-address reach `rl.tuner.tune_search.tune_search` unchanged (any of them runs the search on
+Ray Tune; none, in this process); a bad value
 exits 2 naming the flag before any data or Ray work, as does an `--out` that cannot be a
 directory. No Ray runtime is started here."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,11 +67,13 @@ def test_bad_values_exit_2_naming_the_flag(captured, extra, flag, capsys):
     assert f"error: {flag}:" in capsys.readouterr().err
 
 
-def test_trial_flags_refused_for_methods_not_on_ray_tune(captured, capsys):
-    assert main(_tune("--max-concurrent", "2", method="random")) == 2
-    assert "error: --max-concurrent: only for the Ray Tune searches" in capsys.readouterr().err
-    assert main(_tune("--ray-address", "auto", method="random")) == 2
-    assert "error: --ray-address:" in capsys.readouterr().err
+def test_trial_flags_refused_for_ppo_and_taken_by_every_search(captured, capsys):
+    assert main(_tune("--max-concurrent", "2", method="ppo")) == 2
+    assert "error: --max-concurrent: only for the searches" in capsys.readouterr().err
+    for method in ("random", "grid", "local-asha"):
+        with pytest.raises(_Called) as got:
+            main(_tune("--ray-address", "auto", "--max-concurrent", "2", method=method))
+        assert got.value.kwargs["tune_options"] == {"ray_address": "auto", "max_concurrent": 2}
 
 
 def test_search_passes_the_options_to_tune_search(monkeypatch):
@@ -84,6 +89,7 @@ def test_search_passes_the_options_to_tune_search(monkeypatch):
 
     class Ev:
         policy = TunerSettings.defaults()
+        data = SimpleNamespace(dataset=SimpleNamespace(examples=[]))
 
     opts = {"max_concurrent": 3, "resources_per_trial": {"cpu": 2.0}, "reuse_actors": False,
             "ray_address": "auto"}

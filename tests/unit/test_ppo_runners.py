@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from rag.errors import ConfigError
@@ -122,18 +121,3 @@ def test_step_records_travel_through_the_results_in_runner_order():
     got = step_records(result)
     assert [r["config_hash"] for r in got] == ["h10", "h11", "h20", "h21"]
     assert step_records({}) == [] and step_records({"env_runners": {}}) == []
-
-
-def test_contextual_env_builds_from_its_spec_alone():
-    from rl.tuner.adaptive import ContextualEnv, QueryBandit, bandit_spec
-
-    rng = np.random.default_rng(0)
-    data = QueryBandit([None, None, None], rng.normal(size=(5, 4)), rng.random((5, 3)))
-    env = ContextualEnv({"bandit": "elsewhere", "seed": 1, **bandit_spec(data)})
-    assert env.action_space.n == 3 and env.observation_space.shape == (4,)
-    obs, _ = env.reset(seed=2)
-    i = next(k for k in range(5) if np.allclose(obs, np.clip(data.X[k], -10, 10)))
-    _, r, done, *_ = env.step(1)
-    assert r == pytest.approx(data.R[i, 1]) and done
-    with pytest.raises(KeyError, match="carries no X/R"):
-        ContextualEnv({"bandit": "elsewhere"})

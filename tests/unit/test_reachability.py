@@ -32,8 +32,6 @@ REPO = SRC.parent
 BENCH = REPO / "bench"
 
 ALLOWED_UNREACHED = {
-    "rl.tuner.adaptive": "superseded per-query tuner; its deletion with bench/tuning.py is the "
-                         "search-driver work of issue 59 item 1 (another engineer's change)",
     "rl.routing.portfolio_bandit": "LinUCB and the drift UCBs over the portfolio's arms (the "
                                    "one sliding-window UCB since issue 59 item 3), measured by "
                                    "bench/ope.py and bench/drift.py; no product path trains "
@@ -51,8 +49,6 @@ ALLOWED_UNREACHED = {
     "rl.stats.sequential": "group-sequential tests, which promotion no longer uses (it judges "
                            "each metric with rl.stats.always_valid); still read by "
                            "bench/rollout_sim.py, which the promotion work (issue 60) rewrites",
-    "rl.tuner.baselines": "the budgeted search baselines of bench/tuning*.py, which the one "
-                          "search driver (issue 59 item 1, another engineer's change) retires",
     "rl.stats.simulate": "the seeded rollout simulator of bench/rollout_sim.py, which the "
                          "promotion work (issue 60) is rewriting",
     "rag.metrics.perturb": "answer perturbations behind bench/quality.py's signal checks; the "

@@ -1,2 +1,3 @@
-"""The tuner: config space, reward and gates, evaluator, env, PPO and search baselines, bandits,
-the per-query adaptive policy, reports, and the one tuning run (`rl.tuner.run`)."""
+"""The tuner: the one search protocol (`rl.tuner.ask_tell`, executed in this process or on
+`tune.Tuner`), its searchers, the PPO tuner and its env, bandits over served variants, reports,
+and the one tuning run (`rl.tuner.run`)."""

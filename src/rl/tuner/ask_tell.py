@@ -1,32 +1,47 @@
-"""Ray Tune's own searchers and schedulers, driven synchronously in this process.
+"""The one search protocol: a searcher is asked for configs and told their results, rung by rung,
+under a budget of query-evaluations; this module runs it in this process.
 
-`tune.Tuner` (`rl.tuner.tune_search`) runs trials as actors: right for a cluster, but each
-actor must open the indexes and the row cache, and a trial costs Tune's bookkeeping on top of
-its evaluation. When the evaluator lives in this process and evaluations are mostly cached rows
-(the search benchmark runs hundreds of searches), this module asks the same searcher objects
-(`rl.tuner.searchers.make_searcher`: constrained Optuna TPE, HyperOpt) for configs and feeds the
-same schedulers (`make_scheduler`: seeded ASHA / async HyperBand) the same results
-(`rl.tuner.tune_search.trial_metrics`), one trial at a time — what `tune.Tuner` does with
-`max_concurrent_trials=1` — without actors.
+    res = run_search(ev, space, "local-asha", budget=2400, seed=0, start=default)
+    res.best_config, res.best_reward   # the incumbent at full fidelity
+    res.trials                         # TrialRecord per trial, in creation order
+    res.curve                          # best full-fidelity reward vs cumulative query-evals
+
+Two executors drive the same objects (`searchers.make_searcher`, `searchers.make_scheduler`) and
+score a rung with the same function (`evaluate_rung`):
+  * `run_search` (here): one trial at a time, in this process, on the open evaluator `ev`. The
+    default for a local run: no Ray runtime, no trial actors, cached rows read in place.
+  * `rl.tuner.tune_search.tune_search`: `tune.Tuner` runs each trial as a Ray actor, for
+    Ray Tune's trial scheduling (concurrent trials, a cluster, per-trial resources).
+With one trial at a time and a fixed seed both give the same trials (configs and rungs, in
+order) and the same best config: `run_search` calls the searcher and scheduler exactly as Tune's
+controller does (after each rung result: the scheduler's decision, then the searcher's
+`on_trial_result` unless the decision is STOP; when the trial ends, `on_trial_complete` of
+both).
 
 A trial evaluates its config on growing rungs of the tuning split (`rl.tuner.fidelity`: the first
-25, then 75 queries of one fixed permutation, then the whole split). After each rung the
-scheduler may stop it; rows are lazy, so a promoted trial pays only for the new queries. The
-budget is counted in query-evaluations (rows a search asked for, cached or not) and also priced
-in seconds by the evaluator's cost model (the pipeline time those queries take on this machine).
+25, then 75 queries of one fixed permutation, then the whole split; the MULTI_FIDELITY searchers
+only, the others score every trial on the whole split). After each rung the scheduler may stop
+it; rows are lazy, so a promoted trial pays only for the new queries. The budget is counted in
+query-evaluations (rows a search asked for, cached or not): no trial starts once the trials'
+query-evaluations reach it, and a started trial finishes its rungs (so a search overshoots by
+less than one full split per concurrent trial). Each rung is also priced in seconds by the
+evaluator's cost model (the pipeline time its new queries take on this machine).
 Searchers and schedulers rank by `searchers.search_score` (the reward without its instability
 term, which measures batch size); the incumbent is the best reward of a trial evaluated on the
-full split: a low-fidelity score never wins.
+full split (ties: the earliest-created trial): a low-fidelity score never wins.
 
-Constraints: TPE gets the hard gates' relative violations as Optuna constraints and trials
-stopped early as PRUNED (`searchers.ConstrainedOptunaSearch`); HyperOpt and random search see
-only the score (whose gate penalty already ranks infeasible configs low).
+A rung result (`trial_metrics`): reward, score, quality (αF + βR, `RewardSpec.quality`),
+faithfulness, relevancy, cost (tokens per query), p95_latency_ms, quality_se, gate verdicts
+(`gate_<name>`, `gates_passed`), gate violations (`violation_<name>`: relative to the threshold,
+> 0 = violated, NaN -> 1), query_evals (the rung size: queries this trial was scored on so
+far), rung, full_fidelity, config_hash, rung_seconds (cost-model seconds of the rung's new
+queries) and training_iteration (the rung level, as Tune counts it).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,40 +49,131 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rag.errors import ConfigError
+from rl.kernel.reward import HARD_GATES
 from rl.tuner.fidelity import rung_indices, rungs_for
-from rl.tuner.searchers import SEARCH_METRIC, make_scheduler, make_searcher
-from rl.tuner.tune_search import trial_metrics
+from rl.tuner.results import TuneResult
+from rl.tuner.searchers import (
+    CONFIG_KEY,
+    MULTI_FIDELITY,
+    SEARCH_METRIC,
+    SEARCHERS,
+    make_scheduler,
+    make_searcher,
+    search_score,
+)
 
-METHODS = ("random", "tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt")
-MULTI_FIDELITY = ("tpe-asha", "local-asha", "tpe-hyperband")
+DEFAULT_SEARCHER = "local-asha"
+"""The project's searcher: local search proposes one-head moves of the best config
+(`searchers.LocalSearch`), ASHA spends full-split evaluations only on configs that rank in the
+top third of their rung."""
+DEFAULT_RUNGS: tuple[int | None, ...] = (25, 75, None)
+
+
+# ---- one rung ---------------------------------------------------------------------------------
+def trial_metrics(rep: Any, spec: Any, rung: int, full: bool) -> dict[str, Any]:
+    """What a trial reports for the EvalReport `rep` of one rung (module docstring), with the
+    RewardSpec `spec` it was scored with."""
+    violation = getattr(rep, "violations", None) or relative_violations(rep, spec.thresholds)
+    out = {"reward": float(rep.reward),
+           SEARCH_METRIC: search_score(rep.reward, rep.gates.get("stable", True),
+                                       spec.weights.lambda_),
+           "quality": float(spec.quality(rep.faithfulness, rep.relevancy)),
+           "faithfulness": float(rep.faithfulness), "relevancy": float(rep.relevancy),
+           "cost": float(rep.cost), "p95_latency_ms": float(rep.p95_latency_ms),
+           "quality_se": float(rep.quality_se), "gates_passed": bool(rep.gates["passed"]),
+           "query_evals": int(rep.n), "rung": rung, "full_fidelity": full,
+           "config_hash": rep.config_hash}
+    for name in HARD_GATES:
+        v = float(violation[name])
+        out[f"gate_{name}"] = bool(rep.gates[name])
+        out[f"violation_{name}"] = v if np.isfinite(v) else 1.0  # unmeasured fails the gate
+    return out
+
+
+def relative_violations(rep: Any, t: Any) -> dict[str, float]:
+    """Each hard gate's violation relative to its threshold (<= 0 passes; 0.1 = 10% short of a
+    floor or over a ceiling; NaN -> 1): what `EvalReport.violations` holds where the evaluator
+    computes it (`rl.kernel.reward.Gate.violation`)."""
+    out = {}
+    for name, floor in (("faithfulness", True), ("relevancy", True), ("p95_latency_ms", False)):
+        th, v = float(getattr(t, name)), float(getattr(rep, name))
+        gap = th - v if floor else v - th
+        out[name] = 1.0 if np.isnan(v) else gap / max(abs(th), 1e-9)
+    return out
+
+
+def evaluate_rung(ev: Any, cfg: RAGConfig, split: str, sizes: Sequence[int],
+                  level: int) -> dict[str, Any]:
+    """Score `cfg` on rung `level` (1-based) of `split`: the first `sizes[level-1]` queries of
+    the fixed permutation (`fidelity.rung_indices`; `sizes` ends with the split's size). The
+    rung result of the module docstring; `rung_seconds` prices only the queries the previous
+    rung did not have."""
+    n_total, n = sizes[-1], sizes[level - 1]
+    done = sizes[level - 2] if level > 1 else 0
+    idx = rung_indices(n_total, n)
+    rep = ev.evaluate(cfg, split, idx)
+    lat = np.asarray(ev.table(cfg, split, idx)["latency_ms"])[idx[done:]]
+    return {**trial_metrics(rep, ev.reward_spec(), level, n == n_total),
+            "rung_seconds": float(np.sum(lat)) / 1000.0, "training_iteration": level}
+
+
+def config_of(space: Any, params: dict[str, Any]) -> RAGConfig:
+    """The RAGConfig of a trial's params: a `ConfigSampler` trial carries it whole
+    (`CONFIG_KEY`), the others a point of `space.tune_param_space()`."""
+    if CONFIG_KEY in params:
+        return RAGConfig.from_dict(params[CONFIG_KEY], where="trial")
+    return space.from_params(params)
+
+
+# ---- what a search returns ---------------------------------------------------------------------
+RUNG_KEYS = ("reward", SEARCH_METRIC, "quality", "cost", "p95_latency_ms", "gates_passed")
 
 
 @dataclass
 class TrialRecord:
     trial_id: str
     config: RAGConfig
+    params: dict[str, Any]
     rungs: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per rung evaluated: n, reward, quality, cost, p95_latency_ms, violations."""
+    """One rung result per rung evaluated (module docstring), plus n (queries) and full."""
+    node_id: str | None = None
+    """The Ray node that ran it (None in this process)."""
 
     @property
     def full(self) -> dict[str, Any] | None:
         return self.rungs[-1] if self.rungs and self.rungs[-1].get("full") else None
 
+    @property
+    def query_evals(self) -> int:
+        return int(self.rungs[-1]["n"]) if self.rungs else 0
+
 
 @dataclass
-class AskTellResult:
+class SearchResult:
+    """A finished search, whichever executor ran it.
+
+    `trials`: TrialRecords in creation order; `history`: every rung result in arrival order
+    (with trial_id and cum_query_evals); `curve`: after each rung result, {"query_evals":
+    cumulative, "seconds": cumulative cost-model seconds, "best_full": the best full-fidelity
+    reward so far (None before the first)}; `best_config` / `best_reward`: the incumbent
+    (None when no trial reached the full split); `query_evals` / `seconds`: what the search
+    spent; `wall_s`: the executor's wall time; `searcher`: the searcher it ran (its Optuna
+    study, for TPE); `grid`: Tune's ResultGrid (the Tune executor only)."""
+
     method: str
     seed: int
     budget: int
+    rungs: tuple[int, ...]
     trials: list[TrialRecord]
+    history: list[dict[str, Any]]
     curve: list[dict[str, Any]]
-    """After every rung evaluation: query_evals, seconds (cost model), best_full (best reward
-    among trials evaluated on the full split so far; None before the first)."""
     best_config: RAGConfig | None
     best_reward: float | None
     query_evals: int
     seconds: float
-    wall_s: float
+    wall_s: float = 0.0
+    searcher: Any = None
+    grid: Any = None
 
     def evals_to_reach(self, target: float) -> int | None:
         """Query-evaluations spent when the best full-fidelity reward first reached `target`
@@ -77,7 +183,67 @@ class AskTellResult:
                 return int(point["query_evals"])
         return None
 
+    def to_tune_result(self) -> TuneResult:
+        """As PPO's `TuneResult` (one curve entry per rung result; `extra["query_evals"]` the
+        budget spent). ValueError without an incumbent."""
+        if self.best_config is None:
+            raise ValueError("no trial reached full fidelity: no incumbent")
+        curve = [{"eval": i, "reward": h["reward"], "config_hash": h["config_hash"],
+                  "query_evals": h["cum_query_evals"], "best_so_far": c["best_full"]}
+                 for i, (h, c) in enumerate(zip(self.history, self.curve, strict=True), 1)]
+        return TuneResult(self.method, self.best_config, len(self.history), curve,
+                          self.wall_s, {"query_evals": self.query_evals, "rungs": self.rungs,
+                                        "trials": len(self.trials), "budget": self.budget})
 
+
+def summarise(method: str, seed: int, budget: int, sizes: Sequence[int],
+              trials: Sequence[TrialRecord], arrivals: Sequence[tuple[str, dict[str, Any]]],
+              wall_s: float, searcher: Any = None, grid: Any = None) -> SearchResult:
+    """The SearchResult of `trials` (creation order) whose rung results arrived as `arrivals`
+    ((trial_id, rung result) each, in arrival order; the trials' `rungs` are filled here).
+    The incumbent breaks reward ties by creation, not arrival, so concurrent trials reporting
+    in another order name the same best config; the curve follows arrival."""
+    by_id = {t.trial_id: t for t in trials}
+    history, curve, spent, seconds, best = [], [], 0, 0.0, None
+    for tid, m in arrivals:
+        t = by_id[tid]
+        spent += m["query_evals"] - t.query_evals
+        seconds += float(m.get("rung_seconds", 0.0))
+        t.rungs.append({**m, "n": int(m["query_evals"]), "full": bool(m["full_fidelity"])})
+        if m["full_fidelity"] and np.isfinite(m["reward"]) and (best is None or
+                                                                m["reward"] > best):
+            best = float(m["reward"])
+        history.append({**m, "trial_id": tid, "cum_query_evals": spent})
+        curve.append({"query_evals": spent, "seconds": seconds, "best_full": best})
+    inc: tuple[float, RAGConfig] | None = None
+    for t in trials:
+        if t.full is not None and np.isfinite(t.full["reward"]) and (
+                inc is None or t.full["reward"] > inc[0]):
+            inc = (float(t.full["reward"]), t.config)
+    return SearchResult(method, seed, budget, tuple(sizes), list(trials), history, curve,
+                        None if inc is None else inc[1], None if inc is None else inc[0],
+                        spent, seconds, wall_s, searcher, grid)
+
+
+def check_search(method: str, budget: int, max_concurrent: int = 1) -> None:
+    """ConfigError naming `method`, `budget` or `max_concurrent` when a search cannot run."""
+    if method not in SEARCHERS:
+        raise ConfigError("method", f"must be one of {', '.join(SEARCHERS)}, got {method!r}")
+    if budget < 1:
+        raise ConfigError("budget", f"must be >= 1 query-evaluation, got {budget}")
+    if max_concurrent < 1:
+        raise ConfigError("max_concurrent", f"must be >= 1, got {max_concurrent}")
+
+
+def rung_sizes(ev: Any, method: str, split: str,
+               rungs: Sequence[int | None] = DEFAULT_RUNGS) -> tuple[int, ...]:
+    """The rung sizes `method` climbs on `split` of `ev`: `fidelity.rungs_for` for the
+    MULTI_FIDELITY searchers, else the whole split only."""
+    n_total = len(ev.data.examples(split))
+    return tuple(rungs_for(n_total, rungs) if method in MULTI_FIDELITY else [n_total])
+
+
+# ---- the in-process executor ------------------------------------------------------------------
 class _TrialRef:
     """What Tune's scheduler reads of a trial: its id."""
 
@@ -85,84 +251,66 @@ class _TrialRef:
         self.trial_id = trial_id
 
 
-def run_search(ev, space, method: str, budget: int, seed: int = 0, split: str | None = None,
-               rungs: Sequence[int | None] = (25, 75, None), start: RAGConfig | None = None
-               ) -> AskTellResult:
-    """Search `space` with `method` until `budget` query-evaluations are spent (the trial in
-    progress finishes its rung). `start`: a config evaluated first (e.g. the one in
-    production). Deterministic for a fixed seed (given the evaluator's cached rows and cost
-    model)."""
+def run_search(ev: Any, space: Any, method: str, budget: int, seed: int = 0,
+               split: str | None = None,
+               rungs: Sequence[int | None] = DEFAULT_RUNGS, start: RAGConfig | None = None,
+               on_trial: Callable[[TrialRecord, int], None] | None = None) -> SearchResult:
+    """Search `space` (a ConfigSpace) with `method` (`searchers.SEARCHERS`) on the open
+    TunerEvaluator `ev` until `budget` query-evaluations are spent, one trial at a time in this
+    process (module docstring). `split`: default the evaluator's tune split; `rungs`: the
+    fidelity schedule; `start`: a config evaluated first (e.g. the one in production; grid
+    ignores it); `on_trial(trial, spent)`: called after each trial (progress). Deterministic
+    for a fixed seed (given the evaluator's cached rows and cost model). ConfigError naming
+    `method` or `budget`."""
     from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import Searcher
 
-    if method not in METHODS:
-        raise ConfigError("method", f"must be one of {', '.join(METHODS)}, got {method!r}")
-    if budget < 1:
-        raise ConfigError("budget", "must be >= 1 query-evaluation")
+    check_search(method, budget)
     t0 = time.perf_counter()
     split = split or ev.slice.tune_split
-    n_total = len(ev.data.examples(split))
-    sizes = rungs_for(n_total, rungs) if method in MULTI_FIDELITY else [n_total]
-    searcher = None
-    if method != "random":
-        searcher = make_searcher(method, seed, space, start)
-        searcher.set_search_properties(SEARCH_METRIC, "max", space.tune_param_space())
-    scheduler = make_scheduler(method, tuple(sizes), seed)
+    sizes = rung_sizes(ev, method, split, rungs)
+    searcher = make_searcher(method, seed, space, start, budget)
+    scheduler = make_scheduler(method, sizes, seed)
     if scheduler is not None:
         scheduler.set_search_properties(SEARCH_METRIC, "max")
-    spec = ev.reward_spec()
-    rng = np.random.default_rng(seed)
     trials: list[TrialRecord] = []
-    curve: list[dict[str, Any]] = []
-    spent, seconds = 0, 0.0
-    best: tuple[float, RAGConfig] | None = None
-    pending_start = start if searcher is None else None
-    i = 0
-    while spent < budget:
+    arrivals: list[tuple[str, dict[str, Any]]] = []
+    for i in range(budget + 1):  # every trial spends >= 1 query-evaluation
         tid = f"{method}-{seed}-{i:05d}"
-        i += 1
-        if searcher is None:
-            cfg = pending_start or space.sample(rng)
-            pending_start = None
-        else:
-            params = searcher.suggest(tid)
-            if params is None:  # a finished searcher (never for TPE/HyperOpt)
-                break
-            cfg = space.from_params(params)
-        rec = TrialRecord(tid, cfg)
+        params = searcher.suggest(tid)
+        if params is None or params == Searcher.FINISHED:
+            break
+        rec = TrialRecord(tid, config_of(space, params), dict(params))
         trials.append(rec)
         if scheduler is not None:
             scheduler.on_trial_add(None, _TrialRef(tid))
         result: dict[str, Any] = {}
-        done = 0
-        for level, n in enumerate(sizes, 1):
-            idx = rung_indices(n_total, n)
-            rep = ev.evaluate(cfg, split, idx)
-            new_idx, done = idx[done:], n  # rungs are prefixes: only these are new
-            spent += len(new_idx)
-            lat = np.asarray(ev.table(cfg, split, idx)["latency_ms"])[new_idx]
-            seconds += float(np.sum(lat)) / 1000.0
-            result = {**trial_metrics(rep, spec, level, n == n_total),
-                      "training_iteration": level}
-            rec.rungs.append({k: result[k] for k in (
-                "reward", SEARCH_METRIC, "quality", "cost", "p95_latency_ms", "gates_passed")}
-                | {"n": n, "full": n == n_total})
-            if n == n_total and (best is None or rep.reward > best[0]):
-                best = (float(rep.reward), cfg)
-            curve.append({"query_evals": spent, "seconds": seconds,
-                          "best_full": None if best is None else best[0]})
-            if n == n_total:
-                break
+        for level in range(1, len(sizes) + 1):
+            result = evaluate_rung(ev, rec.config, split, sizes, level)
+            arrivals.append((tid, result))
+            rec.rungs.append({**result, "n": sizes[level - 1], "full": level == len(sizes)})
             action = TrialScheduler.CONTINUE
             if scheduler is not None:
                 action = scheduler.on_trial_result(None, _TrialRef(tid), result)
-            if searcher is not None:
+            if action != TrialScheduler.STOP:
                 searcher.on_trial_result(tid, result)
-            if action == TrialScheduler.STOP:
+            if action == TrialScheduler.STOP or level == len(sizes):
                 break
         if scheduler is not None:
             scheduler.on_trial_complete(None, _TrialRef(tid), result)
-        if searcher is not None:
-            searcher.on_trial_complete(tid, result)
-    return AskTellResult(method, seed, budget, trials, curve,
-                         None if best is None else best[1], None if best is None else best[0],
-                         spent, seconds, time.perf_counter() - t0)
+        searcher.on_trial_complete(tid, result)
+        if on_trial is not None:
+            on_trial(rec, searcher.spent)
+    for rec in trials:  # summarise fills them again, in arrival order
+        rec.rungs = []
+    return summarise(method, seed, budget, sizes, trials, arrivals,
+                     time.perf_counter() - t0, searcher)
+
+
+def exhaustive(ev: Any, space: Any, split: str | None = None) -> SearchResult:
+    """Every config of `space.grid()` scored on the whole `split` (default the tune split):
+    `run_search` with method grid and a budget that covers them all. ConfigError when the
+    space is too large to enumerate (`ConfigSpace.grid`)."""
+    split = split or ev.slice.tune_split
+    n = len(ev.data.examples(split))
+    return run_search(ev, space, "grid", budget=n * space.size(), split=split)

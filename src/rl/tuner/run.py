@@ -1,27 +1,32 @@
 """The one tuning run, and the one tuner evaluation: what `ragpilot tune` / `tuner-eval`, the
-tuning benchmarks (bench/tuning.py, bench/tuning_budget.py) and the Serve app's
-`POST /tuner/evaluate` jobs call.
+demo and the Serve app's `POST /tuner/evaluate` jobs call.
 
-    search(ev, settings, "ppo", budget=100, unit="steps", seed=0) -> Search
-        the search alone on an open TunerEvaluator (the benchmarks share one evaluator between
-        methods and seeds, so each table is computed once);
-    run_tuning(dataset, settings, "local-asha", budget=3000, out="runs/tune", ...) -> TuningRun
+    search(ev, settings, "local-asha", budget=2400, seed=0) -> Search
+        the search alone on an open TunerEvaluator;
+    run_tuning(dataset, settings, "local-asha", budget=2400, out="runs/tune", ...) -> TuningRun
         search + the artefacts of a run directory (`dataset`: a name or any path the loaders
         read; data without a committed split manifest gets a seeded split, written to
-        split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a `rag:` file
-        `ragpilot eval --config` accepts), curve.jsonl (one line per evaluation),
+        split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a
+        `rag:` file `ragpilot eval --config` accepts), curve.jsonl (one line per evaluation),
         plots/reward-curve.png, summary.json, holdout/ (predictions.jsonl, contexts.jsonl,
         summary.csv of the chosen config on the holdout split), optionally checkpoint/ (PPO)
         and an MLflow run in experiment `rl_autotuner`;
     evaluate_request(request) -> dict
         `rl.kernel.evaluator.evaluate(config, dataset, split, batch_size, seed)` as JSON.
 
-Budget: `unit="steps"` counts every evaluation (one config on one batch); `"configs"` counts
-distinct configs (a revisit reads the cached table); `"queries"` (TUNE_METHODS, the searches on
-Ray Tune: `rl.tuner.tune_search`) counts query-evaluations summed over all trials. PPO under a step budget trains
-`ppo_iterations(budget, settings)` iterations and reads out one greedy episode. Errors are
-ConfigError naming `method`, `budget`, `budget_unit` or `resume`. Nothing here prints:
-progress reaches the caller through `on_iteration`.
+Methods (`METHODS`): the searches of `rl.tuner.searchers` (local-asha, tpe, random, grid,
+hyperopt), run by the one search protocol (`rl.tuner.ask_tell`), and ppo (`rl.tuner.ppo`).
+A search runs in this process (`ask_tell.run_search`) unless `tune_options` asks for Ray Tune's
+trial scheduling (`max_concurrent`, `resources_per_trial`, `reuse_actors` or `ray_address`):
+then on `tune.Tuner` (`rl.tuner.tune_search`), with the same searcher objects.
+
+Budget: query-evaluations (one config scored on one query), for every method. A search stops
+starting trials once its trials' query-evaluations reach it. PPO evaluates one config on a batch
+of min(`episode.batch_size`, tune split) queries per step, so it gets budget // that batch
+steps, and trains `ppo_iterations(steps, settings)` iterations before reading out one greedy
+episode. Errors are ConfigError naming `method`, `budget` or `resume`. Nothing here prints:
+progress reaches the caller through `on_iteration` (PPO: one call per training iteration) and
+`on_trial` (a search run in this process: one call per trial).
 """
 
 from __future__ import annotations
@@ -35,36 +40,34 @@ from typing import Any
 
 from rag.errors import ConfigError
 
-TUNE_METHODS = ("tpe", "tpe-asha", "local-asha", "tpe-hyperband", "hyperopt", "tune-random",
-                "tune-grid")
-"""Searches on Ray Tune (`rl.tuner.tune_search`; `tune-random` / `tune-grid` are its random and
-grid methods, apart from the in-process `random` / `grid` baselines). Their budget is counted in
-query-evaluations (unit "queries")."""
-METHODS = ("ppo", "random", "optuna", "bandit-ucb", "bandit-thompson", "grid", *TUNE_METHODS)
-"""`optuna` is the in-process TPE loop of `baselines.optuna_search` (today's behaviour, kept
-for the committed benchmarks); `tpe` is the same sampler on `tune.Tuner` with gate constraints."""
+SEARCH_METHODS = ("local-asha", "tpe", "random", "grid", "hyperopt")
+"""The searches `ragpilot tune` offers (`rl.tuner.searchers`; tpe-asha is the search
+benchmark's)."""
+METHODS = (*SEARCH_METHODS, "ppo")
 DEFAULT_METHOD = "local-asha"
 """What `run_tuning`, `ragpilot tune` and `ragpilot demo` search with unless told otherwise:
-`rl.tuner.tune_search.DEFAULT_SEARCHER` (local search + ASHA over fidelity rungs), the searcher
-that reached 99% of the best-known reward soonest on every dataset of `bench/results/search.md`."""
-BUDGET_UNITS = ("steps", "configs", "queries")
-WARM_STARTS = ("optuna", *(m for m in TUNE_METHODS if m != "tune-grid"))
+`rl.tuner.ask_tell.DEFAULT_SEARCHER` (local search + ASHA over fidelity rungs)."""
+WARM_STARTS = ("local-asha", "tpe", "random", "hyperopt")
 """Methods whose first trial can be a given config (`search(start=...)`)."""
+MLFLOW_TRIALS_EXPERIMENT = "rl_autotuner_trials"
+"""Where a search logs one MLflow run per trial."""
 
 OnIteration = Callable[[int, dict[str, Any], "int | None", list], None]
-"""`(iteration index from 0, its metrics, iterations planned (None under a configs budget),
-the PPO environment's history so far)`."""
+"""`(iteration index from 0, its metrics, iterations planned, the PPO environment's history so
+far)`."""
 
 
 @dataclass
 class Search:
-    """A finished search: the tuner's `result` and, for PPO, the environment's per-step
-    `history` (faithfulness, relevancy, p95, cost, reward, config_hash per evaluation; empty
-    for the baselines) and the saved `checkpoint` path when one was asked for."""
+    """A finished search: the tuner's `result` (a TuneResult), its per-evaluation `history`
+    (faithfulness, relevancy, p95, cost, reward, config_hash per evaluation: PPO's steps, a
+    search's rung results), the saved `checkpoint` path when one was asked for (PPO), and a
+    search's `ask_tell.SearchResult` (`found`; None for PPO)."""
 
     result: Any
     history: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: str | None = None
+    found: Any = None
 
 
 @dataclass
@@ -83,125 +86,110 @@ class TuningRun:
     evaluator: Any = None
 
 
-def default_unit(method: str) -> str:
-    """The budget unit of `method`: "queries" for TUNE_METHODS, else "steps"."""
-    return "queries" if method in TUNE_METHODS else "steps"
-
-
-def check(method: str, budget: int | None, unit: str | None, *, resume: Any = None,
+def check(method: str, budget: int | None, *, resume: Any = None,
           checkpoint: bool = False) -> None:
-    """ConfigError unless `method` is one of METHODS, `unit` one of BUDGET_UNITS that fits it
-    (None: `default_unit`; TUNE_METHODS count "queries" only, the others "steps" or
-    "configs"), `budget` None or >= 1, and `resume` / `checkpoint` (PPO's) asked of ppo
-    only: another method would ignore them."""
+    """ConfigError unless `method` is one of METHODS, `budget` None or >= 1, and `resume` /
+    `checkpoint` (PPO's) asked of ppo only: another method would ignore them."""
     if method not in METHODS:
-        raise ConfigError("method", f"must be one of {', '.join(METHODS)}")
+        raise ConfigError("method", f"must be one of {', '.join(METHODS)}, got {method!r}")
     for name, given in (("resume", resume), ("checkpoint", checkpoint)):
         if given and method != "ppo":
             raise ConfigError(name, f"is PPO's (a policy checkpoint); --method {method} has "
                                     "none: add --method ppo")
     if budget is not None and budget < 1:
-        raise ConfigError("budget", "must be >= 1")
-    unit = unit or default_unit(method)
-    if unit not in BUDGET_UNITS:
-        raise ConfigError("budget_unit", f"must be one of {', '.join(BUDGET_UNITS)}, "
-                                         f"got {unit!r}")
-    if (unit == "queries") != (method in TUNE_METHODS):
-        raise ConfigError("budget_unit", f"{method} counts its budget in "
-                                         f"{default_unit(method)}" + (
-                                             "" if method in TUNE_METHODS
-                                             else " or configs") + f", not {unit}")
+        raise ConfigError("budget", f"must be >= 1 query-evaluation, got {budget}")
 
 
-def ppo_iterations(budget: int, settings: Any) -> int:
-    """PPO iterations a step budget buys: training steps plus one greedy read-out episode."""
-    return max(1, (budget - settings.episode.length) // settings.ppo.train_batch_size)
+def ppo_batch(settings: Any, n_tune: int) -> int:
+    """Queries one PPO step evaluates: min(`episode.batch_size`, the tune split's size)."""
+    return min(settings.episode.batch_size, n_tune)
 
 
-def default_budget(settings: Any, method: str = "ppo", n_tune: int | None = None) -> int:
-    """Five PPO iterations' worth of evaluations; for TUNE_METHODS, 20 full-split
-    evaluations' worth of query-evaluations (`n_tune`: queries in the tune split)."""
-    if method in TUNE_METHODS:
-        if n_tune is None:
-            raise ValueError("n_tune: needed for the query budget of a Ray Tune search")
-        return 20 * n_tune
-    return 5 * settings.ppo.train_batch_size
+def ppo_iterations(steps: int, settings: Any) -> int:
+    """PPO iterations `steps` buy: training steps plus one greedy read-out episode."""
+    return max(1, (steps - settings.episode.length) // settings.ppo.train_batch_size)
 
 
-def search(ev: Any, settings: Any, method: str, budget: int, unit: str | None = None,
-           seed: int = 0, *, resume: str | Path | None = None,
-           checkpoint_dir: str | Path | None = None,
-           on_iteration: OnIteration | None = None, start: Any = None,
+def default_budget(settings: Any, method: str, n_tune: int) -> int:
+    """Query-evaluations when none is given: for a search, 20 full tune splits (`n_tune`
+    queries each); for PPO, five training iterations and the read-out episode."""
+    if method == "ppo":
+        steps = 5 * settings.ppo.train_batch_size + settings.episode.length
+        return steps * ppo_batch(settings, n_tune)
+    return 20 * n_tune
+
+
+def search(ev: Any, settings: Any, method: str, budget: int, seed: int = 0, *,
+           resume: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+           on_iteration: OnIteration | None = None,
+           on_trial: Callable[[Any, int], None] | None = None, start: Any = None,
            dataset: str | None = None, storage_path: str | Path | None = None,
            mlflow_uri: str | None = None,
            tune_options: dict[str, Any] | None = None) -> Search:
-    """Run `method` on the TunerEvaluator `ev` under `budget` (in `unit`, default
-    `default_unit(method)`) with `seed`.
+    """Run `method` on the TunerEvaluator `ev` under `budget` query-evaluations with `seed`.
     PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
-    the end, `on_iteration` is called after each training iteration. Optuna and TUNE_METHODS
-    (not tune-grid): `start` (a RAGConfig, e.g. the one in production) is the first trial.
-    TUNE_METHODS only (`rl.tuner.tune_search`): `dataset` (what `ev` was opened from, for data
-    read from a path), `storage_path` (Tune's experiment folder), `mlflow_uri` (one MLflow run
-    per trial), `tune_options` (more `tune_search` keywords: `max_concurrent`,
-    `resources_per_trial`, `reuse_actors`, `ray_address`); the Search's `history` is one
-    record per rung evaluation."""
-    from rl.tuner import baselines
+    the end, `on_iteration` is called after each training iteration. The searches: `start`
+    (a RAGConfig, e.g. the one in production) is the first trial (not grid); `on_trial(trial,
+    query-evaluations spent)` after each trial run in this process; `mlflow_uri`: one MLflow
+    run per trial in experiment `MLFLOW_TRIALS_EXPERIMENT`; `tune_options` (`tune_search`
+    keywords: `max_concurrent`, `resources_per_trial`, `reuse_actors`, `ray_address`) run the
+    search on `tune.Tuner`, with `dataset` (what `ev` was opened from, for data read from a
+    path) and `storage_path` (Tune's experiment folder); without them it runs in this
+    process. The Search's `history` is one record per rung evaluation."""
+    check(method, budget, resume=resume, checkpoint=checkpoint_dir is not None)
+    if method == "ppo":
+        return _ppo(ev, settings, budget, seed, resume, checkpoint_dir, on_iteration)
+    from rl.kernel.space import ConfigSpace, is_conversational
+    from rl.tuner.ask_tell import run_search
 
-    check(method, budget, unit, resume=resume, checkpoint=checkpoint_dir is not None)
-    unit = unit or default_unit(method)
-    if method in TUNE_METHODS:
-        from rl.kernel.space import ConfigSpace
+    space = ConfigSpace(ev.policy, conversational=is_conversational(ev.data.dataset.examples))
+    if tune_options:
         from rl.tuner.tune_search import tune_search
 
-        found = tune_search(ev, ConfigSpace(ev.policy), method=method.removeprefix("tune-"),
-                            budget=budget, seed=seed, start=start, dataset=dataset,
-                            storage_path=storage_path, mlflow_uri=mlflow_uri,
-                            **(tune_options or {}))
-        for t in found.trials:  # reports resolve configs evaluated in trial processes
-            ev.seen.setdefault(t["config_hash"], t["config"])
-        return Search(found.to_tune_result(), found.history)
-    if method == "ppo":
-        from rl.tuner.ppo import PPOTuner
+        found = tune_search(ev, space, method=method, budget=budget, seed=seed, start=start,
+                            dataset=dataset, storage_path=storage_path, **tune_options)
+    else:
+        found = run_search(ev, space, method, budget, seed, start=start, on_trial=on_trial)
+    for t in found.trials:  # reports resolve configs evaluated in trial processes
+        ev.seen.setdefault(t.config.config_hash, t.config)
+    if mlflow_uri:
+        from rl.common.tracking import log_trials
 
-        tuner = PPOTuner(ev, settings, seed=seed)
-        try:
-            if resume:
-                if not Path(resume).exists():
-                    raise ConfigError("resume", f"checkpoint {resume} does not exist")
-                tuner.restore(resume)
-            iters = ppo_iterations(budget, settings) if unit == "steps" else None
-
-            def log(it: int, metrics: dict[str, Any]) -> None:
-                if on_iteration is not None:
-                    on_iteration(it, metrics, iters, tuner.history)
-
-            res = tuner.train(iters, log=log) if iters is not None else tuner.train_configs(
-                budget, log=log)
-            saved = tuner.save(Path(checkpoint_dir)) if checkpoint_dir else None
-            return Search(res, list(tuner.history), saved)
-        finally:
-            tuner.stop()
-    if method == "grid":
-        return Search(baselines.grid_search(ev))
-    if method == "random":
-        return Search(baselines.random_search(ev, budget, seed, unit=unit))
-    if method == "optuna":
-        return Search(baselines.optuna_search(ev, budget, seed, unit=unit, start=start))
-    return Search(baselines.bandit_search(ev, budget, seed, method.split("-")[1], unit=unit))
+        log_trials(mlflow_uri, MLFLOW_TRIALS_EXPERIMENT,
+                   [{"trial_id": t.trial_id, "config_hash": t.config.config_hash,
+                     "params": t.config.model_dump(mode="json")} for t in found.trials],
+                   found.history, {"method": method, "seed": str(seed),
+                                   "dataset": str(dataset or ev.data.name)})
+    return Search(found.to_tune_result(), found.history, found=found)
 
 
-def steps_of(ev: Any, found: Search) -> list[dict[str, Any]]:
-    """One record per evaluation: PPO's environment history, or for a baseline each evaluated
-    config's full-split numbers with the reward the search observed."""
-    if found.history:
-        return found.history
-    steps = []
-    for c in found.result.curve:
-        rep = ev.evaluate(ev.seen[c["config_hash"]])
-        steps.append({"faithfulness": rep.faithfulness, "relevancy": rep.relevancy,
-                      "p95_latency_ms": rep.p95_latency_ms, "cost": rep.cost,
-                      "reward": c["reward"], "config_hash": c["config_hash"]})
-    return steps
+def _ppo(ev: Any, settings: Any, budget: int, seed: int, resume: str | Path | None,
+         checkpoint_dir: str | Path | None, on_iteration: OnIteration | None) -> Search:
+    """PPO under `budget` query-evaluations (module docstring)."""
+    from rl.tuner.ppo import PPOTuner
+
+    steps = budget // ppo_batch(settings, len(ev.data.examples(ev.slice.tune_split)))
+    if steps < settings.episode.length + settings.ppo.train_batch_size:
+        raise ConfigError("budget", f"{budget} query-evaluations buy {steps} PPO steps: one "
+                                    f"iteration and the read-out need "
+                                    f"{settings.episode.length + settings.ppo.train_batch_size}")
+    tuner = PPOTuner(ev, settings, seed=seed)
+    try:
+        if resume:
+            if not Path(resume).exists():
+                raise ConfigError("resume", f"checkpoint {resume} does not exist")
+            tuner.restore(resume)
+        iters = ppo_iterations(steps, settings)
+
+        def log(it: int, metrics: dict[str, Any]) -> None:
+            if on_iteration is not None:
+                on_iteration(it, metrics, iters, tuner.history)
+
+        res = tuner.train(iters, log=log)
+        saved = tuner.save(Path(checkpoint_dir)) if checkpoint_dir else None
+        return Search(res, list(tuner.history), saved)
+    finally:
+        tuner.stop()
 
 
 RUN_FILES = ("summary.json", "best_config.yaml", "curve.jsonl", "report.md",
@@ -222,31 +210,32 @@ def _claim_run_directory(out: Path, overwrite: bool, resumed: bool) -> None:
 
 def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                budget: int | None = None,
-               *, unit: str | None = None, seed: int = 0, out: str | Path = "runs/tune",
+               *, seed: int = 0, out: str | Path = "runs/tune",
                resume: str | Path | None = None, checkpoint: bool = False,
                mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
                metrics_textfile: str | Path | None = None,
                on_iteration: OnIteration | None = None,
+               on_trial: Callable[[Any, int], None] | None = None,
                warm_start: bool = False,
                tune_options: dict[str, Any] | None = None,
                allow_missing_gold: bool = False,
                on_warning: Callable[[str], None] | None = None,
                overwrite: bool = False) -> TuningRun:
     """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
-    directory `out` (see the module docstring). `budget` (in `unit`, default
-    `default_unit(method)`) defaults to `default_budget`. TUNE_METHODS keep Tune's experiment
-    under `out`/ray_tune and log each trial to MLflow experiment `rl_autotuner_trials`.
-    `mlflow_dir`: where the local MLflow store goes unless MLFLOW_TRACKING_URI is set (None:
-    no MLflow run). `metrics_port` / `metrics_textfile`: Prometheus export of the run.
-    `warm_start`: Optuna's (and TUNE_METHODS' but tune-grid's) first trial is the settings' base config (the static default), so
-    the run cannot recommend a config that scored below the default on the tuning split.
-    `tune_options`: TUNE_METHODS' cluster keywords for `tune_search` (see `search`).
-    Before any search, the gold of the tune and holdout splits is checked against the corpus
-    (`TuningData.check_gold`): a split with more than half of its questions unreachable is a
-    DataError unless `allow_missing_gold`; each counted problem goes to `on_warning` (default:
-    `warnings.warn`) and into summary.json's `gold`. An `out` holding a finished run
-    (summary.json) is a ConfigError unless `overwrite` (its run files are removed first, so
-    nothing of the old run stays beside the new one) or `resume`."""
+    directory `out` (see the module docstring). `budget`: query-evaluations (default
+    `default_budget`). A search run on Ray Tune (`tune_options`: `search`) keeps Tune's
+    experiment under `out`/ray_tune; every search logs each trial to MLflow experiment
+    `MLFLOW_TRIALS_EXPERIMENT`. `mlflow_dir`: where the local MLflow store goes unless
+    MLFLOW_TRACKING_URI is set (None: no MLflow run). `metrics_port` / `metrics_textfile`:
+    Prometheus export of the run. `on_iteration` / `on_trial`: progress (`search`).
+    `warm_start`: the first trial of a WARM_STARTS search is the settings' base config (the
+    static default), so the run cannot recommend a config that scored below the default on
+    the tuning split. Before any search, the gold of the tune and holdout splits is checked
+    against the corpus (`TuningData.check_gold`): a split with more than half of its questions
+    unreachable is a DataError unless `allow_missing_gold`; each counted problem goes to
+    `on_warning` (default: `warnings.warn`) and into summary.json's `gold`. An `out` holding a
+    finished run (summary.json) is a ConfigError unless `overwrite` (its run files are removed
+    first, so nothing of the old run stays beside the new one) or `resume`."""
     import yaml
 
     from rag.evaluate import evaluate as rag_evaluate
@@ -256,9 +245,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
-    check(method, budget, unit, resume=resume, checkpoint=checkpoint)
+    check(method, budget, resume=resume, checkpoint=checkpoint)
     _claim_run_directory(Path(out), overwrite, resumed=resume is not None)
-    unit = unit or default_unit(method)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
     with run_directory(out) as out:
@@ -285,15 +273,14 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
             prom.consume(history)
             prom.flush()
 
-    found = search(ev, settings, method, budget, unit, seed, resume=resume,
+    found = search(ev, settings, method, budget, seed, resume=resume,
                    checkpoint_dir=out / "checkpoint" if checkpoint else None,
-                   on_iteration=on_iter,
-                   start=settings.base_config() if warm_start else None, dataset=dataset,
-                   storage_path=(out / "ray_tune").resolve(),
-                   mlflow_uri=mlflow_uri if method in TUNE_METHODS else None,
-                   tune_options=tune_options if method in TUNE_METHODS else None)
+                   on_iteration=on_iter, on_trial=on_trial,
+                   start=settings.base_config() if warm_start and method in WARM_STARTS
+                   else None, dataset=dataset, storage_path=(out / "ray_tune").resolve(),
+                   mlflow_uri=mlflow_uri, tune_options=tune_options)
     res = found.result
-    steps = steps_of(ev, found)
+    steps = found.history
     if prom is not None:
         prom.consume(steps, resolve=ev.seen.get)
         prom.flush()
@@ -327,8 +314,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                            "relevancy": ev.slice.relevancy},
                # gold the corpus cannot reach, per split (rl.common.data.TuningData.gold_report)
                "gold": gold,
-               "evaluations": res.evaluations, "budget_unit": unit, "budget": budget,
-               "query_evals": res.extra.get("query_evals"),
+               "evaluations": res.evaluations, "budget": budget,
+               "query_evals": res.extra.get("query_evals", budget),
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,
                "best_config_hash": best.config_hash,

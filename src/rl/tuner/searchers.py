@@ -1,7 +1,17 @@
-"""The searchers and schedulers behind `rl.tuner.tune_search` (Ray Tune objects).
+"""The searchers and schedulers of the one search protocol (`rl.tuner.ask_tell`): Ray Tune
+`Searcher` / `TrialScheduler` objects, which the in-process executor (`ask_tell.run_search`) and
+the `tune.Tuner` executor (`rl.tuner.tune_search`) drive alike.
 
-    make_searcher(method, seed, space, start, max_concurrent) -> a Tune Searcher
+    make_searcher(method, seed, space, start, budget, max_concurrent) -> a BudgetLimiter
     make_scheduler(method, rungs, seed) -> a Tune TrialScheduler or None
+
+Methods (`SEARCHERS`):
+    local-asha  `LocalSearch` from the start point + ASHA over the fidelity rungs (the default)
+    tpe         `ConstrainedOptunaSearch` (Optuna TPE, seeded), every trial on the full split
+    tpe-asha    the same + ASHA (the search benchmark compares it; not a CLI method)
+    hyperopt    Ray's `HyperOptSearch` (seeded), full split
+    random      `ConfigSampler` over `space.sample` (seeded), full split
+    grid        `ConfigSampler` over every config of `space.grid()` (a small, pinned space)
 
 `ConstrainedOptunaSearch` is Ray's `OptunaSearch` with two changes Optuna's TPE needs to read a
 multi-fidelity, gated search correctly:
@@ -11,12 +21,15 @@ multi-fidelity, gated search correctly:
     one by total violation (Optuna's constrained TPE) instead of reading only the penalised
     reward;
   * fidelity: a trial a scheduler (or the budget) stopped before the full split is told as
-    PRUNED, so TPE ranks it by its last intermediate value behind the trials that completed,
-    instead of taking a 25-query reward for a full-split one.
-`LocalSearch` (method local-asha, the project's default) is a Tune `Searcher` of its own: a
-local search from the start point over one-head moves (its docstring).
-`SeededAsyncHyperBand` is Ray's ASHA / async HyperBand with its bracket draw on a seeded
-generator (Ray draws from the global numpy state), so a search is reproducible.
+    PRUNED, with its last rung score as its last intermediate value, so TPE ranks it behind
+    the trials that completed instead of taking a 25-query reward for a full-split one.
+`LocalSearch` (method local-asha) is a Tune `Searcher` of its own: a local search from the start
+point over one-head moves (its docstring).
+`SeededAsyncHyperBand` is Ray's ASHA with its bracket draw on a seeded generator (Ray draws from
+the global numpy state), so a search is reproducible.
+`BudgetLimiter` is Ray's `ConcurrencyLimiter` that also ends the search (`Searcher.FINISHED`)
+once the trials' query-evaluations reach the budget: no trial starts after that, a running one
+finishes its rungs.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from typing import Any
 import numpy as np
 from optuna.trial import TrialState
 from ray.tune.schedulers import AsyncHyperBandScheduler
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+from ray.tune.search import ConcurrencyLimiter, Searcher
 from ray.tune.search.optuna import OptunaSearch
 from ray.tune.search.sample import Categorical, Integer
 
@@ -34,6 +47,12 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.kernel.reward import HARD_GATES, UNSTABLE_PENALTY
 
+SEARCHERS = ("local-asha", "tpe", "tpe-asha", "hyperopt", "random", "grid")
+MULTI_FIDELITY = ("local-asha", "tpe-asha")
+"""The searchers whose trials climb the fidelity rungs under ASHA; the others score every trial
+on the full split."""
+CONFIG_KEY = "config"
+"""The only parameter of a `ConfigSampler` trial: the RAGConfig mapping of its config."""
 SEARCH_METRIC = "score"
 """What searchers and schedulers rank trials by (`search_score`); incumbents are still chosen by
 the reward at full fidelity."""
@@ -64,6 +83,11 @@ class ConstrainedOptunaSearch(OptunaSearch):
                 ot_trial.set_constraint(gate, float(v))
         if result.get("full_fidelity", True):
             return super().on_trial_complete(trial_id, result, error)
+        step = int(result.get("training_iteration", 1))
+        value = result.get(self._metric)
+        if value is not None and step not in ot_trial.storage.get_trial(
+                ot_trial._trial_id).intermediate_values:
+            ot_trial.report(float(value), step)  # a stopped trial's last rung score
         self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
         self._completed_trials.add(trial_id)
         return None
@@ -88,65 +112,130 @@ class SeededAsyncHyperBand(AsyncHyperBandScheduler):
 
 
 def start_point(space: Any, config: RAGConfig | None) -> dict[str, Any] | None:
-    """`config` as a point of `space.tune_param_space()`, or None when it has none (or
-    `config` is None): `space.to_params(config, complete=True)` where the space has it, else
-    (the five-head space) `baselines._point_of`."""
+    """`config` as a point of `space.tune_param_space()` (`space.to_params(config,
+    complete=True)`), or None when the space cannot express it (or `config` is None)."""
     if config is None:
         return None
-    to_params = getattr(space, "to_params", None)
-    if to_params is not None:  # the full space (every head, inactive ones at their default)
-        try:
-            return to_params(config, complete=True)
-        except ConfigError:
-            return None
-    from rl.tuner.baselines import _point_of
-
-    return _point_of(space, config)
+    try:
+        return space.to_params(config, complete=True)
+    except ConfigError:
+        return None
 
 
 def make_searcher(method: str, seed: int, space: Any, start: RAGConfig | None = None,
-                  max_concurrent: int = 1) -> Any:
-    """The Tune searcher of `method` (`tune_search.METHODS`), seeded, trying `start` first
-    (not for grid), at most `max_concurrent` trials at once."""
-    first = None if method == "grid" else start_point(space, start)
-    points = [first] if first is not None else None
-    if method.startswith("tpe"):
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        searcher = ConstrainedOptunaSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
-                                           points_to_evaluate=points)
-    elif method == "hyperopt":
-        from ray.tune.search.hyperopt import HyperOptSearch
-
-        searcher = HyperOptSearch(metric=SEARCH_METRIC, mode="max", random_state_seed=seed,
-                                  points_to_evaluate=points)
-    elif method == "local-asha":  # a point's key: its config (inactive heads are no change)
-        from_params = getattr(space, "from_params", None)
-        key = (lambda p: from_params(p).config_hash) if from_params is not None else None
-        searcher = LocalSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
-                               points_to_evaluate=points, key=key)
-    elif method in ("random", "grid"):
-        return BasicVariantGenerator(points_to_evaluate=points, max_concurrent=max_concurrent,
-                                     random_state=seed)
+                  budget: int | None = None, max_concurrent: int = 1) -> BudgetLimiter:
+    """The searcher of `method` (`SEARCHERS`), seeded, trying `start` first (not grid), at most
+    `max_concurrent` trials at once, ending once `budget` query-evaluations are spent (None: no
+    budget; grid ends when every config was suggested). Its metric is `SEARCH_METRIC`, to
+    maximise. ConfigError naming `method` for an unknown method; `space.grid()`'s for a space
+    too large to enumerate."""
+    if method not in SEARCHERS:
+        raise ConfigError("method", f"must be one of {', '.join(SEARCHERS)}, got {method!r}")
+    if method == "grid":
+        searcher: Searcher = ConfigSampler(configs=list(space.grid()))
+    elif method == "random":
+        searcher = ConfigSampler(space=space, seed=seed, start=start)
     else:
-        raise ValueError(f"no searcher for method {method!r}")
-    return ConcurrencyLimiter(searcher, max_concurrent=max_concurrent)
+        first = start_point(space, start)
+        points = [first] if first is not None else None
+        if method.startswith("tpe"):
+            import optuna
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            searcher = ConstrainedOptunaSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
+                                               points_to_evaluate=points)
+        elif method == "hyperopt":
+            from ray.tune.search.hyperopt import HyperOptSearch
+
+            searcher = HyperOptSearch(metric=SEARCH_METRIC, mode="max",
+                                      random_state_seed=seed, points_to_evaluate=points)
+        else:  # local-asha; a point's key: its config (inactive heads are no change)
+            searcher = LocalSearch(metric=SEARCH_METRIC, mode="max", seed=seed,
+                                   points_to_evaluate=points,
+                                   key=lambda p: space.from_params(p).config_hash)
+        searcher.set_search_properties(SEARCH_METRIC, "max", space.tune_param_space())
+    return BudgetLimiter(searcher, budget, max_concurrent)
 
 
 def make_scheduler(method: str, rungs: tuple[int, ...], seed: int = 0) -> Any:
-    """ASHA (tpe-asha, local-asha: one bracket) or async HyperBand (tpe-hyperband: one bracket
-    per rung)
-    over `rungs` (concrete sizes; the time axis is `query_evals`, the grace period the first
-    rung, the reduction factor rung 2 / rung 1, default 3); None for the other methods (every
-    trial runs to the full split)."""
-    if method not in ("tpe-asha", "local-asha", "tpe-hyperband"):
+    """ASHA (one bracket) over `rungs` for the MULTI_FIDELITY methods (concrete sizes; the time
+    axis is `query_evals`, the grace period the first rung, the reduction factor rung 2 /
+    rung 1, default 3); None for the others (every trial runs to the full split). Its metric
+    and mode are set by the executor (Tune refuses a scheduler that has them already)."""
+    if method not in MULTI_FIDELITY:
         return None
     rf = rungs[1] / rungs[0] if len(rungs) > 1 else 3.0
     return SeededAsyncHyperBand(time_attr="query_evals", max_t=rungs[-1],
-                                grace_period=rungs[0], reduction_factor=rf,
-                                brackets=len(rungs) if method == "tpe-hyperband" else 1,
+                                grace_period=rungs[0], reduction_factor=rf, brackets=1,
                                 seed=seed)
+
+
+class BudgetLimiter(ConcurrencyLimiter):
+    """`ConcurrencyLimiter` over `searcher` (at most `max_concurrent` live trials) that returns
+    `Searcher.FINISHED` once the trials' query-evaluations (each trial's latest reported
+    `query_evals`, summed) reach `budget` (None: never). `spent` is that sum."""
+
+    def __init__(self, searcher: Searcher, budget: int | None, max_concurrent: int = 1):
+        super().__init__(searcher, max_concurrent=max_concurrent)
+        self.budget = budget
+        self.by_trial: dict[str, int] = {}
+
+    @property
+    def spent(self) -> int:
+        return sum(self.by_trial.values())
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if self.budget is not None and self.spent >= self.budget:
+            return Searcher.FINISHED
+        return super().suggest(trial_id)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._count(trial_id, result)
+        super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        self._count(trial_id, result)
+        super().on_trial_complete(trial_id, result, error)
+
+    def _count(self, trial_id: str, result: dict | None) -> None:
+        if result and "query_evals" in result:
+            self.by_trial[trial_id] = int(result["query_evals"])
+
+
+class ConfigSampler(Searcher):
+    """Whole configs as trials (`{CONFIG_KEY: config mapping}`): `start` first, then either every
+    config of `configs` in order (then `Searcher.FINISHED`), or seeded draws of
+    `space.sample` (random search: `numpy.random.default_rng(seed)`)."""
+
+    def __init__(self, configs: list[RAGConfig] | None = None, space: Any = None,
+                 seed: int = 0, start: RAGConfig | None = None):
+        super().__init__(metric=SEARCH_METRIC, mode="max")
+        if (configs is None) == (space is None):
+            raise ValueError("ConfigSampler: give configs or a space, not both")
+        self._configs = None if configs is None else list(configs)
+        self._space = space
+        self._rng = np.random.default_rng(seed)
+        self._queue = [start] if start is not None else []
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
+                              **spec: Any) -> bool:
+        return True  # it proposes whole configs: a param space adds nothing
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if self._queue:
+            cfg = self._queue.pop(0)
+        elif self._configs is not None:
+            if not self._configs:
+                return Searcher.FINISHED
+            cfg = self._configs.pop(0)
+        else:
+            cfg = self._space.sample(self._rng)
+        return {CONFIG_KEY: cfg.model_dump(mode="json")}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        return None
 
 
 class LocalSearch(Searcher):

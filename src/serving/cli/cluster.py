@@ -4,7 +4,7 @@
                          $RAY_ADDRESS when set (what `ray job submit` gives a job)
     --workers N          eval / index: split the work into N Ray tasks (a local Ray runtime
                          when no cluster is given)
-    tune only (the Ray Tune searches, rl.tuner.tune_search):
+    tune's searches only (any of them runs the search on Ray Tune, rl.tuner.tune_search):
     --max-concurrent N   trials at once (>= 1; 1 = the deterministic default)
     --cpus-per-trial X   CPUs each trial holds (> 0; default 1)
     --reuse-actors B     yes | no: run the next trial in a finished trial's process (default
@@ -100,7 +100,7 @@ def _int(flag: str, raw: str, low: int) -> int:
 def tune_cluster_options(args: argparse.Namespace, tune_method: bool) -> dict[str, Any]:
     """The keyword arguments `rl.tuner.tune_search.tune_search` takes from the flags
     (`max_concurrent`, `resources_per_trial`, `reuse_actors`, `ray_address`; only those
-    given). `tune_method`: whether the chosen method runs on Ray Tune; the three trial flags
+    given). `tune_method`: whether the chosen method is a search; the three trial flags
     are refused otherwise (ConfigError naming the flag), --ray-address is kept (PPO joins the
     cluster too)."""
     opts: dict[str, Any] = {}
@@ -123,7 +123,7 @@ def tune_cluster_options(args: argparse.Namespace, tune_method: bool) -> dict[st
         opts["reuse_actors"] = _BOOLS[key]
     if opts and not tune_method:
         flag = "--" + next(k for k in TUNE_FLAGS if getattr(args, k) is not None).replace("_", "-")
-        raise ConfigError(flag, f"only for the Ray Tune searches (--method tpe, tpe-asha, ...), "
+        raise ConfigError(flag, f"only for the searches (--method local-asha, tpe, ...), "
                                 f"not --method {args.method}")
     address = check_ray_address(args.ray_address)
     if address:

@@ -4,12 +4,11 @@
 
     ragpilot tune --dataset hotpotqa --out runs/tune-hotpot   # local-asha, 20 valid splits
                                                               # of query-evaluations
-    ragpilot tune --dataset hotpotqa --method ppo --budget 100 --out runs/tune-ppo
-    ragpilot tune --dataset path/to/beir-folder --method random --budget 30 --out runs/mine
-    ragpilot tune ... --budget 100 --budget-unit configs   # budget = distinct configs
+    ragpilot tune --dataset hotpotqa --method ppo --budget 20000 --out runs/tune-ppo
+    ragpilot tune --dataset path/to/beir-folder --method random --budget 3000 --out runs/mine
     ragpilot tune --dataset hotpotqa --budget 3000        # local-asha, 3000 query-evals
     ragpilot tune ... --method tpe --ray-address 10.0.0.10:6379 --max-concurrent 4 \
-        --cpus-per-trial 1 --reuse-actors no          # trials spread over a cluster's nodes
+        --cpus-per-trial 1 --reuse-actors no          # on Ray Tune, over a cluster's nodes
     ragpilot report --run runs/tune-hotpot [--grid]
     ragpilot tuner-eval --dataset synthetic --set variant=bm25 --set k=3 [--batch-size 50]
 
@@ -40,7 +39,7 @@ import sys
 from pathlib import Path
 
 from rag.errors import ConfigError
-from rl.tuner.run import BUDGET_UNITS, DEFAULT_METHOD, METHODS
+from rl.tuner.run import DEFAULT_METHOD, METHODS
 from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
 from serving.cli.common import (
     add_set_argument,
@@ -52,24 +51,22 @@ from serving.cli.common import (
     tuner_settings,
 )
 
-FLAGS = {"method": "--method", "budget": "--budget", "budget_unit": "--budget-unit",
-         "resume": "--resume", "checkpoint": "--checkpoint", "out": "--out"}
+FLAGS = {"method": "--method", "budget": "--budget", "resume": "--resume",
+         "checkpoint": "--checkpoint", "out": "--out"}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rl.tuner.run import TUNE_METHODS, check, run_tuning
+    from rl.tuner.run import check, run_tuning
 
     with flags(FLAGS):
-        check(args.method, args.budget, args.budget_unit, resume=args.resume,
+        check(args.method, args.budget, resume=args.resume,
               checkpoint=args.checkpoint)  # before the settings and data
     if args.metrics_textfile:
         output_file(args.metrics_textfile, "--metrics-textfile", ".prom")
-    cluster = tune_cluster_options(args, args.method in TUNE_METHODS)
+    # a search runs on tune.Tuner when any cluster flag is given, else in this process
+    cluster = tune_cluster_options(args, args.method != "ppo")
     settings = tuner_settings(args)
-    if "ray_address" in cluster and args.method not in TUNE_METHODS:
-        if args.method != "ppo":
-            raise ConfigError("--ray-address", f"--method {args.method} runs in this process; "
-                                               "a cluster serves ppo and the Ray Tune searches")
+    if "ray_address" in cluster and args.method == "ppo":
         from rl.common.runtime import init_ray
 
         init_ray(address=cluster.pop("ray_address"))  # PPOTuner then keeps this runtime
@@ -78,13 +75,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"iteration {it + 1}{f'/{of}' if of else ''}: " + " ".join(
             f"{k}={v:.4g}" for k, v in m.items() if "/" not in k), flush=True)
 
+    def log_trial(trial, spent: int) -> None:
+        full = trial.full
+        print(f"trial {trial.trial_id}: {trial.query_evals} queries, "
+              + (f"full-split reward {full['reward']:.4f}" if full else "stopped early")
+              + f"; {spent} query-evaluations spent", flush=True)
+
     with flags(FLAGS):
         run = run_tuning(args.dataset, settings, args.method, args.budget,
-                         unit=args.budget_unit, seed=args.seed, out=args.out,
+                         seed=args.seed, out=args.out,
                          resume=args.resume, checkpoint=args.checkpoint,
                          mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
                          metrics_port=args.metrics_port,
                          metrics_textfile=args.metrics_textfile, on_iteration=log,
+                         on_trial=log_trial,
                          warm_start=not args.cold_start, tune_options=cluster or None,
                          allow_missing_gold=args.allow_missing_gold,
                          on_warning=lambda m: print(f"warning: {m}", file=sys.stderr),
@@ -187,7 +191,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rl.common.data import TuningData
     from rl.kernel.evaluator import TunerEvaluator
     from rl.kernel.space import ConfigSpace
-    from rl.tuner.baselines import grid_search
+    from rl.tuner.ask_tell import exhaustive
     from rl.tuner.report import compare, plot_pareto, plot_run_curve, power_plan
 
     run = Path(args.run)
@@ -205,11 +209,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     q = policy.reward_weights
     plots, figures = [], []
     if args.grid:
-        grid = grid_search(ev)
+        grid = exhaustive(ev, ConfigSpace(policy))
         c = compare(ev, best, grid.best_config, hold)
         rows.append(("chosen − grid best", c))
         configs["grid best"] = (grid.best_config, c.baseline_reward, c.baseline_gates)
-        reps = [ev.evaluate(cfg) for cfg in grid.extra["configs"].values()]
+        reps = [ev.evaluate(t.config) for t in grid.trials]
         pts = [{"quality": q.alpha * r.faithfulness + q.beta * r.relevancy,
                 "p95_latency_ms": r.p95_latency_ms, "cost": r.cost} for r in reps]
         marked = {}
@@ -342,21 +346,19 @@ def add_parsers(sub) -> None:
     s.add_argument("--dataset", default="synthetic",
                    help="a dataset name or a path the loaders read (BEIR folder, HotpotQA file)")
     s.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS,
-                   help=f"a search on Ray Tune ({DEFAULT_METHOD}: the default, tpe, tpe-asha, "
-                        "tpe-hyperband, hyperopt, tune-random, tune-grid), or ppo and the "
-                        "in-process baselines; optuna = the in-process TPE loop")
+                   help=f"{DEFAULT_METHOD} (the default: local search + ASHA over fidelity "
+                        "rungs), tpe (Optuna TPE), random, grid (every config of a pinned "
+                        "small space), hyperopt, or ppo (an RLlib PPO tuner). A search runs in "
+                        "this process, or on Ray Tune when a cluster flag below is given")
     s.add_argument("--cold-start", action="store_true",
-                   help="optuna and the Ray Tune searches: do not evaluate the static default "
-                        "as the first trial")
+                   help="the searches but grid: do not evaluate the static default as the "
+                        "first trial")
     add_settings_argument(s)
     s.add_argument("--budget", type=int,
-                   help="evaluations (default 5 PPO iterations; Ray Tune searches: "
-                        "query-evaluations, default 20 x the tune split)")
-    s.add_argument("--budget-unit", choices=BUDGET_UNITS,
-                   help="steps: every evaluation counts | configs: distinct configs count "
-                        "(a revisit reads the cached table; docs/architecture.md) | queries: "
-                        "query-evaluations over all trials (the Ray Tune searches). Default: "
-                        "queries for the Ray Tune searches, else steps")
+                   help="query-evaluations (one config scored on one query), every method: a "
+                        "search starts no trial once spent (default 20 x the tune split); ppo "
+                        "gets budget / min(episode.batch_size, tune split) steps, each one "
+                        "config on one batch (default 5 PPO iterations and the read-out)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/tune",
                    help="run directory: best_config.yaml, summary.json, the holdout, and "

@@ -1,6 +1,6 @@
 """The demo's offline stages, each a call into the library: index (`rl.common.data.TuningData`),
 tune (`rl.tuner.run.run_tuning` with the project's default searcher, `local-asha`: local
-search on Ray Tune with ASHA over fidelity rungs, on a budget of query-evaluations), the per-query router
+search with ASHA over fidelity rungs, in this process, on a budget of query-evaluations), the per-query router
 (`rl.routing.train`: the shipped per-query policy over a config portfolio plus the tuned config), and the holdout report (`rl.tuner.report.compare` + paired bootstraps of
 quality and cost apart, Pareto and reward-curve PNGs).
 
@@ -83,11 +83,13 @@ def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0)
     Serve starts its own runtime."""
     import ray
 
-    from rl.tuner.run import search
+    from rl.tuner.run import ppo_batch, search
 
-    budget = settings.episode.length + settings.ppo.train_batch_size  # one iteration
+    ev = run.evaluator
+    steps = settings.episode.length + settings.ppo.train_batch_size  # one iteration
+    budget = steps * ppo_batch(settings, len(ev.data.examples(ev.slice.tune_split)))
     try:
-        found = search(run.evaluator, settings, "ppo", budget, "steps", seed, resume=checkpoint)
+        found = search(ev, settings, "ppo", budget, seed, resume=checkpoint)
     finally:
         if ray.is_initialized():
             ray.shutdown()
