@@ -28,7 +28,7 @@ from rag.errors import DataError
 from rag.textio import BOM, NotUtf8, decode_text, iter_lines
 from rag.types import Example, Passage
 
-BUILTIN_DATASETS = ("synthetic", "hotpotqa", "scifact", "mtrag")
+BUILTIN_DATASETS = ("synthetic", "synthetic-choices", "hotpotqa", "scifact", "mtrag")
 """Names `load_dataset` resolves under the data root instead of as a path."""
 
 
@@ -410,14 +410,19 @@ MTRAG_FILE = "mtrag/mtragun-human/generation_tasks/reference.jsonl"
 
 
 def load_dataset(name_or_path: str) -> Dataset:
-    """A built-in name (`BUILTIN_DATASETS`: synthetic, hotpotqa, scifact, mtrag, found under
-    `data_root()`) or a path: a BEIR folder, a HotpotQA file (.json list, or JSONL whose first
+    """A built-in name (`BUILTIN_DATASETS`: synthetic, synthetic-choices, hotpotqa, scifact,
+    mtrag, found under `data_root()`) or a path: a BEIR folder, a HotpotQA file (.json list, or JSONL whose first
     record has `supporting_facts`), else an `{id,title,text}` JSONL corpus (no examples).
     Path-loaded datasets are named by `path_name` and have `builtin=False`."""
     from rag.corpus.synthetic import make_synthetic_world
 
     if name_or_path == "synthetic":
         w = make_synthetic_world()
+        return Dataset(w.name, w.corpus, w.examples, {}, builtin=True)
+    if name_or_path == "synthetic-choices":  # rag.corpus.synthetic_choices
+        from rag.corpus.synthetic_choices import make_choice_world
+
+        w = make_choice_world()
         return Dataset(w.name, w.corpus, w.examples, {}, builtin=True)
     named = {"hotpotqa": lambda r: load_hotpotqa(r / HOTPOTQA_FILE),
              "scifact": lambda r: load_beir(r / "scifact", "test"),
