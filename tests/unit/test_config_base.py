@@ -47,7 +47,7 @@ def test_bare_file_and_bad_value_lines(tmp_path):
 
 def test_missing_key_points_at_its_parent_line(tmp_path):
     p = tmp_path / "rollout.yaml"
-    p.write_text("rollout:\n  alpha: 0.05\n  stages:\n    shadow: {looks: 3}\n")
+    p.write_text("rollout:\n  alpha: 0.05\n  stages:\n    shadow: {min_n: 3}\n")
     from rl.promotion.settings import PromotionSettings
 
     with pytest.raises(ConfigError) as e:

@@ -614,3 +614,17 @@ def test_a_mirror_logged_after_the_read_is_counted_next_time_and_nothing_twice(t
     sm.observe(second)
     assert sm.state.evidence["n"] == 10
     assert "newer" in reports_from_file(log, sm).notes[0]  # nothing left to count
+
+
+def test_the_same_report_submitted_again_counts_once():
+    """It counted as three batches (the runbook walk): evidence could be manufactured."""
+    sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    service.advance(sm, [offline_report()])
+    rep = shadow_report(0.05, seed=1)
+    d = service.advance(sm, [rep, rep, rep])
+    assert sm.state.evidence["batches"] == 1 and d.action == "refused"
+    assert "2 consecutive gate-clean batches (have 1)" in d.reason
+    again = EvaluationReport.from_dict(json.loads(json.dumps(rep.to_dict())))
+    service.advance(sm, [again])  # the same report, read back from JSON
+    assert sm.state.evidence["batches"] == 1
+    assert service.advance(sm, [shadow_report(0.05, seed=2)]).to_stage == "canary_5"

@@ -161,9 +161,10 @@ def report_fingerprint(rec: dict[str, Any]) -> str:
 def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
                       thresholds: Any = None, pii_penalty: float | None = None) -> Evidence:
     """The evidence of one file for the rollout `sm` (a PromotionStateMachine) at its current
-    stage. A report already counted in this rollout (same canonical JSON,
-    `state.counted`) is skipped with a note, so resubmitting a file adds nothing. Interaction
-    rows for shadow/canary advance `sm.state.row_cursor` (saved by the next `sm.observe`)."""
+    stage. A report already counted in this rollout (`report_fingerprint` in
+    `state.counted`, which `rl.promotion.service.advance` keeps) is skipped with a note, so
+    resubmitting a file adds nothing. Interaction rows for shadow/canary advance
+    `sm.state.row_cursor` (saved by the next `sm.observe`)."""
     from rl.promotion.evaluators import EvaluationReport
 
     located = read_located(path)
@@ -173,16 +174,15 @@ def reports_from_file(path: str | Path, sm: Any, reward_key: str | None = None,
     if all("kind" in r and "candidate" in r for r in recs):
         out = Evidence()
         for where, r in located:
-            fp = report_fingerprint(r)
-            if fp in sm.state.counted:
+            try:
+                rep = EvaluationReport.from_dict(r)
+            except ConfigError as exc:
+                raise ConfigError(exc.field, f"{exc.message} (at {where})") from None
+            if report_fingerprint(rep.to_dict()) in sm.state.counted:
                 out.notes.append(f"{where}: this report was already counted in rollout "
                                  f"{sm.state.rollout_id}; not counted again")
                 continue
-            try:
-                out.reports.append(EvaluationReport.from_dict(r))
-            except ConfigError as exc:
-                raise ConfigError(exc.field, f"{exc.message} (at {where})") from None
-            sm.state.counted.append(fp)  # saved by the next observe
+            out.reports.append(rep)
         return out
     if not all("variant_id" in r for r in recs):
         raise ConfigError("evidence", f"{path}: neither evaluation reports nor interaction "

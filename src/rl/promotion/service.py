@@ -160,14 +160,22 @@ def start(state_dir: str | Path, candidate: str, stable: str, manifest: str = "u
 
 def advance(sm: Any, reports: Sequence[Any]) -> Any:
     """Observe `reports` in order, stopping at the first that rolls the rollout back or
-    advances it (auto_advance); when none did, try one stage up (`sm.advance()`). Returns the
+    advances it (auto_advance); when none did, try one stage up (`sm.advance()`). A report
+    already counted in this rollout (same `evidence.report_fingerprint`, kept in
+    `state.counted`) is skipped: the same report submitted again adds nothing. Returns the
     last Decision; its `action` is advance, rollback or hold. Raises RolloutClosed at
     full/rolled_back."""
     if sm.done:
         raise RolloutClosed(sm.stage)
+    from rl.promotion.evidence import report_fingerprint
+
     for i, rep in enumerate(reports):  # all checked first: a refused call observes nothing
         sm.check_kind(rep, f"reports.{i}.kind")
     for rep in reports:
+        fp = report_fingerprint(rep.to_dict())
+        if fp in sm.state.counted:  # the same report again: evidence counts once
+            continue
+        sm.state.counted.append(fp)  # saved by observe
         d = sm.observe(rep)
         if d.action in ("rollback", "advance"):
             return d

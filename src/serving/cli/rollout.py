@@ -181,6 +181,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         stable = (service.config_id(args.stable, "stable") if args.stable
                   else served_stable(args))
         cfg = service.settings(args.config, mlflow=args.mlflow)
+        manifest = service.manifest_id(args.manifest)
         offline = None
         if args.offline:
             from rl.promotion.evaluators import EvaluationReport
@@ -198,8 +199,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             raise ConfigError("candidate", f"{cand} is not deployed on the server whose store "
                                            f"is {store}; give the candidate's config YAML "
                                            "(its overrides deploy it) or deploy it first")
-        sm = service.start(_state_dir(args), cand, stable, service.manifest_id(args.manifest),
-                           cfg, force=args.force)
+        sm = service.start(_state_dir(args), cand, stable, manifest, cfg, force=args.force)
     print(f"started rollout {sm.state.rollout_id}: {sm.state.candidate} vs {sm.state.stable} "
           f"at stage candidate; state and audit log in {_state_dir(args)}")
     _print_plan(sm, offline)
