@@ -196,7 +196,7 @@ class AnswerSignals:
         qwords = set(_content(p["question"]))
         aw = _content(p["answer"])
         choice = p["expected"] == "choice"  # the answer is one of the question's options
-        echo = 0.0 if choice else (sum(w in qwords for w in aw) / len(aw) if aw else 1.0)
+        echo = self._echo(p["question"], aw, qwords, choice)
         is_yesno = p["kind"] == "yesno"
         type_fit = (1.0 if choice or not type_checked(p["answer"])
                     else float(fits(p["expected"], p["kind"])))
@@ -233,6 +233,22 @@ class AnswerSignals:
         return np.array([type_fit, meta, echo, qa_cos, ev_cos, best_cos, ev_cos - best_cos,
                          cover, ev_q, partial, math.log1p(n_words), float(is_yesno),
                          min(1.0, rel), faith], dtype=np.float64)
+
+    @staticmethod
+    def _echo(question: str, aw: list[str], qwords: set[str], choice: bool) -> float:
+        """Share of the answer's content words that restate the question. For an either-or
+        question the options' own words do not count, unless the answer names both options."""
+        if not aw:
+            return 1.0
+        if not choice:
+            return sum(w in qwords for w in aw) / len(aw)
+        from rag.generation.extractive import _options
+
+        opts = [set(_content(o)) for o in _options(question)]
+        if len(opts) == 2 and all(o & set(aw) for o in opts):
+            return 1.0
+        rest = qwords - set().union(*opts) if opts else qwords
+        return sum(w in rest for w in aw) / len(aw)
 
     @staticmethod
     def _partial(answer: str, evidence: Sequence[str]) -> bool:
