@@ -245,9 +245,8 @@ class InteractionStore:
     def replica_metrics(self, since: float) -> dict[str, str]:
         """replica -> its snapshot (JSON text) for every replica that wrote at or after
         `since` (Unix seconds)."""
-        rows = self._read("SELECT replica, body FROM replica_metrics WHERE ts >= :since",
-                          {"since": float(since)})
-        return {r: b for r, b in rows}
+        return dict(self._read("SELECT replica, body FROM replica_metrics WHERE ts >= :since",
+                               {"since": float(since)}))
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
