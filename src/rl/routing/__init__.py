@@ -1,4 +1,6 @@
-"""The per-query config policy: an observation per question (`features`), the supervised
-full-information router over a portfolio of configs and the per-segment lookup (`router`), and
-the PPO policy with mixed action heads under a cost constraint (`ppo_policy`, with `heads`,
-`ppo_module`, `worlds`, `settings`). Benchmark: `bench/policy.py`."""
+"""Per-query routing: which config of a portfolio answers each question. An observation per
+question (`features`), the supervised full-information router and the per-segment lookup
+(`router`), the PPO policy with mixed action heads under a cost constraint (`ppo_policy`, with
+`heads`, `ppo_module`, `worlds`, `settings`), bandits over the portfolio's arms
+(`portfolio_bandit`), decision logs (`decision_log`), and training a servable policy directory
+(`train`, `train_ppo`). Benchmark: `bench/policy.py`."""
