@@ -1,5 +1,5 @@
 """Promotion judged per metric (Kayenta-style): each metric has a direction, a practical margin,
-whether it is critical and whether a gain on it counts toward the objective; each is compared
+whether it is critical, required, and whether a gain on it counts toward the objective; each is compared
 between candidate and stable with an always-valid confidence sequence
 (`rl.stats.always_valid`), so the evidence may be read after every batch.
 
@@ -17,10 +17,10 @@ metric is shown non-inferior (or better), no metric is worse, and at least one o
 is better (the candidate must be better on the objective, not merely equal). The unpaired
 canary stages after it are guardrails: they pass once `min_n` candidate requests show no metric
 worse (their per-arm spread could not show non-inferiority on a canary's share of traffic).
-Verdicts need `min_n` observations. A critical metric that is
-worse vetoes: the rollout is rolled back at once. A non-critical worse metric blocks the pass.
-A `paired_only` metric is judged only on paired evidence (mirrored requests). `margin` is in the metric's units, or, with
-`relative: true`, a fraction of the stable arm's mean (e.g. 0.05: 5% more tokens).
+Verdicts need `min_n` observations. A critical metric that is worse vetoes: the rollout is
+rolled back at once. A non-critical worse metric blocks the pass. A `paired_only` metric is
+judged only on paired evidence (mirrored requests). `margin` is in the metric's units, or,
+with `relative: true`, a fraction of the stable arm's mean (e.g. 0.05: 5% more tokens).
 
 Observations come as sufficient statistics (`MetricStats`): paired ones (mirrored requests:
 the same question answered by both arms) carry the sums of the per-request differences;
