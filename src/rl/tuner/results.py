@@ -1,4 +1,5 @@
-"""What every tuner (PPO or a baseline) returns, and the one incumbent rule they answer with."""
+"""What a tuning run reads of any method (`TuneResult`: PPO's own, a search's
+`ask_tell.SearchResult.to_tune_result()`), and PPO's incumbent rule."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from rag.config import RAGConfig
 
 @dataclass
 class TuneResult:
-    """What any tuner (PPO or a baseline) returns."""
+    """What any method returns to `rl.tuner.run`: the config it recommends, its evaluations
+    (PPO: env steps; a search: rung results), their curve, wall seconds and method extras."""
 
     method: str
     best_config: RAGConfig

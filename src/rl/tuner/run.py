@@ -110,13 +110,14 @@ def ppo_iterations(steps: int, settings: Any) -> int:
     return max(1, (steps - settings.episode.length) // settings.ppo.train_batch_size)
 
 
-def default_budget(settings: Any, method: str, n_tune: int) -> int:
-    """Query-evaluations when none is given: for a search, 20 full tune splits (`n_tune`
-    queries each); for PPO, five training iterations and the read-out episode."""
+def default_budget(settings: Any, method: str, n_tune: int, space_size: int) -> int:
+    """Query-evaluations when none is given: for grid, every config of the space
+    (`space_size`) on the whole tune split (`n_tune` queries); for the other searches, 20 full
+    tune splits; for PPO, five training iterations and the read-out episode."""
     if method == "ppo":
         steps = 5 * settings.ppo.train_batch_size + settings.episode.length
         return steps * ppo_batch(settings, n_tune)
-    return 20 * n_tune
+    return n_tune * (space_size if method == "grid" else 20)
 
 
 def search(ev: Any, settings: Any, method: str, budget: int, seed: int = 0, *,
@@ -168,7 +169,8 @@ def _ppo(ev: Any, settings: Any, budget: int, seed: int, resume: str | Path | No
     """PPO under `budget` query-evaluations (module docstring)."""
     from rl.tuner.ppo import PPOTuner
 
-    steps = budget // ppo_batch(settings, len(ev.data.examples(ev.slice.tune_split)))
+    batch = ppo_batch(settings, len(ev.data.examples(ev.slice.tune_split)))
+    steps = budget // batch
     if steps < settings.episode.length + settings.ppo.train_batch_size:
         raise ConfigError("budget", f"{budget} query-evaluations buy {steps} PPO steps: one "
                                     f"iteration and the read-out need "
@@ -186,6 +188,7 @@ def _ppo(ev: Any, settings: Any, budget: int, seed: int, resume: str | Path | No
                 on_iteration(it, metrics, iters, tuner.history)
 
         res = tuner.train(iters, log=log)
+        res.extra["query_evals"] = res.evaluations * batch
         saved = tuner.save(Path(checkpoint_dir)) if checkpoint_dir else None
         return Search(res, list(tuner.history), saved)
     finally:
@@ -257,8 +260,12 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     for split in gold:
         for w in ev.data.gold_warnings(split):
             warn(w)
-    budget = budget or default_budget(settings, method,
-                                      len(ev.data.examples(ev.slice.tune_split)))
+    if budget is None:
+        from rl.kernel.space import ConfigSpace, is_conversational
+
+        size = ConfigSpace(settings, is_conversational(ev.data.dataset.examples)).size()
+        budget = default_budget(settings, method, len(ev.data.examples(ev.slice.tune_split)),
+                                size)
     mlflow_uri = None
     if mlflow_dir is not None:
         from rl.common.tracking import tracking_uri
@@ -315,7 +322,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
                # gold the corpus cannot reach, per split (rl.common.data.TuningData.gold_report)
                "gold": gold,
                "evaluations": res.evaluations, "budget": budget,
-               "query_evals": res.extra.get("query_evals", budget),
+               "query_evals": res.extra["query_evals"],
                "distinct_configs": len({c["config_hash"] for c in res.curve}),
                "wall_s": res.wall_s,
                "best_config_hash": best.config_hash,

@@ -96,18 +96,21 @@ _OPEN_LOCK = threading.Lock()
 
 
 def open_evaluator(spec: EvaluatorSpec) -> tuple[Any, Any]:
-    """(TunerEvaluator, ConfigSpace) of `spec`, opened once per process."""
+    """(TunerEvaluator, ConfigSpace) of `spec`, opened once per process (the space has the
+    query formulation head when the data is conversational)."""
     with _OPEN_LOCK:
         if spec not in _OPEN:
             from rl.common.data import TuningData
             from rl.kernel.evaluator import TunerEvaluator
             from rl.kernel.settings import TunerSettings
-            from rl.kernel.space import ConfigSpace
+            from rl.kernel.space import ConfigSpace, is_conversational
 
             policy = TunerSettings.from_dict(json.loads(spec.policy))
             ev = TunerEvaluator(TuningData.open(spec.dataset, run_dir=spec.run_dir), policy,
                                 cache_root=spec.cache_root)
-            _OPEN[spec] = (ev, ConfigSpace(policy))
+            space = ConfigSpace(policy, conversational=is_conversational(
+                ev.data.dataset.examples))  # as `rl.tuner.run.search` builds it
+            _OPEN[spec] = (ev, space)
         return _OPEN[spec]
 
 
@@ -115,13 +118,16 @@ def open_evaluator(spec: EvaluatorSpec) -> tuple[Any, Any]:
 def run_trial(params: dict[str, Any], spec: EvaluatorSpec, split: str,
               sizes: tuple[int, ...]) -> None:
     """The function trainable: score the config of `params` on each rung of `split`
-    (`ask_tell.evaluate_rung`) and `tune.report` each rung result with the node it ran on."""
+    (`ask_tell.evaluate_rung`) and `tune.report` each rung result with the node it ran on
+    (`training_iteration` is Tune's own count, the same rung level)."""
     from ray import tune
 
     ev, space = open_evaluator(spec)
     cfg, node = config_of(space, params), _node_id()
     for level in range(1, len(sizes) + 1):
-        tune.report({**evaluate_rung(ev, cfg, split, sizes, level), "node_id": node})
+        m = evaluate_rung(ev, cfg, split, sizes, level)
+        m.pop("training_iteration")
+        tune.report({**m, "node_id": node})
 
 
 def _node_id() -> str | None:

@@ -356,7 +356,8 @@ def add_parsers(sub) -> None:
     add_settings_argument(s)
     s.add_argument("--budget", type=int,
                    help="query-evaluations (one config scored on one query), every method: a "
-                        "search starts no trial once spent (default 20 x the tune split); ppo "
+                        "search starts no trial once spent (default 20 x the tune split; grid: "
+                        "every config on it); ppo "
                         "gets budget / min(episode.batch_size, tune split) steps, each one "
                         "config on one batch (default 5 PPO iterations and the read-out)")
     s.add_argument("--seed", type=int, default=0)
