@@ -1,0 +1,99 @@
+"""`ragpilot serve`'s stop and reload paths without Ray (serving.launch): the drain waits for
+the in-flight count every replica publishes to reach 0 and stay there, and gives up at its
+timeout; a reload of an invalid serve.yaml changes nothing and says why. The real thing under
+Serve: tests/test_serving_lifecycle.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from serving.launch import drain, inflight, reload_apps
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    """GET /metrics: two replicas' `ragpilot_inflight`, from the server's `counts()`."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        a, b = self.server.counts()
+        body = ("# TYPE ragpilot_inflight gauge\n"
+                f'ragpilot_inflight{{replica="h:1"}} {a}\n'
+                f'ragpilot_inflight{{replica="h:2"}} {b}\n').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    servers = []
+
+    def start(counts):
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+        srv.counts = counts
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+
+
+def test_drain_waits_until_every_replica_is_quiet(metrics_server, capsys):
+    url = metrics_server(lambda: (1, 2))
+    assert inflight(url) == 3
+    start: list[float] = []
+
+    def counts():  # from the drain's first read: replica 2 busy for 0.8 s, replica 1 for 0.4 s
+        start[:] = start or [time.monotonic()]
+        t = time.monotonic() - start[0]
+        return (1 if t < 0.4 else 0, 2 if t < 0.8 else 0)
+
+    url = metrics_server(counts)
+    assert drain(url, quiet_s=0.5, timeout_s=10) is True
+    took = time.monotonic() - start[0]
+    assert 1.3 <= took < 5, took  # 0.8 s busy + 0.5 s quiet
+    assert "request(s) in flight" in capsys.readouterr().out
+
+
+def test_drain_gives_up_at_its_timeout_or_on_a_second_signal(metrics_server, capsys):
+    url = metrics_server(lambda: (1, 0))
+    t0 = time.monotonic()
+    assert drain(url, quiet_s=0.5, timeout_s=1.0) is False
+    assert 1.0 <= time.monotonic() - t0 < 3
+    assert "still in flight" in capsys.readouterr().out
+    force = threading.Event()
+    force.set()
+    assert drain(url, quiet_s=0.5, timeout_s=60, give_up=force) is False
+
+
+def test_drain_of_an_app_that_no_longer_answers_ends_at_once():
+    from serving.netns import free_port
+
+    t0 = time.monotonic()
+    assert drain(f"http://127.0.0.1:{free_port()}", quiet_s=5, timeout_s=60) is True
+    assert time.monotonic() - t0 < 10
+
+
+def test_reload_of_an_invalid_file_changes_nothing(tmp_path, capsys):
+    running = [{"name": "ragpilot", "args": {"traffic": {"canary_percent": 10.0}}}]
+    bad = tmp_path / "serve.yaml"
+    bad.write_text("applications:\n  - name: ragpilot\n    import_path: serving.app:build_app\n"
+                   "    args:\n      traffic: {canary_percent: 500}\n")
+    assert reload_apps(bad, running) is running
+    out = capsys.readouterr().out
+    assert out.startswith("reload refused, nothing changed: ") and "canary_percent" in out
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text("applications:\n  - name: other\n    import_path: serving.app:build_app\n"
+                       "    args: {}\n")
+    assert reload_apps(renamed, running) is running
+    assert "needs a restart" in capsys.readouterr().out
