@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: the meta block, rows with bootstrap CIs, JSON + markdown output.
+"""Shared benchmark plumbing: the meta block, JSON + markdown output, and the row helpers of
+`rl.stats.rows` (rows with bootstrap CIs) under the names every benchmark imports from here.
 
 Every benchmark writes bench/results/<name>.json as
     {"meta": {commit, machine, datasets: {name: {path, sha256}}, seed, ...},
@@ -17,9 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rag.env import configure_runtime_env
+from rl.stats.rows import bootstrap_ci, metric_row, plain_row  # noqa: F401  (the row helpers)
 
 # every benchmark imports this module first: the process-wide defaults (threads, offline HF,
 # Ray) are set here, once, for all of them (`import rag` itself sets nothing)
@@ -27,34 +27,6 @@ configure_runtime_env()
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
-
-
-def bootstrap_ci(values, n_resamples: int = 10_000, seed: int = 0, ci: float = 0.95
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean (`rl.stats.bootstrap.bootstrap_mean_ci`); a single
-    value is its own interval, none or a non-finite one gives NaN."""
-    from rl.stats.bootstrap import bootstrap_mean_ci
-
-    x = np.asarray(values, dtype=np.float64)
-    if x.size < 2:
-        return (float(x.mean()) if x.size else float("nan"),) * 2
-    if not np.all(np.isfinite(x)):
-        return float("nan"), float("nan")
-    b = bootstrap_mean_ci(x, n_resamples, seed, ci)
-    return b.ci_low, b.ci_high
-
-
-def metric_row(dataset: str, system: str, metric: str, values, seed: int = 0) -> dict[str, Any]:
-    """Mean of per-query values with a 95% bootstrap CI."""
-    vals = np.asarray(list(values), dtype=np.float64)
-    lo, hi = bootstrap_ci(vals, seed=seed)
-    return {"dataset": dataset, "system": system, "metric": metric.lower(),
-            "value": float(vals.mean()), "ci_low": lo, "ci_high": hi, "n": int(vals.size)}
-
-
-def plain_row(dataset: str, system: str, metric: str, value: float, n: int) -> dict[str, Any]:
-    return {"dataset": dataset, "system": system, "metric": metric.lower(), "value": float(value),
-            "ci_low": None, "ci_high": None, "n": int(n)}
 
 
 def _sha256(path: Path) -> str:
