@@ -120,13 +120,20 @@ api.add_middleware(AuthMiddleware, guard=current_guard, routed=lambda scope: _ro
 
 
 def _routed(scope) -> bool:
-    """Whether a route of the API has this request's path (any method): the API-key check
-    runs only then, and any other path answers 404."""
+    """Whether a route of the application serving this request has its path (any method):
+    the API-key check runs only then, and any other path answers 404. The application is
+    the one Starlette put in `scope["app"]`, not this module's `api`: under Serve the replica
+    serves a by-value copy of it, and only that copy holds the ingress's routes. Without an
+    application in the scope every path counts as routed (the key check runs)."""
     from starlette.routing import Match
 
+    app = scope.get("app")
+    router = getattr(app, "router", None)
+    if router is None:
+        return True
     scope = {**scope, "path": route_path(scope), "root_path": ""}
     # another method on a route's path is a PARTIAL match: 405 after the key check
-    return any(route.matches(scope)[0] is not Match.NONE for route in api.router.routes)
+    return any(route.matches(scope)[0] is not Match.NONE for route in router.routes)
 
 
 _UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
