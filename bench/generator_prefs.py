@@ -15,7 +15,8 @@ pairs: `dpo_pairs_gold.jsonl` / `dpo_pairs_hybrid.jsonl` from the committed devi
   answers to the 500 HotpotQA train questions; ties dropped), the same 1,217 pairs as
   `bench/gpu_models_ingest.py` writes (`bench.gpu_models_ingest._pair_rows`).
 pairs --ranker judge:qwen+reference:pointwise: the same answer pairs re-judged against the gold
-  answer (2,763 decisive pairs; bench/judge_relabel.py), trained as `smollm2-<method>-ref`.
+  answer (2,763 decisive pairs; the grades resume from DIR/grades.json), trained as
+  `smollm2-<method>-ref`.
 render: every method system (`smollm2-dpo`, `smollm2-ipo`, `smollm2-orpo`, each `-ref`) found
   in the eval part beside `smollm2-sft`, with the training line from each merged folder's
   metadata; a method not re-run here is named as such (the committed `smollm2-dpo` row of

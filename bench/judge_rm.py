@@ -7,8 +7,8 @@ preferences, against the committed `quality-rm` (distilled from the metric judge
 Teacher: `judge:qwen+reference:pointwise` (each answer graded alone against the gold answer,
 bench/judge_reference.py), on the committed device run's (Qwen2.5-Coder-1.5B, SmolLM2-135M)
 answer pairs to the 500 HotpotQA train questions, gold and hybrid contexts
-(bench/results/gpu_models_raw; the grades of bench/judge_relabel.py, committed in
-bench/results/judge_grades.json.gz). The student sees what a reward model sees at serving time:
+(bench/results/gpu_models_raw; the grades `bench/generator_prefs.py --section pairs --ranker
+judge:qwen+reference:pointwise` writes, committed in bench/results/judge_grades.json.gz). The student sees what a reward model sees at serving time:
 the question, the contexts and the answer, never the gold answer (`rag.metrics.reward_model`
 features). One fifth of the train questions (by a hash of the id) is held out.
 
