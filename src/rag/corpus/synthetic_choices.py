@@ -6,8 +6,9 @@ RAG configs are right, with the right one known by construction (`FAMILY_BEST`).
 
 Families (the example's `category`; routing features never read it):
   lexical      a rare identifier titles the passage ("In which year was instrument QX-4471
-               calibrated?"); sibling instruments share every other word, so exact term
-               matching (BM25) finds it and a bi-encoder mostly does not
+               calibrated?"); sibling instruments share every other word and calibration logs
+               are closer in meaning to the question than the passage, so exact term matching
+               (BM25) finds it and a bi-encoder mostly does not
   paraphrase   the question shares no content word with its passage ("Which timid night-active
                avian eats grain in the woods?" for "The Zorvik is a shy nocturnal bird that feeds
                on seeds in the forest."): BM25 has nothing to match, a bi-encoder matches meaning
@@ -109,6 +110,12 @@ def make_choice_world(seed: int = 0, per_family: int = 50) -> SyntheticWorld:
                 [f"Instrument {codes[i]} is a pressure gauge kept in the municipal vault.",
                  f"It was calibrated in {year}."], "instrument")
         instruments.append((p, year))
+    for i, year in enumerate(rng.sample(range(1900, 2021), per_family // 2 + 1)):
+        # close in meaning to every instrument question, without any code: a bi-encoder ranks
+        # these first, exact term matching ranks the code's passage first
+        add(f"chw-log-{i:03d}", f"Calibration log {year}",
+            [f"The {year} calibration log of the municipal vault lists every pressure gauge "
+             "that was calibrated that season."], "log")
 
     # --- creatures (paraphrase): unique attribute combinations, questions in synonyms
     combos = [(t, tm, k, f, h) for t in range(len(_TEMPER)) for tm in range(len(_TIME))
