@@ -244,6 +244,9 @@ def main() -> None:
             parts_dir.mkdir(parents=True, exist_ok=True)
             f.write_text(json.dumps(parts[-1], default=str))
     rows = [r for p in parts for r in p["rows"]]
+    for r in rows:  # a ratio of volumes: three decimals say all it can
+        if r["metric"] == "hypervolume_ratio" and r["value"] is not None:
+            r["value"] = round(r["value"], 3)
     meta = make_meta(args.seed, {d: data_root() / d for d in datasets if d != "synthetic"},
                      {"quick": args.quick, "searcher": SEARCHER, "budget_x": args.budget_x,
                       "extra": args.extra, "targets": TARGETS,
