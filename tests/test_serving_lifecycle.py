@@ -68,7 +68,8 @@ def _listening_beyond_loopback() -> list[tuple[str, int, str]]:
 
     out = []
     for c in psutil.net_connections(kind="tcp"):
-        if c.status != psutil.CONN_LISTEN or c.laddr.ip.startswith("127.") or c.laddr.ip == "::1":
+        ip = c.laddr.ip.removeprefix("::ffff:")  # an IPv4 address on an IPv6 socket
+        if c.status != psutil.CONN_LISTEN or ip.startswith("127.") or ip == "::1":
             continue
         try:
             name = psutil.Process(c.pid).name() if c.pid else "?"
@@ -105,7 +106,12 @@ def test_cold_start_and_sigterm_drains_in_flight_requests(tmp_path) -> None:
         print("listening on every interface:", exposed)
         assert ("127.0.0.1", port) not in exposed and all(p != port for _, p, _ in exposed)
 
-        # a config change without a restart: the edited file, then SIGHUP
+        # a config change without a restart: the edited file, then SIGHUP (once the server
+        # says it is serving: /readyz can answer before `ragpilot serve` has returned from
+        # deploying)
+        while "ragpilot serving at" not in (tmp_path / "serve.log").read_text():
+            assert time.perf_counter() - t0 < 300 and proc.poll() is None
+            time.sleep(0.2)
         token, _ = KeyFile(tmp_path / "keys.json").create("admin", name="lifecycle")
         admin = {"X-API-Key": token}
         with httpx.Client(base_url=url, timeout=60) as h:

@@ -29,6 +29,8 @@ import httpx
 import pytest
 import yaml
 
+from serving.auth import KeyFile
+
 pytestmark = pytest.mark.ray
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +52,7 @@ def _prometheus_binary() -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(prometheus binary, app URL, Prometheus API URL, tuner exporter port)."""
+    """(admin key headers, app URL, Prometheus API URL)."""
     exe = _prometheus_binary()  # skip before paying for a Serve start-up
     import ray
 
@@ -63,13 +65,14 @@ def served(tmp_path_factory):
         print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     tmp = tmp_path_factory.mktemp("serve-prom")
     store = tmp / "interactions.sqlite"
+    token, _ = KeyFile(tmp / "keys.json").create("admin", name="serve-prom")
     args = {"store_url": str(store), "base": {"generator": "extractive", "variant": "bm25"},
             "canary": {"k": 3}, "shadow": {"k": 4},
             "traffic": {"canary_percent": 40.0, "shadow_percent": 20.0},
             "limits": {"max_inflight": 64, "rate_per_s": 1e6, "burst": 1e6},
             "ingress": {"replicas": 2, "sync_interval_s": 0.1, "metrics_interval_s": 0.5},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
-            "rollout_dir": str(tmp / "rollout")}
+            "auth": {"keys_file": str(tmp / "keys.json")}, "rollout_dir": str(tmp / "rollout")}
     url = start_local(args, port=netns.free_port())
     tuner_port, prom_port = netns.free_port(), netns.free_port()
     tuner = _tuner_exporter(tuner_port)
@@ -79,7 +82,7 @@ def served(tmp_path_factory):
                              f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        yield exe, url, f"http://127.0.0.1:{prom_port}"
+        yield {"X-API-Key": token}, url, f"http://127.0.0.1:{prom_port}"
     finally:
         proc.terminate()
         try:
@@ -200,7 +203,7 @@ def test_counters_add_up_across_two_ingress_replicas(served) -> None:
 def test_every_series_the_dashboards_and_rules_read_exists(served) -> None:
     from tests.unit.test_dashboards import dashboard_exprs, metric_names, rule_exprs
 
-    _, url, api = served
+    admin, url, api = served
     rs = _ask(url, 60, "series")
     assert all(r.status_code == 200 for r in rs), rs[0].text
     with httpx.Client(base_url=url, timeout=60) as c:
@@ -208,10 +211,11 @@ def test_every_series_the_dashboards_and_rules_read_exists(served) -> None:
             assert c.post("/feedback", json={"interaction_id": r.json()["interaction_id"],
                                              "reward": 0.7}).status_code == 200
         job = c.post("/tuner/evaluate", json={"config": {"variant": "bm25"}, "dataset":
-                                              "synthetic", "split": "valid", "batch_size": 8})
+                                              "synthetic", "split": "valid", "batch_size": 8},
+                     headers=admin)
         assert job.status_code == 202, job.text
         deadline = time.time() + 240
-        while c.get(job.json()["poll"]).json()["status"] == "running":
+        while c.get(job.json()["poll"], headers=admin).json()["status"] == "running":
             assert time.time() < deadline, "tuner job did not finish in 240 s"
             time.sleep(0.5)
     _ask(url, 20, "series-b")  # traffic after the feedback: the ratios are numbers

@@ -281,8 +281,8 @@ def drain(url: str, quiet_s: float, timeout_s: float = DRAIN_TIMEOUT_S,
     start = quiet_since = time.monotonic()
     last_print = 0.0
     while True:
-        now = time.monotonic()
         n = inflight(url)
+        now = time.monotonic()  # after the read: a busy answer restarts the quiet window
         if n is None:
             return True
         if n > 0:
@@ -340,6 +340,16 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
     from serving.schemas import ServeSettings
 
     t_start = time.monotonic()
+    # handlers first: a signal during start-up is acted on once the app is up (SIGHUP's default
+    # action would kill the process)
+    stop, force, reload = threading.Event(), threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:
+        (force if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     http, apps = read_serve_yaml(config)
     built = [build_app(a.get("args")) for a in apps]  # every one checked before any starts
     print(f"serve: {config} checked ({len(apps)} application(s)); starting Ray and Serve, "
@@ -360,14 +370,6 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
     print(f"ragpilot serving at {url} (docs: {url}/docs; proxy: {resolve_proxy(proxy)}; "
           f"pid {os.getpid()}); SIGHUP reloads {config}, Ctrl-C or SIGTERM stops it",
           flush=True)
-    stop, force, reload = threading.Event(), threading.Event(), threading.Event()
-
-    def on_signal(*_) -> None:
-        (force if stop.is_set() else stop).set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     while not stop.is_set():
         if reload.is_set():
             reload.clear()

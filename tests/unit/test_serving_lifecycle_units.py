@@ -61,7 +61,7 @@ def test_drain_waits_until_every_replica_is_quiet(metrics_server, capsys):
     url = metrics_server(counts)
     assert drain(url, quiet_s=0.5, timeout_s=10) is True
     took = time.monotonic() - start[0]
-    assert 1.3 <= took < 5, took  # 0.8 s busy + 0.5 s quiet
+    assert 1.1 <= took < 5, took  # 0.8 s busy (read every ~0.1 s) + 0.5 s quiet
     assert "request(s) in flight" in capsys.readouterr().out
 
 
