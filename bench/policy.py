@@ -76,7 +76,6 @@ from bench.common import (  # noqa: E402
     write_results,
 )
 from bench.headroom import MAIN_SEGMENTS, matrices, segmentations  # noqa: E402
-from bench.policy_diagnosis import summary as diagnosis_summary  # noqa: E402
 from bench.policy_ppo import SYSTEM as PPO  # noqa: E402
 from bench.policy_ppo import (  # noqa: E402
     Part,
@@ -736,12 +735,9 @@ def main() -> None:
     if a.parts_dir:
         return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
-    diag = RESULTS / "policy_diagnosis.json"
-    diagnosis = (None if a.quick or not diag.exists()
-                 else diagnosis_summary(json.loads(diag.read_text())["meta"]))
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts), "diagnosis": diagnosis,
+        "from_parts": bool(a.from_parts),
         "crossfit": {ds: d["crossfit"]["k"] for ds, d in details.items() if d.get("crossfit")},
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),

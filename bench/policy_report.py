@@ -575,8 +575,6 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "",
     ]
     out += [_overall(meta, rows), ""]
-    if meta.get("diagnosis"):
-        out += ["## Why the cold-start PPO lost (diagnosis)", "", meta["diagnosis"], ""]
     for ds, d in meta["details"].items():
         if d.get("crossfit"):
             out += [_crossfit_summary(ds, d, rows), "", _ppo_summary(ds, d, rows), ""]

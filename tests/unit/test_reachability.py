@@ -152,12 +152,7 @@ def test_every_src_module_is_reached_from_the_product():
 
 # --- bench/ ---------------------------------------------------------------------------------
 
-ALLOWED_BENCH_CYCLES = {
-    ("bench.policy", "bench.policy_diagnosis"):
-        "bench/policy.py reads policy_diagnosis.json and imports its summary; policy.py is "
-        "being reworked in another change this round (issue 59 item 3), which retires the "
-        "diagnosis study",
-}
+ALLOWED_BENCH_CYCLES: dict[tuple[str, str], str] = {}
 """Import cycles among bench/*.py still present, each with why."""
 
 
