@@ -107,21 +107,6 @@ def write_markdown(name: str, meta: dict, md_title: str, md_body: str) -> Path:
     return path
 
 
-def rerender(name: str, quick: bool, md_title: str, body) -> Path:
-    """Rewrite <name>[.quick].md from its committed JSON with `body(meta, rows)`: a changed
-    table layout without re-running the measurement."""
-    path = RESULTS / (f"{name}.quick.json" if quick else f"{name}.json")
-    data = json.loads(path.read_text())
-    out = write_markdown(name, data["meta"], md_title, body(data["meta"], data["rows"]))
-    print(f"wrote {out} from {path}")
-    return out
-
-
-def rerendered_note(name: str, quick: bool) -> str:
-    return (f"Re-rendered from {name}{'.quick' if quick else ''}.json by `python bench/{name}.py "
-            f"--render-only{' --quick' if quick else ''}` (no evaluation rerun).")
-
-
 CONVERSATIONAL = ("mtrag",)
 """Datasets whose tuner space has the conversation heads (`ConfigSpace(conversational=...)`):
 the same space for every bench that searches or probes it."""

@@ -3,7 +3,6 @@ and the per-segment lookup (B2), on HotpotQA, SciFact and MTRAG.
 
     python bench/policy.py                 # full: 3 datasets, train / valid / test
     python bench/policy.py --quick         # < 2 min: the synthetic world
-    python bench/policy.py --render-only   # rewrite policy.md from policy.json
 
 Arms: the 30-config portfolio of `bench/headroom.py` (`PORTFOLIO`), plus the best-known config
 of the searchers' benchmark (`bench/results/search.json`, `meta.details[<dataset>].best_known`)
@@ -65,14 +64,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
-    RESULTS,
     SEARCH_JSON,
     cost_model_used,
     evaluator,
     head_commit,
     make_meta,
     metric_row,
-    rerender,
     write_results,
 )
 from bench.headroom import MAIN_SEGMENTS, matrices, segmentations  # noqa: E402
@@ -532,35 +529,6 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     print(f"[{ds}] done in {details[ds]['wall_s']}s (features {feat_s:.1f}s)", flush=True)
 
 
-def merge_variants(part: dict, extra: dict) -> None:
-    """Add `extra`'s lower-budget PPO variants (rows of `ppo-policy-budget<x>` systems and
-    their details) to `part`, a dataset's part file from another process."""
-    names = set(extra["details"].get("ppo_variants") or {})
-    part["rows"] += [r for r in extra["rows"]
-                     if r["system"].split(" - ")[0] in names]
-    part["details"].setdefault("ppo_variants", {}).update(
-        {k: extra["details"]["ppo_variants"][k] for k in names})
-
-
-def split_results(path: Path, datasets: Sequence[str], out_dir: Path) -> list[Path]:
-    """Write `out_dir/<dataset>.json` part files (`--parts-dir`'s format) from a committed
-    results file, each marked with the commit that produced it (`part_commit`), so a re-run
-    of some datasets is assembled with the others' committed rows (`--from-parts`)."""
-    doc = json.loads(Path(path).read_text())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for ds in datasets:
-        if ds not in doc["meta"]["details"]:
-            raise ValueError(f"{path}: no dataset {ds!r} "
-                             f"({', '.join(doc['meta']['details'])})")
-        details = {"part_commit": doc["meta"]["commit"], **doc["meta"]["details"][ds]}
-        f = out_dir / f"{ds}.json"
-        f.write_text(json.dumps({"rows": [r for r in doc["rows"] if r["dataset"] == ds],
-                                 "details": details}))
-        written.append(f)
-    return written
-
-
 def _deadline(hhmm: str | None) -> float | None:
     """Epoch seconds of HH:MM UTC today, or None."""
     if not hhmm:
@@ -675,31 +643,7 @@ def main() -> None:
                     help="datasets evaluated by cross-fitted folds instead of their committed "
                          "splits, as DATASET=K[,...] (K >= 3), or none (issue 19: MTRAG is "
                          "small)")
-    ap.add_argument("--parts-dir", type=Path, default=None,
-                    help="write each dataset's rows and details to DIR/<dataset>.json (run "
-                         "datasets as separate processes) instead of the results")
-    ap.add_argument("--from-parts", type=Path, nargs="+", default=None,
-                    help="assemble the results from DIR/<dataset>.json of --parts-dir runs; "
-                         "later DIRs add only their ppo-policy-budget<x> variants (a variant "
-                         "run as its own process)")
-    ap.add_argument("--split-results", type=Path, default=None, metavar="DIR",
-                    help="write DIR/<dataset>.json parts of --datasets from the committed "
-                         "results (to assemble with a re-run of other datasets) and exit")
-    ap.add_argument("--render-only", action="store_true",
-                    help="rewrite the markdown from the existing JSON; evaluate nothing")
     a = ap.parse_args()
-    if a.render_only:
-        rerender(NAME, a.quick, TITLE, markdown)
-        return
-    if a.split_results:
-        try:
-            for f in split_results(RESULTS / f"{NAME}.json", a.datasets.split(","),
-                                   a.split_results):
-                print(f"wrote {f}")
-        except (OSError, ValueError) as e:
-            print(f"error: --split-results: {e}", file=sys.stderr)
-            raise SystemExit(2) from e
-        return
     datasets = ["synthetic"] if a.quick else a.datasets.split(",")
     policy = TunerSettings.defaults()
     ppo = None if a.no_ppo else _ppo_settings(a)
@@ -713,31 +657,13 @@ def main() -> None:
     rows: list[dict] = []
     details: dict[str, Any] = {}
     t0 = time.perf_counter()
-    if a.from_parts:
-        datasets = []
-        for ds in a.datasets.split(","):
-            part = json.loads((a.from_parts[0] / f"{ds}.json").read_text())
-            for extra in a.from_parts[1:]:
-                if (extra / f"{ds}.json").exists():
-                    merge_variants(part, json.loads((extra / f"{ds}.json").read_text()))
-            rows += part["rows"]
-            details[ds] = part["details"]
-            datasets.append(ds)
-            t0 -= part["details"]["wall_s"]
-    for ds in [] if a.from_parts else datasets:
+    for ds in datasets:
         run_dataset(ds, policy, a.seed, rows, details, a.search_json, ppo, a.ppo_out,
                     a.max_train, _deadline(a.ppo_deadline), ppo_run,
                     folds=crossfit.get(ds, 1))
-        if a.parts_dir:
-            a.parts_dir.mkdir(parents=True, exist_ok=True)
-            (a.parts_dir / f"{ds}.json").write_text(json.dumps(
-                {"rows": [r for r in rows if r["dataset"] == ds], "details": details[ds]}))
-    if a.parts_dir:
-        return
     files = {} if a.quick else {d: data_root() / d for d in datasets}
     meta = make_meta(a.seed, files, {
         "quick": a.quick, "wall_s": round(time.perf_counter() - t0, 1),
-        "from_parts": bool(a.from_parts),
         "crossfit": {ds: d["crossfit"]["k"] for ds, d in details.items() if d.get("crossfit")},
         "base_config": policy.base_config().model_dump(mode="json"),
         "features": list(FEATURE_NAMES),

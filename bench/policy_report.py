@@ -434,8 +434,7 @@ def _protocol(meta: dict) -> str:
 
 
 def _formulations(meta: dict) -> str:
-    """Which datasets' routers also chose the query formulation (conversational data), and
-    which commit produced each dataset's rows when they were assembled from parts."""
+    """Which datasets' routers also chose the query formulation (conversational data)."""
     out = []
     for ds, d in meta["details"].items():
         views = d.get("formulation_views") or []
@@ -449,30 +448,7 @@ def _formulations(meta: dict) -> str:
                        "`rl.routing.features.conversation_views`), the design the retired "
                        "router_formulation study chose on train ∪ valid with test unread "
                        "(docs/results.md).")
-    commits = {ds: d.get("part_commit") or meta["commit"] for ds, d in meta["details"].items()}
-    if len(set(commits.values())) > 1:
-        out.append("Rows by dataset come from the runs at commits "
-                   + ", ".join(f"{ds} {c[:7]}" for ds, c in commits.items())
-                   + (" (`--from-parts`; src/ and bench/ are the same at those commits)."
-                      if _same_code(set(commits.values())) else
-                      " (`--from-parts`; the later changes touch conversational data only)."))
     return (" ".join(out) + " ") if out else ""
-
-
-def _same_code(commits: set[str]) -> bool:
-    """Whether src/ and bench/ are identical at every one of `commits` (False when git cannot
-    tell, e.g. outside a clone)."""
-    import subprocess
-
-    from bench.common import REPO
-
-    first, *rest = sorted(commits)
-    try:
-        return all(subprocess.run(["git", "diff", "--quiet", first, c, "--", "src", "bench"],
-                                  cwd=REPO, capture_output=True, timeout=30).returncode == 0
-                   for c in rest)
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def _residual(meta: dict) -> str:

@@ -85,36 +85,6 @@ def test_ppo_flags_parse_into_a_grid_and_bad_values_exit_2(capsys):
     assert "--ppo-grid" in capsys.readouterr().err
 
 
-def test_merge_variants_takes_only_the_variant_rows():
-    from bench.policy import merge_variants
-
-    part = {"rows": [{"system": "ppo-policy"}], "details": {"ppo_variants": {}}}
-    extra = {"rows": [{"system": "best-static"}, {"system": "ppo-policy-budget0.75"},
-                      {"system": "ppo-policy-budget0.75 - best-static"}],
-             "details": {"ppo_variants": {"ppo-policy-budget0.75": {"seeds": [0]}}}}
-    merge_variants(part, extra)
-    assert [r["system"] for r in part["rows"]] == [
-        "ppo-policy", "ppo-policy-budget0.75", "ppo-policy-budget0.75 - best-static"]
-    assert part["details"]["ppo_variants"] == {"ppo-policy-budget0.75": {"seeds": [0]}}
-
-
-
-def test_split_results_writes_parts_that_name_their_commit(tmp_path):
-    import json
-
-    from bench.policy import split_results
-
-    doc = {"meta": {"commit": "abc123", "details": {"a": {"wall_s": 1.0}, "b": {"wall_s": 2.0}}},
-           "rows": [{"dataset": "a", "system": "x"}, {"dataset": "b", "system": "y"}]}
-    src = tmp_path / "policy.json"
-    src.write_text(json.dumps(doc))
-    (f,) = split_results(src, ["b"], tmp_path / "parts")
-    part = json.loads(f.read_text())
-    assert f.name == "b.json" and part["rows"] == [{"dataset": "b", "system": "y"}]
-    assert part["details"] == {"part_commit": "abc123", "wall_s": 2.0}
-    with pytest.raises(ValueError, match="no dataset 'c'"):
-        split_results(src, ["c"], tmp_path / "parts")
-
 class _Ex:
     def __init__(self, id_, meta=None):
         self.id, self.metadata = id_, meta
