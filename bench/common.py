@@ -110,44 +110,26 @@ def write_markdown(name: str, meta: dict, md_title: str, md_body: str) -> Path:
 CONVERSATIONAL = ("mtrag",)
 """Datasets whose tuner space has the conversation heads (`ConfigSpace(conversational=...)`):
 the same space for every bench that searches or probes it."""
-SEARCH_JSON = RESULTS / "search.json"
-"""bench/search.py's committed results: per dataset its best-known config and cost model."""
-PINNED = RESULTS.parent.parent / "runs" / "cost-models"
-"""Where `evaluator` writes the cost models it prices with (git-ignored)."""
 
 
-def evaluator(ds: str, policy, search_json: Path = SEARCH_JSON
-              ) -> tuple[Any, dict[str, Any]]:
-    """(`ds`'s TunerEvaluator, where its cost model came from). Latency is priced with the
-    cost model `search_json` stored for `ds` (`meta.details.<ds>.cost_model`, measured by
-    bench/search.py and committed), so a rerun on another machine or day gives the same
-    rewards; without one, the evaluator's own (measured on first use and cached beside the
-    rows: the machine's load that day goes into every reward). `policy`: TunerSettings."""
-    import hashlib
+def evaluator(ds: str, policy) -> tuple[Any, dict[str, Any]]:
+    """(`ds`'s TunerEvaluator, where its cost model came from). `policy`: TunerSettings.
 
+    Latency is priced with the library's cost model, as `ragpilot tune` prices it
+    (`rl.kernel.cost_model`, measured by `rl.kernel.cost_measure`): each component measured
+    on this machine on first use and kept beside the tuner's rows, so every evaluation of a
+    run, and later runs on the same machine, price with the same numbers (delete the file to
+    re-measure). No committed result is read. A benchmark stores the model it priced with in
+    its results (`cost_model_used`)."""
     from rl.common.data import TuningData
     from rl.kernel.evaluator import TunerEvaluator
 
-    saved = None
-    if search_json.exists():
-        details = json.loads(search_json.read_text()).get("meta", {}).get("details", {})
-        saved = (details.get(ds) or {}).get("cost_model")
-    if not saved:
-        ev = TunerEvaluator(TuningData.open(ds), policy)
-        return ev, {"source": "measured", "path": str(ev.cost_model.path)}
-    text = json.dumps(saved, indent=1, sort_keys=True)
-    path = PINNED / f"cost-model-{ds}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    ev = TunerEvaluator(TuningData.open(ds), policy, cost_model=path)
-    return ev, {"source": str(search_json), "measured_at": saved.get("meta", {}).get(
-        "measured_at"), "components": sorted(saved.get("components", {}))}
+    ev = TunerEvaluator(TuningData.open(ds), policy)
+    return ev, {"source": "measured", "path": str(ev.cost_model.path)}
 
 
 def cost_model_used(ev, provenance: dict[str, Any]) -> dict[str, Any]:
-    """`provenance` plus the components measured during this run (missing from the pinned
-    model: `CostModel` measures a component on first use)."""
-    have = set(provenance.get("components", []))
-    added = sorted(set(ev.cost_model.components) - have) if have else []
-    return {**{k: v for k, v in provenance.items() if k != "components"}, "added": added}
+    """`provenance` plus the cost model `ev` priced with, as `CostModel.to_dict()` gives it
+    (`meta`: machine and time of the last measurement; `components`: every coefficient), so
+    a run's latencies can be recomputed from its own results."""
+    return {**provenance, **ev.cost_model.to_dict()}

@@ -8,8 +8,8 @@ A fixed portfolio of configs (`PORTFOLIO`: the static default plus 29 spread ove
 k, fusion weight and normalisation, MMR, cosine rerank and the two prompts, each made from the
 policy's base config) is evaluated on every query of the dataset's tune split (`valid`) and,
 as a check, its holdout (`test`), through the tuner's own per-query tables
-(`TunerEvaluator.table`; latency priced with the cost model bench/search.py committed for
-the dataset, `bench.common.evaluator`, recorded in `details[ds]["cost_model"]`). Per query:
+(`TunerEvaluator.table`; latency priced with the cost model measured on this machine,
+`bench.common.evaluator`, recorded in `details[ds]["cost_model"]`). Per query:
 reward = `TunerEvaluator.per_query_reward` (no batch gates), quality = `RewardSpec.quality` of the evaluator's F and R (αF + βR), cost = tokens.
 From the (queries × configs) matrices (`rl.stats.headroom`), rows (reward units unless said):
 

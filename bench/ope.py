@@ -5,9 +5,9 @@ logs, and the serving policy's pick latency, on HotpotQA, SciFact and MTRAG.
     python bench/ope.py --quick         # < 2 min: the synthetic world
 
 Data: `bench/policy.py`'s protocol, reused (imported): its arms (the 30-config headroom
-portfolio + the searchers' best-known config), its train / valid / test parts and the
-(queries × arms) reward, quality and token matrices (`bench.headroom.matrices`, cached rows;
-latency priced with search.json's cost model: `bench.common.evaluator`), features from
+portfolio), its train / valid / test parts and the (queries × arms) reward, quality and
+token matrices (`bench.headroom.matrices`, cached rows; latency priced with the cost model
+measured on this machine: `bench.common.evaluator`), features from
 `rl.routing.features.QueryFeaturizer`. On conversational data (MTRAG) both are bench/policy.py's
 formulation design: the 85 arms (each portfolio arm again with `last_two_user` and `all_user`)
 and the 126 columns (the retrieval features on each formulation and their differences).
@@ -68,7 +68,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
-    SEARCH_JSON,
     cost_model_used,
     evaluator,
     make_meta,
@@ -110,10 +109,10 @@ LOGS = (("one-pass", None, 0.0), ("stream", STREAM_ROUNDS, 0.0),
 ESTIMATORS = ("ips", "snips", "dr", "dr-trainq")
 
 
-def load(ds: str, policy: TunerSettings, seed: int, search_json: Path = SEARCH_JSON
+def load(ds: str, policy: TunerSettings, seed: int, search_json: Path | None = None
          ) -> dict[str, Any]:
     """bench/policy.py's arms, parts, matrices and features for `ds`."""
-    ev, cost_source = evaluator(ds, policy, search_json)  # SciFact's train qrels included
+    ev, cost_source = evaluator(ds, policy)  # SciFact's train qrels included
     # conversational data: bench/policy.py's formulation arms and views
     views = conversation_views(ev.data.dataset.examples)
     configs = arms(ds, policy, search_json, views)
@@ -232,7 +231,7 @@ def pick_latency(ds: str, data: dict, router, names: list[str], policy: TunerSet
 
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
-                search_json: Path = SEARCH_JSON, latency: bool = True,
+                search_json: Path | None = None, latency: bool = True,
                 draws: int = N_DRAWS) -> None:
     t0 = time.perf_counter()
     data = load(ds, policy, seed, search_json)

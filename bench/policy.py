@@ -4,13 +4,13 @@ and the per-segment lookup (B2), on HotpotQA, SciFact and MTRAG.
     python bench/policy.py                 # full: 3 datasets, train / valid / test
     python bench/policy.py --quick         # < 2 min: the synthetic world
 
-Arms: the 30-config portfolio of `bench/headroom.py` (`PORTFOLIO`), plus the best-known config
-of the searchers' benchmark (`bench/results/search.json`, `meta.details[<dataset>].best_known`)
-when that file exists. Every arm is evaluated on every query of train, valid and test through
-the tuner's per-query tables (`TunerEvaluator.table`): reward = `per_query_reward`, quality =
-αF + βR, cost = tokens. Latency is priced with the cost model that search.json stored for the
-dataset (`bench.common.evaluator`: the same rewards on any machine or day; measured here only
-without one; `details[ds]["cost_model"]` says which). Features:
+Arms: the 30-config portfolio of `bench/headroom.py` (`PORTFOLIO`), plus, with `--search-json
+FILE` (the results of a `bench/search.py` run), that run's best-known config
+(`meta.details[<dataset>].best_known`). Every arm is evaluated on every query of train, valid
+and test through the tuner's per-query tables (`TunerEvaluator.table`): reward =
+`per_query_reward`, quality = αF + βR, cost = tokens. Latency is priced with the library's cost
+model measured on this machine (`bench.common.evaluator`), stored in
+`details[ds]["cost_model"]`. Features:
 `rl.routing.features.QueryFeaturizer` over the memoised indexes with the policy's base config
 (no gold).
 
@@ -64,7 +64,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
-    SEARCH_JSON,
     cost_model_used,
     evaluator,
     head_commit,
@@ -116,23 +115,26 @@ SYSTEMS = ("supervised-router", "supervised-router-equal-cost", "per-segment-bes
            "per-query-oracle")
 
 
-def _search_meta(path: Path) -> dict:
-    return json.loads(path.read_text()).get("meta", {}) if path.exists() else {}
+def _search_meta(path: Path | None) -> dict:
+    """The `meta` of `bench/search.py`'s results at `path` ({} for None); a missing file is
+    the caller's error (`OSError`)."""
+    return json.loads(Path(path).read_text()).get("meta", {}) if path else {}
 
 
 def _best_known(meta: dict, ds: str) -> dict:
     return (meta.get("details", {}).get(ds) or {}).get("best_known") or {}
 
 
-def search_best(ds: str, path: Path = SEARCH_JSON) -> RAGConfig | None:
-    """The best-known config of `bench/search.py`'s run on `ds`, or None without one."""
+def search_best(ds: str, path: Path | None = None) -> RAGConfig | None:
+    """The best-known config for `ds` in `bench/search.py`'s results at `path`, or None (no
+    path, or none for `ds`)."""
     cfg = _best_known(_search_meta(path), ds).get("config")
     return RAGConfig.from_dict(cfg) if cfg else None
 
 
-def search_best_provenance(ds: str, path: Path = SEARCH_JSON) -> dict | None:
+def search_best_provenance(ds: str, path: Path | None = None) -> dict | None:
     """Which config the `search-best-known` arm was, and where it came from (None without one):
-    search.json's best-known moves whenever a search finds a better one, so a policy run
+    a search's best-known moves whenever it finds a better one, so a policy run
     records the one it used (its hash, valid reward, finder and the file's commit)."""
     meta = _search_meta(path)
     best = _best_known(meta, ds)
@@ -143,9 +145,10 @@ def search_best_provenance(ds: str, path: Path = SEARCH_JSON) -> dict | None:
             "seed": best.get("seed"), "file": str(path), "file_commit": meta.get("commit")}
 
 
-def arms(ds: str, policy: TunerSettings, search_json: Path = SEARCH_JSON,
+def arms(ds: str, policy: TunerSettings, search_json: Path | None = None,
          formulations: Sequence[str] = ()) -> list[tuple[str, RAGConfig]]:
-    """The headroom portfolio, plus the searchers' best-known config when there is one, plus
+    """The headroom portfolio, plus the best-known config of the search results `search_json`
+    when given and it has one for `ds`, plus
     (`formulations`: conversational data) the portfolio's arms with each other query
     formulation (`rl.routing.portfolio.with_formulations`; the best-known config as it is)."""
     out = portfolio(policy)
@@ -474,7 +477,7 @@ def _features(ev, policy: TunerSettings, all_parts: list[dict[str, Part]],
 
 
 def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: dict,
-                search_json: Path = SEARCH_JSON, ppo: PPOPolicySettings | None = None,
+                search_json: Path | None = None, ppo: PPOPolicySettings | None = None,
                 ppo_out: Path | None = None, max_train: int | None = None,
                 ppo_deadline: float | None = None, ppo_run: PPORun | None = None,
                 folds: int = 1) -> None:
@@ -485,7 +488,7 @@ def run_dataset(ds: str, policy: TunerSettings, seed: int, rows: list, details: 
     t0 = time.perf_counter()
     commit = head_commit()  # the code that runs (HEAD may move meanwhile)
     run = ppo_run or PPORun()
-    ev, cost_source = evaluator(ds, policy, search_json)
+    ev, cost_source = evaluator(ds, policy)
     # conversational data: formulation arms and views (bench/router_formulation.py's design)
     views = conversation_views(ev.data.dataset.examples)
     configs = arms(ds, policy, search_json, views)
@@ -609,8 +612,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the synthetic world only (< 2 min)")
     ap.add_argument("--datasets", default="hotpotqa,scifact,mtrag")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--search-json", type=Path, default=SEARCH_JSON,
-                    help="bench/search.py's results, whose best-known configs join the arms")
+    ap.add_argument("--search-json", type=Path, default=None,
+                    help="a bench/search.py results JSON written by a search run (under runs/), "
+                         "whose best-known config per dataset joins the arms (default: none)")
     ap.add_argument("--no-ppo", action="store_true", help="skip the ppo-policy system")
     ap.add_argument("--ppo-iters", type=int, default=None,
                     help="PPO iterations per seed (default: configs/routing/ppo.yaml)")
@@ -671,7 +675,7 @@ def main() -> None:
         "ppo_run": None if ppo is None else {"warm": list(ppo_run.warm), "base": ppo_run.base,
                                              "grid": list(ppo_run.grid),
                                              "budget_scales": list(ppo_run.budget_scales)},
-        "search_json": str(a.search_json) if a.search_json.exists() else None,
+        "search_json": str(a.search_json) if a.search_json else None,
         "reward": {"weights": policy.reward_weights.model_dump(mode="json", by_alias=True),
                    "cost_ref_tokens": policy.cost_ref_tokens},
         "details": details})

@@ -503,7 +503,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         + (f" plus, on the datasets it covers ({covered or 'none'}), the best-known config of "
            f"`bench/search.py` (`search-best-known`, read from {meta['search_json']})."
            if meta.get(
-            "search_json") else "; `bench/results/search.json` did not exist when this ran, "
+            "search_json") else "; no search results were given (`--search-json`), "
            "so issue 19's B1 (the searchers' best-known static config) is not among the arms "
            "and `best-static` is the portfolio's best on valid.")
         + ((" The router's hyper-parameters are chosen by grouped 4-fold cross-validation "
