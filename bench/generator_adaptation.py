@@ -5,7 +5,7 @@ baseline, plus the Qwen judge rows.
     python bench/generator_adaptation.py --section eval --system smollm2-sft=smollm2-sft@best \
         --system smollm2-grpo=smollm2-grpo@best ...          # answer + score, merged into a part
     python bench/generator_adaptation.py --section eval --split valid --system A=... --system B=...
-    python bench/generator_adaptation.py --section render [--extra-rows FILE]   # json + md
+    python bench/generator_adaptation.py --section render                       # json + md
     python bench/generator_adaptation.py --section judge --judge-minutes 20   # Qwen judge (llama)
     python bench/generator_adaptation.py --section eval --quick --system ...  # 4 questions
 
@@ -21,9 +21,8 @@ eval: every system (LABEL=REF, REF a registry name such as `smollm2-sft@best` fr
   joins the part of its split and n, so systems trained later are compared on the same
   questions; render gives each system's mean with a bootstrap CI and every other system minus
   `smollm2-sft` as a paired bootstrap delta.
-render: also the teacher store's answer quality per mode, the committed `judge:*` rows (kept,
-  their parts may be gone) and the rows of --extra-rows files (e.g. the lead's GPU judge run;
-  remembered for later renders).
+render: also the teacher store's answer quality per mode and the judge rows of the judge
+  parts on this machine (no committed result is read).
 judge: pairs = (Qwen2.5-Coder-1.5B answer, SmolLM2-135M answer) per HotpotQA test question,
   both from bench/models_generators.py's answer log (hybrid k=5 contexts, cite_concise);
   identical answer strings are skipped; both orders; pairs in question order until
@@ -47,7 +46,7 @@ from rag.env import configure_runtime_env  # noqa: E402
 
 configure_runtime_env()
 
-from bench.common import RESULTS, make_meta, metric_row, plain_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
 from rag.generation.parse import parse_output  # noqa: E402
 from rag.metrics.qa import best_em_f1  # noqa: E402
 from rag.models import cache_dir  # noqa: E402
@@ -297,54 +296,6 @@ def _judge_rows(part: dict, system: str, dataset: str) -> list[dict]:
                       else float("nan"), len(secs))]
 
 
-def _row_key(r: dict) -> tuple:
-    return (r["dataset"], r["system"], r["metric"])
-
-
-def carried_rows(extra: list[Path], prefix: str = "judge:") -> tuple[list[dict], list[str]]:
-    """Rows this render does not measure but must keep: the committed file's `judge:*` rows
-    (their parts may be gone from this machine's cache) and the rows of every --extra-rows file
-    (e.g. the lead's GPU judge run), remembered in part `extra-rows` so a later render keeps
-    them; a later row replaces an earlier one with the same (dataset, system, metric). Only
-    rows whose system starts with `prefix` are taken from an extra file (a whole results file,
-    e.g. bench/results/gpu_models.json, can be named). Also the notes the extra files carry."""
-    keep: dict[tuple, dict] = {}
-    committed = RESULTS / "generator_adaptation.json"
-    if committed.exists():
-        for r in json.loads(committed.read_text())["rows"]:
-            if r["system"].startswith("judge:"):
-                keep[_row_key(r)] = r
-    store = PARTS / "extra-rows.json"
-    saved = json.loads(store.read_text()) if store.exists() else {"files": {}}
-    for p in extra:
-        text = p.read_text()
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError:  # JSONL of rows
-            doc = [json.loads(x) for x in text.splitlines() if x.strip()]
-        if isinstance(doc, dict) and "rows" not in doc:  # a one-row JSONL
-            doc = [doc]
-        rows = [r for r in (doc if isinstance(doc, list) else doc["rows"])
-                if str(r.get("system", "")).startswith(prefix)]
-        note = "" if isinstance(doc, list) else str(doc.get("note") or doc.get("meta", {})
-                                                   .get("note") or "")
-        for r in rows:
-            missing = {"dataset", "system", "metric", "value", "n"} - set(r)
-            if missing:
-                raise SystemExit(f"{p}: a row lacks {sorted(missing)}")
-        saved["files"][str(p)] = {"rows": rows, "note": note}
-    if extra:
-        _write(store, saved)
-    notes = []
-    for name, f in saved["files"].items():
-        for r in f["rows"]:
-            keep[_row_key(r)] = {k: r.get(k) for k in ("dataset", "system", "metric", "value",
-                                                       "ci_low", "ci_high", "n")}
-        if f["note"]:
-            notes.append(f"{name}: {f['note']}")
-    return list(keep.values()), notes
-
-
 def _fmt(v, signed: bool = False) -> str:
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "-"
@@ -515,9 +466,9 @@ def _pick_line(vpart: dict) -> str:
             f"candidate with the highest valid answer F1 ({cands[best]:.3f}).")
 
 
-def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
-           device: str = "cpu", note: str | None = None) -> None:
-    """bench/results/generator_adaptation.{json,md} from the parts that exist (+ carried rows):
+def render(quick: bool, eval_n: int = EVAL_N, device: str = "cpu",
+           note: str | None = None) -> None:
+    """bench/results/generator_adaptation.{json,md} from the parts that exist:
     the test evaluation over the first `eval_n` test questions (each system's answers to a
     prefix of a longer evaluation come from the generation cache). `note`: a status line
     (what is still running, why a row is missing), kept in part `note` for later renders."""
@@ -526,7 +477,7 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
     rows, md = [], []
     for name, system in (("judge", "judge:qwen"), ("judge-ctx", "judge:qwen+passages")):
         f = _part(name, quick)
-        if f.exists():  # a judge run on this machine: its rows replace the carried ones
+        if f.exists():  # a judge run on this machine
             rows += _judge_rows(json.loads(f.read_text()), system,
                                 "hotpotqa/test[:100]/hybrid-k5/answer-pairs")
     ev = PARTS / f"eval-test-{4 if quick else eval_n}{_suffix(device)}.json"
@@ -576,20 +527,6 @@ def render(quick: bool, extra: list[Path] = (), eval_n: int = EVAL_N,
     rows += tr
     if tmd:
         md += ["### Teacher data", "", *tmd, ""]
-    carried, notes = carried_rows(list(extra))
-    produced = {_row_key(r) for r in rows}
-    carried = [r for r in carried if _row_key(r) not in produced]
-    if carried:
-        rows += carried
-        md += ["### Judges", "",
-               "`hotpotqa/test[:100]/hybrid-k5/answer-pairs`: llama.cpp Q4_K_M, one thread, 99 "
-               "resp. 15 (Qwen answer, SmolLM2 answer) pairs of the first 100 test questions, "
-               "measured at commit 2ae860269d and carried over unchanged (their parts are not on "
-               "this machine). Other datasets: rows of the files named below (only `judge:*` "
-               "systems are taken from them).", ""]
-        for ds in dict.fromkeys(r["dataset"] for r in carried):
-            md += [f"`{ds}`:", "", *_rows_table([r for r in carried if r["dataset"] == ds]), ""]
-        md += [f"- {n}" for n in notes] + ([""] if notes else [])
     nf = PARTS / "note.json"
     if note is not None:
         _write(nf, {"note": note})
@@ -639,9 +576,6 @@ def main() -> None:
     ap.add_argument("--note", help="render: a status line for the md (kept for later renders; "
                                    "'' clears it)")
     ap.add_argument("--answers", type=Path, help="reference: another machine's answer file")
-    ap.add_argument("--extra-rows", action="append", type=Path, default=[],
-                    help="render: a results JSON ({rows: [...], note}) or JSONL of rows to "
-                         "merge (kept by later renders)")
     args = ap.parse_args()
     if args.section in ("judge", "judge-ctx"):
         run_judge(1.0 if args.quick else args.judge_minutes, args.quick, args.judge_model,
@@ -656,7 +590,7 @@ def main() -> None:
             raise SystemExit("--section reference needs --answers FILE")
         import_references(args.answers, args.eval_n or EVAL_N)
     else:
-        render(args.quick, args.extra_rows, args.eval_n or EVAL_N, args.device, args.note)
+        render(args.quick, args.eval_n or EVAL_N, args.device, args.note)
 
 
 if __name__ == "__main__":

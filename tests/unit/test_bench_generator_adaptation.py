@@ -1,6 +1,5 @@
 """bench/generator_adaptation.py's row logic: paired deltas against the SFT baseline, the
-acceptance verdicts with their margins, and carried-over judge rows (committed file + extra
-files, later files replacing equal keys) — on synthetic parts, no model."""
+acceptance verdicts with their margins — on synthetic parts, no model."""
 
 from __future__ import annotations
 
@@ -38,30 +37,6 @@ def test_deltas_are_paired_against_sft_and_verdicts_carry_margins():
     assert any(f"missed ({distilled:.3f}" in x and f"margin {distilled - 0.33:+.3f}" in x
                for x in lines)
     assert any("`smollm2-dpo - smollm2-sft` delta_answer_f1: not measured in this file." in x for x in lines)
-
-
-def test_judge_rows_are_carried_and_extra_files_replace_equal_keys(tmp_path, monkeypatch):
-    monkeypatch.setattr(ga, "PARTS", tmp_path / "parts")
-    monkeypatch.setattr(ga, "RESULTS", tmp_path)
-    row = {"dataset": "d", "system": "judge:qwen", "metric": "position_bias", "value": 0.5,
-           "ci_low": 0.4, "ci_high": 0.6, "n": 99}
-    other = {**row, "system": "smollm2-grpo", "metric": "answer_f1"}
-    (tmp_path / "generator_adaptation.json").write_text(json.dumps({"rows": [row, other]}))
-    extra = tmp_path / "lead.json"
-    new = {**row, "value": 0.1}
-    extra.write_text(json.dumps({"rows": [new, {**row, "metric": "tie_rate"}],
-                                 "note": "GPU run"}))
-    rows, notes = ga.carried_rows([extra])
-    assert {(r["metric"], r["value"]) for r in rows} == {("position_bias", 0.1),
-                                                          ("tie_rate", 0.5)}
-    assert notes == [f"{extra}: GPU run"]
-    extra.unlink()  # remembered in the part: a later render keeps the rows
-    assert {(r["metric"], r["value"]) for r in ga.carried_rows([])[0]} == {
-        ("position_bias", 0.1), ("tie_rate", 0.5)}
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"system": "judge:x", "metric": "m"}) + "\n")
-    with pytest.raises(SystemExit, match="lacks"):
-        ga.carried_rows([bad])
 
 
 def test_parallel_evaluations_of_different_labels_keep_each_other(tmp_path):
