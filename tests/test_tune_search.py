@@ -69,10 +69,7 @@ def test_each_method_answers_with_a_full_fidelity_incumbent_within_budget(setup,
     assert res.best_reward <= grid.best_reward + 1e-9
     # budget: counted in query-evaluations over all trials; no trial starts once spent
     assert res.query_evals == sum(t.query_evals for t in res.trials)
-    if method == "grid":  # the 8 configs end the search first
-        assert len(res.trials) == 8 and res.query_evals == 8 * n
-    else:
-        assert BUDGET <= res.query_evals < BUDGET + n
+    assert BUDGET <= res.query_evals < BUDGET + n  # grid too: 5 of its 8 configs fit
     assert len(res.grid) == len(res.trials) and res.seconds > 0 and res.wall_s > 0
     assert all(t.node_id for t in res.trials)  # each trial names the Ray node it ran on
     # the curve: best full-fidelity reward so far against cumulative query-evals
