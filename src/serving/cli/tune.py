@@ -21,10 +21,11 @@ curve plot under the run's `plots/`).
 data without a committed split manifest is split once (seeded, stratified, valid/test halves)
 and the split is written to the run directory's split.json and reused by later runs on the same
 bytes (`rl.common.data.split_manifest`); F and R default to what gold the data has
-(`DatasetSlice.for_gold`: answers -> support/f1, qrels -> recall@k/ndcg@10, none -> the q_
-metrics) unless the `--policy` file names the dataset under `datasets:`.
+(`DatasetSlice.for_gold`: answers -> support/f1, qrels -> sig_combined/ndcg@10, none ->
+sig_faithfulness/sig_relevancy, rag.metrics.signals) unless the `--settings` file names the
+dataset under `datasets:`.
 `report` compares the chosen config with the static default (and the exhaustive-grid best with
-`--grid`, for a `--policy` that pins the space small enough to enumerate) on the holdout split
+`--grid`, for a `--settings` file that pins the space small enough to enumerate) on the holdout split
 — Δ of the continuous reward with a paired bootstrap CI, gate verdicts apart with their own
 evidence (rl.tuner.report) — prints the queries needed to detect a faithfulness change of 0.03
 at 80% power from the measured per-query faithfulness, draws the Pareto frontier and reward
