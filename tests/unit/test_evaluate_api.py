@@ -17,7 +17,7 @@ from rag.errors import ConfigError
     ({"dataset": ""}, "dataset"),
     ({"split": ""}, "split"),                               # was: the tuning split
     ({"split": 1}, "split"),
-    ({"policy": {"reward": {}}}, "policy"),
+    ({"settings": {"reward": {}}}, "settings"),
     ({"batch_size": "10"}, "batch_size"),
     ({"batch_size": True}, "batch_size"),
     ({"seed": -1}, "seed"),

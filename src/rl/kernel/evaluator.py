@@ -432,10 +432,11 @@ def _is_int(value: Any) -> bool:
 
 
 def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
-             split: str | None = None, policy: TunerSettings | None = None,
+             split: str | None = None, settings: TunerSettings | None = None,
              batch_size: int | None = None, seed: int = 0,
              allow_missing_gold: bool = False) -> EvalReport:
-    """Evaluate one config on a dataset split (a random batch of it when `batch_size`). The
+    """Evaluate one config on a dataset split (a random batch of it when `batch_size`) under the
+    tuner `settings` (default `TunerSettings.defaults()`: configs/rl/tuner.yaml). The
     split's gold is checked against the corpus first (`TuningData.check_gold`): more than half
     of its questions unreachable is a DataError unless `allow_missing_gold`; fewer are counted
     in the report's `warnings`. An argument of the wrong type, an empty split name, or a
@@ -449,14 +450,14 @@ def evaluate(config: RAGConfig | dict[str, Any], dataset: str = "synthetic",
              "a dataset name or path"),
             ("split", split, split is None or (isinstance(split, str) and split),
              "a split name (None: the tuning split)"),
-            ("policy", policy, policy is None or isinstance(policy, TunerSettings),
+            ("settings", settings, settings is None or isinstance(settings, TunerSettings),
              "TunerSettings or None"),
             ("batch_size", batch_size, batch_size is None or _is_int(batch_size),
              "an int or None"),
             ("seed", seed, _is_int(seed) and seed >= 0, "an int >= 0")):
         if not ok:
             raise ConfigError(name, f"expected {what}, got {value!r}")
-    ev = get_evaluator(str(dataset), policy)
+    ev = get_evaluator(str(dataset), settings)
     split = split or ev.slice.tune_split
     ev.data.check_gold([split], allow_missing_gold,
                        override="set allow_missing_gold (the CLI: --allow-missing-gold)")
