@@ -154,10 +154,12 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
         run = offline.tune_stage(data, settings, budget.tune_splits, out / "tune", seed,
                                  mlflow_dir, warm_start=warm_start)
         tuned = run.best
-        r["result"] = (f"best {tuned.config_hash} ({tuned.variant}, k={tuned.k}, rerank="
-                       f"{tuned.rerank}, w={tuned.fusion_weight}, {tuned.prompt_id}); valid "
-                       f"reward {run.valid.reward:.4f} after {run.summary['evaluations']} "
-                       "evaluations")
+        objective = run.summary.get("objective") or {}
+        r["result"] = (f"{objective.get('kind', 'reward')} pick {tuned.config_hash} "
+                       f"({tuned.variant}, k={tuned.k}, rerank={tuned.rerank}, "
+                       f"w={tuned.fusion_weight}, {tuned.prompt_id}) from "
+                       f"{objective.get('pareto_points', '?')} Pareto points after "
+                       f"{run.summary['evaluations']} evaluations")
     source, learned = offline.SEARCHER, None
     if policy_checkpoint is None:
         console.print("  learned policy: none given (pass --policy-checkpoint DIR, saved by "
@@ -178,10 +180,11 @@ def run_demo(out: Path = Path("runs/demo"), fast: bool = False, seed: int = 0,
         hold = offline.holdout_stage(run, tuned, default, out, seed)
         q = next(x for x in hold.rows if x["kind"] == "quality")
         c = next(x for x in hold.rows if x["metric"].startswith("cost"))
-        r["result"] = (f"Δ reward {hold.reward['delta']:+.4f} [{hold.reward['ci_low']:+.4f}, "
-                       f"{hold.reward['ci_high']:+.4f}]; quality {q['delta']:+.4f} "
-                       f"[{q['ci_low']:+.4f}, {q['ci_high']:+.4f}]; cost {c['delta']:+.1f} "
-                       f"tokens/query (n = {hold.n})")
+        said = objective.get("statement")
+        r["result"] = ((f"{said}; " if said else "") +
+                       f"quality {q['delta']:+.4f} [{q['ci_low']:+.4f}, {q['ci_high']:+.4f}]; "
+                       f"cost {c['delta']:+.1f} tokens/query; (weighted reward "
+                       f"{hold.reward['delta']:+.4f}) (n = {hold.n})")
     with st.stage("router", "per-query router over the config portfolio + the tuned config",
                   counted=False) as r:
         routed = offline.router_stage(tuned, settings, out / "policy", seed)
