@@ -193,6 +193,24 @@ def test_logged_latency_is_end_to_end_not_stages_plus_total():
     assert list(s.latency_ms) == [95.0]
 
 
+def test_shadow_pairs_compare_compute_time_not_the_mirror_wall_time():
+    """A mirrored answer starts after the served one returns and queues beside it in the same
+    replicas: its wall time (`pipeline`) measures the mirroring. Shadow pairs compare the
+    replica's stage times; a canary keeps what the user waited."""
+    from rl.promotion.log_evaluators import row_compute_ms
+
+    served = _row(1, "S", 0.5)
+    served["latency_ms"] = {"retrieve": 50.0, "generate": 40.0, "pipeline": 95.0}
+    mirror = _row(2, "C", None, 1.0, True, "r1")
+    mirror["latency_ms"] = {"retrieve": 30.0, "generate": 40.0, "pipeline": 160.0}
+    assert row_compute_ms(served) == 90.0 and row_compute_ms(mirror) == 70.0
+    assert row_compute_ms({"latency_ms": {"pipeline": 12.0}}) == 12.0  # no stages logged
+    s, c = arms_from_rows([served, mirror], "S", "C", "shadow")
+    assert list(s.latency_ms) == [90.0] and list(c.latency_ms) == [70.0]  # candidate faster
+    s, _ = arms_from_rows([served, _row(3, "C", 0.4)], "S", "C", "canary")
+    assert list(s.latency_ms) == [95.0]
+
+
 # --------------------------------------------------------------------------- state machine
 
 

@@ -96,6 +96,15 @@ def row_latency_ms(r: Mapping[str, Any]) -> float:
     return float(sum(lat.values()))
 
 
+def row_compute_ms(r: Mapping[str, Any]) -> float:
+    """A logged row's compute time: the sum of its stage times as the replica measured them
+    (without the ingress's `pipeline` wall time); the `pipeline` time when no stage was
+    recorded."""
+    lat = r.get("latency_ms") or {}
+    stages = [float(v) for k, v in lat.items() if k != "pipeline"]
+    return float(sum(stages)) if stages else float(lat.get("pipeline", np.nan))
+
+
 def _row_arm(rows: list[Mapping[str, Any]], reward_key: str | None = None,
              quality_scores: Sequence[str] = QUALITY_SCORES) -> Arm:
     def score(key: str) -> list[float]:
@@ -126,7 +135,9 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
     (`parent_id`): the same question answered by both; canary: served rows per variant. Every
     row counts (cost, latency and errors are measured on every request); per request the
     arms carry quality (`row_quality` over `quality_scores`, NaN when unscored), tokens,
-    latency (`row_latency_ms`), error and the user's feedback (NaN when unrated; a mirrored
+    latency (canary: `row_latency_ms`, what the user waited; shadow pairs: `row_compute_ms`,
+    the replica's stage times, since a mirrored answer's wall time includes queueing behind
+    the served one), error and the user's feedback (NaN when unrated; a mirrored
     answer is never shown, so shadow pairs have none). The scalar `reward` (shown, not
     judged) is `scores[reward_key]`, else the feedback (canary), else the quality; a row with
     none of these takes its arm's mean (0 when no row of the arm has one)."""
@@ -141,9 +152,13 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
             raise ConfigError("rows", f"no shadow pairs of {candidate} against {stable}")
 
         def arm(got: list[Mapping[str, Any]]) -> Arm:
+            # latency of a pair is compute time: a mirrored answer is started after the served
+            # one returns and queues beside it in the same replicas, so its wall time measures
+            # the mirroring, not the config (users see the candidate's wall time at canary)
             a = _row_arm(got, reward_key, qs)
             rew = [_row_reward({**r, "reward": None}, reward_key, qs) for r in got]
-            return replace(a, reward=_filled(rew))
+            return replace(a, reward=_filled(rew),
+                           latency_ms=[row_compute_ms(r) for r in got])
 
         return arm([s for s, _ in pairs]), arm([c for _, c in pairs])
     if kind != "canary":
