@@ -12,7 +12,7 @@
   (config_hash, node_id, rung rewards).
 
 What is deterministic with 2 trials at once: the grid fixes the set of configs (all of them,
-the budget covers each on the whole split), the stored tables fix each one's rewards, and the
+each scored on the whole split in one rung: grid is not multi-fidelity; the budget covers them), the stored tables fix each one's rewards, and the
 incumbent breaks ties by trial creation order, so the best config does not depend on which
 trial reported first. The order of results does, and is not compared.
 """
