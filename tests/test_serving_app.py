@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.support.rollout_reports import clean_batch
 
 from rag.config import RAGConfig
 
@@ -332,9 +333,10 @@ def test_rollout_admin_api_drives_the_router(served):
     # serves again
     r = client.post("/admin/rollout/start", json={"candidate": CANARY_ID, "force": True})
     assert r.status_code == 200 and r.json()["traffic"]["stable"] == STABLE_ID, r.text
-    for reports, to in zip([[OFFLINE_WIN], [_batch("shadow", 1500, 1500)] * 3,
-                            [_batch("canary", 1600, 30_000)] * 3,
-                            [_batch("canary", 2000, 6000)] * 3],
+    steps = [[OFFLINE_WIN], [clean_batch("shadow", 1500, 1500, b) for b in range(3)],
+             [clean_batch("canary", 1600, 30_000, b) for b in range(3)],
+             [clean_batch("canary", 2000, 6000, b) for b in range(3)]]
+    for reports, to in zip(steps,
                            ["shadow", "canary_5", "canary_25", "full"], strict=True):
         adv = client.post("/admin/rollout/advance", json={"reports": reports})
         assert adv.status_code == 200 and adv.json()["stage"] == to, adv.text
@@ -368,9 +370,3 @@ def test_a_restarted_app_serves_the_last_split(served):
         assert new in c2.get("/readyz").json()["variants"]
 
 
-def _batch(kind: str, n_c: int, n_s: int) -> dict:
-    """A clean batch whose candidate is far better than stable (any planned look succeeds)."""
-    return {"kind": kind, "paired": kind != "canary", "diff": 0.05, "diff_se": 0.001,
-            "diff_sd": 0.02, "ci_low": 0.048, "ci_high": 0.052, "gates": OFFLINE_WIN["gates"],
-            "candidate": {"n": n_c, "reward": 0.65, "reward_sd": 0.05, "errors": 0, "slow": 0},
-            "stable": {"n": n_s, "reward": 0.6, "reward_sd": 0.05}}

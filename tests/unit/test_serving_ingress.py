@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from concurrent.futures import Future
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from tests.support.rollout_reports import clean_batch
 
 from rag.config import RAGConfig
 from serving.api import REPLICA_ID
@@ -23,7 +23,6 @@ BASE = {"generator": "extractive"}
 CANDIDATE = {"variant": "bm25"}
 STABLE_ID = RAGConfig(**BASE).config_hash
 CAND_ID = RAGConfig(**BASE, **CANDIDATE).config_hash
-GATES = {"faithfulness": True, "relevancy": True, "p95_latency_ms": True}
 
 
 class Stub:
@@ -140,40 +139,14 @@ def test_readyz_answers_503_json_when_a_replica_or_the_store_fails(tmp_path):
 # --------------------------------------------------------------------------- rollback
 
 
-def _report(kind: str, n_c: int, n_s: int, batch: int = 0) -> dict:
-    """A clean batch whose candidate is far better than stable: per metric (quality, tokens,
-    latency, errors) the batch's statistics, paired except in canaries; `batch` makes each
-    batch its own (the same report submitted twice counts once)."""
-    from rl.promotion.metrics import MetricStats
-
-    rng = np.random.default_rng(batch)
-    q = rng.uniform(0, 1, n_s)
-    tok = rng.normal(200, 20, n_s)
-    lat = rng.normal(50, 5, n_s)
-    if kind == "canary":
-        stats = {"tokens": MetricStats.of_arms(tok, tok[:n_c] - 40),
-                 "latency_ms": MetricStats.of_arms(lat, lat[:n_c]),
-                 "error_rate": MetricStats.of_arms(np.zeros(n_s), np.zeros(n_c))}
-    else:
-        stats = {"quality": MetricStats.of_pairs(q, q + 0.05),
-                 "tokens": MetricStats.of_pairs(tok, tok - 40),
-                 "latency_ms": MetricStats.of_pairs(lat, lat),
-                 "error_rate": MetricStats.of_pairs(np.zeros(n_s), np.zeros(n_s))}
-    return {"kind": kind, "paired": kind != "canary", "diff": 0.05, "diff_se": 0.001,
-            "diff_sd": 0.02, "ci_low": 0.048, "ci_high": 0.052, "gates": GATES,
-            "candidate": {"n": n_c, "reward": 0.65, "reward_sd": 0.05, "errors": 0, "slow": 0},
-            "stable": {"n": n_s, "reward": 0.6, "reward_sd": 0.05},
-            "metrics": {k: v.to_dict() for k, v in stats.items()}}
-
-
 def drive_to_full(c: TestClient, admin: dict) -> None:
     r = c.post("/admin/rollout/start", json={"candidate": CAND_ID, "stable": STABLE_ID,
                                              "force": True}, headers=admin)
     assert r.status_code == 200, r.text
-    steps = [[_report("offline", 500, 500)],
-             [_report("shadow", 1500, 1500, b) for b in range(3)],
-             [_report("canary", 1600, 30_000, b) for b in range(3)],
-             [_report("canary", 2000, 6000, b) for b in range(3)]]
+    steps = [[clean_batch("offline", 500, 500)],
+             [clean_batch("shadow", 1500, 1500, b) for b in range(3)],
+             [clean_batch("canary", 1600, 30_000, b) for b in range(3)],
+             [clean_batch("canary", 2000, 6000, b) for b in range(3)]]
     for reports, to in zip(steps, ["shadow", "canary_5", "canary_25", "full"], strict=True):
         r = c.post("/admin/rollout/advance", json={"reports": reports}, headers=admin)
         assert r.status_code == 200 and r.json()["stage"] == to, r.text
