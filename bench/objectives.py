@@ -20,7 +20,10 @@ The pick is then compared with the default on the test split (paired bootstrap, 
                  `--extra` uniformly drawn configs evaluated on the whole valid split)
 
 quality = (αF + βR)/(α + β) per query with the dataset's F and R (configs/rl/tuner.yaml).
-Latency is priced by the cost model bench/results/search.json stored (`bench.common.evaluator`).
+Latency is priced by the library's cost model measured on this machine (`bench.common.evaluator`).
+Budget 8 valid splits, 12 extra configs, seed 0 (`--quick`: synthetic, 4 and 4). A finished
+dataset's part is kept under runs/objectives-parts/ and reused by the next full run with the same
+budget, so a stopped run resumes.
 
     python bench/objectives.py            # ~20 min on 2 cores; writes bench/results/objectives.*
     python bench/objectives.py --quick    # synthetic only, small budget: objectives.quick.*
@@ -215,21 +218,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="synthetic only, small budget")
     ap.add_argument("--datasets", default=",".join(DATASETS))
-    ap.add_argument("--budget-x", type=float, default=8.0,
-                    help="search budget in full valid splits of query-evaluations")
-    ap.add_argument("--extra", type=int, default=12,
-                    help="uniformly drawn configs evaluated on the whole valid split (they "
-                         "join the best-known front)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts-dir", default="runs/objectives-parts",
-                    help="each finished dataset's part (reused by a later run with the same "
-                         "budget, extras and seed)")
     args = ap.parse_args()
+    args.budget_x, args.extra, args.seed = (4.0, 4, 0) if args.quick else (8.0, 12, 0)
     if args.quick:
-        args.datasets, args.budget_x, args.extra = "synthetic", 4.0, 4
+        args.datasets = "synthetic"
     datasets = args.datasets.split(",")
     log = lambda m: print(m, flush=True)  # noqa: E731
-    parts_dir = Path(args.parts_dir)
+    parts_dir = Path("runs/objectives-parts")
     parts = []
     for d in datasets:
         # a dataset's finished part is kept, so a stopped run resumes and datasets can run in

@@ -1,6 +1,6 @@
 """The search protocol's in-process executor (`rl.tuner.ask_tell.run_search`) on a toy evaluator
-whose rewards are known (the real evaluator runs under it in tests/test_search_real.py and
-bench/search.py; tests/test_search_executors.py compares it with the Tune executor): budget in
+whose rewards are known (the real evaluator runs under it in tests/test_search_real.py;
+tests/test_search_executors.py compares it with the Tune executor): budget in
 query-evaluations, rungs as prefixes, ASHA stopping, only full-fidelity incumbents,
 determinism, and the gates reaching TPE as constraints."""
 
