@@ -75,6 +75,37 @@ def test_deciding_text_names_each_metrics_statistic():
     assert deciding_text(None) == ""
 
 
+def test_each_metric_is_decided_where_it_was_judged():
+    """Promoted: quality and the tokens gain from shadow (mirrored pairs), latency and errors
+    from the last canary (served requests); rolled back: the vetoing stage's metrics."""
+    from serving.demo.live import deciding_judgements, deciding_text
+
+    def j(metric, verdict, paired, objective=False):
+        return {"metric": metric, "verdict": verdict, "paired": paired, "objective": objective,
+                "statistic": f"{metric}: {verdict}"}
+
+    stat = {"candidate": {"offline": {"diff": 0.01}},
+            "shadow": {"metrics": [j("quality", "non_inferior", True, True),
+                                   j("tokens", "better", True, True),
+                                   j("error_rate", "non_inferior", True)]},
+            "canary_5": {"metrics": [j("tokens", "pending", False, True),
+                                     j("latency_ms", "pending", False),
+                                     j("feedback", "unmeasured", False)]},
+            "canary_25": {"metrics": [j("tokens", "better", False, True),
+                                      j("latency_ms", "non_inferior", False),
+                                      j("error_rate", "non_inferior", False)]}}
+    got = {x["metric"]: x["stage"] for x in deciding_judgements(stat)}
+    assert got == {"quality": "shadow", "tokens": "shadow", "error_rate": "canary_25",
+                   "latency_ms": "canary_25"}  # feedback was never measured
+    assert "[canary_25] latency_ms: non_inferior" in deciding_text(deciding_judgements(stat))
+    stat["canary_5"]["metrics"][1] = j("latency_ms", "worse", False)
+    del stat["canary_25"]
+    back = deciding_judgements(stat, rolled_back=True)
+    assert [(x["stage"], x["metric"]) for x in back] == [("canary_5", "tokens"),
+                                                          ("canary_5", "latency_ms")]
+    assert deciding_judgements({"candidate": {"offline": {}}}) == []
+
+
 def test_report_is_self_contained(tmp_path):
     import matplotlib
 
@@ -115,8 +146,11 @@ def test_report_is_self_contained(tmp_path):
     summary["promotion"]["statistic"] = {"shadow": {"metrics": [
         {"metric": "tokens", "verdict": "better", "diff": -38.4, "low": -40.1, "high": -36.7,
          "margin": 8.2, "n": 40, "paired": True, "critical": False}]}}
+    summary["promotion"]["deciding_metrics"] = [
+        {**summary["promotion"]["statistic"]["shadow"]["metrics"][0], "stage": "shadow"}]
     page = write_report(tmp_path / "report.html", summary, {}).read_text()
     assert "<td>better</td>" in page and "[-40.1, -36.7]" in page and "40 pairs" in page
+    assert page.count("<b>deciding</b></td>") == 1
 
 
 def _offline(ci_low: float, ci_high: float):

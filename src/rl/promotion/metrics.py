@@ -9,7 +9,7 @@ flips the sign), with its confidence sequence [low, high] at the stage's `alpha`
     worse         high < −margin   (significantly worse than the margin allows)
     better        low > 0          (significantly better; Bonferroni over the objective metrics)
     non_inferior  low > −margin    (not worse than the margin, at this confidence)
-    pending       none of these yet (or fewer than `min_n` observations)
+    pending       none of these yet (or fewer than `verdict_floor(min_n)` observations)
     unmeasured    no observation of this metric in this stage
 
 A paired stage (shadow: both arms answer the same questions) passes when every `required`
@@ -17,10 +17,16 @@ metric is shown non-inferior (or better), no metric is worse, and at least one o
 is better (the candidate must be better on the objective, not merely equal). The unpaired
 canary stages after it are guardrails: they pass once `min_n` candidate requests show no metric
 worse (their per-arm spread could not show non-inferiority on a canary's share of traffic).
-Verdicts need `min_n` observations. A critical metric that is worse vetoes: the rollout is
-rolled back at once. A non-critical worse metric blocks the pass. A `paired_only` metric is
-judged only on paired evidence (mirrored requests). `margin` is in the metric's units, or,
-with `relative: true`, a fraction of the stable arm's mean (e.g. 0.05: 5% more tokens).
+A pass needs the stage's `min_n` observations; a verdict (a veto included) needs
+`verdict_floor(min_n)` = min(min_n, MIN_VERDICT_N), so a canary whose min_n is exposure (500
+candidate requests) can still veto a regression as soon as it is shown. A critical metric that
+is worse vetoes: the rollout is
+rolled back at once. A non-critical worse metric blocks the pass. `judged_on` says which
+evidence a metric is judged on: `paired` (mirrored requests only: quality), `served` (served
+requests only, i.e. the canary stages: latency, whose time on a mirrored request is confounded
+by the mirroring itself, and user feedback, which mirrored answers never get) or `both`.
+`margin` is in the metric's units, or, with `relative: true`, a fraction of the stable arm's
+mean (e.g. 0.05: 5% more tokens).
 
 Observations come as sufficient statistics (`MetricStats`): paired ones (mirrored requests:
 the same question answered by both arms) carry the sums of the per-request differences;
@@ -46,6 +52,15 @@ from rl.stats.always_valid import paired_cs, required_n, rho2_for, unpaired_cs
 
 VERDICTS = ("worse", "pending", "non_inferior", "better", "unmeasured")
 WORSE, PENDING, NON_INFERIOR, BETTER, UNMEASURED = range(5)
+MIN_VERDICT_N = 30
+"""Observations before any verdict: the confidence sequences are asymptotic."""
+
+
+def verdict_floor(min_n: int) -> int:
+    """Observations a stage with `min_n` needs before a metric's verdict: min(min_n,
+    MIN_VERDICT_N). A stage's `min_n` above the floor is exposure before a pass, not a wait
+    before a veto."""
+    return min(int(min_n), MIN_VERDICT_N)
 
 
 class MetricRule(StrictSettings):
@@ -65,9 +80,12 @@ class MetricRule(StrictSettings):
     shown worse."""
     objective: bool = False
     """A significant improvement here makes the candidate better on the objective."""
-    paired_only: bool = False
-    """Judged on paired evidence only (mirrored requests); left out of unpaired stages, whose
-    per-arm spread would need far more traffic (quality: canaries rely on shadow's verdict)."""
+    judged_on: Literal["paired", "served", "both"] = "both"
+    """Which evidence judges this metric. `paired`: mirrored request pairs only (shadow; the
+    canaries' per-arm spread would need far more traffic, so they rely on shadow's verdict).
+    `served`: served requests only (the canary stages' live split, every request): a mirrored
+    answer starts after the served one returns and shares replicas and cores with the next
+    request, so its timing measures the mirroring, not the config. `both`: every stage."""
 
 
 @dataclass
@@ -239,14 +257,15 @@ def judge(rules: Mapping[str, MetricRule], stats: Mapping[str, MetricStats], alp
     objective metrics) (Bonferroni), the other bounds `alpha`."""
     rho2 = rho2_for(max(n_plan, 1), alpha)
     paired = any(st.paired for st in stats.values())
-    applies = {k: r for k, r in rules.items() if paired or not r.paired_only}
+    applies = {k: r for k, r in rules.items()
+               if r.judged_on == "both" or (r.judged_on == "paired") == paired}
     n_obj = sum(1 for k, r in applies.items() if r.objective and k in stats and stats[k].n > 0)
     out, judged = [], {}
     for name, rule in applies.items():
         st = stats.get(name, MetricStats(paired))
         j = verdicts(rule, st.paired, (st.n, st.sum, st.sumsq),
                      (st.s_n, st.s_sum, st.s_sumsq), (st.d_sum, st.d_sumsq), alpha, rho2,
-                     min_n, alpha / max(n_obj, 1))
+                     verdict_floor(min_n), alpha / max(n_obj, 1))
         judged[name] = j
         v = VERDICTS[int(j["verdict"])]
         sign = 1.0 if rule.direction == "higher" else -1.0

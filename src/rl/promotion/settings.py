@@ -24,8 +24,9 @@ AUDIT_FILE = "audit.jsonl"
 
 class StagePlan(StrictSettings):
     min_n: int = Field(30, ge=2)
-    """Observations (shadow: request pairs; canary: candidate requests) before any verdict:
-    the confidence sequences are asymptotic."""
+    """Observations (shadow: request pairs; canary: candidate requests) before a pass; a
+    verdict (a veto included) needs min(min_n, 30) (`rl.promotion.metrics.verdict_floor`: the
+    confidence sequences are asymptotic)."""
     max_n: int = Field(..., ge=10)
     """Observations after which a stage without a pass is inconclusive; the confidence
     sequences are tightest here."""
@@ -52,14 +53,14 @@ class Stages(StrictSettings):
 def default_metrics() -> dict[str, MetricRule]:
     """The per-metric rules of configs/rl/rollout.yaml (its comments say why)."""
     return {"quality": MetricRule(direction="higher", margin=0.02, critical=True,
-                                  required=True, objective=True, paired_only=True),
+                                  required=True, objective=True, judged_on="paired"),
             "tokens": MetricRule(direction="lower", margin=0.05, relative=True,
                                  objective=True),
             "latency_ms": MetricRule(direction="lower", margin=0.10, relative=True,
-                                     critical=True, required=True),
+                                     critical=True, judged_on="served"),
             "error_rate": MetricRule(direction="lower", margin=0.005, critical=True,
                                      required=True),
-            "feedback": MetricRule(direction="higher", margin=0.02)}
+            "feedback": MetricRule(direction="higher", margin=0.02, judged_on="served")}
 
 
 class PromotionSettings(StrictSettings):

@@ -84,21 +84,26 @@ def write_report(path: Path, summary: dict[str, Any], plots: dict[str, Path]) ->
               "</figcaption></figure>" for name, p in plots.items()]
     judged = [(stage, j) for stage, ev in (promo.get("statistic") or {}).items()
               for j in (ev or {}).get("metrics") or []]
+    decided = {(j["stage"], j["metric"]) for j in promo.get("deciding_metrics") or []}
     parts += [f"<h2>Promotion: <span class={e(promo['decision'])}>{e(promo['decision'])}"
               f"</span> at {e(promo.get('last_stage', promo['stage']))}</h2>",
               f"<p>{e(promo['reason'])}</p>",
               "<h3>Deciding statistics, per stage and metric</h3>"
               "<p>Candidate − stable; always-valid confidence sequences (valid at every look); "
-              "shadow compares the same requests answered by both configs (paired).</p>"
+              "shadow compares the same requests answered by both configs (paired), the "
+              "canaries served requests (latency is judged there); <b>deciding</b>: the "
+              "judgement that decided the metric.</p>"
               + (_table(["stage", "metric", "verdict", "Δ", "confidence sequence", "margin",
-                         "n", "critical"],
+                         "n", "critical", "deciding"],
                         [[e(stage), e(j["metric"]), e(j["verdict"]),
                           "—" if j["diff"] is None else _f(j["diff"], "{:+.4g}"),
                           f"[{_f(j['low'], '{:+.4g}') if j['low'] is not None else '-inf'}, "
                           f"{_f(j['high'], '{:+.4g}') if j['high'] is not None else 'inf'}]",
                           _f(j["margin"], "{:.4g}"),
                           f"{j['n']}{' pairs' if j['paired'] else ''}",
-                          "yes" if j["critical"] else ""] for stage, j in judged])
+                          "yes" if j["critical"] else "",
+                          "<b>deciding</b>" if (stage, j["metric"]) in decided else ""]
+                         for stage, j in judged])
                  if judged else f"<p>{e(promo.get('deciding') or '')}</p>"),
               _table(["t (s)", "requests", "action", "from → to", "reason"],
                      [[_f(t["t_s"], "{:.1f}"), t["requests"], e(t["action"]),

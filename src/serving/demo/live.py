@@ -233,22 +233,21 @@ class PromotionLoop:
         """`decision` promoted | rolled_back (| held before `finish`), the stage it ended at,
         the reason, and the deciding statistics: per stage left (advance or rollback), each
         metric's verdict with its difference and confidence sequence (`statistic`: stage ->
-        its evidence; `deciding`: the lines of the shadow stage, where quality and cost were
-        compared paired, else of the last stage judged, else the offline CI), requests sent."""
+        its evidence); per metric the judgement that decided it (`deciding_metrics`,
+        `deciding_judgements`; `deciding`: their lines, else the offline CI), requests sent."""
         st = self.sm.stage
         decision = {"full": "promoted", "rolled_back": "rolled_back"}.get(st, "held")
         d = self.last
         moves = [t for t in self.timeline if t["to"] != t["from"]]
         stat = {t["from"]: t["evidence"] for t in moves if t["evidence"]}
-        judged = [v["metrics"] for v in stat.values() if v.get("metrics")]
-        shadow = (stat.get("shadow") or {}).get("metrics")
         offline = next((v.get("offline") for v in stat.values() if v.get("offline")), None)
+        deciding = deciding_judgements(stat, decision == "rolled_back")
         return {"decision": decision, "stage": st,
                 "last_stage": moves[-1]["from"] if decision == "rolled_back" and moves else st,
                 "candidate": self.sm.state.candidate,
                 "stable": self.sm.state.stable, "reason": d.reason if d else "",
-                "statistic": stat,
-                "deciding": deciding_text(shadow or (judged[-1] if judged else None), offline),
+                "statistic": stat, "deciding_metrics": deciding,
+                "deciding": deciding_text(deciding, offline),
                 "requests": self.users.sent, "audit_log": str(self.state_dir / "audit.jsonl")}
 
 
@@ -268,12 +267,38 @@ def _numbers(ev: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def deciding_judgements(statistic: dict[str, dict[str, Any]],
+                        rolled_back: bool = False) -> list[dict[str, Any]]:
+    """Per metric, the judgement that decided it, with its `stage`, from `statistic` (stage ->
+    evidence with `metrics`, in the order the stages were left). A rollback is decided by the
+    last stage judged: its metrics. Otherwise an objective metric shown `better` is decided
+    where it first was (shadow: the candidate is better on the objective there); every other
+    metric by the last stage that measured it (latency: the canaries' served requests)."""
+    stages = [(k, v["metrics"]) for k, v in statistic.items() if (v or {}).get("metrics")]
+    if not stages:
+        return []
+    if rolled_back:
+        stage, judged = stages[-1]
+        return [{**j, "stage": stage} for j in judged if j["verdict"] != "unmeasured"]
+    out: dict[str, dict[str, Any]] = {}
+    for stage, judged in stages:
+        for j in judged:
+            if j["verdict"] == "unmeasured":
+                continue
+            old = out.get(j["metric"])
+            if old is None or not (old["objective"] and old["verdict"] == "better"):
+                out[j["metric"]] = {**j, "stage": stage}
+    return list(out.values())
+
+
 def deciding_text(judgements: list[dict[str, Any]] | None,
                   offline: dict[str, Any] | None = None) -> str:
     """The statistics a decision rests on, one clause per metric (`Judgement.statistic`:
-    verdict, Δ, always-valid CS, margin, n), else the offline CI."""
+    verdict, Δ, always-valid CS, margin, n; prefixed by its stage when it has one), else the
+    offline CI."""
     if judgements:
-        return "; ".join(j["statistic"] for j in judgements)
+        return "; ".join((f"[{j['stage']}] " if j.get("stage") else "") + j["statistic"]
+                         for j in judgements)
     if offline and offline.get("ci_low") is not None:
         return (f"offline Δ reward {offline['diff']:+.4f}, {offline.get('ci', 0.95):.0%} CI "
                 f"[{offline['ci_low']:+.4f}, {offline['ci_high']:+.4f}] "
