@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from tests.unit.test_serving_ingress import CAND_ID, STABLE_ID, _report, make_app
+from tests.support.rollout_reports import clean_batch as _report
+from tests.unit.test_serving_ingress import CAND_ID, STABLE_ID, make_app
 
 JSON = {"content-type": "application/json"}
 
@@ -177,3 +178,22 @@ def test_feedback_on_a_failed_request_is_refused_and_not_learned(tmp_path):
         assert all(a["pulls"] == 0 for arms in board["bandit"].values() for a in arms), board
         assert c.get("/rl/stats").json()["store"]["feedback"] == 0
 
+
+
+def test_rollout_start_refuses_a_hash_nothing_serves(tmp_path):
+    """A stable or candidate id no deployment serves is a 404 naming the field, listing what is
+    served; no rollout state is written, and a served pair then starts."""
+    c, admin, stubs, _, _ = make_app(tmp_path)
+    state = tmp_path / "rollout" / "state.json"
+    with c:
+        for body, field in (({"candidate": CAND_ID, "stable": "ffffffffffff"}, "stable"),
+                            ({"candidate": "ffffffffffff", "stable": STABLE_ID}, "candidate"),
+                            ({"candidate": "ffffffffffff"}, "candidate")):
+            err = _shape(c.post("/admin/rollout/start", json=body, headers=admin), 404,
+                         field)["error"]
+            assert "ffffffffffff" in err and STABLE_ID in err and CAND_ID in err, err
+            assert not state.exists()
+        r = c.post("/admin/rollout/start", json={"candidate": CAND_ID, "stable": STABLE_ID},
+                   headers=admin)
+        assert r.status_code == 200 and r.json()["stage"] == "candidate", r.text
+        assert state.exists()
