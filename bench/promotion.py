@@ -26,9 +26,13 @@ better-quality (+0.05, 0, 0) — good, should be promoted; cheaper-worse-quality
 harmful nor no-gain candidates should be promoted.
 
 Systems, each deciding on the same traffic:
-- `per-metric` (new): the shadow stage of `configs/rl/rollout.yaml`, every request mirrored to
-  the candidate, judged per metric by `rl.promotion.metrics` (the state machine's code) after
-  every 10 requests: promoted = the stage passes before any veto and before `max_n` pairs.
+- `per-metric` (new): the rollout of `configs/rl/rollout.yaml` judged per metric by
+  `rl.promotion.metrics` (the state machine's code): shadow, every request mirrored to the
+  candidate, a look every 10 requests, on the metrics judged on mirrored pairs (quality,
+  tokens); then canary_5 and canary_25, a live split, a look every 25 candidate requests, on
+  the metrics judged on served requests (tokens, latency). Promoted = every stage passes before
+  any veto and before its `max_n`. Requests to decision: until the veto (any stage), else until
+  shadow's verdict on the objective; `requests_to_full_median` counts the whole rollout.
 - `scalar-unpaired` (today's, before this change): the candidate at 5% of traffic, one per-request
   scalar reward (`RewardSpec.per_query`: quality − γ·latency − δ·tokens) compared unpaired with
   the stable's, the group-sequential test the state machine used (5 looks at 320, ..., 1,600
@@ -55,7 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import make_meta, write_results  # noqa: E402
-from rl.promotion.metrics import VERDICTS, stage_decision, verdicts  # noqa: E402
+from rl.promotion.metrics import (  # noqa: E402
+    VERDICTS,
+    stage_decision,
+    verdict_floor,
+    verdicts,
+)
 from rl.promotion.settings import DEFAULTS_PATH, PromotionSettings  # noqa: E402
 from rl.stats.always_valid import rho2_for  # noqa: E402
 from rl.stats.sequential import group_sequential_bounds  # noqa: E402
@@ -69,7 +78,10 @@ SCENARIOS = {  # delta_quality, token_change, latency_change, kind
     "latency-regression": (0.0, -0.30, 0.50, "harmful"),
 }
 BATCH = 10
-"""Requests between two looks of the per-metric judge."""
+"""Requests between two looks of the per-metric judge in shadow."""
+CANARY_LOOK = 25
+"""Candidate requests between two looks in a canary stage."""
+CANARY_STAGES = (("canary_5", 5.0), ("canary_25", 25.0))
 CANARY_PERCENT = 5.0
 SCALAR_LOOKS, SCALAR_MAX_N = 5, 1600
 """Today's canary_5 plan (configs/rl/rollout.yaml before per-metric promotion)."""
@@ -137,11 +149,18 @@ class Traffic:
 # --------------------------------------------------------------------------- systems
 
 
-def per_metric(traffic: Traffic, cfg: PromotionSettings, runs: int) -> dict[str, np.ndarray]:
-    """The shadow stage's per-metric judgement on mirrored requests (module doc). Returns per
-    run `promoted` (bool), `vetoed` and `requests` (until the decision, or max_n)."""
+def _stage_rules(cfg: PromotionSettings, paired: bool) -> dict:
+    """The simulated metrics' rules that judge a paired (shadow) or unpaired (canary) stage
+    (`MetricRule.judged_on`, as `rl.promotion.metrics.judge` selects them)."""
+    return {k: r for k, r in cfg.metrics.items() if k in ("quality", "tokens", "latency_ms")
+            and (r.judged_on == "both" or (r.judged_on == "paired") == paired)}
+
+
+def _shadow(traffic: Traffic, cfg: PromotionSettings, runs: int) -> tuple[np.ndarray, ...]:
+    """The shadow stage: (passed, vetoed, requests) per run; every request mirrored, a look
+    every BATCH pairs, undecided at max_n."""
     plan = cfg.stages.shadow
-    rules = {k: r for k, r in cfg.metrics.items() if k in ("quality", "tokens", "latency_ms")}
+    rules = _stage_rules(cfg, True)
     n_obj = sum(r.objective for r in rules.values())
     rho2 = rho2_for(plan.max_n, cfg.alpha)
     s, c = traffic.draw(runs, plan.max_n)
@@ -151,7 +170,7 @@ def per_metric(traffic: Traffic, cfg: PromotionSettings, runs: int) -> dict[str,
         cum[k] = (np.cumsum(c[k], 1), np.cumsum(c[k] ** 2, 1), np.cumsum(s[k], 1),
                   np.cumsum(s[k] ** 2, 1), np.cumsum(d, 1), np.cumsum(d * d, 1))
     decided = np.zeros(runs, dtype=bool)
-    promoted, vetoed = np.zeros(runs, dtype=bool), np.zeros(runs, dtype=bool)
+    passed, vetoed = np.zeros(runs, dtype=bool), np.zeros(runs, dtype=bool)
     requests = np.full(runs, plan.max_n, dtype=np.int64)
     for n in range(BATCH, plan.max_n + 1, BATCH):
         i = n - 1
@@ -159,17 +178,70 @@ def per_metric(traffic: Traffic, cfg: PromotionSettings, runs: int) -> dict[str,
         for k, rule in rules.items():
             cs, css, ss, sss, ds, dss = (x[:, i] for x in cum[k])
             judged[k] = verdicts(rule, True, (n, cs, css), (n, ss, sss), (ds, dss), cfg.alpha,
-                                 rho2, plan.min_n, cfg.alpha / n_obj)
-        veto, passed = stage_decision(rules, judged, True, plan.min_n)
-        new = ~decided & (veto | passed)
-        promoted |= new & passed & ~veto
+                                 rho2, verdict_floor(plan.min_n), cfg.alpha / n_obj)
+        veto, ok = stage_decision(rules, judged, True, plan.min_n)
+        new = ~decided & (veto | ok)
+        passed |= new & ok & ~veto
         vetoed |= new & veto
         requests[new] = n
         decided |= new
         if decided.all():
             break
-    return {"promoted": promoted, "vetoed": vetoed, "requests": requests,
-            "verdict_names": np.asarray(VERDICTS)}
+    return passed, vetoed, requests
+
+
+def _canary(traffic: Traffic, cfg: PromotionSettings, stage: str, percent: float,
+            runs: int) -> tuple[np.ndarray, ...]:
+    """One canary stage on served requests (a live split at `percent`): (passed, vetoed,
+    requests served in the stage) per run; a look every CANARY_LOOK candidate requests."""
+    plan = getattr(cfg.stages, stage)
+    rules = _stage_rules(cfg, False)
+    rho2 = rho2_for(plan.max_n, cfg.alpha)
+    per_stable = int(round(CANARY_LOOK * (100.0 - percent) / percent))
+    sums = {k: np.zeros((4, runs)) for k in rules}
+    decided = np.zeros(runs, dtype=bool)
+    passed, vetoed = np.zeros(runs, dtype=bool), np.zeros(runs, dtype=bool)
+    used = np.zeros(runs, dtype=np.int64)
+    n_c = n_s = 0
+    while n_c < plan.max_n and not decided.all():
+        _, c = traffic.draw(runs, CANARY_LOOK)
+        st = traffic.stable_only(runs, per_stable)
+        n_c, n_s = n_c + CANARY_LOOK, n_s + per_stable
+        judged = {}
+        for k, rule in rules.items():
+            sums[k] += np.stack([c[k].sum(1), (c[k] ** 2).sum(1), st[k].sum(1),
+                                 (st[k] ** 2).sum(1)])
+            a = sums[k]
+            judged[k] = verdicts(rule, False, (n_c, a[0], a[1]), (n_s, a[2], a[3]), None,
+                                 cfg.alpha, rho2, verdict_floor(plan.min_n))
+        veto, ok = stage_decision(rules, judged, False, plan.min_n)
+        new = ~decided & (veto | ok)
+        passed |= new & ok & ~veto
+        vetoed |= new & veto
+        used[new] = n_c + n_s
+        decided |= new
+    used[~decided] = n_c + n_s  # inconclusive at max_n
+    return passed, vetoed, used
+
+
+def per_metric(traffic: Traffic, cfg: PromotionSettings, runs: int) -> dict[str, np.ndarray]:
+    """The rollout of configs/rl/rollout.yaml judged per metric by `rl.promotion.metrics` (the
+    state machine's code): shadow on mirrored pairs, then canary_5 and canary_25 on served
+    requests (module doc). Per run: `promoted` (reached full), `vetoed` (a critical metric
+    worse, at any stage), `requests` (served until the decision: the veto, else shadow's
+    verdict on the objective) and `requests_to_full` (served until full or the end)."""
+    passed, vetoed, requests = _shadow(traffic, cfg, runs)
+    total = requests.copy()
+    alive = passed.copy()
+    for stage, percent in CANARY_STAGES:
+        ok, veto, used = _canary(traffic, cfg, stage, percent, runs)
+        veto_now = alive & veto
+        requests = np.where(veto_now, total + used, requests)
+        total = np.where(alive, total + used, total)
+        vetoed |= veto_now
+        alive &= ok
+    return {"promoted": alive, "vetoed": vetoed, "requests": requests,
+            "requests_to_full": total, "verdict_names": np.asarray(VERDICTS)}
 
 
 def scalar_unpaired(traffic: Traffic, spec, runs: int, alpha: float = 0.05) -> dict:
@@ -267,11 +339,15 @@ def main() -> None:
             m, mlo, mhi = median_ci(res["requests"])
             medians[(name, system)] = m
             out_rows.append(row(name, system, "requests_to_decision_median", m, mlo, mhi, runs))
+            if "requests_to_full" in res:
+                out_rows.append(row(name, system, "requests_to_full_median",
+                                    *median_ci(res["requests_to_full"]), runs))
             ok = (k / runs >= TARGET_POWER) if kind == "good" else (k / runs <= TARGET_WRONG)
             if system == "per-metric":
                 checks[f"{name}: {metric} {'>=' if kind == 'good' else '<='} "
                        f"{TARGET_POWER if kind == 'good' else TARGET_WRONG}"] = ok
-            extra = (f"vetoed {int(res['vetoed'].sum()) / runs:.3f}"
+            extra = (f"vetoed {int(res['vetoed'].sum()) / runs:.3f}; requests to full or "
+                     f"rollback, median {np.median(res['requests_to_full']):,.0f}"
                      if "vetoed" in res else "")
             table.append(f"| {name} | {kind} | {system} | {metric} | {k / runs:.4f} "
                          f"[{lo:.4f}, {hi:.4f}] | {m:,.0f} [{mlo:,.0f}, {mhi:,.0f}] | {extra} |")
@@ -329,11 +405,16 @@ def main() -> None:
         + ", ".join(f"{k} {v:.1%}" for k, v in cuped_gain.items())
         + " of their variance (not used by the judge yet; the random sign of the simulated "
         "noise removes that correlation here).", "",
-        "`per-metric`: shadow stage of configs/rl/rollout.yaml (every request mirrored; "
-        f"looks every {BATCH} requests; min_n {cfg.stages.shadow.min_n}, max_n "
-        f"{cfg.stages.shadow.max_n} pairs; rules: "
+        "`per-metric`: the rollout of configs/rl/rollout.yaml: shadow (every request "
+        f"mirrored; looks every {BATCH} requests; min_n {cfg.stages.shadow.min_n}, max_n "
+        f"{cfg.stages.shadow.max_n} pairs), then canary_5 and canary_25 (served requests; "
+        f"looks every {CANARY_LOOK} candidate requests; min_n / max_n "
+        + ", ".join(f"{getattr(cfg.stages, st).min_n} / {getattr(cfg.stages, st).max_n}"
+                    for st, _ in CANARY_STAGES)
+        + " candidate requests; a verdict after min(min_n, 30)); rules: "
         + "; ".join(f"{k} {r.direction} margin {r.margin:g}{' rel' if r.relative else ''}"
                     f"{' critical' if r.critical else ''}{' objective' if r.objective else ''}"
+                    f" on {r.judged_on}"
                     for k, r in cfg.metrics.items() if k in ("quality", "tokens",
                                                              "latency_ms"))
         + f"; alpha {cfg.alpha}). `scalar-unpaired`: today's canary_5 test "
@@ -349,8 +430,10 @@ def main() -> None:
         "Only the per-metric system's rates are targets; the scalar-unpaired rows show what "
         "today's test does on the same traffic. A harmful or no-gain candidate that is not "
         "promoted is either vetoed (a critical metric shown worse) or ends inconclusive at "
-        "max_n. Canary stages after shadow (guardrails on latency and errors from every "
-        f"request) are not simulated. Wall time {time.perf_counter() - t0:.0f} s."])
+        "max_n. Requests to decision: until a veto, else until shadow's verdict on the "
+        "objective (the canaries after it are guardrails: exposure before full); "
+        "`requests_to_full_median` counts every request of the rollout. Errors are not "
+        f"simulated. Wall time {time.perf_counter() - t0:.0f} s."])
     write_results("promotion", out_rows, meta, "Promotion: per-metric paired vs scalar "
                   "unpaired", body)
 
