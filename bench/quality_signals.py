@@ -5,7 +5,8 @@ Per dataset with gold answers (HotpotQA, MTRAG), answers labelled right / wrong 
             question's word overlap) over the question's own passages (HotpotQA: its 10
             paragraphs, 2 gold + 8 distractors; MTRAG: its gold passages + 2 passages of other
             tasks); HotpotQA right = answer F1 >= 0.5; MTRAG right = answer precision against the
-            reference >= 0.6 (a span inside a long reference answer), and the reference answer
+            reference >= 0.6 (a span inside a long reference answer) that says something (not
+            only pronouns and articles: "You" is wrong), and the reference answer
             itself (right)
   adversarial  wrong by construction, each made from the same contexts: `metadata` (the
             contexts' titles replaced by session timestamps, the answer one of them), `title`
@@ -74,6 +75,7 @@ TARGETS = {("hotpotqa", "combined"): 0.85, ("mtrag", "combined"): 0.85,
 _CAP = re.compile(r"\b[A-Z][\w'\-]+(?:\s+[A-Z][\w'\-]+)*")
 _NUM = re.compile(r"\b\d[\d,]*(?:\.\d+)?\b")
 _WORD = re.compile(r"\w+")
+_EMPTY = frozenset(re.findall(r"\S+", "a an the i you we they he she it me us them this that yes no"))
 
 
 def log(msg: str) -> None:
@@ -199,7 +201,8 @@ def mtrag_items(split: str, n: int | None, rng: random.Random) -> list[dict]:
         for k in (2, 5, 10):
             g = reader.generate(e.question, ranked[:k], "cite_concise")
             prec = best_em_f1(g.text, e.answers)[2]
-            items.append(_item(e.id, e.question, g.text, ranked[:k], prec >= 0.6,
+            said = {w.lower() for w in _WORD.findall(g.text)} - _EMPTY  # "You" says nothing
+            items.append(_item(e.id, e.question, g.text, ranked[:k], prec >= 0.6 and bool(said),
                                f"reader-k{k}", cites=g.citations))
         items += adversarial(e.id, e.question, ref, ranked, set(e.gold_passage_ids), rng)
     return items

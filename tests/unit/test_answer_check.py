@@ -25,6 +25,11 @@ from rag.types import Context
     ("Where was Ada Quill born?", "place"),
     ("Were Scott Derrickson and Ed Wood of the same nationality?", "yesno"),
     ("Which came first, Arthur's Magazine or First for Women?", "choice"),
+    ("Was Pennsylvania State University or UCSF founded first?", "choice"),
+    ("Is the ball red or blue?", "yesno"),
+    ("What school was she attending when she was signed?", "entity"),
+    ("Gina was born when?", "date"),
+    ("What is the population of the birth city of Daniela Scalia?", "number"),
 ])
 def test_expected_type(q, want):
     assert expected_type(q) == want
@@ -38,6 +43,9 @@ def test_expected_type(q, want):
     ("2023-06-21", "date"),
     ("1,200 people", "number"),
     ("three", "number"),
+    ("five months", "number"),
+    ("one of the best", "text"),
+    ("One Direction", "text"),
     ("yes", "yesno"),
     (INSUFFICIENT, "abstain"),
     ("I don't know", "abstain"),
@@ -69,6 +77,10 @@ def test_metadata_span_and_check():
     titles, texts = [c.title for c in SESSION], [c.text for c in SESSION]
     assert metadata_span("2:15 pm on 21 June, 2023", titles, texts)
     assert not metadata_span("a new logo", titles, texts)
+    # a Wikipedia-style disambiguated title the text never says is a title, its name is not
+    wiki = (["Blue Hawaii (drink)"], ["Blue Hawaii is a tropical drink made with rum."])
+    assert metadata_span("Blue Hawaii (drink)", *wiki)
+    assert not metadata_span("Blue Hawaii", *wiki)
     bad = check_answer("What did Gina design for her store?", "2:15 pm on 21 June, 2023",
                        titles, texts)
     assert not bad.ok and bad.reason == "metadata"
@@ -118,3 +130,21 @@ def test_metric_counts_state_the_n_of_each_mean():
     rows = [{"f1": 1.0, "support": 1.0}, {"f1": 0.0}, {"f1": 0.5, "support": 0.0}]
     assert aggregate(rows) == {"f1": 0.5, "support": 0.5}
     assert metric_counts(rows) == {"f1": 3, "support": 2}
+
+
+@pytest.mark.parametrize(("q", "want"), [
+    ("Which came first, Arthur's Magazine or First for Women?",
+     ["Arthur's Magazine", "First for Women"]),
+    ("Which battle, the Battle of Cold Harbor, or the Second Battle of Bull Run, was fought "
+     "first?", ["the Battle of Cold Harbor", "the Second Battle of Bull Run"]),
+    ("Which musician or band is from further north, Matthew Good or Modern Baseball?",
+     ["Matthew Good", "Modern Baseball"]),
+    ("Was Pennsylvania State University or UCSF founded first?",
+     ["Pennsylvania State University", "UCSF"]),
+    ("Who was born first David Draiman or Terry Kath?", ["David Draiman", "Terry Kath"]),
+    ("Who directed the film?", []),
+])
+def test_either_or_options(q, want):
+    from rag.generation.extractive import _options
+
+    assert _options(q) == want

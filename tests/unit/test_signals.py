@@ -61,6 +61,22 @@ def test_abstention_scores_zero(sig):
     assert sig.score(_ans("")) == dict.fromkeys(SIGNALS, 0.0)
 
 
+def test_yes_no_and_either_or_answers_pass_the_rules(sig):
+    from rag.metrics.signals import passes_rules
+
+    ctx = (Context("m1", "Salmita Mine", "The Salmita Mine opened in 1983 in Canada."),
+           Context("m2", "Kanichee Mine", "The Kanichee Mine opened in 1937 in Ontario."))
+    q = "Which mine was in service first, the Salmita Mine or the Kanichee Mine?"
+    one, both, neither = sig.features([_ans("the Kanichee Mine", q, ctx),
+                                       _ans("Salmita Mine and Kanichee Mine", q, ctx),
+                                       _ans("Ontario", q, ctx)])
+    assert passes_rules(one) and one[FEATURES.index("off_option")] == 0.0  # "Mine" is shared
+    assert not passes_rules(both)  # naming both options answers nothing
+    assert neither[FEATURES.index("off_option")] == 1.0
+    yes = sig.features([_ans("yes", "Did Gina design a new logo?")])[0]
+    assert passes_rules(yes) and yes[FEATURES.index("echo")] == 0.0
+
+
 def test_features_shape_and_date_question(sig):
     f = sig.features([_ans("21 June, 2023", q="When did Gina design a new logo?")])[0]
     assert f.shape == (len(FEATURES),)

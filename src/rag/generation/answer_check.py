@@ -47,7 +47,11 @@ _NUMERIC = re.compile(rf"^(?:about |around |over |nearly |approximately |the )?"
 _YESNO_Q = re.compile(r"^(is|are|was|were|do|does|did|can|could|has|have|had|will|would|should|"
                       r"am)\b", re.I)
 _CHOICE_TAIL = re.compile(r",\s*[^,]+\s+or\s+[^,]+\?*$")
+_COMPARE = re.compile(r"\b(first|last|earlier|later|older|younger|more|less|fewer|longer|shorter|"
+                      r"larger|smaller|bigger|higher|lower|taller|greater|better|worse|most|"
+                      r"least)\b")
 _WORD = re.compile(r"[^\W_]+(?:[-'][^\W_]+)*", re.UNICODE)
+_DISAMBIGUATED = re.compile(r"\S\s*\([^()]+\)$")
 _ABSTAIN = re.compile(r"^(i don'?t know|unknown|not (?:stated|mentioned|given|known)|"
                       r"no answer|cannot (?:be )?(?:answer|determine)|"
                       r"the (?:passages|context|documents?) do(?:es)? not)", re.I)
@@ -60,20 +64,25 @@ def _words(text: str) -> list[str]:
 
 def expected_type(question: str) -> str:
     """The answer type `question` asks for (one of EXPECTED_TYPES), from its wording:
-    "Is/Were/Did ..." yes/no unless it ends in "..., X or Y?" (choice); "when"/"what year/date"
-    date; "how many/much/long/old/tall/far", "what number/percentage" number; who/whom/whose
-    person; where/"in which city" place; anything else (what, which, name ...) entity."""
+    "Is/Were/Did ..." yes/no unless it ends in "..., X or Y?" or compares with "or" ("Was X or
+    Y founded first?": choice); "when" leading or trailing, "what year/date" date (a "when"
+    clause inside a what-question is not); "how many/much/long/old/tall/far", "what
+    number/percentage", a population number; who/whom/whose person; where/"in which city"
+    place; anything else (what, which, name ...) entity."""
     q = " ".join(question.split())
     ql = q.lower()
-    if _YESNO_Q.match(q) and not _CHOICE_TAIL.search(q):
+    either = bool(re.search(r"\bor\b", ql))
+    if _YESNO_Q.match(q) and not _CHOICE_TAIL.search(q) and not (either and _COMPARE.search(ql)):
         return "yesno"
-    if re.search(r"\bor\b", ql) and re.match(r"^(which|who|what|whose)\b", ql):
+    if either and (_YESNO_Q.match(q) or re.match(r"^(which|who|what|whose)\b", ql)):
         return "choice"
-    if re.search(r"\b(what|which) (year|date|day|month|time|century|decade)\b|\bwhen\b|"
-                 r"\bhow long ago\b", ql):
+    if re.search(r"\b(what|which) (year|date|day|month|time|century|decade)\b|^when\b|"
+                 r"\bwhen\W*$|\bhow long ago\b", ql):
         return "date"
     if re.search(r"\bhow (many|much|long|old|tall|far|big|large|high|often)\b|"
-                 r"\bwhat (number|percentage|percent|amount|age)\b", ql):
+                 r"\bwhat (number|percentage|percent|amount|age)\b|\bpopulation\b|"
+                 r"\b(what|which) (is|was|are|were) the (number|total|size|length|height|area)"
+                 r" of\b", ql):
         return "number"
     if re.match(r"^(who|whom|whose)\b", ql) or re.search(r"\b(which|what) (person|actor|actress|"
                                                          r"singer|player|author|writer)\b", ql):
@@ -87,7 +96,8 @@ def expected_type(question: str) -> str:
 def answer_type(answer: str) -> str:
     """The type of an answer text (one of ANSWER_TYPES): an abstention (INSUFFICIENT, "I don't
     know", ...), a bare yes/no, a clock time or timestamp, a date (day/month + year, ISO, or a
-    year alone), a number (digits or number words with at most two unit words), else text."""
+    year alone), a number (digits with at most two unit words, or number words with at most
+    one: "five months"), else text."""
     a = " ".join(answer.split()).strip(" .;:,\"'")
     if not a or a == INSUFFICIENT or _ABSTAIN.match(a):
         return "abstain"
@@ -110,8 +120,8 @@ def answer_type(answer: str) -> str:
     if YEAR.fullmatch(a) or re.fullmatch(r"(?:in |the )?(?:1[0-9]{3}|20[0-9]{2})s?", low):
         return "date"
     named = any(w[:1].isupper() for w in a.split()[1:])  # "2000 Summer Olympics" is a name
-    if not named and _NUMERIC.match(a) and any(ch.isdigit() for ch in a) or re.fullmatch(
-            rf"(?:{_NUMBER_WORDS})(?:[\s-]+(?:{_NUMBER_WORDS}))*", low):
+    if not named and (_NUMERIC.match(a) and any(ch.isdigit() for ch in a) or re.fullmatch(
+            rf"(?:{_NUMBER_WORDS})(?:[\s-]+(?:{_NUMBER_WORDS}))*(?:\s+(?!of\b)[a-z]+)?", low)):
         return "number"
     return "text"
 
@@ -143,11 +153,16 @@ def fits(expected: str, kind: str) -> bool:
 
 def metadata_span(answer: str, titles: Sequence[str], texts: Sequence[str]) -> bool:
     """True when the answer is (most of) a passage title that the passages' texts never say:
-    a title or metadata field (e.g. a session timestamp) rather than content. `titles` and
-    `texts` are the passages' fields, in any order."""
+    a title or metadata field (e.g. a session timestamp) rather than content, or exactly a
+    title that ends in a parenthesised disambiguation ("Blue Hawaii (drink)") that no text
+    says. `titles` and `texts` are the passages' fields, in any order."""
     aw = [w for w in _words(answer) if w not in _STOP]
     if not aw:
         return False
+    norm = " ".join(_words(answer))
+    if (_DISAMBIGUATED.search(answer.strip()) and any(norm == " ".join(_words(t)) for t in titles)
+            and not any(norm in " ".join(_words(t)) for t in texts)):
+        return True  # "Blue Hawaii (drink)": a title's disambiguation no text says
     body = set(w for t in texts for w in _words(t))
     in_text = sum(w in body for w in aw) / len(aw)
     for t in titles:

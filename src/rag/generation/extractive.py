@@ -76,16 +76,28 @@ def qtype(question: str) -> str:
 
 
 def _options(question: str) -> list[str]:
-    """'Which was founded earlier, X or Y?' -> [X, Y]."""
-    body = question.rstrip(" ?")
-    tail = body.split(",")[-1] if "," in body else body
-    parts = re.split(r"\s+or\s+", tail)
-    if len(parts) < 2:
+    """'Which was founded earlier, X or Y?', 'Which battle, X, or Y, was fought first?',
+    'Was X or Y founded first?' -> [X, Y] (the last comma-separated part holding "or"; without
+    commas, the last capitalised run before "or", and after it the first one when the question
+    opens with is/was/did...); [] when the question has no "or"."""
+    segs = [seg.strip() for seg in question.rstrip(" ?").split(",")]
+    for i, seg in reversed(list(enumerate(segs))):
+        if i > 0 and seg.lower().startswith("or "):
+            left, right = segs[i - 1], seg[3:]
+            break
+        parts = re.split(r"\s+or\s+", seg)
+        if len(parts) >= 2:
+            left, right = _YESNO.sub("", parts[0]).strip(), parts[-1]
+            caps = _CAP.findall(left)
+            if caps and (len(segs) == 1 or _YESNO.match(parts[0])):
+                left = caps[-1]
+            lead = _CAP.match(right)
+            if lead and len(segs) == 1 and _YESNO.match(parts[0]):  # "Was X or Y built...?"
+                right = lead.group(0)
+            break
+    else:
         return []
-    left = parts[0]
-    caps = _CAP.findall(left)
-    first = caps[-1] if caps and "," not in body else left
-    return [first.strip(" \"'"), parts[-1].strip(" \"'")]
+    return [left.strip(" \"'"), right.strip(" \"'")]
 
 
 class ExtractiveReader(Generator):

@@ -15,6 +15,9 @@ itself about the question (faithfulness), and a calibrated combination of both.
                     sentence's text (titles do not count), times that sentence's relevance to the
                     question (cos(question, sentence) / the best cos over all sentences);
                     averaged over the answer's sentences
+  features only     verbatim (the answer's words are a run of a context text's words), title
+                    (the answer is exactly a context's title), off_option (an either-or
+                    question answered with neither option)
   sig_combined      0 when the answer fails a rule (`passes_rules`: wrong type, a title or
                     metadata span, the question echoed), else P(answer is right) from a
                     logistic regression over FEATURES, trained on the train splits' gold labels
@@ -52,7 +55,8 @@ __all__ = ["AnswerSignals", "FEATURES", "SIGNALS", "GATE", "Combiner", "load_com
 SIGNALS = ("sig_relevancy", "sig_faithfulness", "sig_combined")
 GATE = 0.5
 FEATURES = ("type_fit", "metadata", "echo", "qa_cos", "ev_cos", "best_cos", "ev_gap", "cover",
-            "ev_q_overlap", "partial", "log_words", "is_yesno", "relevancy", "faithfulness")
+            "ev_q_overlap", "partial", "log_words", "is_yesno", "verbatim", "title", "off_option",
+            "relevancy", "faithfulness")
 MAX_SENTENCES = 16
 """Sentences read per context (the first ones): bounds the encoder work per answer."""
 
@@ -196,8 +200,8 @@ class AnswerSignals:
         qwords = set(_content(p["question"]))
         aw = _content(p["answer"])
         choice = p["expected"] == "choice"  # the answer is one of the question's options
-        echo = self._echo(p["question"], aw, qwords, choice)
-        is_yesno = p["kind"] == "yesno"
+        is_yesno = p["kind"] == "yesno"  # a judgement restates nothing
+        echo = 0.0 if is_yesno else self._echo(p["question"], aw, qwords, choice)
         type_fit = (1.0 if choice or not type_checked(p["answer"])
                     else float(fits(p["expected"], p["kind"])))
         meta = float(metadata_span(p["answer"], p["titles"], p["texts"])
@@ -230,9 +234,13 @@ class AnswerSignals:
         rel = (type_fit * (1.0 - meta) * (1.0 - echo if echo >= 0.75 else 1.0)
                * max(0.0, 0.5 * qa_cos + 0.5 * ev_cos))
         n_words = len(_words(p["answer"]))
+        norm = " ".join(_words(p["answer"]))
+        verbatim = float(bool(norm) and any(norm in " ".join(_words(t)) for t in p["texts"]))
+        title = float(bool(norm) and any(norm == " ".join(_words(t)) for t in p["titles"]))
+        off_option = float(choice and not self._names_option(p["question"], aw))
         return np.array([type_fit, meta, echo, qa_cos, ev_cos, best_cos, ev_cos - best_cos,
-                         cover, ev_q, partial, math.log1p(n_words), float(is_yesno),
-                         min(1.0, rel), faith], dtype=np.float64)
+                         cover, ev_q, partial, math.log1p(n_words), float(is_yesno), verbatim,
+                         title, off_option, min(1.0, rel), faith], dtype=np.float64)
 
     @staticmethod
     def _echo(question: str, aw: list[str], qwords: set[str], choice: bool) -> float:
@@ -245,10 +253,22 @@ class AnswerSignals:
         from rag.generation.extractive import _options
 
         opts = [set(_content(o)) for o in _options(question)]
-        if len(opts) == 2 and all(o & set(aw) for o in opts):
+        if len(opts) == 2 and all((o - other) & set(aw)
+                                  for o, other in zip(opts, opts[::-1], strict=True)):
             return 1.0
         rest = qwords - set().union(*opts) if opts else qwords
         return sum(w in rest for w in aw) / len(aw)
+
+    @staticmethod
+    def _names_option(question: str, aw: list[str]) -> bool:
+        """The answer (content words `aw`) names an option of an either-or question by a word
+        only that option has (True when the options cannot be read)."""
+        from rag.generation.extractive import _options
+
+        opts = [set(_content(o)) for o in _options(question)]
+        if len(opts) != 2:
+            return True
+        return any((o - other) & set(aw) for o, other in zip(opts, opts[::-1], strict=True))
 
     @staticmethod
     def _partial(answer: str, evidence: Sequence[str]) -> bool:
