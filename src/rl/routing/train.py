@@ -21,7 +21,8 @@ router's own are in-sample there, and a price fitted on them let it overspend on
 queries. The holdout split is read once, after every choice was made.
 
 Rewards are the tuner's per-query rewards (`TunerEvaluator.per_query_reward`: quality − latency
-and token cost, no batch gates), quality = αF + βR of the evaluator's F and R, cost = tokens;
+and token cost, no batch gates), quality = αF + βR of the evaluator's F and R (on gold-less
+data the tuner's reference-free signal, e.g. F = sig_combined; the report names them), cost = tokens;
 every (config, query) row comes from the evaluator's lazy per-query cache, so a second run on
 the same data computes nothing. The directory holds `policy.json` + `model.pkl`
 (`rl.routing.base.save_policy`, ε = `MIN_EPSILON`) and `report.json` / `report.md`.
@@ -391,7 +392,8 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                      "selection": "cv", "margin": router.margin,
                      "static_arm": names[router.static_arm],
                      "cv_reward": sel.tried[sel.best]["cv_reward"],
-                     "cv_static_reward": float(R_tv[:, router.static_arm].mean())},
+                     "cv_static_reward": float(R_tv[:, router.static_arm].mean()),
+                     "quality_metrics": [ev.slice.faithfulness, ev.slice.relevancy]},
                     rows, verdict, counts_of([names[int(a)] for a in ch]),
                     tuple(picks), prep.warnings)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
@@ -443,7 +445,9 @@ def markdown(run: RouterRun, dataset: str) -> str:
                   f"{p['valid_reward']:.4f} vs the router's {p['router_valid_reward']:.4f}); "
                   f"it defers {100 * p['test_deferred']:.0f}% of the holdout queries to the "
                   f"router and picks {p['distinct_test_configs']} distinct configs.", ""]
-    lines += ["Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired.", "",
+    fr = run.router.get("quality_metrics")  # gold-less data: F is a reference-free signal
+    lines += ["Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired."
+              + (f" Quality = αF + βR with F = `{fr[0]}`, R = `{fr[1]}`." if fr else ""), "",
               "| system | reward | quality | tokens |", "|---|---|---|---|"]
     for s in run.systems:
         lines.append(f"| {s} | {fmt(by[(s, 'reward')])} | {fmt(by[(s, 'quality')])} | "
