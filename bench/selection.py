@@ -1,4 +1,5 @@
-"""Episode-level context selection benchmark (src/rl/selection, docs/selection.md).
+"""Does episode-level context selection (src/rl/selection, docs/selection.md: BC, RAFT, PPO)
+pick better passages than retrieve-then-rerank with the same passage budget?
 
     python bench/selection.py           # full: HotpotQA + MTRAG, ablations (sizes below)
     python bench/selection.py --quick   # < 2 min: small splits, no PPO, a reduced ablation
@@ -103,14 +104,12 @@ def markdown(rows: list[dict], info: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--config", help="selection YAML (default configs/rl/selection.yaml)")
     ap.add_argument("--datasets", default="hotpotqa,mtrag")
-    ap.add_argument("--no-ablations", action="store_true")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    cfg = SelectionConfig.load(args.config)
+    cfg = SelectionConfig.load()
     t0 = time.perf_counter()
     rows: list[dict] = []
     info: dict = {}
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"error: --datasets: unknown dataset {ds!r}", file=sys.stderr)
             return 2
-        r, i = run_dataset(ds, cfg, sizes, ablations=ds == "hotpotqa" and not args.no_ablations)
+        r, i = run_dataset(ds, cfg, sizes, ablations=ds == "hotpotqa")
         rows += r
         info[ds] = i
         print(f"[{ds}] done at {time.perf_counter() - t0:.0f} s", flush=True)

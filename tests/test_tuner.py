@@ -331,29 +331,3 @@ def test_warm_start_evaluates_the_default_first_and_never_ends_below_it(ev, smal
                          start=base)
         assert res.trials[0].config.config_hash == base.config_hash
         assert res.best_reward >= res.trials[0].full["reward"]
-
-
-def test_served_rewards_score_a_config_per_query_and_reprice_its_tokens(ev, small_policy):
-    """bench/drift_data.served_rewards: what a system that picks any config per query (the
-    drift benchmark's ppo-policy) got, equal to the evaluator's per-query reward at the
-    stored price and lower by exactly the extra token cost at a higher one."""
-    import itertools
-
-    from bench.drift_data import served_rewards
-
-    a, b = itertools.islice(ConfigSpace(small_policy).grid(), 2)
-    n = len(ev.data.examples("valid"))
-    picks = [a if i % 3 else b for i in range(n)]
-    got = served_rewards(ev, "valid", picks)
-    ra, rb = (ev.per_query_reward(ev.table(c, "valid")) for c in (a, b))
-    want = np.where(np.arange(n) % 3 > 0, ra, rb)
-    assert np.allclose(got, want, equal_nan=True) and np.isfinite(got).all()
-    doubled = served_rewards(ev, "valid", picks, 2.0)
-    tokens = np.where(np.arange(n) % 3 > 0, ev.table(a, "valid")["tokens"],
-                      ev.table(b, "valid")["tokens"])
-    assert (doubled < got).all() and (tokens > 0).all()
-    # the drop per query is the token term once more: proportional to the query's tokens
-    drop = got - doubled
-    assert np.allclose(drop / tokens, (drop / tokens)[0])
-    with pytest.raises(ValueError, match="configs"):
-        served_rewards(ev, "valid", picks[:-1])

@@ -14,8 +14,8 @@ Shadow: independently of the split, `bucket(interaction id, other salt) < shadow
 mirrors the request to the shadow candidate; its answer is logged (and scored when gold is
 known) but never returned.
 
-Bandit mode: arms are config hashes; one UCB1 or Thompson learner (`rl.tuner.bandit`) per request
-category; `/feedback` rewards update the arm of the interaction's category. The splitter computes
+Bandit mode: arms are config hashes; one UCB1 or Thompson learner (`rl.routing.arm_bandit`) per
+request category; `/feedback` rewards update the arm of the interaction's category. The splitter computes
 the arm probabilities first and samples from them, so the logged propensity is exactly the
 probability the arm was chosen with (Thompson's is a vectorised Monte-Carlo estimate).
 """
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from rag.errors import ConfigError
-from rl.tuner.bandit import UCB1, Bandit, Thompson
+from rl.routing.arm_bandit import UCB1, Bandit, Thompson
 from serving.schemas import BanditSettings, TrafficSettings
 
 OTHER_CATEGORY = "other"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rag.errors import ConfigError
-from rl.tuner.bandit import UCB1, Thompson
+from rl.routing.arm_bandit import UCB1, Thompson
 
 MEANS = {"a": 0.3, "b": 0.5, "c": 0.7}
 

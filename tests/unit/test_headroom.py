@@ -1,5 +1,5 @@
 """rl.stats.headroom on small hand-made reward matrices whose answers are known, and the
-headroom bench's fixed portfolio and markdown (no evaluation)."""
+routing portfolio (rl.routing.portfolio; no evaluation)."""
 
 from __future__ import annotations
 
@@ -123,10 +123,9 @@ def test_rung_spearman():
         rung_spearman(noisy, 41)
 
 
-def test_bench_portfolio_is_fixed_and_spread():
-    from bench.headroom import PORTFOLIO, portfolio
-
+def test_portfolio_is_fixed_and_spread():
     from rl.kernel.settings import TunerSettings
+    from rl.routing.portfolio import PORTFOLIO, portfolio
 
     policy = TunerSettings.defaults()
     cfgs = portfolio(policy)
@@ -163,21 +162,3 @@ def test_formulation_arms_add_each_non_abstaining_arm_per_other_formulation():
     got = with_formulations(own, ("last_turn", "all_user"))
     assert [n for n, _ in got] == ["x", "x@last_turn"]
     assert got[1][1].query_formulation is None
-
-def test_bench_markdown_reads_its_numbers_from_the_rows():
-    from bench.headroom import markdown
-
-    def row(system, metric, value, split="valid"):
-        return {"dataset": "d", "split": split, "system": system, "metric": metric,
-                "value": value, "ci_low": value - 0.01, "ci_high": value + 0.01, "n": 10}
-
-    rows = [row("best-static", "reward", 0.5), row("static-default", "reward", 0.4),
-            row("per-query-oracle", "headroom", 0.123),
-            row("per-query-oracle@test", "headroom", 0.111, "test"),
-            row("per-segment-best-crossfit", "headroom", -0.004)]
-    meta = {"details": {"d": {"valid": {"n": 10, "best_static": "cfg-x"}}},
-            "main_segments": {"d": "type"}, "portfolio": []}
-    md = markdown(meta, rows)
-    assert "`cfg-x`" in md and "+0.123 [0.113, 0.133]" in md and "+0.111" in md
-    assert "| per-query-oracle | headroom | +0.123 [0.113, 0.133] | +0.111 [0.101, 0.121] |" in md
-    assert "-0.004" in md and "25% of the best static reward" in md

@@ -1,7 +1,9 @@
-"""rl.stats.ope on the seeded bandit simulator (rl.stats.simulate), where the true policy value is known."""
+"""rl.stats.ope on the seeded bandit simulator (tests/support/bandit_world.py), where the true
+policy value is known."""
 
 import numpy as np
 import pytest
+from tests.support.bandit_world import BanditSimulator
 
 from rag.errors import ConfigError
 from rl.stats.ope import (
@@ -14,7 +16,6 @@ from rl.stats.ope import (
     ips,
     snips,
 )
-from rl.stats.simulate import BanditSimulator
 
 
 @pytest.fixture(scope="module")

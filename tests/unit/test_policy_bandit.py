@@ -1,6 +1,6 @@
-"""B4 LinUCB from ε-greedy logs, the drifting-world UCBs, the policy protocol and the
-decision-log OPE error (rl.routing.base, rl.routing.portfolio_bandit,
-rl.routing.decision_log)."""
+"""The per-query policy protocol of the Serve app's router (rl.routing.base): ε-greedy and
+candidate-aware exploration, their propensities, policy directories, and what a
+candidate-aware log buys off-policy evaluation (rl.stats.ope)."""
 
 from __future__ import annotations
 
@@ -13,24 +13,13 @@ from rl.routing.base import (
     Exploring,
     PerQueryPolicy,
     RouterPolicy,
+    explore_mix,
     load_policy,
+    one_hot,
     sample_arms,
     save_policy,
 )
-from rl.routing.decision_log import (
-    DecisionLog,
-    epsilon_greedy_probs,
-    log_epsilon_greedy,
-    ope_error,
-    true_value,
-)
-from rl.routing.portfolio_bandit import (
-    DiscountedUCB,
-    LinUCB,
-    LinUCBPolicy,
-    SlidingWindowUCB,
-    select_linucb,
-)
+from rl.stats.ope import doubly_robust, ips
 
 M = 3
 
@@ -49,138 +38,15 @@ def _configs(m: int = M) -> list[RAGConfig]:
     return [RAGConfig().replace(k=k) for k in (1, 2, 3, 4, 5)[:m]]
 
 
-def test_linucb_learns_planted_linear_choice_from_epsilon_greedy_logs():
-    X, R, mean = _world(6000, 0)
-    rng = np.random.default_rng(1)
-    logs = log_epsilon_greedy(X, R, np.full(len(X), 2), 0.3, rng)
-    assert logs.propensity.min() >= 0.3 / M - 1e-12
-    model = LinUCB(M, X.shape[1], l2=1.0).fit(logs.x, logs.arm, logs.reward, logs.propensity)
-    Xt, _, mt = _world(2000, 2)
-    pol = LinUCBPolicy(model, _configs(), beta=0.0)
-    ch = pol.act(Xt)
-    oracle = mt.argmax(axis=1)
-    clear = np.abs(Xt[:, 0]) > 1.0  # where one arm is clearly best
-    assert (ch[clear] == oracle[clear]).mean() > 0.9
-    value = mt[np.arange(len(ch)), ch].mean()
-    assert value > mt[:, 2].mean() + 0.08  # beats the logging policy's static arm
-
-
-def test_linucb_pessimism_keeps_unexplored_arms_out_and_selection_uses_valid():
-    X, R, mean = _world(3000, 3)
-    logs = log_epsilon_greedy(X, R, np.full(len(X), 2), 0.1, np.random.default_rng(4))
-    Xv, Rv, mv = _world(1000, 5)
-    pol, tried = select_linucb(logs.x, logs.arm, logs.reward, logs.propensity, Xv, mv,
-                               _configs())
-    assert len(tried) == 18 and isinstance(pol, PerQueryPolicy)
-    assert max(t["valid_reward"] for t in tried) == pytest.approx(
-        mv[np.arange(len(Xv)), pol.act(Xv)].mean())
-    # with a huge pessimism weight the well-logged base arm wins everywhere
-    assert np.all(LinUCBPolicy(pol.model, _configs(), beta=1e3).act(Xv) == 2)
-
-
-def test_linucb_online_select_update_explores_then_exploits():
-    X, R, mean = _world(3000, 6)
-    model = LinUCB(M, X.shape[1], alpha=0.5)
-    model.set_scaler(X, 0.5)
-    picks = []
-    for i in range(len(X)):
-        a = model.select(X[i])
-        model.update(X[i], a, R[i, a])
-        picks.append(a)
-    picks = np.array(picks)
-    late = slice(2000, 3000)
-    assert set(np.unique(picks[:200])) == {0, 1, 2}
-    assert (picks[late] == mean[late].argmax(axis=1)).mean() > 0.7
-
-
-def test_linucb_mean_and_width_are_ridge_estimates_and_follow_updates():
-    """mean = zᵀA⁻¹b + offset and width = sqrt(zᵀA⁻¹z) per arm, against a direct solve; the
-    cached inverse and θ are refreshed after an update."""
-    X, R, _ = _world(400, 2)
-    model = LinUCB(M, X.shape[1], alpha=0.5)
-    model.set_scaler(X, 0.5)
-    model.fit(X, np.arange(len(X)) % M, R[np.arange(len(X)), np.arange(len(X)) % M])
-
-    def direct(x):
-        z = model._z(x[None])[0]
-        return (np.array([z @ np.linalg.solve(model.A[k], model.b[k]) for k in range(M)])
-                + model.offset,
-                np.sqrt([z @ np.linalg.solve(model.A[k], z) for k in range(M)]))
-
-    mean, width = model.mean_width(X[:3])
-    for i in range(3):
-        np.testing.assert_allclose(mean[i], direct(X[i])[0], rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(width[i], direct(X[i])[1], rtol=1e-9, atol=1e-12)
-    before = model.mean_width(X[:1])
-    model.update(X[0], 1, 5.0)
-    after = model.mean_width(X[:1])
-    assert after[0][0, 1] != before[0][0, 1] and after[1][0, 1] < before[1][0, 1]
-    np.testing.assert_allclose(after[0][0], direct(X[0])[0], rtol=1e-9, atol=1e-12)
-
-
-@pytest.mark.parametrize("cls,kw", [(DiscountedUCB, {"gamma": 0.98}),
-                                    (SlidingWindowUCB, {"window": 200})])
-def test_drift_ucb_tracks_a_switch_of_the_best_arm(cls, kw):
-    rng = np.random.default_rng(0)
-    means = np.array([[0.8, 0.5, 0.4], [0.3, 0.5, 0.8]])
-    ucb = cls(3, c=0.3, **kw)
-    picks = []
-    for t in range(4000):
-        phase = 0 if t < 2000 else 1
-        a = ucb.select()
-        ucb.update(a, float(rng.random() < means[phase, a]))
-        picks.append(a)
-    picks = np.array(picks)
-    assert (picks[1500:2000] == 0).mean() > 0.8
-    assert (picks[3500:4000] == 2).mean() > 0.8
-
-
-def test_plain_ucb_gamma_one_is_slow_after_the_switch():
-    rng = np.random.default_rng(0)
-    means = np.array([[0.8, 0.5, 0.4], [0.3, 0.5, 0.8]])
-    ucb = DiscountedUCB(3, gamma=1.0, c=0.3)
-    picks = []
-    for t in range(4000):
-        a = ucb.select()
-        ucb.update(a, float(rng.random() < means[int(t >= 2000), a]))
-        picks.append(a)
-    assert (np.array(picks[2000:2300]) == 2).mean() < 0.5
-
-
-def test_drift_ucb_rejects_bad_settings():
-    with pytest.raises(ConfigError):
-        DiscountedUCB(3, gamma=0.0)
-    with pytest.raises(ConfigError):
-        SlidingWindowUCB(3, window=0)
-
-
 def test_epsilon_greedy_min_propensity_and_sampling():
-    P = epsilon_greedy_probs(np.array([0, 1, 2, 1]), 5, 0.1)
+    P = explore_mix(one_hot(np.array([0, 1, 2, 1]), 5), 0.1)
     assert np.allclose(P.sum(axis=1), 1.0)
     assert P.min() == pytest.approx(0.1 / 5)
     assert P[0, 0] == pytest.approx(0.9 + 0.02)
-    with pytest.raises(ConfigError):
-        epsilon_greedy_probs(np.array([0]), 5, 0.05)
     rng = np.random.default_rng(0)
     arms, prop = sample_arms(np.tile(P[1], (20000, 1)), rng)
     assert np.bincount(arms, minlength=5) / 20000 == pytest.approx(P[1], abs=0.01)
     assert np.allclose(prop, P[1][arms])
-
-
-def test_ope_error_is_small_on_a_long_log_and_logs_round_trip(tmp_path):
-    X, R, mean = _world(400, 7)
-    rng = np.random.default_rng(8)
-    logs = log_epsilon_greedy(X, mean, np.full(len(X), 2), 0.3, rng, n_rounds=40000)
-    target = epsilon_greedy_probs(mean.argmax(axis=1), M, 1.0)  # uniform target
-    greedy = np.eye(M)[mean.argmax(axis=1)]
-    for probs in (target, greedy):
-        truth = true_value(probs, mean)
-        out = ope_error(probs[logs.qidx], logs, truth)
-        assert set(out) == {"ips", "snips", "dr"}
-        assert out["dr"]["abs_error"] < 0.01 and out["dr"]["covered"]
-    back = DecisionLog.read_jsonl(logs.write_jsonl(tmp_path / "log.jsonl"))
-    assert np.array_equal(back.arm, logs.arm) and np.allclose(back.x, logs.x)
-    assert back.config_hash[:3] == logs.config_hash[:3]
 
 
 def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
@@ -194,19 +60,16 @@ def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
     assert ex.probs(X).min() == pytest.approx(0.2 / M)
     with pytest.raises(ConfigError):
         Exploring(pol, 0.05)
-    d = save_policy(LinUCBPolicy(LinUCB(M, 4).fit(X, np.arange(200) % M, np.ones(200)),
-                                 _configs()), tmp_path / "p", base_config=RAGConfig(),
-                    names=["a", "b", "c"], epsilon=0.15)
+    d = save_policy(pol, tmp_path / "p", base_config=RAGConfig(), names=["a", "b", "c"],
+                    epsilon=0.15)
     got = load_policy(d)
     assert got.names == ["a", "b", "c"] and got.epsilon == 0.15 and len(got.policy_id) == 12
-    assert np.array_equal(got.policy.act(X), LinUCBPolicy(got.policy.model, _configs()).act(X))
+    assert np.array_equal(got.policy.act(X), pol.act(X))
     with pytest.raises(ConfigError):
         load_policy(tmp_path / "nothing")
 
 
 def test_candidate_aware_exploration_keeps_the_floor_and_gives_the_candidate_its_share():
-    from rl.routing.base import explore_mix, one_hot
-
     served = one_hot(np.array([0, 0, 1, 2]), 5)
     cand = one_hot(np.array([3, 0, 4, 2]), 5)
     P = explore_mix(served, 0.1, cand, 0.2)
@@ -215,8 +78,8 @@ def test_candidate_aware_exploration_keeps_the_floor_and_gives_the_candidate_its
     assert P[0, 3] == pytest.approx(0.2 + 0.02)  # the candidate's choice: >= its share
     assert P[0, 0] == pytest.approx(0.7 + 0.02)  # the served choice: 1 - eps - share
     assert P[1, 0] == pytest.approx(0.9 + 0.02)  # both agree
-    assert np.allclose(explore_mix(served, 0.1), epsilon_greedy_probs(
-        np.array([0, 0, 1, 2]), 5, 0.1))  # share 0 = plain epsilon-greedy
+    assert np.allclose(explore_mix(served, 0.1, cand, 0.0),
+                       explore_mix(served, 0.1))  # share 0 = plain epsilon-greedy
     for kw, field in (({"candidate_share": 0.6}, "candidate_share"),
                       ({"candidate_share": 0.2, "candidate_probs": None}, "candidate_share"),
                       ({"candidate_share": 0.2, "candidate_probs": cand[:, :4]}, "candidate")):
@@ -254,31 +117,29 @@ def test_exploring_with_a_candidate_checks_its_arms():
 def test_a_candidate_aware_log_estimates_the_candidate_far_better():
     """The same world and log length: the candidate's IPS and DR errors from a log that gives
     it 10% of the rounds are several times smaller than from a log that only explores it
-    through the uniform epsilon (weights up to 1/0.1 instead of M/eps = 30)."""
+    through the uniform epsilon (weights up to 1/0.1 instead of M/eps = 100)."""
     rng0 = np.random.default_rng(11)
     n, m = 300, 10
     X = rng0.normal(size=(n, 4))
     mean = np.clip(0.4 + 0.15 * X @ rng0.normal(size=(4, m)) / 2, 0.02, 0.98)
     cand = np.eye(m)[mean.argmax(axis=1)]
-    truth = true_value(cand, mean)
-    greedy = np.full(n, int(mean.mean(axis=0).argmax()))
+    served = one_hot(np.full(n, int(mean.mean(axis=0).argmax())), m)
     err = {"uniform": [], "candidate": []}
     for d in range(12):
         rng = np.random.default_rng([d, 3])
         R = (rng.random(mean.shape) < mean).astype(float)
+        truth = float(np.mean(np.sum(cand * R, axis=1)))
+        q = np.random.default_rng([d, 4]).integers(0, n, size=3000)  # a stream of requests
         for name, share in (("uniform", 0.0), ("candidate", 0.1)):
-            logs = log_epsilon_greedy(X, R, greedy, 0.1, np.random.default_rng([d, 4]),
-                                      n_rounds=3000, candidate_probs=cand,
-                                      candidate_share=share)
+            P = explore_mix(served[q], 0.1, cand[q], share)
+            arm, prop = sample_arms(P, np.random.default_rng([d, 5]))
             if share:
-                assert logs.propensity[logs.arm == cand.argmax(axis=1)[logs.qidx]].min() \
-                    >= 0.1 - 1e-12
-            out = ope_error(cand[logs.qidx], logs, true_value(cand, R))
-            err[name].append([out["ips"]["abs_error"], out["dr"]["abs_error"]])
+                assert prop[arm == cand.argmax(axis=1)[q]].min() >= 0.1 - 1e-12
+            est = [ips(arm, prop, R[q, arm], cand[q]),
+                   doubly_robust(arm, prop, R[q, arm], cand[q], x=X[q])]
+            err[name].append([abs(e.value - truth) for e in est])
     u, c = np.mean(err["uniform"], axis=0), np.mean(err["candidate"], axis=0)
-    assert truth > 0.4
     assert (c * 2.5 < u).all(), (u, c)
     with pytest.raises(ConfigError) as e:
-        log_epsilon_greedy(X, mean, greedy, 0.1, rng0, candidate_probs=cand[:5],
-                           candidate_share=0.1)
-    assert e.value.field == "candidate_probs"
+        explore_mix(served, 0.1, cand[:5], 0.1)
+    assert e.value.field == "candidate"

@@ -32,16 +32,6 @@ REPO = SRC.parent
 BENCH = REPO / "bench"
 
 ALLOWED_UNREACHED = {
-    "rl.routing.portfolio_bandit": "LinUCB and the drift UCBs over the portfolio's arms (the "
-                                   "one sliding-window UCB since issue 59 item 3), measured by "
-                                   "bench/ope.py and bench/drift.py; no product path trains "
-                                   "or serves them yet",
-    "rl.routing.decision_log": "the one decision log (issue 59 item 3): ε-greedy logs and OPE "
-                               "error, read by bench/ope.py; the Serve app logs decisions "
-                               "through serving.store, not this class",
-    "rl.routing.ppo_online": "online PPO adaptation, measured only by the drift benchmark "
-                             "(bench/drift_ppo.py); whether serving adapts a policy online is "
-                             "an open product decision, and bench/drift*.py is being reworked",
     "rl.adaptation.quant": "quantised generator inference, measured one mode per process "
                            "(`python -m rl.adaptation.quant`) by bench/adaptation_generator.py "
                            "and bench/gpu_quant.py; no product path loads a quantised generator "
@@ -49,8 +39,6 @@ ALLOWED_UNREACHED = {
     "rl.stats.sequential": "group-sequential tests, which promotion no longer uses (it judges "
                            "each metric with rl.stats.always_valid); still read by "
                            "bench/rollout_sim.py, which the promotion work (issue 60) rewrites",
-    "rl.stats.simulate": "the seeded rollout simulator of bench/rollout_sim.py, which the "
-                         "promotion work (issue 60) is rewriting",
     "rag.metrics.perturb": "answer perturbations behind bench/quality.py's signal checks; the "
                            "quality-signals work (issue 62) decides whether a product check "
                            "uses them",

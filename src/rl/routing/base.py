@@ -8,22 +8,25 @@ question's features (`rl.routing.features.QueryFeaturizer`, shape (n, N_FEATURES
         def probs(X) -> np.ndarray            # (n, len(arms)) action probabilities, rows sum to 1
         def act(X) -> np.ndarray              # (n,) int arm indices: the policy's greedy choice
 
-Implementations: `RouterPolicy` (the supervised router, greedy: one-hot probs),
-`rl.routing.portfolio_bandit.LinUCBPolicy` and `rl.routing.ppo_serving.PPOPortfolioPolicy` (the PPO
+Implementations: `RouterPolicy` (the supervised router, greedy: one-hot probs) and
+`rl.routing.ppo_serving.PPOPortfolioPolicy` (the PPO
 policy, which picks configs from the whole space, over a fixed arm list: its greedy picks
 on reference queries plus, for a residual policy, its base router's portfolio).
 `Exploring(policy, epsilon)` is the ε-mixture every *served* policy
 runs behind: probs = (1 − ε)·policy.probs + ε/M, so every arm keeps a propensity of at least
-ε/M and the logged propensities make off-policy estimates of any other policy possible.
+ε/M and the logged propensities make off-policy estimates of any other policy possible. The
+user sets ε in [0, 1] (`DEFAULT_EPSILON` when the policy directory or the serve YAML gives
+none); ε = 0 serves the policy's own probabilities (a greedy policy logs propensity 1), a log
+that supports no off-policy estimate of a policy choosing other arms.
 
 Candidate-aware exploration (`Exploring(policy, epsilon, candidate, candidate_share=δ)`):
 probs = (1 − ε − δ)·policy.probs + δ·candidate.probs + ε/M. The uniform floor ε/M stays; the
 candidate policy awaiting its off-policy gate gets δ of the traffic on top, so the arms it
 would choose are logged with a propensity of at least δ instead of ε/M (1/310 for 31 arms at
 ε = 0.1). The importance weights of the candidate's own estimate are then bounded by 1/δ
-instead of M/ε, which is what makes its IPS/DR value usable from a log of realistic length
-(`bench/ope.py` measures both logging policies). The exposure is bounded too: the candidate
-can only choose arms of the same portfolio, every one of which the uniform ε already serves.
+instead of M/ε, which is what makes its IPS/DR value usable from a log of realistic length.
+The exposure is bounded too: the candidate can only choose arms of the same portfolio, every
+one of which the uniform ε already serves.
 
 `save_policy(policy, dir)` / `load_policy(dir)`: a policy directory = `policy.json` (kind, arm
 configs and names, feature names, base config of the featurizer, the default ε) + `model.pkl`
@@ -44,8 +47,8 @@ import numpy as np
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 
-MIN_EPSILON = 0.1
-"""Exploration share a served policy never goes below (min propensity = MIN_EPSILON / M)."""
+DEFAULT_EPSILON = 0.1
+"""Exploration share of a served policy when the user sets none (min propensity ε / M)."""
 MAX_CANDIDATE_SHARE = 0.5
 """Share of requests a candidate policy may be given by candidate-aware exploration, at most."""
 POLICY_FILE = "policy.json"
@@ -162,14 +165,14 @@ class Exploring:
     `candidate_share` of the traffic (module docstring); `act` stays the greedy one."""
 
     policy: PerQueryPolicy
-    epsilon: float = MIN_EPSILON
+    epsilon: float = DEFAULT_EPSILON
     candidate: PerQueryPolicy | None = None
     candidate_share: float = 0.0
 
     def __post_init__(self):
-        if not MIN_EPSILON <= self.epsilon <= 1.0:
+        if not 0.0 <= self.epsilon <= 1.0:
             raise ConfigError("epsilon", f"a served policy explores with epsilon in "
-                                         f"[{MIN_EPSILON}, 1], got {self.epsilon}")
+                                         f"[0, 1], got {self.epsilon}")
         if not 0.0 <= self.candidate_share <= MAX_CANDIDATE_SHARE:
             raise ConfigError("candidate_share", f"must be in [0, {MAX_CANDIDATE_SHARE}], "
                                                  f"got {self.candidate_share}")
@@ -213,7 +216,7 @@ def same_arms(policy: PerQueryPolicy, candidate: PerQueryPolicy) -> None:
 
 def save_policy(policy: PerQueryPolicy, path: str | Path, *, base_config: RAGConfig,
                 names: Sequence[str] | None = None, feature_names: Sequence[str] = (),
-                epsilon: float = MIN_EPSILON, kind: str | None = None) -> Path:
+                epsilon: float = DEFAULT_EPSILON, kind: str | None = None) -> Path:
     """Write a policy directory (module docstring). `base_config`: the config whose retrievers
     and query formulation the featurizer must use at serving time (the one the policy was
     trained with); `names`: human names of the arms (default arm-<j>). Returns the dir."""

@@ -1,7 +1,6 @@
-"""The fixed portfolio of configs a per-query router chooses among ("arms"), and what
-`bench/headroom.py` measures the per-query headroom over: the static default plus 29 configs
-spread over retriever, k, fusion weight and normalisation, MMR, cosine rerank and the two
-prompts, each made from the policy's base config (`rl.kernel.settings.TunerSettings`).
+"""The fixed portfolio of configs a per-query router chooses among ("arms"): the static
+default plus 29 configs spread over retriever, k, fusion weight and normalisation, MMR, cosine
+rerank and the two prompts, each made from the policy's base config (`rl.kernel.settings.TunerSettings`).
 
     portfolio(settings) -> [(name, RAGConfig), ...]     # arm 0 is the static default
     with_formulations(arms, ("last_two_user", "all_user"))   # + each arm per formulation

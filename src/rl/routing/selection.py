@@ -1,5 +1,5 @@
 """Model selection of the per-query PPO policy on valid (`rl.routing.ppo_policy`,
-`rl.routing.warm_start`, `bench/policy_ppo.py`): one rule for checkpoints, warm starts and
+`rl.routing.warm_start`, `rl.routing.train_ppo`): one rule for checkpoints, warm starts and
 settings, and the evidence a checkpoint needs to replace the incumbent."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ saved as a policy directory the Serve app serves (`serve.policy.dir`, `serving.p
                     # router − best static and router − default with paired bootstrap 95% CIs
     run.verdict     # "router" when its reward CI over best static is above 0, else "best-static"
 
-Roles (`role_indices`, also bench/policy.py's): train = the dataset's `train` split when it has
+Roles (`role_indices`): train = the dataset's `train` split when it has
 one (a seeded subset of `max_train` queries when longer), valid = its tune split; data without
 a train split (the synthetic world, a user's folder) trains on a seeded half of the tune split
 and chooses on the other half. The router's hyper-parameters (`select_router_cv`, margin 0:
@@ -25,7 +25,7 @@ and token cost, no batch gates), quality = αF + βR of the evaluator's F and R 
 data the tuner's reference-free signal, e.g. F = sig_combined; the report names them), cost = tokens;
 every (config, query) row comes from the evaluator's lazy per-query cache, so a second run on
 the same data computes nothing. The directory holds `policy.json` + `model.pkl`
-(`rl.routing.base.save_policy`, ε = `MIN_EPSILON`) and `report.json` / `report.md`.
+(`rl.routing.base.save_policy`, ε = `DEFAULT_EPSILON`) and `report.json` / `report.md`.
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     the default (e.g. "tuned"); an unknown name is a ConfigError naming `compare_to`.
     `log`: a line per stage (`prepare`), None for silence. An `out` that holds a trained
     policy is a ConfigError naming `out` unless `overwrite` (`claim_policy_directory`)."""
-    from rl.routing.base import MIN_EPSILON, RouterPolicy, save_policy
+    from rl.routing.base import DEFAULT_EPSILON, RouterPolicy, save_policy
     from rl.stats.headroom import best_static, pick
 
     prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
@@ -382,7 +382,7 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
                 and r["metric"] == "delta_reward")
     verdict = "router" if gain["ci_low"] > 0 else "best-static"
     save_policy(RouterPolicy(router, configs), out, base_config=settings.base_config(),
-                names=names, feature_names=prep.feature_names, epsilon=MIN_EPSILON,
+                names=names, feature_names=prep.feature_names, epsilon=DEFAULT_EPSILON,
                 kind="router")
     valid_reward = float(pick(M["valid"]["R"], router.choose(X["valid"])).mean())
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],

@@ -6,10 +6,10 @@ app serves: `ragpilot router train --learner ppo` (the router alone is `rl.routi
     run.rows        # holdout rows: ppo-policy, the router it defers to, best static, default
     run.verdict     # "ppo-policy", "supervised-router" or "best-static" (module docstring)
 
-The policy is the design `bench/policy.py` reports (`--ppo-base router`): a residual policy
-over the supervised router. Everything up to the router is `rl.routing.train`'s (`prepare`: the
-roles, the portfolio, the lazy per-(config, query) rows and the features; `fit_router`: the
-router chosen by grouped cross-validation over train ∪ valid). Then:
+The policy is a residual policy over the supervised router. Everything up to the router is
+`rl.routing.train`'s (`prepare`: the roles, the portfolio, the lazy per-(config, query) rows
+and the features; `fit_router`: the router chosen by grouped cross-validation over train ∪
+valid). Then:
 
 - the router's base is held to the token budget, best static's mean tokens on valid
   (`fit_token_price` on the valid queries' out-of-fold predictions: the

@@ -2,7 +2,7 @@
 
 Every function takes a reward matrix `R` of shape (n queries × C configs): `R[i, j]` is query
 i's reward under config j (the tuner's per-query reward, any units), and returns plain numpy
-values. Nothing here runs a pipeline: the bench (`bench/headroom.py`) builds the matrices from
+values. Nothing here runs a pipeline: the caller (`rl.routing.train`) builds the matrices from
 the tuner's per-query tables. Ties are broken towards the lower config index (numpy argmax), so
 every answer is deterministic.
 

@@ -1,5 +1,5 @@
-"""A seeded synthetic contextual bandit with a known reward function, for testing off-policy
-evaluation (`rl.stats.ope`) and for rollout simulations.
+"""Test support: a seeded synthetic contextual bandit with a known reward function, for testing
+off-policy evaluation (`rl.stats.ope`).
 
 World: contexts x ~ N(0, I_dim); action k (one of `n_actions` configs) succeeds with probability
 q(x, k) = sigmoid(scale * x . theta_k + bias_k) and the logged reward is r ~ Bernoulli(q), so

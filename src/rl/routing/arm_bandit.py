@@ -1,4 +1,5 @@
-"""Multi-armed bandits over configs (arms): UCB1 and Gaussian Thompson sampling.
+"""The Serve app's bandit router (`serving.traffic`, bandit mode): UCB1 and Gaussian Thompson
+sampling over served configs (arms, named by config hash), learning from `/feedback` rewards.
 
 Rewards are assumed bounded (tuner rewards lie in about [-3, 1]; user feedback in [0, 1]).
 Both learners keep per-arm pulls and reward sums, so the serving router can persist and reload
