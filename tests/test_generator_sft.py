@@ -554,33 +554,6 @@ def test_auto_ranker_loads_the_installed_reward_model(tmp_path, monkeypatch):
         make_ranker("bleu")
 
 
-# --------------------------------------------------------------------------- quantisation
-
-
-def test_int8_dynamic_quantisation_and_gpu_modes_refused(tiny, tmp_path):
-    import torch
-
-    from rl.adaptation.quant import load_for_inference, measure
-
-    fp, tok = load_for_inference(tiny, "fp32")
-    q8, _ = load_for_inference(tiny, "int8")
-    kinds = {type(m).__name__ for m in q8.modules()}
-    assert "Linear" in kinds and any("Quantized" in k or k == "Linear" for k in kinds)
-    qlin = [m for m in q8.modules() if m.__class__.__module__.startswith("torch.ao.nn.quantized")]
-    assert len(qlin) >= 2 * 7  # q,k,v,o,gate,up,down per layer
-    x = tok("Where was Ada Quill born ?", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        a, b = fp(input_ids=x).logits, q8(input_ids=x).logits
-    rel = float((a - b).norm() / a.norm())
-    assert 0 < rel < 0.2  # quantised, but close
-    res = measure(tiny, "int8", _toy_examples()[:2], "cite_concise", max_new_tokens=3)
-    assert res["n"] == 2 and res["ms_per_token"] > 0 and res["peak_rss_mb"] > 50
-    if not torch.cuda.is_available():
-        for mode in ("bf16", "bnb8", "bnb4"):
-            with pytest.raises(ConfigError, match="quant.mode"):
-                load_for_inference(tiny, mode)
-
-
 # --------------------------------------------------------------------------- CLI
 
 

@@ -216,7 +216,7 @@ def test_export_sets_never_mixes_hotpotqa_and_mtrag(tmp_path):
 def test_mtrag_teacher_job_uses_the_modes_prompt_and_budget(tmp_path, monkeypatch):
     """`run_teacher_job(mode="mtrag-gold")` answers MTRAG's examples with `cite_long` and 96
     new tokens (a recording generator stands in; the real llama.cpp path is
-    test_smollm2_teacher_caches_and_filters and bench/teacher_mtrag.py), and a re-run reads
+    test_smollm2_teacher_caches_and_filters), and a re-run reads
     the store instead of answering."""
     require_dataset("mtrag/mtragun-human/generation_tasks/reference.jsonl")
     from rag.generation import factory

@@ -59,7 +59,7 @@ class RAGConfig(StrictSettings):
     """None: order the reranked head by the reranker's score alone. w in [0, 1]: by
     w * minmax(reranker score) + (1 - w) * minmax(-retrieval rank), so a reranker that is
     weaker than the retrieval alone can still add what the retrieval misses (the trained
-    cross-encoder at w = 0.5: bench/results/adaptation.md)."""
+    cross-encoder at w = 0.5: docs/retired_studies.md, `adaptation`)."""
     mmr_lambda: float = Field(1.0, ge=0.0, le=1.0)
     """MMR trade-off: 1.0 keeps the ranking (no diversity), lower values penalise redundancy."""
     graph_damping: float = Field(0.5, gt=0.0, lt=1.0)

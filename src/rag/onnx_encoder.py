@@ -27,7 +27,7 @@ torch's per-module overhead.
 
 Needs onnxruntime and onnx; without them `OnnxEncoder` raises ConfigError naming the packages.
 Quality versus fp32 sentence-transformers is checked in tests/test_fast_encoder.py (cosine of
-embeddings) and bench/models.py (SciFact nDCG@10).
+embeddings).
 """
 
 from __future__ import annotations

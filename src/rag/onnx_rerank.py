@@ -21,7 +21,7 @@ score with its batch-mates (see rag.onnx_encoder). `threads` worker threads each
 batches on one shared 1-thread session (ORT's own pool spins on a shared machine).
 
 Checked against the torch reranker in tests/test_onnx_rerank.py (fp32 scores to 1e-4, int8
-rank correlation) and in bench/models.py `--only rerank` (CPU seconds per query, Spearman).
+rank correlation).
 """
 
 from __future__ import annotations

@@ -32,16 +32,9 @@ REPO = SRC.parent
 BENCH = REPO / "bench"
 
 ALLOWED_UNREACHED = {
-    "rl.adaptation.quant": "quantised generator inference, measured one mode per process "
-                           "(`python -m rl.adaptation.quant`) by bench/adaptation_generator.py "
-                           "and bench/gpu_quant.py; no product path loads a quantised generator "
-                           "yet (`make_generator` would be the place)",
     "rl.stats.sequential": "group-sequential tests, which promotion no longer uses (it judges "
                            "each metric with rl.stats.always_valid); still read by "
                            "bench/rollout_sim.py, which the promotion work (issue 60) rewrites",
-    "rag.metrics.perturb": "answer perturbations behind bench/quality.py's signal checks; the "
-                           "quality-signals work (issue 62) decides whether a product check "
-                           "uses them",
 }
 """Modules under src/ that only bench/ or tests/ import, each with why it stays for now."""
 

@@ -154,7 +154,7 @@ def test_name_lookup_search_path_committed_model_and_env_override(tmp_path, monk
 def test_scores_a_cold_batch_of_1000_answers():
     """200 questions x 5 answers over fresh passages (passage parsing included, cold): one
     finite score per answer, in order. Its speed (the >= 500 answers per CPU second target) is
-    measured by bench/quality.py (`answers_per_s` rows), not asserted here: a timed assertion
+    a benchmark's to measure, not asserted here: a timed assertion
     failed on this shared 2-core machine under load while passing alone."""
     from rag.metrics.support import _passage
 

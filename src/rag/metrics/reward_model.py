@@ -15,8 +15,8 @@ between answers to the same question are meaningful), `score_batch(items)`,
 
 Loading by name searches `search_roots()` in order: $RAGPILOT_REWARD_MODELS (when set: it wins),
 <ragpilot cache>/reward_models (where `save()` writes by default), then the models shipped with
-the code (package data `rag/bundled/reward_models`: a few hundred bytes of weights, written by
-`python bench/quality.py`), so `quality-rm` resolves in a clean checkout and an installed wheel. `load_default()` is the project's installed model (DEFAULT_NAME), used by
+the code (package data `rag/bundled/reward_models`: a few hundred bytes of weights, trained by the retired
+`quality` study of docs/retired_studies.md), so `quality-rm` resolves in a clean checkout and an installed wheel. `load_default()` is the project's installed model (DEFAULT_NAME), used by
 the generator's preference ranker `auto` (rl.adaptation.prefs).
 """
 
@@ -57,7 +57,7 @@ __all__ = ["BUNDLED_ROOT", "DEFAULT_NAME", "FEATURES", "FORMAT_VERSION", "Reward
 FORMAT_VERSION = 1
 DEFAULT_NAME = "quality-rm"
 BUNDLED_ROOT = bundled("reward_models").resolve()
-"""The reward models shipped with the code (package data, written by `python bench/quality.py`)."""
+"""The reward models shipped with the code (package data; trained by the retired `quality` study)."""
 FEATURES = (
     "abstain",             # an abstention ("insufficient context", "I don't know", ...)
     "yes_no",              # a bare yes/no

@@ -10,8 +10,8 @@ Each trained model is a config + trainer pair (TRL's `*_config.py` / `*_trainer.
   registered (`reranker_export`) so `reranker_model: <name>` selects it.
 - generator: `generator_config` (`GeneratorSFTConfig`) + `generator_trainer` (`SFTRun`: LoRA
   SFT with exact resume); `generator_model` (loading, encoding, generation, F1 eval),
-  `generator_export` (merge + registration), `prefs` (DPO / IPO / ORPO), `quant` (quantised
-  inference), `sft_data` (SFT examples).
+  `generator_export` (merge + registration), `prefs` (DPO / IPO / ORPO), `sft_data` (SFT
+  examples).
 - `data`: (query, gold passage, hard/easy negatives) items mined from train splits.
 
 Both register through `rag.model_registry_writer` (atomic, versioned, `@best`).

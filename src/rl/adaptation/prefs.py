@@ -89,7 +89,7 @@ def judge_ranker(backend) -> Ranker:
     or anything with its `grade`): p(Yes) that the answer gives the gold answer(s), as the
     sigmoid of the judge's grade, plus half the citation precision as in `f1_ranker`. Unlike
     F1 it can credit a paraphrase and refuse an answer that only shares words with the gold
-    one (bench/results/judge_reference.md measures how far it agrees with F1). Each distinct
+    one (docs/retired_studies.md, `judge_reference`: how far it agrees with F1). Each distinct
     answer is graded once."""
     import math
 
