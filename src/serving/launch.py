@@ -207,11 +207,22 @@ def start_local(args: dict[str, Any] | None = None, host: str = "127.0.0.1", por
         else:
             _set_env(HAPROXY_ENV, "0")
         extra = {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         ray.init(**RAY_INIT, log_to_driver=log_to_driver, **extra)
+        _keep_sigterm_handler(on_sigterm)
     serve.start(http_options={"host": host, "port": port},
                 logging_config={"enable_access_log": _access_log(args)})
     serve.run(app, name=name, route_prefix=route_prefix)
     return f"http://{host}:{port}"
+
+
+def _keep_sigterm_handler(handler: Any) -> None:
+    """Put back the caller's SIGTERM handler that `ray.init` replaced. A driver's `ray.init`
+    installs `sys.exit(15)` for SIGTERM, so a handler installed before it (`run_server`'s drain)
+    would never run: the process exited with 15 mid-load and dropped the requests in flight.
+    Without a handler of the caller's own (SIG_DFL, SIG_IGN, None) Ray's stays."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _access_log(args: dict[str, Any] | None) -> bool:
