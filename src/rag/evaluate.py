@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rag import progress
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.pipeline import Pipeline
@@ -74,15 +75,16 @@ def latency_summary(answers: Sequence[Answer]) -> dict[str, float]:
     return out
 
 
-def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 8,
-             show_progress: bool = False) -> EvalResult:
+def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 8
+             ) -> EvalResult:
     """Answer every example with `pipeline` and score each answer against its gold.
 
     Before the timed loop the models and indexes the config uses are loaded (the generator and
     reranker by `Pipeline.load_models`, the indexes and query encoder by one untimed retrieval
     of the first question), so no question's latency includes a load: `summary["model_load_s"]`
     reports that time apart; `wall_s` and the per-stage percentiles exclude it. No examples
-    is a ConfigError: an evaluation that selected nothing has no score to report."""
+    is a ConfigError: an evaluation that selected nothing has no score to report. The load,
+    the answers (counted per batch) and the scoring are `rag.progress` stages."""
     if not examples:
         raise ConfigError("examples", "nothing to evaluate: the selection holds no questions "
                                     "(check the split, --limit or the filter that made it)")
@@ -92,30 +94,21 @@ def evaluate(pipeline: Pipeline, examples: Sequence[Example], batch_size: int = 
     if not isinstance(pipeline, Pipeline):
         raise ConfigError("pipeline", f"expected a rag.pipeline.Pipeline, got "
                                       f"{type(pipeline).__name__}")
+    name = f"eval {pipeline.config.config_hash}"
     t_load = time.perf_counter()
-    pipeline.load_models()
-    if examples[0].question.strip():
-        pipeline.retrieve(examples[0].question.strip())  # warm-up: builds/loads indexes, encoder
+    with progress.stage(f"{name}: load models and indexes"):
+        pipeline.load_models()
+        if examples[0].question.strip():  # warm-up: builds/loads indexes, encoder
+            pipeline.retrieve(examples[0].question.strip())
     model_load_s = time.perf_counter() - t_load
 
-    bar = None
-    if show_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(examples), desc=f"eval {pipeline.config.config_hash}", unit="q")
-
-    def progress(n: int) -> None:
-        if bar is not None:
-            bar.n = n
-            bar.refresh()
-
     t0 = time.perf_counter()
-    answers = pipeline.run_batch([e.question for e in examples], [e.id for e in examples],
-                                 batch_size=batch_size, progress=progress)
+    with progress.stage(f"{name}: answer", len(examples), "questions") as st:
+        answers = pipeline.run_batch([e.question for e in examples], [e.id for e in examples],
+                                     batch_size=batch_size, progress=st.update)
     wall = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
-    rows = score_answers(answers, examples, pipeline.config.k)
+    with progress.stage(f"{name}: score {len(examples)} answers"):
+        rows = score_answers(answers, examples, pipeline.config.k)
     return EvalResult(pipeline.config, answers, rows,
                       summarize(answers, rows, wall_s=wall, model_load_s=model_load_s))
 

@@ -24,9 +24,11 @@ import json
 import os
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rag import progress
 from rag.corpus import Corpus
 from rag.errors import ConfigError, CorpusMismatchError, DataError
 from rag.index.base import Retriever
@@ -57,8 +59,10 @@ class IndexSet:
     """Lazily-loaded retrievers over one corpus. Thread-safe for loading."""
 
     def __init__(self, root: str | Path, corpus: Corpus, encoder: str = "minilm",
-                 device: str = "cpu", show_progress: bool = False,
+                 device: str = "cpu", show_progress: bool = True,
                  indexes: IndexSettings | dict[str, Any] | None = None):
+        """`show_progress`: builds and loads report as `rag.progress` stages (shown only where
+        an entry point turned progress on); False keeps this set silent."""
         self.root = Path(root)
         self.corpus = corpus
         self.encoder_name = encoder
@@ -106,7 +110,7 @@ class IndexSet:
         return idx
 
     @classmethod
-    def open(cls, root: str | Path, device: str = "cpu", show_progress: bool = False,
+    def open(cls, root: str | Path, device: str = "cpu", show_progress: bool = True,
              indexes: IndexSettings | dict[str, Any] | None = None) -> IndexSet:
         """Reopen `root` with the backend settings stored in its manifest (directories made
         before they were stored: the defaults), so it is served by the backends it was built
@@ -310,15 +314,21 @@ class IndexSet:
             return self._cache[key]
 
     def _get(self, name: str, load, build):
+        """The retriever `name`: cached, else loaded from `root`/name, else built there (its
+        seconds in `build_seconds`); a load or build is a progress stage."""
         with self._lock:
             if name not in self._cache:
                 d = self.root / name
-                if d.exists() and any(d.iterdir()):
-                    self._cache[name] = load(d)
-                else:
-                    t0 = time.perf_counter()
-                    self._cache[name] = build(d)
-                    self.build_seconds[name] = time.perf_counter() - t0
+                built = d.exists() and any(d.iterdir())
+                what = (f"{'load' if built else 'build'} index {name} "
+                        f"({len(self.corpus)} passages)")
+                with progress.stage(what) if self.show_progress else nullcontext():
+                    if built:
+                        self._cache[name] = load(d)
+                    else:
+                        t0 = time.perf_counter()
+                        self._cache[name] = build(d)
+                        self.build_seconds[name] = time.perf_counter() - t0
             return self._cache[name]
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import nullcontext
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from rag import progress
 from rag.corpus import Corpus
 from rag.encoders import encode_documents, encode_queries
 from rag.errors import ConfigError
@@ -34,16 +36,38 @@ HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
 
 
-def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: bool = False,
+EMBED_CHUNK = 128
+"""Passages per encoder call while a corpus is embedded (the unit of its progress count): the
+passages go longest first, as the encoder batches them, so chunking adds no padding."""
+
+
+def embed_corpus(corpus: Corpus, encoder, batch_size: int = 64, show_progress: bool = True,
                  use_cache: bool = True) -> np.ndarray:
-    """(len(corpus), dim) unit vectors of "title. text", from the on-disk cache when present."""
+    """(len(corpus), dim) unit vectors of "title. text", from the on-disk cache when present.
+    Encoded longest first in near-equal chunks of at most `EMBED_CHUNK` passages (one call when
+    the corpus is smaller), counted as a `rag.progress` stage unless `show_progress` is False."""
     path = cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{encoder.fingerprint}.npy"
     if use_cache and path.exists():
         vecs = np.load(path)
         if vecs.shape == (len(corpus), encoder.dim):
             return vecs
     texts = [f"{p.title}. {p.text}" if p.title else p.text for p in corpus]
-    vecs = encode_documents(encoder, texts, batch_size=batch_size, show_progress=show_progress)
+    chunks = -(-len(texts) // EMBED_CHUNK) or 1  # equal sizes: no short tail chunk
+    if chunks == 1:
+        order = np.arange(len(texts))
+    else:
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+    bounds = np.linspace(0, len(texts), chunks + 1).round().astype(int)
+    parts = []
+    with progress.stage(f"embed {len(texts)} passages ({getattr(encoder, 'name', 'encoder')})",
+                        len(texts), "passages") if show_progress else nullcontext() as st:
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            parts.append(encode_documents(encoder, [texts[i] for i in order[lo:hi]],
+                                          batch_size=batch_size))
+            if st is not None:
+                st.update(int(hi))
+    vecs = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    vecs = vecs[np.argsort(order)] if chunks > 1 else vecs  # back to corpus order
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npy")

@@ -69,7 +69,7 @@ class TuningData:
         base = Path(root) if root else cache_dir() / "indexes"
         d = base / f"{key}-{ds.corpus.fingerprint()}"
         idx = IndexSet.open(d) if (d / "corpus.jsonl").exists() else IndexSet.create(
-            ds.corpus, d, manifest=ds.manifest_dict(), show_progress=False)
+            ds.corpus, d, manifest=ds.manifest_dict())
         return cls(key, ds, idx, splits, source, path)
 
     def examples(self, split: str) -> list[Example]:

@@ -44,9 +44,9 @@ from rl.common.fingerprint import code_fingerprint
 DEPTH = 100
 RETRIEVAL_SOURCES = ("rag.index", "rag.indexset", "rag.encoders")
 """Modules whose code decides a memoised candidate list or query embedding."""
-RETRIEVAL_STOP = ("rag.corpus", "rag.config", "rag.errors")
+RETRIEVAL_STOP = ("rag.corpus", "rag.config", "rag.errors", "rag.progress")
 """Not followed: the corpus is keyed by its content fingerprint, retriever parameters by the
-keyword arguments in each memo key, and error messages change no result."""
+keyword arguments in each memo key, and error messages and progress lines change no result."""
 
 
 class MemoStore:

@@ -26,7 +26,9 @@ of min(`episode.batch_size`, tune split) queries per step, so it gets budget // 
 steps, and trains `ppo_iterations(steps, settings)` iterations before reading out one greedy
 episode. Errors are ConfigError naming `method`, `budget` or `resume`. Nothing here prints:
 progress reaches the caller through `on_iteration` (PPO: one call per training iteration) and
-`on_trial` (a search run in this process: one call per trial).
+`on_trial` (a search run in this process: one call per trial), and `run_tuning`'s stages (open
+the data, the search counted in query-evaluations, the Pareto front, the holdout, MLflow) are
+`rag.progress` stages, shown where the entry point turned progress on.
 """
 
 from __future__ import annotations
@@ -241,6 +243,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     first, so nothing of the old run stays beside the new one) or `resume`."""
     import yaml
 
+    from rag import progress
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData, run_directory
@@ -252,7 +255,8 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     _claim_run_directory(Path(out), overwrite, resumed=resume is not None)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
-    with run_directory(out) as out:
+    with run_directory(out) as out, progress.stage(f"tune: open {dataset} (load, split, "
+                                                    "check gold)"):
         ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
         gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
                                   allow_missing_gold)
@@ -272,20 +276,30 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
 
         mlflow_uri = tracking_uri(Path(mlflow_dir))
     prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
+    counted = progress.stage(f"tune: search {method}", budget, "query-evaluations")
+    n_tune = len(ev.data.examples(ev.slice.tune_split))
 
     def on_iter(it: int, metrics: dict[str, Any], of: int | None, history: list) -> None:
+        counted.update(len(history) * ppo_batch(settings, n_tune))
         if on_iteration is not None:
             on_iteration(it, metrics, of, history)
         if prom is not None:
             prom.consume(history)
             prom.flush()
 
-    found = search(ev, settings, method, budget, seed, resume=resume,
-                   checkpoint_dir=out / "checkpoint" if checkpoint else None,
-                   on_iteration=on_iter, on_trial=on_trial,
-                   start=settings.base_config() if warm_start and method in WARM_STARTS
-                   else None, dataset=dataset, storage_path=(out / "ray_tune").resolve(),
-                   mlflow_uri=mlflow_uri, tune_options=tune_options)
+    def on_trial_done(trial: Any, spent: int) -> None:
+        counted.update(spent)
+        if on_trial is not None:
+            on_trial(trial, spent)
+
+    with counted:
+        found = search(ev, settings, method, budget, seed, resume=resume,
+                       checkpoint_dir=out / "checkpoint" if checkpoint else None,
+                       on_iteration=on_iter, on_trial=on_trial_done,
+                       start=settings.base_config() if warm_start and method in WARM_STARTS
+                       else None, dataset=dataset, storage_path=(out / "ray_tune").resolve(),
+                       mlflow_uri=mlflow_uri, tune_options=tune_options)
+        counted.update(found.result.extra.get("query_evals", counted.done))
     res = found.result
     steps = found.history
     if prom is not None:
@@ -295,11 +309,14 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rl.tuner.pareto import build as build_pareto
     from rl.tuner.pareto import objective_summary
 
-    pareto = build_pareto(ev, settings, search_best=res.best_config, seed=seed)
-    pareto.write(out, f"{dataset} / {method}: {settings.objective.kind}")
-    best = pareto.chosen
-    valid = ev.evaluate(best)
-    test = ev.evaluate(best, ev.slice.holdout_split)
+    with progress.stage("tune: Pareto front of the full-fidelity configs, operating point"):
+        pareto = build_pareto(ev, settings, search_best=res.best_config, seed=seed)
+        pareto.write(out, f"{dataset} / {method}: {settings.objective.kind}")
+        best = pareto.chosen
+    with progress.stage(f"tune: score {best.config_hash} on {ev.slice.tune_split} and "
+                        f"{ev.slice.holdout_split}"):
+        valid = ev.evaluate(best)
+        test = ev.evaluate(best, ev.slice.holdout_split)
     (out / "best_config.yaml").write_text(best.to_yaml())
     (out / "settings.yaml").write_text(  # what `ragpilot report` reads the run back with
         yaml.safe_dump({"policy": settings.model_dump(mode="json", by_alias=True)},
@@ -340,15 +357,16 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
         from rl.common.tracking import log_tuning_run, tracking_uri
 
         uri = tracking_uri(Path(mlflow_dir))
-        run_id = log_tuning_run(uri, dataset, method, seed, best,
-                                settings.model_dump(mode="json", by_alias=True), steps,
-                                {"valid_reward": valid.reward, "test_reward": test.reward,
-                                 "evaluations": res.evaluations,
-                                 "pareto_points": len(pareto.front),
-                                 **{f"holdout_delta_{m}": d["diff"] for m, d in
-                                    summary["objective"]["holdout"].items()}},
-                                ev.data.dataset.manifest_dict(), out,
-                                plots=[x for x in (curve_png, out / "pareto.png") if x])
+        with progress.stage(f"tune: log the run to MLflow ({uri})"):
+            run_id = log_tuning_run(uri, dataset, method, seed, best,
+                                    settings.model_dump(mode="json", by_alias=True), steps,
+                                    {"valid_reward": valid.reward, "test_reward": test.reward,
+                                     "evaluations": res.evaluations,
+                                     "pareto_points": len(pareto.front),
+                                     **{f"holdout_delta_{m}": d["diff"] for m, d in
+                                        summary["objective"]["holdout"].items()}},
+                                    ev.data.dataset.manifest_dict(), out,
+                                    plots=[x for x in (curve_png, out / "pareto.png") if x])
         # `ragpilot report` adds its plots to this run
         summary["mlflow"] = {"uri": uri, "run_id": run_id}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -14,6 +14,8 @@ Every `--set KEY=VALUE` goes through `serving.cli.common.parse_sets`. `ragpilot 
 prints the installed package's version. Bad input (unknown config key, value out of bounds,
 missing file, malformed line, empty question) prints `error: <field or file:line>: <message>`
 and exits with code 2; so does an argument argparse refuses (unknown choice, missing value).
+Long work (index builds, embedding, evaluation, tuning, training) reports its stages, counts and
+an estimate of the rest on stderr (`rag.progress`: a live bar on a terminal, lines in a log).
 The Serve app never imports this package.
 """
 
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 
+from rag import progress
 from rag.errors import RagError
 from serving.cli.common import EXIT_BAD_INPUT
 
@@ -64,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return (0 if exc.code is None else exc.code if isinstance(exc.code, int)
                 else EXIT_BAD_INPUT)
     try:
-        return int(args.func(args) or 0)
+        # long work says what it does on stderr (rag.progress), unless the command shows its
+        # own stages (the demo's live display)
+        with (nullcontext() if getattr(args, "shows_own_progress", False)
+              else progress.reporting()):
+            return int(args.func(args) or 0)
     except RagError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

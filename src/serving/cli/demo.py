@@ -45,4 +45,4 @@ def add_parsers(sub) -> None:
                    help="the searcher does not try the default config first (then the tuned "
                         "config always differs from the default and is always rolled out)")
     s.add_argument("--no-mlflow", action="store_true", help="do not log runs to MLflow")
-    s.set_defaults(func=cmd_demo)
+    s.set_defaults(func=cmd_demo, shows_own_progress=True)  # rag.progress stays off

@@ -41,6 +41,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from rag import progress
 from rag.errors import ConfigError
 from rag.resources import default_config
 from serving.cli.common import add_set_argument, output_file, with_sets
@@ -315,7 +316,8 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     train: list = []
     if not args.pairs_jsonl:  # given pairs need no SFT examples
-        train = build_train_examples(cfg, args.train_jsonl)
+        with progress.stage("train-generator: build the training examples"):
+            train = build_train_examples(cfg, args.train_jsonl)
         if not train:
             raise ConfigError("generator_sft.data", "no training examples")
         from rl.adaptation.sft_data import save_examples
@@ -327,14 +329,16 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
 
         run = SFTRun(cfg, out, train, _eval_examples(cfg, args.eval_jsonl),
                      data_manifest=train_manifest(cfg, args.train_jsonl, train))
-        s = run.train()
+        with progress.stage(f"train-generator sft: train on {len(train)} examples"):
+            s = run.train()
         print(json.dumps({k: s[k] for k in ("steps_done", "tokens_per_s", "best_step",
                                             "best_eval_f1", "final_loss", "resumed_from")},
                          default=str))
         if args.no_merge:
             return 0
         ck = alias_path(out, "best") or alias_path(out, "latest")
-        merged = merge_adapter(ck, out / "merged")
+        with progress.stage("train-generator: merge the adapter into the base model"):
+            merged = merge_adapter(ck, out / "merged")
     else:
         from rl.adaptation.generator_export import merge_adapter
         from rl.adaptation.generator_model import load_base_model, load_tokenizer, resolve_base
@@ -355,17 +359,22 @@ def cmd_train_generator(args: argparse.Namespace) -> int:
             tok = load_tokenizer(start_model)
             model = load_base_model(start_model, cfg)
             used = train[: cfg.prefs.n_pairs]
-            pairs = build_pairs(model, tok, used, cfg, ranker)
+            with progress.stage(f"train-generator {args.method}: rank answers of "
+                                f"{len(used)} examples into preference pairs"):
+                pairs = build_pairs(model, tok, used, cfg, ranker)
             del model
             manifest = pairs_manifest(pairs, train_manifest(cfg, args.train_jsonl, used))
         save_pairs(pairs, out / "pairs.jsonl")
         print(f"{len(pairs)} preference pairs (ranker "
               f"{'+'.join(sorted({str(p.get('ranker')) for p in pairs}))})")
-        m = train_preferences(args.method, start_model, pairs, cfg, out, data_manifest=manifest)
+        with progress.stage(f"train-generator {args.method}: train on {len(pairs)} pairs"):
+            m = train_preferences(args.method, start_model, pairs, cfg, out,
+                                  data_manifest=manifest)
         print(json.dumps(m, default=str))
         if args.no_merge:
             return 0
-        merged = merge_adapter(out / "adapter", out / "merged", base_path=start_model)
+        with progress.stage("train-generator: merge the adapter into the base model"):
+            merged = merge_adapter(out / "adapter", out / "merged", base_path=start_model)
     _register(out, name, merged, args.registry)
     return 0
 

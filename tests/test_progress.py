@@ -1,0 +1,63 @@
+"""Long CLI commands say what they do in a non-interactive log (rag.progress): `index`, `eval`
+and `tune` on a tiny BEIR folder, stderr captured (not a terminal), write one start and one end
+line per stage, with the counts of the counted ones. Timing is not asserted."""
+
+import re
+
+import yaml
+from tests.test_tune_own_data import SMALL, _beir
+
+from serving.cli import main
+
+STAMP = re.compile(r"\[\d\d:\d\d:\d\d\] (.*)")
+
+
+def _stage_lines(err: str) -> list[str]:
+    return [m.group(1) for m in map(STAMP.fullmatch, err.splitlines()) if m]
+
+
+def _done(lines: list[str], what: str, count: str = "") -> None:
+    """`what: start` then `what: done[, count] in N s` among `lines`, in that order."""
+    start = [i for i, x in enumerate(lines) if x.startswith(f"{what}: start")]
+    end = [i for i, x in enumerate(lines)
+           if re.fullmatch(re.escape(f"{what}: done{count} in ") + r"[\d.]+ s", x)]
+    assert start and end and start[0] < end[0], (what, lines)
+
+
+def test_index_eval_and_tune_log_their_stages_with_counts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("rag.index.dense.cache_dir", lambda: tmp_path / "emb")  # encode
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    data = _beir(tmp_path / "mybeir")  # 42 passages, 21 questions
+    idx = tmp_path / "idx"
+    assert main(["index", "--dataset", str(data), "--out", str(idx)]) == 0
+    lines = _stage_lines(capsys.readouterr().err)
+    embed = next(x for x in lines if x.startswith("embed 42 passages ("))
+    assert embed.endswith(": start (42 passages)")
+    _done(lines, embed.removesuffix(": start (42 passages)"), ", 42/42 passages")
+    for name in ("bm25-tantivy", "dense-flat", "graph"):
+        _done(lines, f"build index {name} (42 passages)")
+
+    assert main(["eval", "--dataset", str(data), "--index", str(idx), "--set", "k=3",
+                 "--out", str(tmp_path / "eval")]) == 0
+    lines = _stage_lines(capsys.readouterr().err)
+    name = next(x for x in lines if x.startswith("eval ")).split(":")[0]
+    assert re.fullmatch(r"eval [0-9a-f]{12}", name), lines
+    _done(lines, f"{name}: load models and indexes")
+    _done(lines, "load index bm25-tantivy (42 passages)")
+    _done(lines, f"{name}: answer", ", 21/21 questions")
+    _done(lines, f"{name}: score 21 answers")
+
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump(SMALL))
+    assert main(["tune", "--dataset", str(data), "--method", "random", "--budget", "3",
+                 "--settings", str(settings), "--no-mlflow", "--out",
+                 str(tmp_path / "tune")]) == 0
+    lines = _stage_lines(capsys.readouterr().err)
+    _done(lines, f"tune: open {data} (load, split, check gold)")
+    search = [x for x in lines if x.startswith("tune: search random: ")]
+    assert search[0] == "tune: search random: start (3 query-evaluations)", lines
+    assert re.fullmatch(r"tune: search random: done, \d+/3 query-evaluations in [\d.]+ s",
+                        search[-1]), search
+    _done(lines, "tune: Pareto front of the full-fidelity configs, operating point")
+    assert any(re.fullmatch(r"eval [0-9a-f]{12}: answer: done, 10/10 questions in [\d.]+ s", x)
+               for x in lines), lines  # the holdout half

@@ -1,0 +1,140 @@
+"""rag.progress: silent outside `reporting()`; in a log, a start line, count lines at most every
+INTERVAL_S with the share done and an estimate of the rest, and an end line with the count;
+a live bar on a terminal; a failed stage says so and re-raises."""
+
+import io
+import re
+
+import pytest
+
+from rag import progress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _lines(buf: io.StringIO) -> list[str]:
+    """The lines without their `[HH:MM:SS] ` stamp (checked here once)."""
+    out = buf.getvalue().splitlines()
+    assert all(re.match(r"\[\d\d:\d\d:\d\d\] ", x) for x in out), out
+    return [x[11:] for x in out]
+
+
+def test_nothing_is_shown_outside_reporting(capsys):
+    with progress.stage("embed", 10, "passages") as st:
+        st.advance(10)
+    progress.say("hello")
+    assert not progress.active()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_log_gets_counts_at_most_every_interval_with_an_estimate():
+    buf, clock = io.StringIO(), Clock()
+    with progress.reporting(buf):
+        with progress.Stage("embed 100 passages", 100, "passages", clock=clock) as st:
+            clock.t += 4
+            st.update(10)  # 4 s: too soon for a line
+            clock.t += 6
+            st.update(25)  # 10 s: 25 done at 2.5/s -> 75 left take 30 s
+            clock.t += 5
+            st.update(40)  # 5 s after the last line: none
+            clock.t += 10
+            st.update(50)  # 25 s, 50 done -> 25 s left
+            clock.t += 25
+            st.update(100)
+        progress.say("tune: 11 valid / 10 test questions")
+    assert _lines(buf) == [
+        "embed 100 passages: start (100 passages)",
+        "embed 100 passages: 25/100 passages (25%), 10 s, ~30 s left",
+        "embed 100 passages: 50/100 passages (50%), 25 s, ~25 s left",
+        "embed 100 passages: done, 100/100 passages in 50.0 s",
+        "tune: 11 valid / 10 test questions"]
+
+
+def test_a_stage_without_a_total_and_a_failed_stage():
+    buf, clock = io.StringIO(), Clock()
+    with progress.reporting(buf):
+        with progress.Stage("build index graph (42 passages)", clock=clock):
+            clock.t += 130
+        with pytest.raises(KeyError), progress.Stage("load index dense-flat", clock=clock):
+            clock.t += 2.5
+            raise KeyError("x")
+    assert _lines(buf) == ["build index graph (42 passages): start",
+                           "build index graph (42 passages): done in 130.0 s",
+                           "load index dense-flat: start",
+                           "load index dense-flat: failed after 2.5 s"]
+
+
+def test_minutes_in_long_estimates():
+    buf, clock = io.StringIO(), Clock()
+    with progress.reporting(buf), progress.Stage("search", 1000, "query-evaluations",
+                                                 clock=clock) as st:
+        clock.t += 60
+        st.update(100)  # 900 left at 100/min
+    assert _lines(buf)[1] == "search: 100/1000 query-evaluations (10%), 60 s, ~9.0 min left"
+
+
+def test_a_terminal_gets_a_live_bar_not_lines():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    buf = Tty()
+    with progress.reporting(buf), progress.stage("answer", 3, "questions") as st:
+        st.advance(3)
+    text = buf.getvalue()
+    assert "answer" in text and "3/3" in text and ": start" not in text
+
+
+def test_reporting_nests_and_restores():
+    outer, inner = io.StringIO(), io.StringIO()
+    with progress.reporting(outer):
+        with progress.reporting(inner):
+            progress.say("a")
+        progress.say("b")
+    assert not progress.active()
+    assert _lines(inner) == ["a"] and _lines(outer) == ["b"]
+
+
+def test_a_negative_total_is_refused():
+    with pytest.raises(ValueError, match="total"):
+        progress.stage("x", -1)
+
+
+def test_a_corpus_is_embedded_in_counted_chunks_and_comes_back_in_order(tmp_path, monkeypatch):
+    """300 passages: 3 chunks of 100 (longest first, never a tail small enough for the encoder's
+    query-time path), the vectors back in corpus order, and the stage counts them."""
+    import numpy as np
+
+    from rag.corpus import Corpus
+    from rag.index import dense
+    from rag.types import Passage
+
+    class LengthEncoder:
+        name, fingerprint, dim = "length", "len0", 1
+
+        def __init__(self):
+            self.calls = []
+
+        def encode(self, texts, batch_size=64):
+            self.calls.append([len(t) for t in texts])
+            return np.array([[len(t)] for t in texts], dtype=np.float32)
+
+    monkeypatch.setattr(dense, "cache_dir", lambda: tmp_path)
+    corpus = Corpus([Passage(f"p{i}", "x" * ((i * 37) % 101 + 1)) for i in range(300)])
+    enc, buf = LengthEncoder(), io.StringIO()
+    with progress.reporting(buf):
+        vecs = dense.embed_corpus(corpus, enc, use_cache=False)
+    assert vecs[:, 0].tolist() == [len(p.text) for p in corpus]
+    assert [len(c) for c in enc.calls] == [100, 100, 100]
+    flat = [n for c in enc.calls for n in c]
+    assert flat == sorted(flat, reverse=True)
+    lines = _lines(buf)
+    assert lines[0] == "embed 300 passages (length): start (300 passages)"
+    assert re.fullmatch(r"embed 300 passages \(length\): done, 300/300 passages in [\d.]+ s",
+                        lines[-1]), lines
