@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rag import progress
 from rag.errors import ConfigError
 from serving.cli.cluster import (
     add_ray_address_argument,
@@ -138,14 +139,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not args.out:
         raise ConfigError("--out", "required unless --dry-run")
     if args.index:
-        indexes = IndexSet.open(args.index, show_progress=True, indexes=settings)
+        indexes = IndexSet.open(args.index, indexes=settings)
         indexes.check_corpus(ds.corpus, args.dataset)
     else:
         root = Path(args.out) / "index"
         indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder, indexes=settings)
     print(f"evaluating {len(examples)} questions of {ds.name} (split {split})", file=sys.stderr)
     if workers is None:
-        result = evaluate(Pipeline(indexes, cfg), examples, show_progress=True)
+        result = evaluate(Pipeline(indexes, cfg), examples)
     else:
         result = _eval_fanout(args, cfg, indexes, settings, examples, workers)
     result.summary.update({"dataset": ds.name, "split": split,
@@ -169,7 +170,8 @@ def _eval_fanout(args, cfg, indexes, settings, examples, workers: int):
     spec = EvalSpec(dataset=args.dataset, config=cfg.model_dump(mode="json"),
                     index_root=str(Path(indexes.root).resolve()), indexes=settings)
     result, info = evaluate_fanout(spec, examples, workers, ray_address(args), progress=lambda
-                                   k, n: print(f"  shard {k}/{n} done", file=sys.stderr))
+                                   k, n: progress.say(f"eval {cfg.config_hash}: Ray shard "
+                                                      f"{k}/{n} done"))
     print(f"evaluated as {len(info.shards)} Ray tasks on {len(info.nodes)} node(s)",
           file=sys.stderr)
     return result
