@@ -39,6 +39,7 @@ import json
 import sys
 from pathlib import Path
 
+from rag import progress
 from rag.errors import ConfigError
 from rl.tuner.run import DEFAULT_METHOD, METHODS
 from serving.cli.cluster import add_tune_cluster_arguments, tune_cluster_options
@@ -334,8 +335,11 @@ def cmd_tuner_eval(args: argparse.Namespace) -> int:
     from rl.kernel.evaluator import evaluate
 
     cfg = rag_config(args.config, args.set)
-    rep = evaluate(cfg, args.dataset, args.split, tuner_settings(args), args.batch_size,
-                   args.seed, allow_missing_gold=args.allow_missing_gold)
+    settings = tuner_settings(args)
+    with progress.stage(f"tuner-eval: score {cfg.config_hash} on {args.dataset} (opens or "
+                        "builds its indexes; retrieval rows are cached for later runs)"):
+        rep = evaluate(cfg, args.dataset, args.split, settings, args.batch_size, args.seed,
+                       allow_missing_gold=args.allow_missing_gold)
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(rep.to_dict(), indent=2, default=str))
