@@ -35,6 +35,9 @@ ALLOWED_UNREACHED = {
     "rl.stats.sequential": "group-sequential tests, which promotion no longer uses (it judges "
                            "each metric with rl.stats.always_valid); still read by "
                            "bench/rollout_sim.py, which the promotion work (issue 60) rewrites",
+    "rl.routing.cascade": "the threshold cascade, measured by bench/cascade.py; serving it "
+                          "(issue 61 item 3: two decisions per request, each logged with its "
+                          "propensity) is not built yet",
 }
 """Modules under src/ that only bench/ or tests/ import, each with why it stays for now."""
 

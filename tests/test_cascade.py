@@ -1,0 +1,95 @@
+"""The threshold cascade (`rl.routing.cascade`) on a small generated world where configuration
+choices matter (`synthetic-choices`, 12 questions per family, as tests/test_learners.py): at
+equal cost (the best static config's mean tokens on valid) it answers the test split better
+than the best static config, and its escalation rate moves with τ. The full-size numbers are
+`bench/cascade.py`'s."""
+
+import numpy as np
+import pytest
+from bench.learners import DATASET
+
+from rag.corpus import synthetic_choices
+from rag.errors import ConfigError
+from rag.metrics.signals import AnswerSignals
+from rl.kernel.settings import TunerSettings
+from rl.routing.cascade import (
+    SIGNAL_NAMES,
+    cheap_candidates,
+    choose_tau,
+    outcomes,
+    role_features,
+    select_cascade,
+    with_abstention,
+)
+from rl.routing.train import prepare
+from rl.stats.headroom import best_static
+
+PER_FAMILY = 12
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The prepared small world, its matrices with the abstention column and their arm names,
+    the best static arm, the equal-cost budget, and the attempt features ([query features,
+    attempt signals]) of each cheap candidate per role."""
+    full = synthetic_choices.make_choice_world
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(synthetic_choices, "make_choice_world",
+                   lambda seed=0, per_family=PER_FAMILY: full(seed, per_family))
+        prep = prepare(DATASET, TunerSettings.defaults(),
+                       tmp_path_factory.mktemp("cascade") / "p", seed=0)
+        static = best_static(prep.M["valid"]["R"])
+        budget = float(prep.M["valid"]["T"][:, static].mean())
+        sig = AnswerSignals()
+        Z = {c: role_features(prep, c, sig) for c in cheap_candidates(prep.M["valid"], budget)}
+        for z in Z.values():
+            for role, (_, idx) in prep.parts.items():
+                assert z[role].shape == (len(idx), prep.X[role].shape[1] + len(SIGNAL_NAMES))
+        M, names = with_abstention(prep.ev, prep.configs[0], prep.M, prep.parts, prep.names)
+        return prep, M, names, static, budget, Z
+
+
+def test_the_cascade_at_equal_cost_beats_the_best_static_quality(world):
+    prep, M, names, static, budget, Z = world
+    cas = select_cascade(M, Z, names, budget, seed=0)
+    assert cas.valid["tokens"] <= budget + 1e-9
+    test = M["test"]
+    esc = cas.escalate(Z[cas.cheap]["test"])
+    got = outcomes(test, cas.cheap, cas.strong, esc)
+    gain = got["Q"].mean() - test["Q"][:, static].mean()
+    assert gain >= 0.03, (names[static], cas.names, cas.tau, gain)
+    # at equal cost on valid, within a tenth of the budget on test
+    assert got["T"].mean() <= 1.1 * test["T"][:, static].mean(), (got["T"].mean(), budget)
+
+
+def test_the_escalation_rate_moves_with_tau(world):
+    _, M, names, _, budget, Z = world
+    cas = select_cascade(M, Z, names, budget, seed=0)
+    z = Z[cas.cheap]["test"]
+    p = cas.confidence(z)
+    assert ((p >= 0) & (p <= 1)).all()
+    rates = [cas.escalate(z, tau).mean() for tau in (0.0, 0.25, 0.5, 0.75, 1.0 + 1e-9)]
+    assert rates[0] == 0.0 and rates[-1] == 1.0
+    assert all(a <= b for a, b in zip(rates, rates[1:], strict=False))
+    assert len(set(rates)) >= 3, rates  # the confidences spread over the range
+
+
+def test_outcomes_pay_both_attempts_when_escalating():
+    M = {"R": np.array([[0.4, 0.7], [0.9, 0.5]]), "Q": np.array([[0.5, 0.9], [1.0, 0.6]]),
+         "T": np.array([[10.0, 50.0], [10.0, 50.0]])}
+    got = outcomes(M, 0, 1, np.array([True, False]))
+    assert got["Q"].tolist() == [0.9, 1.0]
+    assert got["T"].tolist() == [60.0, 10.0]
+    assert got["R"] == pytest.approx([0.7 - 0.1, 0.9])
+    with pytest.raises(ConfigError, match="escalate"):
+        outcomes(M, 0, 1, np.array([True]))
+
+
+def test_tau_at_equal_cost_is_the_largest_within_the_budget():
+    M = {"R": np.zeros((4, 2)), "Q": np.array([[0.0, 1.0]] * 4),
+         "T": np.array([[10.0, 20.0]] * 4)}
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    tau, stats = choose_tau(p, M, 0, 1, budget=20.0)  # room for half the queries to escalate
+    assert stats["escalated"] == 0.5 and stats["tokens"] == 20.0
+    assert 0.2 < tau <= 0.3 + 1e-9
+    assert choose_tau(p, M, 0, 1, budget=5.0) is None
