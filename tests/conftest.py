@@ -16,6 +16,46 @@ configure_runtime_env()
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Test tiers by the resource a module needs (one marker each; `pytest -m TIER` runs a tier):
+#   unit       tests/unit: no Ray, no model weights, no index builds (seconds)
+#   component  real weights, indexes, the CLI, in-process Ray Tune or Ray tasks
+#   training   trains a model or policy (RLlib PPO, TRL, torch)
+#   serve      starts Ray Serve in this process
+#   system     several processes or an external server: Ray clusters and jobs, PostgreSQL,
+#              Prometheus, HAProxy, OpenSearch, kill/restart and signals, whole user paths
+# Modules not named below are `component` (tests/unit/test_tiers.py checks the names).
+TIERS = {
+    "training": {"test_ppo", "test_ppo_full_space", "test_ppo_policy", "test_ppo_readout",
+                 "test_generator_sft", "test_grpo_smoke", "test_reranker_train",
+                 "test_learners", "test_selection_ray", "test_selection_integration",
+                 "test_gpu_models"},
+    "serve": {"test_serving_app", "test_serve_policy", "test_policy_train",
+              "test_policy_train_ppo"},
+    "system": {"test_multinode", "test_store_postgres", "test_serving_prometheus",
+               "test_serving_scaleout", "test_serving_crash", "test_serving_lifecycle",
+               "test_train_submit", "test_opensearch_contract", "test_demo",
+               "test_readme_own_data", "test_runbook_canary"},
+}
+TIER_NAMES = ("unit", "component", "training", "serve", "system")
+
+
+def tier_of(path: Path) -> str:
+    """The tier of the test module at `path` (module doc of `TIERS`)."""
+    if path.parent.name == "unit":
+        return "unit"
+    return next((t for t, mods in TIERS.items() if path.stem in mods), "component")
+
+
+def pytest_configure(config):
+    for name in TIER_NAMES:
+        config.addinivalue_line("markers", f"{name}: test tier (tests/conftest.py TIERS)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(Path(str(item.fspath)))))
+
+
 # The session's exit status, kept by `pytest_sessionfinish` for `pytest_unconfigure`.
 _EXIT: dict[str, int] = {}
 
