@@ -23,6 +23,10 @@ On a terminal (the stream's `isatty()`) a stage with a total is a live tqdm bar.
 
 at most one count line every `INTERVAL_S` seconds within a stage. The estimate is the
 stage's mean rate so far applied to what is left; none is given before the first count.
+While the innermost open stage goes INTERVAL_S without a line (one slow item, or work that
+cannot be counted: a model load, an index build), a background ticker writes its line anyway
+(`build index graph (5183 passages): 20 s so far`), so a log is never silent for much longer
+than INTERVAL_S inside a stage.
 A stage left by an exception says `failed after N s` and re-raises. Stages nest (an index build
 inside an evaluation inside a search); lines are written whole under one lock, so threads may
 report at once.
@@ -40,9 +44,41 @@ from typing import IO, Any
 
 INTERVAL_S = 10.0
 """Seconds between count lines of one stage in a non-interactive log."""
+TICK_S = 1.0
+"""How often the ticker looks at the innermost open stage."""
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"on": 0, "stream": None}
+_open: list[Stage] = []
+"""Stages open now (that tick), innermost last; the ticker runs while it is not empty."""
+_ticker: dict[str, threading.Thread | None] = {"thread": None}
+
+
+def _tick_loop() -> None:
+    """Tick the innermost open stage every TICK_S; ends when no stage is open."""
+    while True:
+        time.sleep(TICK_S)
+        with _lock:
+            if not _open:
+                _ticker["thread"] = None
+                return
+            st = _open[-1]
+        st.tick()
+
+
+def _opened(st: Stage) -> None:
+    with _lock:
+        _open.append(st)
+        if _ticker["thread"] is None:
+            t = threading.Thread(target=_tick_loop, name="rag.progress", daemon=True)
+            _ticker["thread"] = t
+            t.start()
+
+
+def _closed(st: Stage) -> None:
+    with _lock:
+        if st in _open:
+            _open.remove(st)
 
 
 @contextmanager
@@ -101,6 +137,7 @@ class Stage:
 
     def __init__(self, what: str, total: int | None = None, unit: str = "",
                  clock=time.monotonic):
+        """`clock`: seconds (monotonic); a stage on another clock (a test's) does not tick."""
         if total is not None and total < 0:
             raise ValueError(f"total must be >= 0, got {total}")
         self.what, self.total, self.unit = what, total, unit
@@ -109,6 +146,8 @@ class Stage:
         self._clock = clock
         self._t0 = self._last = clock()
         self._bar = None
+        self._mu = threading.Lock()  # the caller's update and the ticker's tick
+        self._ended = False
 
     def _count(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
@@ -129,6 +168,8 @@ class Stage:
             unit = f" {self.unit}" if self.unit else ""
             _write(f"{self.what}: start" + (f" ({self.total}{unit})"
                                              if self.total is not None else ""))
+        if self._clock is time.monotonic:
+            _opened(self)
         return self
 
     def advance(self, n: int = 1) -> None:
@@ -144,12 +185,34 @@ class Stage:
             self._bar.n = min(self.done, self.total or self.done)
             self._bar.refresh()
             return
-        now = self._clock()
-        if now - self._last < INTERVAL_S or (self.total is not None and self.done >= self.total):
-            return  # too soon, or all done: the end line follows
-        self._last = now
-        _write(f"{self.what}: {self._count()}{self._fraction()}, "
-               f"{_secs(now - self._t0)}{self._eta(now)}")
+        if self.total is not None and self.done >= self.total:
+            return  # all done: the end line follows
+        self._line(force=False)
+
+    def tick(self) -> None:
+        """The ticker's call: the stage's line when INTERVAL_S passed without one (a bar is
+        redrawn, so its clock moves)."""
+        if not self.on:
+            return
+        if self._bar is not None:
+            self._bar.refresh()
+            return
+        self._line(force=True)
+
+    def _line(self, force: bool) -> None:
+        """A count line (`force`: the ticker's, also for an uncounted stage) when INTERVAL_S
+        passed since the stage's last line."""
+        with self._mu:
+            now = self._clock()
+            if self._ended or now - self._last < INTERVAL_S or (
+                    not force and self.total is None and not self.done):
+                return
+            self._last = now
+            if self.total is None and not self.done:
+                _write(f"{self.what}: {_secs(now - self._t0)} so far")
+            else:
+                _write(f"{self.what}: {self._count()}{self._fraction()}, "
+                       f"{_secs(now - self._t0)}{self._eta(now)}")
 
     def _fraction(self) -> str:
         if not self.total:
@@ -166,6 +229,9 @@ class Stage:
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.on:
             return
+        _closed(self)
+        with self._mu:
+            self._ended = True
         elapsed = self._clock() - self._t0
         if self._bar is not None:
             self._bar.close()

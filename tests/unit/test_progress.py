@@ -138,3 +138,31 @@ def test_a_corpus_is_embedded_in_counted_chunks_and_comes_back_in_order(tmp_path
     assert lines[0] == "embed 300 passages (length): start (300 passages)"
     assert re.fullmatch(r"embed 300 passages \(length\): done, 300/300 passages in [\d.]+ s",
                         lines[-1]), lines
+
+
+def test_the_ticker_speaks_for_the_innermost_stage_when_it_is_silent(monkeypatch):
+    """A stage without a line for INTERVAL_S gets one from the ticker (an uncounted one says
+    how long so far, a counted one its count), the innermost only, and none once it ended."""
+    import time
+
+    while progress._ticker["thread"] is not None:  # an earlier test's, asleep for TICK_S
+        time.sleep(0.05)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.3)
+    monkeypatch.setattr(progress, "TICK_S", 0.02)
+    buf = io.StringIO()
+    with progress.reporting(buf):
+        with progress.stage("search", 5, "trials") as outer:
+            with progress.stage("build index graph"):
+                time.sleep(1.0)
+            outer.advance(2)
+            time.sleep(0.45)
+        time.sleep(0.4)
+    lines = _lines(buf)
+    assert lines[:2] == ["search: start (5 trials)", "build index graph: start"]
+    end = next(i for i, x in enumerate(lines) if x.startswith("build index graph: done"))
+    inner, after = lines[2:end], lines[end + 1:]
+    assert len(inner) >= 2 and all(re.fullmatch(r"build index graph: \d+ s so far", x)
+                                   for x in inner), lines
+    assert re.fullmatch(r"search: 2/5 trials \(40%\), \d+ s, ~\d+ s left", after[0]), lines
+    assert re.fullmatch(r"search: done, 2/5 trials in [\d.]+ s", lines[-1]), lines
+    assert not progress._open

@@ -23,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rag import progress
 from rag.errors import ConfigError
 from serving.cli.common import add_settings_argument, flags, tuner_settings
 
@@ -63,18 +64,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--seed", "must be >= 0")
     extra = _extra(args.add_config)
     settings = tuner_settings(args)
-    if args.learner == "ppo":
-        run = _train_ppo(args, settings, extra)
-    else:
+    if args.learner != "ppo":
         for flag, given in (("--ppo-config", args.ppo_config), ("--ppo-seeds", args.ppo_seeds),
                             ("--ppo-iters", args.ppo_iters), ("--resume", args.resume or None)):
             if given is not None:
                 raise ConfigError(flag, "applies to --learner ppo only")
-        with flags(FLAGS):
-            run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
-                                      max_train=args.max_train, extra=extra,
-                                      equal_cost=args.equal_cost, log=_stderr,
-                                      overwrite=args.overwrite)
+    # a stage, so a log hears from it every ~10 s between the training's own lines
+    with progress.stage(f"router train --learner {args.learner} on {args.dataset}"):
+        if args.learner == "ppo":
+            run = _train_ppo(args, settings, extra)
+        else:
+            with flags(FLAGS):
+                run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
+                                          max_train=args.max_train, extra=extra,
+                                          equal_cost=args.equal_cost, log=_stderr,
+                                          overwrite=args.overwrite)
     from serving.serve_yaml import SERVE_FILE, policy_args, write_serve_yaml
 
     serve = write_serve_yaml(run.out / SERVE_FILE,
