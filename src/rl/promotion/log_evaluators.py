@@ -137,7 +137,8 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
     arms carry quality (`row_quality` over `quality_scores`, NaN when unscored), tokens,
     latency (canary: `row_latency_ms`, what the user waited; shadow pairs: `row_compute_ms`,
     the replica's stage times, since a mirrored answer's wall time includes queueing behind
-    the served one), error and the user's feedback (NaN when unrated; a mirrored
+    the served one; on pairs it feeds only the p95 gate and the SLO burn, the latency metric
+    is judged on served requests, `MetricRule.judged_on`), error and the user's feedback (NaN when unrated; a mirrored
     answer is never shown, so shadow pairs have none). The scalar `reward` (shown, not
     judged) is `scores[reward_key]`, else the feedback (canary), else the quality; a row with
     none of these takes its arm's mean (0 when no row of the arm has one)."""
@@ -154,7 +155,7 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
         def arm(got: list[Mapping[str, Any]]) -> Arm:
             # latency of a pair is compute time: a mirrored answer is started after the served
             # one returns and queues beside it in the same replicas, so its wall time measures
-            # the mirroring, not the config (users see the candidate's wall time at canary)
+            # the mirroring, not the config (the latency metric is judged at the canaries)
             a = _row_arm(got, reward_key, qs)
             rew = [_row_reward({**r, "reward": None}, reward_key, qs) for r in got]
             return replace(a, reward=_filled(rew),

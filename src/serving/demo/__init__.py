@@ -289,6 +289,8 @@ def _live(out: Path, data: Any, run: Any, default: Any, tuned: Any, budget: Budg
 
 
 def _print_summary(console: Console, s: dict[str, Any]) -> None:
+    from rich.markup import escape
+
     t, h, p = s["tuned_config"], s["holdout_delta"], s["promotion"]
     table = Table(title="ragpilot demo: what was learned and what was rolled out",
                   show_header=False)
@@ -301,6 +303,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     table.add_row("promotion", f"{p['decision']} (at {p.get('last_stage', p['stage'])}, "
                                f"{p['requests']} "
                                f"requests): {p['reason']}")
-    table.add_row("deciding statistics", (p.get("deciding") or "—").replace("; ", "\n"))
+    table.add_row("deciding statistics",  # "[shadow] ..." is text, not rich markup
+                  escape((p.get("deciding") or "—").replace("; ", "\n")))
     table.add_row("files", f"{s['tuned_config']['run_dir']}, report.html, summary.json")
     console.print(table)
