@@ -237,6 +237,10 @@ def _print_plan(sm: Any, offline: Any) -> None:
         if name not in effects:
             print(f"  {name}: not in the offline report")
             continue
+        if rule.judged_on == "served":  # a mirrored answer's timing measures the mirroring
+            print(f"  {name}: offline Δ {effects[name]:+.3g}: judged on served canary "
+                  "requests (a guardrail: shown worse rolls back)")
+            continue
         n = need[name]
         what = ("better" if rule.objective and (effects[name] > 0) == (rule.direction ==
                                                                        "higher")
