@@ -53,7 +53,9 @@ def test_index_eval_and_tune_log_their_stages_with_counts(tmp_path, monkeypatch,
                  "--settings", str(settings), "--no-mlflow", "--out",
                  str(tmp_path / "tune")]) == 0
     lines = _stage_lines(capsys.readouterr().err)
-    _done(lines, f"tune: open {data} (load, split, check gold)")
+    opened = next(x for x in lines if x.startswith("tune: open "))  # the resolved path
+    assert opened.endswith("mybeir (load, split, check gold): start"), lines
+    _done(lines, opened.removesuffix(": start"))
     search = [x for x in lines if x.startswith("tune: search random: ")]
     assert search[0] == "tune: search random: start (3 query-evaluations)", lines
     assert re.fullmatch(r"tune: search random: done, \d+/3 query-evaluations in [\d.]+ s",
