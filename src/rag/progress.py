@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -63,7 +63,8 @@ def _tick_loop() -> None:
                 _ticker["thread"] = None
                 return
             st = _open[-1]
-        st.tick()
+        with suppress(OSError, ValueError):  # the stream went away (closed, a broken pipe)
+            st.tick()
 
 
 def _opened(st: Stage) -> None:
