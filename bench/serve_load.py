@@ -1,38 +1,25 @@
-"""Load benchmark of the Ray Serve app (src/serving) against 127.0.0.1, synthetic world.
+"""Load benchmark of `ragpilot serve` as an operator runs it (synthetic world, 127.0.0.1).
 
-    python bench/serve_load.py           # full (~5-7 min on 2 cores)
-    python bench/serve_load.py --quick   # < 2 min: fewer requests (writes serve_load.quick.*)
+    python bench/serve_load.py                 # full (~5 min on 2 cores)
+    python bench/serve_load.py --quick         # < 2 min, fewer requests (serve_load.quick.*)
+    python bench/serve_load.py --proxy serve   # Serve's Python proxy (default auto: below)
 
-Ray and Serve run in this process, inside a private network namespace when permitted (Serve
-replicas open gRPC on every interface). Phases, each bounded in requests:
-  1. in-process baseline: `PipelineService.answer` (the replica body) on the same questions,
-     in blocks interleaved with Serve at 1 client;
-  2. latency p50/p95/p99 (ms, client side) and throughput (requests/s) at 1, 4, 16 concurrent
-     clients, default config only (canary 0%, shadow 0%); Serve overhead vs in-process (ratio);
-  3. canary share: canary_percent 10, 2,000 users sending 2 requests each (4,000; --quick:
-     250 × 2), observed share vs configured (target: within ±2 percentage points) and, per
-     ingress replica (the `X-Ragpilot-Replica` header), the share each replica gave and how
-     many users two replicas routed differently (target: shares within 2 pp, 0 users);
-  4. feedback: one reward per acknowledged answer of phase 3, through whichever ingress
-     replica the proxy picks, then a count check in the SQLite store (target: every
-     acknowledged row is there: `feedback_lost` = 0);
-  5. shadow: p95 at 4 clients with shadow 0% / 10% / 100%, interleaved rounds so background
-     load drifts hit all three alike (target: 10% adds ≤ 10% to the user path's p95);
-  6. memory per variant: resident memory (RSS) of every Serve replica process before and after
-     4 more config variants are added at run time and answer 30 questions each
-     (`rss_mb_per_variant`, target ≤ 150 MB), beside the RSS of one SharedPipelines replica
-     (what a variant cost when each config had its own deployment).
-Topology (serving.app): `--ingress-replicas` ingress replicas (default 2) in front of one
-shared pipeline deployment with `--replicas` replicas (default 1) serving every variant.
-Rows: {dataset, system, metric, value, ci_low, ci_high, n}; 95% bootstrap CIs over requests,
-except the canary shares of phase 3: over users (`user_share_stats`), since a user's two
-requests share one route. `canary_share_diff_pp` = |replica A's share − replica B's|, its CI
-the image of the signed difference's (`canary_share_diff_signed_pp`) CI.
-
-API keys stay on (the default, `auth.enabled: true`): the benchmark creates an `admin` key in
-the key file the app reads (`auth.keys_file`, here in the run's temporary directory) through
-`serving.auth.KeyFile.create` (what `ragpilot keys create --role admin` does) and sends it on
-the /admin/traffic calls.
+The server is `python -m serving.cli serve` in a child process (2 ingress replicas, 1 shared
+pipeline replica, API keys and request logs on: the defaults), in a private network namespace
+when permitted. Phases, each bounded in requests:
+  1. cold start: s from the process start to /healthz 200 and to /readyz 200;
+  2. latency p50/p95/p99 (ms, client side) and throughput at 1, 4, 16 clients, then 16 again;
+  3. logging cost: 16-client throughput in rounds with request logs on and off (serve.yaml
+     edited + SIGHUP, the in-place update; order on off | off on | ...), pooled ratio with a
+     paired bootstrap CI over rounds;
+  4. memory: RSS of every Serve replica process before/after 4 config variants are added at
+     run time (`/admin/traffic`), 30 questions each;
+  5. SIGTERM after a third of a bounded 16-client load is answered: requests without an
+     answer, exit code, seconds to exit.
+Targets: p95 ≤ 500 ms at 16 clients, `throughput_ratio_logging_on_vs_off` ≥ 0.95,
+`dropped_on_sigterm` = 0, `rss_mb_per_variant` ≤ 150 MB. Proxy auto: $RAGPILOT_SERVE_PROXY when
+set (bench/serve_ab.py pins it), else haproxy when installed (docs/serving.md: 31-39% less CPU
+per request than Serve's proxy), else serve.
 """
 
 from __future__ import annotations
@@ -40,117 +27,65 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sqlite3
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, plain_row, write_results  # noqa: E402
-from rag.env import configure_runtime_env  # noqa: E402
+from bench.common import make_meta, plain_row, write_results  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
-configure_runtime_env()
 DS = "synthetic"
-PROXY_TEXT = {"serve": "Ray Serve's Python proxy actor forwards each request to an ingress "
-                       "replica through Ray",
-              "haproxy": "Ray Serve's HAProxy mode: HAProxy in front of the ingress replicas' "
-                         "own HTTP servers (direct ingress), serving.launch.PROXIES"}
-CANARY = {"variant": "bm25"}
-SHADOW = {"variant": "hybrid", "k": 8}  # as costly as the stable config: the honest case
 SYNC_WAIT_S = 0.5
+EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense", "k": 4},
+                  {"variant": "bm25", "k": 6}]  # added at run time in the memory phase
 
 
-def pct_row(system: str, metric: str, values, q: float, seed: int) -> dict:
-    """q-th percentile (ms) with a 95% bootstrap CI (2,000 resamples)."""
-    x = np.asarray(values, dtype=np.float64)
-    boots = bootstrap_statistic(lambda idx: np.percentile(x[idx], q, axis=1), x.size, 2000,
-                                seed)
-    return {"dataset": DS, "system": system, "metric": metric, "value": float(np.percentile(x, q)),
-            "ci_low": float(np.quantile(boots, 0.025)), "ci_high": float(np.quantile(boots, 0.975)),
-            "n": int(x.size)}
+def ci_row(system: str, metric: str, stat, n: int, seed: int) -> dict:
+    """`stat(idx)` over n rows (`idx`: resamples × n row indices, one value per resample) with
+    a 95% bootstrap CI (2,000 resamples; arrays indexed alike are resampled as pairs)."""
+    lo, hi = np.quantile(bootstrap_statistic(stat, n, 2000, seed), [0.025, 0.975])
+    return {"dataset": DS, "system": system, "metric": metric,
+            "value": float(stat(np.arange(n)[None])[0]), "ci_low": float(lo),
+            "ci_high": float(hi), "n": int(n)}
 
 
-def user_share_stats(user: np.ndarray, replica: np.ndarray, on: np.ndarray, seed: int,
-                     n_boot: int = 2000) -> dict[str, tuple[float, float, float]]:
-    """Canary share overall and the signed difference between two ingress replicas, in
-    percentage points, each (value, ci_low, ci_high) with a 95% bootstrap CI over *users*:
-    a user's requests share one route (sticky routing), so they are resampled together, not as
-    independent requests. `user`: a user key per request; `replica`: 0 or 1 per request (which
-    ingress answered); `on`: 1 where the request was routed to the canary.
-
-    Returns {"share": ..., "diff": replica 0's share minus replica 1's, "abs_diff": |diff|}.
-    The CI of |diff| is the image of the signed CI under |.|: it starts at 0 when the signed CI
-    contains 0 (bootstrapping |diff| directly cannot reach 0: every resample's |diff| > 0)."""
-    _, u = np.unique(np.asarray(user), return_inverse=True)
-    on = np.asarray(on, dtype=np.float64)
-    a = np.asarray(replica) == 0
-    rng = np.random.default_rng(seed)
-    n_users = int(u.max()) + 1
-
-    def stats(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(share, diff) in pp for each row of request weights `w` (draws x requests)."""
-        share = w @ on / w.sum(axis=1)
-        diff = (w[:, a] @ on[a] / w[:, a].sum(axis=1)
-                - w[:, ~a] @ on[~a] / w[:, ~a].sum(axis=1))
-        return share * 100, diff * 100
-
-    draws = np.stack([np.bincount(rng.integers(0, n_users, n_users), minlength=n_users)
-                      for _ in range(n_boot)]).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):  # a draw with no request on a side
-        b_share, b_diff = stats(draws[:, u])
-    (share,), (diff,) = stats(np.ones((1, on.size)))
-    keep = np.isfinite(b_diff)
-    s_lo, s_hi = np.quantile(b_share, [0.025, 0.975])
-    d_lo, d_hi = np.quantile(b_diff[keep], [0.025, 0.975])
-    abs_lo = 0.0 if d_lo <= 0.0 <= d_hi else min(abs(d_lo), abs(d_hi))
-    return {"share": (float(share), float(s_lo), float(s_hi)),
-            "diff": (float(diff), float(d_lo), float(d_hi)),
-            "abs_diff": (float(abs(diff)), float(abs_lo), float(max(abs(d_lo), abs(d_hi))))}
-
-
-async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/query"
-               ) -> tuple[list[tuple[int, float, dict, str]], float]:
-    """POST every payload with `concurrency` workers; [(status, client ms, body, ingress
-    replica id)], wall s."""
+async def load(url: str, payloads: list[dict], concurrency: int, path: str = "/query",
+               on_answer=None) -> tuple[list[tuple[int, float, dict]], float]:
+    """POST every payload with `concurrency` workers; [(status, client ms, body)] (status 0:
+    no HTTP answer, e.g. the connection was closed), wall s. `on_answer(n)` is called with the
+    number of 200s so far after each one."""
     import httpx
 
-    out: list[tuple[int, float, dict, str]] = [(0, 0.0, {}, "")] * len(payloads)
-    nxt = iter(range(len(payloads)))
+    out: list[tuple[int, float, dict]] = [(0, 0.0, {})] * len(payloads)
+    nxt, answered = iter(range(len(payloads))), [0]
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
         async def worker() -> None:
             for i in nxt:
                 t0 = time.perf_counter()
-                r = await client.post(path, json=payloads[i])
-                ms = (time.perf_counter() - t0) * 1000.0
-                out[i] = (r.status_code, ms, r.json() if r.status_code < 500 else {},
-                          r.headers.get("x-ragpilot-replica", ""))
+                try:
+                    r = await client.post(path, json=payloads[i])
+                except httpx.HTTPError as exc:
+                    out[i] = (0, 0.0, {"error": repr(exc)})
+                    continue
+                out[i] = (r.status_code, (time.perf_counter() - t0) * 1000.0,
+                          r.json() if r.status_code < 500 else {})
+                if r.status_code == 200 and on_answer is not None:
+                    answered[0] += 1
+                    on_answer(answered[0])
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return out, time.perf_counter() - t0
-
-
-def _ci(rows: list[dict], system: str) -> str:
-    r = next(x for x in rows if x["system"] == system and x["metric"] == "latency_p95_ms")
-    return f"[{r['ci_low']:.1f}, {r['ci_high']:.1f}]"
-
-
-def wait_idle(url: str, timeout: float = 60.0) -> None:
-    """Until no shadow request is pending at the ingress."""
-    import httpx
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if httpx.get(f"{url}/rl/stats", timeout=30).json()["shadow_tasks_pending"] == 0:
-            return
-        time.sleep(0.2)
 
 
 def admin_key(keys_file: str | Path) -> dict[str, str]:
@@ -170,48 +105,9 @@ def set_traffic(url: str, headers: dict[str, str], **body) -> dict:
     r = httpx.post(f"{url}/admin/traffic", json=body, headers=headers, timeout=120)
     r.raise_for_status()
     # the other ingress replicas adopt the change within ingress.sync_interval_s (0.2 s):
-    # measure the new split, not that window (requests in it are logged with the old
-    # split's propensity, which is what they were routed with)
+    # measure the new split, not that window
     time.sleep(SYNC_WAIT_S)
     return r.json()
-
-
-EXTRA_VARIANTS = [{"k": 3}, {"k": 7, "fusion_weight": 0.7}, {"variant": "dense", "k": 4},
-                  {"variant": "bm25", "k": 6}]
-"""Variants added at run time for the memory phase (same stages, other parameters)."""
-
-
-ROLES = (("proxy", "ray::ProxyActor"), ("proxy", "ray::HAProxyManager"),
-         ("ingress", "ray::ServeReplica:ragpilot:Ingress"),
-         ("pipelines", "ray::ServeReplica:ragpilot:SharedPipelines"))
-"""Process roles for CPU accounting: (role, command-line prefix), first match wins; the haproxy
-processes Serve starts (HAProxy mode) are `proxy` too; any other Ray process (actors, raylet,
-GCS) is `other ray`, the load generator (this process) `client`."""
-
-
-def cpu_by_role() -> dict[str, float]:
-    """CPU seconds (user + system) used so far by each role's processes on this machine."""
-    import psutil
-
-    from serving.launch import haproxy_binary
-
-    out = {role: 0.0 for role, _ in ROLES} | {"other ray": 0.0, "client": 0.0}
-    me = os.getpid()
-    haproxy = haproxy_binary() or "haproxy"
-    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-        cmd, t = " ".join(proc.info.get("cmdline") or []), proc.info.get("cpu_times")
-        if t is None:
-            continue
-        if proc.info["pid"] == me:
-            role = "client"
-        elif cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
-            role = next((r for r, prefix in ROLES if cmd.startswith(prefix)), "other ray")
-        elif cmd.startswith(haproxy):
-            role = "proxy"
-        else:
-            continue
-        out[role] += t.user + t.system
-    return out
 
 
 def replica_rss() -> dict[str, float]:
@@ -226,329 +122,227 @@ def replica_rss() -> dict[str, float]:
     return out
 
 
+class Server:
+    """`python -m serving.cli serve --config <tmp>/serve.yaml` in a child process; `logs`
+    switches the request logs in the YAML, applied to the running app with SIGHUP."""
+
+    def __init__(self, tmp: Path, port: int, proxy: str):
+        self.tmp, self.url, self.proxy = tmp, f"http://127.0.0.1:{port}", proxy
+        self.yaml, self.log = tmp / "serve.yaml", tmp / "serve.log"
+        self.args = {"store_url": str(tmp / "interactions.sqlite"), "canary": {"variant": "bm25"},
+                     "auth": {"enabled": True, "keys_file": str(tmp / "keys.json")},
+                     "traffic": {"canary_percent": 0.0},
+                     "limits": {"max_inflight": 512, "rate_per_s": 1e6, "burst": 1e6},
+                     "ingress": {"replicas": 2, "sync_interval_s": 0.2},
+                     "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1,
+                                   "max_ongoing_requests": 32}}
+        self.write(logs=True)
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", "serve", "--config", str(self.yaml),
+             "--proxy", proxy], stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def write(self, logs: bool) -> None:
+        self.args["logs"] = {"enabled": logs}
+        self.yaml.write_text(yaml.safe_dump({
+            "http_options": {"host": "127.0.0.1", "port": int(self.url.rsplit(":", 1)[1])},
+            "applications": [{"name": "ragpilot", "route_prefix": "/",
+                              "import_path": "serving.app:build_app", "args": self.args}]}))
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, path: str, timeout: float = 300.0) -> float:
+        """Seconds from the start to the first 200 on `path`."""
+        import httpx
+
+        while time.perf_counter() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited {self.proc.returncode}:\n{self.text()[-3000:]}")
+            try:
+                if httpx.get(self.url + path, timeout=2).status_code == 200:
+                    return time.perf_counter() - self.t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit(f"{path}: no 200 in {timeout:.0f} s:\n{self.text()[-3000:]}")
+
+    def reload(self, logs: bool) -> None:
+        """Edit serve.yaml and SIGHUP; return once the server printed `reloaded`."""
+        n, t0 = self.text().count("reloaded "), time.perf_counter()
+        self.write(logs)
+        self.proc.send_signal(signal.SIGHUP)
+        while self.text().count("reloaded ") == n:
+            if "reload refused" in self.text() or time.perf_counter() - t0 > 180:
+                raise SystemExit(f"reload failed:\n{self.text()[-3000:]}")
+            time.sleep(0.2)
+        print(f"logs {'on' if logs else 'off'}: reloaded in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--replicas", type=int, default=1,
-                    help="replicas of the shared pipeline deployment")
-    ap.add_argument("--ingress-replicas", type=int, default=2)
     ap.add_argument("--proxy", choices=("auto", "serve", "haproxy"), default="auto",
                     help="what answers on the HTTP port (serving.launch.PROXIES); auto: "
-                         "$RAGPILOT_SERVE_PROXY when set, else haproxy when the binary is "
-                         "installed, else serve")
-    ap.add_argument("--out", default="serve_load",
-                    help="results name: bench/results/<out>.json and .md")
+                         "$RAGPILOT_SERVE_PROXY when set, else haproxy when installed, else serve")
     args = ap.parse_args()
     q = args.quick
-    n_c = {1: 100, 4: 100, 16: 128} if q else {1: 300, 4: 600, 16: 1200}
-    n_users, shadow_rounds, n_shadow = (250, 3, 40) if q else (2000, 8, 100)
+    n_c = {1: 60, 4: 100, 16: 160} if q else {1: 200, 4: 400, 16: 1000}
+    rounds, n_round, n_sigterm = (2, 160, 160) if q else (4, 400, 320)
     rng = np.random.default_rng(args.seed)
 
     from rag.corpus.synthetic import make_synthetic_world
     from serving import netns
-    from serving.launch import (
-        PROXY_ENV,
-        THROUGHPUT_MODE,
-        haproxy_binary,
-        resolve_proxy,
-        start_local,
-        stop_local,
-    )
-    from serving.pipelines import PipelineService
+    from serving.launch import PROXY_ENV, haproxy_binary, resolve_proxy
 
-    # auto: $RAGPILOT_SERVE_PROXY when set (bench/serve_ab.py pins both sides), else haproxy
-    # when it is installed
     proxy = resolve_proxy(args.proxy if args.proxy != "auto" else (
         os.environ.get(PROXY_ENV) or ("haproxy" if haproxy_binary() else "serve")))
-
     examples = list(make_synthetic_world().examples)
-    questions = [e.question for e in examples]
     rows: list[dict] = []
-    md: list[str] = []
     t_start = time.perf_counter()
 
-    # 1. in-process baseline: the replica body in this process (no Serve); measured in blocks
-    #    interleaved with Serve at 1 client below, so both see the same background load
-    from rag.encoders import set_query_runtime
+    def payloads(n: int) -> list[dict]:
+        return [{"question": examples[i].question, "category": examples[i].category,
+                 "user_id": f"user-{rng.integers(1 << 62)}"}
+                for i in rng.integers(0, len(examples), size=n)]
 
-    set_query_runtime("onnx")  # what every Serve replica runs (serving.pipelines)
-    svc = PipelineService({"generator": "extractive"}, DS)
-    base_ms: list[float] = []
-
-    def in_process(n: int) -> None:
-        for i in rng.integers(0, len(questions), size=n):
-            t0 = time.perf_counter()
-            svc.answer(questions[i])
-            base_ms.append((time.perf_counter() - t0) * 1000.0)
-
-    in_process(20)  # warm-up
-    base_ms.clear()
-
-    # 2. Serve
     isolated = netns.enter_private_netns()
-    store = Path(tempfile.mkdtemp(prefix="serve-load-")) / "interactions.sqlite"
-    keys_file = store.parent / "api_keys.json"
-    admin = admin_key(keys_file)
-    port = netns.free_port()
-    settings = {"store_url": str(store), "canary": CANARY, "shadow": SHADOW,
-                "auth": {"enabled": True, "keys_file": str(keys_file)},
-                "traffic": {"canary_percent": 0.0, "shadow_percent": 0.0},
-                "limits": {"max_inflight": 512, "rate_per_s": 1e6, "burst": 1e6},
-                "ingress": {"replicas": args.ingress_replicas, "sync_interval_s": 0.2},
-                "pipelines": {"num_replicas": args.replicas, "autoscaling": None,
-                              "num_cpus": 0.1, "max_ongoing_requests": 32}}
-    t0 = time.perf_counter()
-    url = start_local(settings, port=port, proxy=proxy)
-    ready_s = time.perf_counter() - t0
-    print(f"serve ready in {ready_s:.1f} s (isolated={isolated}, proxy={proxy})", flush=True)
-
-    def payloads(n: int, users: bool = False) -> list[dict]:
-        idx = rng.integers(0, len(questions), size=n)
-        return [{"question": questions[i], "category": examples[i].category,
-                 **({"user_id": f"user-{rng.integers(1 << 62)}"} if users else {})}
-                for i in idx]
-
+    tmp = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    admin = admin_key(tmp / "keys.json")
+    srv = Server(tmp, netns.free_port(), proxy)
+    url = srv.url
     try:
+        # 1. cold start
+        alive_s, ready_s = srv.wait_for("/healthz"), srv.wait_for("/readyz")
+        rows += [plain_row(DS, "ragpilot serve", "cold_start_to_alive_s", alive_s, 1),
+                 plain_row(DS, "ragpilot serve", "cold_start_to_ready_s", ready_s, 1)]
+        print(f"cold start: alive {alive_s:.1f} s, ready {ready_s:.1f} s (isolated={isolated}, "
+              f"proxy={proxy})", flush=True)
+        while "ragpilot serving at" not in srv.text():  # SIGHUP is acted on from here on
+            if srv.proc.poll() is not None or time.perf_counter() - srv.t0 > 300:
+                raise SystemExit(f"server not serving:\n{srv.text()[-3000:]}")
+            time.sleep(0.2)
         asyncio.run(load(url, payloads(20), 2))  # warm connections and replicas
-        table = []
-        c1: list[float] = []
-        block = 50
-        for _ in range(n_c[1] // block):  # in-process and Serve at 1 client, interleaved
-            in_process(block)
-            res, _ = asyncio.run(load(url, payloads(block), 1))
-            c1 += [r[1] for r in res if r[0] == 200]
-        for p in (50, 95, 99):
-            rows.append(pct_row("in-process", f"latency_p{p}_ms", base_ms, p, args.seed))
-        load_avg: dict[int | str, float] = {}
-        # c=16 twice (the second pass right after the first): is the p95 margin robust?
-        levels = [(c, n, f"serve/c={c}") for c, n in n_c.items()] + [
-            (16, n_c[16], "serve/c=16 2nd run")]
-        for c, n, sysname in levels:
-            key = c if sysname == f"serve/c={c}" else f"{c} (2nd)"
-            load_avg[key] = os.getloadavg()[0]  # the machine is shared: say how busy it was
-            cpu0 = cpu_by_role()
+
+        # 2. latency and throughput by client count (logs on)
+        table, load_avg = [], {}
+        for c, n, name in [(c, n, f"serve/c={c}") for c, n in n_c.items()] + [
+                (16, n_c[16], "serve/c=16 2nd run")]:
+            load_avg[name] = os.getloadavg()[0]  # the machine is shared: say how busy it was
             res, wall = asyncio.run(load(url, payloads(n), c))
-            cpu1 = cpu_by_role()
-            ok = [r for r in res if r[0] == 200]
-            if sysname == "serve/c=16":  # where the 2 cores go at the level with a target
-                cpu_share = {role: 1000.0 * (cpu1[role] - cpu0[role]) / max(len(ok), 1)
-                             for role in cpu0}
-                rows += [plain_row(DS, f"{sysname} cpu {role}", "cpu_ms_per_request", ms_req,
-                                   len(ok)) for role, ms_req in cpu_share.items()]
-            ms = [r[1] for r in ok]
-            rows.append(plain_row(DS, sysname, "loadavg_1m_start", load_avg[key], 1))
-            rows.append(plain_row(DS, sysname, "loadavg_1m_end", os.getloadavg()[0], 1))
-            for p in (50, 95, 99):
-                rows.append(pct_row(sysname, f"latency_p{p}_ms", ms, p, args.seed))
-            rows.append(plain_row(DS, sysname, "throughput_rps", len(ok) / wall, len(ok)))
-            rows.append(plain_row(DS, sysname, "errors", len(res) - len(ok), len(res)))
-            stage_sum = [sum(v for k, v in r[2]["latency_ms"].items()
-                             if k in ("retrieve", "rerank", "select", "generate")) for r in ok]
-            over = np.array(ms) - np.array(stage_sum)
-            rows.append(metric_row(DS, sysname, "overhead_ms_mean", over, seed=args.seed))
-            table.append((key, np.percentile(ms, 50), np.percentile(ms, 95),
-                          np.percentile(ms, 99), len(ok) / wall, float(np.median(over)),
-                          len(res) - len(ok)))
-            print(f"c={c}: p50 {table[-1][1]:.1f} p95 {table[-1][2]:.1f} ms, "
+            ms = [r[1] for r in res if r[0] == 200]
+            x = np.asarray(ms)
+            rows += [ci_row(name, f"latency_p{p}_ms", lambda i, p=p, x=x: np.percentile(
+                x[i], p, axis=1), x.size, args.seed) for p in (50, 95, 99)]
+            rows += [plain_row(DS, name, "throughput_rps", len(ms) / wall, len(ms)),
+                     plain_row(DS, name, "errors", len(res) - len(ms), len(res)),
+                     plain_row(DS, name, "loadavg_1m_start", load_avg[name], 1)]
+            table.append((name.removeprefix("serve/"), *np.percentile(ms, [50, 95, 99]),
+                          len(ms) / wall, len(res) - len(ms)))
+            print(f"{name}: p50 {table[-1][1]:.1f} p95 {table[-1][2]:.1f} ms, "
                   f"{table[-1][4]:.1f} req/s", flush=True)
-        ratio_p50 = float(np.median(c1) / np.median(base_ms))
-        ratio_mean = float(np.mean(c1) / np.mean(base_ms))
-        rows.append(plain_row(DS, "serve/c=1 vs in-process", "latency_ratio_p50", ratio_p50,
-                              len(c1)))
-        rows.append(plain_row(DS, "serve/c=1 vs in-process", "latency_ratio_mean", ratio_mean,
-                              len(c1)))
 
-        # 3. canary share over users (two requests each), overall and per ingress replica
-        set_traffic(url, admin, canary_percent=10.0)
-        users = [f"user-{rng.integers(1 << 62)}" for _ in range(n_users)]
-        cp = payloads(2 * n_users)
-        for j, p in enumerate(cp):
-            p["user_id"] = users[j % n_users]
-        res, _ = asyncio.run(load(url, cp, 16))
-        ok = [r for r in res if r[0] == 200]
-        ok_users = [p["user_id"] for p, r in zip(cp, res, strict=True) if r[0] == 200]
-        on = np.array([r[2]["route"] == "canary" for r in ok], dtype=float)
-        replicas = sorted({r[3] for r in ok})
-        rep_idx = np.array([replicas.index(r[3]) for r in ok])
-        # CIs over users (their two requests share a route), not over requests
-        st = user_share_stats(np.array(ok_users), rep_idx, on, args.seed)
-        share = float(on.mean())
-        lo, hi = st["share"][1] / 100, st["share"][2] / 100
-        rows.append({"dataset": DS, "system": "canary 10%", "metric": "canary_share",
-                     "value": share, "ci_low": lo, "ci_high": hi, "n": int(on.size)})
-        rows.append(plain_row(DS, "canary 10%", "abs_error_pp", abs(share - 0.10) * 100,
-                              on.size))
-        props = sorted({r[2]["propensity"] for r in ok})
-        print(f"canary share {share:.4f} over {on.size} (propensities {props})", flush=True)
-        rep_on = {k: np.array([r[2]["route"] == "canary" for r in ok if r[3] == k], dtype=float)
-                  for k in replicas}
-        by_user: dict[str, set[str]] = {}
-        for p, r in zip(cp, res, strict=True):
-            if r[0] == 200:
-                by_user.setdefault(p["user_id"], set()).add(r[2]["route"])
-        disagree = sum(len(v) > 1 for v in by_user.values())
-        if len(replicas) == 2:
-            for metric, key in (("canary_share_diff_pp", "abs_diff"),
-                                ("canary_share_diff_signed_pp", "diff")):
-                d, d_lo, d_hi = st[key]
-                rows.append({"dataset": DS, "system": "serve/2-ingress", "metric": metric,
-                             "value": d, "ci_low": d_lo, "ci_high": d_hi, "n": int(on.size)})
-        rows.append(plain_row(DS, "serve/2-ingress", "users_routed_differently", disagree,
-                              len(by_user)))
-        rows.append(plain_row(DS, "serve/2-ingress", "replicas_answering", len(replicas),
-                              len(ok)))
-        print("canary share by replica " + ", ".join(
-            f"{k}: {v.mean():.4f} (n={v.size})" for k, v in rep_on.items())
-            + f"; users routed differently {disagree}", flush=True)
-
-        # 4. feedback on every acknowledged answer, then count in the store
-        fb = [{"interaction_id": r[2]["interaction_id"], "reward": float(rng.random())}
-              for r in ok]
-        fres, _ = asyncio.run(load(url, fb, 16, path="/feedback"))
-        acked = {p["interaction_id"] for p, r in zip(fb, fres, strict=True) if r[0] == 200}
-        with sqlite3.connect(store) as db:
-            db.execute("CREATE TEMP TABLE acked (id TEXT PRIMARY KEY)")
-            db.executemany("INSERT INTO acked VALUES (?)", [(i,) for i in acked])
-            (in_store,), = db.execute("SELECT COUNT(*) FROM feedback f JOIN acked a ON "
-                                      "a.id = f.interaction_id").fetchall()
-            (rows_q,), = db.execute("SELECT COUNT(*) FROM interactions i JOIN acked a ON "
-                                    "a.id = i.id").fetchall()
-        rows.append(plain_row(DS, "feedback", "acknowledged", len(acked), len(fb)))
-        rows.append(plain_row(DS, "feedback", "in_store", in_store, len(acked)))
-        rows.append(plain_row(DS, "feedback", "missing", len(acked) - in_store, len(acked)))
-        rows.append(plain_row(DS, "serve/2-ingress", "feedback_lost", len(acked) - in_store,
-                              len(acked)))
-        fb_by_replica = {k: sum(1 for r in fres if r[0] == 200 and r[3] == k)
-                         for k in sorted({r[3] for r in fres})}
-        print(f"feedback acknowledged {len(acked)}, in store {in_store}, interactions "
-              f"{rows_q}", flush=True)
-        set_traffic(url, admin, canary_percent=0.0)
-
-        # 5. shadow's effect on the user path (interleaved rounds at 4 clients)
-        shadow_ms: dict[float, list[float]] = {0.0: [], 10.0: [], 100.0: []}
-        for _ in range(shadow_rounds):
-            for pct in shadow_ms:
-                set_traffic(url, admin, shadow_percent=pct)
-                res, _ = asyncio.run(load(url, payloads(n_shadow), 4))
-                shadow_ms[pct] += [r[1] for r in res if r[0] == 200]
-                wait_idle(url)
-        set_traffic(url, admin, shadow_percent=0.0)
-        p95 = {k: float(np.percentile(v, 95)) for k, v in shadow_ms.items()}
-        base = np.asarray(shadow_ms[0.0])
-        for pct, ms in shadow_ms.items():
-            rows.append(pct_row(f"serve/c=4 shadow {pct:g}%", "latency_p95_ms", ms, 95,
-                                args.seed))
-            if pct:
-                x = np.asarray(ms)
-                boots = [np.percentile(x[rng.integers(0, x.size, x.size)], 95) /
-                         np.percentile(base[rng.integers(0, base.size, base.size)], 95)
-                         for _ in range(2000)]
-                rows.append({"dataset": DS, "system": f"serve/c=4 shadow {pct:g}%",
-                             "metric": "p95_ratio_vs_no_shadow", "value": p95[pct] / p95[0.0],
-                             "ci_low": float(np.quantile(boots, 0.025)),
-                             "ci_high": float(np.quantile(boots, 0.975)), "n": int(x.size)})
-        print("shadow p95 " + ", ".join(f"{k:g}%: {v:.1f} ms" for k, v in p95.items()),
+        # 3. logging on vs off at 16 clients, interleaved rounds (one reload per round; an
+        #    even number of rounds ends with the logs on)
+        runs: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+        logs_now = True
+        for r in range(rounds):
+            for logs in ((True, False) if r % 2 == 0 else (False, True)):
+                if logs != logs_now:
+                    srv.reload(logs)
+                    logs_now = logs
+                    asyncio.run(load(url, payloads(16), 4))  # warm the new replicas
+                res, wall = asyncio.run(load(url, payloads(n_round), 16))
+                runs[logs].append((sum(x[0] == 200 for x in res), wall))
+                print(f"round {r + 1}/{rounds} logs {'on' if logs else 'off'}: "
+                      f"{runs[logs][-1][0] / wall:.1f} req/s", flush=True)
+        log_lines = sum(len(f.read_bytes().splitlines()) for f in tmp.rglob("requests-*.jsonl"))
+        on, off = np.asarray(runs[True], float), np.asarray(runs[False], float)
+        ratio = ci_row("serve/c=16 logs on vs off", "throughput_ratio_logging_on_vs_off",
+                       lambda i: (on[i, 0].sum(-1) / on[i, 1].sum(-1))
+                       / (off[i, 0].sum(-1) / off[i, 1].sum(-1)), rounds, args.seed)
+        rows += [ratio, plain_row(DS, "serve/c=16 logs on vs off", "request_log_lines",
+                                  log_lines, sum(n for n, _ in runs[True] + runs[False]))]
+        thr = {k: sum(n for n, _ in v) / sum(w for _, w in v) for k, v in runs.items()}
+        print(f"logging on/off throughput {ratio['value']:.3f} ({log_lines} log lines)",
               flush=True)
 
-        # 6. resident memory added per run-time variant (all Serve replica processes)
-        def warm(n: int = 30) -> None:
-            asyncio.run(load(url, payloads(n, users=True), 4))
-
+        # 4. resident memory added per run-time variant (all Serve replica processes)
         set_traffic(url, admin, canary_percent=100.0)
-        warm()
+        asyncio.run(load(url, payloads(30), 4))
         rss0 = replica_rss()
         for extra in EXTRA_VARIANTS:
             set_traffic(url, admin, canary_config=extra, canary_percent=100.0)
-            warm()
+            asyncio.run(load(url, payloads(30), 4))
         rss1 = replica_rss()
         set_traffic(url, admin, canary_percent=0.0)
-        added = sum(rss1.values()) - sum(rss0.values())
-        per_variant = added / len(EXTRA_VARIANTS)
+        per_variant = (sum(rss1.values()) - sum(rss0.values())) / len(EXTRA_VARIANTS)
         pipeline_rss = max(v for k, v in rss1.items() if "SharedPipelines" in k)
-        rows.append(plain_row(DS, "serve/shared pipelines", "rss_mb_per_variant",
-                              per_variant, len(EXTRA_VARIANTS)))
-        rows.append(plain_row(DS, "serve/shared pipelines", "pipeline_replica_rss_mb",
-                              pipeline_rss, 1))
-        print(f"RSS per extra variant {per_variant:.1f} MB (replica processes: "
-              f"{ {k: round(v) for k, v in rss1.items()} })", flush=True)
+        rows += [plain_row(DS, "serve/shared pipelines", "rss_mb_per_variant", per_variant, 4),
+                 plain_row(DS, "serve/shared pipelines", "pipeline_replica_rss_mb", pipeline_rss,
+                           1)]
+        print(f"RSS per extra variant {per_variant:.1f} MB", flush=True)
+
+        # 5. SIGTERM in the middle of a bounded load
+        sent: list[float] = []
+
+        def sigterm_at_a_third(n: int) -> None:
+            if n >= n_sigterm // 3 and not sent:
+                srv.proc.send_signal(signal.SIGTERM)
+                sent.append(time.perf_counter())
+
+        res, _ = asyncio.run(load(url, payloads(n_sigterm), 16, on_answer=sigterm_at_a_third))
+        rc = srv.proc.wait(180)
+        exit_s = time.perf_counter() - sent[0]
+        dropped = [x[2].get("error", x[0]) for x in res if x[0] != 200]
+        drain_line = next((x for x in srv.text().splitlines() if x.startswith("drained in")), "")
+        rows += [plain_row(DS, "ragpilot serve", "dropped_on_sigterm", len(dropped), len(res)),
+                 plain_row(DS, "ragpilot serve", "exit_code_after_sigterm", rc, 1),
+                 plain_row(DS, "ragpilot serve", "sigterm_to_exit_s", exit_s, 1)]
+        print(f"SIGTERM: {len(dropped)} of {len(res)} dropped {dropped[:2]}, exit {rc} after "
+              f"{exit_s:.1f} s ({drain_line})", flush=True)
     finally:
-        stop_local()
+        srv.stop()
 
     total_s = time.perf_counter() - t_start
-    md += ["| clients | p50 ms | p95 ms | p99 ms | throughput req/s | overhead ms (p50) | errors |",
-           "|---|---|---|---|---|---|---|"]
-    md += [f"| {c} | {a:.1f} | {b:.1f} | {d:.1f} | {t:.1f} | {o:.1f} | {e} |"
-           for c, a, b, d, t, o, e in table]
-    md += ["", f"In-process pipeline (same replica code, no Serve): p50 "
-           f"{np.median(base_ms):.1f} ms, p95 {np.percentile(base_ms, 95):.1f} ms over "
-           f"{len(base_ms)} questions, measured in blocks of 50 interleaved with Serve at 1 "
-           "client (so both see the same background load). Serve at 1 client / in-process: "
-           f"p50 ratio **{ratio_p50:.2f}**, mean "
-           f"ratio {ratio_mean:.2f}. Overhead = client latency − the pipeline's own stage times "
-           "(HTTP proxy, ingress routing, replica hop, SQLite commit, scoring).",
-           "", f"Target p95 ≤ 500 ms at 4 clients: **{table[1][2]:.1f} ms** "
-           f"({'met' if table[1][2] <= 500 else 'MISSED'}).",
-           "", f"Canary share at 10% over {on.size} requests of {n_users} users: **{share * 100:.2f}%** "
-           f"(95% CI {lo * 100:.2f}–{hi * 100:.2f}; |error| {abs(share - 0.1) * 100:.2f} pp, "
-           f"target ≤ 2 pp: {'met' if abs(share - 0.1) <= 0.02 else 'MISSED'}). Logged "
-           f"propensities: {', '.join(f'{p:g}' for p in props)}.",
-           "", f"Two ingress replicas ({len(replicas)} answered): canary share per replica "
-           + ", ".join(f"{v.mean() * 100:.2f}% (n={v.size})" for v in rep_on.values())
-           + (f"; difference **{st['abs_diff'][0]:.2f} pp** (signed "
-              f"{st['diff'][0]:+.2f}, 95% CI over users {st['diff'][1]:+.2f} to "
-              f"{st['diff'][2]:+.2f}; target ≤ 2 pp: "
-              f"{'met' if st['abs_diff'][0] <= 2 else 'MISSED'})" if len(replicas) == 2 else "")
-           + f"; users routed differently by two replicas: **{disagree}** of {len(by_user)} "
-           "(each user sent 2 requests; the split is a deterministic hash of the user id, and "
-           "the routing state comes from the store, serving.replica_sync). Which users' "
-           "requests each replica answered is the proxy's choice, so the two shares differ by "
-           "sampling alone: a signed CI that contains 0 is what two replicas routing alike "
-           "look like.",
-           "", f"Feedback: {len(acked)} acknowledged, **{in_store} in the store** "
-           f"({len(acked) - in_store} lost; per replica "
-           f"{', '.join(str(v) for v in fb_by_replica.values())}); all {rows_q} acknowledged "
-           "interactions stored.",
-           "", "Shadow mirroring (shadow = hybrid k 8, as costly as stable), 4 clients, "
-           f"{shadow_rounds} interleaved rounds × {n_shadow} requests:", "",
-           "| shadow % | p95 ms | ratio vs 0% |", "|---|---|---|"]
-    md += [f"| {k:g} | {v:.1f} | {v / p95[0.0]:.3f} |" for k, v in p95.items()]
-    md += ["", f"Target: shadow 10% adds ≤ 10% to p95: ratio {p95[10.0] / p95[0.0]:.3f} "
-           f"({'met' if p95[10.0] <= 1.10 * p95[0.0] else 'MISSED'}). On 2 cores the shadow "
-           "replica competes for the same CPUs, so 100% mirroring costs what a second request "
-           "costs.",
-           "", f"Memory: {len(EXTRA_VARIANTS)} more config variants added at run time (30 "
-           f"questions each) added **{per_variant:.1f} MB RSS per variant** over all Serve "
-           f"replica processes (target ≤ 150 MB); one SharedPipelines replica holds "
-           f"{pipeline_rss:.0f} MB (indexes, encoder, models): what each variant cost when "
-           "every config had its own deployment.",
-           "", f"Target p95 ≤ 500 ms at 16 clients: **{table[2][2]:.1f} ms** "
-           f"({'met' if table[2][2] <= 500 else 'MISSED'}, margin {500 - table[2][2]:+.1f} ms; "
-           f"95% CI of the p95 {_ci(rows, 'serve/c=16')}; a second c=16 run right after: "
-           f"{table[3][2]:.1f} ms, CI {_ci(rows, 'serve/c=16 2nd run')}; 1-minute load average "
-           "when each "
-           "client level started: "
-           + ", ".join(f"c={c}: {v:.1f}" for c, v in load_avg.items())
-           + " on 2 cores; the 634 ms of the per-config topology was measured at a load "
-           "average of ~6).",
-           "", "CPU per request at c=16 by process (user + system, all processes of a role; "
-           "the load generator runs on the same 2 cores): "
-           + ", ".join(f"{k} {v:.1f} ms" for k, v in cpu_share.items())
-           + f"; total {sum(cpu_share.values()):.1f} ms, i.e. at most "
-           f"{2000.0 / max(sum(cpu_share.values()), 1e-9):.0f} requests/s on 2 cores.",
-           "", f"Serve ready in {ready_s:.0f} s; whole run {total_s:.0f} s; private "
-           f"network namespace: {isolated}; load average at the end "
-           f"{os.getloadavg()[0]:.2f} (another benchmark may share the 2 cores). "
-           f"{THROUGHPUT_MODE}={os.environ.get(THROUGHPUT_MODE)} (serving.launch).",
-           "", f"Proxy: **{proxy}** ({PROXY_TEXT[proxy]}); command: `python bench/serve_load.py "
-           f"{' '.join(sys.argv[1:])}`."]
-    write_results(args.out, rows, make_meta(args.seed, {}, extra={
-        "quick": q, "replicas": args.replicas, "ingress_replicas": args.ingress_replicas,
-        "isolated_netns": isolated, "loadavg_at_client_levels": load_avg,
-        "ready_s": round(ready_s, 1), "total_s": round(total_s, 1),
-        "loadavg_end": os.getloadavg(),
-        "serve_throughput_optimized": os.environ.get(THROUGHPUT_MODE), "proxy": proxy}),
-        md_title="Ray Serve load (synthetic world, 127.0.0.1)",
+    p95_16 = table[2][2]
+    md = ["| clients | p50 ms | p95 ms | p99 ms | throughput req/s | errors |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {c} | {a:.1f} | {b:.1f} | {d:.1f} | {t:.1f} | {e} |" for c, a, b, d, t, e in table]
+    ci = next(r for r in rows if r["system"] == "serve/c=16" and r["metric"] == "latency_p95_ms")
+    md += ["", f"Target p95 ≤ 500 ms at 16 clients: **{p95_16:.1f} ms** "
+           f"({'met' if p95_16 <= 500 else 'MISSED'}, margin {500 - p95_16:+.1f} ms; 95% CI "
+           f"[{ci['ci_low']:.1f}, {ci['ci_high']:.1f}]; the second c=16 run: {table[3][2]:.1f} "
+           "ms). 1-minute load average when each level started: "
+           + ", ".join(f"{k.removeprefix('serve/')}: {v:.1f}" for k, v in load_avg.items())
+           + " on 2 cores.",
+           "", f"Request logs on vs off (16 clients, {rounds} rounds × {n_round} requests each "
+           f"way, order alternating, one SIGHUP reload per round): {thr[True]:.1f} vs "
+           f"{thr[False]:.1f} req/s, `throughput_ratio_logging_on_vs_off` **{ratio['value']:.3f}"
+           f"** (95% CI over rounds {ratio['ci_low']:.3f}–{ratio['ci_high']:.3f}; target ≥ "
+           f"0.95: {'met' if ratio['value'] >= 0.95 else 'MISSED'}, margin "
+           f"{ratio['value'] - 0.95:+.3f}); {log_lines} JSON lines written.",
+           "", f"Cold start of `ragpilot serve`: /healthz 200 after **{alive_s:.1f} s**, "
+           f"/readyz 200 after **{ready_s:.1f} s**. SIGTERM after {n_sigterm // 3} of {n_sigterm} requests (16 clients) were "
+           f"answered: **{len(dropped)} dropped** (target 0: "
+           f"{'met' if not dropped else 'MISSED'}), exit code {rc}, {exit_s:.1f} s from the "
+           f"signal to the exit (`{drain_line}`).",
+           "", f"Memory: 4 config variants added at run time added **{per_variant:.1f} MB RSS "
+           f"per variant** over all Serve replica processes (target ≤ 150 MB); one "
+           f"SharedPipelines replica holds {pipeline_rss:.0f} MB. Proxy: **{proxy}**; private network namespace: {isolated}; whole run "
+           f"{total_s:.0f} s; load average at the end {os.getloadavg()[0]:.2f} (other work may "
+           f"share the 2 cores); command: `python bench/serve_load.py {' '.join(sys.argv[1:])}`."]
+    write_results("serve_load", rows, make_meta(args.seed, {}, extra={
+        "quick": q, "isolated_netns": isolated, "proxy": proxy, "total_s": round(total_s, 1),
+        "loadavg_at_client_levels": load_avg, "loadavg_end": os.getloadavg()}),
+        md_title="`ragpilot serve` under load (synthetic world, 127.0.0.1)",
         md_body="\n".join(md))
 
 
