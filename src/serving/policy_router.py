@@ -6,9 +6,10 @@ request from the question's features and answers with it.
       traffic: {mode: policy}
 
 `PolicyRouter` (no Ray) holds the loaded policy (`rl.routing.base.load_policy`: the supervised
-router, LinUCB, or any `PerQueryPolicy`) behind ε-uniform exploration (`Exploring`, ε >= 0.1:
-every arm keeps a propensity >= ε/M) and a `QueryFeaturizer` over the replica's already-open
-indexes with the policy's own base config. With `candidate_dir` and `candidate_share` δ, a
+router, LinUCB, or any `PerQueryPolicy`) behind ε-uniform exploration (`Exploring`, the ε the
+user sets, default the directory's: every arm keeps a propensity >= ε/M) and a
+`QueryFeaturizer` over the replica's already-open indexes with the policy's own base
+config. With `candidate_dir` and `candidate_share` δ, a
 candidate policy awaiting its off-policy gate (same portfolio, same features) is given δ of
 the requests on top of the uniform ε (candidate-aware exploration, `rl.routing.base`), so its
 own choices are logged with a propensity >= δ and its DR estimate from the log is usable:
@@ -48,7 +49,6 @@ from rag.config import RAGConfig
 from rag.env import configure_runtime_env
 from rag.errors import ConfigError
 from rl.routing.base import (
-    MIN_EPSILON,
     Exploring,
     LoadedPolicy,
     explore_mix,
@@ -104,7 +104,7 @@ class PolicyRouter:
                  candidate_share: float = 0.0):
         self.loaded = loaded
         self.candidate = candidate
-        eps = max(loaded.epsilon, MIN_EPSILON) if epsilon is None else epsilon
+        eps = loaded.epsilon if epsilon is None else epsilon
         if candidate is not None:
             _same_features(loaded, candidate)
         self.policy = Exploring(loaded.policy, eps, candidate.policy if candidate else None,

@@ -74,8 +74,9 @@ class PolicyServeSettings(StrictSettings):
 
     dir: str = Field(min_length=1)
     """A policy directory (rl.routing.base.save_policy: policy.json + model.pkl)."""
-    epsilon: float = Field(0.1, ge=0.1, le=1.0)
-    """Uniform exploration share: every arm keeps a propensity of at least epsilon / M."""
+    epsilon: float = Field(0.1, ge=0.0, le=1.0)
+    """Uniform exploration share the user sets: every arm keeps a propensity of at least
+    epsilon / M (0: the policy's own probabilities, logged as they are)."""
     candidate_dir: str | None = None
     """A candidate policy directory (same arms, same features) explored beside the served one
     until its off-policy gate: candidate-aware exploration (rl.routing.base.Exploring)."""

@@ -58,8 +58,9 @@ def test_router_policy_exploring_and_policy_dir_round_trip(tmp_path):
     assert np.array_equal(pol.probs(X).argmax(axis=1), pol.act(X))
     ex = Exploring(pol, 0.2)
     assert ex.probs(X).min() == pytest.approx(0.2 / M)
+    assert Exploring(pol, 0.0).probs(X).min() == 0.0  # the user's rate, none included
     with pytest.raises(ConfigError):
-        Exploring(pol, 0.05)
+        Exploring(pol, 1.05)
     d = save_policy(pol, tmp_path / "p", base_config=RAGConfig(), names=["a", "b", "c"],
                     epsilon=0.15)
     got = load_policy(d)
