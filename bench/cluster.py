@@ -53,7 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import REPO, make_meta, plain_row, write_results  # noqa: E402
+from bench.common import REPO, make_meta, parser, plain_row, write_results  # noqa: E402
 
 NAME = "cluster"
 TITLE = "Tuning on a two-node Ray cluster (issue 23)"
@@ -268,8 +268,7 @@ def body(meta: dict, rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="~2 min: 8 configs, 1 PPO iteration")
+    ap = parser(__doc__)  # --quick: ~2 min, 8 configs, 1 PPO iteration
     ap.add_argument("--inner", nargs=2, metavar=("ROOT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:

@@ -9,6 +9,7 @@ and bench/results/<name>.md (a short table).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -25,7 +26,10 @@ from rl.stats.rows import bootstrap_ci, metric_row, plain_row  # noqa: F401  (th
 # Ray) are set here, once, for all of them (`import rag` itself sets nothing)
 configure_runtime_env()
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("RAGPILOT_BENCH_RESULTS")
+               or Path(__file__).resolve().parent / "results")
+"""Where `write_results` writes: bench/results/, or $RAGPILOT_BENCH_RESULTS (a device run writes
+into the folder that comes back, then its files are copied into bench/results/)."""
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,6 +50,17 @@ def head_commit() -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def parser(doc: str, seed: bool = False) -> argparse.ArgumentParser:
+    """The shared command line of a benchmark: its docstring's first line as the description,
+    `--quick` (a < 2 minute run writing <name>.quick.*) and, with `seed`, `--seed` (default 0).
+    A benchmark adds at most its own two flags."""
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes; writes <name>.quick.*")
+    if seed:
+        ap.add_argument("--seed", type=int, default=0)
+    return ap
 
 
 def optional_data(paths: dict[str, str]) -> dict[str, Path]:

@@ -15,7 +15,6 @@ Writes bench/results/qa.json and bench/results/qa.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, parser, write_results  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus.hygiene import load_split  # noqa: E402
 from rag.corpus.loaders import data_root, load_hotpotqa  # noqa: E402
@@ -38,6 +37,8 @@ from rag.types import Answer, Hit  # noqa: E402
 
 QA_METRICS = ("em", "f1", "sp_f1", "recall@2", "recall@5", "recall@10", "redundancy")
 LLM = "smollm2-135m-instruct"
+LLM_N = 100
+"""Test questions the SmolLM2 rows answer (12 with --quick): a CPU generator is slow."""
 
 
 def add_rows(rows, table, ds, system, scored, seed, metrics=QA_METRICS):
@@ -66,17 +67,13 @@ def oracle_answers(pipe: Pipeline, examples, prompt_id: str, max_new_tokens: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--llm-n", type=int, default=100, help="questions for SmolLM2 rows")
-    args = ap.parse_args()
+    args = parser(__doc__, seed=True).parse_args()
 
     path = data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl"
     ds = load_hotpotqa(path, pooled=True)
     test_ids = set(load_split("hotpotqa").ids("test"))
     test = [e for e in ds.examples if e.id in test_ids]
-    llm_n = 12 if args.quick else args.llm_n
+    llm_n = 12 if args.quick else LLM_N
     if args.quick:
         test = test[:40]
     root = cache_dir() / "bench" / f"hotpotqa-{ds.corpus.fingerprint()}"

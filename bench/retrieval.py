@@ -12,7 +12,6 @@ Writes bench/results/retrieval.json and bench/results/retrieval.md.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import resource
 import shutil
@@ -26,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, metric_row, write_results  # noqa: E402
+from bench.common import make_meta, metric_row, parser, write_results  # noqa: E402
 from rag.config import RAGConfig  # noqa: E402
 from rag.corpus import Corpus  # noqa: E402
 from rag.corpus.loaders import data_root, load_beir  # noqa: E402
@@ -111,10 +110,7 @@ def choose_fusion_weight(pipe: Pipeline, train_qs, qrels) -> tuple[float, dict[f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parser(__doc__, seed=True).parse_args()
 
     scifact = data_root() / "scifact"
     test = load_beir(scifact, split="test")

@@ -35,10 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import make_meta, plain_row, write_results  # noqa: E402
+from bench.common import parser as bench_parser  # noqa: E402
 
 DS = "synthetic"
 LEVEL = "serve/c=16"
 METRICS = ("latency_p95_ms", "latency_p50_ms", "throughput_rps")
+ROUNDS = 3
+"""ABBA rounds of `serve_load.py --quick` per side (1 with --quick)."""
 
 
 def commit_of(ref: str) -> str:
@@ -90,12 +93,9 @@ def run_side(tree: Path, seed: int, proxy: str = "serve") -> dict[str, dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(__doc__, seed=True)  # --quick: one round instead of ROUNDS
     ap.add_argument("--ref", required=True, type=commit_of,
                     help="the commit to compare HEAD with")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="one round")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--proxy", choices=("serve", "haproxy"), default="serve",
                     help="the proxy both sides serve behind (default serve: what every commit "
                          "before the HAProxy option used; haproxy needs a ref that has it)")
@@ -105,9 +105,7 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     ap = parser()
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error(f"argument --rounds: {args.rounds}: must be >= 1")
-    rounds = 1 if args.quick else args.rounds
+    rounds = 1 if args.quick else ROUNDS
     sha = args.ref
     if args.proxy != "serve" and not has_proxy_choice(sha):
         ap.error(f"argument --proxy: {sha[:7]} predates the proxy choice and always serves "

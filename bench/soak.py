@@ -21,7 +21,6 @@ ci_high, n}; 95% bootstrap CIs for the p95s.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -35,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import make_meta, plain_row, write_results  # noqa: E402
+from bench.common import make_meta, parser, plain_row, write_results  # noqa: E402
 from rag.env import configure_runtime_env  # noqa: E402
 from rl.stats.bootstrap import bootstrap_statistic  # noqa: E402
 
@@ -142,9 +141,7 @@ async def soak(url: str, questions: list[str], rate: float, seconds: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser(__doc__, seed=True)
     ap.add_argument("--duration-s", type=float, help="soak length (full 600, quick 45)")
     ap.add_argument("--load", type=float, default=0.8, help="fraction of measured capacity")
     args = ap.parse_args()
