@@ -93,3 +93,12 @@ def test_tau_at_equal_cost_is_the_largest_within_the_budget():
     assert stats["escalated"] == 0.5 and stats["tokens"] == 20.0
     assert 0.2 < tau <= 0.3 + 1e-9
     assert choose_tau(p, M, 0, 1, budget=5.0) is None
+
+
+def test_cheap_candidates_keep_room_to_escalate_within_the_budget():
+    M = {"Q": np.array([[0.9, 0.5, 0.6, 0.4]]), "R": np.array([[0.1, 0.4, 0.3, 0.2]]),
+         "T": np.array([[100.0, 40.0, 50.0, 10.0]])}
+    # the best within the budget (it can still abstain), then the best within half of it
+    assert cheap_candidates(M, 60.0) == [2, 3]
+    assert cheap_candidates(M, 100.0) == [0, 2, 1]
+    assert cheap_candidates(M, None) == [1, 2, 3]  # without a budget: by reward

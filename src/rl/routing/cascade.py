@@ -275,13 +275,16 @@ def select_cascade(M: dict[str, dict[str, np.ndarray]], Z: dict[int, dict[str, n
 
 def cheap_candidates(M_valid: dict[str, np.ndarray], budget: float | None,
                      k: int = CHEAP_CANDIDATES) -> list[int]:
-    """The `k` arms to try as stage 1: with `budget`, the arms of the highest valid quality
-    among those whose mean valid tokens are at most half of it (room to escalate); without,
-    the arms of the highest valid reward."""
+    """The `k` arms to try as stage 1. With `budget`: the arm of the highest valid quality
+    among those whose mean valid tokens stay within it (it can still abstain at no cost), then
+    the arms of the highest valid quality among those within half of it (room to escalate to a
+    stronger arm). Without: the arms of the highest valid reward."""
     Q, R, T = (np.asarray(M_valid[x], dtype=np.float64) for x in ("Q", "R", "T"))
     if budget is None:
-        order = np.argsort(-R.mean(axis=0), kind="stable")
-    else:
-        ok = np.flatnonzero(T.mean(axis=0) <= 0.5 * budget)
+        return [int(j) for j in np.argsort(-R.mean(axis=0), kind="stable")[:k]]
+    out: list[int] = []
+    for room, n in ((1.0, 1), (0.5, k)):
+        ok = np.flatnonzero(T.mean(axis=0) <= room * budget + 1e-9)
         order = ok[np.argsort(-Q[:, ok].mean(axis=0), kind="stable")]
-    return [int(j) for j in order[:k]]
+        out += [int(j) for j in order if int(j) not in out][:n - len(out)]
+    return out
