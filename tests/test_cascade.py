@@ -85,7 +85,7 @@ def test_outcomes_pay_both_attempts_when_escalating():
         outcomes(M, 0, 1, np.array([True]))
 
 
-def test_tau_at_equal_cost_is_the_largest_within_the_budget():
+def test_tau_at_equal_cost_is_the_best_quality_within_the_budget():
     M = {"R": np.zeros((4, 2)), "Q": np.array([[0.0, 1.0]] * 4),
          "T": np.array([[10.0, 20.0]] * 4)}
     p = np.array([0.1, 0.2, 0.3, 0.4])
@@ -93,6 +93,11 @@ def test_tau_at_equal_cost_is_the_largest_within_the_budget():
     assert stats["escalated"] == 0.5 and stats["tokens"] == 20.0
     assert 0.2 < tau <= 0.3 + 1e-9
     assert choose_tau(p, M, 0, 1, budget=5.0) is None
+    # abstaining (stage 2 spends nothing) on the two queries it is right for, not on all
+    A = {"R": M["R"], "Q": np.array([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]),
+         "T": np.array([[10.0, 0.0]] * 4)}
+    tau, stats = choose_tau(p, A, 0, 1, budget=10.0)
+    assert stats["escalated"] == 0.5 and stats["quality"] == 1.0
 
 
 def test_cheap_candidates_keep_room_to_escalate_within_the_budget():

@@ -24,8 +24,8 @@ is `ABSTAIN` (`with_abstention`), the cheap answer is replaced by an abstention 
 cost.
 
 τ is chosen on valid (`choose_tau`): with a token budget (equal cost: the best static config's
-mean tokens on valid) the largest τ whose mean tokens on valid stay within it; without one the
-τ of the highest mean reward on valid. `select_cascade` chooses the (cheap, strong) pair the
+mean tokens on valid) the τ of the highest mean quality on valid whose mean tokens stay within
+it; without one the τ of the highest mean reward on valid. `select_cascade` chooses the (cheap, strong) pair the
 same way among the candidate arms, every choice made on train and valid only; the test split
 is only scored.
 
@@ -202,9 +202,11 @@ def outcomes(M: dict[str, np.ndarray], cheap: int, strong: int, escalate: np.nda
 def choose_tau(p: np.ndarray, M: dict[str, np.ndarray], cheap: int, strong: int,
                budget: float | None = None) -> tuple[float, dict[str, float]] | None:
     """τ on the queries of `M` (valid) with confidences `p`: escalation is p < τ. With
-    `budget` (mean tokens), the largest τ whose mean tokens stay <= budget (None when even
-    τ = 0, no escalation, exceeds it); without, the τ of the highest mean reward (ties: the
-    smallest τ). Returns (τ, {"reward", "quality", "tokens", "escalated"} means at τ)."""
+    `budget` (mean tokens), the τ of the highest mean quality among those whose mean tokens
+    stay <= budget (None when even τ = 0, no escalation, exceeds it); escalating to a
+    stronger arm that is the largest such τ, escalating to an abstention not necessarily.
+    Without a budget, the τ of the highest mean reward. Ties go to the smallest τ. Returns
+    (τ, {"reward", "quality", "tokens", "escalated"} means at τ)."""
     p = np.asarray(p, dtype=np.float64)
     taus = np.concatenate([[0.0], np.unique(p) + 1e-12])
     best = None
@@ -212,10 +214,10 @@ def choose_tau(p: np.ndarray, M: dict[str, np.ndarray], cheap: int, strong: int,
         got = outcomes(M, cheap, strong, p < tau)
         stats = {"reward": float(got["R"].mean()), "quality": float(got["Q"].mean()),
                  "tokens": float(got["T"].mean()), "escalated": float((p < tau).mean())}
-        if budget is not None:
-            if stats["tokens"] <= budget + 1e-9:
-                best = (float(tau), stats)
-        elif best is None or stats["reward"] > best[1]["reward"] + 1e-12:
+        if budget is not None and stats["tokens"] > budget + 1e-9:
+            continue
+        key = "reward" if budget is None else "quality"
+        if best is None or stats[key] > best[1][key] + 1e-12:
             best = (float(tau), stats)
     return best
 
