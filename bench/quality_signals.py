@@ -9,7 +9,7 @@ Answers labelled right / wrong by gold on the test splits of HotpotQA and MTRAG:
                metadata (titles made session timestamps, the answer one), title (a title sharing
                no word with gold), off_type (a date/number for what/who, a name for when/how
                many), echo (the question restated), distractor (a name from a non-gold passage),
-               truncated (gold's first quarter), abstain
+               truncated (gold's first quarter), abstain, swapped (the previous question's gold)
 The combination (rules, then a balanced logistic regression) is fitted on the train splits only
 (HotpotQA: first TRAIN_QUESTIONS = 200; MTRAG: all) into rag/bundled/answer_signals/combined.json.
 Rows: auc_wrong_answer (relevancy | faithfulness | combined; 95% CI resampling questions),
@@ -54,7 +54,7 @@ from rag.types import Answer, Context  # noqa: E402
 HUMAN = "mtrag/mtrag-human/evaluations/reference_subset_with_human_evaluations.json"
 SPLITS = Path(__file__).resolve().parents[1] / "configs" / "splits"
 SEED, TRAIN_QUESTIONS, BOOT = 0, 200, 500
-KINDS = ("metadata", "title", "off_type", "echo", "distractor", "truncated", "abstain")
+KINDS = ("metadata", "title", "off_type", "echo", "distractor", "truncated", "abstain", "swapped")
 TARGETS = {"hotpotqa": 0.85, "mtrag": 0.85, "adversarial": 0.85, "adversarial:metadata": 0.95,
            "adversarial:title": 0.95, "adversarial:off_type": 0.95, "mtrag-human": 0.65}
 _CAP = re.compile(r"\b[A-Z][\w'\-]+(?:\s+[A-Z][\w'\-]+)*")
@@ -79,8 +79,7 @@ def timestamp(rng: random.Random) -> str:
     h, m = rng.randint(1, 12), rng.choice([0, 15, 30, 45])
     month = rng.choice(["January", "February", "March", "April", "May", "June", "July",
                         "August", "September", "October", "November", "December"])
-    return f"{h}:{m:02d} {rng.choice(['am', 'pm'])} on {rng.randint(1, 28)} {month}, " \
-           f"{rng.randint(2019, 2024)}"
+    return f"{h}:{m:02d} {rng.choice(['am', 'pm'])} on {rng.randint(1, 28)} {month}, {rng.randint(2019, 2024)}"
 
 
 def _item(qid, question, text, contexts, label, source, kind="", cites=()):
@@ -106,19 +105,16 @@ def adversarial(qid, question, gold, contexts, gold_ids, rng) -> list[dict]:
 
     if exp != "date":
         stamped = [Context(c.id, timestamp(rng), c.text) for c in contexts]
-        j = rng.randrange(len(stamped))
-        add("metadata", stamped[j].title, stamped, (j + 1,))
+        add("metadata", stamped[j := rng.randrange(len(stamped))].title, stamped, (j + 1,))
     titles = [c.title for c in contexts if far(c.title)]
     if titles:
-        t = rng.choice(titles)
-        add("title", t, cites=_cites_of(t, contexts) or (1,))
+        add("title", t := rng.choice(titles), cites=_cites_of(t, contexts) or (1,))
     text = " ".join(c.text for c in contexts)
     vals = ([m.group(0) for p in (DATE, YEAR, _NUM) for m in p.finditer(text)]
             if exp in ("entity", "person", "place") else
             [m.group(0) for m in _CAP.finditer(text) if answer_type(m.group(0)) == "text"]
             if exp in ("date", "number") else [])
-    vals = [v for v in vals if far(v)]
-    if vals:
+    if vals := [v for v in vals if far(v)]:
         add("off_type", rng.choice(vals))
     echo = re.sub(r"^(what|which|who|whom|whose|when|where|how( many| much)?|is|are|was|were|"
                   r"do|does|did)\s+", "", question.strip().rstrip("?"), flags=re.I)
@@ -131,16 +127,22 @@ def adversarial(qid, question, gold, contexts, gold_ids, rng) -> list[dict]:
                  if far(m.group(0)) and answer_type(m.group(0)) == answer_type(gold)]
         if spans:
             add("distractor", rng.choice(spans), cites=(contexts.index(c) + 1,))
-    words = gold.split()
-    if len(words) >= 2 and gold.lower() not in ("yes", "no"):
+    if len(words := gold.split()) >= 2 and gold.lower() not in ("yes", "no"):
         add("truncated", " ".join(words[:max(1, len(words) // 4)]))
     add("abstain", INSUFFICIENT, cites=())
     return out
 
 
+def swapped(items: list[dict]) -> list[dict]:
+    """Each question's contexts answered with the previous question's gold answer (wrong)."""
+    golds = [it for it in items if it["source"] == "gold"]
+    return [_item(g["qid"], g["answer"].question, prev["answer"].text, g["answer"].contexts, 0,
+                  "adv", "swapped") for prev, g in zip(golds[-1:] + golds[:-1], golds, strict=True)
+            if prev["answer"].text != g["answer"].text]
+
+
 def _split_ids(ds: str, split: str, n: int | None) -> set[str]:
-    ids = json.loads((SPLITS / f"{ds}.json").read_text())["splits"][split]
-    return set(ids[:n] if n else ids)
+    return set(json.loads((SPLITS / f"{ds}.json").read_text())["splits"][split][:n])
 
 
 def _real(reader, qid, question, ranked, right) -> list[dict]:
@@ -163,7 +165,7 @@ def hotpot_items(split: str, n: int | None, rng: random.Random) -> list[dict]:
                        lambda t, g=rec["answer"]: best_em_f1(t, (g,))[1] >= 0.5)
         items += adversarial(rec["id"], rec["question"], rec["answer"], ranked[:5],
                              {c.id for c in ctx if c.title in gold_titles}, rng)
-    return items
+    return items + swapped(items)
 
 
 def mtrag_items(split: str, n: int | None, rng: random.Random) -> list[dict]:
@@ -180,7 +182,7 @@ def mtrag_items(split: str, n: int | None, rng: random.Random) -> list[dict]:
         items += _real(reader, e.id, e.question, ranked, lambda t, g=e.answers: (
             best_em_f1(t, g)[2] >= 0.6 and bool(_words(t) - _EMPTY)))
         items += adversarial(e.id, e.question, e.answers[0], ranked, set(e.gold_passage_ids), rng)
-    return items
+    return items + swapped(items)
 
 
 def human_items(n_tasks: int | None) -> list[dict]:
@@ -271,8 +273,7 @@ def main() -> None:
         for split in ("train", "test"):
             hp_train = (ds, split) == ("hotpotqa", "train")
             data[ds, split] = build(split, min(n or TRAIN_QUESTIONS, TRAIN_QUESTIONS) if hp_train else n, rng)
-            log(f"{ds}/{split}: {len(data[ds, split])} answers "
-                f"({sum(it['label'] for it in data[ds, split])} right)")
+            log(f"{ds}/{split}: {len(data[ds, split])} answers")
     data["human", ""] = human_items(n)
     sig, X = AnswerSignals(combiner=None), {}
     vec_file, cache = cache_dir() / "quality_signals" / "vectors.npz", sig.embedder._cache
@@ -297,8 +298,7 @@ def main() -> None:
 
     def auc_rows(dataset: str, items: list[dict], x: np.ndarray, keep=lambda it: True):
         sel = [i for i, it in enumerate(items) if keep(it)]
-        y = np.array([items[i]["label"] for i in sel])
-        groups = np.array([items[i]["qid"] for i in sel])
+        y, groups = (np.array([items[i][k] for i in sel]) for k in ("label", "qid"))
         for name, s in systems(comb, x[sel]).items():
             ci = cluster_boot(lambda i, s=s: auc(s[i], y[i]), groups, boot)
             rows.append(row(dataset, name, "auc_wrong_answer", auc(s, y), ci, len(y)))

@@ -229,3 +229,16 @@ def test_rows_persist_on_disk_for_the_local_scorer(encoder, tmp_path):
                          JudgeCache(path))
     other.score_batch(answers, examples)
     assert other.misses == 3  # other settings, other rows
+
+
+def test_compared_with_the_reference_free_signal(server, encoder):
+    """What the adapter's faithfulness is compared with where answers have no gold: the answer
+    signal `sig_combined` (rag.metrics.signals, bundled combiner) orders these answers as
+    ragas' faithfulness does, and scores the abstention 0 (ragas leaves it out)."""
+    from rag.metrics.signals import AnswerSignals
+
+    _, rows, _ = _score(server, encoder, cache=False)
+    sig = AnswerSignals(encoder).score_batch([a for a, _ in SAMPLES])
+    assert rows[0]["faithfulness"] > rows[1]["faithfulness"]
+    assert sig[0]["sig_combined"] > sig[1]["sig_combined"]
+    assert sig[2]["sig_combined"] == 0.0
