@@ -59,11 +59,26 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
     h = s["holdout_delta"]
     assert h["ci_low"] <= h["delta"] <= h["ci_high"] and h["n"] > 0
     assert {r["kind"] for r in h["rows"]} == {"quality", "cost"}
+    page = (out / "report.html").read_text()
+    srcs = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)
+    assert len(srcs) >= 3 and len(srcs) == page.count("<img")
+    for src in srcs:  # every image inline: a data URI that decodes as a PNG
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        assert base64.b64decode(src.split(",", 1)[1], validate=True).startswith(PNG_MAGIC)
+    assert "Promotion" in page and h["split"] in page
+
     p = s["promotion"]
-    # the cold-started min_cost pick is cheaper at non-inferior quality: better on the
-    # objective, so the rollout must reach full within the fast budget (300 requests)
-    assert (p["decision"], p["stage"]) == ("promoted", "full"), (p["reason"], p["timeline"])
     assert p["statistic"] and p["deciding"] and p["reason"]
+    audit = (out / "rollout" / "audit.jsonl").read_text().splitlines()
+    assert json.loads(audit[-1])["to"] == p["stage"]  # the state machine's own record agrees
+    if p["timeline"][0]["action"] != "advance":
+        # a short cold-started search can pick a config whose holdout reward CI reaches below
+        # 0: not better offline, so it never gets traffic (rolled back at candidate, saying so)
+        assert (p["decision"], p["last_stage"]) == ("rolled_back", "candidate")
+        assert "offline" in p["reason"] and p["requests"] == 0
+        return
+    # better offline: the rollout must reach full within the fast budget (300 requests)
+    assert (p["decision"], p["stage"]) == ("promoted", "full"), (p["reason"], p["timeline"])
     assert [t["to"] for t in p["timeline"] if t["to"] != t["from"]] == [
         "shadow", "canary_5", "canary_25", "full"]
     # shadow judged quality and tokens on mirrored requests (paired), each with its
@@ -80,18 +95,8 @@ def test_fast_demo_runs_the_loop_and_writes_summary_and_report(tmp_path):
     assert deciding["quality"]["stage"] == "shadow"
     assert deciding["latency_ms"]["stage"] in ("canary_5", "canary_25")
     assert not deciding["latency_ms"]["paired"] and deciding["latency_ms"]["verdict"] != "worse"
-    page = (out / "report.html").read_text()
     assert "Deciding statistics, per stage and metric" in page
     for j in deciding.values():
         assert f"[{j['stage']}] {j['statistic']}" in p["deciding"]
     assert page.count("<b>deciding</b></td>") == len(deciding)
-    audit = (out / "rollout" / "audit.jsonl").read_text().splitlines()
-    assert json.loads(audit[-1])["to"] == "full"  # the state machine's own record agrees
     assert 0 < p["requests"] <= s["budget"]["max_requests"]
-
-    srcs = re.findall(r'<img[^>]*\ssrc="([^"]*)"', page)
-    assert len(srcs) >= 3 and len(srcs) == page.count("<img")
-    for src in srcs:  # every image inline: a data URI that decodes as a PNG
-        assert src.startswith("data:image/png;base64,"), src[:60]
-        assert base64.b64decode(src.split(",", 1)[1], validate=True).startswith(PNG_MAGIC)
-    assert "Promotion" in page and h["split"] in page
