@@ -176,7 +176,7 @@ def markdown(meta: dict[str, Any], rows: list[dict]) -> str:
                        f"{x['value']:.3f} [{x['ci_low']:.3f}, {x['ci_high']:.3f}] | "
                        f"{x['value'] - HEADROOM_TARGET:+.3f} |")
     k = next(x for x in rows if x["metric"] == "seeds_meeting_target")
-    out += ["", f"{k['value']} of {k['n']} seeds reach the world target.", "",
+    out += ["", f"{int(k['value'])} of {k['n']} seeds reach the world target.", "",
             "| dataset | best static | cheap -> strong | tau | test escalated | delta_quality "
             "[95% CI] | delta_tokens_pct [95% CI] | target |", "|---|---|---|---|---|---|---|---|"]
     met = 0
@@ -192,7 +192,7 @@ def markdown(meta: dict[str, Any], rows: list[dict]) -> str:
                    f"[{t['ci_low']:+.1f}, {t['ci_high']:+.1f}] | "
                    f"{'met' if ok else 'missed: ' + why} |")
     out += ["", f"Real-data target met on {met} of {len(meta['datasets']) - 1} datasets "
-                f"measured (needs 2 of 3); not measured: {meta['not_measured'] or 'none'}."]
+                f"measured (needs 2 of 3); not measured: {', '.join(meta['not_measured']) or 'none'}."]
     return "\n".join(out) + "\n"
 
 
