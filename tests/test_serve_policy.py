@@ -137,3 +137,35 @@ def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):
     rep = policy_from_log(logged, lp.policy.probs, hashes, reward_key="f1", margin=0.05)
     assert rep.kind == "offline" and rep.meta["rows"] == len(got)
     assert rep.meta["min_propensity"] >= EPSILON / len(ARMS) - 1e-9
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.03, None])
+def test_the_exploration_rate_is_the_one_the_user_sets(world, world_indexes, tmp_path, epsilon):
+    """ε is the user's (any value in [0, 1], the directory's when none is given): the greedy
+    arm is drawn with propensity 1 − ε + ε/M and logged with it; ε = 0 serves greedily."""
+    from pydantic import ValidationError
+
+    from rag.errors import ConfigError
+    from rl.routing.base import Exploring, load_policy
+    from serving.policy_router import PolicyRouter
+    from serving.schemas import PolicyServeSettings
+
+    d = _save_policy(tmp_path / "policy")
+    router = PolicyRouter.open(str(d), world_indexes, epsilon=epsilon, seed=0)
+    eps = EPSILON if epsilon is None else epsilon
+    assert router.epsilon == eps
+    greedy = 1 - eps + eps / len(ARMS)
+    picks = [router.pick(e.question) for e in world.examples[:30]]
+    lp = load_policy(d)
+    for p in picks:
+        assert p.greedy_arm == int(lp.policy.act(np.asarray([p.features]))[0])
+        want = greedy if p.arm == p.greedy_arm else eps / len(ARMS)
+        assert p.propensity == pytest.approx(want)
+    if eps == 0.0:
+        assert all(p.propensity == 1.0 for p in picks)
+    assert PolicyServeSettings(dir="d", epsilon=0.0).epsilon == 0.0
+    with pytest.raises(ValidationError, match="epsilon"):
+        PolicyServeSettings(dir="d", epsilon=1.5)
+    with pytest.raises(ConfigError) as e:
+        Exploring(lp.policy, -0.05)
+    assert e.value.field == "epsilon"

@@ -2,7 +2,8 @@
 
     index  -> rag.indexset.IndexSet.create(...).build_all(...)
     query  -> rag.pipeline.Pipeline(indexes, config).run(question)
-    eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost)
+    eval   -> rag.evaluate.evaluate(pipeline, examples).write(out)   (--dry-run: rag.metrics.cost;
+              --policy DIR: each question answered by its policy's pick, `_eval_policy`)
 
 `eval` and `index` fan out over Ray (rl.common.fanout) with `--workers N` or a cluster
 (`--ray-address`, $RAY_ADDRESS): eval's questions, index's dense encoding batches, as tasks of
@@ -126,7 +127,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rag.indexset import IndexSet
     from rag.pipeline import Pipeline
 
-    cfg = rag_config(args.config, args.set)
+    policy = _policy_for_eval(args) if args.policy else None
+    cfg = policy.base_config if policy else rag_config(args.config, args.set)
     workers = fanout_workers(args)
     ds, split, examples = _examples_for(args.dataset, args.split, args.limit)
     gold = _check_gold(ds, examples, args.allow_missing_gold)
@@ -145,14 +147,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         root = Path(args.out) / "index"
         indexes = IndexSet.create(ds.corpus, root, encoder=cfg.encoder, indexes=settings)
     print(f"evaluating {len(examples)} questions of {ds.name} (split {split})", file=sys.stderr)
-    if workers is None:
+    if policy is not None:
+        result = _eval_policy(policy, args.policy, indexes, examples)
+    elif workers is None:
         result = evaluate(Pipeline(indexes, cfg), examples)
     else:
         result = _eval_fanout(args, cfg, indexes, settings, examples, workers)
     result.summary.update({"dataset": ds.name, "split": split,
                            "no_reachable_gold": gold["no_reachable_gold"]})
     out = result.write(args.out)
-    keys = [k for k in result.summary if not k.endswith("_p50_ms") and k != "n_by_metric"]
+    keys = [k for k in result.summary if not k.endswith("_p50_ms")
+            and k not in ("n_by_metric", "policy", "arm_counts")]
+    if policy is not None:
+        print(f"policy {policy.policy_id} ({policy.kind}): questions per arm "
+              + ", ".join(f"{n} {c}" for n, c in result.summary["arm_counts"].items()))
     counts = result.summary.get("n_by_metric", {})
     for k in keys:
         v = result.summary[k]
@@ -160,6 +168,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{k:<28} {v:.4f}{n}" if isinstance(v, float) else f"{k:<28} {v}")
     print(f"wrote {out}/predictions.jsonl, contexts.jsonl, summary.json, summary.csv")
     return 0
+
+
+def _policy_for_eval(args: argparse.Namespace):
+    """The policy directory of `eval --policy` (`rl.routing.base.load_policy`); ConfigError
+    naming --policy with an option it does not combine with (its arms are its configs: no
+    --set; it runs in process: no --workers; no --dry-run)."""
+    from rl.routing.base import load_policy
+
+    for flag, given in (("--set KEY=VALUE", args.set),
+                        ("--workers", getattr(args, "workers", None)), ("--dry-run", args.dry_run)):
+        if given:
+            raise ConfigError("--policy", f"does not combine with {flag}")
+    return load_policy(args.policy)
+
+
+def _eval_policy(policy, policy_dir: str, indexes, examples):
+    """Evaluate a trained per-query policy (`ragpilot router train` output): each question's
+    features (`QueryFeaturizer` over `indexes` with the policy's base config and feature
+    columns) -> the policy's greedy arm -> that arm's config answers it; scored per question
+    like `eval`. Returns an `EvalResult` whose `config` is the policy's base config and whose
+    summary adds `policy` {dir, id, kind} and `arm_counts` (questions per arm name)."""
+    import time
+
+    import numpy as np
+
+    from rag.evaluate import EvalResult, evaluate, summarize
+    from rag.pipeline import Pipeline
+    from rl.routing.features import QueryFeaturizer
+
+    featurizer = QueryFeaturizer.for_names(indexes, policy.base_config, policy.feature_names)
+    arms = np.asarray(policy.policy.act(featurizer.matrix(examples)), dtype=int)
+    answers, rows = [None] * len(examples), [None] * len(examples)
+    wall = load = 0.0
+    for j in sorted(set(arms.tolist())):
+        idx = np.flatnonzero(arms == j)
+        t0 = time.perf_counter()
+        part = evaluate(Pipeline(indexes, policy.policy.arms[j]), [examples[i] for i in idx])
+        wall += time.perf_counter() - t0 - part.summary["model_load_s"]
+        load += part.summary["model_load_s"]
+        for i, a, r in zip(idx, part.answers, part.rows, strict=True):
+            answers[i], rows[i] = a, r
+    summary = summarize(answers, rows, wall_s=wall, model_load_s=load)
+    summary["policy"] = {"dir": str(policy_dir), "id": policy.policy_id, "kind": policy.kind}
+    summary["arm_counts"] = {policy.names[j]: int((arms == j).sum()) for j in sorted(set(arms))}
+    return EvalResult(policy.base_config, answers, rows, summary)
 
 
 def _eval_fanout(args, cfg, indexes, settings, examples, workers: int):
@@ -269,7 +322,7 @@ def add_parsers(sub) -> None:
     add_set_argument(s)
     s.set_defaults(func=cmd_query)
 
-    s = sub.add_parser("eval", help="evaluate a config on a dataset split")
+    s = sub.add_parser("eval", help="evaluate a config, or a trained policy, on a dataset split")
     s.add_argument("--dataset", required=True)
     s.add_argument("--split", help="train | valid | test | all. Default: test for a built-in "
                                    "dataset (its committed manifest), all for a dataset given by "
@@ -280,6 +333,8 @@ def add_parsers(sub) -> None:
     s.add_argument("--index", help="index directory (built on demand under --out if absent)")
     s.add_argument("--config")
     add_set_argument(s)
+    s.add_argument("--policy", help="a policy directory (`ragpilot router train --out`): each "
+                                    "question is answered by the config the policy picks for it")
     s.add_argument("--limit", type=int)
     s.add_argument("--out", help="output directory (required unless --dry-run)")
     s.add_argument("--dry-run", action="store_true",
