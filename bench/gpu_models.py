@@ -1,51 +1,41 @@
-"""The packaged models on a lent GPU (issue 20 item 6, issue 21 items 1, 3 and 5): Qwen2.5-Coder-1.5B
-and SmolLM2-135M on transformers in bf16 (`make_generator(name, device="cuda")`), the Qwen
-pairwise judge read from its next-token distribution (`LogprobJudgeBackend`), and the
-nomic-embed-text-v1.5 torch port on CUDA (`Encoder.from_registry(name, device="cuda")`).
+"""Do the packaged models run on a GPU, and how well? Qwen2.5-Coder-1.5B and SmolLM2-135M on
+transformers in bf16 (`make_generator(name, device="cuda")`) answering HotpotQA test questions
+(answer F1, EM, citation precision with 95% CIs, the paired F1 difference, seconds per answer),
+the Qwen pairwise judge read from its next-token distribution (`LogprobJudgeBackend`: position
+bias and agreement with the gold-F1 preference, under the order swap), and the
+nomic-embed-text-v1.5 port on CUDA (`Encoder.from_registry(name, device="cuda")`: minimum
+cosine to the CPU port's vectors, SciFact index build seconds).
 
-The device machine has neither this project's stack (Ray, tantivy, FAISS) nor a network, and
-only a small working tree travels to it, so the work is split in three steps:
+The device machine has neither this project's index stack (tantivy, FAISS) nor a network, so
+the retrieval runs here and the models there:
 
-  prepare  (here, CPU)   every input the GPU needs, built with the project's own code: HotpotQA
-                         valid/test questions with the default retrieval's top-5 (`RAGConfig()`,
-                         hybrid k=5), the 500 train questions in the teacher's two context modes
-                         (`rl.adaptation.teacher.teacher_examples`), the extractive reader's test
-                         answers, and CPU reference vectors of the nomic port
-                         -> .gpu_cargo/jobs.json.gz (+ the model files and wheels to carry).
-  run      (device)      python bench/gpu_models.py run --cargo .gpu_cargo/base --out $OUT
-                         generates, judges and embeds; writes answers.json.gz, judge.json.gz,
-                         the nomic vectors and run.json (device, versions, seconds per stage).
-  ingest   (here, CPU)   bench/gpu_models_ingest.py: scores what came back with the project's scorers and writes
-                         bench/results/gpu_models.json + .md, the teacher store and the
-                         distillation / preference sets (`--notes-dir`), and the nomic vectors into
-                         the embedding cache so `bench/models.py` computes their nDCG.
-                         The device's outputs (but the 16 MB of vectors) and the jobs file are
-                         committed in bench/results/gpu_models_raw/, so the committed rows can be
-                         re-derived here: `python bench/gpu_models_ingest.py --cargo
-                         bench/results/gpu_models_raw --from bench/results/gpu_models_raw
-                         --notes-dir DIR`.
+    python bench/gpu_models.py prepare     # here: .gpu_cargo/jobs.json.gz (+ nomic_ref.json)
+    python bench/gpu_models.py assemble    # device: model files from .gpu_cargo/pieces
+    RAGPILOT_BENCH_RESULTS=$OUT python bench/gpu_models.py run   # device: the results
 
-How the committed run got its inputs onto the device (nothing there reaches a registry): the
-base folder (.gpu_cargo/base: wheels for python 3.12 of transformers, gguf and pydantic, the jobs
-file, SciFact, a models.yaml pointing SmolLM2 at "@cache/...", pieces.json) in one call; the
-three GGUFs as one byte stream cut in 56 MiB pieces (`split -b 58720256 -d -a 2`), one piece per
-call; then, with PYTHONPATH=/tmp/pylib (the wheels, `pip install --no-deps --target`),
-RAGPILOT_CACHE=/tmp/rpc, RAGPILOT_DATA and RAGPILOT_MODELS pointing into the base folder:
-`python3 bench/gpu_models.py assemble --cache /tmp/rpc` (sha256-checked) and `run`.
+`prepare` builds every input with the project's own code: the first 300 HotpotQA valid and
+test questions of configs/splits/hotpotqa.json with the default retrieval's top 5
+(`RAGConfig()`, hybrid k=5), the extractive reader's test answers, and the CPU port's vectors
+of 16 SciFact abstracts. `run` generates, judges, embeds and scores on the device and writes
+bench/results/gpu_models.{json,md} itself (into $RAGPILOT_BENCH_RESULTS, which comes back as
+$OUT: copy the two files into bench/results/); nothing is re-derived later from raw outputs.
+`assemble` rebuilds model files that travelled as one byte stream cut in pieces (a call
+carries at most 64 MiB beside the working tree): `.gpu_cargo/pieces/pNN` and
+`.gpu_cargo/pieces.json` (offset, size and sha256 of each file), into the ragpilot cache.
+`run` on a machine without CUDA is refused (exit 2); `--quick` runs the same code on the CPU
+with 10 questions per set and writes gpu_models.quick.* (tests/test_gpu_models.py registers a
+tiny model under both names through $RAGPILOT_MODELS).
 
-Choices made before the run (not tuned on test): Qwen's prompt for the test rows is the one
-of {cite_concise, plain} with the higher answer F1 on the 300 valid questions (so the row is
-"tuned: prompt chosen on valid" unless cite_concise wins, then "zero-shot"); greedy decoding,
-32 new tokens; SmolLM2 answers greedily and twice sampled (T 0.8) for the preference pairs; the
-judge sees the question, the passages (400 characters each) and the two answers, both orders.
+Choices fixed before the committed run (not tuned on test): Qwen's prompt for the test rows is
+the one of {cite_concise, plain} with the higher answer F1 on the valid questions; greedy
+decoding, 32 new tokens; the judge sees the question, the passages (400 characters each) and
+two answers, in both orders.
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -54,26 +44,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import (  # noqa: E402
+    make_meta,
+    metric_row,
+    optional_data,
+    parser,
+    plain_row,
+    write_results,
+)
+
 QWEN, SMOL, NOMIC = "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", "nomic-embed-text-v1.5"
-PROMPTS = ("cite_concise", "plain")  # Qwen's prompt for the test rows is chosen on valid
-MAX_NEW = 32
-SAMPLE_T = 0.8
-JUDGE_CHARS = 400
-TRAIN_N = 500
-
-
-# ----------------------------------------------------------------------------- helpers
-def _ctx(c) -> dict:
-    return {"id": c.id, "title": c.title, "text": c.text, "score": float(c.score)}
+PROMPTS = ("cite_concise", "plain")
+MAX_NEW, JUDGE_CHARS, N_FULL, N_QUICK = 32, 400, 300, 10
+TEST_DS = "hotpotqa/test/hybrid-k5"
+PAIRS_DS = "hotpotqa/test/answer-pairs (gpu logprob)"
 
 
 def _write_gz(path: Path, obj) -> None:
-    """Written beside and renamed, so a run killed at its time limit leaves a whole file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
         json.dump(obj, f)
-    tmp.replace(path)
 
 
 def _read_gz(path: Path):
@@ -81,57 +71,49 @@ def _read_gz(path: Path):
         return json.load(f)
 
 
-# ----------------------------------------------------------------------------- prepare
-def prepare(cargo: Path, valid_n: int, test_n: int, train_n: int) -> None:
-    """jobs.json.gz: question sets (id, question, contexts, gold answers, gold positions) and
-    the extractive reader's test answers; nomic_ref.json: CPU port vectors of 16 SciFact texts."""
-    import bench.common  # noqa: F401  (process defaults: threads, offline HF)
-    from bench.models_generators import hybrid_contexts
+# ----------------------------------------------------------------------------- prepare (CPU)
+def prepare(cargo: Path, n: int) -> None:
+    """cargo/jobs.json.gz: {"sets": {valid, test: [question rows with their top-5 contexts and
+    gold positions]}, "extractive": {qid: answer}}; cargo/nomic_ref.json: CPU port vectors."""
+    from rag.config import RAGConfig
     from rag.corpus.hygiene import load_split
     from rag.corpus.loaders import data_root, load_hotpotqa
     from rag.generation.extractive import ExtractiveReader
-    from rl.adaptation.teacher import teacher_examples
+    from rag.indexset import IndexSet
+    from rag.models import cache_dir
+    from rag.pipeline import Pipeline
 
     data = load_hotpotqa(data_root() / "hotpotqa" / "hotpot_dev_distractor_1100.jsonl",
                          pooled=True)
-    split = load_split("hotpotqa")
-    by_id = {e.id: e for e in data.examples}
-    sets: dict[str, list[dict]] = {}
-    reader = ExtractiveReader()
-    extractive: dict[str, str] = {}
-    for name, n in (("valid", valid_n), ("test", test_n)):
-        exs = [by_id[i] for i in split.ids(name)[:n]]
-        ctx = hybrid_contexts(data, exs)
+    root = cache_dir() / "bench" / f"hotpotqa-{data.corpus.fingerprint()}"
+    idx = IndexSet.open(root) if (root / "corpus.jsonl").exists() else IndexSet.create(
+        data.corpus, root, manifest={"dataset": "hotpotqa"})
+    pipe, reader = Pipeline(idx, RAGConfig()), ExtractiveReader()
+    split, by_id = load_split("hotpotqa"), {e.id: e for e in data.examples}
+    sets, extractive = {}, {}
+    for name in ("valid", "test"):
         rows = []
-        for e in exs:
-            ctxs = ctx[e.id][1]
+        for i, qid in enumerate(split.ids(name)[:n], 1):
+            e = by_id[qid]
+            _, ctxs, _ = pipe.retrieve(e.question)
             gold = set(e.gold_passage_ids)
             rows.append({"id": e.id, "question": e.question, "answers": list(e.answers),
-                         "contexts": [_ctx(c) for c in ctxs],
-                         "gold_positions": [k for k, c in enumerate(ctxs, 1) if c.id in gold],
-                         "type": e.category})
+                         "contexts": [{"id": c.id, "title": c.title, "text": c.text,
+                                       "score": float(c.score)} for c in ctxs],
+                         "gold_positions": [k for k, c in enumerate(ctxs, 1) if c.id in gold]})
             if name == "test":
                 extractive[e.id] = reader.generate(e.question, list(ctxs), "cite_concise").text
-        sets[f"{name}-hybrid"] = rows
-        print(f"[prepare] {name}: {len(rows)} questions with hybrid top-5", flush=True)
-    for mode in ("gold", "hybrid"):
-        exs = teacher_examples(mode, train_n)
-        sets[f"train-{mode}"] = [{"id": e.id, "question": e.question, "answers": list(e.answers),
-                                  "contexts": [_ctx(c) for c in e.contexts],
-                                  "gold_positions": list(e.gold_positions)} for e in exs]
-        print(f"[prepare] train {mode}: {len(exs)} questions", flush=True)
-    jobs = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sets": sets,
-            "extractive": {"test-hybrid": extractive},
-            "settings": {"prompts": PROMPTS, "max_new_tokens": MAX_NEW, "sample_t": SAMPLE_T,
-                         "judge_chars": JUDGE_CHARS}}
-    _write_gz(cargo / "jobs.json.gz", jobs)
+            if i % 50 == 0:
+                print(f"[prepare] {name}: {i}/{n}", flush=True)
+        sets[name] = rows
+    _write_gz(cargo / "jobs.json.gz", {"sets": sets, "extractive": extractive,
+                                       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ")})
     _nomic_reference(cargo)
     print(f"[prepare] wrote {cargo / 'jobs.json.gz'}", flush=True)
 
 
 def _nomic_reference(cargo: Path) -> None:
-    """CPU port vectors of 16 SciFact documents, so the device run checks its CUDA vectors
-    against them (cosine) before anything uses them."""
+    """The CPU port's vectors of 16 SciFact abstracts, which the device's vectors must match."""
     from rag.corpus.loaders import data_root, load_beir
     from rag.encoders import Encoder, encode_documents
     from rag.errors import RagError
@@ -141,248 +123,17 @@ def _nomic_reference(cargo: Path) -> None:
     except RagError as exc:
         print(f"[prepare] nomic reference skipped ({exc})", flush=True)
         return
-    corpus = load_beir(data_root() / "scifact", "test").corpus
-    docs = list(corpus)[:16]
+    docs = list(load_beir(data_root() / "scifact", "test").corpus)[:16]
     texts = [f"{p.title}. {p.text}" if p.title else p.text for p in docs]
     vecs = encode_documents(enc, texts)
-    (cargo / "nomic_ref.json").write_text(json.dumps({"texts": texts,
-                                                      "vectors": vecs.tolist()}))
+    (cargo / "nomic_ref.json").write_text(json.dumps({"texts": texts, "vectors": vecs.tolist()}))
 
 
-# ----------------------------------------------------------------------------- run (device)
-class _Out:
-    """Everything the device run writes under $OUT, flushed after every stage, so a run cut
-    short by its time limit still returns what it finished."""
-
-    def __init__(self, out: Path):
-        self.dir = out
-        self.answers: list[dict] = []
-        self.judge: list[dict] = []
-        self.info: dict = {"stages": {}, "errors": []}
-
-    def stage(self, name: str, seconds: float, **extra) -> None:
-        self.info["stages"][name] = {"seconds": round(seconds, 2), **extra}
-        print(f"[run] {name}: {seconds:.1f} s {extra if extra else ''}", flush=True)
-        self.flush()
-
-    def flush(self) -> None:
-        _write_gz(self.dir / "answers.json.gz", self.answers)
-        _write_gz(self.dir / "judge.json.gz", self.judge)
-        (self.dir / "run.json").write_text(json.dumps(self.info, indent=1))
-
-
-def _contexts(rows):
-    from rag.types import Context
-
-    return [[Context(c["id"], c["title"], c["text"], c["score"]) for c in r["contexts"]]
-            for r in rows]
-
-
-def _generate(gen, out: _Out, label: str, rows: list[dict], set_name: str, prompt_id: str,
-              temperature: float = 0.0, tag: str = "greedy", seed: int = 0) -> None:
-    gen.seed = seed
-    t0 = time.perf_counter()
-    before = dict(gen.stats)
-    gens = gen.generate_batch([r["question"] for r in rows], _contexts(rows), prompt_id,
-                              MAX_NEW, temperature)
-    secs = time.perf_counter() - t0
-    for r, g in zip(rows, gens, strict=True):
-        out.answers.append({"model": label, "set": set_name, "id": r["id"], "prompt": prompt_id,
-                            "tag": tag, "raw": g.raw, "text": g.text,
-                            "citations": list(g.citations), "tokens_in": g.tokens_in,
-                            "tokens_out": g.tokens_out})
-    toks = gen.stats["tokens_out"] - before["tokens_out"]
-    out.stage(f"{label}/{set_name}/{prompt_id}/{tag}", secs, n=len(rows),
-              s_per_answer=round(secs / max(1, len(rows)), 4),
-              tokens_in=gen.stats["tokens_in"] - before["tokens_in"], tokens_out=toks)
-
-
-def _valid_f1(out: _Out, sets: dict, prompt_id: str) -> float:
-    from rag.metrics.qa import best_em_f1
-
-    gold = {r["id"]: r["answers"] for r in sets["valid-hybrid"]}
-    f1 = [best_em_f1(a["text"], gold[a["id"]])[1] for a in out.answers
-          if a["model"] == "qwen" and a["set"] == "valid-hybrid" and a["prompt"] == prompt_id]
-    return sum(f1) / len(f1) if f1 else 0.0
-
-
-def _judge(qwen, out: _Out, sets: dict, extractive: dict) -> None:
-    """Order-swapped logprob verdicts: test pairs (Qwen / SmolLM2 / extractive, with and without
-    passages) and train preference pairs (Qwen vs each distinct SmolLM2 answer)."""
-    from rag.metrics.judge import PairwiseJudge
-    from rag.metrics.pairwise_judge import LogprobJudgeBackend
-
-    ans = {(a["model"], a["set"], a["id"], a["tag"]): a["text"] for a in out.answers
-           if a["prompt"] == "cite_concise"}
-    for with_ctx, sets_here in ((True, ("test-hybrid", "train-gold", "train-hybrid")),
-                                (False, ("test-hybrid",))):
-        backend = LogprobJudgeBackend(qwen.choice_logprobs, qwen.fingerprint,
-                                      with_contexts=with_ctx, context_chars=JUDGE_CHARS)
-        judge = PairwiseJudge(backend)
-        for set_name in sets_here:
-            items, meta = [], []
-            ctxs = dict(zip([r["id"] for r in sets[set_name]], _contexts(sets[set_name]),
-                            strict=True))
-            for r in sets[set_name]:
-                cands = {"qwen": ans.get(("qwen", set_name, r["id"], "greedy"))}
-                if set_name == "test-hybrid":
-                    cands["smollm2"] = ans.get(("smollm2", set_name, r["id"], "greedy"))
-                    cands["extractive"] = extractive.get(r["id"])
-                    pairs = [("qwen", "smollm2"), ("qwen", "extractive"),
-                             ("smollm2", "extractive")]
-                else:
-                    for tag in ("greedy", "s1", "s2"):
-                        cands[f"smollm2:{tag}"] = ans.get(("smollm2", set_name, r["id"], tag))
-                    pairs = [("qwen", f"smollm2:{t}") for t in ("greedy", "s1", "s2")]
-                seen = set()
-                for a, b in pairs:
-                    ta, tb = cands.get(a), cands.get(b)
-                    if ta is None or tb is None or ta.strip().lower() == tb.strip().lower():
-                        continue
-                    if (ta, tb) in seen:  # two SmolLM2 samples that said the same thing
-                        continue
-                    seen.add((ta, tb))
-                    items.append((r["question"], ctxs[r["id"]], ta, tb))
-                    meta.append({"set": set_name, "id": r["id"], "a": a, "b": b,
-                                 "text_a": ta, "text_b": tb, "with_contexts": with_ctx})
-            t0 = time.perf_counter()
-            res = judge.compare_batch(items) if items else []
-            for m, j in zip(meta, res, strict=True):
-                out.judge.append({**m, **j.to_dict()})
-            out.stage(f"judge/{set_name}/{'ctx' if with_ctx else 'noctx'}",
-                      time.perf_counter() - t0, pairs=len(items))
-
-
-def _nomic(out: _Out, cargo: Path, device: str) -> None:
-    import numpy as np
-
-    from rag.corpus.loaders import data_root, load_beir
-    from rag.encoders import Encoder, encode_documents
-    from rag.index.dense import embed_corpus
-    from rag.models import cache_dir
-
-    t0 = time.perf_counter()
-    enc = Encoder.from_registry(NOMIC, device=device)
-    ref = json.loads((cargo / "nomic_ref.json").read_text()) \
-        if (cargo / "nomic_ref.json").exists() else None
-    cos = None
-    if ref:
-        v = encode_documents(enc, ref["texts"])
-        r = np.asarray(ref["vectors"], dtype=np.float32)
-        cos = float(np.min(np.sum(v * r, axis=1)))
-    load_s = time.perf_counter() - t0
-    if cos is not None and cos < 0.9999:  # the shared fingerprint would be a lie: keep nothing
-        out.info["errors"].append(f"nomic cuda vs cpu port: min cosine {cos:.6f} < 0.9999")
-        out.stage("nomic/check", load_s, min_cosine=cos)
-        return
-    corpus = load_beir(data_root() / "scifact", "test").corpus
-    t1 = time.perf_counter()
-    vecs = embed_corpus(corpus, enc, batch_size=32)
-    secs = time.perf_counter() - t1
-    path = cache_dir() / "embeddings" / f"{corpus.fingerprint()}-{enc.fingerprint}.npy"
-    (out.dir / "nomic_scifact.npy").write_bytes(path.read_bytes())
-    out.stage("nomic/scifact", secs, docs=len(corpus), dim=int(vecs.shape[1]),
-              min_cosine_vs_cpu=cos, load_and_check_s=round(load_s, 2), file=path.name)
-
-
-def run(cargo: Path, out_dir: Path, only: set[str] | None, device: str = "cuda",
-        qwen_name: str = QWEN, smol_name: str = SMOL) -> None:
-    """The device step (module docstring). Stages in order of value, each guarded: one that
-    fails is recorded in run.json and the next still runs. `device="cpu"` with a small
-    `qwen_name` / `smol_name` runs the same code here, on a small jobs file
-    (tests/test_gpu_models.py)."""
-    import torch
-
-    from rag.generation.factory import make_generator
-
-    out = _Out(out_dir)
-    jobs = _read_gz(cargo / "jobs.json.gz")
-    sets = jobs["sets"]
-    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
-    out.info.update({"device": name, "torch": torch.__version__,
-                     "python": sys.version.split()[0], "jobs_created": jobs["created"]})
-    import transformers
-
-    out.info["transformers"] = transformers.__version__
-    want = only or {"qwen", "smollm2", "judge", "nomic"}
-    qwen = None
-
-    def guarded(name, fn):
-        try:
-            return fn()
-        except Exception as exc:  # a failed stage must not lose the others' results
-            import traceback
-
-            out.info["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
-            traceback.print_exc()
-            out.flush()
-            return None
-
-    def load(label: str, name: str, batch_size: int):
-        """The generator on the device, its load time recorded as stage `<label>/load`."""
-        t0 = time.perf_counter()
-        g = make_generator(name, device=device, cache=False)
-        g.batch_size = batch_size
-        out.stage(f"{label}/load", time.perf_counter() - t0, fingerprint=g.fingerprint)
-        return g
-
-    if "qwen" in want:
-        qwen = guarded("qwen/load", lambda: load("qwen", qwen_name, 48))
-    if qwen is not None:
-        for p in PROMPTS:
-            guarded(f"qwen/valid/{p}",
-                    lambda p=p: _generate(qwen, out, "qwen", sets["valid-hybrid"],
-                                          "valid-hybrid", p))
-        f1 = {p: _valid_f1(out, sets, p) for p in PROMPTS}
-        chosen = max(PROMPTS, key=lambda p: (f1[p], p == "cite_concise"))
-        out.info["qwen_prompt"] = {"valid_f1": f1, "chosen": chosen}
-        guarded("qwen/test", lambda: _generate(qwen, out, "qwen", sets["test-hybrid"],
-                                               "test-hybrid", chosen))
-        if chosen != "cite_concise":  # the judge and the teacher use the citation prompt
-            guarded("qwen/test-cite", lambda: _generate(qwen, out, "qwen", sets["test-hybrid"],
-                                                        "test-hybrid", "cite_concise"))
-        for mode in ("gold", "hybrid"):
-            guarded(f"qwen/train-{mode}",
-                    lambda mode=mode: _generate(qwen, out, "qwen", sets[f"train-{mode}"],
-                                                f"train-{mode}", "cite_concise"))
-    if "smollm2" in want:
-        def smol():
-            g = load("smollm2", smol_name, 96)
-            _generate(g, out, "smollm2", sets["test-hybrid"], "test-hybrid", "cite_concise")
-            for mode in ("gold", "hybrid"):
-                rows = sets[f"train-{mode}"]
-                _generate(g, out, "smollm2", rows, f"train-{mode}", "cite_concise")
-                for k in (1, 2):
-                    _generate(g, out, "smollm2", rows, f"train-{mode}", "cite_concise",
-                              SAMPLE_T, f"s{k}", seed=1000 * k)
-            del g
-            if device == "cuda":
-                torch.cuda.empty_cache()
-
-        guarded("smollm2", smol)
-    if qwen is not None and "judge" in want:
-        guarded("judge", lambda: _judge(qwen, out, sets, jobs["extractive"]["test-hybrid"]))
-    if qwen is not None:
-        del qwen
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    if "nomic" in want:
-        guarded("nomic", lambda: _nomic(out, cargo, device))
-    if device == "cuda":
-        out.info["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
-    heavy = sorted(m for m in ("ray", "tantivy", "faiss", "mlflow") if m in sys.modules)
-    out.info["heavy_modules_imported"] = heavy
-    out.flush()
-    print(json.dumps({k: v for k, v in out.info.items() if k != "stages"}, indent=1))
-    for name, s in out.info["stages"].items():
-        print(f"{name:<40} {s['seconds']:>8.1f} s  n={s.get('n', s.get('pairs', ''))}")
-
-
+# ----------------------------------------------------------------------------- assemble (device)
 def assemble(pieces: Path, manifest: Path, cache: Path) -> None:
-    """Rebuild the model files from the byte pieces that travelled to the device (a working
-    tree that travels is capped at 64 MiB, so the GGUFs come as one stream cut in pieces over
-    several calls): each file whose bytes all arrived is cut out, checked against its sha256
-    and put under `cache`; a file with missing pieces is skipped and said so."""
+    """Cut each file of `manifest` out of the byte stream in `pieces` (pNN files of
+    `piece_bytes` each) into `cache/<dest>`; a file with a missing piece is skipped and one
+    whose bytes do not hash to its sha256 is deleted, each said on stdout."""
     import hashlib
 
     man = json.loads(manifest.read_text())
@@ -414,34 +165,189 @@ def assemble(pieces: Path, manifest: Path, cache: Path) -> None:
             dest.unlink()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare", help="build the device's inputs here (CPU)")
-    p.add_argument("--cargo", type=Path, default=Path(".gpu_cargo"))
-    p.add_argument("--valid-n", type=int, default=300)
-    p.add_argument("--test-n", type=int, default=300)
-    p.add_argument("--train-n", type=int, default=TRAIN_N)
-    r = sub.add_parser("run", help="the device step")
-    r.add_argument("--cargo", type=Path, default=Path(".gpu_cargo"))
-    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_out")))
-    r.add_argument("--only", nargs="*", choices=["qwen", "smollm2", "judge", "nomic"])
-    r.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                   help="cpu: the same code on a small jobs file, to test it here")
-    r.add_argument("--qwen", default=QWEN, help="the strong model (a small one to test)")
-    r.add_argument("--smol", default=SMOL, help="the student model (a small one to test)")
-    m = sub.add_parser("assemble", help="rebuild the model files from their pieces (device)")
-    m.add_argument("--pieces", type=Path, default=Path(".gpu_cargo/pieces"))
-    m.add_argument("--manifest", type=Path, default=Path(".gpu_cargo/base/pieces.json"))
-    m.add_argument("--cache", type=Path, required=True)
-    a = ap.parse_args()
-    if a.cmd == "prepare":
-        prepare(a.cargo, a.valid_n, a.test_n, a.train_n)
-    elif a.cmd == "assemble":
-        assemble(a.pieces, a.manifest, a.cache)
+# ----------------------------------------------------------------------------- run (device)
+def _contexts(row):
+    from rag.types import Context
+
+    return [Context(c["id"], c["title"], c["text"], c["score"]) for c in row["contexts"]]
+
+
+def _score(text: str, citations, row) -> tuple[float, float, float]:
+    """(answer F1, EM, citation precision against the gold positions; 0 when nothing cited)."""
+    from rag.metrics.qa import best_em_f1
+
+    em, f1, _, _ = best_em_f1(text, row["answers"])
+    cited, gold = set(citations), set(row["gold_positions"])
+    return f1, em, (len(cited & gold) / len(cited) if cited else 0.0)
+
+
+def _answer(gen, rows, prompt_id, stages, key) -> list:
+    t0 = time.perf_counter()
+    out = gen.generate_batch([r["question"] for r in rows], [_contexts(r) for r in rows],
+                             prompt_id, MAX_NEW, 0.0)
+    stages[key] = round((time.perf_counter() - t0) / max(1, len(rows)), 4)
+    print(f"[run] {key}: {len(rows)} answers, {stages[key]} s each", flush=True)
+    return out
+
+
+def _generation(device, sets, rows, notes, stages):
+    """Qwen (prompt chosen on valid) and SmolLM2 on the test questions, rows appended to
+    `rows`. Returns (the Qwen generator, which judges next; {system: its `cite_concise` test
+    answers}, the answers the judge compares)."""
+    import numpy as np
+
+    from rag.generation.factory import make_generator
+
+    valid, test = sets["valid"], sets["test"]
+    texts, per, qwen = {}, {}, None
+    for label, name in (("qwen2.5-coder-1.5b", QWEN), ("smollm2-135m", SMOL)):
+        t0 = time.perf_counter()
+        gen = make_generator(name, device=device, cache=False)
+        rows.append(plain_row("hotpotqa", label, "gpu_load_s", time.perf_counter() - t0, 1))
+        chosen = "cite_concise"
+        if label.startswith("qwen"):
+            f1 = {}
+            for p in PROMPTS:
+                got = _answer(gen, valid, p, stages, f"{label}/valid/{p}")
+                f1[p] = [_score(g.text, g.citations, r)[0] for g, r in zip(got, valid,
+                                                                            strict=True)]
+                rows.append(metric_row("hotpotqa/valid/hybrid-k5", f"{label}:{p}", "answer_f1",
+                                       f1[p]))
+            chosen = max(PROMPTS, key=lambda p: (np.mean(f1[p]), p == "cite_concise"))
+            notes.append(f"Qwen's test prompt: `{chosen}` (higher valid answer F1).")
+        for prompt in dict.fromkeys((chosen, "cite_concise")):
+            system = label if prompt == chosen else f"{label}:{prompt}"
+            got = _answer(gen, test, prompt, stages, f"{label}/test/{prompt}")
+            s = np.array([_score(g.text, g.citations, r) for g, r in zip(got, test, strict=True)])
+            rows.append(metric_row(TEST_DS, system, "answer_f1", s[:, 0]))
+            rows.append(metric_row(TEST_DS, system, "em", s[:, 1]))
+            rows.append(plain_row(TEST_DS, system, "gpu_s_per_answer",
+                                  stages[f"{label}/test/{prompt}"], len(test)))
+            if prompt == "cite_concise":
+                rows.append(metric_row(TEST_DS, system, "cite_precision", s[:, 2]))
+                texts[label] = [g.text for g in got]
+            if prompt == chosen:
+                per[label] = s[:, 0]
+        if label.startswith("qwen"):
+            qwen = gen
+    rows.append(metric_row(TEST_DS, "qwen2.5-coder-1.5b - smollm2-135m", "answer_f1_diff",
+                           per["qwen2.5-coder-1.5b"] - per["smollm2-135m"]))
+    return qwen, texts
+
+
+def _judge(qwen, test, texts, extractive, rows, stages) -> None:
+    """Order-swapped log-prob verdicts on the test answer pairs (Qwen / SmolLM2 / extractive),
+    with and without the passages: position bias, tie rate, agreement with gold F1."""
+    from rag.metrics.judge import PairwiseJudge
+    from rag.metrics.pairwise_judge import LogprobJudgeBackend
+    from rag.metrics.qa import best_em_f1
+
+    cands = {**texts, "extractive": [extractive.get(r["id"]) for r in test]}
+    names = ["qwen2.5-coder-1.5b", "smollm2-135m", "extractive"]
+    items, gold = [], []
+    for i, r in enumerate(test):
+        for a, b in ((0, 1), (0, 2), (1, 2)):
+            ta, tb = cands[names[a]][i], cands[names[b]][i]
+            if ta is None or tb is None or ta.strip().lower() == tb.strip().lower():
+                continue
+            items.append((r["question"], _contexts(r), ta, tb))
+            gold.append(r["answers"])
+    for with_ctx, system in ((False, "judge:qwen"), (True, "judge:qwen+passages")):
+        backend = LogprobJudgeBackend(qwen.choice_logprobs, qwen.fingerprint,
+                                      with_contexts=with_ctx, context_chars=JUDGE_CHARS)
+        t0 = time.perf_counter()
+        res = PairwiseJudge(backend).compare_batch(items) if items else []
+        stages[f"{system}/pairs"] = round(time.perf_counter() - t0, 2)
+        f1 = [(best_em_f1(it[2], g)[1], best_em_f1(it[3], g)[1])
+              for it, g in zip(items, gold, strict=True)]
+        rows.append(metric_row(PAIRS_DS, system, "position_bias", [
+            float(r.forward != r.backward and "tie" not in (r.forward, r.backward)) for r in res]))
+        rows.append(metric_row(PAIRS_DS, system, "tie_rate", [float(r.winner == "tie")
+                                                               for r in res]))
+        rows.append(metric_row(PAIRS_DS, system, "agreement_with_f1_preference", [
+            float(r.winner == ("A" if a > b else "B")) for r, (a, b) in zip(res, f1, strict=True)
+            if abs(a - b) > 1e-9]))
+
+
+def _nomic(cargo: Path, device: str, rows, notes) -> None:
+    import numpy as np
+
+    from rag.corpus.loaders import data_root, load_beir
+    from rag.encoders import Encoder, encode_documents
+    from rag.index.dense import embed_corpus
+
+    ref = json.loads((cargo / "nomic_ref.json").read_text())
+    enc = Encoder.from_registry(NOMIC, device=device)
+    v = encode_documents(enc, ref["texts"])
+    cos = float(np.min(np.sum(v * np.asarray(ref["vectors"], dtype=np.float32), axis=1)))
+    rows.append(plain_row("scifact/test", "dense-nomic", "min_cosine_gpu_vs_cpu", cos,
+                          len(ref["texts"])))
+    if cos < 0.9999:  # the shared fingerprint would be a lie: build nothing with these vectors
+        notes.append(f"nomic: min cosine {cos:.6f} < 0.9999 against the CPU port; no index")
+        return
+    corpus = load_beir(data_root() / "scifact", "test").corpus
+    t0 = time.perf_counter()
+    embed_corpus(corpus, enc, batch_size=32)
+    rows.append(plain_row("scifact/test", "dense-nomic", "gpu_index_build_s",
+                          time.perf_counter() - t0, len(corpus)))
+
+
+def run(cargo: Path, quick: bool) -> None:
+    """The device step: every stage scored here and written as bench/results/gpu_models.*.
+    Exit 2 without CUDA unless `quick` (the same code on CPU)."""
+    import torch
+    import transformers
+
+    if not torch.cuda.is_available() and not quick:
+        print("gpu_models run: no CUDA device here (--quick runs the same code on the CPU)",
+              file=sys.stderr)
+        sys.exit(2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    jobs = _read_gz(cargo / "jobs.json.gz")
+    n = N_QUICK if quick else N_FULL
+    sets = {k: v[:n] for k, v in jobs["sets"].items()}
+    rows, notes, stages = [], [], {}
+    qwen, texts = _generation(device, sets, rows, notes, stages)
+    _judge(qwen, sets["test"], texts, jobs["extractive"], rows, stages)
+    del qwen
+    if (cargo / "nomic_ref.json").exists():
+        _nomic(cargo, device, rows, notes)
     else:
-        a.out.mkdir(parents=True, exist_ok=True)
-        run(a.cargo, a.out, set(a.only) if a.only else None, a.device, a.qwen, a.smol)
+        notes.append("nomic: not run (no nomic_ref.json in the cargo)")
+    info = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20)
+            if device == "cuda" else None, "jobs_created": jobs.get("created"),
+            "heavy_modules_imported": sorted(m for m in ("ray", "tantivy", "faiss", "mlflow")
+                                             if m in sys.modules)}
+    meta = make_meta(0, optional_data({"hotpotqa": "hotpotqa", "scifact": "scifact"}),
+                     {"quick": quick, "device_run": info, "seconds": stages, "notes": notes,
+                      "models": [QWEN, SMOL, NOMIC]})
+    body = ["Device: " + ", ".join(f"{k} {v}" for k, v in info.items()
+                                   if k != "heavy_modules_imported"), "",
+            "| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = "" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+        body.append(f"| {r['dataset']} | {r['system']} | {r['metric']} | {r['value']:.4g} | "
+                    f"{ci} | {r['n']} |")
+    body += ["", *[f"- {x}" for x in notes]]
+    write_results("gpu_models", rows, meta, "Packaged models on a lent GPU", "\n".join(body))
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("step", choices=["prepare", "assemble", "run"])
+    ap.add_argument("--cargo", type=Path, default=Path(".gpu_cargo"),
+                    help="the folder that travels to the device (jobs file, pieces)")
+    a = ap.parse_args()
+    if a.step == "prepare":
+        prepare(a.cargo, N_QUICK if a.quick else N_FULL)
+    elif a.step == "assemble":
+        from rag.models import cache_dir
+
+        assemble(a.cargo / "pieces", a.cargo / "pieces.json", cache_dir())
+    else:
+        run(a.cargo, a.quick)
 
 
 if __name__ == "__main__":
