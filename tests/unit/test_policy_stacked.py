@@ -1,6 +1,6 @@
-"""The residual PPO policy's view of the supervised router (`rl.routing.router.stacked`, used by
-bench/policy.py on train ∪ valid and by bench/drift_ppo.py on train alone): on the roles the
-router was fitted on, its scores are out of fold; on every other role they are its own."""
+"""The residual PPO policy's view of the supervised router (`rl.routing.router.stacked`): on the
+roles the router was fitted on, its scores are out of fold; on every other role they are its
+own."""
 
 from __future__ import annotations
 
