@@ -298,8 +298,12 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     table.add_column("")
     table.add_row("tuned config", f"{t['config_hash']} ({t['source']}): " + ", ".join(
         f"{k}={v}" for k, v in t["changed"].items()))
-    table.add_row("holdout Δ reward", f"{h['delta']:+.4f}, 95% CI [{h['ci_low']:+.4f}, "
-                                      f"{h['ci_high']:+.4f}] (n = {h['n']})")
+    q = next(x for x in h["rows"] if x["kind"] == "quality")
+    c = next(x for x in h["rows"] if x["metric"].startswith("cost"))
+    table.add_row("holdout (test) Δ", f"quality {q['delta']:+.4f} [{q['ci_low']:+.4f}, "
+                                      f"{q['ci_high']:+.4f}]; tokens/query {c['delta']:+.1f} "
+                                      f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]; weighted "
+                                      f"reward {h['delta']:+.4f} (n = {h['n']})")
     table.add_row("promotion", f"{p['decision']} (at {p.get('last_stage', p['stage'])}, "
                                f"{p['requests']} "
                                f"requests): {p['reason']}")
