@@ -163,10 +163,11 @@ def test_log_adapters_pair_shadow_rows_and_ips():
             _row(4, "C", None, 1.0, True, "r1", {"support": 1.0, "f1": 1.0}),
             _row(5, "C", None, 1.0, True, "r2", {"support": 0.25}),
             _row(6, "C", None, 1.0, True, "r3", None)]
-    s, c = arms_from_rows(rows, "S", "C", "shadow")
+    s, c, on = arms_from_rows(rows, "S", "C", "shadow")
     # every mirrored pair counts (r3 unscored: quality NaN, its tokens and latency still count)
     assert list(s.quality)[:2] == [0.75, 0.5] and math.isnan(s.quality[2])
     assert list(c.quality)[:2] == [1.0, 0.25] and list(c.cost) == [15.0] * 3
+    assert on == {"gold": 2, "sig_combined": 0, "none": 1}  # r3's pair: excluded, counted
     assert np.all(np.isnan(c.feedback))  # users never see a mirrored answer
     rep = ShadowEvaluator(ci_method="normal").evaluate(s, c)
     assert rep.metrics["quality"]["n"] == 2 and rep.metrics["tokens"]["n"] == 3
@@ -180,6 +181,59 @@ def test_log_adapters_pair_shadow_rows_and_ips():
     assert exc.value.field == "rows[0].propensity"
 
 
+def test_quality_is_gold_where_both_rows_have_it_else_sig_combined_else_counted_out():
+    """One rule per mirrored pair: the gold-based quality_scores when both rows have them,
+    else sig_combined when both have it, else no quality (left out, counted); the stage's
+    summary and the quality verdict say which signal decided and how many pairs had none."""
+    from rl.promotion.evidence import reports_from_rows
+
+    gold = {"support": 1.0, "f1": 0.5, "sig_combined": 0.9}
+    rows = [_row(1, "S", None, scores=gold),
+            _row(2, "C", None, 1.0, True, "r1", {"support": 0.5, "f1": 0.5,
+                                                 "sig_combined": 0.1}),
+            _row(3, "S", None, scores={"support": 1.0, "f1": 1.0, "sig_combined": 0.4}),
+            _row(4, "C", None, 1.0, True, "r3", {"sig_combined": 0.7}),  # no gold: signal
+            _row(5, "S", None, scores={"sig_combined": 0.2, "pii_leaks": 0.0}),
+            _row(6, "C", None, 1.0, True, "r5", {"sig_combined": 0.6}),
+            _row(7, "S", None, scores={"sig_combined": 0.3}),
+            _row(8, "C", None, 1.0, True, "r7", {"pii_leaks": 0.0}),  # neither: excluded
+            _row(9, "S", None), _row(10, "C", None, 1.0, True, "r9")]
+    s, c, on = arms_from_rows(rows, "S", "C", "shadow")
+    assert on == {"gold": 1, "sig_combined": 2, "none": 2}
+    assert list(s.quality)[:3] == [0.75, 0.4, 0.2] and list(c.quality)[:3] == [0.5, 0.7, 0.6]
+    assert all(math.isnan(x) for x in [*s.quality[3:], *c.quality[3:]])  # never a zero
+    rep = ShadowEvaluator(ci_method="normal").evaluate(s, c, quality_on=on)
+    assert rep.metrics["quality"]["n"] == 3 and rep.metrics["tokens"]["n"] == 5
+    # canary: the same rule per request
+    _, cand, on = arms_from_rows([_row(1, "S", None, scores={"sig_combined": 0.5}),
+                                  _row(2, "C", None, scores={"f1": 1.0, "support": 1.0}),
+                                  _row(3, "C", None)], "S", "C", "canary")
+    assert on == {"gold": 1, "sig_combined": 1, "none": 1} and cand.quality[0] == 1.0
+    # through the rollout: the report carries the counts, the stage sums and says them
+    sm = PromotionStateMachine.start(None, "C", "S", config=cfg(), code_commit="test")
+    sm.state.stage = "shadow"
+    for batch in range(2):
+        fresh = [{**r, "id": f"{r['id']}b{batch}", "ts": time.time() + 100 * batch + i,
+                  "parent_id": r["parent_id"] and f"{r['parent_id']}b{batch}"}
+                 for i, r in enumerate(rows)]
+        ev = reports_from_rows([(f"log:{i}", r) for i, r in enumerate(fresh)], sm, "log")
+        assert ev.reports[0].meta["quality_on"] == {"gold": 1, "sig_combined": 2, "none": 2}
+        sm.observe(ev.reports[0])
+    summary = sm.summary()
+    assert summary["quality_on"] == {"gold": 2, "sig_combined": 4, "none": 4}
+    q = next(j for j in summary["metrics"] if j["metric"] == "quality")
+    assert q["n"] == 6
+    assert q["statistic"].endswith("judged on sig_combined (4), gold (2); 4 without a "
+                                   "quality score (excluded)"), q["statistic"]
+    # a client's report: counts must be whole, of a known source
+    d = rep.to_dict()
+    for bad, field in (({"gold": -1}, "report.meta.quality_on.gold"),
+                       ({"judge": 3}, "report.meta.quality_on.judge")):
+        with pytest.raises(ConfigError) as exc:
+            EvaluationReport.from_dict({**d, "meta": {"quality_on": bad}})
+        assert exc.value.field == field
+
+
 def test_logged_latency_is_end_to_end_not_stages_plus_total():
     """The Serve ingress logs stage times and the whole replica call as `pipeline`; an arm's
     latency is that total, not its sum with the stages (which counted them twice)."""
@@ -189,7 +243,7 @@ def test_logged_latency_is_end_to_end_not_stages_plus_total():
     served["latency_ms"] = {"retrieve": 50.0, "generate": 40.0, "pipeline": 95.0}
     assert row_latency_ms(served) == 95.0
     assert row_latency_ms(_row(2, "S", 0.5)) == 100.0  # no total logged: the stage sum
-    s, _ = arms_from_rows([served, _row(2, "C", 0.4)], "S", "C", "canary")
+    s, _, _ = arms_from_rows([served, _row(2, "C", 0.4)], "S", "C", "canary")
     assert list(s.latency_ms) == [95.0]
 
 
@@ -205,9 +259,9 @@ def test_shadow_pairs_compare_compute_time_not_the_mirror_wall_time():
     mirror["latency_ms"] = {"retrieve": 30.0, "generate": 40.0, "pipeline": 160.0}
     assert row_compute_ms(served) == 90.0 and row_compute_ms(mirror) == 70.0
     assert row_compute_ms({"latency_ms": {"pipeline": 12.0}}) == 12.0  # no stages logged
-    s, c = arms_from_rows([served, mirror], "S", "C", "shadow")
+    s, c, _ = arms_from_rows([served, mirror], "S", "C", "shadow")
     assert list(s.latency_ms) == [90.0] and list(c.latency_ms) == [70.0]  # candidate faster
-    s, _ = arms_from_rows([served, _row(3, "C", 0.4)], "S", "C", "canary")
+    s, _, _ = arms_from_rows([served, _row(3, "C", 0.4)], "S", "C", "canary")
     assert list(s.latency_ms) == [95.0]
 
 

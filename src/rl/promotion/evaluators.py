@@ -84,6 +84,12 @@ class Arm:
         return out
 
 
+QUALITY_SOURCES = ("gold", "sig_combined", "none")
+"""What a request's (or a mirrored pair's) quality was judged on (`meta.quality_on` of a
+report from the log, rl.promotion.log_evaluators.scored_quality): the gold-based
+`quality_scores`, the reference-free `sig_combined` (rag.metrics.signals), or nothing (left
+out of quality, counted)."""
+
 METRIC_ARRAYS = {"quality": "quality", "tokens": "cost", "latency_ms": "latency_ms",
                  "error_rate": "error", "feedback": "feedback"}
 """Per-metric judgement's metric name -> the `Arm` array it reads."""
@@ -152,6 +158,8 @@ class EvaluationReport:
     diff_sd: float | None = None
     p_value: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form context (source, dataset, ...); `quality_on`, when present, is {source:
+    count} of what the batch's quality was judged on (`log_evaluators.arms_from_rows`)."""
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per metric (quality, tokens, latency_ms, error_rate, feedback) the batch's sufficient
     statistics (`rl.promotion.metrics.MetricStats.to_dict`): what the tested stages judge."""
@@ -238,6 +246,17 @@ class EvaluationReport:
                                                   f"{opt['ci_method']!r}")
         if "meta" in opt and not isinstance(opt["meta"], Mapping):
             raise ConfigError("report.meta", "must be an object")
+        on = (opt.get("meta") or {}).get("quality_on")
+        if on is not None:
+            if not isinstance(on, Mapping):
+                raise ConfigError("report.meta.quality_on", "must be an object")
+            for k, v in on.items():
+                if k not in QUALITY_SOURCES:
+                    raise ConfigError(f"report.meta.quality_on.{k}", "unknown quality source; "
+                                      f"one of {', '.join(QUALITY_SOURCES)}")
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ConfigError(f"report.meta.quality_on.{k}",
+                                      f"must be a whole number >= 0, got {v!r}")
         if "metrics" in opt:
             from rl.promotion.metrics import MetricStats
 

@@ -215,7 +215,9 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
                       pii_penalty: float | None = None) -> Evidence:
     """Interaction rows -> one report of the stage's kind (offline: IPS over the log; shadow:
     paired mirrored rows; canary: split rows). Shadow/canary use only rows newer than
-    `sm.state.row_cursor` and move it to the newest (a row is counted at most once)."""
+    `sm.state.row_cursor` and move it to the newest (a row is counted at most once); the
+    report's `meta.quality_on` says how many pairs (canary: requests) had their quality
+    judged on gold-based scores, on `sig_combined`, or on nothing (`arms_from_rows`)."""
     from rl.promotion.evaluators import CanaryEvaluator, ShadowEvaluator
     from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
     from rl.promotion.state_machine import KIND
@@ -241,13 +243,13 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
     ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
     ev = ev_cls(thresholds or cfg.thresholds, latency_slo_ms=cfg.slo.latency_ms)
     try:
-        stable, cand = arms_from_rows(fresh, st.stable, st.candidate, kind, reward_key,
-                                      cfg.quality_scores)
+        stable, cand, quality_on = arms_from_rows(fresh, st.stable, st.candidate, kind,
+                                                  reward_key, cfg.quality_scores)
     except ConfigError as exc:  # e.g. no mirrored pair yet: wait for more traffic
         return Evidence(notes=[f"{source}: {len(fresh)} new rows, no evidence yet "
                                f"({exc.message})"])
     st.row_cursor = cursor  # saved by the next observe
-    return Evidence([ev.evaluate(stable, cand, source=source)])
+    return Evidence([ev.evaluate(stable, cand, source=source, quality_on=quality_on)])
 
 
 MIRROR_WAIT_S = 30.0

@@ -15,7 +15,14 @@ from scipy.special import ndtri
 
 from rag.errors import ConfigError
 from rl.kernel.settings import Thresholds
-from rl.promotion.evaluators import Arm, EvaluationReport, Kind, _gates, _summary
+from rl.promotion.evaluators import (
+    QUALITY_SOURCES,
+    Arm,
+    EvaluationReport,
+    Kind,
+    _gates,
+    _summary,
+)
 
 
 def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str, *,
@@ -63,14 +70,38 @@ def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: 
 
 QUALITY_SCORES = ("support", "f1")
 """Default row scores averaged into a request's quality (`PromotionSettings.quality_scores`)."""
+SIGNAL_QUALITY = QUALITY_SOURCES[1]
+"""`sig_combined`: the reference-free score (rag.metrics.signals) a request's quality falls back
+to when it has no gold-based score; the Serve app stores it on every request whose question
+has no gold."""
 
 
 def row_quality(r: Mapping[str, Any], keys: Sequence[str] = QUALITY_SCORES) -> float:
-    """A logged request's quality: the mean of its `scores[k]` for the keys present (NaN when
-    none is)."""
+    """A logged request's gold-based quality: the mean of its `scores[k]` for the keys present
+    (NaN when none is)."""
     sc = r.get("scores") or {}
     got = [float(sc[k]) for k in keys if sc.get(k) is not None and math.isfinite(float(sc[k]))]
     return float(np.mean(got)) if got else float("nan")
+
+
+def _signal(r: Mapping[str, Any]) -> float:
+    v = (r.get("scores") or {}).get(SIGNAL_QUALITY)
+    return float(v) if v is not None and math.isfinite(float(v)) else float("nan")
+
+
+def scored_quality(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = QUALITY_SCORES
+                   ) -> tuple[list[float], str]:
+    """The one quality rule of the rollout, for one request (`rows` = [row]) or one mirrored
+    pair (`rows` = [stable row, candidate row]): the gold-based quality (`row_quality` over
+    `keys`) when every row has it, else `sig_combined` when every row has it, else nothing.
+    Returns (one value per row, NaN when excluded; the source, one of QUALITY_SOURCES)."""
+    gold = [row_quality(r, keys) for r in rows]
+    if not any(math.isnan(v) for v in gold):
+        return gold, "gold"
+    sig = [_signal(r) for r in rows]
+    if not any(math.isnan(v) for v in sig):
+        return sig, SIGNAL_QUALITY
+    return [float("nan")] * len(rows), "none"
 
 
 def _row_reward(r: Mapping[str, Any], reward_key: str | None,
@@ -128,22 +159,28 @@ def _filled(values: Any) -> np.ndarray:
 
 def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str,
                    kind: Kind, reward_key: str | None = None,
-                   quality_scores: Sequence[str] = QUALITY_SCORES) -> tuple[Arm, Arm]:
-    """(stable, candidate) arms from `InteractionStore.export_jsonl` rows.
+                   quality_scores: Sequence[str] = QUALITY_SCORES
+                   ) -> tuple[Arm, Arm, dict[str, int]]:
+    """(stable, candidate) arms from `InteractionStore.export_jsonl` rows, and how their quality
+    was judged: `{source: count}` over QUALITY_SOURCES (shadow: pairs; canary: requests).
 
     shadow: each shadow row of the candidate is paired with the served stable row it mirrors
     (`parent_id`): the same question answered by both; canary: served rows per variant. Every
     row counts (cost, latency and errors are measured on every request); per request the
-    arms carry quality (`row_quality` over `quality_scores`, NaN when unscored), tokens,
-    latency (canary: `row_latency_ms`, what the user waited; shadow pairs: `row_compute_ms`,
-    the replica's stage times, since a mirrored answer's wall time includes queueing behind
-    the served one; on pairs it feeds only the p95 gate and the SLO burn, the latency metric
-    is judged on served requests, `MetricRule.judged_on`), error and the user's feedback (NaN when unrated; a mirrored
-    answer is never shown, so shadow pairs have none). The scalar `reward` (shown, not
-    judged) is `scores[reward_key]`, else the feedback (canary), else the quality; a row with
-    none of these takes its arm's mean (0 when no row of the arm has one)."""
+    arms carry quality (`scored_quality`: a pair is compared on the gold-based
+    `quality_scores` when both rows have them, else on `sig_combined` when both have it, else
+    it is left out of quality and counted under `none`; a canary request likewise on its own),
+    tokens, latency (canary: `row_latency_ms`, what the user waited; shadow pairs:
+    `row_compute_ms`, the replica's stage times, since a mirrored answer's wall time includes
+    queueing behind the served one; on pairs it feeds only the p95 gate and the SLO burn, the
+    latency metric is judged on served requests, `MetricRule.judged_on`), error and the user's
+    feedback (NaN when unrated; a mirrored answer is never shown, so shadow pairs have none).
+    The scalar `reward` (shown, not judged) is `scores[reward_key]`, else the feedback
+    (canary), else the quality; a row with none of these takes its arm's mean (0 when no row
+    of the arm has one)."""
     rows = list(rows)
     qs = tuple(quality_scores)
+    counts = dict.fromkeys(QUALITY_SOURCES, 0)
     if kind == "shadow":
         served = {r["id"]: r for r in rows if not r.get("shadow") and r.get("variant_id") == stable}
         pairs = [(served[r["parent_id"]], r) for r in rows
@@ -151,17 +188,24 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
                  and r.get("parent_id") in served]
         if not pairs:
             raise ConfigError("rows", f"no shadow pairs of {candidate} against {stable}")
+        quality = []
+        for s, c in pairs:
+            q, source = scored_quality([s, c], qs)
+            quality.append(q)
+            counts[source] += 1
 
-        def arm(got: list[Mapping[str, Any]]) -> Arm:
+        def arm(got: list[Mapping[str, Any]], q: list[float]) -> Arm:
             # latency of a pair is compute time: a mirrored answer is started after the served
             # one returns and queues beside it in the same replicas, so its wall time measures
             # the mirroring, not the config (the latency metric is judged at the canaries)
             a = _row_arm(got, reward_key, qs)
-            rew = [_row_reward({**r, "reward": None}, reward_key, qs) for r in got]
-            return replace(a, reward=_filled(rew),
+            rew = [_row_reward({**r, "reward": None}, reward_key) for r in got]
+            rew = [v if not math.isnan(v) else x for v, x in zip(rew, q, strict=True)]
+            return replace(a, reward=_filled(rew), quality=q,
                            latency_ms=[row_compute_ms(r) for r in got])
 
-        return arm([s for s, _ in pairs]), arm([c for _, c in pairs])
+        return (arm([s for s, _ in pairs], [q[0] for q in quality]),
+                arm([c for _, c in pairs], [q[1] for q in quality]), counts)
     if kind != "canary":
         raise ConfigError("kind", f"must be shadow or canary, got {kind!r}")
     out = []
@@ -169,9 +213,16 @@ def arms_from_rows(rows: Iterable[Mapping[str, Any]], stable: str, candidate: st
         got = [r for r in rows if not r.get("shadow") and r.get("variant_id") == variant]
         if not got:
             raise ConfigError(name, f"no rows served by {variant}")
+        quality = []
+        for r in got:
+            (q,), source = scored_quality([r], qs)
+            quality.append(q)
+            counts[source] += 1
         a = _row_arm(got, reward_key, qs)
-        out.append(replace(a, reward=_filled(a.reward)))
-    return out[0], out[1]
+        rew = [_row_reward(r, reward_key) for r in got]
+        rew = [v if not math.isnan(v) else x for v, x in zip(rew, quality, strict=True)]
+        out.append(replace(a, reward=_filled(rew), quality=quality))
+    return out[0], out[1], counts
 
 
 # --------------------------------------------------------------------------- policy OPE gate

@@ -73,8 +73,9 @@ class PromotionSettings(StrictSettings):
     """Per-metric rules (`rl.promotion.metrics`), by the metric names evaluators report:
     quality, tokens, latency_ms, error_rate, feedback."""
     quality_scores: list[str] = Field(default_factory=lambda: ["support", "f1"])
-    """Row scores averaged into a logged request's `quality` (the first present ones;
-    `support` needs no gold answer)."""
+    """Gold-based row scores averaged into a logged request's `quality` (those present); a
+    request (a mirrored pair: both rows) without them is judged on `sig_combined` instead
+    (`rl.promotion.log_evaluators.scored_quality`)."""
     offline_ci: float = Field(0.95, gt=0.0, lt=1.0)
     min_clean_batches: int = Field(3, ge=1)
     on_inconclusive: Literal["rollback", "hold"] = "rollback"

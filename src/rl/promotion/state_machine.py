@@ -91,7 +91,7 @@ class Decision:
 def _fresh_evidence() -> dict[str, Any]:
     return {"batches": 0, "clean_streak": 0, "n": 0, "errors": 0, "err_n": 0, "slow": 0,
             "lat_n": 0, "metrics": {}, "judgements": [], "decision": None, "why": "",
-            "efficacy": False, "offline": None}
+            "efficacy": False, "offline": None, "quality_on": {}}
 
 
 @dataclass
@@ -130,6 +130,19 @@ def _state_from_dict(data: Any) -> RolloutState:
         raise ValueError(f"stage {data['stage']!r} is not one of {', '.join(STAGES)}, "
                          f"{ROLLED_BACK}")
     return RolloutState(**data)
+
+
+def quality_source_text(quality_on: dict[str, int]) -> str:
+    """What a stage's quality was judged on, for people: e.g. "judged on sig_combined (80),
+    gold (0); 3 without a quality score (excluded)" ('' when nothing was counted).
+    `quality_on`: the stage's {source: count} (`rl.promotion.log_evaluators.QUALITY_SOURCES`;
+    pairs in shadow, requests in a canary)."""
+    if not any(quality_on.values()):
+        return ""
+    used = sorted(((k, v) for k, v in quality_on.items() if k != "none"),
+                  key=lambda kv: -kv[1])
+    return ("judged on " + ", ".join(f"{k} ({v})" for k, v in used)
+            + f"; {quality_on.get('none', 0)} without a quality score (excluded)")
 
 
 # --------------------------------------------------------------------------- the machine
@@ -219,7 +232,8 @@ class PromotionStateMachine:
             plan = getattr(c.stages, self.stage)
             out.update({"min_n": plan.min_n, "max_n": plan.max_n, "efficacy": e["efficacy"],
                         "decision": e["decision"], "why": e["why"],
-                        "metrics": e["judgements"]})
+                        "metrics": e["judgements"],
+                        "quality_on": dict(e.get("quality_on") or {})})
         out.update(self._burn())
         return out
 
@@ -254,6 +268,9 @@ class PromotionStateMachine:
                             "metrics": dict(r.metrics)}
             return
         e["n"] += c.n
+        on = e.setdefault("quality_on", {})
+        for source, k in (r.meta.get("quality_on") or {}).items():
+            on[source] = on.get(source, 0) + int(k)
         for name, d in r.metrics.items():
             if name not in self.config.metrics:
                 continue
@@ -311,6 +328,10 @@ class PromotionStateMachine:
         plan = getattr(c.stages, self.stage)
         judged, decision, why = judge(c.metrics, self._stats(), c.alpha, plan.max_n, plan.min_n)
         e["judgements"] = [j.to_dict() for j in judged]
+        said = quality_source_text(e.get("quality_on") or {})
+        for j in e["judgements"]:
+            if j["metric"] == "quality" and said:
+                j["statistic"] += f"; {said}"
         e["decision"], e["why"] = decision, why
         if decision == "veto":
             return self.rollback(why, self.summary())
