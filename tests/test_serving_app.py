@@ -176,7 +176,11 @@ def test_canary_share_is_sticky_and_near_configured(served):
 
 
 def test_shadow_is_logged_never_returned(served):
+    """Mirrored answers are logged, never returned. These questions have no gold: both rows of
+    each pair carry the reference-free signals, and the rollout's shadow evidence from the
+    store judges quality on sig_combined."""
     client, store = served
+    t_start = time.time()
     r = client.post("/admin/traffic", json={"shadow_percent": 100.0, "canary_percent": 0.0})
     assert r.status_code == 200 and r.json()["shadow"] == SHADOW_ID
     ids = []
@@ -196,6 +200,34 @@ def test_shadow_is_logged_never_returned(served):
         time.sleep(0.2)
     assert sorted(r[0] for r in rows) == sorted(ids)
     assert {(r[1], r[2]) for r in rows} == {(SHADOW_ID, "shadow")}
+    q = ",".join("?" * len(ids))
+    stored = _rows(store, f"SELECT scores, latency_ms FROM interactions WHERE id IN ({q}) OR "
+                          f"parent_id IN ({q})", (*ids, *ids))
+    assert len(stored) == 2 * len(ids)
+    for sc, lat in stored:
+        sc = json.loads(sc)
+        assert 0.0 <= sc["sig_combined"] <= 1.0 and "f1" not in sc, sc
+        assert 0.0 <= sc["sig_relevancy"] <= 1.0 and 0.0 <= sc["sig_faithfulness"] <= 1.0
+        assert json.loads(lat)["signals"] > 0
+    assert len({json.loads(sc)["sig_combined"] for sc, _ in stored}) > 1  # not a constant
+    from rl.promotion.evidence import reports_from_store
+    from rl.promotion.state_machine import PromotionSettings, PromotionStateMachine
+    from serving.store import open_store
+
+    slow_ok = PromotionSettings.from_dict({"thresholds": {"faithfulness": 0.0, "relevancy": 0.0,
+                                                          "p95_latency_ms": 60_000},
+                                           "slo": {"latency_ms": 60_000}})  # a loaded CI box
+    sm = PromotionStateMachine.start(None, SHADOW_ID, STABLE_ID, config=slow_ok,
+                                     code_commit="test")
+    sm.state.stage, sm.state.row_cursor = "shadow", t_start
+    ev = reports_from_store(store, sm, open_store=open_store)
+    assert len(ev.reports) == 1, ev.notes
+    rep = ev.reports[0]
+    assert rep.meta["quality_on"] == {"gold": 0, "sig_combined": len(ids), "none": 0}
+    assert rep.metrics["quality"]["n"] == len(ids)
+    assert sm.observe(rep).action == "hold"
+    quality = next(j for j in sm.summary()["metrics"] if j["metric"] == "quality")
+    assert f"judged on sig_combined ({len(ids)})" in quality["statistic"]
     shadow_id = _rows(store, "SELECT id FROM interactions WHERE shadow = 1 LIMIT 1")[0][0]
     r = client.post("/feedback", json={"interaction_id": shadow_id, "reward": 1.0})
     assert r.status_code == 422 and r.json()["field"] == "interaction_id"

@@ -9,13 +9,19 @@ pay the ~8 s model load). The index backends are those stored in the index direc
 manifest (`ragpilot index --config`; rag.index.settings), adjusted per deployment by
 RAGPILOT_FAISS_DEVICE / RAGPILOT_OPENSEARCH_URL in the application's `runtime_env.env_vars`, or
 by `indexes` overrides passed here. When the question is one of the dataset's own (gold known),
-the answer is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses.
+the answer is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses
+(SCORE_KEYS); every other answer gets the reference-free signals of `rag.metrics.signals`
+(SIGNAL_KEYS, each in [0, 1]: from the question, the answer and its cited passages, with the
+process's MiniLM, shared with a MiniLM dense index), so a rollout can judge quality where no gold
+exists. Their time is the answer's `latency_ms.signals` stage.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,14 @@ WARMUP_QUESTION = "Which company was founded first?"
 DEFAULT_DATASET = "synthetic"
 """What a replica serves when neither a dataset nor an index directory is named."""
 SCORE_KEYS = ("em", "f1", "support", "recall@k", "citation_precision", "sp_f1")
+"""Gold-based scores of an answer to one of the served dataset's questions."""
+SIGNAL_KEYS = ("sig_relevancy", "sig_faithfulness", "sig_combined")
+"""Reference-free scores (rag.metrics.signals.SIGNALS) of an answer to any other question."""
+SIGNAL_CACHE = 50_000
+"""Texts whose MiniLM vectors a replica keeps for the signals (~75 MB): passages retrieved again
+(by the next request, or by the mirrored variant of the same one) are not encoded again."""
+_signals = None
+_signals_lock = threading.Lock()
 
 
 @contextmanager
@@ -126,7 +140,7 @@ class PipelineService:
         self.pipeline = Pipeline(indexes, self.config)
         self.variant_id = self.config.config_hash
         if warmup:
-            self.pipeline.run(WARMUP_QUESTION)  # loads models, builds any missing index
+            warm_up(self.pipeline)  # loads models, builds any missing index
 
     def answer(self, question: str, query_id: str = "q", history=None) -> dict[str, Any]:
         """Answer one question (after `history`'s turns). Latency per stage in ms; `scores`
@@ -138,27 +152,62 @@ class PipelineService:
                 "pid": os.getpid(), "gold_questions": len(self.gold)}
 
 
+def answer_signals():
+    """The process's `rag.metrics.signals.AnswerSignals`, built on first use: encoder calls of
+    two texts (each one-question-sized call runs on the query runtime, ONNX in a replica) and a
+    cache of SIGNAL_CACHE texts."""
+    global _signals
+    with _signals_lock:
+        if _signals is None:
+            from rag.metrics.signals import AnswerSignals
+
+            _signals = AnswerSignals(chunk=2)
+            _signals.embedder.max_cache = SIGNAL_CACHE
+        return _signals
+
+
+def warm_up(pipeline) -> None:
+    """Answer WARMUP_QUESTION and score it with the signals: loads every model a request
+    needs (the pipeline's and the signals' encoder) before the replica reports ready."""
+    answer_signals().score(pipeline.run(WARMUP_QUESTION))
+
+
 def answer_record(pipeline, gold: dict[str, Any], question: str,
                   query_id: str = "q", history=None) -> dict[str, Any]:
     """Run `pipeline` on one question: what a replica returns (answer, citations, ids,
-    latency per stage in ms, tokens, variant id, and `scores` / `gold_category` when the
-    question is one of the served dataset's own). `history`: the conversation's earlier
-    turns ({"role", "text"} dicts), which the config's query formulation may use."""
-    from rag.metrics import score_answer
-
+    latency per stage in ms, tokens, variant id, `scores` and `gold_category`: `add_scores`).
+    `history`: the conversation's earlier turns ({"role", "text"} dicts), which the config's
+    query formulation may use."""
     ans = pipeline.run(question, query_id, history=history or None)
     out: dict[str, Any] = {
         "answer": ans.text, "citations": list(ans.citations),
         "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
         "latency_ms": {k: float(v) for k, v in ans.latency_ms.items()},
         "tokens_in": int(ans.tokens_in), "tokens_out": int(ans.tokens_out),
-        "variant_id": ans.config_hash, "scores": None, "gold_category": None,
-    }
+        "variant_id": ans.config_hash}
+    return add_scores(out, ans, gold, question, pipeline.config.k)
+
+
+def add_scores(out: dict[str, Any], ans, gold: dict[str, Any], question: str,
+               k: int) -> dict[str, Any]:
+    """`out` (a replica's answer record, with `latency_ms`) with `scores` and `gold_category`
+    set for the `rag.types.Answer` `ans` to `question`: SCORE_KEYS (those the answer has) and
+    the example's category when the question is one of the served dataset's own (`gold`, by
+    normalised question; `k`: the config's k); else SIGNAL_KEYS, each in [0, 1] (0 for an
+    abstention), timed as the `latency_ms.signals` stage (ms), and `gold_category` None."""
+    from rag.metrics import score_answer
+
     ex = gold.get(normalise_question(question))
     if ex is not None:
-        s = score_answer(ans, ex, k=pipeline.config.k)
-        out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
+        s = score_answer(ans, ex, k=k)
+        out["scores"] = {key: float(s[key]) for key in SCORE_KEYS if key in s}
         out["gold_category"] = ex.category
+        return out
+    t0 = time.perf_counter()
+    sig = answer_signals().score(ans)
+    out["scores"] = {key: float(sig[key]) for key in SIGNAL_KEYS}
+    out["gold_category"] = None
+    out["latency_ms"]["signals"] = (time.perf_counter() - t0) * 1000.0
     return out
 
 

@@ -276,7 +276,7 @@ class PolicyService:
                  candidate_share: float = 0.0):
         configure_runtime_env()
         from rag.pipeline import Pipeline
-        from serving.pipelines import WARMUP_QUESTION, open_served_data
+        from serving.pipelines import WARMUP_QUESTION, open_served_data, warm_up
 
         index_set, self.gold = open_served_data(dataset, index_dir, indexes)
         index_set = SharedRetrievals(index_set)
@@ -285,16 +285,14 @@ class PolicyService:
         self.pipelines = [Pipeline(index_set, c) for c in self.router.arms]
         if warmup:
             for p in self.pipelines:
-                p.run(WARMUP_QUESTION)  # loads models, builds any missing index
+                warm_up(p)  # loads models, builds any missing index
             self.router.pick(WARMUP_QUESTION)
 
     def answer(self, question: str, query_id: str = "q", history=None) -> dict[str, Any]:
         """Pick a config (from the question and `history`, the conversation's earlier turns),
         answer with it: `PipelineService.answer`'s dict plus `policy` (`PolicyPick.to_dict()`)
         and `latency_ms.policy_pick`."""
-        from rag.corpus.hygiene import normalise_question
-        from rag.metrics import score_answer
-        from serving.pipelines import SCORE_KEYS
+        from serving.pipelines import add_scores
 
         pick = self.router.pick(question, history)
         cfg = self.router.arms[pick.arm]
@@ -305,14 +303,9 @@ class PolicyService:
             "answer": ans.text, "citations": list(ans.citations),
             "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
             "latency_ms": lat, "tokens_in": int(ans.tokens_in),
-            "tokens_out": int(ans.tokens_out), "variant_id": ans.config_hash, "scores": None,
-            "gold_category": None, "policy": pick.to_dict()}
-        ex = self.gold.get(normalise_question(question))
-        if ex is not None:
-            s = score_answer(ans, ex, k=cfg.k)
-            out["scores"] = {k: float(s[k]) for k in SCORE_KEYS if k in s}
-            out["gold_category"] = ex.category
-        return out
+            "tokens_out": int(ans.tokens_out), "variant_id": ans.config_hash,
+            "policy": pick.to_dict()}
+        return add_scores(out, ans, self.gold, question, cfg.k)
 
     def info(self) -> dict[str, Any]:
         lp, cand = self.router.loaded, self.router.candidate

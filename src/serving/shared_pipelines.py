@@ -36,7 +36,7 @@ from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
-from serving.pipelines import WARMUP_QUESTION, answer_record, open_served_data
+from serving.pipelines import answer_record, open_served_data, warm_up
 
 
 class SharedPipelineService:
@@ -58,7 +58,7 @@ class SharedPipelineService:
         self._lock = threading.Lock()
         for cfg in warmup or ():
             c = RAGConfig.from_dict(cfg)
-            self.pipeline_for(c.config_hash, cfg).run(WARMUP_QUESTION)
+            warm_up(self.pipeline_for(c.config_hash, cfg))
 
     def pipeline_for(self, variant_id: str, config: dict[str, Any]):
         """The Pipeline view of one variant (built once, least recently used dropped past

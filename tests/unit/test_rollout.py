@@ -259,6 +259,8 @@ def test_shadow_pairs_compare_compute_time_not_the_mirror_wall_time():
     mirror["latency_ms"] = {"retrieve": 30.0, "generate": 40.0, "pipeline": 160.0}
     assert row_compute_ms(served) == 90.0 and row_compute_ms(mirror) == 70.0
     assert row_compute_ms({"latency_ms": {"pipeline": 12.0}}) == 12.0  # no stages logged
+    # scoring the answer (reference-free signals) is a measurement, not the config's compute
+    assert row_compute_ms({"latency_ms": {"retrieve": 5.0, "signals": 20.0}}) == 5.0
     s, c, _ = arms_from_rows([served, mirror], "S", "C", "shadow")
     assert list(s.latency_ms) == [90.0] and list(c.latency_ms) == [70.0]  # candidate faster
     s, _, _ = arms_from_rows([served, _row(3, "C", 0.4)], "S", "C", "canary")
@@ -700,3 +702,43 @@ def test_the_same_report_submitted_again_counts_once():
     service.advance(sm, [again])  # the same report, read back from JSON
     assert sm.state.evidence["batches"] == 1
     assert service.advance(sm, [shadow_report(0.05, seed=2)]).to_stage == "canary_5"
+
+
+def test_served_answers_carry_gold_scores_or_else_the_reference_free_signals(monkeypatch):
+    """What the rollout's quality rule reads: a replica scores an answer to one of the served
+    dataset's questions against its gold, any other with rag.metrics.signals (timed as the
+    `signals` stage)."""
+    from types import SimpleNamespace
+
+    import serving.pipelines as pl
+    from rag.corpus.hygiene import gold_by_question
+    from rag.types import Answer, Context, Example
+
+    ex = Example(id="q1", question="Who founded Acme?", answers=("Ada Lovelace",))
+    ctx = (Context("p1", "Acme", "Acme was founded by Ada Lovelace in 1850."),)
+
+    class Pipe:
+        config = SimpleNamespace(k=3)
+
+        def run(self, question, query_id="q", history=None):
+            return Answer(query_id, question, "Ada Lovelace", (1,), ctx, (),
+                          {"retrieve": 1.0}, 10, 2, "cfg")
+
+    seen = []
+
+    class Signals:
+        def score(self, answer):
+            seen.append(answer.question)
+            return {"sig_relevancy": 0.5, "sig_faithfulness": 1.0, "sig_combined": 0.8,
+                    "unused": 7.0}
+
+    monkeypatch.setattr(pl, "_signals", Signals())
+    gold = gold_by_question([ex])
+    rec = pl.answer_record(Pipe(), gold, "Who founded Acme?")
+    assert rec["scores"]["f1"] == 1.0 and "sig_combined" not in rec["scores"] and not seen
+    assert "signals" not in rec["latency_ms"]
+    rec = pl.answer_record(Pipe(), gold, "Who runs Acme now?")
+    assert rec["scores"] == {"sig_relevancy": 0.5, "sig_faithfulness": 1.0,
+                             "sig_combined": 0.8}
+    assert seen == ["Who runs Acme now?"] and rec["gold_category"] is None
+    assert rec["latency_ms"]["signals"] >= 0.0 and rec["latency_ms"]["retrieve"] == 1.0

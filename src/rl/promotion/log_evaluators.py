@@ -129,10 +129,11 @@ def row_latency_ms(r: Mapping[str, Any]) -> float:
 
 def row_compute_ms(r: Mapping[str, Any]) -> float:
     """A logged row's compute time: the sum of its stage times as the replica measured them
-    (without the ingress's `pipeline` wall time); the `pipeline` time when no stage was
-    recorded."""
+    (without the ingress's `pipeline` wall time, and without `signals`, the time the replica
+    spent scoring the answer: a measurement, cheaper for the mirrored answer whose passages the
+    served one just encoded); the `pipeline` time when no stage was recorded."""
     lat = r.get("latency_ms") or {}
-    stages = [float(v) for k, v in lat.items() if k != "pipeline"]
+    stages = [float(v) for k, v in lat.items() if k not in ("pipeline", "signals")]
     return float(sum(stages)) if stages else float(lat.get("pipeline", np.nan))
 
 
