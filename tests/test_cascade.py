@@ -14,6 +14,8 @@ from rag.metrics.signals import AnswerSignals
 from rl.kernel.settings import TunerSettings
 from rl.routing.cascade import (
     SIGNAL_NAMES,
+    Calibrator,
+    ThresholdCascade,
     cheap_candidates,
     choose_tau,
     outcomes,
@@ -107,3 +109,40 @@ def test_cheap_candidates_keep_room_to_escalate_within_the_budget():
     assert cheap_candidates(M, 60.0) == [2, 3]
     assert cheap_candidates(M, 100.0) == [0, 2, 1]
     assert cheap_candidates(M, None) == [1, 2, 3]  # without a budget: by reward
+
+
+class _NoSignals:
+    """Answer signals that fail when asked: a rerun must not score any answer again."""
+
+    def score_batch(self, answers):
+        raise AssertionError(f"{len(answers)} answers scored again")
+
+
+def test_a_rerun_reads_the_stored_attempts_instead_of_answering_again(world, monkeypatch):
+    import rag.pipeline
+
+    prep, _, _, _, _, Z = world
+    monkeypatch.setattr(rag.pipeline, "Pipeline",
+                        lambda *a, **k: pytest.fail("a stored question was answered again"))
+    for cheap, z in Z.items():
+        again = role_features(prep, cheap, _NoSignals())
+        for role in z:
+            np.testing.assert_array_equal(again[role], z[role])
+
+
+def test_escalation_auc_measures_how_the_confidence_separates_the_questions():
+    from bench.cascade import escalation_auc
+
+    M = {"Q": np.array([[1.0, 0.5], [1.0, 0.5], [0.0, 1.0], [0.0, 1.0]])}  # ok: 1, 1, 0, 0
+    Z = np.array([[0.9, 5.0], [0.8, 1.0], [0.2, 4.0], [0.1, 2.0]])
+    cas = ThresholdCascade(0, 1, ("a", "b"), Calibrator(np.zeros(2), np.ones(2), None, None),
+                           0.5, {})
+    cas.calibrator.predict = lambda z: z[:, 0]
+    got = escalation_auc(cas, M, Z, ["sharp", "mixed"])
+    assert got["ok_rate"] == 0.5 and got["confidence"] == 1.0
+    assert got["best_feature"] == ["sharp", 1.0]
+    # inverted: the confidence ranks every question that needs escalation first
+    cas.calibrator.predict = lambda z: -z[:, 0]
+    assert escalation_auc(cas, M, Z, ["sharp", "mixed"])["confidence"] == 0.0
+    one_class = {"Q": np.array([[1.0, 0.5], [1.0, 0.5]])}
+    assert escalation_auc(cas, one_class, Z[:2], ["sharp", "mixed"])["confidence"] is None

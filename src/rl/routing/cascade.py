@@ -40,9 +40,11 @@ can meet).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,18 +108,71 @@ def attempt_signals(indexes: Any, config: RAGConfig, examples: Sequence[Example]
     return out
 
 
+def attempts_version(with_answer_signals: bool) -> str:
+    """The key under which `role_features` stores attempt signals: the evaluator's
+    `rows_version` (the pipeline, generation and metric code, with the answer signals' code)
+    and a fingerprint of `attempt_signals`. Edited code misses the store instead of reusing
+    stale signals."""
+    import inspect
+
+    from rl.common.fingerprint import code_fingerprint
+    from rl.kernel.evaluator import rows_version
+
+    fp = code_fingerprint((), extra=[inspect.getsource(attempt_signals)])
+    return f"attempts-{fp}+{rows_version(True)}:{len(signal_names(with_answer_signals))}"
+
+
+class AttemptStore:
+    """Attempt signals per (config, query id) on disk beside the evaluator's rows
+    (`<evaluator root>/attempts-<corpus fingerprint>.sqlite`, keyed by `attempts_version`,
+    dataset and config hash): a second run over the same questions reads them instead of
+    answering again."""
+
+    def __init__(self, ev: Any, with_answer_signals: bool):
+        import sqlite3
+
+        fp = ev.data.indexes.corpus.fingerprint()
+        self.prefix = f"{attempts_version(with_answer_signals)}:{ev.data.name}"
+        self.db = sqlite3.connect(str(Path(ev.root) / f"attempts-{fp}.sqlite"), timeout=60.0)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS attempts (cfg TEXT, qid TEXT, value TEXT, "
+                        "PRIMARY KEY (cfg, qid))")
+
+    def get(self, config: RAGConfig) -> dict[str, list[float]]:
+        """query id -> stored signal vector of `config`."""
+        got = self.db.execute("SELECT qid, value FROM attempts WHERE cfg=?",
+                              (f"{self.prefix}:{config.config_hash}",)).fetchall()
+        return {q: json.loads(v) for q, v in got}
+
+    def put(self, config: RAGConfig, qids: Sequence[str], S: np.ndarray) -> None:
+        key = f"{self.prefix}:{config.config_hash}"
+        self.db.executemany("INSERT OR REPLACE INTO attempts VALUES (?, ?, ?)",
+                            [(key, q, json.dumps([float(x) for x in row]))
+                             for q, row in zip(qids, S, strict=True)])
+        self.db.commit()
+
+
 def role_features(prep: Any, cheap: int, answer_signals: Any = None, log: Any = None
                   ) -> dict[str, np.ndarray]:
     """role -> (queries, d) features of the cascade with stage-1 arm `cheap`: each role's
     query features `prep.X[role]` beside the signals of that arm's attempt at its questions
-    (`attempt_signals` over the evaluator's memoised indexes). `prep`: an
-    `rl.routing.train.Prepared`; `log`: a progress line every 50 questions, None for silence."""
+    (`attempt_signals` over the evaluator's memoised indexes; questions an earlier run
+    answered are read from the `AttemptStore`). `prep`: an `rl.routing.train.Prepared`; `log`:
+    a progress line every 50 questions answered, None for silence."""
+    cfg = prep.configs[cheap]
+    store = AttemptStore(prep.ev, answer_signals is not None)
+    have = store.get(cfg)
     out = {}
     for role, (split, idx) in prep.parts.items():
         ex = [prep.ev.data.examples(split)[int(i)] for i in idx]
-        say = f"  attempt {prep.names[cheap]} {role}: {{}}/{len(ex)}"
-        S = attempt_signals(prep.ev.memo, prep.configs[cheap], ex, prep.ev.resources,
-                            answer_signals, (lambda n, s=say: log(s.format(n))) if log else None)
+        todo = [e for e in ex if e.id not in have]
+        if todo:
+            say = f"  attempt {prep.names[cheap]} {role}: {{}}/{len(todo)}"
+            S = attempt_signals(prep.ev.memo, cfg, todo, prep.ev.resources, answer_signals,
+                                (lambda n, s=say: log(s.format(n))) if log else None)
+            store.put(cfg, [e.id for e in todo], S)
+            have.update({e.id: list(row) for e, row in zip(todo, S, strict=True)})
+        S = np.array([have[e.id] for e in ex], dtype=np.float64).reshape(len(ex), -1)
         out[role] = np.hstack([prep.X[role], S])
     return out
 
