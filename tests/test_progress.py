@@ -63,3 +63,40 @@ def test_index_eval_and_tune_log_their_stages_with_counts(tmp_path, monkeypatch,
     _done(lines, "tune: Pareto front of the full-fidelity configs, operating point")
     assert any(re.fullmatch(r"eval [0-9a-f]{12}: answer: done, 10/10 questions in [\d.]+ s", x)
                for x in lines), lines  # the holdout half
+
+
+def test_tune_counts_query_evaluations_inside_the_first_trial(tmp_path, monkeypatch) -> None:
+    """`tune: search` advances with every query-evaluation the evaluator computes, so a log
+    shows how far the first trial got (with an estimate of the rest) before the trial ends.
+    Every count is written here (INTERVAL_S 0); stdout and stderr go to one stream, so the
+    CLI's `trial ...` line (written when a trial ends) is ordered against the count lines."""
+    import io
+    import sys
+
+    from rag import progress
+
+    monkeypatch.setenv("RAGPILOT_CACHE", str(tmp_path / "cache"))  # fresh rows: computed here
+    monkeypatch.setattr("rag.index.dense.cache_dir", lambda: tmp_path / "emb")
+    monkeypatch.setattr("rl.common.data.cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    data = _beir(tmp_path / "mybeir")
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump(SMALL))
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", out)
+    assert main(["tune", "--dataset", str(data), "--method", "random", "--budget", "25",
+                 "--settings", str(settings), "--no-mlflow", "--out",
+                 str(tmp_path / "tune")]) == 0
+    text = out.getvalue().splitlines()
+    first_trial = next(i for i, x in enumerate(text) if x.startswith("trial "))
+    size = int(re.match(r"trial \S+: (\d+) queries", text[first_trial]).group(1))
+    count = re.compile(r"tune: search random: (\d+)/25 query-evaluations \(\d+%\), "
+                       r"[\d.]+ (?:s|min), ~[\d.]+ (?:s|min) left")
+    counts = map(count.fullmatch, _stage_lines("\n".join(text[:first_trial])))
+    done = [int(m.group(1)) for m in counts if m]
+    assert size >= 2, text[first_trial]
+    # one line per query-evaluation from inside the first trial (each with an estimate), then
+    # the trial's own count when it ends
+    assert done[:size - 1] == list(range(1, size)), done
+    assert done == sorted(done) and done[-1] == size, done

@@ -13,6 +13,7 @@ shows its own stages).
             ...
             st.advance(len(batch))
     progress.say("tune: 11 valid / 10 test questions")   # a one-line stage note
+    progress.advance(1, "query-evaluations")       # deep inside: the open stage of that unit
 
 On a terminal (the stream's `isatty()`) a stage with a total is a live tqdm bar. Anywhere else
 (a log file, a pipe, CI) a stage is lines, `[HH:MM:SS]` UTC first:
@@ -241,6 +242,19 @@ class Stage:
         elif self._bar is None:
             counted = f", {self._count()}" if self.total is not None or self.done else ""
             _write(f"{self.what}: done{counted} in {elapsed:.1f} s")
+
+
+def advance(n: int = 1, unit: str = "") -> None:
+    """`n` more items of `unit` done, counted by the innermost open stage that counts `unit`:
+    how code deep inside a stage its caller opened reports its items (the tuner's evaluator
+    adds each query-evaluation to `tune: search`, so a trial shows its progress before it
+    ends). A no-op when progress is off or no open stage counts `unit`."""
+    if not active():
+        return
+    with _lock:
+        st = next((x for x in reversed(_open) if x.unit == unit and x.total is not None), None)
+    if st is not None:
+        st.advance(n)
 
 
 def stage(what: str, total: int | None = None, unit: str = "") -> Stage:

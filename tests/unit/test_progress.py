@@ -166,3 +166,25 @@ def test_the_ticker_speaks_for_the_innermost_stage_when_it_is_silent(monkeypatch
     assert re.fullmatch(r"search: 2/5 trials \(40%\), \d+ s, ~\d+ s left", after[0]), lines
     assert re.fullmatch(r"search: done, 2/5 trials in [\d.]+ s", lines[-1]), lines
     assert not progress._open
+
+
+def test_advance_counts_into_the_innermost_open_stage_of_its_unit(monkeypatch):
+    """`progress.advance(n, unit)` from code that holds no stage: the innermost open stage
+    counting `unit` takes it (an inner stage of another unit does not); nothing happens
+    outside `reporting()` or without such a stage."""
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # every count is a line
+    progress.advance(3, "query-evaluations")  # outside reporting: nothing to count into
+    buf = io.StringIO()
+    with progress.reporting(buf):
+        progress.advance(1, "query-evaluations")  # no stage open: nothing
+        with progress.stage("tune: search", 10, "query-evaluations") as search:
+            with progress.stage("build index dense", 4, "passages") as build:
+                progress.advance(2, "query-evaluations")
+                progress.advance(1, "passages")
+            progress.advance(1, "trials")  # no stage counts trials: nothing
+    assert (search.done, build.done) == (2, 1)
+    lines = _lines(buf)
+    assert re.fullmatch(r"tune: search: 2/10 query-evaluations \(20%\), \d+ s, ~\d+ s left",
+                        lines[2]), lines
+    assert lines[-1].startswith("tune: search: done, 2/10 query-evaluations in "), lines
+    assert not any("trials" in x for x in lines), lines

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from rag import progress
 from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.metrics import score_answer
@@ -76,6 +77,9 @@ ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
 """Not followed here: retrieval and its encoders reach the rows only through `rl.common.memo`, whose
 store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_version`, also
 part of `rows_version`)."""
+QUERY_EVALUATIONS = "query-evaluations"
+"""The unit of a tuning budget (one config scored on one query): `_compute` adds each one it
+computes to the open `rag.progress` stage counted in it (`tune: search`)."""
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
 ABSTAINED = "abstained"
@@ -326,6 +330,7 @@ class TunerEvaluator:
             row.update({f"measured_{s}_ms": ans.latency_ms[s] for s in STAGES})
             rows.append({k: float(v) for k, v in row.items()})
             answers.append(ans)
+            progress.advance(1, QUERY_EVALUATIONS)  # e.g. `tune: search`, mid-trial
         if self.uses_quality:
             scored = self.quality_scorer.score_batch(answers, list(examples))
             for row, q in zip(rows, scored, strict=True):

@@ -28,7 +28,9 @@ episode. Errors are ConfigError naming `method`, `budget` or `resume`. Nothing h
 progress reaches the caller through `on_iteration` (PPO: one call per training iteration) and
 `on_trial` (a search run in this process: one call per trial), and `run_tuning`'s stages (open
 the data, the search counted in query-evaluations, the Pareto front, the holdout, MLflow) are
-`rag.progress` stages, shown where the entry point turned progress on.
+`rag.progress` stages, shown where the entry point turned progress on; the search's stage
+counts each query-evaluation as the evaluator computes it, so a long first trial shows how far
+it got (and an estimate of the rest) before it ends.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rag.evaluate import evaluate as rag_evaluate
     from rag.pipeline import Pipeline
     from rl.common.data import TuningData, run_directory
-    from rl.kernel.evaluator import TunerEvaluator
+    from rl.kernel.evaluator import QUERY_EVALUATIONS, TunerEvaluator
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
@@ -276,7 +278,9 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
 
         mlflow_uri = tracking_uri(Path(mlflow_dir))
     prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
-    counted = progress.stage(f"tune: search {method}", budget, "query-evaluations")
+    # counted per query-evaluation as the evaluator computes them (mid-trial), and set to the
+    # search's own count after each trial or PPO iteration
+    counted = progress.stage(f"tune: search {method}", budget, QUERY_EVALUATIONS)
     n_tune = len(ev.data.examples(ev.slice.tune_split))
 
     def on_iter(it: int, metrics: dict[str, Any], of: int | None, history: list) -> None:
