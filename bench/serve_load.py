@@ -14,8 +14,9 @@ when permitted. Phases, each bounded in requests:
      paired bootstrap CI over rounds;
   4. memory: RSS of every Serve replica process before/after 4 config variants are added at
      run time (`/admin/traffic`), 30 questions each;
-  5. SIGTERM after a third of a bounded 16-client load is answered: requests without an
-     answer, exit code, seconds to exit.
+  5. SIGTERM after a third of a bounded 16-client load is answered: requests dropped (no
+     answer, a cut one, or an error other than the drain's clean 503 / a refused connection),
+     requests refused while draining, exit code, seconds to exit.
 Targets: p95 ≤ 500 ms at 16 clients, `throughput_ratio_logging_on_vs_off` ≥ 0.95,
 `dropped_on_sigterm` = 0, `rss_mb_per_variant` ≤ 150 MB. Proxy auto: $RAGPILOT_SERVE_PROXY when
 set (bench/serve_ab.py pins it), else haproxy when installed (docs/serving.md: 31-39% less CPU
@@ -301,12 +302,17 @@ def main() -> None:
         res, _ = asyncio.run(load(url, payloads(n_sigterm), 16, on_answer=sigterm_at_a_third))
         rc = srv.proc.wait(180)
         exit_s = time.perf_counter() - sent[0]
-        dropped = [x[2].get("error", x[0]) for x in res if x[0] != 200]
+        # refused cleanly while draining (503 with Retry-After: serving.drain) or after the
+        # server stopped (no connection) is not dropped; a cut or missing answer is
+        refused = [x for x in res if x[0] == 503 or "ConnectError" in x[2].get("error", "")]
+        dropped = [x[2].get("error", x[0]) for x in res if x[0] != 200 and x not in refused]
         drain_line = next((x for x in srv.text().splitlines() if x.startswith("drained in")), "")
         rows += [plain_row(DS, "ragpilot serve", "dropped_on_sigterm", len(dropped), len(res)),
+                 plain_row(DS, "ragpilot serve", "refused_on_sigterm", len(refused), len(res)),
                  plain_row(DS, "ragpilot serve", "exit_code_after_sigterm", rc, 1),
                  plain_row(DS, "ragpilot serve", "sigterm_to_exit_s", exit_s, 1)]
-        print(f"SIGTERM: {len(dropped)} of {len(res)} dropped {dropped[:2]}, exit {rc} after "
+        print(f"SIGTERM: {len(dropped)} of {len(res)} dropped {dropped[:2]}, {len(refused)} "
+              f"refused (draining), exit {rc} after "
               f"{exit_s:.1f} s ({drain_line})", flush=True)
     finally:
         srv.stop()

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rag.errors import ConfigError
 from serving import request_log
 from serving.auth import AuthMiddleware, current_guard, route_path
+from serving.drain import DrainGate
 from serving.limits import BodyLimitMiddleware, current_body_limit
 from serving.metrics import ServeMetrics, current_metrics
 from serving.schemas import ApiError
@@ -112,7 +113,8 @@ async def _config_error(_: Request, exc: ConfigError) -> JSONResponse:
     return _error(422, exc.field, exc.message)
 
 
-# Outer to inner: request counting (CountRequests, below) -> API keys -> body size -> FastAPI.
+# Outer to inner: request counting (CountRequests, below) -> drain gate -> API keys -> body
+# size -> FastAPI.
 # Starlette puts the last-added middleware outermost, so these two are added before the counter.
 # State reaches them through functions of serving.limits/serving.auth (see install_guard).
 api.add_middleware(BodyLimitMiddleware, limit=current_body_limit)
@@ -191,4 +193,5 @@ class CountRequests:
                     log.warning("request log not written: %s: %s", type(exc).__name__, exc)
 
 
+api.add_middleware(DrainGate)  # inside the counter: a draining 503 is counted and logged
 api.add_middleware(CountRequests)

@@ -212,7 +212,8 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
     @api.get("/readyz")
     async def readyz(self) -> JSONResponse:
         """Readiness: 200 once the store and every deployment answer (2 s each at most);
-        else 503 JSON with `status` `starting` or `unavailable`, `error` and `failed`."""
+        else 503 JSON with `status` `starting`, `unavailable` or `draining` (the server is
+        stopping: serving.drain), `error` and `failed`."""
         return await self._readyz()
 
 

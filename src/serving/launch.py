@@ -25,6 +25,7 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rl.common.runtime import LOCAL_CLUSTER_ENV
+from serving.drain import FLAG_ENV
 
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20}
 
@@ -343,8 +344,10 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
                private_netns: bool = False, proxy: str | None = None,
                drain_timeout_s: float = DRAIN_TIMEOUT_S) -> int:
     """Deploy every application of a Serve YAML and block until SIGINT/SIGTERM; `proxy`: see
-    `PROXIES`. On the first signal, the requests in flight are answered before Serve stops
-    (`drain`, at most `drain_timeout_s`); a second signal stops at once."""
+    `PROXIES`. On the first signal the app stops taking requests (`/readyz` 503 `draining`,
+    any other new request 503 with Retry-After: serving.drain), the requests in flight are
+    answered before Serve stops (`drain`, at most `drain_timeout_s`), and 0 is returned; a
+    second signal stops at once."""
     from ray import serve
 
     from serving.app import build_app
@@ -354,8 +357,12 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
     # handlers first: a signal during start-up is acted on once the app is up (SIGHUP's default
     # action would kill the process)
     stop, force, reload = threading.Event(), threading.Event(), threading.Event()
+    flag = Path(tempfile.gettempdir()) / f"ragpilot-draining-{os.getpid()}"
+    flag.unlink(missing_ok=True)  # a killed earlier process with this pid may have left one
+    _set_env(FLAG_ENV, str(flag))  # inherited by every replica of the cluster started below
 
     def on_signal(*_) -> None:
+        flag.touch()  # from now on /readyz says draining and new requests get 503
         (force if stop.is_set() else stop).set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -387,11 +394,13 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
             apps = reload_apps(config, apps)
         time.sleep(0.2)
     quiet = ServeSettings.from_args(apps[0].get("args")).ingress.metrics_interval_s + 0.5
-    print(f"stopping: answering the requests in flight first (at most {drain_timeout_s:g} s; "
-          "signal again to stop now)", flush=True)
+    print(f"stopping: new requests get 503, /readyz says draining; answering the requests "
+          f"in flight first (at most {drain_timeout_s:g} s; signal again to stop now)",
+          flush=True)
     t0 = time.monotonic()
     drain(url.rstrip("/") + (apps[0].get("route_prefix") or "/").rstrip("/"), quiet,
           drain_timeout_s, force)
     print(f"drained in {time.monotonic() - t0:.1f} s; shutting Serve down", flush=True)
     stop_local()
+    flag.unlink(missing_ok=True)
     return 0

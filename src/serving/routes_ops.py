@@ -1,7 +1,7 @@
 """Handlers of the ingress's operations routes (declared on serving.app.Ingress): `GET /metrics`
 (Prometheus text: every live ingress replica's series, labelled `replica`), `GET /healthz`
 (liveness: this ingress replica runs) and `GET /readyz` (readiness: the store and every
-deployment answer).
+deployment answer, and no drain has started).
 
 `OpsRoutes` is a mixin of `serving.app.Ingress` and uses its handles, router, store and metrics.
 """
@@ -15,6 +15,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 
 from serving.api import log, replica_id
+from serving.drain import draining
 
 READY_TIMEOUT_S = 2.0
 """How long `/readyz` waits for each deployment's answer before saying `starting`."""
@@ -40,10 +41,15 @@ class OpsRoutes:
         shared pipelines, the policy when there is one) answers its `info` call within
         READY_TIMEOUT_S. Otherwise 503 (never a 500), JSON with `status` `starting` (no
         answer in time) or `unavailable` (the store or a replica failed), `error` saying
-        what failed and `failed`: variant id -> exception type and message."""
+        what failed and `failed`: variant id -> exception type and message. From the start
+        of a drain (serving.drain), 503 with `status` `draining` and nothing probed."""
         variants = sorted(self.handles)
         body: dict[str, Any] = {"variants": variants, "stable": self.router.stable,
                                 "store": self.store.url}
+        if draining():
+            return JSONResponse(status_code=503, content={
+                **body, "status": "draining", "failed": {},
+                "error": "the server is stopping: route new requests elsewhere"})
         try:
             await asyncio.to_thread(self.store.counts)
         except Exception as exc:  # noqa: BLE001 - any store failure means "not ready"
