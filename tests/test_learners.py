@@ -74,3 +74,28 @@ def test_headroom_captured_is_one_for_the_oracle_and_zero_for_the_static_arm():
     assert headroom_captured(R, R[:, 1], 0)[0] == pytest.approx((0.4 - 0.5) / (2.5 / 3 - 0.5))
     with pytest.raises(ValueError, match="no headroom"):
         headroom_captured(np.ones((3, 2)), np.ones(3), 0)
+
+
+def test_the_arm_layout_and_the_table_world_are_lookups_over_the_same_configs():
+    from rl.routing.heads import ArmLayout
+    from rl.routing.worlds import TableWorld
+
+    base = TunerSettings.defaults().base_config()
+    arms = [base.replace(k=k) for k in (2, 4, 8)]
+    layout = ArmLayout(arms, TunerSettings.defaults())
+    assert layout.action_space()["arm"].n == 3 and layout.names == ("arm",)
+    for j, c in enumerate(arms):
+        assert layout.encode(c) == ({"arm": j}, True)
+        assert layout.decode({"arm": np.array([j])}).config_hash == c.config_hash
+    other = base.replace(k=16)
+    with pytest.raises(ValueError, match="none of the layout's 3 arms"):
+        layout.encode(other)
+    R = np.arange(6.0).reshape(2, 3)
+    world = TableWorld(R, R / 10, R * 100, arms, cost_ref=50.0)
+    o = world.outcome(1, arms[2])
+    assert (o.reward, o.quality, o.cost) == (5.0, 0.5, 10.0)
+    assert [x.reward for x in world.outcomes([arms[0], arms[1]])] == [0.0, 4.0]
+    with pytest.raises(ValueError, match="not a column"):
+        world.outcome(0, other)
+    with pytest.raises(ValueError, match="queries x 3"):
+        TableWorld(R[:, :2], R, R, arms, 50.0)

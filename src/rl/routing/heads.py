@@ -237,6 +237,56 @@ class HeadLayout:
         return a, self.decode(a).config_hash == config.config_hash
 
 
+class ArmLayout:
+    """A single categorical head, `arm`, over a fixed list of configs (e.g. the router's
+    portfolio, `rl.routing.portfolio`): action {"arm": j} decodes to `configs[j]`. The same
+    interface as `HeadLayout` (no gates, no box heads, no defer), so `PerQueryPPO`, its warm
+    start and its propensities work unchanged; over a cached (queries x arms) table
+    (`rl.routing.worlds.TableWorld`) every sample is a lookup. `policy`: the tuner settings
+    the configs were made with (saved with the policy)."""
+
+    def __init__(self, configs: list[RAGConfig], policy: TunerSettings):
+        if not configs:
+            raise ValueError("ArmLayout needs at least one config")
+        self.configs = list(configs)
+        self.policy = policy
+        self.conversational = False
+        self.names = ("arm",)
+        self.discrete = {"arm": len(self.configs)}
+        self.box_heads: tuple[str, ...] = ()
+        self.boxes: dict[str, BoxMap] = {}
+        self.gates: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.defers = False
+        self._index = {c.config_hash: j for j, c in enumerate(self.configs)}
+
+    def action_space(self) -> spaces.Dict:
+        return spaces.Dict({"arm": spaces.Discrete(len(self.configs))})
+
+    def gates_spec(self) -> dict[str, list]:
+        return {}
+
+    def active(self, action: Mapping[str, Any]) -> dict[str, bool]:
+        return {"arm": True}
+
+    def check_base(self, base: Any, n: int, name: str) -> None:
+        """No defer head: nothing to check."""
+
+    def defers_in(self, action: Mapping[str, Any]) -> bool:
+        return False
+
+    def decode(self, action: Mapping[str, Any], base: RAGConfig | None = None) -> RAGConfig:
+        return self.configs[int(np.asarray(action["arm"]).reshape(-1)[0])]
+
+    def encode(self, config: RAGConfig) -> tuple[dict[str, Any], bool]:
+        """({"arm": j}, True) for the arm whose config hashes equal to `config`; a config that
+        is no arm is a ValueError naming its hash."""
+        j = self._index.get(config.config_hash)
+        if j is None:
+            raise ValueError(f"config {config.config_hash} is none of the layout's "
+                             f"{len(self.configs)} arms")
+        return {"arm": j}, True
+
+
 def _chain(gates: Mapping[str, tuple[str, Any]], own: Callable[[str, Any], Any]
            ) -> dict[str, Any]:
     """Per gated head h with gate (parent, vals): own(parent, vals) times the parent's value

@@ -1,6 +1,7 @@
 """The per-query PPO policy: query features -> one config per query, through mixed
-action heads (`rl.routing.heads`), trained with RLlib PPO on the new API stack under a mean-cost
-constraint (PPO-Lagrangian).
+action heads over the config space (`rl.routing.heads.HeadLayout`) or one categorical head
+over a fixed list of arms (`ArmLayout`), trained with RLlib PPO on the new API stack under a
+mean-cost constraint (PPO-Lagrangian).
 
 MDP: one step per query (gamma = GAE lambda = 0: the next query does not depend on this
 decision). `PolicyEnv` observes a random training query's `QueryFeaturizer` features,
@@ -57,7 +58,7 @@ import numpy as np
 
 from rag.config import RAGConfig
 from rl.kernel.settings import TunerSettings
-from rl.routing.heads import HeadLayout
+from rl.routing.heads import ArmLayout, HeadLayout
 from rl.routing.run_log import PolicyRunLog
 from rl.routing.selection import replaces
 from rl.routing.settings import PPOPolicySettings
@@ -134,7 +135,7 @@ class PerQueryPPO:
     """A trained (or loadable) per-query policy: an RLlib PPO module over `layout`'s heads and
     the feature standardisation (`mean`, `std`) of its training split."""
 
-    def __init__(self, layout: HeadLayout, settings: PPOPolicySettings, mean: np.ndarray,
+    def __init__(self, layout: HeadLayout | ArmLayout, settings: PPOPolicySettings, mean: np.ndarray,
                  std: np.ndarray, module: Any = None, lam: float = 0.0,
                  meta: dict | None = None):
         self.layout, self.settings = layout, settings
@@ -143,7 +144,7 @@ class PerQueryPPO:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def create(cls, layout: HeadLayout, settings: PPOPolicySettings, X_train: np.ndarray
+    def create(cls, layout: HeadLayout | ArmLayout, settings: PPOPolicySettings, X_train: np.ndarray
                ) -> PerQueryPPO:
         X = np.asarray(X_train, np.float64)
         std = X.std(axis=0)
@@ -374,15 +375,18 @@ class PerQueryPPO:
 
     # ---- persistence --------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        """module.pt (the RLModule state), policy.json (settings, layout inputs,
-        standardisation, lambda, meta)."""
+        """module.pt (the RLModule state), policy.json (settings, layout inputs: the tuner
+        settings, and the arms' configs for an `ArmLayout`; standardisation, lambda, meta)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         _save_torch(_cpu_state(self.module), d / "module.pt")
+        arms = isinstance(self.layout, ArmLayout)
+        tuner = self.layout.policy if arms else self.layout.space.policy
+        extra = {"arms": [c.model_dump(mode="json") for c in self.layout.configs]} if arms else {}
         (d / "policy.json").write_text(json.dumps({
             "settings": self.settings.model_dump(mode="json"),
-            "tuner": self.layout.space.policy.model_dump(mode="json", by_alias=True),
-            "conversational": self.layout.conversational, "mean": self.mean.tolist(),
+            "tuner": tuner.model_dump(mode="json", by_alias=True),
+            "conversational": self.layout.conversational, **extra, "mean": self.mean.tolist(),
             "std": self.std.tolist(), "lambda": self.lam, "meta": self.meta}, indent=1))
         return d
 
@@ -396,7 +400,9 @@ class PerQueryPPO:
             # saved before the normalisation head: its hybrids used the base config's only
             heads["normalisations"] = [tuner.base_config().normalisation]
         settings = PPOPolicySettings.from_mapping(j["settings"])
-        layout = HeadLayout(settings.heads, tuner, j["conversational"])
+        layout: HeadLayout | ArmLayout = (
+            ArmLayout([RAGConfig.from_dict(c) for c in j["arms"]], tuner) if "arms" in j
+            else HeadLayout(settings.heads, tuner, j["conversational"]))
         pol = cls(layout, settings, np.array(j["mean"]), np.array(j["std"]),
                   lam=j["lambda"], meta=j["meta"])
         pol.module = pol._standalone(cls._module_state(d / "module.pt"))

@@ -91,6 +91,33 @@ class EvaluatorWorld:
         return [self._cache[(c.config_hash, i)] for i, c in enumerate(configs)]
 
 
+class TableWorld:
+    """Queries of a computed (queries x configs) table: the outcome of `configs[j]` on query i
+    is (R[i, j], Q[i, j], T[i, j] / cost_ref), a lookup (e.g. `rl.routing.train.prepare`'s
+    per-role matrices over the portfolio). A config not in `configs` is a ValueError naming
+    its hash."""
+
+    def __init__(self, R: np.ndarray, Q: np.ndarray, T: np.ndarray,
+                 configs: Sequence[RAGConfig], cost_ref: float):
+        R, Q, T = (np.asarray(a, np.float64) for a in (R, Q, T))
+        if not R.shape == Q.shape == T.shape or R.ndim != 2 or R.shape[1] != len(configs):
+            raise ValueError(f"R, Q, T must be (queries x {len(configs)}) alike, got "
+                             f"{R.shape}, {Q.shape}, {T.shape}")
+        self.R, self.Q, self.T = R, Q, T
+        self.n = len(R)
+        self.cost_ref = float(cost_ref)
+        self._col = {c.config_hash: j for j, c in enumerate(configs)}
+
+    def outcome(self, i: int, config: RAGConfig) -> Outcome:
+        j = self._col.get(config.config_hash)
+        if j is None:
+            raise ValueError(f"config {config.config_hash} is not a column of the table")
+        return Outcome(float(self.R[i, j]), float(self.Q[i, j]), float(self.T[i, j]) / self.cost_ref)
+
+    def outcomes(self, configs: Sequence[RAGConfig]) -> list[Outcome]:
+        return [self.outcome(i, c) for i, c in enumerate(configs)]
+
+
 class ConcatWorld:
     """Several worlds as one: query i of the first, then of the second, ... (a role that
     spans splits, e.g. a cross-fitted fold's train part made of train, valid and test
