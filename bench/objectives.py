@@ -2,12 +2,11 @@
 default on the test split, per objective, and how much of the best-known Pareto front a run's
 own front covers.
 
-Per dataset (synthetic, hotpotqa, scifact, mtrag) and objective: one local-asha search (the
-default searcher, warm-started from the static default, its rungs ranked by that objective's
-terms: `rl.tuner.searchers.objective_score`) under 8 full valid splits of query-evaluations;
-the full-fidelity evaluations of both searches make the run's Pareto front (quality vs tokens
-vs p95 on valid, `rl.tuner.pareto.build`). From its own search's front each objective picks
-its operating point by one-sided 95% bounds of paired differences with the default on valid
+Per dataset (synthetic, hotpotqa, scifact, mtrag): one local-asha search (the default searcher,
+warm-started from the static default) under `--budget-x` full valid splits of
+query-evaluations; its full-fidelity evaluations make the run's Pareto front (quality vs tokens
+vs p95 on valid, `rl.tuner.pareto.build`). From that front each objective picks its operating
+point by one-sided 95% bounds of paired differences with the default on valid
 (`rl.kernel.objective.choose`): `min_cost` (cheapest config non-inferior in quality, margin
 0.01) and `max_quality` (highest lower bound of Δ quality within the default's tokens and p95).
 The pick is then compared with the default on the test split (paired bootstrap, 10k):
@@ -17,7 +16,7 @@ The pick is then compared with the default on the test split (paired bootstrap, 
     max_quality  delta_quality (target: CI low > 0 on >= 1 real dataset), delta_tokens_pct
     local-asha   pareto_points (the run's front on valid), hypervolume_ratio (the run's front
                  vs the best-known front: the front of the union of every full-fidelity
-                 evaluation made in this benchmark run for the dataset, i.e. the searches' and
+                 evaluation made in this benchmark run for the dataset, i.e. the search's and
                  `--extra` uniformly drawn configs evaluated on the whole valid split)
 
 quality = (αF + βR)/(α + β) per query with the dataset's F and R (configs/rl/tuner.yaml).
@@ -79,7 +78,6 @@ def reference_point(pts: np.ndarray) -> np.ndarray:
 
 
 def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dict[str, Any]:
-    from rl.kernel.evaluator import TunerEvaluator
     from rl.tuner.ask_tell import run_search
 
     t0 = time.perf_counter()
@@ -92,24 +90,22 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
     ev.evaluate(default, valid)
     ev.evaluate(default, test)
     budget = int(round(budget_x * n_valid))
+    log(f"[{name}] default evaluated ({time.perf_counter() - t0:.0f} s); {SEARCHER} search, "
+        f"{budget} query-evaluations on {valid} (n = {n_valid})")
+    res = run_search(ev, space, SEARCHER, budget, seed, start=default)
+    log(f"[{name}] search done ({time.perf_counter() - t0:.0f} s): "
+        f"{ev.counters['queries_computed']} rows computed so far")
     picks, out = {}, {"dataset": name, "n_valid": n_valid, "n_test": len(ev.data.examples(test)),
-                      "budget": budget, "cost_model": cm, "search_query_evals": {}}
-    for kind in KINDS:  # one search per objective, ranking rungs by the objective's terms
+                      "budget": budget, "cost_model": cm}
+    for kind in KINDS:
         s = settings.model_copy(update={"objective": settings.objective.model_copy(
             update={"kind": kind})})
-        ev_k = TunerEvaluator(ev.data, s, cache_root=ev.root, cost_model=ev.cost_model)
-        log(f"[{name}] {kind}: {SEARCHER} search, {budget} query-evaluations on {valid} "
-            f"(n = {n_valid}; {time.perf_counter() - t0:.0f} s so far)")
-        res = run_search(ev_k, space, SEARCHER, budget, seed, start=default)
-        p = build(ev_k, s, search_best=res.best_config, split=valid, seed=seed)
+        p = build(ev, s, search_best=res.best_config, split=valid, seed=seed)
         picks[kind] = p
-        ev.seen.update(ev_k.seen)  # the run's front: both searches' full-fidelity points
-        out["search_query_evals"][kind] = res.query_evals
         log(f"[{name}] {kind}: {p.choice.key} ({'better' if p.choice.better else 'default'}: "
-            f"{p.choice.reason}); its front {len(p.front)} of {len(p.points)} full-fidelity "
-            f"points")
-    run = build(ev, settings, split=valid, seed=seed)
-    run_pts = {k: run.points[k] for k in run.front}
+            f"{p.choice.reason}); front {len(p.front)} of {len(p.points)} full-fidelity points")
+    front = picks["min_cost"]
+    run_pts = {k: front.points[k] for k in front.front}
     rng = np.random.default_rng(seed + 1000)
     extra = [space.sample(rng) for _ in range(n_extra)]
     for i, cfg in enumerate(extra):
@@ -123,7 +119,7 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
     ref = reference_point(u)
     hv_run = hypervolume(np.array(list(run_pts.values())), ref)
     hv_best = hypervolume(best_known, ref)
-    rows = [_row(name, SEARCHER, "pareto_points", len(run_pts), n=len(run.points)),
+    rows = [_row(name, SEARCHER, "pareto_points", len(run_pts), n=len(front.points)),
             _row(name, SEARCHER, "hypervolume_ratio", hv_run / hv_best if hv_best else math.nan,
                  n=len(union.points))]
     details = {}
@@ -144,10 +140,10 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
                          "test": {m: x.as_dict() for m, x in d.items()}}
         log(f"[{name}] {kind} on {test}: Δ quality {q.diff:+.4f} [{q.ci_low:+.4f}, "
             f"{q.ci_high:+.4f}], tokens {100 * tok.diff / b:+.1f}%, p95 {lat.diff:+.1f} ms")
-    out.update(rows=rows, picks=details, front=list(run_pts), n_full_fidelity=len(run.points),
+    out.update(rows=rows, picks=details, front=list(run_pts), n_full_fidelity=len(front.points),
                n_union=len(union.points), best_known_front=len(best_known),
                reference_point=ref.tolist(), hv_run=hv_run, hv_best_known=hv_best,
-               wall_s=time.perf_counter() - t0)
+               search_query_evals=res.query_evals, wall_s=time.perf_counter() - t0)
     log(f"[{name}] front {len(run_pts)} points, hypervolume ratio "
         f"{rows[1]['value']:.3f} vs the best-known front ({len(best_known)} of "
         f"{len(union.points)}); {out['wall_s']:.0f} s")

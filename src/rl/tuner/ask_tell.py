@@ -26,14 +26,9 @@ query-evaluations (rows a search asked for, cached or not): no trial starts once
 query-evaluations reach it, and a started trial finishes its rungs (so a search overshoots by
 less than one full split per concurrent trial). Each rung is also priced in seconds by the
 evaluator's cost model (the pipeline time its new queries take on this machine).
-Searchers and schedulers rank by a rung's `score`, which follows the evaluator's objective
-(`ev.policy.objective`, `searchers.objective_score`): under `reward` the reward without its
-instability term (`search_score`; that term measures batch size), under `min_cost` and
-`max_quality` the objective's own terms against the static default (`ev.policy.base_config()`)
-on the same queries, so the configs the objective wants are the ones promoted to the full split.
-The search's `best_config` is the best reward of a trial evaluated on the full split (ties: the
-earliest-created trial): a low-fidelity score never wins; the objective's operating point is
-chosen from the full-fidelity evaluations afterwards (`rl.tuner.pareto.build`).
+Searchers and schedulers rank by `searchers.search_score` (the reward without its instability
+term, which measures batch size); the incumbent is the best reward of a trial evaluated on the
+full split (ties: the earliest-created trial): a low-fidelity score never wins.
 
 A rung result (`trial_metrics`): reward, score, quality (αF + βR, `RewardSpec.quality`),
 faithfulness, relevancy, cost (tokens per query), p95_latency_ms, quality_se, gate verdicts
@@ -64,7 +59,6 @@ from rl.tuner.searchers import (
     SEARCHERS,
     make_scheduler,
     make_searcher,
-    objective_score,
     search_score,
 )
 
@@ -118,16 +112,9 @@ def evaluate_rung(ev: Any, cfg: RAGConfig, split: str, sizes: Sequence[int],
     done = sizes[level - 2] if level > 1 else 0
     idx = rung_indices(n_total, n)
     rep = ev.evaluate(cfg, split, idx)
-    spec = ev.reward_spec()
-    out = trial_metrics(rep, spec, level, n == n_total)
-    objective = ev.policy.objective
-    if objective.kind != "reward":  # ranked against the incumbent on the same queries
-        inc = trial_metrics(ev.evaluate(ev.policy.base_config(), split, idx), spec, level,
-                            n == n_total)
-        w = spec.weights
-        out[SEARCH_METRIC] = objective_score(objective, out, inc, w.alpha + w.beta)
     lat = np.asarray(ev.table(cfg, split, idx)["latency_ms"])[idx[done:]]
-    return {**out, "rung_seconds": float(np.sum(lat)) / 1000.0, "training_iteration": level}
+    return {**trial_metrics(rep, ev.reward_spec(), level, n == n_total),
+            "rung_seconds": float(np.sum(lat)) / 1000.0, "training_iteration": level}
 
 
 def config_of(space: Any, params: dict[str, Any]) -> RAGConfig:

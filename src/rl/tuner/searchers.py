@@ -67,37 +67,6 @@ def search_score(reward: float, stable: bool, lambda_: float) -> float:
     return float(reward) + (0.0 if stable else lambda_ * UNSTABLE_PENALTY)
 
 
-def objective_score(objective: Any, trial: dict[str, Any], incumbent: dict[str, Any],
-                    quality_scale: float = 1.0) -> float:
-    """What a rung ranks by under `objective` (`rl.kernel.settings.Objective`): `trial` and
-    `incumbent` are rung results (`ask_tell.trial_metrics`) on the same queries; quality q is
-    their `quality` over `quality_scale` (α + β), in [0, 1]; higher is better.
-
-        reward       `trial["score"]` (`search_score`)
-        min_cost     −tokens / the incumbent's tokens, minus the quality shortfall beyond the
-                     non-inferiority margin in margins: max(0, q_inc − margin − q) / margin
-                     (margin floored at 0.01), so a config 1 margin short of non-inferior
-                     scores as if it cost one more incumbent
-        max_quality  q − q_inc, minus each budget's relative overshoot (tokens: the
-                     objective's token budget, else the incumbent's; p95 ms: its p95 budget,
-                     else the incumbent's)
-
-    A rung score only ranks trials for ASHA and the local search; the operating point is still
-    chosen from full-fidelity evaluations by `rl.kernel.objective.choose`."""
-    if objective.kind == "reward":
-        return float(trial[SEARCH_METRIC])
-    q, q_inc = trial["quality"] / quality_scale, incumbent["quality"] / quality_scale
-    if objective.kind == "min_cost":
-        margin = max(float(objective.margin), 0.01)
-        shortfall = max(0.0, q_inc - objective.margin - q) / margin
-        return -trial["cost"] / max(incumbent["cost"], 1e-9) - shortfall
-    tokens = objective.token_budget() or incumbent["cost"]
-    p95 = objective.budgets.p95_latency_ms or incumbent["p95_latency_ms"]
-    over = (max(0.0, trial["cost"] / max(tokens, 1e-9) - 1.0)
-            + max(0.0, trial["p95_latency_ms"] / max(p95, 1e-9) - 1.0))
-    return q - q_inc - over
-
-
 class ConstrainedOptunaSearch(OptunaSearch):
     """OptunaSearch (TPE) with gate constraints and pruned low-fidelity trials (module
     docstring). Results must carry `violation_<gate>` for each hard gate and
