@@ -152,7 +152,7 @@ def main() -> None:
     def save(done: list[str]) -> None:  # after each dataset: a timed-out run keeps what it did
         meta = make_meta(0, {d: data_root() / d for d in done}, {
             "quick": a.quick, "seeds": list(seeds), "datasets": [WORLD, *done],
-            "not_measured": [d for d in real if d not in done], "details": detail,
+            "not_measured": [d for d in REAL if d not in done], "details": detail,
             "wall_s": round(time.perf_counter() - t0, 1)})
         write_results(NAME, rows, meta, TITLE, markdown(meta, rows))
 
