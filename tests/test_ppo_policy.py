@@ -67,31 +67,6 @@ def test_trains_beats_random_and_round_trips(setup, tmp_path):
     assert (tmp_path / "ck" / "loop.json").exists() and (tmp_path / "ck" / "best.pt").exists()
 
 
-def test_over_an_arm_table_it_learns_each_querys_arm_and_round_trips(setup, tmp_path):
-    """`ArmLayout` (one categorical head over fixed configs) over a `TableWorld`: the greedy
-    policy picks the right variant with k = 2 on almost every query, and a saved policy acts
-    the same after loading."""
-    s, _, X = setup
-    base = TunerSettings.defaults().base_config()
-    arms = [base.replace(variant=v, k=k) for v in ("bm25", "dense") for k in (2, 8)]
-    toy = ToyWorld(X)
-    R = np.array([[toy.outcome(i, c).reward for c in arms] for i in range(len(X))])
-    T = np.array([[c.k / 32 * toy.cost_ref for c in arms] for _ in range(len(X))])
-    world = TableWorld(R, R, T, arms, toy.cost_ref)
-    layout = ArmLayout(arms, TunerSettings.defaults())
-    pol = PerQueryPPO.create(layout, s, X)
-    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
-    greedy = np.mean([o.reward for o in world.outcomes(pol.act(X))])
-    assert greedy >= 1.4, greedy  # the oracle's mean is 1.5, a random arm's 1.0
-    pol.save(tmp_path / "arms")
-    back = PerQueryPPO.load(tmp_path / "arms")
-    assert isinstance(back.layout, ArmLayout)
-    assert [c.config_hash for c in back.act(X)] == [c.config_hash for c in pol.act(X)]
-    cfgs, p = back.sample(X[:20], np.random.default_rng(0))
-    assert {c.config_hash for c in cfgs} <= {c.config_hash for c in arms}
-    assert np.all((p > 0) & (p <= 1))
-
-
 def test_resume_continues_from_the_checkpoint(setup, tmp_path):
     s, layout, X = setup
     world = ToyWorld(X)
@@ -327,3 +302,28 @@ def test_the_policy_replica_serves_a_ppo_policy_directory(setup, tmp_path):
         assert out["variant_id"] == served.arms[p["arm"]].config_hash
         picks.append(p["arm"])
     assert np.mean(np.array(picks) == greedy) >= 0.7  # ε = 0.1: the rest explored
+
+
+def test_over_an_arm_table_it_learns_each_querys_arm_and_round_trips(setup, tmp_path):
+    """`ArmLayout` (one categorical head over fixed configs) over a `TableWorld`: the greedy
+    policy picks the right variant with k = 2 on almost every query, and a saved policy acts
+    the same after loading."""
+    s, _, X = setup
+    base = TunerSettings.defaults().base_config()
+    arms = [base.replace(variant=v, k=k) for v in ("bm25", "dense") for k in (2, 8)]
+    toy = ToyWorld(X)
+    R = np.array([[toy.outcome(i, c).reward for c in arms] for i in range(len(X))])
+    T = np.array([[c.k / 32 * toy.cost_ref for c in arms] for _ in range(len(X))])
+    world = TableWorld(R, R, T, arms, toy.cost_ref)
+    layout = ArmLayout(arms, TunerSettings.defaults())
+    pol = PerQueryPPO.create(layout, s, X)
+    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    greedy = np.mean([o.reward for o in world.outcomes(pol.act(X))])
+    assert greedy >= 1.4, greedy  # the oracle's mean is 1.5, a random arm's 1.0
+    pol.save(tmp_path / "arms")
+    back = PerQueryPPO.load(tmp_path / "arms")
+    assert isinstance(back.layout, ArmLayout)
+    assert [c.config_hash for c in back.act(X)] == [c.config_hash for c in pol.act(X)]
+    cfgs, p = back.sample(X[:20], np.random.default_rng(0))
+    assert {c.config_hash for c in cfgs} <= {c.config_hash for c in arms}
+    assert np.all((p > 0) & (p <= 1))
