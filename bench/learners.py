@@ -144,7 +144,8 @@ def searcher_finds_best_static(prep: Any, settings: TunerSettings, static: int, 
 
     cfg = search(ev, settings, DEFAULT_METHOD, budget, seed, on_trial=progress).found.best_config
     split, idx = prep.parts["valid"]
-    gap = split_matrices(ev, [cfg], split, idx)["R"][:, 0] - prep.M["valid"]["R"][:, static]
+    # split_matrices returns every query of the split (NaN outside `idx`)
+    gap = split_matrices(ev, [cfg], split, idx)["R"][idx, 0] - prep.M["valid"]["R"][:, static]
     boot = bootstrap_statistic(lambda i: gap[i].mean(axis=1), len(gap), seed=seed)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return float(gap.mean()), float(lo), float(hi), cfg.config_hash
