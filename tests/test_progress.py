@@ -96,7 +96,7 @@ def test_tune_counts_query_evaluations_inside_the_first_trial(tmp_path, monkeypa
     counts = map(count.fullmatch, _stage_lines("\n".join(text[:first_trial])))
     done = [int(m.group(1)) for m in counts if m]
     assert size >= 2, text[first_trial]
-    # one line per query-evaluation from inside the first trial (each with an estimate), then
-    # the trial's own count when it ends
-    assert done[:size - 1] == list(range(1, size)), done
+    # a line for every query-evaluation from inside the first trial (each with an estimate;
+    # the ticker may repeat a count while one query is slow), then the trial's own count
+    assert sorted(set(done)) == list(range(1, size + 1)), done
     assert done == sorted(done) and done[-1] == size, done
