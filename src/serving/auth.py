@@ -35,6 +35,7 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rag.jsonrec import check_fields
+from serving.limits import send_error
 from serving.request_log import note
 
 ROLES = ("read", "admin")
@@ -310,11 +311,6 @@ class AuthMiddleware:
         if denied is None or (self.routed is not None and not self.routed(scope)):
             await self.app(scope, receive, send)
             return
-        payload = json.dumps({"error": f"authorization: {denied.message}",
-                              "field": "authorization"}).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(payload)).encode())]
-        if denied.status == 401:
-            headers.append((b"www-authenticate", b'Bearer realm="ragpilot"'))
-        await send({"type": "http.response.start", "status": denied.status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        extra = ((b"www-authenticate", b'Bearer realm="ragpilot"'),) if denied.status == 401 \
+            else ()
+        await send_error(send, denied.status, "authorization", denied.message, extra)

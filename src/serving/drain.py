@@ -20,10 +20,10 @@ everything through; there Serve's own graceful shutdown applies.
 
 from __future__ import annotations
 
-import json
 import os
 
 from serving.auth import route_path
+from serving.limits import send_error
 
 FLAG_ENV = "RAGPILOT_DRAIN_FLAG"
 """Path of the file whose existence means "draining" (unset: never draining)."""
@@ -58,13 +58,8 @@ class DrainGate:
         if scope["type"] != "http" or not draining() or route_path(scope) in PASS_THROUGH:
             await self.app(scope, receive, send)
             return
-        body = json.dumps({"error": "server: draining (the server is stopping); retry in "
-                                    f"{RETRY_AFTER_S} s, through the load balancer",
-                           "field": "server"}).encode()
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"retry-after", str(RETRY_AFTER_S).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 503, "server", "draining (the server is stopping); retry in "
+                         f"{RETRY_AFTER_S} s, through the load balancer",
+                         ((b"retry-after", str(RETRY_AFTER_S).encode()),
+                          (b"connection", b"close")))
 

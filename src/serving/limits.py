@@ -122,7 +122,7 @@ class BodyLimitMiddleware:
         declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), None)
         if declared is not None:
             if not declared.strip().isdigit():
-                await _json(send, 400, "content-length", "must be a whole number of bytes")
+                await send_error(send, 400, "content-length", "must be a whole number of bytes")
                 return
             if int(declared) > limit:
                 await _too_large(send, int(declared), limit)
@@ -143,7 +143,7 @@ class BodyLimitMiddleware:
         body, replayed = b"".join(chunks), False
         bad = check_json_body(scope, body)
         if bad is not None:
-            await _json(send, *bad)
+            await send_error(send, *bad)
             return
 
         async def replay():
@@ -212,17 +212,21 @@ def _json_depth(body: bytes) -> int:
     return deepest
 
 
-async def _json(send, status: int, field: str, message: str) -> None:
+async def send_error(send, status: int, field: str, message: str,
+                     headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """Answer an ASGI request from a middleware with the API's error body
+    (`{"error": "<field>: <message>", "field": <field>}`, as `serving.api`'s handlers give it),
+    `status` and any extra `headers` (raw ASGI pairs)."""
     import json
 
     payload = json.dumps({"error": f"{field}: {message}", "field": field}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode())]})
+                            (b"content-length", str(len(payload)).encode()), *headers]})
     await send({"type": "http.response.body", "body": payload})
 
 
 async def _too_large(send, size: int, limit: int, at_least: bool = False) -> None:
     more = "more than " if at_least else ""
-    await _json(send, 413, "body", f"request body is {more}{size} bytes; the limit is {limit} "
+    await send_error(send, 413, "body", f"request body is {more}{size} bytes; the limit is {limit} "
                                    "(limits.max_body_bytes)")
