@@ -84,11 +84,6 @@ def row_quality(r: Mapping[str, Any], keys: Sequence[str] = QUALITY_SCORES) -> f
     return float(np.mean(got)) if got else float("nan")
 
 
-def _signal(r: Mapping[str, Any]) -> float:
-    v = (r.get("scores") or {}).get(SIGNAL_QUALITY)
-    return float(v) if v is not None and math.isfinite(float(v)) else float("nan")
-
-
 def scored_quality(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = QUALITY_SCORES
                    ) -> tuple[list[float], str]:
     """The one quality rule of the rollout, for one request (`rows` = [row]) or one mirrored
@@ -98,7 +93,7 @@ def scored_quality(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = QUAL
     gold = [row_quality(r, keys) for r in rows]
     if not any(math.isnan(v) for v in gold):
         return gold, "gold"
-    sig = [_signal(r) for r in rows]
+    sig = [row_quality(r, (SIGNAL_QUALITY,)) for r in rows]
     if not any(math.isnan(v) for v in sig):
         return sig, SIGNAL_QUALITY
     return [float("nan")] * len(rows), "none"
