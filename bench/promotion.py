@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import make_meta, write_results  # noqa: E402
+from bench.group_sequential import group_sequential_bounds  # noqa: E402
 from rl.promotion.metrics import (  # noqa: E402
     VERDICTS,
     stage_decision,
@@ -67,7 +68,6 @@ from rl.promotion.metrics import (  # noqa: E402
 )
 from rl.promotion.settings import DEFAULTS_PATH, PromotionSettings  # noqa: E402
 from rl.stats.always_valid import rho2_for  # noqa: E402
-from rl.stats.sequential import group_sequential_bounds  # noqa: E402
 
 SEED = 0
 SCENARIOS = {  # delta_quality, token_change, latency_change, kind

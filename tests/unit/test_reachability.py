@@ -32,9 +32,6 @@ REPO = SRC.parent
 BENCH = REPO / "bench"
 
 ALLOWED_UNREACHED = {
-    "rl.stats.sequential": "group-sequential tests, which promotion no longer uses (it judges "
-                           "each metric with rl.stats.always_valid); bench/promotion.py runs "
-                           "them as the scalar-unpaired baseline it compares against",
     "rl.routing.cascade": "the threshold cascade, measured by bench/cascade.py; serving it "
                           "(issue 61 item 3: two decisions per request, each logged with its "
                           "propensity) is not built yet",

@@ -1,2 +1,2 @@
-"""Statistics: bootstrap CIs, permutation tests, power, group sequential tests, off-policy
+"""Statistics: bootstrap CIs, permutation tests, power, confidence sequences, off-policy
 evaluation and a seeded bandit simulator. Imports nothing else from `rl`."""
