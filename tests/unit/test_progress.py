@@ -188,3 +188,18 @@ def test_advance_counts_into_the_innermost_open_stage_of_its_unit(monkeypatch):
                         lines[2]), lines
     assert lines[-1].startswith("tune: search: done, 2/10 query-evaluations in "), lines
     assert not any("trials" in x for x in lines), lines
+
+
+def test_progress_is_no_part_of_the_tuner_rows_fingerprint():
+    """Cached tuner rows are keyed by a fingerprint of the code that computes them
+    (`rows_version`): the per-query progress count is passed into `_compute` by its caller and
+    `rag.progress` is outside the fingerprinted modules, so editing progress keeps every row."""
+    import inspect
+
+    from rl.common.fingerprint import module_closure, normalized_code
+    from rl.kernel import evaluator as ev
+
+    assert "rag.progress" not in module_closure(ev.ROWS_SOURCES, ev.ROWS_STOP)
+    assert "rag.progress" not in module_closure(ev.QUALITY_SOURCES, ev.ROWS_STOP)
+    compute = normalized_code(inspect.getsource(ev.TunerEvaluator._compute))
+    assert "progress" not in compute and "QUERY_EVALUATIONS" not in compute, compute

@@ -43,7 +43,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -78,8 +78,8 @@ ROWS_STOP = ("rag.index", "rag.indexset", "rag.corpus", "rag.encoders")
 store is keyed by corpus, encoder, retriever and the retrieval code (`retrieval_version`, also
 part of `rows_version`)."""
 QUERY_EVALUATIONS = "query-evaluations"
-"""The unit of a tuning budget (one config scored on one query): `_compute` adds each one it
-computes to the open `rag.progress` stage counted in it (`tune: search`)."""
+"""The unit of a tuning budget (one config scored on one query): `ensure_rows` adds each one
+`_compute` computes to the open `rag.progress` stage counted in it (`tune: search`)."""
 QUALITY_PREFIX = "q_"
 """Per-query metrics from the QualityScorer are stored as `q_<ragas metric name>`."""
 ABSTAINED = "abstained"
@@ -120,6 +120,12 @@ def rows_version(quality: bool = False) -> str:
     if quality:
         v += f":{QUALITY_VERSION}-{code_fingerprint(QUALITY_SOURCES, ROWS_STOP)}"
     return v
+
+
+def _count_query_evaluation() -> None:
+    """One query-evaluation done: counted into the open `rag.progress` stage of
+    `QUERY_EVALUATIONS` (e.g. `tune: search`, mid-trial); a no-op when none is open."""
+    progress.advance(1, QUERY_EVALUATIONS)
 
 
 def gold_unanswerable(example: Example) -> bool:
@@ -261,7 +267,7 @@ class TunerEvaluator:
             rows = self._load_rows(key)
             todo = [ex[int(i)] for i in want if ex[int(i)].id not in rows]
             if todo:
-                new = self._compute(config, todo)
+                new = self._compute(config, todo, on_query=_count_query_evaluation)
                 for e, row in zip(todo, new, strict=True):
                     rows[e.id] = row
                 self._db.executemany("INSERT OR REPLACE INTO qrows VALUES (?, ?, ?)",
@@ -306,7 +312,11 @@ class TunerEvaluator:
             rows = self._load_rows(self._cfg_key(config))
             return sum(e.id in rows for e in self.data.examples(split))
 
-    def _compute(self, config: RAGConfig, examples: Sequence[Example]) -> list[dict[str, float]]:
+    def _compute(self, config: RAGConfig, examples: Sequence[Example],
+                 on_query: Callable[[], object] | None = None) -> list[dict[str, float]]:
+        """One row per example of `examples` (in their order), scored with `config`;
+        `on_query()` is called after each example's answer is scored. This source is part of
+        `rows_version`: what a caller does per query (progress) stays in `on_query`."""
         pipe = Pipeline(self.memo, config, self.resources)
         pipe.load_models()
         rows: list[dict[str, float]] = []
@@ -330,7 +340,8 @@ class TunerEvaluator:
             row.update({f"measured_{s}_ms": ans.latency_ms[s] for s in STAGES})
             rows.append({k: float(v) for k, v in row.items()})
             answers.append(ans)
-            progress.advance(1, QUERY_EVALUATIONS)  # e.g. `tune: search`, mid-trial
+            if on_query is not None:
+                on_query()
         if self.uses_quality:
             scored = self.quality_scorer.score_batch(answers, list(examples))
             for row, q in zip(rows, scored, strict=True):
