@@ -337,11 +337,7 @@ def test_stats_leaderboard_and_metrics(served):
     assert f'variant="{STABLE_ID}"' in text
 
 
-OFFLINE_WIN = {"kind": "offline", "paired": True, "diff": 0.05, "diff_se": 0.01,
-               "ci_low": 0.03, "ci_high": 0.07,
-               "gates": {"faithfulness": True, "relevancy": True, "p95_latency_ms": True},
-               "candidate": {"n": 500, "reward": 0.6, "reward_sd": 0.2},
-               "stable": {"n": 500, "reward": 0.55, "reward_sd": 0.2}}
+OFFLINE_WIN = clean_batch("offline", 500, 500)  # per-metric paired statistics: better
 
 
 def test_rollout_admin_api_drives_the_router(served):

@@ -153,17 +153,24 @@ def test_report_is_self_contained(tmp_path):
     assert page.count("<b>deciding</b></td>") == 1
 
 
-def _offline(ci_low: float, ci_high: float):
+def _offline(quality: float, sd: float):
+    """An offline report of 120 paired questions: quality Δ `quality` (noise sd `sd`)."""
+    import numpy as np
+
     from rl.promotion.evaluators import ArmSummary, EvaluationReport
+    from rl.promotion.metrics import MetricStats
 
     arm = ArmSummary(n=120, reward=0.7, reward_sd=0.1, p95_latency_ms=100.0, errors=0, slow=0)
-    return EvaluationReport("offline", True, arm, arm, (ci_low + ci_high) / 2, 0.01, ci_low,
-                            ci_high, {"faithfulness": True}, 0.9)
+    q = np.random.default_rng(0).uniform(0.4, 0.8, 120)
+    noise = np.random.default_rng(1).normal(0.0, sd, 120)
+    metrics = {"quality": MetricStats.of_pairs(q, q + quality + noise).to_dict()}
+    return EvaluationReport("offline", True, arm, arm, 0.01, 0.01, -0.01, 0.03,
+                            {"faithfulness": True}, 0.9, metrics=metrics)
 
 
 @pytest.mark.parametrize(("ci", "stage", "why"), [
-    ((-0.01, 0.03), "candidate", "demo over at candidate"),  # waits for evidence: demo ends it
-    ((-0.05, -0.01), "candidate", "significantly worse"),    # the state machine rolls back
+    ((-0.01, 0.1), "candidate", "demo over at candidate"),  # waits for evidence: demo ends it
+    ((-0.05, 0.05), "candidate", "worse than its margin"),  # the state machine rolls back
 ])
 def test_promotion_loop_always_ends_with_a_decision(tmp_path, monkeypatch, ci, stage, why):
     """A rollout no more evidence can move is rolled back through rl.promotion (the audit log

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,12 +14,14 @@ from rag.errors import ConfigError
 from rl.promotion import service
 from rl.promotion.evaluators import (
     Arm,
+    ArmSummary,
     CanaryEvaluator,
     EvaluationReport,
     OfflineEvaluator,
     ShadowEvaluator,
 )
-from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+from rl.promotion.log_evaluators import arms_from_rows
+from rl.promotion.metrics import MetricStats
 from rl.promotion.state_machine import (
     DEFAULTS_PATH,
     PromotionSettings,
@@ -157,7 +160,7 @@ def _row(i, variant, reward, p=0.5, shadow=False, parent=None, scores=None):
             "tokens_in": 10, "tokens_out": 5, "scores": scores}
 
 
-def test_log_adapters_pair_shadow_rows_and_ips():
+def test_log_adapters_pair_shadow_rows():
     rows = [_row(1, "S", 0.5, scores={"support": 1.0, "f1": 0.5}),
             _row(2, "S", 0.7, scores={"support": 0.5}), _row(3, "S", None),
             _row(4, "C", None, 1.0, True, "r1", {"support": 1.0, "f1": 1.0}),
@@ -172,13 +175,6 @@ def test_log_adapters_pair_shadow_rows_and_ips():
     rep = ShadowEvaluator(ci_method="normal").evaluate(s, c)
     assert rep.metrics["quality"]["n"] == 2 and rep.metrics["tokens"]["n"] == 3
     assert "feedback" not in rep.metrics
-    served = [_row(1, "S", 0.5), _row(2, "C", 1.0), _row(3, "S", 0.3), _row(4, "C", 0.6)]
-    rep = offline_from_log(served, "S", "C")
-    terms = np.array([-0.5, 1.0, -0.3, 0.6]) / 0.5
-    assert rep.kind == "offline" and rep.diff == pytest.approx(terms.mean())
-    with pytest.raises(ConfigError) as exc:
-        offline_from_log([_row(1, "S", 0.5, p=0.0)], "S", "C")
-    assert exc.value.field == "rows[0].propensity"
 
 
 def test_quality_is_gold_where_both_rows_have_it_else_sig_combined_else_counted_out():
@@ -401,12 +397,106 @@ def test_offline_worse_rolls_back_and_start_refuses_active(tmp_path):
     assert exc.value.field == "candidate"
 
 
-def test_offline_ci_level_is_enforced():
+def offline_metrics(quality: float, quality_sd: float, tokens: float, n: int = 200,
+                    reward_ci: tuple[float, float] = (-0.01, 0.01)) -> EvaluationReport:
+    """A hand-made offline (paired) report: per question the candidate's quality is the
+    stable's + `quality` + noise of sd `quality_sd` (centred: the mean difference is exactly
+    `quality`), its tokens the stable's × (1 + `tokens`), no errors. Its reward CI is
+    `reward_ci`, which the candidate stage must not read."""
+    rng = np.random.default_rng(1)
+    q = rng.uniform(0.4, 0.8, n)
+    noise = rng.normal(0.0, quality_sd, n)
+    tok = rng.uniform(150, 250, n)
+    stats = {"quality": MetricStats.of_pairs(q, q + quality + noise - noise.mean()),
+             "tokens": MetricStats.of_pairs(tok, tok * (1.0 + tokens)),
+             "error_rate": MetricStats.of_pairs(np.zeros(n), np.zeros(n))}
+    arm = ArmSummary(n=n, reward=0.6, reward_sd=0.1, p95_latency_ms=100.0, errors=0, slow=0)
+    lo, hi = reward_ci
+    return EvaluationReport("offline", True, arm, arm, (lo + hi) / 2, 0.01, lo, hi,
+                            {"p95_latency_ms": True},
+                            metrics={k: v.to_dict() for k, v in stats.items()})
+
+
+def _verdicts(evidence: dict) -> dict[str, dict]:
+    return {j["metric"]: j for j in evidence["metrics"]}
+
+
+def test_candidate_stage_passes_a_cost_gain_at_non_inferior_quality(tmp_path):
+    """(a) −30% tokens, quality −0.002 with its CI inside the margin: ready, although the
+    reward CI straddles 0; the audit record of the move carries each metric's judgement."""
+    sm = PromotionStateMachine.start(tmp_path, "c", "s", config=cfg(), code_commit="x")
+    d = sm.observe(offline_metrics(-0.002, 0.05, -0.30, reward_ci=(-0.02, 0.01)))
+    assert d.action == "ready" and "better on tokens" in d.reason, d.reason
+    v = _verdicts(d.evidence)
+    assert v["quality"]["verdict"] == "non_inferior" and v["tokens"]["verdict"] == "better"
+    assert -0.02 < v["quality"]["low"] < -0.002 < v["quality"]["high"]
+    assert v["quality"]["diff"] == pytest.approx(-0.002) and v["quality"]["paired"]
+    assert "95% CI" in v["quality"]["statistic"] and "CS" not in v["quality"]["statistic"]
+    assert v["error_rate"]["verdict"] == "non_inferior" and "latency_ms" not in v
+    assert sm.advance().to_stage == "shadow"
+    moved = _verdicts(read_audit(tmp_path)[1]["evidence"])
+    assert moved["tokens"]["verdict"] == "better" and moved["tokens"]["diff"] < -50
+
+
+def test_candidate_stage_rolls_back_a_quality_loss_it_shows():
+    """(b) quality −0.05, CI entirely below −margin: rolled back naming quality, although
+    the candidate is 30% cheaper and its reward CI is above 0."""
     sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
-    ev = ShadowEvaluator(ci=0.8, ci_method="normal")
-    object.__setattr__(ev, "kind", "offline")
-    d = sm.observe(ev.evaluate(*paired(0.05, 50)))
-    assert d.action == "hold" and "level >= 0.95" in d.reason
+    d = sm.observe(offline_metrics(-0.05, 0.05, -0.30, reward_ci=(0.01, 0.03)))
+    assert d.action == "rollback" and sm.stage == "rolled_back"
+    assert d.reason == "offline report: critical metric worse than its margin: quality"
+    q = _verdicts(d.evidence)["quality"]
+    assert q["verdict"] == "worse" and q["high"] < -q["margin"] == -0.02
+
+
+def test_candidate_stage_passes_a_quality_gain_at_equal_cost():
+    """(c) quality +0.01 with CI low > 0, tokens +0%: ready (better on quality)."""
+    sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    d = sm.observe(offline_metrics(0.01, 0.02, 0.0))
+    v = _verdicts(d.evidence)
+    assert d.action == "ready" and "better on quality" in d.reason, d.reason
+    assert v["quality"]["verdict"] == "better" and v["quality"]["low"] > 0
+    assert v["tokens"]["verdict"] == "non_inferior" and v["tokens"]["diff"] == 0.0
+
+
+def test_candidate_stage_waits_when_quality_is_not_shown_non_inferior():
+    """(d) −30% tokens, but the quality CI reaches below −margin without being worse: not
+    ready, naming quality as pending; the CLI's next step is a new offline report."""
+    sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    d = sm.observe(offline_metrics(-0.01, 0.1, -0.30))
+    v = _verdicts(d.evidence)
+    assert v["quality"]["verdict"] == "pending" and v["tokens"]["verdict"] == "better"
+    assert v["quality"]["low"] < -0.02 < v["quality"]["high"]
+    assert d.action == "hold" and sm.stage == "candidate"
+    assert d.reason == "needs (offline report): quality pending", d.reason
+    assert sm.advance().action == "refused"
+
+
+def test_offline_ci_sets_the_level_and_pairs_are_counted():
+    """The candidate stage's intervals are at `offline_ci` (one look): a quality loss of
+    0.01 (sd 0.09, 200 pairs: CI low −0.0212 at 95%, −0.0194 at 90%) is non-inferior at 90%
+    but not yet at 95%; fewer than 30 pairs decide nothing."""
+    rep = offline_metrics(-0.01, 0.09, -0.30)
+    strict = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    loose = PromotionStateMachine.start(None, "c", "s", config=cfg(offline_ci=0.90),
+                                        code_commit="x")
+    assert strict.observe(rep).action == "hold" and loose.observe(rep).action == "ready"
+    assert "90% CI" in _verdicts(loose.summary())["quality"]["statistic"]
+    few = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    d = few.observe(offline_metrics(0.05, 0.01, -0.30, n=20))
+    assert d.action == "hold" and "quality pending" in d.reason
+    assert _verdicts(d.evidence)["tokens"]["verdict"] == "pending"
+
+
+def test_an_offline_report_without_per_metric_statistics_is_refused():
+    """A reward-only offline report (no per-metric statistics, no DR margin) cannot be judged:
+    a ConfigError naming its metrics, nothing observed."""
+    sm = PromotionStateMachine.start(None, "c", "s", config=cfg(), code_commit="x")
+    bare = replace(offline_metrics(0.01, 0.02, 0.0, reward_ci=(0.02, 0.04)), metrics={})
+    with pytest.raises(ConfigError) as exc:
+        service.advance(sm, [bare])
+    assert exc.value.field == "reports.0.metrics" and "rollout replay" in exc.value.message
+    assert sm.state.evidence["offline"] is None
 
 
 def test_auto_advance():
@@ -569,22 +659,27 @@ def test_cli_bad_evidence_and_config(tmp_path, capsys):
     assert "junk.jsonl:2" in capsys.readouterr().err
 
 
-def test_cli_offline_evidence_from_interaction_log(tmp_path, capsys):
+def test_cli_candidate_stage_takes_a_replay_report_not_rows(tmp_path, capsys):
+    """At stage candidate an interaction export is refused (exit 2) naming the replay that
+    turns it into an offline report; a report still pending says to replay more."""
     d = str(tmp_path / "s")
     db = tmp_path / "i.sqlite"
     _store(db, [_row(0, "C", 0.5), _row(1, "S", 0.5)])
     assert cli_main(["rollout", "start", "--state-dir", d, "--store", str(db), "--candidate",
                      "C", "--stable", "S"]) == 0
-    rng = np.random.default_rng(0)
-    rows = [_row(i, v, float(np.clip(rng.normal(0.8 if v == "C" else 0.5, 0.1), 0, 1)))
-            for i, v in enumerate(["S", "C"] * 100)]
+    rows = [_row(i, v, 0.5) for i, v in enumerate(["S", "C"] * 20)]
     log = tmp_path / "log.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence",
-                             str(log)]) == 0
-    assert service.status(d)["stage"] == "shadow"
-    first = read_audit(d)[1]["evidence"]["offline"]
-    assert first["method"] == "ips-normal" and first["ci_low"] > 0
+    capsys.readouterr()
+    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "--evidence" in err and f"ragpilot rollout replay --log {log}" in err
+    pending = _write(tmp_path / "p.json", offline_metrics(-0.01, 0.1, -0.30).to_dict())
+    assert cli_main(["rollout", "advance", "--state-dir", d, "--evidence", pending]) == 1
+    out = capsys.readouterr().out
+    assert "quality: pending" in out and "tokens: better" in out
+    assert f"next: ragpilot rollout replay --state-dir {d} --log" in out
+    assert service.status(d)["stage"] == "candidate"
 
 
 class _FakeTuner:
@@ -647,10 +742,10 @@ def test_evidence_files_name_the_line_of_a_bad_row_or_report(tmp_path):
     rows.write_text(json.dumps({**good, "variant_id": 5}) + "\n")
     with pytest.raises(ConfigError, match=r"rows.jsonl:1: variant_id must be"):
         reports_from_file(rows, sm)
-    rows.write_text(json.dumps({k: v for k, v in good.items() if k != "propensity"}) + "\n")
-    with pytest.raises(ConfigError) as e:  # the offline (IPS) stage needs it
+    rows.write_text(json.dumps(good) + "\n")
+    with pytest.raises(ConfigError) as e:  # good rows, but the offline stage replays them
         reports_from_file(rows, sm)
-    assert "missing" in e.value.message and str(rows) in e.value.message
+    assert "rollout replay" in e.value.message and str(rows) in e.value.message
     reports = tmp_path / "reports.jsonl"
     reports.write_text(json.dumps({"kind": "offline", "candidate": {}}) + "\n")
     with pytest.raises(ConfigError) as e:

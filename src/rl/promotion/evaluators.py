@@ -12,9 +12,9 @@ was not measured gives verdict None and does not fail).
 - `CanaryEvaluator`: a live split, different requests per arm: unpaired (independent
   bootstraps of both arms, or Welch's normal interval).
 - `OfflineEvaluator`: a dataset split replayed through both configs with the tuner's per-query
-  tables (`TunerEvaluator.table` / `per_query_reward`): paired; `rl.promotion.log_evaluators
-  .offline_from_log` instead estimates both configs' values from a logged interaction export
-  by inverse propensity scoring.
+  tables (`TunerEvaluator.table` / `per_query_reward`): paired; `rl.promotion.replay
+  .ReplayEvaluator` replays a logged interaction export instead. Offline reports carry the
+  same per-metric paired statistics (`metrics`) the candidate stage judges.
 
 The shadow and canary evaluators are pure functions of arrays (`Arm`), so they are tested and
 simulated without Serve; `rl.promotion.log_evaluators.arms_from_rows` is the thin adapter from
@@ -409,7 +409,8 @@ class CanaryEvaluator(_Evaluator):
 class OfflineEvaluator(_Evaluator):
     """Replay of a dataset split through both configs via `rl.kernel.evaluator.TunerEvaluator`
     per-query tables (computed once, cached): paired by query. Per-request reward is
-    `TunerEvaluator.per_query_reward`; F, R, latency and tokens come from the same tables."""
+    `TunerEvaluator.per_query_reward`; F, R, latency and tokens come from the same tables;
+    no query failed (a failing query fails the table), so every error is 0."""
 
     kind: Kind = "offline"
     paired = True
@@ -424,7 +425,8 @@ class OfflineEvaluator(_Evaluator):
         split = split or self.ev.slice.tune_split
         tab = self.ev.table(config, split)
         f, r = self.ev.quality(tab)
-        return Arm(self.ev.per_query_reward(tab), tab["latency_ms"], None, f, r, tab["tokens"],
+        return Arm(self.ev.per_query_reward(tab), tab["latency_ms"],
+                   np.zeros(len(tab["tokens"])), f, r, tab["tokens"],
                    self.ev.reward_spec().quality(f, r))
 
     def compare(self, stable: Any, candidate: Any, split: str | None = None) -> EvaluationReport:

@@ -2,8 +2,9 @@
 
 An evidence file is EvaluationReport JSON (`rl.promotion.evaluators`; one object, a list, or
 JSONL of them) or an interaction export (`ragpilot export-interactions`, JSONL rows with a
-`variant_id`). Rows are turned into one report of the stage's kind: offline (IPS over the
-whole log), shadow (paired mirrored rows) or canary (split rows). A row's reward (and
+`variant_id`). Rows are turned into one report of the stage's kind: shadow (paired mirrored
+rows) or canary (split rows); at stage candidate rows are refused (the offline report is a
+replay of them, `ragpilot rollout replay`, judged per metric). A row's reward (and
 `scores[reward_key]`) loses `pii_penalty` (default `rl.kernel.reward.PII_LEAK_WEIGHT`) per PII
 leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
 only rows newer than the state's `row_cursor` (the newest row already counted), so a
@@ -213,26 +214,25 @@ def reports_from_store(store_url: str | Path, sm: Any, pii_penalty: float | None
 def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source: str,
                       reward_key: str | None = None, thresholds: Any = None,
                       pii_penalty: float | None = None) -> Evidence:
-    """Interaction rows -> one report of the stage's kind (offline: IPS over the log; shadow:
-    paired mirrored rows; canary: split rows). Shadow/canary use only rows newer than
+    """Interaction rows -> one report of the stage's kind (shadow: paired mirrored rows;
+    canary: split rows; ConfigError `evidence` at stage candidate, whose offline report is
+    the replay of such rows, `rl.promotion.replay`). Shadow/canary use only rows newer than
     `sm.state.row_cursor` and move it to the newest (a row is counted at most once); the
     report's `meta.quality_on` says how many pairs (canary: requests) had their quality
     judged on gold-based scores, on `sig_combined`, or on nothing (`arms_from_rows`)."""
     from rl.promotion.evaluators import CanaryEvaluator, ShadowEvaluator
-    from rl.promotion.log_evaluators import arms_from_rows, offline_from_log
+    from rl.promotion.log_evaluators import arms_from_rows
     from rl.promotion.state_machine import KIND
 
     check_rows(located)
-    recs = penalize_pii([r for _, r in located], reward_key, pii_penalty)
     cfg, st = sm.config, sm.state
     kind = KIND.get(sm.stage, "canary")
-    if kind == "offline":  # the logged history before the rollout is what IPS replays
-        try:
-            return Evidence([offline_from_log(recs, st.stable, st.candidate,
-                                              thresholds=cfg.thresholds,
-                                              latency_slo_ms=cfg.slo.latency_ms)])
-        except ConfigError as exc:
-            raise ConfigError(exc.field, f"{exc.message} (in {source})") from None
+    if kind == "offline":
+        raise ConfigError("evidence", f"{source} holds interaction rows; stage candidate takes "
+                                      "an offline report with per-metric paired statistics: "
+                                      f"`ragpilot rollout replay --log {source} --candidate "
+                                      "<config YAML>` writes one from these rows")
+    recs = penalize_pii([r for _, r in located], reward_key, pii_penalty)
     fresh = [r for r in recs if float(r.get("ts") or 0.0) > st.row_cursor]
     if not fresh:
         return Evidence(notes=[f"{source}: no interaction rows newer than the last batch "

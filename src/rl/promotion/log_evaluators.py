@@ -1,7 +1,7 @@
 """Adapters from logged interactions (`serving.store.InteractionStore.export_jsonl` rows, plain
-dicts) to the evaluators of `rl.promotion.evaluators`: IPS offline comparison over the log, the
-(stable, candidate) arms of a shadow or canary batch, and the OPE gate of a new per-query
-policy (`policy_from_log`: doubly robust from the logged propensities, with a margin)."""
+dicts) to the evaluators of `rl.promotion.evaluators`: the (stable, candidate) arms of a
+shadow or canary batch, and the OPE gate of a new per-query policy (`policy_from_log`: doubly
+robust from the logged propensities, with a margin)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
 
 from rag.errors import ConfigError
 from rl.kernel.settings import Thresholds
@@ -23,47 +22,6 @@ from rl.promotion.evaluators import (
     _gates,
     _summary,
 )
-
-
-def offline_from_log(rows: Iterable[Mapping[str, Any]], stable: str, candidate: str, *,
-                     ci: float = 0.95, thresholds: Thresholds | None = None,
-                     latency_slo_ms: float = 500.0) -> EvaluationReport:
-    """IPS comparison from logged interactions (`export_jsonl` rows with feedback): each served,
-    rated row i with variant a_i, propensity p_i and reward r_i contributes
-    (1[a_i = candidate] − 1[a_i = stable]) r_i / p_i, whose mean is an unbiased estimate of
-    V(candidate) − V(stable) (always serving one or the other); normal CI from those terms.
-    The arm summaries hold the rows each config actually served."""
-    rows = [r for r in rows if not r.get("shadow") and r.get("reward") is not None]
-    if not rows:
-        raise ConfigError("rows", "no served rows with a reward")
-    terms, by = [], {stable: [], candidate: []}
-    for i, r in enumerate(rows):
-        if r.get("propensity") is None:
-            raise ConfigError(f"rows[{i}].propensity", f"missing (row {r.get('id')!r}): an IPS "
-                                                       "estimate needs the propensity of each "
-                                                       "served row")
-        p = float(r["propensity"])
-        if not 0 < p <= 1:
-            raise ConfigError(f"rows[{i}].propensity", f"must be in (0, 1], got {p}")
-        v = r.get("variant_id")
-        sign = 1.0 if v == candidate else -1.0 if v == stable else 0.0
-        terms.append(sign * float(r["reward"]) / p)
-        if v in by:
-            by[v].append(r)
-    for name, got in (("stable", by[stable]), ("candidate", by[candidate])):
-        if not got:
-            raise ConfigError(name, f"no rated rows served by {name} variant")
-    t = np.asarray(terms)
-    se = float(t.std(ddof=1) / math.sqrt(t.size)) if t.size > 1 else 0.0
-    z = float(ndtri(0.5 + ci / 2))
-    arms = {k: _row_arm(v) for k, v in by.items()}
-    c = _summary(arms[candidate].arrays("candidate"), latency_slo_ms)
-    s = _summary(arms[stable].arrays("stable"), latency_slo_ms)
-    diff = float(t.mean())
-    return EvaluationReport("offline", False, c, s, diff, se, diff - z * se, diff + z * se,
-                            _gates(c, thresholds or Thresholds()), ci, "ips-normal",
-                            meta={"estimator": "ips", "rows": int(t.size)})
-
 
 # --------------------------------------------------------------------------- log adapter
 

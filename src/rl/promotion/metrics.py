@@ -28,6 +28,9 @@ by the mirroring itself, and user feedback, which mirrored answers never get) or
 `margin` is in the metric's units, or, with `relative: true`, a fraction of the stable arm's
 mean (e.g. 0.05: 5% more tokens).
 
+The candidate stage judges its offline report (a replay: one look at a fixed paired sample)
+with the same rules and `sequential=False`: normal intervals instead of confidence sequences.
+
 Observations come as sufficient statistics (`MetricStats`): paired ones (mirrored requests:
 the same question answered by both arms) carry the sums of the per-request differences;
 unpaired ones (a live split) carry each arm's sums. Everything here is pure arithmetic on
@@ -45,10 +48,11 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 from pydantic import Field
+from scipy.special import ndtri
 
 from rag.errors import ConfigError
 from rag.settings_base import StrictSettings
-from rl.stats.always_valid import paired_cs, required_n, rho2_for, unpaired_cs
+from rl.stats.always_valid import mean_se, paired_cs, required_n, rho2_for, unpaired_cs
 
 VERDICTS = ("worse", "pending", "non_inferior", "better", "unmeasured")
 WORSE, PENDING, NON_INFERIOR, BETTER, UNMEASURED = range(5)
@@ -159,23 +163,41 @@ def margin_of(rule: MetricRule, stable_mean: ArrayLike) -> np.ndarray:
     return np.nan_to_num(rule.margin * m) if rule.relative else np.full_like(m, rule.margin)
 
 
+def _interval(paired: bool, c: tuple, s: tuple, d: tuple | None, alpha: float, rho2: float,
+              sequential: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(difference candidate − stable, low, high) at `alpha` (two-sided): the always-valid
+    confidence sequence when `sequential`, else the one-look normal interval
+    difference ± z(1 − alpha/2)·se."""
+    if sequential:
+        if paired:
+            assert d is not None
+            return paired_cs(c[0], d[0], d[1], alpha, rho2)
+        return unpaired_cs(*c, *s, alpha, rho2)
+    if paired:
+        assert d is not None
+        diff, se = mean_se(c[0], d[0], d[1])
+    else:
+        (mc, sec), (ms, ses) = mean_se(*c), mean_se(*s)
+        diff, se = mc - ms, np.sqrt(sec * sec + ses * ses)
+    r = float(ndtri(1.0 - alpha / 2.0)) * se
+    return diff, diff - r, diff + r
+
+
 def verdicts(rule: MetricRule, paired: bool, c: tuple, s: tuple, d: tuple | None,
              alpha: float, rho2: float, min_n: int,
-             better_alpha: float | None = None) -> dict[str, np.ndarray]:
+             better_alpha: float | None = None, sequential: bool = True
+             ) -> dict[str, np.ndarray]:
     """Vectorised verdict codes (WORSE ... UNMEASURED) of one metric. `c`, `s`: (n, sum,
     sumsq) of each arm (arrays or numbers); `d`: (sum, sumsq) of the paired differences.
     Returns arrays `verdict`, `g` (oriented difference, better > 0), `low`, `high` (its
-    confidence sequence at `alpha`), `low_better` (its lower bound at `better_alpha`, default
-    `alpha`: what `better` needs above 0), `margin` (metric units), `n`."""
+    interval at `alpha`: the always-valid confidence sequence, or with `sequential=False` the
+    one-look normal interval of a fixed sample), `low_better` (its lower bound at
+    `better_alpha`, default `alpha`: what `better` needs above 0), `margin` (metric units),
+    `n`."""
     n = np.asarray(c[0], dtype=np.float64)
     b_alpha = better_alpha or alpha
-    if paired:
-        assert d is not None
-        diff, lo, hi = paired_cs(n, d[0], d[1], alpha, rho2)
-        _, lo_b, hi_b = paired_cs(n, d[0], d[1], b_alpha, rho2)
-    else:
-        diff, lo, hi = unpaired_cs(*c, *s, alpha, rho2)
-        _, lo_b, hi_b = unpaired_cs(*c, *s, b_alpha, rho2)
+    diff, lo, hi = _interval(paired, c, s, d, alpha, rho2, sequential)
+    _, lo_b, hi_b = _interval(paired, c, s, d, b_alpha, rho2, sequential)
     if rule.direction == "lower":
         diff, lo, hi, lo_b = -diff, -hi, -lo, -hi_b
     s_n = np.asarray(s[0], dtype=np.float64)
@@ -250,22 +272,26 @@ def _f(x: Any) -> float | None:
 
 
 def judge(rules: Mapping[str, MetricRule], stats: Mapping[str, MetricStats], alpha: float,
-          n_plan: int, min_n: int) -> tuple[list[Judgement], str, str]:
+          n_plan: int, min_n: int, sequential: bool = True
+          ) -> tuple[list[Judgement], str, str]:
     """Judge one stage: per-metric `Judgement`s, the decision `pass` | `veto` | `continue`,
     and why (naming the metrics that decided or are missing). `n_plan` tunes the confidence
     sequences (tightest there: the stage's `max_n`); `better` uses alpha / (number of measured
-    objective metrics) (Bonferroni), the other bounds `alpha`."""
+    objective metrics) (Bonferroni), the other bounds `alpha`. `sequential=False` judges one
+    look at a fixed sample (the candidate stage's offline replay) with normal intervals
+    instead of confidence sequences; the rules and margins are the same."""
     rho2 = rho2_for(max(n_plan, 1), alpha)
     paired = any(st.paired for st in stats.values())
     applies = {k: r for k, r in rules.items()
                if r.judged_on == "both" or (r.judged_on == "paired") == paired}
     n_obj = sum(1 for k, r in applies.items() if r.objective and k in stats and stats[k].n > 0)
+    kind = f"always-valid {1 - alpha:.0%} CS" if sequential else f"{1 - alpha:.0%} CI"
     out, judged = [], {}
     for name, rule in applies.items():
         st = stats.get(name, MetricStats(paired))
         j = verdicts(rule, st.paired, (st.n, st.sum, st.sumsq),
                      (st.s_n, st.s_sum, st.s_sumsq), (st.d_sum, st.d_sumsq), alpha, rho2,
-                     verdict_floor(min_n), alpha / max(n_obj, 1))
+                     verdict_floor(min_n), alpha / max(n_obj, 1), sequential)
         judged[name] = j
         v = VERDICTS[int(j["verdict"])]
         sign = 1.0 if rule.direction == "higher" else -1.0
@@ -274,7 +300,7 @@ def judge(rules: Mapping[str, MetricRule], stats: Mapping[str, MetricStats], alp
                         _f(j["high"] if sign > 0 else -j["low"]))
         margin = float(j["margin"])
         text = (f"{name}: {v}" + ("" if diff is None else
-                f", Δ {diff:+.4g} (candidate − stable), always-valid {1 - alpha:.0%} CS "
+                f", Δ {diff:+.4g} (candidate − stable), {kind} "
                 f"[{'-inf' if lo is None else f'{lo:+.4g}'}, "
                 f"{'inf' if hi is None else f'{hi:+.4g}'}], margin {margin:.4g} "
                 f"({'higher' if sign > 0 else 'lower'} is better), n = {int(st.n)}"

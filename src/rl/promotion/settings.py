@@ -77,6 +77,9 @@ class PromotionSettings(StrictSettings):
     request (a mirrored pair: both rows) without them is judged on `sig_combined` instead
     (`rl.promotion.log_evaluators.scored_quality`)."""
     offline_ci: float = Field(0.95, gt=0.0, lt=1.0)
+    """Level of the candidate stage's per-metric intervals: the offline report is judged with
+    `metrics` as one look at a fixed paired sample (normal CIs, not confidence sequences); a
+    DR report (`meta.margin`) needs its own reward CI at least at this level."""
     min_clean_batches: int = Field(3, ge=1)
     on_inconclusive: Literal["rollback", "hold"] = "rollback"
     auto_advance: bool = False

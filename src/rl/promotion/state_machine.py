@@ -7,10 +7,18 @@
     sm.rollback("reason"); PromotionStateMachine.load("runs/rollout")  # state.json survives
 
 Evidence, per stage (the stage's reports must be of the stage's kind):
-  candidate  one offline report (replay, paired): 95% CI of candidate − stable reward above 0;
-             a report carrying `meta.margin` m (a new per-query policy's DR estimate from the
-             interaction log, `log_evaluators.policy_from_log`): CI lower bound >= −m, i.e.
-             the candidate's DR lower bound at least the stable value minus m.
+  candidate  one offline report (replay or the tuner's tables: paired by question), judged
+             per metric with the rules below, as one look at a fixed sample: each metric's
+             paired difference has a normal interval at level `offline_ci` (not a confidence
+             sequence), and at least MIN_VERDICT_N pairs. It passes when every required metric
+             (quality, errors) is non-inferior and an objective metric (quality or tokens) is
+             better; a critical metric worse than its margin rolls back. A later offline
+             report replaces the earlier one. The one exception is a report without per-metric
+             statistics that carries `meta.margin` m: a new per-query policy's DR estimate
+             of one reward from the interaction log (`log_evaluators.policy_from_log`), which
+             passes when its reward CI lower bound is >= −m (> 0 when m = 0), i.e. the
+             candidate's DR lower bound is at least the stable value minus m, and rolls back
+             when its upper bound is < −m. An offline report with neither is a ConfigError.
   shadow     paired shadow batches (mirrored requests: both arms answered the same question);
   canary_5 / canary_25: unpaired canary batches (a live split).
              Judged per metric (`rl.promotion.metrics`; the rules are `metrics` in
@@ -28,7 +36,8 @@ Automatic rollback, at every stage before `full` (the state machine would judge 
 `full` too, but `ragpilot rollout advance` and the admin API refuse it there: at full, rollback
 is the operator's `ragpilot rollout rollback`, runbooks/canary_promotion.md): a batch with a
 hard-gate violation; a
-critical metric worse than its margin (offline: the reward CI entirely below 0); a fast error-budget
+critical metric worse than its margin (offline too; a DR report: its CI below −margin); a fast
+error-budget
 burn: the one-sided 95% Wilson lower bound of the stage's candidate error rate (or of its
 fraction of requests slower than `slo.latency_ms`) exceeds `slo.max_burn_rate` × the budget.
 
@@ -49,7 +58,7 @@ from typing import Any
 from rag.errors import ConfigError
 from rag.jsonrec import check_fields
 from rl.promotion.evaluators import EvaluationReport
-from rl.promotion.metrics import MetricStats, judge
+from rl.promotion.metrics import MIN_VERDICT_N, MetricStats, judge
 from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
     DEFAULTS_PATH,
@@ -145,6 +154,12 @@ def quality_source_text(quality_on: dict[str, int]) -> str:
             + f"; {quality_on.get('none', 0)} without a quality score (excluded)")
 
 
+def _is_dr(report: EvaluationReport) -> bool:
+    """Whether an offline report is a per-query policy's DR estimate judged on its reward CI
+    and margin (`log_evaluators.policy_from_log`: `meta.margin`, no per-metric statistics)."""
+    return not report.metrics and "margin" in report.meta
+
+
 # --------------------------------------------------------------------------- the machine
 
 
@@ -227,7 +242,8 @@ class PromotionStateMachine:
         out: dict[str, Any] = {"stage": self.stage, "batches": e["batches"],
                                "clean_streak": e["clean_streak"], "n": e["n"]}
         if self.stage == "candidate":
-            out["offline"] = e["offline"]
+            out.update({"offline": e["offline"], "decision": e["decision"], "why": e["why"],
+                        "metrics": e["judgements"]})
         elif self.stage in TESTED:
             plan = getattr(c.stages, self.stage)
             out.update({"min_n": plan.min_n, "max_n": plan.max_n, "efficacy": e["efficacy"],
@@ -260,12 +276,14 @@ class PromotionStateMachine:
         if c.slow is not None:
             e["slow"] += c.slow
             e["lat_n"] += c.n
-        if self.stage == "candidate":
+        if self.stage == "candidate":  # the latest offline report replaces the earlier one
             e["n"] = c.n
             e["offline"] = {"diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high,
                             "ci": r.ci, "n": c.n, "method": r.ci_method,
-                            "margin": float(r.meta.get("margin") or 0.0),
-                            "metrics": dict(r.metrics)}
+                            "dr": _is_dr(r), "margin": float(r.meta.get("margin") or 0.0)}
+            e["metrics"] = {k: MetricStats.from_dict(d, f"report.metrics.{k}").to_dict()
+                            for k, d in r.metrics.items() if k in self.config.metrics}
+            e["judgements"], e["decision"], e["why"], e["efficacy"] = [], None, "", False
             return
         e["n"] += c.n
         on = e.setdefault("quality_on", {})
@@ -280,11 +298,20 @@ class PromotionStateMachine:
                                   MetricStats.from_dict(old) + got).to_dict()
 
     def check_kind(self, report: EvaluationReport, field: str = "report.kind") -> None:
-        """ConfigError `field` unless the current stage takes reports of `report.kind`."""
+        """ConfigError `field` unless the current stage takes reports of `report.kind`; at
+        stage candidate also ConfigError `<report>.metrics` for an offline report that
+        carries no per-metric statistics of the rollout's metrics and is no DR estimate
+        (`meta.margin`): nothing in it could be judged."""
         expected = KIND.get(self.stage)
         if expected is not None and report.kind != expected:
             raise ConfigError(field, f"stage {self.stage} takes {expected} reports, got "
                                      f"{report.kind}")
+        if (self.stage == "candidate" and not _is_dr(report)
+                and not set(report.metrics) & set(self.config.metrics)):
+            raise ConfigError(field.rsplit(".", 1)[0] + ".metrics",
+                              "the offline report has no per-metric paired statistics ("
+                              f"{', '.join(self.config.metrics)}): the candidate stage judges "
+                              "each metric; `ragpilot rollout replay` writes such a report")
 
     def observe(self, report: EvaluationReport) -> Decision:
         """Add one batch report to the current stage's evidence; take a planned look when one
@@ -304,9 +331,13 @@ class PromotionStateMachine:
                                      f"(limit {slo.max_burn_rate}x)", {**ev, **burn})
         if self.stage == "candidate":
             off = self.state.evidence["offline"]
-            if off["ci_high"] < -off.get("margin", 0.0):
-                return self.rollback("offline reward significantly worse (CI below "
-                                     f"{-off.get('margin', 0.0):g})", off)
+            if off["dr"] and off["ci_high"] < -off["margin"]:
+                return self.rollback("offline DR reward estimate significantly worse (CI below "
+                                     f"{-off['margin']:g})", off)
+            if not off["dr"]:
+                d = self._judge_offline()
+                if d is not None:
+                    return d
         elif self.stage in TESTED and not self.state.evidence["efficacy"]:
             d = self._judge()
             if d is not None:
@@ -345,6 +376,21 @@ class PromotionStateMachine:
             e["efficacy"] = None  # hold: spent, waiting for an operator
         return None
 
+    def _judge_offline(self) -> Decision | None:
+        """Judge the candidate stage's offline report per metric: one look at a fixed paired
+        sample (normal intervals at `offline_ci`, at least MIN_VERDICT_N pairs), the same
+        rules and margins as shadow. A critical metric worse than its margin rolls back; a
+        pass marks the stage efficacious."""
+        e, c = self.state.evidence, self.config
+        judged, decision, why = judge(c.metrics, self._stats(), 1.0 - c.offline_ci,
+                                      max(int(e["n"]), 1), MIN_VERDICT_N, sequential=False)
+        e["judgements"] = [j.to_dict() for j in judged]
+        e["decision"], e["why"] = decision, why
+        if decision == "veto":
+            return self.rollback(f"offline report: {why}", self.summary())
+        e["efficacy"] = decision == "pass"
+        return None
+
     def _stats(self) -> dict[str, MetricStats]:
         return {k: MetricStats.from_dict(v, f"evidence.metrics.{k}")
                 for k, v in self.state.evidence["metrics"].items()}
@@ -359,15 +405,19 @@ class PromotionStateMachine:
             off = e["offline"]
             if off is None:
                 return False, "needs an offline report (ragpilot rollout advance --evidence)"
+            if not off.get("dr"):
+                return (True, f"offline report: {e['why']}") if e["efficacy"] else (
+                    False, "needs (offline report): " + e["why"].removeprefix("needs: "))
             if off["ci"] < c.offline_ci - 1e-9:
                 missing.append(f"an offline CI at level >= {c.offline_ci} (got {off['ci']})")
-            m = off.get("margin", 0.0)
+            m = off["margin"]
             if not (off["ci_low"] >= -m if m > 0 else off["ci_low"] > 0):
-                missing.append(f"offline {off['ci']:.0%} CI lower bound {off['ci_low']:.4f} "
+                missing.append(f"offline DR {off['ci']:.0%} CI lower bound "
+                               f"{off['ci_low']:.4f} "
                                + (f">= -{m:g} (margin)" if m > 0 else "above 0"))
             return not missing, ("needs: " + "; ".join(missing) if missing else
-                                 f"offline CI lower bound >= -{m:g}" if m > 0 else
-                                 "offline CI > 0")
+                                 f"offline DR CI lower bound >= -{m:g}" if m > 0 else
+                                 "offline DR CI > 0")
         if e["efficacy"] is None:
             missing.append("sequential test ended inconclusive (hold): roll back or restart")
         elif not e["efficacy"]:

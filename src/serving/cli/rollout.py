@@ -290,6 +290,11 @@ def cmd_advance(args: argparse.Namespace) -> int:
         if not sm.done:
             print(f"next: send traffic, then ragpilot rollout advance{sd}")
         return 0
+    if sm.stage == "candidate":  # judged on an offline report only, never on traffic
+        print(f"next: ragpilot rollout replay{sd} --log <interaction export> --candidate "
+              "<config YAML> (more logged requests narrow each metric's CI), then ragpilot "
+              f"rollout advance{sd} --evidence <its report>")
+        return 1
     print(f"next: more traffic, then ragpilot rollout advance{sd}")
     return 1
 
