@@ -97,3 +97,25 @@ def test_reload_of_an_invalid_file_changes_nothing(tmp_path, capsys):
                        "    args: {}\n")
     assert reload_apps(renamed, running) is running
     assert "needs a restart" in capsys.readouterr().out
+
+
+def test_haproxy_checks_each_ingress_replica_at_rays_healthz_not_readyz(tmp_path):
+    """docs/serving.md (HAProxy): in `--proxy haproxy` mode Ray writes HAProxy's config, and its
+    per-replica check is Ray's own `GET /-/healthz` on each replica's port (a replica leaves
+    rotation when Serve stops it or it dies), not the app's `/readyz`; readiness and draining
+    are the front load balancer's check of `/readyz`. Rendered with Ray's own generator for two
+    replicas, as the proxy actor renders it."""
+    from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
+
+    servers = [ServerConfig(name=f"r{i}", host="127.0.0.1", port=30000 + i) for i in (1, 2)]
+    backend = BackendConfig(name="ragpilot", path_prefix="/", servers=servers,
+                            app_name="ragpilot")
+    cfg = tmp_path / "haproxy.cfg"
+    HAProxyApi(cfg=HAProxyConfig(), backend_configs={"ragpilot": backend},
+               config_file_path=str(cfg))._generate_config_file_internal()
+    lines = [x.strip() for x in cfg.read_text().splitlines()]
+    assert [x for x in lines if x.startswith("option httpchk")] == ["option httpchk GET /-/healthz"]
+    assert "http-check expect status 200" in lines
+    checked = [x for x in lines if x.startswith("server ")]
+    assert len(checked) == 2 and all(" check" in x for x in checked), checked
+    assert not any("readyz" in x for x in lines)
