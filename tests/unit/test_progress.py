@@ -203,3 +203,23 @@ def test_progress_is_no_part_of_the_tuner_rows_fingerprint():
     assert "rag.progress" not in module_closure(ev.QUALITY_SOURCES, ev.ROWS_STOP)
     compute = normalized_code(inspect.getsource(ev.TunerEvaluator._compute))
     assert "progress" not in compute and "QUERY_EVALUATIONS" not in compute, compute
+
+
+def test_a_tune_search_counts_each_rung_result_of_its_trials(monkeypatch):
+    """Under Ray Tune (trials in other processes) the driver's `tune: search` stage advances by
+    each trial's new query-evaluations when a rung result arrives (rung sizes 3 then 6 of one
+    trial, 3 of another: 6 + 3 counted, not 3 + 6 + 3)."""
+    from types import SimpleNamespace
+
+    from rl.kernel.evaluator import QUERY_EVALUATIONS
+    from rl.tuner.tune_search import _Recorder
+
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)
+    rec, buf = _Recorder(), io.StringIO()
+    a, b = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
+    with progress.reporting(buf), progress.stage("tune: search", 20, QUERY_EVALUATIONS) as st:
+        for trial, size in ((a, 3), (a, 6), (b, 3)):
+            rec.on_trial_result(0, [], trial, {"query_evals": size, "node_id": None})
+        assert st.done == 9
+    assert [x.split(",")[0] for x in _lines(buf) if "/20" in x][:3] == [
+        f"tune: search: {n}/20 query-evaluations ({p}%)" for n, p in ((3, 15), (6, 30), (9, 45))]

@@ -30,7 +30,9 @@ progress reaches the caller through `on_iteration` (PPO: one call per training i
 the data, the search counted in query-evaluations, the Pareto front, the holdout, MLflow) are
 `rag.progress` stages, shown where the entry point turned progress on; the search's stage
 counts each query-evaluation as the evaluator computes it, so a long first trial shows how far
-it got (and an estimate of the rest) before it ends.
+it got (and an estimate of the rest) before it ends. On Ray Tune the trials run in other
+processes: the stage counts each trial's query-evaluations when its rung result arrives
+(`tune_search._Recorder`), nothing from inside a rung.
 """
 
 from __future__ import annotations

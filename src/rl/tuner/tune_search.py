@@ -43,6 +43,7 @@ from typing import Any
 
 from ray.tune import Callback
 
+from rag import progress
 from rag.errors import ConfigError
 from rl.tuner.ask_tell import (
     DEFAULT_RUNGS,
@@ -205,13 +206,17 @@ def tune_search(evaluator: Any, space: Any, *, method: str, budget: int, seed: i
 
 class _Recorder(Callback):
     """Tune callback (driver side): every trial's params, creation index and node, and every
-    rung result in arrival order (Tune's own keys left out)."""
+    rung result in arrival order (Tune's own keys left out). Each rung result also adds the
+    trial's new query-evaluations to the open `rag.progress` stage counted in them (`tune:
+    search`): a Tune search shows its progress rung by rung; inside a trial (another process)
+    nothing is counted until its rung ends."""
 
     def __init__(self) -> None:
         self.results: list[tuple[str, dict[str, Any]]] = []
         self.params: dict[str, dict[str, Any]] = {}
         self.created: dict[str, int] = {}
         self.nodes: dict[str, str | None] = {}
+        self.spent: dict[str, int] = {}
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.created.setdefault(trial.trial_id, _creation_index(trial, len(self.created)))
@@ -219,7 +224,12 @@ class _Recorder(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
+        from rl.kernel.evaluator import QUERY_EVALUATIONS
+
         self.nodes.setdefault(trial.trial_id, result.get("node_id"))
+        spent = int(result.get("query_evals", 0))  # the trial's rung size so far
+        progress.advance(spent - self.spent.get(trial.trial_id, 0), QUERY_EVALUATIONS)
+        self.spent[trial.trial_id] = spent
         self.results.append((trial.trial_id, {k: v for k, v in result.items()
                                               if k in _RUNG_RESULT or k.startswith(
                                                   ("gate_", "violation_"))}))
