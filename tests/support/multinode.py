@@ -3,16 +3,19 @@ a private network namespace: tests/support/ray_cluster.py says why).
 
     python tests/support/multinode.py ROOT OUT.json
 
-1. before the cluster: every config of the PPO space (24, `multinode_ppo.warm`) evaluated once
-   into ROOT/cache; the Tune grid's 8 configs are among them, so its evaluator over the same
-   cache only reads (`multinode_tune.warm`); the fan-out's in-process references
-   (`multinode_fanout.prepare`: indexes, the evaluation, the corpus vectors);
+1. before the cluster: every config of PPO's space evaluated once into ROOT/cache (8,
+   `multinode_tune.warm`: k 3 or 5, no reranking; the PPO settings of `multinode_ppo.policy`,
+   2 remote env runners, over that space: bench/cluster.py `--quick`'s); the Tune grid's 4
+   configs (k 3) are among them, so its evaluator over the same cache only reads; the
+   fan-out's in-process references (`multinode_fanout.prepare`: indexes, the evaluation, the
+   corpus vectors);
 2. one head and one second node (1 CPU each), the driver connected (`cluster_session`);
-3. the parts, in order: "tune" (`multinode_tune.both_runs`: 2 nodes, then pinned to the
-   head), "ppo" (`multinode_ppo.run`: 2 remote env runners, then both on the head), "eval"
-   and "index" (`multinode_fanout.run_eval` / `run_index`). A part that raises is recorded as
-   `report[part] = {"error", "traceback"}` and the next part still runs, so each test names
-   its own failure;
+3. the parts, in order: "tune" (`multinode_tune.both_runs`: 2 nodes with one process per
+   trial, then pinned to the head, in one reused process: the head's placement is what the
+   1-node run checks), "ppo" (`multinode_ppo.run`: 2 remote env runners, then both on the
+   head), "eval" and "index" (`multinode_fanout.run_eval` / `run_index`). A part that raises
+   is recorded as `report[part] = {"error", "traceback"}` and the next part still runs, so
+   each test names its own failure;
 4. writes OUT.json (the cluster's node ids, one entry per part, seconds per stage); stops the
    cluster.
 
@@ -49,12 +52,13 @@ def run_parts(parts: dict[str, Callable[[], dict]], report: dict) -> None:
 
 
 def main(root: Path, out: Path) -> None:
+    from bench.cluster import ppo_policy
     from tests.support import multinode_fanout, multinode_ppo, multinode_tune
     from tests.support.ray_cluster import HEAD_RESOURCE, cluster_session
 
     t0 = time.perf_counter()
-    ev, n_grid = multinode_ppo.warm(root / "cache")
-    tune_ev, n_tune = multinode_tune.warm(root / "cache")
+    ev, n_grid = multinode_tune.warm(root / "cache")
+    tune_ev, n_tune = multinode_tune.warm(root / "cache", k_grid=(3,))
     report: dict = {"grid": n_grid, "tune_grid": n_tune, "warm_s": time.perf_counter() - t0}
     t1 = time.perf_counter()
     prep = multinode_fanout.prepare(root / "fanout")
@@ -62,13 +66,14 @@ def main(root: Path, out: Path) -> None:
 
     def tune() -> dict:
         runs: dict = {}
-        multinode_tune.both_runs(tune_ev, root, runs)
+        multinode_tune.both_runs(tune_ev, root, runs, reuse_one_node=True)
         return runs
 
     def ppo() -> dict:
-        return {"2-nodes": multinode_ppo.run(ev, multinode_ppo.policy()),
-                "1-node": multinode_ppo.run(ev, multinode_ppo.policy(
-                    num_cpus_per_env_runner=0.0, env_runner_resources={HEAD_RESOURCE: 0.5}))}
+        return {"2-nodes": multinode_ppo.run(ev, ppo_policy(quick=True)),
+                "1-node": multinode_ppo.run(ev, ppo_policy(
+                    quick=True, num_cpus_per_env_runner=0.0,
+                    env_runner_resources={HEAD_RESOURCE: 0.5}))}
 
     with cluster_session(root, out, report):
         run_parts({"tune": tune, "ppo": ppo,

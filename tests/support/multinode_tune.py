@@ -1,7 +1,7 @@
 """Ray Tune config search on a real two-node Ray cluster: the pieces tests/support/multinode.py
 (the test's cluster session) and bench/cluster.py run.
 
-- `tune_policy()`: `multinode_ppo.policy()` cut to 8 configs;
+- `tune_policy(k_grid)`: `multinode_ppo.policy()` cut to 8 configs (4 with k 3 alone);
 - `warm(cache, full)`: every config of that space (with `full` the 24 of
   `multinode_ppo.policy`) evaluated once into `cache`, so every trial only reads stored tables;
 - `both_runs(ev, root, report)`: `tune_search(method="grid", max_concurrent=2,
@@ -32,19 +32,21 @@ MAX_CONCURRENT = 2
 RUNGS = (25, 75, None)
 
 
-def tune_policy():
-    """`multinode_ppo.policy()` cut to 8 configs (k 3 or 5, no reranking): each trial runs in
-    a fresh process (~3-5 s here), so the test searches the smaller grid."""
+def tune_policy(k_grid: tuple[int, ...] = (3, 5)):
+    """`multinode_ppo.policy()` cut to the k of `k_grid`, no reranking: 8 configs with k 3 or 5,
+    4 with k 3 alone. Each trial runs in a fresh process (~3-5 s here), so the tests search a
+    smaller grid."""
     from tests.support.multinode_ppo import policy
 
     p = policy()
     discrete = p.model_dump(mode="json", by_alias=True)["discrete"]
-    return p.with_overrides(k_grid=[3, 5], discrete={**discrete, "rerank": ["off"]})
+    return p.with_overrides(k_grid=list(k_grid), discrete={**discrete, "rerank": ["off"]})
 
 
-def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
+def warm(cache: Path, full: bool = False, k_grid: tuple[int, ...] = (3, 5)
+         ) -> tuple[Any, int]:
     """(TunerEvaluator over `cache`, grid size) with every config of its space evaluated once:
-    `multinode_ppo.warm` (24 configs) when `full`, else `tune_policy()`'s 8."""
+    `multinode_ppo.warm` (24 configs) when `full`, else `tune_policy(k_grid)`'s."""
     from tests.support import multinode_ppo
 
     from rl.common.data import TuningData
@@ -53,7 +55,7 @@ def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
 
     if full:
         return multinode_ppo.warm(cache)
-    p = tune_policy()
+    p = tune_policy(k_grid)
     ev = TunerEvaluator(TuningData.open("synthetic"), p, cache_root=cache)
     grid = list(ConfigSpace(p).grid())
     for cfg in grid:
@@ -61,9 +63,11 @@ def warm(cache: Path, full: bool = False) -> tuple[Any, int]:
     return ev, len(grid)
 
 
-def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
+def search(ev: Any, storage: Path, resources: dict[str, float],
+           reuse_actors: bool = False) -> dict:
     """The grid search of `ev`'s space (every config to the whole tune split, `MAX_CONCURRENT`
-    trials at once, each holding `resources`), summarised JSON-safe."""
+    trials at once, each holding `resources`; `reuse_actors` as `tune_search`), summarised
+    JSON-safe."""
     from rl.kernel.space import ConfigSpace
     from rl.tuner.tune_search import tune_search
 
@@ -72,7 +76,7 @@ def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
     n = len(ev.data.examples(ev.slice.tune_split))
     res = tune_search(ev, space, method="grid", budget=n_grid * n, seed=SEED, rungs=RUNGS,
                       storage_path=storage, max_concurrent=MAX_CONCURRENT,
-                      resources_per_trial=resources, reuse_actors=False)
+                      resources_per_trial=resources, reuse_actors=reuse_actors)
     return {"best": res.best_config.config_hash, "best_reward": res.best_reward,
             "query_evals": res.query_evals, "wall_s": res.wall_s,
             "trials": [{"trial_id": t.trial_id, "config_hash": t.config.config_hash,
@@ -80,11 +84,14 @@ def search(ev: Any, storage: Path, resources: dict[str, float]) -> dict:
                         "query_evals": t.query_evals} for t in res.trials]}
 
 
-def both_runs(ev: Any, root: Path, report: dict) -> None:
-    """`report["2-nodes"]`: the search with 1 CPU per trial (Ray spreads them over the nodes);
-    `report["1-node"]`: each trial also holds the head's resource (all run on the head, one at
-    a time)."""
+def both_runs(ev: Any, root: Path, report: dict, reuse_one_node: bool = False) -> None:
+    """`report["2-nodes"]`: the search with 1 CPU per trial, one process per trial (Ray spreads
+    them over the nodes); `report["1-node"]`: each trial also holds the head's resource (all run
+    on the head, one at a time), in one process per trial, or with `reuse_one_node` in the
+    finished trial's process (the placement is the head's either way; it skips a process start
+    per trial, but the 1-node wall is then no longer comparable with the 2-node one)."""
     from tests.support.ray_cluster import HEAD_RESOURCE
 
     report["2-nodes"] = search(ev, root / "tune-2", {"cpu": 1})
-    report["1-node"] = search(ev, root / "tune-1", {"cpu": 1, HEAD_RESOURCE: 1})
+    report["1-node"] = search(ev, root / "tune-1", {"cpu": 1, HEAD_RESOURCE: 1},
+                              reuse_actors=reuse_one_node)
