@@ -29,8 +29,10 @@ The exposure is bounded too: the candidate can only choose arms of the same port
 one of which the uniform ε already serves.
 
 `save_policy(policy, dir)` / `load_policy(dir)`: a policy directory = `policy.json` (kind, arm
-configs and names, feature names, base config of the featurizer, the default ε) + `model.pkl`
-(the pickled policy object). The Serve app loads one with `load_policy`.
+configs and names, feature names, base config of the featurizer, the default ε, the learner's
+`details`) + `model.pkl` (the pickled policy object). A threshold cascade
+(`rl.routing.cascade.CascadePolicy`, kind "cascade") is saved the same way: its arms are its
+stages' configs and its `details` hold τ, the calibrator and the decision row's columns. The Serve app loads one with `load_policy`.
 """
 
 from __future__ import annotations
@@ -216,10 +218,13 @@ def same_arms(policy: PerQueryPolicy, candidate: PerQueryPolicy) -> None:
 
 def save_policy(policy: PerQueryPolicy, path: str | Path, *, base_config: RAGConfig,
                 names: Sequence[str] | None = None, feature_names: Sequence[str] = (),
-                epsilon: float = DEFAULT_EPSILON, kind: str | None = None) -> Path:
+                epsilon: float = DEFAULT_EPSILON, kind: str | None = None,
+                details: dict[str, Any] | None = None) -> Path:
     """Write a policy directory (module docstring). `base_config`: the config whose retrievers
     and query formulation the featurizer must use at serving time (the one the policy was
-    trained with); `names`: human names of the arms (default arm-<j>). Returns the dir."""
+    trained with); `names`: human names of the arms (default arm-<j>); `details`: a JSON
+    record of the learner's own (e.g. `rl.routing.cascade.CascadePolicy.manifest`), written
+    as policy.json's `details`. Returns the dir."""
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
     arms = list(policy.arms)
@@ -230,7 +235,7 @@ def save_policy(policy: PerQueryPolicy, path: str | Path, *, base_config: RAGCon
            "names": names, "arms": [c.model_dump(mode="json") for c in arms],
            "arm_hashes": [c.config_hash for c in arms],
            "base_config": base_config.model_dump(mode="json"),
-           "feature_names": list(feature_names)}
+           "feature_names": list(feature_names), "details": dict(details or {})}
     (d / MODEL_FILE).write_bytes(pickle.dumps(policy))
     (d / POLICY_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
     return d
@@ -239,7 +244,7 @@ def save_policy(policy: PerQueryPolicy, path: str | Path, *, base_config: RAGCon
 @dataclass
 class LoadedPolicy:
     """A policy directory read back: the policy, its manifest fields and a stable `policy_id`
-    (12 hex of the manifest and model bytes)."""
+    (12 hex of the manifest and model bytes); `details`: the learner's record (`save_policy`)."""
 
     policy: PerQueryPolicy
     names: list[str]
@@ -248,6 +253,7 @@ class LoadedPolicy:
     feature_names: list[str]
     kind: str
     policy_id: str
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
@@ -270,4 +276,4 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     return LoadedPolicy(policy, list(doc["names"]),
                         RAGConfig.from_dict(doc["base_config"], where="policy.base_config"),
                         float(doc["epsilon"]), list(doc.get("feature_names", [])),
-                        str(doc["kind"]), pid)
+                        str(doc["kind"]), pid, dict(doc.get("details") or {}))

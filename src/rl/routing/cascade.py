@@ -33,6 +33,12 @@ is only scored.
     esc = cas.escalate(Z_test)                          # bool per question
     got = outcomes(M["test"], cas.cheap, cas.strong, esc)   # {"R", "Q", "T"} per question
 
+Served: `ragpilot router train --learner cascade` (`rl.routing.train.train_cascade_policy`)
+chooses it at equal cost and saves a `CascadePolicy` with `rl.routing.base.save_policy`; the
+Serve app's `serving.policy_router.PolicyService` answers with the cheap arm, computes that one
+answer's signals with `signal_rows` (the code `attempt_signals` runs on a batch) and draws the
+escalation with `CascadePolicy.decide` (ε-flipped, its propensity logged).
+
 Units: Q in [0, 1] (αF + βR), R the tuner's per-query reward, T tokens per query. Errors:
 `ConfigError` naming the argument (mismatched shapes, no candidate arm, a budget no cascade
 can meet).
@@ -85,9 +91,25 @@ def attempt_signals(indexes: Any, config: RAGConfig, examples: Sequence[Example]
 
     pipe = Pipeline(indexes, config, resources)
     pipe.load_models()
-    rows, answers = [], []
+    answers, traces = [], []
     for i, e in enumerate(examples, 1):
         ans, trace = pipe.run_traced(e.question, e.id, None, e.history)
+        answers.append(ans)
+        traces.append(trace)
+        if progress and i % 50 == 0:
+            progress(i)
+    return signal_rows([e.question for e in examples], answers, traces, answer_signals)
+
+
+def signal_rows(questions: Sequence[str], answers: Sequence[Any], traces: Sequence[Any],
+                answer_signals: Any = None) -> np.ndarray:
+    """The attempt signals (module docstring) of answers already given: `answers[i]`
+    (`rag.types.Answer`) with its `rag.pipeline.StageTrace` `traces[i]` answered
+    `questions[i]`. One implementation for the batched `attempt_signals` and a served
+    request (`CascadePolicy.decide` on one row). Shape and `answer_signals` as
+    `attempt_signals`."""
+    rows = []
+    for q, ans, trace in zip(questions, answers, traces, strict=True):
         s = [h.score for h in trace.ranked]
         s1 = s[0] if s else 0.0
         last = next((h.score for h in reversed(trace.ranked) if h.id == ans.contexts[-1].id),
@@ -95,30 +117,29 @@ def attempt_signals(indexes: Any, config: RAGConfig, examples: Sequence[Example]
         text = ans.text.strip()
         rows.append([float(is_noncommittal(text)), math.log1p(len(text.split())),
                      float(len(ans.citations)),
-                     float(bool(text) and fits(expected_type(e.question), answer_type(text))),
+                     float(bool(text) and fits(expected_type(q), answer_type(text))),
                      s1, s1 - s[1] if len(s) > 1 else 0.0, s1 - last])
-        answers.append(ans)
-        if progress and i % 50 == 0:
-            progress(i)
-    out = np.array(rows, dtype=np.float64).reshape(len(examples), len(BASE_SIGNALS))
+    n = len(rows)
+    out = np.array(rows, dtype=np.float64).reshape(n, len(BASE_SIGNALS))
     if answer_signals is not None:
-        sig = answer_signals.score_batch(answers)
+        sig = answer_signals.score_batch(list(answers))
         out = np.hstack([out, np.array([[d[k] for k in ANSWER_SIGNALS] for d in sig],
-                                       dtype=np.float64).reshape(len(examples), 3)])
+                                       dtype=np.float64).reshape(n, 3)])
     return out
 
 
 def attempts_version(with_answer_signals: bool) -> str:
     """The key under which `role_features` stores attempt signals: the evaluator's
     `rows_version` (the pipeline, generation and metric code, with the answer signals' code)
-    and a fingerprint of `attempt_signals`. Edited code misses the store instead of reusing
-    stale signals."""
+    and a fingerprint of `attempt_signals` and `signal_rows`. Edited code misses the store
+    instead of reusing stale signals."""
     import inspect
 
     from rl.common.fingerprint import code_fingerprint
     from rl.kernel.evaluator import rows_version
 
-    fp = code_fingerprint((), extra=[inspect.getsource(attempt_signals)])
+    fp = code_fingerprint((), extra=[inspect.getsource(attempt_signals),
+                                     inspect.getsource(signal_rows)])
     return f"attempts-{fp}+{rows_version(True)}:{len(signal_names(with_answer_signals))}"
 
 
@@ -345,3 +366,78 @@ def cheap_candidates(M_valid: dict[str, np.ndarray], budget: float | None,
         order = ok[np.argsort(-Q[:, ok].mean(axis=0), kind="stable")]
         out += [int(j) for j in order if int(j) not in out][:n - len(out)]
     return out
+
+
+@dataclass
+class CascadePolicy:
+    """A fitted `ThresholdCascade` as a servable policy (`rl.routing.base.save_policy` with
+    kind `KIND`). `arms`: [cheap config] + [strong config], or the cheap config alone when
+    stage 2 abstains; `names` their names and `stage2` the name of the escalation's action
+    (the strong arm's, or `ABSTAIN`). `feature_names` / `signal_names`: the columns of the
+    decision row z = [question features, attempt signals]; `answer_signals` whether the last
+    three signals (`ANSWER_SIGNALS`) are among them."""
+
+    cascade: ThresholdCascade
+    arms: list[RAGConfig]
+    names: list[str]
+    stage2: str
+    feature_names: list[str]
+    signal_names: tuple[str, ...]
+
+    KIND = "cascade"
+
+    @property
+    def abstains(self) -> bool:
+        return self.stage2 == ABSTAIN
+
+    @property
+    def answer_signals(self) -> bool:
+        return len(self.signal_names) == len(SIGNAL_NAMES)
+
+    def decide(self, z: np.ndarray, epsilon: float, u: float) -> dict[str, Any]:
+        """The escalation decision of one decision row `z` (d,): the greedy one (confidence <
+        τ) flipped when the uniform draw `u` in [0, 1) is below `epsilon`, so each branch is
+        taken with probability >= min(ε, 1 − ε). Returns {"escalate", "greedy_escalate"
+        (bools), "confidence" (P(cheap as good as strong)), "tau", "propensity" (the
+        probability the returned decision had: 1 − ε when it is the greedy one, else ε)}.
+        ConfigError naming `epsilon` outside [0, 1], `z` of the wrong width."""
+        if not 0.0 <= epsilon <= 1.0:
+            raise ConfigError("epsilon", f"must be in [0, 1], got {epsilon}")
+        z = np.asarray(z, dtype=np.float64).reshape(1, -1)
+        width = len(self.feature_names) + len(self.signal_names)
+        if z.shape[1] != width:
+            raise ConfigError("z", f"needs {width} columns (features + attempt signals), "
+                                   f"got {z.shape[1]}")
+        conf = float(self.cascade.confidence(z)[0])
+        greedy = conf < self.cascade.tau
+        flip = u < epsilon
+        return {"escalate": bool(greedy ^ flip), "greedy_escalate": bool(greedy),
+                "confidence": conf, "tau": float(self.cascade.tau),
+                "propensity": float(epsilon if flip else 1.0 - epsilon)}
+
+    def manifest(self) -> dict[str, Any]:
+        """The readable record `save_policy` writes under policy.json's `details`: the stages,
+        τ, the decision row's column names and the calibrator's coefficients (on standardised
+        columns: (z − mean) / scale; `constant` instead when train held one class)."""
+        cal = self.cascade.calibrator
+        coefs = ({"constant": cal.constant} if cal.constant is not None else
+                 {"coef": [float(v) for v in cal.model.coef_[0]],
+                  "intercept": float(cal.model.intercept_[0])})
+        return {"cheap": self.names[0], "stage2": self.stage2, "tau": float(self.cascade.tau),
+                "feature_names": list(self.feature_names),
+                "signal_names": list(self.signal_names),
+                "calibrator": {"mean": [float(v) for v in cal.mean],
+                               "scale": [float(v) for v in cal.scale], **coefs},
+                "valid": dict(self.cascade.valid)}
+
+
+def cascade_policy(cas: ThresholdCascade, configs: Sequence[RAGConfig], names: Sequence[str],
+                   feature_names: Sequence[str], with_answer_signals: bool) -> CascadePolicy:
+    """The `CascadePolicy` of `cas` chosen among the arms `configs` (named `names`; `cas.strong`
+    == len(configs) is the `ABSTAIN` column of `with_abstention`)."""
+    abstains = cas.strong >= len(configs)
+    arms = [configs[cas.cheap]] + ([] if abstains else [configs[cas.strong]])
+    return CascadePolicy(cas, arms, [names[cas.cheap]] + ([] if abstains
+                                                         else [names[cas.strong]]),
+                         ABSTAIN if abstains else names[cas.strong], list(feature_names),
+                         signal_names(with_answer_signals))

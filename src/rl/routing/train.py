@@ -131,6 +131,8 @@ class RouterRun:
     """The PPO learner's record (`rl.routing.train_ppo`), None for the router alone."""
     reason: str = ""
     """Why the verdict, from the rows it rests on (the PPO learner's; "" for the router's)."""
+    cascade: dict[str, Any] | None = None
+    """The cascade learner's record (`train_cascade_policy`), None for the other learners."""
 
     @property
     def subject(self) -> str:
@@ -148,7 +150,8 @@ class RouterRun:
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
                 "verdict": self.verdict, "test_choices": self.choices,
                 "warnings": self.warnings,
-                **({} if self.ppo is None else {"ppo": self.ppo, "reason": self.reason})}
+                **({} if self.ppo is None else {"ppo": self.ppo, "reason": self.reason}),
+                **({} if self.cascade is None else {"cascade": self.cascade})}
 
 
 def holdout_rows(dataset: str, M: dict[str, np.ndarray], picks: dict[str, np.ndarray],
@@ -401,6 +404,78 @@ def train_router_policy(dataset: str, settings: Any, out: str | Path, *, seed: i
     return run
 
 
+CASCADE_SYSTEMS = ("cascade", "best-static", "static-default")
+
+
+def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: int = 0,
+                         max_train: int | None = None,
+                         extra: list[tuple[str, RAGConfig]] | None = None,
+                         log: Log | None = None, overwrite: bool = False) -> RouterRun:
+    """Fit, check and save the threshold cascade of `dataset` (`rl.routing.cascade`) under
+    `out`, as `bench/cascade.py` chooses it at equal cost: the attempt signals (with the
+    reference-free answer signals) of each cheap candidate (`cheap_candidates`) over every
+    role, the abstention column (`with_abstention`), then `select_cascade` on train and valid
+    only with the budget = the best static config's mean tokens on valid. The holdout is read
+    once, after: `system_rows` of cascade, best static and the static default (quality and
+    tokens apart, paired bootstrap CIs). Verdict "cascade" when its quality gain over best
+    static has a 95% CI above 0, else "best-static". Arguments and errors as
+    `train_router_policy`; a budget no cascade meets is a ConfigError naming `budget`."""
+    from rag.metrics.signals import AnswerSignals
+    from rl.routing.base import DEFAULT_EPSILON, save_policy
+    from rl.routing.cascade import (
+        CascadePolicy,
+        cascade_policy,
+        cheap_candidates,
+        outcomes,
+        role_features,
+        select_cascade,
+        with_abstention,
+    )
+    from rl.stats.headroom import best_static, pick
+
+    say = log or (lambda _m: None)
+    prep = prepare(dataset, settings, out, seed=seed, max_train=max_train, extra=extra,
+                   log=log, overwrite=overwrite)
+    ev, out, names, configs = prep.ev, prep.out, prep.names, prep.configs
+    static = best_static(prep.M["valid"]["R"])
+    budget = float(prep.M["valid"]["T"][:, static].mean())
+    sig = AnswerSignals()
+    t0 = time.perf_counter()
+    Z = {}
+    for cheap in cheap_candidates(prep.M["valid"], budget):
+        Z[cheap] = role_features(prep, cheap, sig, log)
+        say(f"  cascade: attempts of `{names[cheap]}` ({time.perf_counter() - t0:.0f} s)")
+    M, col_names = with_abstention(ev, configs[0], prep.M, prep.parts, names)
+    cas = select_cascade(M, {c: {r: z[r] for r in ("train", "valid")} for c, z in Z.items()},
+                         col_names, budget, seed)
+    policy = cascade_policy(cas, configs, names, prep.feature_names, True)
+    say(f"  cascade: `{cas.names[0]}` -> `{cas.names[1]}` at tau {cas.tau:.4f} (valid quality "
+        f"{cas.valid['quality']:.4f}, tokens {cas.valid['tokens']:.0f} of {budget:.0f})")
+    test = M["test"]
+    n_test = len(test["R"])
+    esc = cas.escalate(Z[cas.cheap]["test"])
+    got = {"cascade": outcomes(test, cas.cheap, cas.strong, esc),
+           **{s: {k: pick(test[k], np.full(n_test, j)) for k in ("R", "Q", "T")}
+              for s, j in (("best-static", static), ("static-default", 0))}}
+    rows = system_rows(ev.data.name, got, seed, subject="cascade")
+    gain = next(r for r in rows if r["system"] == "cascade - best-static"
+                and r["metric"] == "delta_quality")
+    verdict = "cascade" if gain["ci_low"] > 0 else "best-static"
+    save_policy(policy, out, base_config=settings.base_config(), names=policy.names,
+                feature_names=prep.feature_names, epsilon=DEFAULT_EPSILON,
+                kind=CascadePolicy.KIND, details=policy.manifest())
+    record = {**policy.manifest(), "strong": cas.names[1], "budget_tokens": budget,
+              "test_escalated": float(esc.mean()),
+              "quality_metrics": [ev.slice.faithfulness, ev.slice.relevancy]}
+    run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],
+                    {}, rows, verdict,
+                    counts_of([cas.names[int(e)] for e in esc]), CASCADE_SYSTEMS,
+                    prep.warnings, cascade=record)
+    (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
+    (out / "report.md").write_text(markdown(run, prep.dataset))
+    return run
+
+
 def counts_of(labels: list[str]) -> dict[str, int]:
     """Label -> count, most frequent first (ties in order of first appearance)."""
     return dict(Counter(labels).most_common())
@@ -412,7 +487,9 @@ VERDICTS = {
     "ppo-policy": "Verdict: **serve the PPO policy** — {reason}.",
     "supervised-router": "Verdict: **serve the supervised router** (`ragpilot router train` "
                          "without `--learner ppo`) — {reason}.",
-    "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s reward "
+    "cascade": "Verdict: **serve the cascade** — its quality gain over the best static config "
+               "has a 95% CI above 0 (tokens stated apart).",
+    "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s {gain} "
                    "gain over it has no 95% CI above 0 on this holdout{reason}.",
 }
 
@@ -426,16 +503,28 @@ def markdown(run: RouterRun, dataset: str) -> str:
         return f.format(r["value"]) + ci
 
     by = {(r["system"], r["metric"]): r for r in run.rows}
-    params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items())
-    title = "PPO policy" if run.ppo is not None else "router policy"
+    cr = run.cascade
+    title = ("PPO policy" if run.ppo is not None else "threshold cascade" if cr is not None
+             else "router policy")
     lines = [f"# Per-query {title}: {dataset}", "",
              f"Arms: {len(run.names)} configs (`rl.routing.portfolio` + given). Queries: "
              + ", ".join(f"{k} {v}" for k, v in run.n.items()) + f". Best static on valid: "
-             f"`{run.best_static}`. Router chosen by cross-validation over train ∪ valid: "
-             f"{params}, margin {run.router['margin']:g} over `{run.router['static_arm']}` "
-             f"(CV reward {run.router['cv_reward']:.4f} vs that arm's "
-             f"{run.router['cv_static_reward']:.4f}; token price "
-             f"{run.router['token_price']:.2e}).", ""]
+             f"`{run.best_static}`."]
+    if cr is not None:
+        lines[-1] += (f" Cascade (`rl.routing.cascade`, chosen on train and valid at equal "
+                      f"cost: {cr['budget_tokens']:.0f} tokens on valid): `{cr['cheap']}` "
+                      f"answers, below confidence τ = {cr['tau']:.4f} it escalates to "
+                      f"`{cr['stage2']}` (valid: quality {cr['valid']['quality']:.4f}, tokens "
+                      f"{cr['valid']['tokens']:.0f}, escalated {cr['valid']['escalated']:.2f}; "
+                      f"test escalated {cr['test_escalated']:.2f}).")
+    else:
+        params = ", ".join(f"{k} {v}" for k, v in run.router["params"].items())
+        lines[-1] += (f" Router chosen by cross-validation over train ∪ valid: "
+                      f"{params}, margin {run.router['margin']:g} over "
+                      f"`{run.router['static_arm']}` (CV reward {run.router['cv_reward']:.4f} "
+                      f"vs that arm's {run.router['cv_static_reward']:.4f}; token price "
+                      f"{run.router['token_price']:.2e}).")
+    lines.append("")
     if run.ppo is not None:
         p = run.ppo
         lines += [f"PPO (`rl.routing.train_ppo`): a residual policy over the router held to "
@@ -445,7 +534,7 @@ def markdown(run: RouterRun, dataset: str) -> str:
                   f"{p['valid_reward']:.4f} vs the router's {p['router_valid_reward']:.4f}); "
                   f"it defers {100 * p['test_deferred']:.0f}% of the holdout queries to the "
                   f"router and picks {p['distinct_test_configs']} distinct configs.", ""]
-    fr = run.router.get("quality_metrics")  # gold-less data: F is a reference-free signal
+    fr = (cr or run.router).get("quality_metrics")  # gold-less data: F is a reference-free signal
     lines += ["Holdout (read once): mean per query, bootstrap 95% CIs; deltas are paired."
               + (f" Quality = αF + βR with F = `{fr[0]}`, R = `{fr[1]}`." if fr else ""), "",
               "| system | reward | quality | tokens |", "|---|---|---|---|"]
@@ -464,10 +553,10 @@ def markdown(run: RouterRun, dataset: str) -> str:
     top = ", ".join(f"`{k}` {v}" for k, v in list(run.choices.items())[:6])
     if run.warnings:
         lines += ["", f"Warnings ({len(run.warnings)}):", *(f"- {w}" for w in run.warnings)]
-    who = "PPO policy" if run.ppo is not None else "router"
+    who = "PPO policy" if run.ppo is not None else "cascade" if cr is not None else "router"
     lines += ["", f"The {who}'s holdout choices (top 6): {top}.", "",
               VERDICTS[run.verdict].format(
-                  best=run.best_static, who=who,
+                  best=run.best_static, who=who, gain="quality" if cr is not None else "reward",
                   reason=(f" ({run.reason})" if run.reason and run.verdict == "best-static"
                           else run.reason)),
               "", f"Serve {'this directory' if run.ppo is not None else 'it'}: "

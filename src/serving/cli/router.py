@@ -3,12 +3,16 @@ supervised router over the config portfolio, `rl.routing.train`) trained on a da
 on its holdout split against the best static config and the static default, and saved as a
 policy directory the Serve app serves. `--learner ppo` trains the residual PPO policy over that
 router instead (`rl.routing.train_ppo`: RLlib, minutes per seed on 2 cores) and checks it
-against the router, best static and the default.
+against the router, best static and the default. `--learner cascade` fits the threshold
+cascade (`rl.routing.cascade`: a cheap config answers, a calibrated confidence on the question's
+features and that attempt's signals escalates to a stronger config or abstains, at the best
+static config's valid tokens) and checks its quality and tokens apart against best static.
 
     ragpilot router train --dataset hotpotqa --out runs/policy/hotpotqa [--max-train 250]
     ragpilot router train --dataset path/to/beir-folder --out runs/policy/mine \
         --add-config tuned=runs/my-tune/best_config.yaml --equal-cost
     ragpilot router train --learner ppo --ppo-seeds 3 --out runs/policy/synthetic-ppo
+    ragpilot router train --learner cascade --dataset hotpotqa --out runs/policy/hotpotqa-cascade
 
 Output: the holdout report (report.md in the directory) and the verdict on stdout; serve the
 directory with `serve: {policy: {dir: DIR}, traffic: {mode: policy}}`. Each stage (rows,
@@ -53,7 +57,7 @@ DEPRECATED_GROUP = "policy"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rl.routing.train import train_router_policy
+    from rl.routing.train import train_cascade_policy, train_router_policy
 
     if args.command == DEPRECATED_GROUP:
         print("deprecated: `ragpilot policy train` is now `ragpilot router train` (the old name "
@@ -73,6 +77,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     with progress.stage(f"router train --learner {args.learner} on {args.dataset}"):
         if args.learner == "ppo":
             run = _train_ppo(args, settings, extra)
+        elif args.learner == "cascade":
+            if args.equal_cost:
+                raise ConfigError("--equal-cost", "--learner cascade always holds its valid "
+                                                  "tokens to best static's")
+            with flags(FLAGS):
+                run = train_cascade_policy(args.dataset, settings, args.out, seed=args.seed,
+                                           max_train=args.max_train, extra=extra, log=_stderr,
+                                           overwrite=args.overwrite)
         else:
             with flags(FLAGS):
                 run = train_router_policy(args.dataset, settings, args.out, seed=args.seed,
@@ -89,14 +101,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {run.out} (policy.json, model.pkl, report.json, report.md, {SERVE_FILE}); "
           f"verdict: {run.verdict}")
-    if run.verdict in ("router", "ppo-policy"):
+    if run.verdict in ("router", "ppo-policy", "cascade"):
         print(f"serve it: ragpilot serve --config {serve}")
     elif run.verdict == "supervised-router":
         print(f"serve the router: {run.reason}. Train and serve it "
               f"(ragpilot router train without --learner ppo), or serve this policy anyway "
               f"to log exploration data (ragpilot serve --config {serve})")
     else:  # written all the same: serving it logs propensities that a later run can learn from
-        who = "PPO policy" if args.learner == "ppo" else "router"
+        who = {"ppo": "PPO policy", "cascade": "cascade"}.get(args.learner, "router")
         print(f"the {who} is not ahead of the best static config `{run.best_static}` on the "
               f"holdout: serve that config, or serve the policy anyway to log exploration "
               f"data (ragpilot serve --config {serve})")
@@ -159,9 +171,10 @@ def _add_group(sub, name: str, help: str) -> None:
                    help="replace a policy already trained into --out (its policy.json, "
                         "model.pkl, reports, serve.yaml, split.json and ppo/; nothing else)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--learner", choices=("router", "ppo"), default="router",
+    s.add_argument("--learner", choices=("router", "ppo", "cascade"), default="router",
                    help="router: the supervised router (default, the shipped policy); ppo: a "
-                        "residual RLlib PPO policy over that router (rl.routing.train_ppo)")
+                        "residual RLlib PPO policy over that router (rl.routing.train_ppo); "
+                        "cascade: the threshold cascade at equal cost (rl.routing.cascade)")
     s.add_argument("--ppo-config", help="PPO policy YAML (configs/routing/ppo.yaml)")
     s.add_argument("--ppo-seeds", type=int,
                    help="train this many of the config's seeds (default all), keep the best "
