@@ -27,6 +27,9 @@ their hash, and the pick time in ms.
 the retrievals the features already made for the question; each arm is warmed up at start),
 and `answer()`
 returning what `serving.pipelines.PipelineService.answer` returns plus `policy` (the pick).
+A threshold cascade's directory (`rl.routing.cascade.CascadePolicy`, kind "cascade") is
+served in two decisions per request: its cheap arm answers, then the escalation is drawn from
+that attempt's signals and the question's features (`PolicyService._answer_cascade`).
 The ingress (`serving.routes_policy`) logs the pick's propensity, arm, policy id and features
 hash in the interaction log, so a candidate policy can be evaluated off-policy from it
 (`rl.promotion.log_evaluators.policy_from_log`).
@@ -55,6 +58,7 @@ from rl.routing.base import (
     load_policy,
     sample_arms,
 )
+from rl.routing.cascade import ABSTAIN, CascadePolicy
 from rl.routing.features import QueryFeaturizer
 
 POLICY_HANDLE = "__policy__"
@@ -70,7 +74,8 @@ class PolicyPick:
     the policy id, and times [ms]: `features_ms` (the featurizer's retrievals and question
     features), `decide_ms` (the policy's probabilities + the draw: the pick itself) and
     `pick_ms` (both); `candidate_id` / `candidate_share`: the candidate policy explored beside
-    it and its share ("" / 0.0 without one)."""
+    it and its share ("" / 0.0 without one). `decisions`: a cascade's two decisions, in order
+    (`PolicyService.answer`; empty for a one-decision policy)."""
 
     arm: int
     arm_name: str
@@ -86,6 +91,7 @@ class PolicyPick:
     pick_ms: float
     candidate_id: str = ""
     candidate_share: float = 0.0
+    decisions: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +112,9 @@ class PolicyRouter:
         self.candidate = candidate
         eps = loaded.epsilon if epsilon is None else epsilon
         if candidate is not None:
+            if CascadePolicy.KIND in (loaded.kind, candidate.kind):
+                raise ConfigError("candidate_dir", "a threshold cascade is served without a "
+                                                   "candidate policy beside it")
             _same_features(loaded, candidate)
         self.policy = Exploring(loaded.policy, eps, candidate.policy if candidate else None,
                                 candidate_share)
@@ -128,13 +137,31 @@ class PolicyRouter:
     def epsilon(self) -> float:
         return self.policy.epsilon
 
-    def pick(self, question: str, history=None) -> PolicyPick:
-        """Features of `question` -> arm probabilities -> one sampled arm (module docstring)."""
+    @property
+    def is_cascade(self) -> bool:
+        return self.loaded.kind == CascadePolicy.KIND
+
+    def features(self, question: str, history=None) -> np.ndarray:
+        """The policy's question features of `question` (N_FEATURES,) float64; the featurizer's
+        cache is cleared past `FEATURE_CACHE` questions."""
         from rag.types import Example
 
-        t0 = time.perf_counter()
         x = self.featurizer.features(Example(id="q", question=question,
                                              history=tuple(history or ())))
+        with self._lock:
+            if len(self.featurizer._cache) > FEATURE_CACHE:  # bounded memory when serving
+                self.featurizer._cache.clear()
+        return np.asarray(x, dtype=np.float64)
+
+    def draw(self) -> float:
+        """One uniform draw in [0, 1) from the router's seeded generator."""
+        with self._lock:
+            return float(self._rng.random())
+
+    def pick(self, question: str, history=None) -> PolicyPick:
+        """Features of `question` -> arm probabilities -> one sampled arm (module docstring)."""
+        t0 = time.perf_counter()
+        x = self.features(question, history)
         t1 = time.perf_counter()
         X = x[None, :].astype(np.float64)
         inner = self.loaded.policy.probs(X)  # one prediction: greedy and mixture from it
@@ -144,8 +171,6 @@ class PolicyRouter:
         greedy = int(np.argmax(inner[0]))
         with self._lock:
             arm, prop = sample_arms(probs, self._rng)
-            if len(self.featurizer._cache) > FEATURE_CACHE:  # bounded memory when serving
-                self.featurizer._cache.clear()
         j = int(arm[0])
         t2 = time.perf_counter()
         cfg = self.arms[j]
@@ -283,10 +308,18 @@ class PolicyService:
         self.router = PolicyRouter.open(policy_dir, index_set, epsilon, seed, candidate_dir,
                                         candidate_share)
         self.pipelines = [Pipeline(index_set, c) for c in self.router.arms]
+        self.answer_signals = None  # the cascade's reference-free signals of its cheap answer
+        if self.router.is_cascade and self.router.loaded.policy.answer_signals:
+            from rag.metrics.signals import AnswerSignals
+
+            self.answer_signals = AnswerSignals()
         if warmup:
             for p in self.pipelines:
                 warm_up(p)  # loads models, builds any missing index
-            self.router.pick(WARMUP_QUESTION)
+            if self.router.is_cascade:
+                self.answer(WARMUP_QUESTION)
+            else:
+                self.router.pick(WARMUP_QUESTION)
 
     def answer(self, question: str, query_id: str = "q", history=None) -> dict[str, Any]:
         """Pick a config (from the question and `history`, the conversation's earlier turns),
@@ -294,6 +327,8 @@ class PolicyService:
         and `latency_ms.policy_pick`."""
         from serving.pipelines import add_scores
 
+        if self.router.is_cascade:
+            return self._answer_cascade(question, query_id, history)
         pick = self.router.pick(question, history)
         cfg = self.router.arms[pick.arm]
         ans = self.pipelines[pick.arm].run(question, query_id, history=history or None)
@@ -306,6 +341,62 @@ class PolicyService:
             "tokens_out": int(ans.tokens_out), "variant_id": ans.config_hash,
             "policy": pick.to_dict()}
         return add_scores(out, ans, self.gold, question, cfg.k)
+
+    def _answer_cascade(self, question: str, query_id: str, history) -> dict[str, Any]:
+        """`answer` of a threshold cascade (`rl.routing.cascade.CascadePolicy`): the cheap arm
+        answers (decision 1, propensity 1); its attempt signals (`signal_rows`, the code the
+        cascade was fitted on) beside the question's features give the confidence, and the
+        escalation decision is drawn (`CascadePolicy.decide`: greedy below τ, flipped with
+        probability ε; decision 2, its propensity). Escalated, the strong arm answers again
+        (tokens and stage latencies of both attempts summed) or, when stage 2 abstains, the
+        answer becomes `rag.generation.prompts.INSUFFICIENT` (the cheap attempt's tokens).
+        `policy` is the final answer's pick: arm 0 (cheap) or 1 (escalated), its propensity
+        the product of both decisions', `features` the decision row, `decisions` both."""
+        import dataclasses
+
+        from rag.generation.prompts import INSUFFICIENT
+        from rl.routing.cascade import signal_rows
+        from serving.pipelines import add_scores
+
+        router, pol = self.router, self.router.loaded.policy
+        hist = history or None
+        t0 = time.perf_counter()
+        x = router.features(question, history)
+        t1 = time.perf_counter()
+        cheap, trace = self.pipelines[0].run_traced(question, query_id, None, hist)
+        t2 = time.perf_counter()
+        z = np.concatenate([x, signal_rows([question], [cheap], [trace],
+                                           self.answer_signals)[0]])
+        d = pol.decide(z, router.epsilon, router.draw())
+        t3 = time.perf_counter()
+        lat = {k: float(v) for k, v in cheap.latency_ms.items()}
+        ans, tok_in, tok_out = cheap, int(cheap.tokens_in), int(cheap.tokens_out)
+        if d["escalate"] and pol.abstains:
+            ans = dataclasses.replace(cheap, text=INSUFFICIENT, citations=())
+        elif d["escalate"]:
+            ans = self.pipelines[1].run(question, query_id, history=hist)
+            tok_in, tok_out = tok_in + int(ans.tokens_in), tok_out + int(ans.tokens_out)
+            for k, v in ans.latency_ms.items():
+                lat[k] = lat.get(k, 0.0) + float(v)
+        lat["policy_features"] = (t1 - t0) * 1000.0
+        lat["policy_pick"] = (t3 - t2) * 1000.0  # attempt signals + the decision
+        arm = int(d["escalate"])
+        name = pol.stage2 if arm else pol.names[0]
+        cfg = None if arm and pol.abstains else router.arms[arm]
+        decisions = ({"stage": "cheap", "arm": 0, "arm_name": pol.names[0],
+                      "propensity": 1.0},
+                     {"stage": "escalate", **d, "to": pol.stage2})
+        pick = PolicyPick(arm, name, cfg.config_hash if cfg else ABSTAIN,
+                          cfg.model_dump(mode="json") if cfg else {}, d["propensity"],
+                          int(d["greedy_escalate"]), [float(v) for v in z], features_hash(z),
+                          router.loaded.policy_id, lat["policy_features"], lat["policy_pick"],
+                          lat["policy_features"] + lat["policy_pick"], decisions=decisions)
+        out: dict[str, Any] = {
+            "answer": ans.text, "citations": list(ans.citations),
+            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
+            "latency_ms": lat, "tokens_in": tok_in, "tokens_out": tok_out,
+            "variant_id": pick.config_hash, "policy": pick.to_dict()}
+        return add_scores(out, ans, self.gold, question, (cfg or router.arms[0]).k)
 
     def info(self) -> dict[str, Any]:
         lp, cand = self.router.loaded, self.router.candidate

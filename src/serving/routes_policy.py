@@ -8,7 +8,10 @@ a policy-routed request: route `policy`, `variant_id` = the drawn arm's config h
 `features_hash`, and the feature vector in `features.policy_x` (for off-policy evaluation of
 another policy on the same log: `rl.promotion.log_evaluators.policy_from_log`); with a candidate
 explored beside the policy, `features.policy_candidate_id` and `policy_candidate_share` too
-(the propensity is then the mixture's, candidate share included).
+(the propensity is then the mixture's, candidate share included). A threshold cascade's
+request carries its two decisions (the cheap arm, propensity 1; escalate or not, with its
+propensity, confidence and τ) in `features.policy_decisions`; `arm` is 1 when it escalated,
+and `propensity` is the product of the two.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class PolicyRoutes:
         lat["pipeline"] = (time.perf_counter() - t0) * 1000.0
         feats = {**query_features(body, d), "policy_x": pick["features"],
                  "policy_arm_name": pick["arm_name"], "policy_greedy_arm": pick["greedy_arm"]}
+        if pick.get("decisions"):  # a cascade: both decisions, each with its propensity
+            feats["policy_decisions"] = list(pick["decisions"])
         if pick.get("candidate_id"):  # candidate-aware exploration: whose share it was drawn in
             feats["policy_candidate_id"] = pick["candidate_id"]
             feats["policy_candidate_share"] = pick["candidate_share"]
