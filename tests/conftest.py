@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.shared_serve import SharedServe
 
 from rag.env import configure_runtime_env
 
@@ -54,6 +55,52 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(getattr(pytest.mark, tier_of(Path(str(item.fspath)))))
+    _group_serve_app_modules(items)
+
+
+def _group_serve_app_modules(items) -> None:
+    """Run the modules that use `serve_app` one after another (whole modules, in their order,
+    at the place of the first), so the shared Serve runtime starts once for them."""
+    mods: dict[Path, list] = {}
+    for item in items:
+        mods.setdefault(Path(str(item.fspath)), []).append(item)
+    users = [m for m, its in mods.items() if any("serve_app" in i.fixturenames for i in its)]
+    if len(users) < 2:
+        return
+    out = []
+    for m, its in mods.items():
+        if m == users[0]:
+            out.extend(i for u in users for i in mods[u])
+        elif m not in users:
+            out.extend(its)
+    items[:] = out
+
+
+_SERVE = SharedServe()
+
+
+@pytest.fixture(scope="session")
+def serve_app() -> SharedServe:
+    """The session's shared in-process Ray + Serve runtime (tests/support/shared_serve.py): a
+    module deploys its app with `serve_app.deploy(args)` and gets the URL. The runtime is shut
+    down after the last test that uses it (`pytest_runtest_teardown`), not between modules."""
+    return _SERVE
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the module fixtures of `item` are torn down: stop the shared Serve runtime after
+    the last test of the session that uses it."""
+    yield
+    if "serve_app" in item.fixturenames and not _serve_app_used_after(item):
+        _SERVE.stop()
+
+
+def _serve_app_used_after(item) -> bool:
+    """Whether a test the session runs after `item` uses `serve_app`."""
+    items = item.session.items
+    later = items[items.index(item) + 1:] if item in items else []
+    return any("serve_app" in i.fixturenames for i in later)
 
 
 # The session's exit status, kept by `pytest_sessionfinish` for `pytest_unconfigure`.

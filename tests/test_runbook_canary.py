@@ -65,28 +65,18 @@ def _apply_printed(out: str, cwd: Path, env: dict, url: str) -> dict:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_runbook_walkthrough_runs_as_written(tmp_path):
-    import ray
-
+def test_runbook_walkthrough_runs_as_written(tmp_path, serve_app):
     from rag.corpus.loaders import load_dataset
     from rl.kernel.settings import TunerSettings
     from rl.kernel.space import ConfigSpace
-    from serving import netns
     from serving.auth import KeyFile
-    from serving.launch import start_local, stop_local
     from serving.serve_yaml import tuned_args, write_serve_yaml
 
-    if not netns.in_private_netns():
-        if ray.is_initialized():
-            ray.shutdown()
-        if not netns.enter_private_netns():
-            print(f"runbook test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     default = ConfigSpace(TunerSettings.defaults()).base
     tuned = default.model_copy(update={"variant": "bm25", "k": 4})  # the demo world's pick
     run = tmp_path / "runs" / "my-tune"
     run.mkdir(parents=True)
     (run / "best_config.yaml").write_text(tuned.to_yaml())
-    port = netns.free_port()
     keys = tmp_path / "keys.json"
     args = {**tuned_args("synthetic", default, tuned, run), "auth": {"keys_file": str(keys)},
             "limits": {"max_inflight": 8, "rate_per_s": 1000.0, "burst": 1000.0},
@@ -94,15 +84,15 @@ def test_runbook_walkthrough_runs_as_written(tmp_path):
             "max_variants": 4, "restore_routing": False}
     serve_yaml = write_serve_yaml(run / "serve.yaml", args, "test")
     data = yaml.safe_load(serve_yaml.read_text())
-    data["http_options"]["port"] = port  # what the operator's server listens on
-    serve_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     token, _ = KeyFile(keys).create("admin", name="runbook")
     questions = load_dataset("synthetic").examples
     env = {**os.environ, "RAGPILOT_ADMIN_KEY": token, "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     cwd = tmp_path
     os.chdir(cwd)  # the server runs from the operator's directory
-    url = start_local(data["applications"][0]["args"], port=port)
+    url = serve_app.deploy(data["applications"][0]["args"])  # the session's Serve runtime
+    data["http_options"]["port"] = int(url.rsplit(":", 1)[1])  # what the server listens on
+    serve_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     sent = 0
 
     def users(n: int) -> None:
@@ -155,4 +145,3 @@ def test_runbook_walkthrough_runs_as_written(tmp_path):
                                                         "rolled_back"]
     finally:
         os.chdir(REPO)
-        stop_local()

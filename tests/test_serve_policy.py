@@ -5,14 +5,13 @@ with it, and the interaction log keeps the propensity (the mixture's), arm, poli
 id and features hash of every pick; the OPE gate evaluates a candidate policy from that log.
 
 Synthetic world, extractive generator, a 3-arm router fitted on random features (what the
-policy chooses is not under test here, only that it is served and logged). Runs inside a
-private network namespace like tests/test_serving_app.py.
+policy chooses is not under test here, only that it is served and logged). Deployed on the
+session's shared Serve runtime (tests/conftest.py `serve_app`) like tests/test_serving_app.py.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
@@ -45,18 +44,9 @@ def _save_policy(d: Path, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    import ray
-
-    from serving import netns
+def served(serve_app, tmp_path_factory):
     from serving.auth import KeyFile
-    from serving.launch import start_local, stop_local
 
-    if not netns.in_private_netns():
-        if ray.is_initialized():
-            ray.shutdown()
-        if not netns.enter_private_netns():
-            print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     root = tmp_path_factory.mktemp("serve-policy")
     policy_dir = _save_policy(root / "policy")
     candidate_dir = _save_policy(root / "candidate", seed=1)
@@ -69,12 +59,9 @@ def served(tmp_path_factory):
             "limits": {"rate_per_s": 1000.0, "burst": 1000.0},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
             "rollout_dir": str(root / "rollout")}
-    t0 = time.perf_counter()
-    url = start_local(args, port=netns.free_port())
-    print(f"serve app with a policy ready in {time.perf_counter() - t0:.1f} s")
+    url = serve_app.deploy(args)
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
         yield client, store, policy_dir, candidate_dir
-    stop_local()
 
 
 def test_policy_mode_serves_picks_and_logs_propensities(served, tmp_path):

@@ -1,8 +1,9 @@
-"""The real Serve application, started in-process once, talked to over HTTP on 127.0.0.1.
+"""The real Serve application, deployed once for this module on the session's shared
+in-process Ray + Serve runtime (tests/conftest.py `serve_app`), talked to over HTTP on 127.0.0.1.
 
-The process first moves into a private network namespace (`serving.netns`): Serve replicas
-open gRPC ports on every interface, and inside the namespace only loopback exists. Where that
-is not permitted (no CAP_SYS_ADMIN) the test runs normally, HTTP still bound to 127.0.0.1.
+The runtime runs in a private network namespace (`serving.netns`): Serve replicas open gRPC
+ports on every interface, and inside the namespace only loopback exists. Where that is not
+permitted (no CAP_SYS_ADMIN) the test runs normally, HTTP still bound to 127.0.0.1.
 Variants: stable = the default hybrid config, canary = bm25, shadow = bm25 with k=3.
 """
 
@@ -42,30 +43,16 @@ def serve_args(store: Path) -> dict:
             "eval_datasets": ["synthetic", str(store.parent / "datasets")]}
 
 
-@pytest.fixture(scope="module")  # torn down after this module: a later module starting its own
-def served(tmp_path_factory):    # app on another port would otherwise attach to this one
-    import ray
-
-    from serving import netns
-    from serving.launch import start_local, stop_local
-
-    if not netns.in_private_netns():
-        if ray.is_initialized():  # e.g. rl.common.runtime.init_ray in an earlier module: outside the netns
-            ray.shutdown()
-        if not netns.enter_private_netns():
-            print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
+@pytest.fixture(scope="module")
+def served(serve_app, tmp_path_factory):
     from serving.auth import KeyFile
 
     store = tmp_path_factory.mktemp("serve") / "interactions.sqlite"
     (store.parent / "datasets").mkdir()  # serve.eval_datasets lists it
     token, _ = KeyFile(store.parent / "keys.json").create("admin", name="test")
-    t0 = time.perf_counter()
-    url = start_local(serve_args(store), port=netns.free_port())
-    print(f"serve app ready in {time.perf_counter() - t0:.1f} s "
-          f"(private netns: {netns.in_private_netns()})")
+    url = serve_app.deploy(serve_args(store))
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
         yield client, Path(store)
-    stop_local()
 
 
 def _rows(store: Path, sql: str, params: tuple = ()) -> list[tuple]:
@@ -386,19 +373,15 @@ def test_rollout_admin_api_drives_the_router(served):
     client.post("/admin/traffic", json={"canary_config": CANARY_ID, "canary_percent": 25.0})
 
 
-def test_a_restarted_app_serves_the_last_split(served):
-    """Last in this file: it restarts Serve. A stable deployed at run time (its own app) is
-    deployed again from the stored routing and serves after the restart."""
-    from serving import netns
-    from serving.launch import start_local, stop_local
-
+def test_a_restarted_app_serves_the_last_split(served, serve_app):
+    """Last in this file: it restarts Ray and Serve. A stable deployed at run time (its own
+    app) is deployed again from the stored routing and serves after the restart."""
     client, store = served
     new = RAGConfig(**BASE, variant="bm25", k=4).config_hash
     r = client.post("/admin/traffic", json={"stable": {"variant": "bm25", "k": 4},
                                             "canary_percent": 0.0})
     assert r.status_code == 200 and r.json()["stable"] == new, r.text
-    stop_local()
-    url = start_local(serve_args(store), port=netns.free_port())
+    url = serve_app.restart(serve_args(store))
     with httpx.Client(base_url=url, timeout=60.0, headers=dict(client.headers)) as c2:
         t = c2.get("/admin/traffic").json()
         assert (t["stable"], t["canary_percent"]) == (new, 0.0), t

@@ -10,9 +10,9 @@ intervals rewritten), and what it reads back adds up:
     included (a `rl.tuner.prometheus.TunerMetrics` exporter on the shipped `ragpilot-tuner`
     job, fed a few steps: a real tune run would take minutes here).
 
-This module starts its own app (a fresh store, so the counters start at 0) in a private network
-namespace when permitted (`serving.launch.start_local`), stopping any app an earlier module
-left running. Locally the tests are skipped when prometheus is not installed; under CI=true
+This module deploys its own app (a fresh store and fresh replicas, so the counters start at 0)
+on the session's shared Serve runtime (tests/conftest.py `serve_app`), in a private network
+namespace when permitted. Locally the tests are skipped when prometheus is not installed; under CI=true
 they fail instead (.ci/run installs it).
 """
 
@@ -51,18 +51,11 @@ def _prometheus_binary() -> str:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(serve_app, tmp_path_factory):
     """(admin key headers, app URL, Prometheus API URL)."""
     exe = _prometheus_binary()  # skip before paying for a Serve start-up
-    import ray
-
     from serving import netns
-    from serving.launch import start_local, stop_local
 
-    if ray.is_initialized():  # another module's app: a fresh cluster and store
-        stop_local()
-    if not netns.in_private_netns() and not netns.enter_private_netns():
-        print(f"serving test not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     tmp = tmp_path_factory.mktemp("serve-prom")
     store = tmp / "interactions.sqlite"
     token, _ = KeyFile(tmp / "keys.json").create("admin", name="serve-prom")
@@ -73,7 +66,7 @@ def served(tmp_path_factory):
             "ingress": {"replicas": 2, "sync_interval_s": 0.1, "metrics_interval_s": 0.5},
             "pipelines": {"num_replicas": 1, "autoscaling": None, "num_cpus": 0.1},
             "auth": {"keys_file": str(tmp / "keys.json")}, "rollout_dir": str(tmp / "rollout")}
-    url = start_local(args, port=netns.free_port())
+    url = serve_app.deploy(args)
     tuner_port, prom_port = netns.free_port(), netns.free_port()
     tuner = _tuner_exporter(tuner_port)
     cfg = _config(tmp, url.removeprefix("http://"), prom_port, tuner_port)
@@ -91,7 +84,6 @@ def served(tmp_path_factory):
             proc.kill()
         log.close()
         tuner.shutdown()
-        stop_local()
 
 
 def _tuner_exporter(port: int):

@@ -9,8 +9,9 @@ Every test runs twice, once per proxy in front of the ingress replicas (`serving
 Serve's Python proxy and HAProxy (Serve's HAProxy mode, direct ingress). The HAProxy run is
 skipped without the haproxy binary locally and fails under CI=true (.ci/run installs it).
 
-Runs in a private network namespace when permitted (like test_serving_app.py); restarts Serve
-for itself (module fixture), so it can run after test_serving_app.py in one session.
+Runs in a private network namespace when permitted (like test_serving_app.py). The Serve-proxy
+run deploys on the session's shared Serve runtime (tests/conftest.py `serve_app`); the HAProxy
+run gets a cluster of its own (the proxy is chosen when the cluster starts).
 """
 
 from __future__ import annotations
@@ -44,28 +45,20 @@ def args(store: Path, canary: dict = CANARY) -> dict:
 
 
 @pytest.fixture(scope="module", params=["serve", "haproxy"])
-def served(request, tmp_path_factory):
-    import ray
-
-    from serving import netns
+def served(request, serve_app, tmp_path_factory):
     from serving.auth import KeyFile
-    from serving.launch import haproxy_binary, start_local, stop_local
+    from serving.launch import haproxy_binary
 
     proxy = request.param
     if proxy == "haproxy" and haproxy_binary() is None:
         if os.environ.get("CI") == "true":
             pytest.fail("haproxy not installed (CI): .ci/run installs Debian's haproxy")
         pytest.skip("haproxy not installed (apt-get install -y haproxy): HAProxy mode not run")
-    if ray.is_initialized():  # another module's app (or the other proxy): a fresh cluster
-        stop_local()
-    if not netns.in_private_netns() and not netns.enter_private_netns():
-        print(f"not isolated ({netns.last_error}); HTTP on 127.0.0.1 only")
     store = tmp_path_factory.mktemp("scaleout") / "interactions.sqlite"
     token, _ = KeyFile(store.parent / "keys.json").create("admin", name="test")
-    url = start_local(args(store), port=netns.free_port(), proxy=proxy)
+    url = serve_app.deploy(args(store), proxy=proxy)  # haproxy: a cluster of its own
     with httpx.Client(base_url=url, timeout=60.0, headers={"X-API-Key": token}) as client:
         yield client, store
-    stop_local()
 
 
 def _ask_all(client: httpx.Client, users: list[str]) -> list[httpx.Response]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.conftest import TIERS, tier_of
+from tests.conftest import TIERS, _group_serve_app_modules, tier_of
 
 TESTS = Path(__file__).resolve().parents[1]
 MODULES = {p.stem: p for p in TESTS.glob("test_*.py")}
-STARTS_A_SERVER = ("start_local(", "netns_script_report(", "initdb", "prometheus", "haproxy")
+STARTS_A_SERVER = ("start_local(", "serve_app", "netns_script_report(", "initdb", "prometheus",
+                   "haproxy")
 
 
 def test_every_named_module_exists():
@@ -31,3 +32,21 @@ def test_tiers_by_path():
     assert tier_of(TESTS / "unit" / "test_tiers.py") == "unit"
     assert tier_of(TESTS / "test_pipeline.py") == "component"
     assert tier_of(TESTS / "test_multinode.py") == "system"
+
+
+def test_modules_sharing_the_serve_app_run_one_after_another():
+    """Whole modules that use `serve_app` move to the first one's place, in their own order;
+    every other module keeps its place, and no module is split."""
+    from types import SimpleNamespace
+
+    def item(mod: str, *fixtures: str):
+        return SimpleNamespace(fspath=f"/t/{mod}.py", fixturenames=["tmp_path", *fixtures],
+                               name=mod)
+
+    items = [item("a"), item("b"), item("b", "serve_app"), item("c"), item("d", "serve_app"),
+             item("e"), item("f", "serve_app"), item("f")]
+    _group_serve_app_modules(items)
+    assert [i.name for i in items] == ["a", "b", "b", "d", "f", "f", "c", "e"]
+    alone = [item("a"), item("b", "serve_app"), item("c")]
+    _group_serve_app_modules(alone)
+    assert [i.name for i in alone] == ["a", "b", "c"]
