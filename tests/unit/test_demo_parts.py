@@ -104,6 +104,13 @@ def test_each_metric_is_decided_where_it_was_judged():
     assert [(x["stage"], x["metric"]) for x in back] == [("canary_5", "tokens"),
                                                           ("canary_5", "latency_ms")]
     assert deciding_judgements({"candidate": {"offline": {}}}) == []
+    # the candidate stage's offline judgements admit a candidate to traffic; the live stages
+    # decide a promotion, and the candidate stage only a rollout that ended there
+    offline = {"metrics": [j("quality", "better", True, True), j("tokens", "better", True, True)]}
+    stat = {"candidate": offline, "shadow": {"metrics": [j("quality", "better", True, True)]}}
+    assert {x["metric"]: x["stage"] for x in deciding_judgements(stat)} == {"quality": "shadow"}
+    assert [x["stage"] for x in deciding_judgements({"candidate": offline}, rolled_back=True)
+            ] == ["candidate", "candidate"]
 
 
 def test_report_is_self_contained(tmp_path):

@@ -273,7 +273,9 @@ def deciding_judgements(statistic: dict[str, dict[str, Any]],
     evidence with `metrics`, in the order the stages were left). A rollback is decided by the
     last stage judged: its metrics. Otherwise an objective metric shown `better` is decided
     where it first was (shadow: the candidate is better on the objective there); every other
-    metric by the last stage that measured it (latency: the canaries' served requests)."""
+    metric by the last stage that measured it (latency: the canaries' served requests). The
+    candidate stage's offline judgements only admit a candidate to traffic: they decide a
+    rollout only when it ended there."""
     stages = [(k, v["metrics"]) for k, v in statistic.items() if (v or {}).get("metrics")]
     if not stages:
         return []
@@ -281,7 +283,7 @@ def deciding_judgements(statistic: dict[str, dict[str, Any]],
         stage, judged = stages[-1]
         return [{**j, "stage": stage} for j in judged if j["verdict"] != "unmeasured"]
     out: dict[str, dict[str, Any]] = {}
-    for stage, judged in stages:
+    for stage, judged in [s for s in stages if s[0] != "candidate"] or stages:
         for j in judged:
             if j["verdict"] == "unmeasured":
                 continue
