@@ -121,8 +121,9 @@ def ppo_rewards(prep: Any, seed: int, start: list[RAGConfig] | None, iters: int,
 
 def searcher_finds_best_static(prep: Any, settings: TunerSettings, static: int, seed: int,
                                log=print) -> tuple[float, float, float, str]:
-    """Run the tuner's default searcher (`rl.tuner.run.DEFAULT_METHOD` at its default budget,
-    `seed`) on the world's valid split, the tuner's tune split (this seed's train and valid
+    """Run the tuner's default searcher as `ragpilot tune` runs it (`rl.tuner.run.DEFAULT_METHOD`
+    at its default budget, `seed`, its first trial the settings' base config) on the world's
+    valid split, the tuner's tune split (this seed's train and valid
     queries together); return (mean reward of its chosen config minus best static's on the
     valid queries, paired bootstrap 95% CI low, high, the config's hash). Best static is the
     bench's: the portfolio arm `static` with the highest mean reward on valid. The searcher
@@ -142,7 +143,8 @@ def searcher_finds_best_static(prep: Any, settings: TunerSettings, static: int, 
             log(f"[seed {seed}] {DEFAULT_METHOD}: {spent}/{budget} query-evaluations "
                 f"({last[0] - t0:.0f} s)")
 
-    cfg = search(ev, settings, DEFAULT_METHOD, budget, seed, on_trial=progress).found.best_config
+    cfg = search(ev, settings, DEFAULT_METHOD, budget, seed, on_trial=progress,
+                 start=settings.base_config()).found.best_config
     split, idx = prep.parts["valid"]
     # split_matrices returns every query of the split (NaN outside `idx`)
     gap = split_matrices(ev, [cfg], split, idx)["R"][idx, 0] - prep.M["valid"]["R"][:, static]
