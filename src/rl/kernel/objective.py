@@ -27,12 +27,15 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rl.kernel.settings import Objective
 from rl.stats.bootstrap import bootstrap_statistic
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 QUALITY = "quality"
 COST = "tokens"
@@ -45,7 +48,7 @@ FIXED_DEPTH = ("recall@10", "ndcg@10")
 Columns = dict[str, np.ndarray]
 
 
-def columns(ev: Any, tab: Mapping[str, np.ndarray]) -> Columns:
+def columns(ev: TunerEvaluator, tab: Mapping[str, np.ndarray]) -> Columns:
     """The per-query columns (module docstring) of a tuner table `tab` of evaluator `ev`
     (`rl.kernel.evaluator.TunerEvaluator`: its F/R names, abstention rule and weights)."""
     F, R = ev.quality(tab)

@@ -51,7 +51,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from rag.errors import ConfigError
 from rag.generation.answer_check import answer_type, expected_type, fits
 from rag.metrics.claims import is_noncommittal
 from rag.types import Example
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 BASE_SIGNALS = ("abstained", "log_answer_words", "n_citations", "type_fit", "attempt_s1",
                 "attempt_gap12", "attempt_ctx_gap")
@@ -149,7 +152,7 @@ class AttemptStore:
     dataset and config hash): a second run over the same questions reads them instead of
     answering again."""
 
-    def __init__(self, ev: Any, with_answer_signals: bool):
+    def __init__(self, ev: TunerEvaluator, with_answer_signals: bool):
         import sqlite3
 
         fp = ev.data.indexes.corpus.fingerprint()
@@ -198,7 +201,7 @@ def role_features(prep: Any, cheap: int, answer_signals: Any = None, log: Any = 
     return out
 
 
-def with_abstention(ev: Any, config: RAGConfig, M: dict[str, dict[str, np.ndarray]],
+def with_abstention(ev: TunerEvaluator, config: RAGConfig, M: dict[str, dict[str, np.ndarray]],
                     parts: dict[str, tuple[str, np.ndarray]], names: Sequence[str]
                     ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
     """`M` (role -> R, Q, T: queries × arms) and `names` with one more column, `ABSTAIN`: per

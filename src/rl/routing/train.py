@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rag.types import conversation_of
 from rl.stats.rows import cost_pct, delta_row, metric_row, ratio_row
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 SYSTEMS = ("supervised-router", "best-static", "static-default")
 SMALL_DATA = 100
@@ -69,7 +72,7 @@ def claim_policy_directory(out: Path, overwrite: bool, resumable: bool = False) 
         claim_directory(out, POLICY_FILE, "a trained policy", POLICY_RUN_FILES, overwrite)
 
 
-def role_indices(ev: Any, seed: int, max_train: int | None = None
+def role_indices(ev: TunerEvaluator, seed: int, max_train: int | None = None
                  ) -> dict[str, tuple[str, np.ndarray]]:
     """role (train / valid / test) -> (split name, query indices into that split) of the
     TunerEvaluator `ev` (module docstring)."""
@@ -87,7 +90,7 @@ def role_indices(ev: Any, seed: int, max_train: int | None = None
             "test": test}
 
 
-def split_matrices(ev: Any, configs: list[RAGConfig], split: str,
+def split_matrices(ev: TunerEvaluator, configs: list[RAGConfig], split: str,
                    idx: np.ndarray | None = None, log: Log | None = None
                    ) -> dict[str, np.ndarray]:
     """(queries × configs) per-query reward R, quality Q (αF + βR) and tokens T of `split`;
@@ -195,7 +198,7 @@ class Prepared:
     the arms, each role's (queries × arms) matrices and features, and the conversation group
     of every train ∪ valid query (in that order)."""
 
-    ev: Any
+    ev: TunerEvaluator
     out: Path
     dataset: str
     names: list[str]

@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from rl.tuner.searchers import (
     make_searcher,
     search_score,
 )
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 DEFAULT_SEARCHER = "local-asha"
 """The project's searcher: local search proposes one-head moves of the best config
@@ -102,7 +105,7 @@ def relative_violations(rep: Any, t: Any) -> dict[str, float]:
     return out
 
 
-def evaluate_rung(ev: Any, cfg: RAGConfig, split: str, sizes: Sequence[int],
+def evaluate_rung(ev: TunerEvaluator, cfg: RAGConfig, split: str, sizes: Sequence[int],
                   level: int) -> dict[str, Any]:
     """Score `cfg` on rung `level` (1-based) of `split`: the first `sizes[level-1]` queries of
     the fixed permutation (`fidelity.rung_indices`; `sizes` ends with the split's size). The
@@ -235,7 +238,7 @@ def check_search(method: str, budget: int, max_concurrent: int = 1) -> None:
         raise ConfigError("max_concurrent", f"must be >= 1, got {max_concurrent}")
 
 
-def rung_sizes(ev: Any, method: str, split: str,
+def rung_sizes(ev: TunerEvaluator, method: str, split: str,
                rungs: Sequence[int | None] = DEFAULT_RUNGS) -> tuple[int, ...]:
     """The rung sizes `method` climbs on `split` of `ev`: `fidelity.rungs_for` for the
     MULTI_FIDELITY searchers, else the whole split only."""
@@ -251,7 +254,7 @@ class _TrialRef:
         self.trial_id = trial_id
 
 
-def run_search(ev: Any, space: Any, method: str, budget: int, seed: int = 0,
+def run_search(ev: TunerEvaluator, space: Any, method: str, budget: int, seed: int = 0,
                split: str | None = None,
                rungs: Sequence[int | None] = DEFAULT_RUNGS, start: RAGConfig | None = None,
                on_trial: Callable[[TrialRecord, int], None] | None = None) -> SearchResult:
@@ -307,7 +310,7 @@ def run_search(ev: Any, space: Any, method: str, budget: int, seed: int = 0,
                      time.perf_counter() - t0, searcher)
 
 
-def exhaustive(ev: Any, space: Any, split: str | None = None) -> SearchResult:
+def exhaustive(ev: TunerEvaluator, space: Any, split: str | None = None) -> SearchResult:
     """Every config of `space.grid()` scored on the whole `split` (default the tune split):
     `run_search` with method grid and a budget that covers them all. ConfigError when the
     space is too large to enumerate (`ConfigSpace.grid`)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from rl.kernel.objective import (
     paired_deltas,
     statement,
 )
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 PARETO_JSON = "pareto.json"
 PARETO_PNG = "pareto.png"
@@ -137,12 +140,12 @@ class Pareto:
         return j, plot(self, out / PARETO_PNG, title)
 
 
-def full_fidelity(ev: Any, split: str) -> list[RAGConfig]:
+def full_fidelity(ev: TunerEvaluator, split: str) -> list[RAGConfig]:
     """Configs `ev` has evaluated (`ev.seen`) with a row for every query of `split`."""
     return [c for c in list(ev.seen.values()) if ev.is_cached(c, split)]
 
 
-def build(ev: Any, settings: Any, *, search_best: RAGConfig | None = None,
+def build(ev: TunerEvaluator, settings: Any, *, search_best: RAGConfig | None = None,
           split: str | None = None, extra: list[RAGConfig] | tuple = (),
           seed: int = 0) -> Pareto:
     """The front of `ev`'s full-fidelity evaluations on `split` (default: the tune split) with
@@ -176,7 +179,7 @@ def build(ev: Any, settings: Any, *, search_best: RAGConfig | None = None,
     return Pareto(split, configs, cols, points, front, choice, inc, obj)
 
 
-def objective_summary(ev: Any, p: Pareto, settings: Any, split: str | None = None,
+def objective_summary(ev: TunerEvaluator, p: Pareto, settings: Any, split: str | None = None,
                       seed: int = 0) -> dict[str, Any]:
     """The run's result in the objective's terms (summary.json's `objective`): the choice, its
     deltas with the incumbent on the tune split (what it was chosen by) and on `split`

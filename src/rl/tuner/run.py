@@ -42,9 +42,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
 
 SEARCH_METHODS = ("local-asha", "tpe", "random", "grid", "hyperopt")
 """The searches `ragpilot tune` offers (`rl.tuner.searchers`; tpe-asha is the search
@@ -126,7 +129,7 @@ def default_budget(settings: Any, method: str, n_tune: int, space_size: int) -> 
     return n_tune * (space_size if method == "grid" else 20)
 
 
-def search(ev: Any, settings: Any, method: str, budget: int, seed: int = 0, *,
+def search(ev: TunerEvaluator, settings: Any, method: str, budget: int, seed: int = 0, *,
            resume: str | Path | None = None, checkpoint_dir: str | Path | None = None,
            on_iteration: OnIteration | None = None,
            on_trial: Callable[[Any, int], None] | None = None, start: Any = None,
@@ -170,7 +173,7 @@ def search(ev: Any, settings: Any, method: str, budget: int, seed: int = 0, *,
     return Search(found.to_tune_result(), found.history, found=found)
 
 
-def _ppo(ev: Any, settings: Any, budget: int, seed: int, resume: str | Path | None,
+def _ppo(ev: TunerEvaluator, settings: Any, budget: int, seed: int, resume: str | Path | None,
          checkpoint_dir: str | Path | None, on_iteration: OnIteration | None) -> Search:
     """PPO under `budget` query-evaluations (module docstring)."""
     from rl.tuner.ppo import PPOTuner

@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
@@ -57,6 +57,9 @@ from rl.tuner.ask_tell import (
 )
 from rl.tuner.searchers import SEARCH_METRIC, make_scheduler, make_searcher
 
+if TYPE_CHECKING:
+    from rl.kernel.evaluator import TunerEvaluator
+
 
 # ---- the evaluator a trial process opens ------------------------------------------------------
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class EvaluatorSpec:
     run_dir: str | None = None
 
     @classmethod
-    def of(cls, ev: Any, dataset: str | None = None) -> EvaluatorSpec:
+    def of(cls, ev: TunerEvaluator, dataset: str | None = None) -> EvaluatorSpec:
         """The spec of the open TunerEvaluator `ev`. `dataset`: what `ev.data` was opened from
         (required for data loaded from a path; a built-in dataset defaults to its name)."""
         from rl.common.data import OWN_SPLIT_FILE
