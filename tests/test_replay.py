@@ -107,6 +107,8 @@ def test_cli_replay_better_candidate_is_promoted_to_shadow(served, world, tmp_pa
     assert rep["meta"]["gold"]["n"] == N and rep["meta"]["gold"]["f1_diff"] > 0
     assert rep["gates_passed"] and rep["candidate"]["errors"] == 0
     assert "next: ragpilot rollout advance" in err
+    # each metric judged as the candidate stage will judge it, and that stage's decision
+    assert "candidate stage: pass" in err and "  quality: " in err and "  tokens: " in err
     report = tmp_path / "rollout" / "replay_report.json"
     assert json.loads(report.read_text())["diff"] == rep["diff"]
     assert "mirrored" not in err and rep["metrics"]["quality"]["paired"]  # per-metric stats

@@ -58,7 +58,7 @@ from typing import Any
 from rag.errors import ConfigError
 from rag.jsonrec import check_fields
 from rl.promotion.evaluators import EvaluationReport
-from rl.promotion.metrics import MIN_VERDICT_N, MetricStats, judge
+from rl.promotion.metrics import MIN_VERDICT_N, Judgement, MetricStats, judge
 from rl.promotion.settings import (  # noqa: F401
     AUDIT_FILE,
     DEFAULTS_PATH,
@@ -158,6 +158,16 @@ def _is_dr(report: EvaluationReport) -> bool:
     """Whether an offline report is a per-query policy's DR estimate judged on its reward CI
     and margin (`log_evaluators.policy_from_log`: `meta.margin`, no per-metric statistics)."""
     return not report.metrics and "margin" in report.meta
+
+
+def offline_judgement(config: PromotionSettings, stats: dict[str, MetricStats], n: int
+                      ) -> tuple[list[Judgement], str, str]:
+    """The candidate stage's judgement of an offline report: `stats` (metric -> its paired
+    MetricStats over `n` pairs) judged by `config.metrics` as one look at a fixed sample
+    (normal intervals at `config.offline_ci`, at least MIN_VERDICT_N pairs). Returns the
+    per-metric judgements, the decision (`pass` | `veto` | `continue`) and why."""
+    return judge(config.metrics, {k: v for k, v in stats.items() if k in config.metrics},
+                 1.0 - config.offline_ci, max(int(n), 1), MIN_VERDICT_N, sequential=False)
 
 
 # --------------------------------------------------------------------------- the machine
@@ -381,9 +391,8 @@ class PromotionStateMachine:
         sample (normal intervals at `offline_ci`, at least MIN_VERDICT_N pairs), the same
         rules and margins as shadow. A critical metric worse than its margin rolls back; a
         pass marks the stage efficacious."""
-        e, c = self.state.evidence, self.config
-        judged, decision, why = judge(c.metrics, self._stats(), 1.0 - c.offline_ci,
-                                      max(int(e["n"]), 1), MIN_VERDICT_N, sequential=False)
+        e = self.state.evidence
+        judged, decision, why = offline_judgement(self.config, self._stats(), e["n"])
         e["judgements"] = [j.to_dict() for j in judged]
         e["decision"], e["why"] = decision, why
         if decision == "veto":

@@ -319,6 +319,23 @@ def _leak_count(answer: str, question: str, contexts: Any) -> float:
     return float(leak_count(answer, question, contexts))
 
 
+def _print_offline_judgement(args: argparse.Namespace, rep: Any) -> None:
+    """On stderr, each metric's judgement of the replay report `rep` as the candidate stage
+    makes it (the rollout config `--config`, else the active rollout's, else the defaults),
+    and the stage's decision."""
+    from rl.promotion.metrics import MetricStats
+    from rl.promotion.state_machine import PromotionSettings, offline_judgement
+
+    sm = service.active(_state_dir(args))
+    cfg = (PromotionSettings.from_yaml(args.config) if args.config
+           else sm.config if sm is not None else service.settings())
+    stats = {k: MetricStats.from_dict(d, f"report.metrics.{k}") for k, d in rep.metrics.items()}
+    judged, decision, why = offline_judgement(cfg, stats, rep.n)
+    for j in judged:
+        print(f"  {j.statistic}", file=sys.stderr)
+    print(f"candidate stage: {decision}, {why}", file=sys.stderr)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     dataset, stable = args.dataset, args.stable
     if args.serve_config:  # the server's own dataset and stable, unless named
@@ -339,8 +356,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     gates = ", ".join(f"{k}={'n/a' if v is None else 'pass' if v else 'FAIL'}"
                       for k, v in rep.gates.items())
     print(f"replayed {rep.n} logged requests of {rep.meta['stable_hash']} through "
-          f"{rep.meta['candidate_hash']}: reward diff {rep.diff:+.4f}, {rep.ci:.0%} CI "
-          f"[{rep.ci_low:+.4f}, {rep.ci_high:+.4f}]; gates {gates}", file=sys.stderr)
+          f"{rep.meta['candidate_hash']}; gates {gates}", file=sys.stderr)
+    _print_offline_judgement(args, rep)
     if not rep.gates_passed:
         print(f"wrote {out}; the candidate fails {', '.join(rep.failed_gates)}: advancing with "
               "this report rolls the rollout back (the gates are `thresholds` in the rollout "
