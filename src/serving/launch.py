@@ -14,6 +14,7 @@ deployment overrides, docs/operations.md); other runtime_env keys are left to `s
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rl.common.runtime import LOCAL_CLUSTER_ENV
-from serving.drain import FLAG_ENV
+from serving.drain import FLAG_ENV, RETRY_AFTER_S
 
 RAY_INIT = {"num_cpus": 2, "include_dashboard": False, "object_store_memory": 200 * 2**20}
 
@@ -269,44 +270,59 @@ DRAIN_TIMEOUT_S = 30.0
 """Longest wait (s) for in-flight requests after SIGTERM before Serve is shut down anyway."""
 
 
-def inflight(url: str) -> float | None:
+DEREGISTER_S = float(RETRY_AFTER_S)
+"""Shortest drain (s): how long `/readyz` says `draining` and new requests get 503 before the
+listener closes, so a load balancer health-checking `/readyz` (or honouring `Retry-After`) has
+moved its clients elsewhere; a client still sending when the listener closes gets a refused
+connection."""
+
+
+def inflight(url: str, timeout_s: float = 5.0) -> float | None:
     """Requests in flight over every ingress replica: the sum of `ragpilot_inflight` on
     `url`/metrics (each replica's own, published every `ingress.metrics_interval_s`); None
-    when the app does not answer."""
+    when nothing accepts the connection (the app has stopped); NaN when the read failed
+    otherwise (no answer within `timeout_s` seconds, a cut reply): unknown, not quiet."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(f"{url}/metrics", timeout=5.0).text
-    except httpx.HTTPError:
+        text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
+    except httpx.ConnectError:
         return None
+    except httpx.HTTPError:
+        return math.nan
     return sum(x.value for fam in text_string_to_metric_families(text) for x in fam.samples
                if x.name == "ragpilot_inflight")
 
 
 def drain(url: str, quiet_s: float, timeout_s: float = DRAIN_TIMEOUT_S,
-          give_up: threading.Event | None = None) -> bool:
+          give_up: threading.Event | None = None, read_timeout_s: float = 5.0,
+          min_s: float = 0.0) -> bool:
     """Wait until no request is in flight on any ingress replica for `quiet_s` seconds in a
     row (longer than the replicas' metrics interval, so every replica's published count is
-    from the quiet time), at most `timeout_s`, or until `give_up` is set. Prints one line a
-    second while it waits. True when the app went quiet (or no longer answers)."""
+    from the quiet time) and at least `min_s` seconds in all (the app says `draining` that
+    long before it stops listening), at most `timeout_s`, or until `give_up` is set. A count that cannot
+    be read (`inflight` NaN: a busy app answering /metrics later than `read_timeout_s`)
+    counts as busy. Prints one line a second while it waits. True when the app went quiet
+    (or no longer accepts connections)."""
     start = quiet_since = time.monotonic()
     last_print = 0.0
     while True:
-        n = inflight(url)
+        n = inflight(url, read_timeout_s)
         now = time.monotonic()  # after the read: a busy answer restarts the quiet window
         if n is None:
             return True
-        if n > 0:
+        if math.isnan(n) or n > 0:  # busy, or unknown
             quiet_since = now
-        elif now - quiet_since >= quiet_s:
+        elif now - quiet_since >= quiet_s and now - start >= min_s:
             return True
+        count = "unknown (/metrics unread)" if math.isnan(n) else f"{n:g}"
         if now - start >= timeout_s or (give_up is not None and give_up.is_set()):
-            print(f"drain: {n:g} request(s) still in flight after {now - start:.1f} s; "
+            print(f"drain: {count} request(s) still in flight after {now - start:.1f} s; "
                   "stopping anyway", flush=True)
             return False
         if now - last_print >= 1.0:
-            print(f"drain: {n:g} request(s) in flight, {now - start:.1f} s of at most "
+            print(f"drain: {count} request(s) in flight, {now - start:.1f} s of at most "
                   f"{timeout_s:g} s", flush=True)
             last_print = now
         time.sleep(0.1)
@@ -399,7 +415,7 @@ def run_server(config: str | Path, host: str | None = None, port: int | None = N
           flush=True)
     t0 = time.monotonic()
     drain(url.rstrip("/") + (apps[0].get("route_prefix") or "/").rstrip("/"), quiet,
-          drain_timeout_s, force)
+          drain_timeout_s, force, min_s=min(DEREGISTER_S, drain_timeout_s))
     print(f"drained in {time.monotonic() - t0:.1f} s; shutting Serve down", flush=True)
     stop_local()
     flag.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ Serve: tests/test_serving_lifecycle.py."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +19,7 @@ class _Metrics(BaseHTTPRequestHandler):
     """GET /metrics: two replicas' `ragpilot_inflight`, from the server's `counts()`."""
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        time.sleep(getattr(self.server, "delay", lambda: 0.0)())
         a, b = self.server.counts()
         body = ("# TYPE ragpilot_inflight gauge\n"
                 f'ragpilot_inflight{{replica="h:1"}} {a}\n'
@@ -36,9 +38,11 @@ class _Metrics(BaseHTTPRequestHandler):
 def metrics_server():
     servers = []
 
-    def start(counts):
+    def start(counts, delay=None):
         srv = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
         srv.counts = counts
+        if delay is not None:
+            srv.delay = delay
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"
@@ -65,6 +69,18 @@ def test_drain_waits_until_every_replica_is_quiet(metrics_server, capsys):
     assert "request(s) in flight" in capsys.readouterr().out
 
 
+def test_a_quiet_app_still_drains_for_the_minimum_time(metrics_server):
+    """Nothing in flight: the drain still lasts `min_s`, so a load balancer checking /readyz
+    sees `draining` before the listener closes."""
+    url = metrics_server(lambda: (0, 0))
+    t0 = time.monotonic()
+    assert drain(url, quiet_s=0.2, timeout_s=10, min_s=1.0) is True
+    assert 1.0 <= time.monotonic() - t0 < 5
+    t0 = time.monotonic()
+    assert drain(url, quiet_s=0.2, timeout_s=10) is True
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_drain_gives_up_at_its_timeout_or_on_a_second_signal(metrics_server, capsys):
     url = metrics_server(lambda: (1, 0))
     t0 = time.monotonic()
@@ -74,6 +90,26 @@ def test_drain_gives_up_at_its_timeout_or_on_a_second_signal(metrics_server, cap
     force = threading.Event()
     force.set()
     assert drain(url, quiet_s=0.5, timeout_s=60, give_up=force) is False
+
+
+def test_a_count_read_too_slowly_is_busy_not_quiet(metrics_server, capsys):
+    """A busy app may answer /metrics after the read timeout: that is not "stopped" (which
+    would shut Serve down under the requests still in flight)."""
+    start: list[float] = []
+
+    def delay():  # /metrics slower than the read timeout for the first 0.8 s of the drain
+        start[:] = start or [time.monotonic()]
+        return 0.5 if time.monotonic() - start[0] < 0.8 else 0.0
+
+    url = metrics_server(lambda: (0, 0), delay)
+    assert math.isnan(inflight(url, timeout_s=0.2))
+    start.clear()
+    assert drain(url, quiet_s=0.3, timeout_s=10, read_timeout_s=0.2) is True
+    took = time.monotonic() - start[0]
+    assert took >= 0.8 + 0.3 - 0.05, took  # waited for readable counts, then a quiet window
+    assert "unknown (/metrics unread)" in capsys.readouterr().out
+    url = metrics_server(lambda: (0, 0), lambda: 1.0)  # never readable in time: the timeout
+    assert drain(url, quiet_s=0.3, timeout_s=1.0, read_timeout_s=0.2) is False
 
 
 def test_drain_of_an_app_that_no_longer_answers_ends_at_once():
