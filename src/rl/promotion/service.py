@@ -202,6 +202,16 @@ def decision_record(d: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- replay
 
 
+def rollout_settings(state_dir: str | Path = DEFAULT_DIR, config: str | Path | None = None
+                     ) -> Any:
+    """The PromotionSettings a replay is judged by: `config` (a rollout YAML) when given, else
+    the active rollout's in `state_dir`, else the defaults (`settings()`)."""
+    if config:
+        return settings(config)
+    sm = active(state_dir)
+    return sm.config if sm is not None else settings()
+
+
 def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path = DEFAULT_DIR,
                   *, stable: str | None = None, index: str | Path | None = None,
                   dataset: str | None = None, relevancy: str = "answer_relevancy",
@@ -225,7 +235,6 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
     from rl.kernel.reward import PII_LEAK_WEIGHT
     from rl.kernel.settings import TunerSettings
     from rl.promotion.replay import ReplayEvaluator, read_log
-    from rl.promotion.state_machine import PromotionSettings
 
     sm = active(state_dir)
     cand_path = Path(candidate)
@@ -247,8 +256,7 @@ def replay_report(log: str | Path, candidate: str | Path, state_dir: str | Path 
                 raise ConfigError(name, f"config hash {got} is not the {name} {want} of the "
                                         f"rollout in {state_dir} (another state dir replays "
                                         "outside it)")
-    cfg = (PromotionSettings.from_yaml(config) if config
-           else sm.config if sm is not None else settings())
+    cfg = rollout_settings(state_dir, config)
     tuner = tuner_settings or TunerSettings.defaults()
     if not index and not dataset:
         raise ConfigError("index", "give the served index directory (--index DIR) or the "

@@ -324,11 +324,9 @@ def _print_offline_judgement(args: argparse.Namespace, rep: Any) -> None:
     makes it (the rollout config `--config`, else the active rollout's, else the defaults),
     and the stage's decision."""
     from rl.promotion.metrics import MetricStats
-    from rl.promotion.state_machine import PromotionSettings, offline_judgement
+    from rl.promotion.state_machine import offline_judgement
 
-    sm = service.active(_state_dir(args))
-    cfg = (PromotionSettings.from_yaml(args.config) if args.config
-           else sm.config if sm is not None else service.settings())
+    cfg = service.rollout_settings(_state_dir(args), args.config)
     stats = {k: MetricStats.from_dict(d, f"report.metrics.{k}") for k, d in rep.metrics.items()}
     judged, decision, why = offline_judgement(cfg, stats, rep.n)
     for j in judged:
