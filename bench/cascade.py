@@ -52,12 +52,10 @@ from rag.errors import ConfigError  # noqa: E402
 from rl.kernel.settings import TunerSettings  # noqa: E402
 from rl.routing.cascade import (  # noqa: E402
     TIE,
-    cheap_candidates,
+    cascade_inputs,
     outcomes,
-    role_features,
     select_cascade,
     signal_names,
-    with_abstention,
 )
 from rl.routing.train import prepare  # noqa: E402
 from rl.stats.headroom import best_static  # noqa: E402
@@ -83,18 +81,11 @@ def run(dataset: str, settings: TunerSettings, work: Path, seed: int, budgeted: 
         log) -> dict[str, Any]:
     """One dataset and seed: the prepared rows, the best static arm, the chosen cascade and
     its test outcomes."""
-    from rag.metrics.signals import AnswerSignals
-
     t0 = time.perf_counter()
     prep = prepare(dataset, settings, work / f"{dataset}-{seed}", seed=seed, log=log)
     static = best_static(prep.M["valid"]["R"])
     budget = float(prep.M["valid"]["T"][:, static].mean()) if budgeted else None
-    sig = AnswerSignals()
-    Z: dict[int, dict[str, np.ndarray]] = {}
-    for cheap in cheap_candidates(prep.M["valid"], budget):
-        Z[cheap] = role_features(prep, cheap, sig, log)
-        log(f"  attempts of {prep.names[cheap]} ({time.perf_counter() - t0:.0f} s)")
-    M, names = with_abstention(prep.ev, prep.configs[0], prep.M, prep.parts, prep.names)
+    M, names, Z = cascade_inputs(prep, budget, log)
     tv = {c: {r: z[r] for r in ("train", "valid")} for c, z in Z.items()}
     points = {EQUAL: select_cascade(M, tv, names, budget, seed)}
     point = EQUAL
@@ -114,7 +105,7 @@ def run(dataset: str, settings: TunerSettings, work: Path, seed: int, budgeted: 
     return {"prep": prep, "static": static, "cascade": cas, "got": got, "escalated": esc,
             "budget": budget, "point": point, "other": other,
             "auc": escalation_auc(cas, M["valid"], Z[cas.cheap]["valid"],
-                                  [*prep.feature_names, *signal_names(sig is not None)])}
+                                  [*prep.feature_names, *signal_names(True)])}
 
 
 def escalation_auc(cas, M_valid: dict[str, np.ndarray], Z_valid: np.ndarray,

@@ -201,6 +201,30 @@ def role_features(prep: Any, cheap: int, answer_signals: Any = None, log: Any = 
     return out
 
 
+def cascade_inputs(prep: Any, budget: float | None, log: Any = None
+                   ) -> tuple[dict[str, dict[str, np.ndarray]], list[str],
+                              dict[int, dict[str, np.ndarray]]]:
+    """What a cascade is chosen from, for rows prepared by `rl.routing.train.prepare`: the
+    decision rows (question features + attempt signals, with the reference-free answer
+    signals) of every cheap candidate (`cheap_candidates` within `budget` mean tokens on
+    valid; None: unbounded) over every role (`role_features`), and the role matrices with the
+    `ABSTAIN` column (`with_abstention`). Returns (M, column names, Z: cheap arm -> role ->
+    rows). `log(line)` after each candidate's attempts."""
+    import time
+
+    from rag.metrics.signals import AnswerSignals
+
+    sig, t0 = AnswerSignals(), time.perf_counter()
+    Z: dict[int, dict[str, np.ndarray]] = {}
+    for cheap in cheap_candidates(prep.M["valid"], budget):
+        Z[cheap] = role_features(prep, cheap, sig, log)
+        if log:
+            log(f"  cascade: attempts of `{prep.names[cheap]}` "
+                f"({time.perf_counter() - t0:.0f} s)")
+    M, names = with_abstention(prep.ev, prep.configs[0], prep.M, prep.parts, prep.names)
+    return M, names, Z
+
+
 def with_abstention(ev: TunerEvaluator, config: RAGConfig, M: dict[str, dict[str, np.ndarray]],
                     parts: dict[str, tuple[str, np.ndarray]], names: Sequence[str]
                     ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:

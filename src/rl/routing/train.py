@@ -423,16 +423,13 @@ def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: 
     tokens apart, paired bootstrap CIs). Verdict "cascade" when its quality gain over best
     static has a 95% CI above 0, else "best-static". Arguments and errors as
     `train_router_policy`; a budget no cascade meets is a ConfigError naming `budget`."""
-    from rag.metrics.signals import AnswerSignals
     from rl.routing.base import DEFAULT_EPSILON, save_policy
     from rl.routing.cascade import (
         CascadePolicy,
+        cascade_inputs,
         cascade_policy,
-        cheap_candidates,
         outcomes,
-        role_features,
         select_cascade,
-        with_abstention,
     )
     from rl.stats.headroom import best_static, pick
 
@@ -442,13 +439,7 @@ def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: 
     ev, out, names, configs = prep.ev, prep.out, prep.names, prep.configs
     static = best_static(prep.M["valid"]["R"])
     budget = float(prep.M["valid"]["T"][:, static].mean())
-    sig = AnswerSignals()
-    t0 = time.perf_counter()
-    Z = {}
-    for cheap in cheap_candidates(prep.M["valid"], budget):
-        Z[cheap] = role_features(prep, cheap, sig, log)
-        say(f"  cascade: attempts of `{names[cheap]}` ({time.perf_counter() - t0:.0f} s)")
-    M, col_names = with_abstention(ev, configs[0], prep.M, prep.parts, names)
+    M, col_names, Z = cascade_inputs(prep, budget, log)
     cas = select_cascade(M, {c: {r: z[r] for r in ("train", "valid")} for c, z in Z.items()},
                          col_names, budget, seed)
     policy = cascade_policy(cas, configs, names, prep.feature_names, True)
