@@ -179,13 +179,22 @@ def answer_record(pipeline, gold: dict[str, Any], question: str,
     `history`: the conversation's earlier turns ({"role", "text"} dicts), which the config's
     query formulation may use."""
     ans = pipeline.run(question, query_id, history=history or None)
+    return add_scores(answer_fields(ans), ans, gold, question, pipeline.config.k)
+
+
+def answer_fields(ans, **override: Any) -> dict[str, Any]:
+    """A replica's answer record of the `rag.types.Answer` `ans` before `add_scores`: answer,
+    citations, cited and context ids, latency per stage (ms), tokens in and out, variant id
+    (the answer's config hash); `override` replaces any of them (a policy's summed latency and
+    tokens, its own variant id)."""
     out: dict[str, Any] = {
         "answer": ans.text, "citations": list(ans.citations),
         "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
         "latency_ms": {k: float(v) for k, v in ans.latency_ms.items()},
         "tokens_in": int(ans.tokens_in), "tokens_out": int(ans.tokens_out),
         "variant_id": ans.config_hash}
-    return add_scores(out, ans, gold, question, pipeline.config.k)
+    out.update(override)
+    return out
 
 
 def add_scores(out: dict[str, Any], ans, gold: dict[str, Any], question: str,

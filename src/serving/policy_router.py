@@ -325,21 +325,15 @@ class PolicyService:
         """Pick a config (from the question and `history`, the conversation's earlier turns),
         answer with it: `PipelineService.answer`'s dict plus `policy` (`PolicyPick.to_dict()`)
         and `latency_ms.policy_pick`."""
-        from serving.pipelines import add_scores
+        from serving.pipelines import add_scores, answer_fields
 
         if self.router.is_cascade:
             return self._answer_cascade(question, query_id, history)
         pick = self.router.pick(question, history)
         cfg = self.router.arms[pick.arm]
         ans = self.pipelines[pick.arm].run(question, query_id, history=history or None)
-        lat = {k: float(v) for k, v in ans.latency_ms.items()}
-        lat["policy_features"], lat["policy_pick"] = pick.features_ms, pick.decide_ms
-        out: dict[str, Any] = {
-            "answer": ans.text, "citations": list(ans.citations),
-            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
-            "latency_ms": lat, "tokens_in": int(ans.tokens_in),
-            "tokens_out": int(ans.tokens_out), "variant_id": ans.config_hash,
-            "policy": pick.to_dict()}
+        out = answer_fields(ans, policy=pick.to_dict())
+        out["latency_ms"].update(policy_features=pick.features_ms, policy_pick=pick.decide_ms)
         return add_scores(out, ans, self.gold, question, cfg.k)
 
     def _answer_cascade(self, question: str, query_id: str, history) -> dict[str, Any]:
@@ -356,7 +350,7 @@ class PolicyService:
 
         from rag.generation.prompts import INSUFFICIENT
         from rl.routing.cascade import signal_rows
-        from serving.pipelines import add_scores
+        from serving.pipelines import add_scores, answer_fields
 
         router, pol = self.router, self.router.loaded.policy
         hist = history or None
@@ -391,11 +385,8 @@ class PolicyService:
                           int(d["greedy_escalate"]), [float(v) for v in z], features_hash(z),
                           router.loaded.policy_id, lat["policy_features"], lat["policy_pick"],
                           lat["policy_features"] + lat["policy_pick"], decisions=decisions)
-        out: dict[str, Any] = {
-            "answer": ans.text, "citations": list(ans.citations),
-            "cited_ids": list(ans.cited_ids), "context_ids": list(ans.context_ids),
-            "latency_ms": lat, "tokens_in": tok_in, "tokens_out": tok_out,
-            "variant_id": pick.config_hash, "policy": pick.to_dict()}
+        out = answer_fields(ans, latency_ms=lat, tokens_in=tok_in, tokens_out=tok_out,
+                            variant_id=pick.config_hash, policy=pick.to_dict())
         return add_scores(out, ans, self.gold, question, (cfg or router.arms[0]).k)
 
     def info(self) -> dict[str, Any]:
