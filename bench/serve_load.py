@@ -9,6 +9,10 @@ pipeline replica, API keys and request logs on: the defaults), in a private netw
 when permitted. Phases, each bounded in requests:
   1. cold start: s from the process start to /healthz 200 and to /readyz 200;
   2. latency p50/p95/p99 (ms, client side) and throughput at 1, 4, 16 clients, then 16 again;
+     at 16 clients also the median of each stage the server reports in the answers'
+     `latency_ms` (retrieval, generation, ..., `pipeline`: the ingress's wait for the replica,
+     `store`, `total`) and how many answers had a `signals` stage (the reference-free signals
+     are scored after the reply, so none should);
   3. logging cost: 16-client throughput in rounds with request logs on and off (serve.yaml
      edited + SIGHUP, the in-place update; order on off | off on | ...), pooled ratio with a
      paired bootstrap CI over rounds;
@@ -233,7 +237,7 @@ def main() -> None:
         asyncio.run(load(url, payloads(20), 2))  # warm connections and replicas
 
         # 2. latency and throughput by client count (logs on)
-        table, load_avg = [], {}
+        table, load_avg, stages = [], {}, {}
         for c, n, name in [(c, n, f"serve/c={c}") for c, n in n_c.items()] + [
                 (16, n_c[16], "serve/c=16 2nd run")]:
             load_avg[name] = os.getloadavg()[0]  # the machine is shared: say how busy it was
@@ -245,6 +249,16 @@ def main() -> None:
             rows += [plain_row(DS, name, "throughput_rps", len(ms) / wall, len(ms)),
                      plain_row(DS, name, "errors", len(res) - len(ms), len(res)),
                      plain_row(DS, name, "loadavg_1m_start", load_avg[name], 1)]
+            if name == "serve/c=16":  # where the time of a request goes, server side
+                lats = [r[2].get("latency_ms") or {} for r in res if r[0] == 200]
+                stages = {k: float(np.median([x[k] for x in lats if k in x]))
+                          for k in sorted({k for x in lats for k in x})}
+                rows += [plain_row(DS, name, f"stage_{k}_ms_p50", v, len(lats))
+                         for k, v in stages.items()]
+                rows.append(plain_row(DS, name, "answers_with_signals_stage",
+                                      sum("signals" in x for x in lats), len(lats)))
+                print("c=16 stages (median ms): " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in stages.items()), flush=True)
             table.append((name.removeprefix("serve/"), *np.percentile(ms, [50, 95, 99]),
                           len(ms) / wall, len(res) - len(ms)))
             print(f"{name}: p50 {table[-1][1]:.1f} p95 {table[-1][2]:.1f} ms, "
@@ -329,6 +343,8 @@ def main() -> None:
            "ms). 1-minute load average when each level started: "
            + ", ".join(f"{k.removeprefix('serve/')}: {v:.1f}" for k, v in load_avg.items())
            + " on 2 cores.",
+           "", "Server-side stages at 16 clients (median ms over the answers' `latency_ms`): "
+           + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()) + ".",
            "", f"Request logs on vs off (16 clients, {rounds} rounds × {n_round} requests each "
            f"way, order alternating, one SIGHUP reload per round): {thr[True]:.1f} vs "
            f"{thr[False]:.1f} req/s, `throughput_ratio_logging_on_vs_off` **{ratio['value']:.3f}"
