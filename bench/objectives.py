@@ -20,10 +20,17 @@ The pick is then compared with the default on the test split (paired bootstrap, 
                  `--extra` uniformly drawn configs evaluated on the whole valid split)
 
 quality = (αF + βR)/(α + β) per query with the dataset's F and R (configs/rl/tuner.yaml).
+
+Context compression (`RAGConfig.context_budget`, pinned off in the default space) is opened as a
+head with values `BUDGETS` only on the datasets whose F and R read the text handed to the
+generator (`SEES_COMPRESSION`: support and answer F1). SciFact's recall@k / nDCG@10 and MTRAG's
+recall@k are doc-level and its extractive support holds by construction, so a sentence the
+compressor drops is invisible there: those searches keep whole passages, and a min_cost gain
+on them comes from the other heads only.
 Latency is priced by the library's cost model measured on this machine (`bench.common.evaluator`).
 Budget 8 valid splits, 12 extra configs, seed 0 (`--quick`: synthetic, 4 and 4). A finished
 dataset's part is kept under runs/objectives-parts/ and reused by the next full run with the same
-budget, so a stopped run resumes.
+budget and the same code (`part_key`), so a stopped run resumes.
 
     python bench/objectives.py            # ~20 min on 2 cores; writes bench/results/objectives.*
     python bench/objectives.py --quick    # synthetic only, small budget: objectives.quick.*
@@ -54,6 +61,10 @@ NAME = "objectives"
 DATASETS = ("synthetic", "hotpotqa", "scifact", "mtrag")
 REAL = ("hotpotqa", "scifact", "mtrag")
 CONVERSATIONAL = ("mtrag",)
+SEES_COMPRESSION = ("synthetic", "hotpotqa")
+"""Datasets whose F and R (support, answer f1) can see what context compression drops."""
+BUDGETS = (None, 24, 48)
+"""`context_budget` values (tokens per passage) searched where compression is visible."""
 KINDS = ("min_cost", "max_quality")
 SEARCHER = "local-asha"
 TARGETS = {"min_cost.delta_quality": "CI low >= -0.01 on all four datasets",
@@ -82,6 +93,9 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
 
     t0 = time.perf_counter()
     settings = TunerSettings.defaults()
+    if name in SEES_COMPRESSION:
+        settings = settings.model_copy(update={"discrete": settings.discrete.model_copy(
+            update={"context_budget": BUDGETS})})
     ev, cm = evaluator(name, settings)
     space = ConfigSpace(settings, conversational=name in CONVERSATIONAL)
     valid, test = ev.slice.tune_split, ev.slice.holdout_split
@@ -150,6 +164,17 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
     return out
 
 
+def part_key() -> str:
+    """A version of what a dataset's part depends on: the code that computes rows
+    (`rows_version`), the search and the choice (`rl.tuner.ask_tell`, `rl.tuner.pareto` and
+    what they import) and this file; a part made by other code is not reused."""
+    from rl.common.fingerprint import code_fingerprint
+    from rl.kernel.evaluator import ROWS_STOP, rows_version
+
+    return code_fingerprint(("rl.tuner.ask_tell", "rl.tuner.pareto"), ROWS_STOP,
+                            [rows_version(), Path(__file__).read_text(encoding="utf-8")])
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """Each target against the rows, met or missed with its margin."""
     get = {(r["dataset"], r["system"], r["metric"]): r for r in rows}
@@ -203,8 +228,8 @@ def markdown(parts: list[dict], rows: list[dict], args) -> str:
     for p in parts:
         for kind, d in p["picks"].items():
             c = d["config"]
-            desc = (f"`{d['chosen']}` {c['variant']} k={c['k']} rerank={c['rerank']}"
-                    if d["better"] else "the default")
+            desc = (f"`{d['chosen']}` {c['variant']} k={c['k']} rerank={c['rerank']} "
+                    f"context_budget={c.get('context_budget')}" if d["better"] else "the default")
             lines.append(f"| {p['dataset']} | {kind} | {desc} | {d['reason']} |")
     lines += ["", "| dataset | valid n | test n | budget (query-evals) | full-fidelity configs "
               "(search) | union | best-known front | wall s |", "|---|---|---|---|---|---|---|---|"]
@@ -229,7 +254,7 @@ def main() -> None:
     for d in datasets:
         # a dataset's finished part is kept, so a stopped run resumes and datasets can run in
         # parallel processes (each its own --datasets) before one call assembles them all
-        f = parts_dir / f"{d}-b{args.budget_x:g}-e{args.extra}-s{args.seed}.json"
+        f = parts_dir / f"{d}-b{args.budget_x:g}-e{args.extra}-s{args.seed}-{part_key()}.json"
         if f.exists() and not args.quick:
             log(f"[{d}] reusing {f}")
             parts.append(json.loads(f.read_text()))
@@ -245,6 +270,7 @@ def main() -> None:
     meta = make_meta(args.seed, {d: data_root() / d for d in datasets if d != "synthetic"},
                      {"quick": args.quick, "searcher": SEARCHER, "budget_x": args.budget_x,
                       "extra": args.extra, "targets": TARGETS,
+                      "context_budget": {"values": BUDGETS, "datasets": SEES_COMPRESSION},
                       "details": {p["dataset"]: {k: v for k, v in p.items() if k != "rows"}
                                   for p in parts}})
     write_results(NAME, rows, meta, "Objectives: the operating point vs the static default",

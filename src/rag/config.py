@@ -30,7 +30,8 @@ CONFIG_FILE_SECTIONS = ("rag", "indexes")
 """The top-level keys of a config file with a `rag:` section (`indexes:`: rag.index.settings)."""
 
 
-HASH_OPTIONAL = frozenset({"rerank_mix", "abstain_threshold", "query_formulation"})
+HASH_OPTIONAL = frozenset({"rerank_mix", "abstain_threshold", "query_formulation",
+                           "context_budget"})
 """Fields left out of a config's identity while unset (None)."""
 
 
@@ -76,6 +77,10 @@ class RAGConfig(StrictSettings):
     (`rag.query_formulation`): last_turn (the question alone; also what None means),
     last_two_user (the previous user turn + the question), all_user (every user turn). The
     generator always answers the question itself."""
+    context_budget: int | None = Field(None, ge=1, le=1024)
+    """Tokens (whitespace words) kept per passage handed to the generator: each passage's
+    sentences that best cover the question's content words, up to this many, the best one
+    always (`rag.generation.context.compress`). None: whole passages."""
     generator: str = "extractive"
     """Registry name of the generator backend (`extractive`, `smollm2-135m-instruct`, ...)."""
     max_new_tokens: int = Field(48, ge=1, le=1024)

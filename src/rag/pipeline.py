@@ -1,6 +1,7 @@
 """Pipeline: a RAGConfig applied to an IndexSet.
 
-    query ─► candidates ─► (fuse) ─► (rerank) ─► select (top-k | MMR) ─► generate ─► Answer
+    query ─► candidates ─► (fuse) ─► (rerank) ─► select (top-k | MMR) ─► (compress)
+          ─► generate ─► Answer
 
 `Pipeline.run` answers one question and times each stage (`STAGES`, ms) with a `StageTimer`
 (wall clock on this process by default; the tuner passes `rl.common.memo.MemoStageTimer`, which
@@ -197,9 +198,23 @@ class Pipeline:
         by_id = {h.id: h for h in pool}
         return [by_id[i] for i in chosen]
 
-    def contexts(self, hits: Sequence[Hit]) -> tuple[Context, ...]:
+    def contexts(self, hits: Sequence[Hit], question: str | None = None
+                 ) -> tuple[Context, ...]:
+        """The passages of `hits` as the generator gets them: whole, or, when
+        `config.context_budget` is set, each cut to its sentences that best cover `question`
+        (`rag.generation.context.compress`; ValueError when `question` is None then)."""
+        from rag.generation.context import compress
+
         corpus = self.indexes.corpus
-        return tuple(Context(id=h.id, title=corpus[h.id].title, text=corpus[h.id].text,
+        budget = self.config.context_budget
+        if budget is not None and question is None:
+            raise ValueError("context_budget is set: contexts() needs the question")
+
+        def text(pid: str) -> str:
+            t = corpus[pid].text
+            return t if budget is None else compress(question, t, budget)
+
+        return tuple(Context(id=h.id, title=corpus[h.id].title, text=text(h.id),
                              score=float(h.score)) for h in hits)
 
     # ---- end to end ----------------------------------------------------------------------
@@ -228,7 +243,7 @@ class Pipeline:
         """Everything before generation: (candidates, contexts, per-stage latency in ms)."""
         timer = timer or StageTimer()
         cands, _, chosen = self._retrieval_stages(question, timer)
-        return cands, self.contexts(chosen), timer.latency_ms
+        return cands, self.contexts(chosen, question), timer.latency_ms
 
     def retrieval_query(self, question: str,
                         history: Sequence[Mapping[str, str]] | None = None) -> str:
@@ -258,7 +273,7 @@ class Pipeline:
         query = self.retrieval_query(question, history)
         timer = timer or StageTimer()
         cands, ranked, chosen = self._retrieval_stages(query, timer)
-        ctxs = self.contexts(chosen)
+        ctxs = self.contexts(chosen, question)
         gen = self.resources.generator(self.config.generator, self.config.device)
         with timer.stage("generate"):
             g = gen.generate(question, ctxs, self.config.prompt_id, **self._gen_kwargs())

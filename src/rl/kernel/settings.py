@@ -23,6 +23,8 @@ A head is pinned by listing one value (Discrete) or by min == max (Box).
     abstain_threshold Box within `bounds.abstain_threshold` (snapped to `abstain_step`); only
                   with an `*_abstain` prompt and the extractive generator
     query_formulation Discrete over `discrete.query_formulation`; conversational data only
+    context_budget Discrete over `discrete.context_budget`: tokens kept per passage (null =
+                  whole passages; `rag.generation.context`)
     generator     Discrete over `discrete.generator` (registry names); null = the base config's
 Heads override what a `variants:` label sets for the same field (except `generator: null`).
 """
@@ -105,6 +107,8 @@ class Discrete(StrictSettings):
     query_formulation: tuple[QueryFormulation, ...] = ("last_turn", "last_two_user", "all_user")
     generator: tuple[str, ...] | None = None
     """Registry names; None = the base config's generator (extractive), so benches stay cheap."""
+    context_budget: tuple[Annotated[int, Field(ge=1, le=1024)] | None, ...] = (None,)
+    """Tokens kept per passage (None: whole passages); one value pins the head."""
 
     @field_validator("rerank", mode="before")
     @classmethod
@@ -117,7 +121,7 @@ class Discrete(StrictSettings):
     @model_validator(mode="after")
     def _non_empty(self) -> Discrete:
         for name in ("variant", "rerank", "prompt_id", "normalisation", "rerank_depth",
-                     "query_formulation", "generator"):
+                     "query_formulation", "generator", "context_budget"):
             vals = getattr(self, name)
             if vals is None and name == "generator":
                 continue

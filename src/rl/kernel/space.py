@@ -2,7 +2,7 @@
 
 Heads (`rl.kernel.settings` documents each): variant, k, rerank, fusion_weight, prompt, and the
 further heads — normalisation, mmr_lambda, rerank_depth, rerank_mix, abstain_threshold,
-query_formulation, generator. `make` turns one value per head into a RAGConfig and
+query_formulation, generator, context_budget. `make` turns one value per head into a RAGConfig and
 canonicalises the heads that do not act in it (the fusion weight and normalisation outside
 hybrid, rerank depth and mix with rerank off, the abstain threshold without an `*_abstain`
 prompt and the extractive generator, the query formulation on single-turn data), so equal
@@ -42,11 +42,11 @@ GRID_LIMIT = 20_000
 HEADS = ("variant", "k", "rerank", "fusion_weight", "prompt")
 """The heads every space has (also the RLlib action keys that are always present)."""
 EXTRA_HEADS = ("normalisation", "mmr_lambda", "rerank_depth", "rerank_mix",
-               "abstain_threshold", "query_formulation", "generator")
+               "abstain_threshold", "query_formulation", "generator", "context_budget")
 """Heads that are part of a space only where they have > 1 value and can act."""
 # fields a head sets: variant labels that differ only in these give the same configs
 _HEAD_FIELDS = {"k", "rerank", "prompt_id", "fusion_weight", "normalisation", "mmr_lambda",
-                "rerank_mix", "abstain_threshold", "query_formulation"}
+                "rerank_mix", "abstain_threshold", "query_formulation", "context_budget"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class ConfigSpace(ActionCodec):
                                policy.abstain_step)
         self.formulations = d.query_formulation if conversational else ()
         self.generators = d.generator or ()
+        self.budgets = d.context_budget
         self.base = policy.base_config()
         self.delta = policy.action_mode == "delta"
         self._fields = {v: {**self.base.model_dump(), **policy.variant_overrides(v)}
@@ -126,6 +127,8 @@ class ConfigSpace(ActionCodec):
                     and any("extractive" in self._gens(v) for v in self.variants))
         if head == "query_formulation":
             return len(self.formulations) > 1
+        if head == "context_budget":
+            return len(self.budgets) > 1
         return len(self.generators) > 1
 
     def choices(self, head: str) -> tuple:
@@ -133,7 +136,7 @@ class ConfigSpace(ActionCodec):
         return {"variant": self.variants, "k": self.ks, "rerank": self.reranks,
                 "prompt": self.prompts, "normalisation": self.norms,
                 "rerank_depth": self.depths, "query_formulation": self.formulations,
-                "generator": self.generators}[head]
+                "generator": self.generators, "context_budget": self.budgets}[head]
 
     def box(self, head: str) -> BoxHead:
         return {"fusion_weight": self.w, "mmr_lambda": self.mmr, "rerank_mix": self.mix,
@@ -154,7 +157,8 @@ class ConfigSpace(ActionCodec):
             return b.generator if b.generator in gens else gens[0]
         vals = self.choices(head)
         want = {"normalisation": b.normalisation, "rerank_depth": b.rerank_depth,
-                "query_formulation": b.query_formulation or "last_turn"}.get(head)
+                "query_formulation": b.query_formulation or "last_turn",
+                "context_budget": b.context_budget}.get(head)
         if head == "rerank_depth" and want not in vals:
             return min(vals, key=lambda d: abs(d - want))
         return want if want in vals else (vals[0] if vals else None)
@@ -196,6 +200,7 @@ class ConfigSpace(ActionCodec):
                 thr, ExtractiveReader.abstain_below) else thr
         qf = h["query_formulation"] if self.conversational else None
         f["query_formulation"] = None if qf in (None, "last_turn") else qf
+        f["context_budget"] = h["context_budget"]
         return RAGConfig.from_dict(f, where="policy.action")
 
     # ---- counting and enumeration -------------------------------------------------------
@@ -225,7 +230,7 @@ class ConfigSpace(ActionCodec):
             n = (w_values * len(self.norms) if hyb else 1) * len(self.mmr.values())
             n *= sum(len(self.abstain.values()) if p.endswith("_abstain") and g == "extractive"
                      else 1 for g in self._gens(v) for p in self.prompts)
-            n *= max(len(self.formulations), 1)
+            n *= max(len(self.formulations), 1) * len(self.budgets)
             n *= sum(1 if r == "off" else len(self._depths_for(v, k)) * n_mix
                      for k in self.ks for r in self.reranks)
             total += n
@@ -259,16 +264,17 @@ class ConfigSpace(ActionCodec):
             for k, rr, p, g in itertools.product(self.ks, self.reranks, self.prompts,
                                                  self._gens(v)):
                 abst = p.endswith("_abstain") and g == "extractive"
-                for w, nm, m, d, mx, a, q in itertools.product(
+                for w, nm, m, d, mx, a, q, cb in itertools.product(
                         self.weights_grid() if hyb else [self.base.fusion_weight],
                         self.norms if hyb else [None], self.mmr.values(),
                         self._depths_for(v, k) if rr == "on" else [None],
                         self.mix.values() if rr == "on" else [None],
                         self.abstain.values() if abst else [None],
-                        self.formulations or [None]):
+                        self.formulations or [None], self.budgets):
                     c = self.make(v, k, rr, w, p, normalisation=nm, mmr_lambda=m,
                                   rerank_depth=d, rerank_mix=mx, abstain_threshold=a,
-                                  query_formulation=q, generator=g if self.generators else None)
+                                  query_formulation=q, generator=g if self.generators else None,
+                                  context_budget=cb)
                     if c.config_hash not in seen:
                         seen.add(c.config_hash)
                         yield c
@@ -366,7 +372,7 @@ class ConfigSpace(ActionCodec):
         return p
 
     def _acting(self, config: RAGConfig) -> set[str]:
-        out = {"variant", "k", "rerank", "prompt", "mmr_lambda", "generator"}
+        out = {"variant", "k", "rerank", "prompt", "mmr_lambda", "generator", "context_budget"}
         if config.variant == "hybrid":
             out |= {"fusion_weight", "normalisation"}
         if config.rerank != "none":
@@ -413,4 +419,5 @@ class ConfigSpace(ActionCodec):
         if p.get("prompt", self.default_prompt()).endswith("_abstain") and gen == "extractive":
             num("abstain_threshold")
         cat("query_formulation")
+        cat("context_budget")
         return self.from_params(p)
