@@ -140,6 +140,8 @@ class Ingress(QueryRoutes, PolicyRoutes, AdminRoutes, TunerRoutes, OpsRoutes, Re
                               store=self.store)
         self.gates: dict[str, dict[str, bool]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._signal_tasks: set[asyncio.Task] = set()  # serving.routes_query._score_later
+        self._signals_skipped = 0
         self._deploy_lock = asyncio.Lock()
         self.metrics.set_traffic(self.router.traffic.canary_percent,
                                  self.router.traffic.shadow_percent)
@@ -329,12 +331,15 @@ class _LocalMethod:
 
 class LocalHandle:
     """Stands in for a deployment handle: `await h.answer.remote(q, iid)` runs
-    `service.answer(q, iid)` in a thread (any object with `answer` and `info`)."""
+    `service.answer(q, iid)` in a thread (any object with `answer` and `info`; `signals` too
+    when the service has it)."""
 
     def __init__(self, service: Any):
         self.service = service
         self.answer = _LocalMethod(service.answer)
         self.info = _LocalMethod(service.info)
+        if hasattr(service, "signals"):
+            self.signals = _LocalMethod(service.signals)
 
 
 def local_app(args: dict[str, Any] | None = None, services: dict[str, Any] | None = None,

@@ -10,10 +10,12 @@ manifest (`ragpilot index --config`; rag.index.settings), adjusted per deploymen
 RAGPILOT_FAISS_DEVICE / RAGPILOT_OPENSEARCH_URL in the application's `runtime_env.env_vars`, or
 by `indexes` overrides passed here. When the question is one of the dataset's own (gold known),
 the answer is scored with `rag.metrics.score_answer`, the same scorer offline evaluation uses
-(SCORE_KEYS); every other answer gets the reference-free signals of `rag.metrics.signals`
+(SCORE_KEYS). Every other answer needs the reference-free signals of `rag.metrics.signals`
 (SIGNAL_KEYS, each in [0, 1]: from the question, the answer and its cited passages, with the
 process's MiniLM, shared with a MiniLM dense index), so a rollout can judge quality where no gold
-exists. Their time is the answer's `latency_ms.signals` stage.
+exists; they are not computed while the user waits: the record carries `signal_input` instead,
+and the ingress asks a replica's `signals` (`score_signals`) for them once the answer is sent
+and its row stored (serving.routes_query).
 """
 
 from __future__ import annotations
@@ -147,6 +149,10 @@ class PipelineService:
         when gold is known."""
         return answer_record(self.pipeline, self.gold, question, query_id, history)
 
+    def signals(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`score_signals(payload)`: the reference-free signals of an answer this replica gave."""
+        return score_signals(payload)
+
     def info(self) -> dict[str, Any]:
         return {"variant_id": self.variant_id, "config": self.config.model_dump(mode="json"),
                 "pid": os.getpid(), "gold_questions": len(self.gold)}
@@ -199,11 +205,12 @@ def answer_fields(ans, **override: Any) -> dict[str, Any]:
 
 def add_scores(out: dict[str, Any], ans, gold: dict[str, Any], question: str,
                k: int) -> dict[str, Any]:
-    """`out` (a replica's answer record, with `latency_ms`) with `scores` and `gold_category`
-    set for the `rag.types.Answer` `ans` to `question`: SCORE_KEYS (those the answer has) and
-    the example's category when the question is one of the served dataset's own (`gold`, by
-    normalised question; `k`: the config's k); else SIGNAL_KEYS, each in [0, 1] (0 for an
-    abstention), timed as the `latency_ms.signals` stage (ms), and `gold_category` None."""
+    """`out` (a replica's answer record) with `scores` and `gold_category` set for the
+    `rag.types.Answer` `ans` to `question`: SCORE_KEYS (those the answer has) and the example's
+    category when the question is one of the served dataset's own (`gold`, by normalised
+    question; `k`: the config's k); else `scores` None, `gold_category` None and
+    `signal_input` (`signal_input(ans)`), from which `score_signals` gives SIGNAL_KEYS later,
+    off the request path."""
     from rag.metrics import score_answer
 
     ex = gold.get(normalise_question(question))
@@ -212,12 +219,39 @@ def add_scores(out: dict[str, Any], ans, gold: dict[str, Any], question: str,
         out["scores"] = {key: float(s[key]) for key in SCORE_KEYS if key in s}
         out["gold_category"] = ex.category
         return out
-    t0 = time.perf_counter()
-    sig = answer_signals().score(ans)
-    out["scores"] = {key: float(sig[key]) for key in SIGNAL_KEYS}
+    out["scores"] = None
     out["gold_category"] = None
-    out["latency_ms"]["signals"] = (time.perf_counter() - t0) * 1000.0
+    out["signal_input"] = signal_input(ans)
     return out
+
+
+def signal_input(ans) -> dict[str, Any]:
+    """What the signals read of the `rag.types.Answer` `ans`, as JSON: question, answer text,
+    citations (1-based) and every context's id, title and text (AnswerSignals picks the cited
+    ones itself), so `score_signals` scores exactly what `AnswerSignals.score(ans)` would."""
+    return {"question": ans.question, "text": ans.text, "citations": list(ans.citations),
+            "contexts": [{"id": c.id, "title": c.title, "text": c.text} for c in ans.contexts]}
+
+
+def score_signals(payload: dict[str, Any]) -> dict[str, Any]:
+    """SIGNAL_KEYS of the answer described by `payload` (`signal_input`), each in [0, 1] (0 for
+    an abstention), with this process's `answer_signals()`: `{"scores": {key: value}, "ms":
+    time spent scoring, ms}`. A payload without those fields raises ConfigError naming
+    `signal_input.<field>`."""
+    from rag.types import Answer, Context
+
+    for key in ("question", "text", "citations", "contexts"):
+        if key not in payload:
+            raise ConfigError(f"signal_input.{key}", "missing")
+    t0 = time.perf_counter()
+    ans = Answer(query_id="signals", question=str(payload["question"]),
+                 text=str(payload["text"]), citations=tuple(int(i) for i in payload["citations"]),
+                 contexts=tuple(Context(str(c["id"]), str(c["title"]), str(c["text"]))
+                                for c in payload["contexts"]),
+                 candidates=(), latency_ms={}, tokens_in=0, tokens_out=0, config_hash="")
+    sig = answer_signals().score(ans)
+    return {"scores": {key: float(sig[key]) for key in SIGNAL_KEYS},
+            "ms": (time.perf_counter() - t0) * 1000.0}
 
 
 def deployment_options(num_cpus: float, max_ongoing_requests: int, num_replicas: int | None,

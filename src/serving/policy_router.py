@@ -389,6 +389,13 @@ class PolicyService:
                             variant_id=pick.config_hash, policy=pick.to_dict())
         return add_scores(out, ans, self.gold, question, (cfg or router.arms[0]).k)
 
+    def signals(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The reference-free signals of an answer this deployment gave
+        (`serving.pipelines.score_signals` of its record's `signal_input`)."""
+        from serving.pipelines import score_signals
+
+        return score_signals(payload)
+
     def info(self) -> dict[str, Any]:
         lp, cand = self.router.loaded, self.router.candidate
         return {"variant_id": POLICY_HANDLE, "policy_id": lp.policy_id, "kind": lp.kind,

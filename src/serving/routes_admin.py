@@ -92,7 +92,9 @@ class AdminRoutes:
                 "by_variant": by_variant, "deltas": self.metrics.deltas(),
                 "inflight": self.gate.inflight, "peak_inflight": self.gate.peak,
                 "jobs": self.jobs.counts(), "gates": self.gates,
-                "shadow_tasks_pending": len(self._tasks)}
+                "shadow_tasks_pending": len(self._tasks),
+                "signals": {"pending": len(self._signal_tasks),
+                            "skipped": self._signals_skipped}}
 
     async def _leaderboard(self, category: str | None = None) -> dict[str, Any]:
         await self._sync_state(force=True)

@@ -74,6 +74,7 @@ class PolicyRoutes:
                           features_hash=pick["features_hash"])
         t1 = time.perf_counter()
         await asyncio.to_thread(self.store.log_interaction, row)  # ack only once committed
+        self._score_later(iid, self.policy_handle, res)
         lat["store"] = (time.perf_counter() - t1) * 1000.0
         lat["total"] = (time.perf_counter() - t0) * 1000.0
         self.metrics.observe_answer(d.variant, "policy", lat, res["tokens_in"],

@@ -2,8 +2,17 @@
 (route, answer, log, measure; mirror to the shadow variant) and `POST /feedback` (store the
 user's reward; the bandit learns from it).
 
+An answer to a question without gold (its record carries `signal_input`,
+serving.pipelines.add_scores) is stored and returned without its reference-free signals; then,
+off the request path, a task asks the pipeline deployment for them (`signals.remote`) and
+appends them to the store (`InteractionStore.add_signals`), so the stored row carries `sig_*`
+for the rollout's evidence a few hundred ms after the reply. At most MAX_PENDING_SIGNALS such
+tasks run per ingress replica; past that a row is left unscored (logged, and counted by the
+evidence under quality `none`, never as a zero), so an overload sheds scoring, not answers.
+
 `QueryRoutes` is a mixin of `serving.app.Ingress` and uses its state: settings, handles,
-router, store, metrics, limiter, gate, guard and the set of pending shadow tasks `_tasks`.
+router, store, metrics, limiter, gate, guard, the pending shadow tasks `_tasks` and signal
+tasks `_signal_tasks`.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from serving.schemas import ApiError, FeedbackRequest, QueryRequest, QueryRespon
 from serving.store import Interaction
 from serving.traffic import Decision
 
+MAX_PENDING_SIGNALS = 256
+"""Signal scorings (`QueryRoutes._score_later`) one ingress replica runs at once; more rows
+wait for none and stay unscored."""
 
 def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:
     """What the per-query policy may condition on (no raw user ids: 12-hex hashes)."""
@@ -149,6 +161,7 @@ class QueryRoutes:
                           scores=scores)
         t1 = time.perf_counter()
         await asyncio.to_thread(self.store.log_interaction, row)  # ack only once committed
+        self._score_later(iid, self.handles[d.variant], res)
         lat["store"] = (time.perf_counter() - t1) * 1000.0
         lat["total"] = (time.perf_counter() - t0) * 1000.0
         f1 = (res["scores"] or {}).get("f1")
@@ -159,6 +172,35 @@ class QueryRoutes:
                              context_ids=res["context_ids"], variant_id=d.variant, route=d.route,
                              propensity=d.propensity, latency_ms=lat,
                              tokens_in=res["tokens_in"], tokens_out=res["tokens_out"])
+
+    def _score_later(self, iid: str, handle: Any, res: dict[str, Any]) -> None:
+        """When the stored interaction `iid`'s record `res` has `signal_input` (no gold), start
+        a task that gets its signals from `handle.signals` (the deployment that answered) and
+        appends them to the store; the caller does not wait for it. Skipped when
+        MAX_PENDING_SIGNALS are pending or the handle has no `signals`: counted in
+        `_signals_skipped` (GET /rl/stats `signals.skipped`) and logged."""
+        payload = res.get("signal_input")
+        if payload is None:
+            return
+        scorer = getattr(handle, "signals", None)
+        if len(self._signal_tasks) >= MAX_PENDING_SIGNALS or scorer is None:
+            self._signals_skipped += 1
+            log.warning("interaction %s stored without signals (%s; %d unscored so far)", iid,
+                        "no signals method" if scorer is None
+                        else f"{len(self._signal_tasks)} scorings pending",
+                        self._signals_skipped)
+            return
+
+        async def score() -> None:
+            try:
+                got = await scorer.remote(payload)
+                await asyncio.to_thread(self.store.add_signals, iid, got["scores"], got["ms"])
+            except Exception:
+                log.exception("signals of interaction %s not stored", iid)
+
+        task = asyncio.create_task(score())
+        self._signal_tasks.add(task)
+        task.add_done_callback(self._signal_tasks.discard)
 
     def _stored(self, text: str) -> str:
         """What the interaction log keeps of a question/answer (`pii.redact_store`)."""
@@ -217,6 +259,7 @@ class QueryRoutes:
                               shadow=True, parent_id=parent,
                               scores=self._scores(res, body.question))
             await asyncio.to_thread(self.store.log_interaction, row)
+            self._score_later(sid, self.handles[d.shadow], res)
             f1 = (res["scores"] or {}).get("f1")
             self.metrics.observe_answer(str(d.shadow), "shadow", lat, res["tokens_in"],
                                         res["tokens_out"], f1)

@@ -21,8 +21,9 @@ Autoscaling (`pipelines.autoscaling`: min/max replicas, target ongoing requests)
 this one deployment; each new replica adds one copy of the indexes for all variants at once.
 
 `VariantHandle` makes the shared deployment look like the per-variant handles the ingress
-routes to (`await h.answer.remote(question, iid)`, `await h.info.remote()`), so routing, the
-shadow path and the health check are unchanged.
+routes to (`await h.answer.remote(question, iid)`, `await h.info.remote()`,
+`await h.signals.remote(payload)`), so routing, the shadow path and the health check are
+unchanged.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ray import serve
 
 from rag.config import RAGConfig
 from rag.env import configure_runtime_env
-from serving.pipelines import answer_record, open_served_data, warm_up
+from serving.pipelines import answer_record, open_served_data, score_signals, warm_up
 
 
 class SharedPipelineService:
@@ -87,6 +88,12 @@ class SharedPipelineService:
         return answer_record(self.pipeline_for(variant_id, config), self.gold, question,
                              query_id, history)
 
+    def signals(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The reference-free signals of any variant's answer (`serving.pipelines.
+        score_signals` of its record's `signal_input`): what the ingress asks for after the
+        reply is sent."""
+        return score_signals(payload)
+
     def info(self, variant_id: str | None = None,
              config: dict[str, Any] | None = None) -> dict[str, Any]:
         """This replica: pid, loaded variant views; with a variant, also checks its config
@@ -124,10 +131,12 @@ class _Bound:
 
 
 class VariantHandle:
-    """A per-variant view of the shared deployment's handle: `answer.remote(question, iid)`
-    and `info.remote()` as the ingress calls them on any variant handle."""
+    """A per-variant view of the shared deployment's handle: `answer.remote(question, iid)`,
+    `info.remote()` and `signals.remote(payload)` as the ingress calls them on any variant
+    handle (the signals need no variant)."""
 
     def __init__(self, shared: Any, variant_id: str, config: dict[str, Any]):
         self.variant_id = variant_id
         self.answer = _Bound(shared.answer, variant_id, config)
         self.info = _Bound(shared.info, variant_id, config)
+        self.signals = shared.signals

@@ -4,6 +4,7 @@
     store = open_store("postgresql+psycopg://user@host/db")    # any SQLAlchemy URL
     store.log_interaction(Interaction(...))   # returns after COMMIT: only then is it acknowledged
     store.add_feedback(interaction_id, 0.8)   # validated: unknown id / shadow / duplicate / range
+    store.add_signals(interaction_id, {"sig_combined": 0.7, ...}, ms=12.0)   # after the reply
     store.export_jsonl("train.jsonl")         # one line per interaction, its reward joined
 
 Tables, columns, the append-only triggers and the migrations of older logs:
@@ -120,9 +121,30 @@ class InteractionStore:
         self._write([(f"INSERT INTO interactions ({cols}) VALUES ({vals})", it.to_row())])
 
     def get_interaction(self, interaction_id: str) -> dict[str, Any] | None:
-        rows = self._read(f"SELECT {', '.join(COLUMNS)} FROM interactions WHERE id = :id",
-                          {"id": interaction_id})
-        return _decode(rows[0]) if rows else None
+        """One row as `export_jsonl` writes it (its signals merged), without the feedback."""
+        rows = self._read(f"SELECT {', '.join('i.' + c for c in COLUMNS)}, s.scores, s.ms "
+                          "FROM interactions i LEFT JOIN signals s ON s.interaction_id = i.id "
+                          "WHERE i.id = :id", {"id": interaction_id})
+        return _with_signals(_decode(rows[0][: len(COLUMNS)]), *rows[0][len(COLUMNS):]) \
+            if rows else None
+
+    def add_signals(self, interaction_id: str, scores: dict[str, float], ms: float) -> None:
+        """Append the reference-free signals of a stored interaction (`scores`: name -> value;
+        `ms`: time spent scoring) and commit. Raises StoreError naming `interaction_id` when
+        it is unknown (404) or already has signals (409)."""
+        try:
+            self._write([("INSERT INTO signals (interaction_id, ts, scores, ms) VALUES "
+                          "(:iid, :ts, :scores, :ms)",
+                          {"iid": interaction_id, "ts": time.time(),
+                           "scores": json.dumps(scores, sort_keys=True), "ms": float(ms)})])
+        except Exception as exc:
+            if not self._is_integrity_error(exc):
+                raise
+            if self.get_interaction(interaction_id) is None:
+                raise StoreError("interaction_id", f"unknown interaction {interaction_id!r}",
+                                 404) from None
+            raise StoreError("interaction_id", f"signals of {interaction_id!r} were already "
+                                               "recorded", 409) from None
 
     def add_feedback(self, interaction_id: str, reward: float) -> FeedbackAck:
         """Validate and store one reward in [0, 1] for a served (non-shadow) interaction.
@@ -250,22 +272,26 @@ class InteractionStore:
 
     def export_jsonl(self, path: str | Path, include_shadow: bool = True) -> int:
         """Write one JSON line per interaction (oldest first) with its `reward` and
-        `feedback_ts` (null when unrated). Returns the number of lines. The file appears
+        `feedback_ts` (null when unrated), and its signals (`add_signals`) merged into `scores`
+        and `latency_ms.signals` (a row whose signals are not stored yet has neither: the
+        rollout's evidence counts it under quality `none`). Returns the number of lines. The
+        file appears
         whole or not at all (written beside it, then renamed): an export that fails on a
         malformed row (StoreError naming it) leaves no partial file and `path` as it was."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         where = "" if include_shadow else " WHERE i.shadow = 0"
-        sql = (f"SELECT {', '.join('i.' + c for c in COLUMNS)}, f.reward, f.ts FROM "
-               f"interactions i LEFT JOIN feedback f ON f.interaction_id = i.id{where} "
-               "ORDER BY i.ts, i.id")
+        sql = (f"SELECT {', '.join('i.' + c for c in COLUMNS)}, f.reward, f.ts, s.scores, s.ms "
+               "FROM interactions i LEFT JOIN feedback f ON f.interaction_id = i.id "
+               f"LEFT JOIN signals s ON s.interaction_id = i.id{where} ORDER BY i.ts, i.id")
         n = 0
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         try:
             with tmp.open("w", encoding="utf-8") as out:
                 for row in self._iter(sql):
-                    rec = _decode(row[: len(COLUMNS)])
-                    rec["reward"], rec["feedback_ts"] = row[len(COLUMNS)], row[len(COLUMNS) + 1]
+                    n_c = len(COLUMNS)
+                    rec = _with_signals(_decode(row[:n_c]), row[n_c + 2], row[n_c + 3])
+                    rec["reward"], rec["feedback_ts"] = row[n_c], row[n_c + 1]
                     out.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     n += 1
             os.replace(tmp, p)
@@ -285,6 +311,22 @@ def _decode(row: tuple) -> dict[str, Any]:
                                                       f"JSON ({exc.msg})") from None
     rec["shadow"] = bool(rec["shadow"])
     rec["error"] = bool(rec["error"])
+    return rec
+
+
+def _with_signals(rec: dict[str, Any], scores: str | None, ms: float | None
+                  ) -> dict[str, Any]:
+    """A decoded row with its stored signals (`signals` table: JSON text, ms) merged into
+    `scores` and `latency_ms.signals`; unchanged when it has none."""
+    if scores is None:
+        return rec
+    try:
+        sig = json.loads(scores)
+    except json.JSONDecodeError as exc:
+        raise StoreError("signals.scores", f"interaction {rec['id']!r}: malformed JSON "
+                                           f"({exc.msg})") from None
+    rec["scores"] = {**(rec["scores"] or {}), **sig}
+    rec["latency_ms"] = {**(rec["latency_ms"] or {}), "signals": float(ms)}
     return rec
 
 

@@ -6,6 +6,10 @@ Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
                context_ids JSON, citations JSON, answer, latency_ms JSON, tokens_in, tokens_out,
                shadow, parent_id, scores JSON, error, policy_id, arm, features_hash)
   feedback(seq, interaction_id UNIQUE -> interactions.id, reward in [0, 1], ts)
+  signals(interaction_id PRIMARY KEY -> interactions.id, ts, scores JSON, ms)   the
+               reference-free signals of a gold-less answer, appended after its row (scored
+               once the user has the answer: serving.routes_query); exports merge them into
+               the row's `scores` and `latency_ms.signals`
   routing(seq, ts, fingerprint, action, state JSON)   the router's split after every admin or
                rollout change, so a restarted app serves what it served (serving.routing_state)
   replica_metrics(replica PRIMARY KEY, ts, body JSON)   the newest metrics snapshot of each
@@ -23,8 +27,8 @@ itself is `features.policy_x`), so a candidate policy can be evaluated off-polic
 
 Migration: opening an older SQLite/PostgreSQL log adds `error INTEGER NOT NULL DEFAULT 0` and
 the nullable `policy_id TEXT`, `arm INTEGER`, `features_hash TEXT` (ALTER TABLE ... ADD COLUMN;
-existing rows read as 0 / NULL). The append-only triggers stay: they guard UPDATE/DELETE of
-rows, not DDL.
+existing rows read as 0 / NULL), and the `signals` table is created where it is missing. The
+append-only triggers stay: they guard UPDATE/DELETE of rows, not DDL.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensit
            "context_ids", "citations", "answer", "latency_ms", "tokens_in", "tokens_out",
            "shadow", "parent_id", "scores", "error", "policy_id", "arm", "features_hash")
 
-APPEND_ONLY = ("interactions", "feedback", "routing", "tuner_jobs")
+APPEND_ONLY = ("interactions", "feedback", "signals", "routing", "tuner_jobs")
 """Tables whose rows are only ever added (a job's state change is a new `tuner_jobs` row);
 `replica_metrics` is the one that is not."""
 
 REPLICA_METRICS_DDL = """CREATE TABLE IF NOT EXISTS replica_metrics (
         replica TEXT PRIMARY KEY, ts REAL NOT NULL, body TEXT NOT NULL)"""
+
+SIGNALS_DDL = """CREATE TABLE IF NOT EXISTS signals (
+        interaction_id TEXT PRIMARY KEY REFERENCES interactions(id), ts REAL NOT NULL,
+        scores TEXT NOT NULL, ms REAL NOT NULL)"""
 
 SQLITE_DDL = [
     """CREATE TABLE IF NOT EXISTS interactions (
@@ -61,6 +69,7 @@ SQLITE_DDL = [
         seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, ts REAL NOT NULL,
         record TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS tuner_jobs_id ON tuner_jobs(job_id, seq)",
+    SIGNALS_DDL,
     *[f"""CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t}
           BEGIN SELECT RAISE(ABORT, '{t} is append-only'); END"""
       for t in APPEND_ONLY for op in ("update", "delete")],
@@ -74,6 +83,7 @@ PG_DDL = [
     *[SQLITE_DDL[i].replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
                     .replace(" REAL", " DOUBLE PRECISION") for i in (3, 4)],
     SQLITE_DDL[5],
+    SIGNALS_DDL.replace(" REAL", " DOUBLE PRECISION"),
     """CREATE OR REPLACE FUNCTION ragpilot_append_only() RETURNS trigger AS $$
        BEGIN RAISE EXCEPTION USING MESSAGE = TG_TABLE_NAME || ' is append-only'; END $$ LANGUAGE plpgsql""",
     *[f"""CREATE OR REPLACE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t}

@@ -201,3 +201,32 @@ def test_group_commit_gives_each_queued_writer_its_own_outcome(tmp_path):
     assert s.get_interaction("i3")["answer"] == "a3"  # the duplicate changed nothing
     assert s.counts() == {"interactions": 9, "shadow_interactions": 0, "feedback": 1}
     s.close()
+
+
+def test_signals_appended_after_the_row_are_merged_into_reads(store, tmp_path):
+    """A gold-less row is stored first; its signals, appended later, appear in the row's
+    `scores` and `latency_ms.signals` in get_interaction and the export; unknown ids (404)
+    and a second scoring (409) are refused, and the signals table is append-only."""
+    store.log_interaction(_it(1, scores={"pii_leaks": 0.0}))
+    store.log_interaction(_it(2, scores=None))
+    assert "sig_combined" not in store.get_interaction("i1")["scores"]
+    store.add_signals("i1", {"sig_combined": 0.25, "sig_relevancy": 0.5}, ms=12.5)
+    got = store.get_interaction("i1")
+    assert got["scores"] == {"pii_leaks": 0.0, "sig_combined": 0.25, "sig_relevancy": 0.5}
+    assert got["latency_ms"] == {"retrieve": 1.5, "signals": 12.5}
+    store.add_signals("i2", {"sig_combined": 0.75}, ms=3.0)
+    assert store.get_interaction("i2")["scores"] == {"sig_combined": 0.75}
+    store.export_jsonl(tmp_path / "out.jsonl")
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert rows["i1"]["scores"]["sig_combined"] == 0.25 and rows["i2"]["latency_ms"]["signals"] == 3.0
+    with pytest.raises(StoreError) as e:
+        store.add_signals("i1", {"sig_combined": 0.9}, ms=1.0)
+    assert (e.value.field, e.value.status) == ("interaction_id", 409)
+    assert store.get_interaction("i1")["scores"]["sig_combined"] == 0.25  # first one kept
+    if isinstance(store, SQLiteStore):  # foreign keys are on: an unknown id is named
+        with pytest.raises(StoreError) as e:
+            store.add_signals("nope", {"sig_combined": 0.5}, ms=1.0)
+        assert (e.value.field, e.value.status) == ("interaction_id", 404)
+    with sqlite3.connect(tmp_path / "log.sqlite") as other, pytest.raises(
+            sqlite3.DatabaseError, match="append-only"):
+        other.execute("UPDATE signals SET scores = '{}' WHERE interaction_id = 'i1'")
