@@ -39,6 +39,7 @@ MAX_PENDING_SIGNALS = 256
 """Signal scorings (`QueryRoutes._score_later`) one ingress replica runs at once; more rows
 wait for none and stay unscored."""
 
+
 def query_features(body: QueryRequest, decision: Decision) -> dict[str, Any]:
     """What the per-query policy may condition on (no raw user ids: 12-hex hashes)."""
     q = body.question.strip()

@@ -275,9 +275,9 @@ class InteractionStore:
         `feedback_ts` (null when unrated), and its signals (`add_signals`) merged into `scores`
         and `latency_ms.signals` (a row whose signals are not stored yet has neither: the
         rollout's evidence counts it under quality `none`). Returns the number of lines. The
-        file appears
-        whole or not at all (written beside it, then renamed): an export that fails on a
-        malformed row (StoreError naming it) leaves no partial file and `path` as it was."""
+        file appears whole or not at all (written beside it, then renamed): an export that
+        fails on a malformed row (StoreError naming it) leaves no partial file and `path` as
+        it was."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         where = "" if include_shadow else " WHERE i.shadow = 0"
