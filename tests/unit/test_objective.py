@@ -161,3 +161,31 @@ def test_front_and_hypervolume():
     # dominated points add nothing; a point outside the reference adds nothing
     assert hypervolume(pts, ref) == pytest.approx(two)
     assert hypervolume(np.array([[0.9, 500, 1]]), ref) == 0.0
+
+
+def test_min_cost_picks_a_non_inferior_config_the_front_leaves_out(monkeypatch):
+    # `tight` (-40% tokens, answers as the incumbent's but 0.001 lower) is dominated on point
+    # estimates by `noisy` (-70% tokens, 0.001 higher mean, spread over every query), whose
+    # lower bound fails the margin: the pick must look past the front to find `tight`
+    from types import SimpleNamespace
+
+    import rl.tuner.pareto as pareto
+
+    settings = TunerSettings.defaults()
+    inc = settings.base_config()
+    tight, noisy = inc.replace(k=4), inc.replace(k=3)
+    q = _base_quality()
+    noise = np.random.default_rng(7).normal(0, 0.3, N)
+    cols = {inc.config_hash: _cols(q, 1000), tight.config_hash: _cols(q - 0.001, 600),
+            noisy.config_hash: _cols(q + noise - noise.mean() + 0.001, 300)}
+    ev = SimpleNamespace(evaluate=lambda c, split: None,
+                         table=lambda c, split: cols[c.config_hash],
+                         slice=SimpleNamespace(tune_split="valid", faithfulness="support",
+                                               relevancy="f1"),
+                         thresholds=SimpleNamespace(p95_latency_ms=500.0))
+    monkeypatch.setattr(pareto, "full_fidelity", lambda ev, split: [inc, tight, noisy])
+    monkeypatch.setattr(pareto, "columns", lambda ev, tab: tab)
+    p = pareto.build(ev, settings)
+    assert tight.config_hash not in p.front and noisy.config_hash in p.front
+    assert "not non-inferior" in p.choice.verdicts[noisy.config_hash]
+    assert p.choice.better and p.choice.key == tight.config_hash

@@ -9,9 +9,11 @@ Full fidelity: a config counts when every query of the split has a row for it (s
 numbers are whole-split numbers, not a rung's prefix); the incumbent (the settings' static
 default) and the search's own pick are evaluated on the whole split if they were not. The
 front is the set of those configs no other dominates (quality ≥, tokens ≤, p95 ≤, one
-strictly). The operating point is chosen from the front and the incumbent by
+strictly). The operating point is chosen from every full-fidelity config by
 `rl.kernel.objective.choose`: lower confidence bounds of paired differences with the
-incumbent on this split, so a config that won by sampling luck is not taken.
+incumbent on this split, so a config that won by sampling luck is not taken. Not from the
+front alone: a config whose point estimates another dominates can still be the cheapest one
+shown non-inferior, when the one dominating it differs from the incumbent on more queries.
 
 Hypervolume (`hypervolume`): the volume a set of points dominates up to a reference point in
 (quality ↑, tokens ↓, p95 ↓), exact by slicing; `bench/objectives.py` compares a run's front
@@ -150,8 +152,8 @@ def build(ev: TunerEvaluator, settings: Any, *, search_best: RAGConfig | None = 
           seed: int = 0) -> Pareto:
     """The front of `ev`'s full-fidelity evaluations on `split` (default: the tune split) with
     the incumbent (`settings.base_config()`), `search_best` and `extra` evaluated on the
-    whole split first, and the objective's choice (`settings.objective`) among the front and
-    the incumbent (for the `reward` objective: `search_best`)."""
+    whole split first, and the objective's choice (`settings.objective`) among every
+    full-fidelity config (for the `reward` objective: `search_best`)."""
     split = split or ev.slice.tune_split
     incumbent = settings.base_config()
     for c in (incumbent, search_best, *extra):
@@ -164,10 +166,7 @@ def build(ev: TunerEvaluator, settings: Any, *, search_best: RAGConfig | None = 
     keys = list(points)
     front = [keys[i] for i in nondominated(np.array([points[k] for k in keys]))]
     inc = incumbent.config_hash
-    pool = dict.fromkeys([*front, inc])
-    if search_best is not None and settings.objective.kind == "reward":
-        pool[search_best.config_hash] = None
-    choice = choose(settings.objective, {k: cols[k] for k in pool}, inc,
+    choice = choose(settings.objective, cols, inc,
                     ev.slice.faithfulness, ev.slice.relevancy,
                     ev.thresholds.p95_latency_ms,
                     search_best=None if search_best is None else search_best.config_hash,
