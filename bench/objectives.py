@@ -215,6 +215,12 @@ def markdown(parts: list[dict], rows: list[dict], args) -> str:
         "from the space and evaluated on the whole valid split. hypervolume_ratio = hypervolume "
         "of the run's front / hypervolume of the best-known front in (quality ↑, tokens ↓, "
         "p95 ↓), reference point = the union's nadir moved out by 10% of each axis's range.",
+        "", "**Context compression** (`context_budget`, tokens kept per passage: "
+        f"{', '.join('off' if b is None else str(b) for b in BUDGETS)}) is searched only on "
+        f"{', '.join(SEES_COMPRESSION)}, whose F and R (support, answer F1) read the text "
+        "handed to the generator. SciFact (recall@k, nDCG@10) and MTRAG (support of an "
+        "extractive answer, recall@k) cannot see a dropped sentence, so their searches keep "
+        "whole passages: a gain there comes from the other heads.",
         "", "## Targets", "", *verdicts(rows), "",
         "| dataset | system | metric | value | 95% CI | n |", "|---|---|---|---|---|---|"]
     for r in rows:
