@@ -11,8 +11,8 @@ starts a head and a second node with `ray start` (1 CPU each, custom resources `
 one session through tests/support/multinode.py) on the synthetic dataset, after evaluating
 every config of the space once into a shared cache (so rewards do not depend on the node that
 reads them):
-  tune   `tune_search(method="grid", max_concurrent=2, reuse_actors=False)`, 1 CPU per trial
-         ("2 nodes"), then every trial also holding the head's resource ("1 node");
+  tune   grid on `tune_search`, `TuneOptions(max_concurrent=2, reuse_actors=False)`, 1 CPU
+         per trial ("2 nodes"), then every trial also holding the head's resource ("1 node");
          tests/support/multinode_tune.py
   ppo    `PPOTuner` with 2 remote env runners of 1 CPU ("2 nodes"), then both pinned to the
          head ("1 node"); tests/support/multinode_ppo.py

@@ -104,7 +104,7 @@ def ppo_rewards(prep: Any, seed: int, start: list[RAGConfig] | None, iters: int,
     valid, from a cold start (`start` None) or behaviour-cloned to `start` (one arm's config
     per train query). No token budget binds (the reward already prices tokens)."""
     from rl.routing.heads import ArmLayout
-    from rl.routing.ppo_policy import PerQueryPPO
+    from rl.routing.ppo_policy import PerQueryPPO, RoleData
     from rl.routing.settings import PPOPolicySettings
     from rl.routing.warm_start import WarmStart
     from rl.routing.worlds import TableWorld
@@ -114,8 +114,9 @@ def ppo_rewards(prep: Any, seed: int, start: list[RAGConfig] | None, iters: int,
     worlds = {r: TableWorld(m["R"], m["Q"], m["T"], prep.configs, ref) for r, m in prep.M.items()}
     pol = PerQueryPPO.create(ArmLayout(prep.configs, prep.ev.policy), ppo, prep.X["train"])
     warm = [] if start is None else [WarmStart("router", start)]
-    pol.train(worlds["train"], prep.X["train"], worlds["valid"], prep.X["valid"], NO_BUDGET,
-              seed=seed, warm=warm, log=log)
+    pol.train(RoleData(worlds["train"], prep.X["train"]),
+              RoleData(worlds["valid"], prep.X["valid"]), NO_BUDGET, seed=seed, warm=warm,
+              log=log)
     return np.array([o.reward for o in worlds["test"].outcomes(pol.act(prep.X["test"]))])
 
 
@@ -130,7 +131,8 @@ def searcher_finds_best_static(prep: Any, settings: TunerSettings, static: int, 
     finds it when the difference is >= 0."""
     from rl.kernel.space import ConfigSpace
     from rl.routing.train import split_matrices
-    from rl.tuner.run import DEFAULT_METHOD, default_budget, search
+    from rl.tuner.plan import SearchPlan
+    from rl.tuner.run import DEFAULT_METHOD, Callbacks, default_budget, search
 
     ev, t0 = prep.ev, time.perf_counter()
     n = len(ev.data.examples(ev.slice.tune_split))
@@ -143,8 +145,9 @@ def searcher_finds_best_static(prep: Any, settings: TunerSettings, static: int, 
             log(f"[seed {seed}] {DEFAULT_METHOD}: {spent}/{budget} query-evaluations "
                 f"({last[0] - t0:.0f} s)")
 
-    cfg = search(ev, settings, DEFAULT_METHOD, budget, seed, on_trial=progress,
-                 start=settings.base_config()).found.best_config
+    cfg = search(ev, settings, SearchPlan(DEFAULT_METHOD, budget, seed,
+                                          start=settings.base_config()),
+                 callbacks=Callbacks(on_trial=progress)).found.best_config
     split, idx = prep.parts["valid"]
     # split_matrices returns every query of the split (NaN outside `idx`)
     gap = split_matrices(ev, [cfg], split, idx)["R"][idx, 0] - prep.M["valid"]["R"][:, static]

@@ -90,6 +90,7 @@ def reference_point(pts: np.ndarray) -> np.ndarray:
 
 def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dict[str, Any]:
     from rl.tuner.ask_tell import run_search
+    from rl.tuner.plan import SearchPlan
 
     t0 = time.perf_counter()
     settings = TunerSettings.defaults()
@@ -106,7 +107,7 @@ def run_dataset(name: str, budget_x: float, n_extra: int, seed: int, log) -> dic
     budget = int(round(budget_x * n_valid))
     log(f"[{name}] default evaluated ({time.perf_counter() - t0:.0f} s); {SEARCHER} search, "
         f"{budget} query-evaluations on {valid} (n = {n_valid})")
-    res = run_search(ev, space, SEARCHER, budget, seed, start=default)
+    res = run_search(ev, space, SearchPlan(SEARCHER, budget, seed, start=default))
     log(f"[{name}] search done ({time.perf_counter() - t0:.0f} s): "
         f"{ev.counters['queries_computed']} rows computed so far")
     picks, out = {}, {"dataset": name, "n_valid": n_valid, "n_test": len(ev.data.examples(test)),

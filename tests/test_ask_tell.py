@@ -14,6 +14,7 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.tuner.ask_tell import run_search
 from rl.tuner.fidelity import rung_indices, rungs_for
+from rl.tuner.plan import SearchPlan
 from rl.tuner.searchers import MULTI_FIDELITY, SEARCHERS
 
 N = 120
@@ -80,7 +81,7 @@ def test_rungs_are_prefixes_of_one_permutation():
 @pytest.mark.parametrize("method", [m for m in SEARCHERS if m != "grid"])
 def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(method):
     ev = ToyEvaluator()
-    res = run_search(ev, ToySpace(), method, budget=8 * N, seed=1)
+    res = run_search(ev, ToySpace(), SearchPlan(method, budget=8 * N, seed=1))
     assert res.query_evals >= 8 * N and res.query_evals < 8 * N + N  # one trial may finish
     assert res.query_evals == sum(p2 - p1 for p1, p2 in zip(
         [0] + [p["query_evals"] for p in res.curve][:-1], [p["query_evals"] for p in res.curve],
@@ -97,7 +98,7 @@ def test_every_method_respects_the_budget_and_returns_a_full_fidelity_incumbent(
 
 
 def test_same_seed_same_sequence_and_different_seed_differs():
-    runs = [run_search(ToyEvaluator(), ToySpace(), "tpe-asha", budget=10 * N, seed=s)
+    runs = [run_search(ToyEvaluator(), ToySpace(), SearchPlan("tpe-asha", budget=10 * N, seed=s))
             for s in (4, 4, 5)]
     seq = [[(t.config.config_hash, [r["reward"] for r in t.rungs]) for t in r.trials]
            for r in runs]
@@ -117,7 +118,8 @@ def test_tpe_gets_the_gates_as_constraints_and_a_start_point():
     ask_tell.make_searcher = spy
     try:
         start = RAGConfig(variant="hybrid", fusion_weight=0.7)
-        res = run_search(ToyEvaluator(), ToySpace(), "tpe", budget=6 * N, seed=0, start=start)
+        res = run_search(ToyEvaluator(), ToySpace(),
+                         SearchPlan("tpe", budget=6 * N, seed=0, start=start))
     finally:
         ask_tell.make_searcher = real
     assert res.trials[0].config.config_hash == start.config_hash
@@ -130,7 +132,7 @@ def test_tpe_gets_the_gates_as_constraints_and_a_start_point():
 
 
 def test_rung_scores_leave_out_the_instability_term():
-    res = run_search(ToyEvaluator(), ToySpace(), "tpe-asha", budget=6 * N, seed=2)
+    res = run_search(ToyEvaluator(), ToySpace(), SearchPlan("tpe-asha", budget=6 * N, seed=2))
     lam = ToyEvaluator().reward_spec().weights.lambda_
     for t in res.trials:
         for r in t.rungs:
@@ -139,14 +141,14 @@ def test_rung_scores_leave_out_the_instability_term():
 
 
 def test_search_finds_the_toy_optimum_region():
-    res = run_search(ToyEvaluator(), ToySpace(), "tpe-asha", budget=40 * N, seed=0)
+    res = run_search(ToyEvaluator(), ToySpace(), SearchPlan("tpe-asha", budget=40 * N, seed=0))
     assert res.best_config.variant == "hybrid" and abs(res.best_config.fusion_weight - 0.7) <= 0.2
 
 
 def test_local_search_starts_from_the_start_point_and_finds_the_toy_optimum():
     start = RAGConfig(variant="bm25", fusion_weight=0.5)
-    res = run_search(ToyEvaluator(), ToySpace(), "local-asha", budget=20 * N, seed=0,
-                     start=start)
+    res = run_search(ToyEvaluator(), ToySpace(),
+                     SearchPlan("local-asha", budget=20 * N, seed=0, start=start))
     assert res.trials[0].config.config_hash == start.config_hash
     assert res.best_config.variant == "hybrid" and abs(res.best_config.fusion_weight - 0.7) <= 0.1
     hashes = [t.config.config_hash for t in res.trials][:30]  # the space has 42 configs
@@ -160,13 +162,15 @@ def test_grid_scores_every_config_once_and_stops():
                          for w in (0.3, 0.7)])
 
     ev = ToyEvaluator()
-    res = run_search(ev, GridSpace(), "grid", budget=100 * N, seed=0)
+    res = run_search(ev, GridSpace(), SearchPlan("grid", budget=100 * N, seed=0))
     assert len(res.trials) == 4 and res.query_evals == 4 * N  # the grid ended the search
     assert res.best_config == RAGConfig(variant="hybrid", fusion_weight=0.7)
 
 
 def test_bad_requests_are_config_errors():
     with pytest.raises(ConfigError, match="method"):
-        run_search(ToyEvaluator(), ToySpace(), "bohb", budget=N)
+        run_search(ToyEvaluator(), ToySpace(), SearchPlan("bohb", budget=N))
     with pytest.raises(ConfigError, match="budget"):
-        run_search(ToyEvaluator(), ToySpace(), "tpe", budget=0)
+        run_search(ToyEvaluator(), ToySpace(), SearchPlan("tpe", budget=0))
+    with pytest.raises(ConfigError, match="budget"):  # a plan's default budget is run_tuning's
+        run_search(ToyEvaluator(), ToySpace(), SearchPlan("tpe"))

@@ -9,7 +9,7 @@ import pytest
 
 from rl.kernel.settings import TunerSettings
 from rl.routing.heads import ArmLayout, HeadLayout
-from rl.routing.ppo_policy import PerQueryPPO
+from rl.routing.ppo_policy import Checkpointing, PerQueryPPO, RoleData
 from rl.routing.settings import PPOPolicySettings
 from rl.routing.worlds import Outcome, TableWorld
 
@@ -53,8 +53,8 @@ def trained(setup, tmp_path_factory):
     world = ToyWorld(X)
     ck = tmp_path_factory.mktemp("ppo") / "ck"
     pol = PerQueryPPO.create(layout, s, X)
-    hist = pol.train(world, X, world, X, budget=1.0, seed=0, checkpoint_dir=ck,
-                     log=lambda m: None)
+    hist = pol.train(RoleData(world, X), RoleData(world, X), budget=1.0, seed=0,
+                     checkpointing=Checkpointing(ck), log=lambda m: None)
     return pol, hist, ck
 
 
@@ -83,13 +83,15 @@ def test_resume_continues_from_the_checkpoint(setup, tmp_path):
     world = ToyWorld(X)
     short = s.model_copy(update={"train": s.train.model_copy(update={"iters": 2,
                                                                      "eval_every": 1})})
-    PerQueryPPO.create(layout, short, X).train(world, X, world, X, budget=0.01, seed=0,
-                                               checkpoint_dir=tmp_path, log=lambda m: None)
+    PerQueryPPO.create(layout, short, X).train(RoleData(world, X), RoleData(world, X),
+                                               budget=0.01, seed=0,
+                                               checkpointing=Checkpointing(tmp_path),
+                                               log=lambda m: None)
     longer = short.model_copy(update={"train": short.train.model_copy(update={"iters": 3})})
     msgs: list[str] = []
     pol = PerQueryPPO.create(layout, longer, X)
-    hist = pol.train(world, X, world, X, budget=0.01, seed=0, checkpoint_dir=tmp_path,
-                     resume=True, log=msgs.append)
+    hist = pol.train(RoleData(world, X), RoleData(world, X), budget=0.01, seed=0,
+                     checkpointing=Checkpointing(tmp_path, resume=True), log=msgs.append)
     assert msgs[0].startswith("resumed at iteration 2")
     assert [h["iter"] for h in hist] == [1, 2, 3]
     # over budget from the start (cost k/32 >> 0.01): the multiplier only rose
@@ -116,8 +118,9 @@ def test_warm_start_reaches_the_samplers_and_selection_never_drops_below_it(setu
     best = WarmStart("oracle", [bm25 if x < 0 else dense for x in X[:, 0]])
     worse = WarmStart("static", [bm25])
     pol = PerQueryPPO.create(layout, short, X)
-    hist = pol.train(world, X, world, X, budget=1.0, seed=0, checkpoint_dir=tmp_path,
-                     log=lambda m: None, warm=[worse, best])
+    hist = pol.train(RoleData(world, X), RoleData(world, X), budget=1.0, seed=0,
+                     checkpointing=Checkpointing(tmp_path), log=lambda m: None,
+                     warm=[worse, best])
     starts = [h for h in hist if h["iter"] == 0]
     assert [h["start"] for h in starts] == ["static", "oracle"]
     assert starts[1]["valid_reward"] == pytest.approx(1.5)
@@ -154,13 +157,12 @@ def test_a_residual_policy_overrides_its_base_only_where_the_base_is_wrong(setup
              "k": layout.ks.index(2), "normalisation": 0, "defer": 0}
     base = [layout.decode({**fixed, "variant": layout.variants.index("bm25")})] * len(X)
     with pytest.raises(ValueError, match="needs the base policy's config"):
-        PerQueryPPO.create(layout, s, X).train(world, X, world, X, budget=1.0,
-                                               log=lambda m: None)
+        PerQueryPPO.create(layout, s, X).train(RoleData(world, X), RoleData(world, X),
+                                               budget=1.0, log=lambda m: None)
     dense = layout.decode({**fixed, "variant": layout.variants.index("dense")})
     pol = PerQueryPPO.create(layout, s, X)
-    hist = pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None,
-                     base_train=base, base_valid=base,
-                     warm=[WarmStart("defer", [dense], defer=True)])
+    hist = pol.train(RoleData(world, X, base), RoleData(world, X, base), budget=1.0, seed=0,
+                     log=lambda m: None, warm=[WarmStart("defer", [dense], defer=True)])
     assert hist[0]["start"] == "defer" and hist[0]["valid_reward"] == pytest.approx(1.0,
                                                                                   abs=0.1)
     base_reward = np.mean([o.reward for o in world.outcomes(base)])
@@ -253,9 +255,8 @@ def test_a_residual_policy_is_served_with_its_router(setup, tmp_path):
     picks, F = base.view(X)
     obs, base_cfg = np.hstack([X, F]), [arms[j] for j in picks]
     pol = PerQueryPPO.create(layout, s, obs)
-    pol.train(world, obs, world, obs, budget=1.0, seed=0, log=lambda m: None,
-              base_train=base_cfg, base_valid=base_cfg,
-              warm=[WarmStart("defer", [arms[1]], defer=True)])
+    pol.train(RoleData(world, obs, base_cfg), RoleData(world, obs, base_cfg), budget=1.0,
+              seed=0, log=lambda m: None, warm=[WarmStart("defer", [arms[1]], defer=True)])
     with pytest.raises(ValueError, match="defer head"):
         PPOPortfolioPolicy(pol, X[:60])
     served = PPOPortfolioPolicy(pol, X[:60], base)
@@ -302,7 +303,7 @@ def test_the_policy_replica_serves_a_ppo_policy_directory(setup, tmp_path):
     X = QueryFeaturizer(data.indexes, base).matrix(examples)
     world = ToyWorld(X - np.median(X, axis=0))  # bm25 below the median of column 0
     pol = PerQueryPPO.create(layout, _short(s), X)
-    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    pol.train(RoleData(world, X), RoleData(world, X), budget=1.0, seed=0, log=lambda m: None)
     served = PPOPortfolioPolicy(pol, X)
     d = save_policy(served, tmp_path / "ppo", base_config=base, feature_names=FEATURE_NAMES,
                     epsilon=0.1)
@@ -335,7 +336,7 @@ def test_over_an_arm_table_it_learns_each_querys_arm_and_round_trips(setup, tmp_
     # ray 2.60: greedy 1.47 after 4 and 6 iterations; an untrained module picks a random arm)
     s = s.model_copy(update={"train": s.train.model_copy(update={"iters": 6})})
     pol = PerQueryPPO.create(layout, s, X)
-    pol.train(world, X, world, X, budget=1.0, seed=0, log=lambda m: None)
+    pol.train(RoleData(world, X), RoleData(world, X), budget=1.0, seed=0, log=lambda m: None)
     greedy = np.mean([o.reward for o in world.outcomes(pol.act(X))])
     assert greedy >= 1.4, greedy  # the oracle's mean is 1.5, a random arm's 1.0
     pol.save(tmp_path / "arms")

@@ -13,7 +13,8 @@ from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import exhaustive, run_search
-from rl.tuner.tune_search import tune_search
+from rl.tuner.plan import SearchPlan
+from rl.tuner.tune_search import TuneOptions, tune_search
 
 pytestmark = pytest.mark.ray
 
@@ -44,9 +45,10 @@ def _sequence(res):
 def test_both_executors_give_the_same_trials_and_best_config(setup, tmp_path, method):
     ev, space = setup
     start = space.base
-    local = run_search(ev, space, method, BUDGET, seed=3, rungs=RUNGS, start=start)
-    on_tune = tune_search(ev, space, method=method, budget=BUDGET, seed=3, rungs=RUNGS,
-                          start=start, storage_path=tmp_path)
+    plan = SearchPlan(method, BUDGET, seed=3, start=start)
+    local = run_search(ev, space, plan, rungs=RUNGS)
+    on_tune = tune_search(ev, space, plan, rungs=RUNGS,
+                          options=TuneOptions(storage_path=tmp_path))
     assert len(local.trials) >= 5
     assert _sequence(on_tune) == _sequence(local)
     assert on_tune.query_evals == local.query_evals >= BUDGET

@@ -12,6 +12,7 @@ from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import run_search
 from rl.tuner.fidelity import rung_indices
+from rl.tuner.plan import SearchPlan
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,8 @@ def test_default_searcher_on_the_real_evaluator_is_deterministic(data, tmp_path)
     results = []
     for run in ("a", "b"):
         ev = TunerEvaluator(data, settings, cache_root=tmp_path / run, cost_model=model)
-        res = run_search(ev, space, "tpe-asha", budget=4 * n, seed=7,
-                         start=settings.base_config())
+        res = run_search(ev, space, SearchPlan("tpe-asha", budget=4 * n, seed=7,
+                                                    start=settings.base_config()))
         results.append(res)
         # every row computed was asked for: rungs are prefixes, promotions pay only new rows
         assert ev.counters["queries_computed"] <= res.query_evals

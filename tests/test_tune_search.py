@@ -15,8 +15,9 @@ from rl.kernel.reward import HARD_GATES
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import exhaustive
+from rl.tuner.plan import SearchPlan
 from rl.tuner.searchers import MULTI_FIDELITY, SEARCHERS
-from rl.tuner.tune_search import tune_search
+from rl.tuner.tune_search import TuneOptions, tune_search
 
 pytestmark = pytest.mark.ray
 
@@ -47,8 +48,9 @@ def runs(setup, tmp_path_factory):
     def run(method, seed=0, budget=BUDGET, tag=""):
         key = (method, seed, budget, tag)
         if key not in done:
-            done[key] = tune_search(ev, space, method=method, budget=budget, seed=seed,
-                                    rungs=RUNGS, storage_path=root / f"{method}-{seed}{tag}")
+            done[key] = tune_search(ev, space, SearchPlan(method, budget, seed), rungs=RUNGS,
+                                    options=TuneOptions(
+                                        storage_path=root / f"{method}-{seed}{tag}"))
         return done[key]
 
     return run
@@ -125,17 +127,19 @@ def test_gate_violations_reach_the_optuna_trials(runs):
 def test_bad_requests_are_config_errors(setup, tmp_path):
     ev, space, _ = setup
     with pytest.raises(ConfigError, match="budget"):
-        tune_search(ev, space, method="tpe", budget=0, rungs=RUNGS, storage_path=tmp_path)
+        tune_search(ev, space, SearchPlan("tpe", budget=0), rungs=RUNGS,
+                    options=TuneOptions(storage_path=tmp_path))
     with pytest.raises(ConfigError, match="method"):
-        tune_search(ev, space, method="bohb", budget=BUDGET, storage_path=tmp_path)
+        tune_search(ev, space, SearchPlan("bohb", budget=BUDGET),
+                    options=TuneOptions(storage_path=tmp_path))
 
 
 def test_the_tuning_run_sends_a_search_to_tune_when_asked(setup, tmp_path):
     from rl.tuner.run import check, search
 
     ev, _, _ = setup
-    found = search(ev, ev.policy, "random", BUDGET, seed=1, storage_path=tmp_path,
-                   tune_options={"max_concurrent": 1})
+    found = search(ev, ev.policy, SearchPlan("random", BUDGET, seed=1),
+                   tune=TuneOptions(max_concurrent=1, storage_path=tmp_path))
     assert found.found.grid is not None  # Tune's ResultGrid: it ran on tune.Tuner
     res = found.result
     assert res.method == "random" and res.extra["query_evals"] >= BUDGET
@@ -144,17 +148,17 @@ def test_the_tuning_run_sends_a_search_to_tune_when_asked(setup, tmp_path):
     assert {"reward", "faithfulness", "relevancy", "p95_latency_ms", "cost",
             "config_hash", "query_evals"} <= set(steps[0])
     assert all(s["config_hash"] in ev.seen for s in steps)
-    local = search(ev, ev.policy, "random", BUDGET, seed=1)
+    local = search(ev, ev.policy, SearchPlan("random", BUDGET, seed=1))
     assert local.found.grid is None  # no Tune options: in this process
     assert [s["config_hash"] for s in local.history] == [s["config_hash"] for s in steps]
     with pytest.raises(ConfigError, match="method"):
         check("tune-random", 100)
     with pytest.raises(ConfigError, match="resume"):  # it would be ignored: refused instead
-        search(ev, ev.policy, "random", BUDGET, resume=tmp_path)
+        search(ev, ev.policy, SearchPlan("random", BUDGET), resume=tmp_path)
 
 
 def test_the_default_method_is_the_default_searcher():
-    from rl.tuner.ask_tell import DEFAULT_SEARCHER
+    from rl.tuner.plan import DEFAULT_SEARCHER
     from rl.tuner.run import DEFAULT_METHOD, METHODS
     from serving.demo.offline import SEARCHER
 
@@ -165,6 +169,6 @@ def test_the_default_method_is_the_default_searcher():
 @pytest.mark.parametrize("method", ["tpe", "random"])
 def test_start_config_is_the_first_trial(setup, tmp_path, method):
     ev, space, _ = setup
-    res = tune_search(ev, space, method=method, budget=240, seed=5, rungs=RUNGS,
-                      storage_path=tmp_path, start=space.base)
+    res = tune_search(ev, space, SearchPlan(method, budget=240, seed=5, start=space.base),
+                      rungs=RUNGS, options=TuneOptions(storage_path=tmp_path))
     assert res.trials[0].config.config_hash == space.base.config_hash

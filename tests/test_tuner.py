@@ -15,6 +15,7 @@ from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import exhaustive, run_search
 from rl.tuner.env import TunerEnv
+from rl.tuner.plan import SearchPlan
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,7 @@ def test_grid_is_the_ceiling_and_searches_keep_budget(ev, small_policy):
     assert ev.evaluate(grid.best_config).reward == pytest.approx(max(rewards))
     n = len(ev.data.examples(ev.slice.tune_split))
     for method in ("random", "tpe", "hyperopt", "local-asha"):
-        res = run_search(ev, space, method, budget=6 * n, seed=1)
+        res = run_search(ev, space, SearchPlan(method, budget=6 * n, seed=1))
         assert 6 * n <= res.query_evals < 7 * n, method
         # no static config on the full split beats the grid's best
         assert ev.evaluate(res.best_config).reward <= max(rewards) + 1e-9
@@ -327,7 +328,7 @@ def test_warm_start_evaluates_the_default_first_and_never_ends_below_it(ev, smal
     base = small_policy.base_config()
     n = len(ev.data.examples(ev.slice.tune_split))
     for method, seed in (("tpe", 0), ("tpe", 1), ("local-asha", 2), ("random", 0)):
-        res = run_search(ev, ConfigSpace(small_policy), method, budget=4 * n, seed=seed,
-                         start=base)
+        res = run_search(ev, ConfigSpace(small_policy),
+                         SearchPlan(method, budget=4 * n, seed=seed, start=base))
         assert res.trials[0].config.config_hash == base.config_hash
         assert res.best_reward >= res.trials[0].full["reward"]

@@ -15,6 +15,7 @@ from rl.kernel.evaluator import TunerEvaluator
 from rl.kernel.settings import TunerSettings
 from rl.kernel.space import ConfigSpace
 from rl.tuner.ask_tell import run_search
+from rl.tuner.plan import SearchPlan
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def _rewards(result):
 def random_search(ev, budget, seed):
     """`budget` random configs of the full space, each on the whole valid split."""
     n = len(ev.data.examples("valid"))
-    return run_search(ev, ConfigSpace(ev.policy), "random", budget * n, seed, split="valid")
+    return run_search(ev, ConfigSpace(ev.policy), SearchPlan("random", budget * n, seed),
+                      split="valid")
 
 
 def test_same_seed_two_runs_give_identical_rewards(data, tmp_path):

@@ -69,14 +69,16 @@ def search(ev: Any, storage: Path, resources: dict[str, float],
     trials at once, each holding `resources`; `reuse_actors` as `tune_search`), summarised
     JSON-safe."""
     from rl.kernel.space import ConfigSpace
-    from rl.tuner.tune_search import tune_search
+    from rl.tuner.plan import SearchPlan
+    from rl.tuner.tune_search import TuneOptions, tune_search
 
     space = ConfigSpace(ev.policy)
     n_grid = sum(1 for _ in space.grid())
     n = len(ev.data.examples(ev.slice.tune_split))
-    res = tune_search(ev, space, method="grid", budget=n_grid * n, seed=SEED, rungs=RUNGS,
-                      storage_path=storage, max_concurrent=MAX_CONCURRENT,
-                      resources_per_trial=resources, reuse_actors=reuse_actors)
+    res = tune_search(ev, space, SearchPlan("grid", budget=n_grid * n, seed=SEED), rungs=RUNGS,
+                      options=TuneOptions(max_concurrent=MAX_CONCURRENT,
+                                          resources_per_trial=resources,
+                                          reuse_actors=reuse_actors, storage_path=storage))
     return {"best": res.best_config.config_hash, "best_reward": res.best_reward,
             "query_evals": res.query_evals, "wall_s": res.wall_s,
             "trials": [{"trial_id": t.trial_id, "config_hash": t.config.config_hash,

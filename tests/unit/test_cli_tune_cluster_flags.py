@@ -1,6 +1,6 @@
 """`ragpilot tune`'s cluster flags: --max-concurrent, --cpus-per-trial, --reuse-actors and
---ray-address reach `rl.tuner.tune_search.tune_search` unchanged (any of them runs the search on
-Ray Tune; none, in this process); a bad value
+--ray-address reach `rl.tuner.tune_search.tune_search` unchanged as its `TuneOptions` (any of
+them runs the search on Ray Tune; none, in this process); a bad value
 exits 2 naming the flag before any data or Ray work, as does an `--out` that cannot be a
 directory. No Ray runtime is started here."""
 
@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rl.tuner.tune_search import TuneOptions
 from serving.cli import main
 
 
@@ -39,15 +40,15 @@ def test_flags_reach_tune_search_keywords(captured):
     with pytest.raises(_Called) as got:
         main(_tune("--max-concurrent", "2", "--cpus-per-trial", "0.5", "--reuse-actors", "no",
                    "--ray-address", "127.0.0.1:6390"))
-    assert got.value.kwargs["tune_options"] == {
-        "max_concurrent": 2, "resources_per_trial": {"cpu": 0.5}, "reuse_actors": False,
-        "ray_address": "127.0.0.1:6390"}
+    assert got.value.kwargs["tune"] == TuneOptions(
+        max_concurrent=2, resources_per_trial={"cpu": 0.5}, reuse_actors=False,
+        ray_address="127.0.0.1:6390")
 
 
 def test_no_flags_pass_nothing(captured):
     with pytest.raises(_Called) as got:
         main(_tune())
-    assert got.value.kwargs["tune_options"] is None
+    assert got.value.kwargs["tune"] is None
 
 
 @pytest.mark.parametrize(("extra", "flag"), [
@@ -73,17 +74,18 @@ def test_trial_flags_refused_for_ppo_and_taken_by_every_search(captured, capsys)
     for method in ("random", "grid", "local-asha"):
         with pytest.raises(_Called) as got:
             main(_tune("--ray-address", "auto", "--max-concurrent", "2", method=method))
-        assert got.value.kwargs["tune_options"] == {"ray_address": "auto", "max_concurrent": 2}
+        assert got.value.kwargs["tune"] == TuneOptions(ray_address="auto", max_concurrent=2)
 
 
 def test_search_passes_the_options_to_tune_search(monkeypatch):
-    """rl.tuner.run.search hands `tune_options` to tune_search as keywords."""
+    """rl.tuner.run.search hands its `tune` options and plan to tune_search unchanged."""
     import rl.tuner.tune_search as ts
     from rl.kernel.settings import TunerSettings
+    from rl.tuner.plan import SearchPlan
     from rl.tuner.run import search
 
-    def fake(ev, space, **kwargs):
-        raise _Called(kwargs)
+    def fake(ev, space, plan, **kwargs):
+        raise _Called({"plan": plan, **kwargs})
 
     monkeypatch.setattr(ts, "tune_search", fake)
 
@@ -91,11 +93,16 @@ def test_search_passes_the_options_to_tune_search(monkeypatch):
         policy = TunerSettings.defaults()
         data = SimpleNamespace(dataset=SimpleNamespace(examples=[]))
 
-    opts = {"max_concurrent": 3, "resources_per_trial": {"cpu": 2.0}, "reuse_actors": False,
-            "ray_address": "auto"}
+    opts = TuneOptions(max_concurrent=3, resources_per_trial={"cpu": 2.0}, reuse_actors=False,
+                       ray_address="auto")
     with pytest.raises(_Called) as got:
-        search(Ev(), Ev.policy, "tpe", 100, tune_options=opts)
-    assert {k: got.value.kwargs[k] for k in opts} == opts
+        search(Ev(), Ev.policy, SearchPlan("tpe", 100), tune=opts)
+    assert got.value.kwargs["options"] == opts
+    assert got.value.kwargs["plan"] == SearchPlan("tpe", 100)
+    from rag.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="budget"):  # only run_tuning fills in a default
+        search(Ev(), Ev.policy, SearchPlan("tpe"), tune=opts)
 
 
 def test_fanout_workers_and_the_environment(monkeypatch):

@@ -17,8 +17,7 @@ from rl.kernel.settings import TunerSettings
 def test_runner_settings_default_to_the_driver_and_are_bounded():
     p = TunerSettings.defaults().ppo
     assert (p.num_env_runners, p.num_learners, p.env_runner_resources) == (0, 0, {})
-    assert p.runner_kwargs() == {"num_env_runners": 0, "num_learners": 0,
-                                 "num_cpus_per_env_runner": 1.0, "env_runner_resources": {}}
+    assert p.num_cpus_per_env_runner == 1.0
     s = TunerSettings.defaults().with_overrides(
         ppo={"num_env_runners": 4, "env_runner_resources": {"tuner_node": 1}})
     assert s.ppo.num_env_runners == 4 and s.ppo.train_batch_size == 10  # the rest kept
@@ -47,13 +46,16 @@ def test_steps_per_iteration():
 def test_ppo_config_sizes_remote_runners():
     pytest.importorskip("ray.rllib")
     import gymnasium as gym
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from rl.common.rllib import ppo_config
     from rl.tuner.env import log_step_records
 
-    cfg = ppo_config(gym.Env, {}, seed=1, train_batch_size=10, hidden=(8,),
-                     num_env_runners=3, num_learners=0, num_cpus_per_env_runner=0.5,
-                     env_runner_resources={"worker_node": 1}, on_sample_end=log_step_records)
+    runners = PPOSettings(num_env_runners=3, num_learners=0, num_cpus_per_env_runner=0.5,
+                          env_runner_resources={"worker_node": 1})
+    cfg = ppo_config(gym.Env, {}, seed=1, train_batch_size=10,
+                     module=DefaultModelConfig(fcnet_hiddens=[8]), runners=runners,
+                     on_sample_end=log_step_records)
     assert cfg.num_env_runners == 3 and cfg.rollout_fragment_length == 4
     assert cfg.num_cpus_per_env_runner == 0.5
     assert cfg.custom_resources_per_env_runner == {"worker_node": 1}

@@ -218,12 +218,13 @@ def test_bootstrap_statistic_is_the_engine_of_the_mean_bootstrap():
 def test_ppo_config_applies_the_project_sizing():
     pytest.importorskip("ray.rllib")
     import gymnasium as gym
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     from rl.common.rllib import ppo_config
 
-    cfg = ppo_config(gym.Env, {"k": 1}, seed=7, train_batch_size=12, hidden=(16, 8),
-                     model={"vf_share_layers": False}, smoothing_episodes=5, lr=0.01,
-                     gamma=0.0, minibatch_size=6, num_epochs=3)
+    cfg = ppo_config(gym.Env, {"k": 1}, seed=7, train_batch_size=12,
+                     module=DefaultModelConfig(fcnet_hiddens=[16, 8], vf_share_layers=False),
+                     smoothing_episodes=5, lr=0.01, gamma=0.0, minibatch_size=6, num_epochs=3)
     assert cfg.num_env_runners == 0 and cfg.num_learners == 0
     assert cfg.num_envs_per_env_runner == 1 and cfg.rollout_fragment_length == 12
     assert cfg.train_batch_size_per_learner == 12 and cfg.minibatch_size == 6
@@ -233,9 +234,9 @@ def test_ppo_config_applies_the_project_sizing():
     assert cfg.model_config["fcnet_hiddens"] == [16, 8]
     assert cfg.model_config["vf_share_layers"] is False
     assert cfg.enable_rl_module_and_learner  # the new API stack
-    for kw in ({}, {"hidden": (4,), "module_spec": object()}):
-        with pytest.raises(ValueError, match="exactly one"):
-            ppo_config(gym.Env, {}, seed=0, train_batch_size=4, **kw)
+    for bad in ((4,), object()):  # a module is RLlib's model config or a module spec
+        with pytest.raises(TypeError, match="DefaultModelConfig"):
+            ppo_config(gym.Env, {}, seed=0, train_batch_size=4, module=bad)
 
 
 def test_gate_margin_uses_the_lower_bound_of_f_and_r_only():

@@ -14,6 +14,7 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.tuner import tune_search as ts
 from rl.tuner.ask_tell import TrialRecord, summarise
+from rl.tuner.plan import SearchPlan
 
 CONFIGS = {"a": RAGConfig(k=3), "b": RAGConfig(k=5), "c": RAGConfig(k=8)}
 
@@ -88,6 +89,8 @@ def test_bad_trial_resources_are_a_config_error():
     ev = SimpleNamespace()  # the check comes before the evaluator is read
     for bad in ({"cpu": -1}, {"head": "all"}):
         with pytest.raises(ConfigError, match="resources_per_trial"):
-            ts.tune_search(ev, None, method="grid", budget=100, resources_per_trial=bad)
+            ts.tune_search(ev, None, SearchPlan("grid", budget=100),
+                           options=ts.TuneOptions(resources_per_trial=bad))
     with pytest.raises(ConfigError, match="max_concurrent"):
-        ts.tune_search(ev, None, method="grid", budget=100, max_concurrent=0)
+        ts.tune_search(ev, None, SearchPlan("grid", budget=100),
+                       options=ts.TuneOptions(max_concurrent=0))

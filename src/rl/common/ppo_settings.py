@@ -68,12 +68,6 @@ class PPOSettings(StrictSettings):
             raise ValueError("env_runner_resources amounts must be >= 0")
         return self
 
-    def runner_kwargs(self) -> dict[str, Any]:
-        """The env-runner and learner sizing as `rl.common.rllib.ppo_config` keywords."""
-        return {"num_env_runners": self.num_env_runners, "num_learners": self.num_learners,
-                "num_cpus_per_env_runner": self.num_cpus_per_env_runner,
-                "env_runner_resources": dict(self.env_runner_resources)}
-
     def discount(self, gamma: float, gae_lambda: float) -> tuple[float, float]:
         """(γ, GAE λ), the given defaults standing in for unset values."""
         return (gamma if self.gamma is None else self.gamma,

@@ -16,8 +16,11 @@ Seeded (env runner i seeds its env with seed + i), and quiet (`log_level="ERROR"
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl.common.ppo_settings import PPOSettings
 
 
 def steps_per_iteration(train_batch_size: int, num_env_runners: int = 0) -> int:
@@ -28,35 +31,33 @@ def steps_per_iteration(train_batch_size: int, num_env_runners: int = 0) -> int:
 
 
 def ppo_config(env: Any, env_config: Mapping[str, Any], *, seed: int, train_batch_size: int,
-               hidden: Sequence[int] | None = None, model: Mapping[str, Any] | None = None,
-               module_spec: Any = None, smoothing_episodes: int | None = None,
-               disable_env_checking: bool = False, num_env_runners: int = 0,
-               num_learners: int = 0, num_cpus_per_env_runner: float = 1.0,
-               env_runner_resources: Mapping[str, float] | None = None,
+               module: Any, runners: PPOSettings | None = None,
+               smoothing_episodes: int | None = None, disable_env_checking: bool = False,
                on_sample_end: Callable[..., None] | None = None, **training: Any):
     """A `PPOConfig` for `env` (a gymnasium.Env class, or a name registered with
     `ray.tune.registry.register_env`) built with `env_config`, sized as the module docstring
     says.
 
-    `num_env_runners` remote env runners (0: sample in the driver), each reserving
-    `num_cpus_per_env_runner` CPUs and the custom Ray resources `env_runner_resources` (e.g.
-    {"worker_node": 1} to pin them to nodes that offer it); `num_learners` remote learners
-    (0: one in the driver). `on_sample_end`: an RLlib `on_sample_end` callback function
-    (module-level, so remote runners can unpickle it).
-
-    `train_batch_size`: env steps per iteration (also the rollout fragment). The module is
-    either RLlib's default one with an MLP torso of `hidden` units (plus any other
-    `DefaultModelConfig` fields in `model`, e.g. {"vf_share_layers": False}) or, with
-    `module_spec`, an `RLModuleSpec` of the caller's own module. `smoothing_episodes`: episodes
-    the reported returns average over (RLlib's default, 100, when None). Every other keyword
-    goes to `.training()` as is (lr, gamma, lambda_, clip_param, entropy_coeff, minibatch_size,
-    num_epochs, use_kl_loss, kl_target, vf_loss_coeff, ...); RLlib's defaults apply to those
-    not given."""
+    `train_batch_size`: env steps per iteration (also the rollout fragment). `module`: either
+    RLlib's `DefaultModelConfig` (its default module, e.g. an MLP torso of `fcnet_hiddens`
+    units) or an `RLModuleSpec` of the caller's own module; anything else is a TypeError.
+    `runners`: where sampling and learning run, read from `PPOSettings.num_env_runners`
+    (remote env runners; 0: sample in the driver), `num_cpus_per_env_runner` and
+    `env_runner_resources` (what each runner reserves, e.g. {"worker_node": 1} to pin them to
+    nodes that offer it) and `num_learners` (0: one in the driver); None: everything in the
+    driver. `on_sample_end`: an RLlib `on_sample_end` callback function (module-level, so
+    remote runners can unpickle it). `smoothing_episodes`: episodes the reported returns
+    average over (RLlib's default, 100, when None). Every other keyword goes to `.training()`
+    as is (lr, gamma, lambda_, clip_param, entropy_coeff, minibatch_size, num_epochs,
+    use_kl_loss, kl_target, vf_loss_coeff, ...); RLlib's defaults apply to those not given."""
     from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    if (hidden is None) == (module_spec is None):
-        raise ValueError("give exactly one of hidden (the default module's torso) or "
-                         "module_spec (a custom RLModule)")
+    if not isinstance(module, (DefaultModelConfig, RLModuleSpec)):
+        raise TypeError(f"module must be a DefaultModelConfig (RLlib's default module) or an "
+                        f"RLModuleSpec (a custom RLModule), got {type(module).__name__}")
+    num_env_runners = runners.num_env_runners if runners is not None else 0
     fragment = steps_per_iteration(train_batch_size, num_env_runners) // max(1, num_env_runners)
     cfg = (PPOConfig()
            .environment(env, env_config=dict(env_config),
@@ -64,21 +65,20 @@ def ppo_config(env: Any, env_config: Mapping[str, Any], *, seed: int, train_batc
            .framework("torch")
            .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=1,
                         rollout_fragment_length=fragment,
-                        num_cpus_per_env_runner=num_cpus_per_env_runner,
-                        custom_resources_per_env_runner=dict(env_runner_resources or {}),
+                        num_cpus_per_env_runner=(runners.num_cpus_per_env_runner
+                                                 if runners is not None else 1.0),
+                        custom_resources_per_env_runner=dict(
+                            runners.env_runner_resources if runners is not None else {}),
                         sample_timeout_s=None)
-           .learners(num_learners=num_learners)
+           .learners(num_learners=runners.num_learners if runners is not None else 0)
            .training(train_batch_size_per_learner=train_batch_size, **training)
            .debugging(seed=seed, log_level="ERROR"))
     if on_sample_end is not None:
         cfg = cfg.callbacks(on_sample_end=on_sample_end)
-    if module_spec is not None:
-        cfg = cfg.rl_module(rl_module_spec=module_spec)
+    if isinstance(module, RLModuleSpec):
+        cfg = cfg.rl_module(rl_module_spec=module)
     else:
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-        cfg = cfg.rl_module(model_config=DefaultModelConfig(fcnet_hiddens=list(hidden),
-                                                            **dict(model or {})))
+        cfg = cfg.rl_module(model_config=module)
     if smoothing_episodes is not None:
         cfg = cfg.reporting(metrics_num_episodes_for_smoothing=smoothing_episodes)
     return cfg

@@ -40,7 +40,7 @@ seen here.
 `sample(features, rng) -> (configs, propensities)` (the propensity of each sampled decision:
 the product of its categorical head probabilities and, per acting continuous head, the
 probability mass of its snapped value), `save(dir)` / `load(dir)` (no Ray needed to load and
-act). Checkpoints (`checkpoint_dir`) hold the RLlib algorithm and the loop state, so `resume`
+act). Checkpoints (`Checkpointing`) hold the RLlib algorithm and the loop state, so `resume`
 continues a killed run; metrics go to MLflow through `rl.common.tracking` when a tracking URI
 is given.
 """
@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,21 @@ from rl.routing.run_log import PolicyRunLog
 from rl.routing.selection import replaces
 from rl.routing.settings import PPOPolicySettings
 from rl.routing.warm_start import WarmStart
-from rl.routing.worlds import QueryWorld
+from rl.routing.worlds import QueryWorld, RoleData
 
 _BUNDLES: dict[str, dict[str, Any]] = {}
 OBS_CLIP = 10.0
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where `PerQueryPPO.train` keeps its state: after each iteration the RLlib algorithm
+    (`dir`/algo), the loop state (`dir`/loop.json: iteration, lambda, best record, history) and
+    the best module (`dir`/best.pt); `resume`: continue from the state found in `dir` (a
+    fresh start when it holds none)."""
+
+    dir: str | Path
+    resume: bool = False
 
 
 def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float,
@@ -163,38 +175,36 @@ class PerQueryPPO:
                            self.layout.gates_spec())
 
     # ---- training -----------------------------------------------------------------------
-    def train(self, world: QueryWorld, X_train: np.ndarray, valid: QueryWorld,
-              X_valid: np.ndarray, budget: float, seed: int = 0,
-              checkpoint_dir: str | Path | None = None, resume: bool = False,
+    def train(self, train: RoleData, valid: RoleData, budget: float, seed: int = 0, *,
+              warm: Sequence[WarmStart] = (), checkpointing: Checkpointing | None = None,
               tracking_uri: str | None = None, run_name: str = "ppo-policy",
-              log: Callable[[str], None] = print, warm: Sequence[WarmStart] = (),
-              base_train: Sequence[RAGConfig] | None = None,
-              base_valid: Sequence[RAGConfig] | None = None) -> list[dict[str, Any]]:
-        """Train on `world` (features `X_train`, raw), select on `valid` (module docstring);
-        `budget`: the mean cost bound in C_ref units; `warm`: behaviour-cloning starts
-        (`rl.routing.warm_start`), the best on valid is where PPO starts and the first model
-        selection candidate (iteration 0); `base_train` / `base_valid`: the base policy's
-        config per query, what the `defer` head hands a query to (needed with that head).
-        Returns one record per iteration (and per warm start, iteration 0)."""
+              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        """Train on `train`, select on `valid` (module docstring); `budget`: the mean cost
+        bound in C_ref units; `warm`: behaviour-cloning starts (`rl.routing.warm_start`), the
+        best on valid is where PPO starts and the first model selection candidate (iteration
+        0); `checkpointing`: where the state is saved after each iteration, and whether to
+        resume from it (None: nothing saved); `tracking_uri` / `run_name`: the MLflow run
+        (`rl.routing.run_log.PolicyRunLog`; no run without a URI); `log`: one line per
+        iteration. Returns one record per iteration (and per warm start, iteration 0)."""
         from rl.common.rllib import ppo_config
         from rl.common.runtime import init_ray
 
         init_ray()
         t, lg = self.settings.train, self.settings.lagrange
         key = f"ppo-policy-{id(self)}-{seed}"
-        self.layout.check_base(base_train, len(X_train), "base_train")
-        self.layout.check_base(base_valid, len(X_valid), "base_valid")
-        _BUNDLES[key] = {"world": world, "layout": self.layout,
-                         "X": self.standardise(X_train), "base": base_train}
+        self.layout.check_base(train.base, len(train.X), "train.base")
+        self.layout.check_base(valid.base, len(valid.X), "valid.base")
+        _BUNDLES[key] = {"world": train.world, "layout": self.layout,
+                         "X": self.standardise(train.X), "base": train.base}
         cfg = ppo_config(PolicyEnv, {"bundle": key, "seed": seed, "lam": self.lam},
-                         seed=seed, train_batch_size=t.batch, module_spec=self.spec(),
+                         seed=seed, train_batch_size=t.batch, module=self.spec(),
                          disable_env_checking=True, lr=t.lr, gamma=0.0, lambda_=0.0,
                          minibatch_size=t.minibatch, num_epochs=t.epochs,
                          entropy_coeff=t.entropy_coeff, use_kl_loss=False)
         algo = cfg.build_algo()
-        ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+        ckpt = Path(checkpointing.dir) if checkpointing is not None else None
         state = {"iter": 0, "lam": self.lam, "best": None, "history": []}
-        if resume and ckpt is not None and (ckpt / "loop.json").exists():
+        if ckpt is not None and checkpointing.resume and (ckpt / "loop.json").exists():
             algo.restore_from_path(str((ckpt / "algo").resolve()))
             state = json.loads((ckpt / "loop.json").read_text())
             self.lam = state["lam"]
@@ -205,9 +215,8 @@ class PerQueryPPO:
         mlf = PolicyRunLog(tracking_uri, run_name, self.settings, seed, budget)
         try:
             if warm and state["iter"] == 0:
-                best_state = self._warm_start(algo, warm, world, X_train, valid, X_valid,
-                                              budget, seed, state, log, base_train,
-                                              base_valid)
+                best_state = self._warm_start(algo, warm, train, valid, budget, seed, state,
+                                              log)
                 if ckpt is not None:
                     _save_torch(best_state, ckpt / "best.pt")
             for it in range(state["iter"], t.iters):
@@ -224,7 +233,7 @@ class PerQueryPPO:
                        "s": round(time.perf_counter() - t0, 2)}
                 if (it + 1) % t.eval_every == 0 or it + 1 == t.iters:
                     self.module = algo.get_module()
-                    outs = valid.outcomes(self.act(X_valid, base_valid))
+                    outs = valid.world.outcomes(self.act(valid.X, valid.base))
                     per_query = [o.reward for o in outs]
                     rec["valid_reward"] = float(np.mean(per_query))
                     rec["valid_cost"] = float(np.mean([o.cost for o in outs]))
@@ -257,11 +266,9 @@ class PerQueryPPO:
             _BUNDLES.pop(key, None)
         return state["history"]
 
-    def _warm_start(self, algo: Any, warm: Sequence[WarmStart], world: QueryWorld,
-                    X_train: np.ndarray, valid: QueryWorld, X_valid: np.ndarray,
-                    budget: float, seed: int, state: dict, log: Callable[[str], None],
-                    base_train: Sequence[RAGConfig] | None = None,
-                    base_valid: Sequence[RAGConfig] | None = None) -> dict:
+    def _warm_start(self, algo: Any, warm: Sequence[WarmStart], train: RoleData,
+                    valid: RoleData, budget: float, seed: int, state: dict,
+                    log: Callable[[str], None]) -> dict:
         """The best warm start on valid (`rl.routing.warm_start.choose_start`) goes to RLlib's
         learner and env runners; returns its module state."""
         import tempfile
@@ -269,8 +276,7 @@ class PerQueryPPO:
         from rl.routing.warm_start import MODULE_COMPONENT, choose_start
 
         recs, best, module, rewards = choose_start(
-            self, warm, world, X_train, valid, X_valid,
-            budget * (1 + self.settings.lagrange.slack), seed, base_train, base_valid)
+            self, warm, train, valid, budget * (1 + self.settings.lagrange.slack), seed)
         for rec in recs:
             state["history"].append(rec)
             log(_line(rec))

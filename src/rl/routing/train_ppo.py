@@ -131,7 +131,7 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
     from rl.kernel.space import is_conversational
     from rl.routing.base import save_policy
     from rl.routing.heads import HeadLayout
-    from rl.routing.ppo_policy import PerQueryPPO
+    from rl.routing.ppo_policy import Checkpointing, PerQueryPPO, RoleData
     from rl.routing.ppo_serving import PPOPortfolioPolicy, ResidualBase
     from rl.routing.router import CV_FOLDS, stacked
     from rl.routing.selection import better_on_valid
@@ -192,11 +192,12 @@ def train_ppo_policy(dataset: str, settings: Any, ppo: Any, out: str | Path, *, 
             log(f"  [ppo seed {s}] finished before: reused ({seed_dir / 'policy'})")
         else:
             cand, reused = PerQueryPPO.create(layout, ppo, Xo["train"]), False
-            cand.train(worlds["train"], Xo["train"], worlds["valid"], Xo["valid"], budget,
-                       seed=s, checkpoint_dir=seed_dir / "checkpoints", resume=resume,
+            cand.train(RoleData(worlds["train"], Xo["train"], bases["train"]),
+                       RoleData(worlds["valid"], Xo["valid"], bases["valid"]), budget,
+                       seed=s, warm=warm,
+                       checkpointing=Checkpointing(seed_dir / "checkpoints", resume),
                        tracking_uri=tracking_uri, run_name=f"ppo-policy-{ev.data.name}-seed{s}",
-                       log=lambda m, s=s: log(f"  [ppo seed {s}] {m}"), warm=warm,
-                       base_train=bases["train"], base_valid=bases["valid"])
+                       log=lambda m, s=s: log(f"  [ppo seed {s}] {m}"))
             cand.save(seed_dir / "policy")
         per_seed.append({"seed": s, "best": cand.meta["best"],
                          "warm_start": cand.meta.get("warm_start"), "lambda_final": cand.lam,

@@ -36,6 +36,7 @@ from rag.config import RAGConfig
 from rl.routing.heads import HeadLayout
 from rl.routing.selection import better_on_valid
 from rl.routing.settings import WarmStartSettings
+from rl.routing.worlds import RoleData
 
 MODULE_COMPONENT = "learner_group/learner/rl_module/default_policy"
 """Where `Algorithm.restore_from_path` puts a single-agent module's state."""
@@ -137,18 +138,18 @@ def clone(module: Any, layout: HeadLayout, obs: np.ndarray, configs: Sequence[RA
             "greedy_agreement": float(same)}
 
 
-def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np.ndarray,
-                 valid: Any, X_valid: np.ndarray, cap: float, seed: int = 0,
-                 base_train: Sequence[RAGConfig] | None = None,
-                 base_valid: Sequence[RAGConfig] | None = None
+def choose_start(policy: Any, warm: Sequence[WarmStart], train: RoleData, valid: RoleData,
+                 cap: float, seed: int = 0
                  ) -> tuple[list[dict[str, Any]], dict[str, Any], Any, list[float]]:
-    """Clone a fresh module of `policy` (`PerQueryPPO`) to each warm start (value head: the
-    target's reward on `world` minus the policy's lambda times its cost), score its greedy
-    policy on `valid`; returns the iteration-0 records, the best one by model selection's
-    rule (`better_on_valid` with cost cap `cap`), its module and its per-query valid rewards
-    (what a later checkpoint must beat under the evidence rule). `base_train` /
-    `base_valid`: the base policy's configs (a layout with the defer head)."""
-    obs = policy.standardise(X_train)
+    """Clone a fresh module of `policy` (`PerQueryPPO`) to each warm start on the `train`
+    role (value head: the target's reward on its world minus the policy's lambda times its
+    cost), score its greedy policy on the `valid` role; returns the iteration-0 records, the
+    best one by model selection's rule (`better_on_valid` with cost cap `cap`), its module and
+    its per-query valid rewards (what a later checkpoint must beat under the evidence rule).
+    Each role's `base`: the base policy's configs (a layout with the defer head).
+    ValueError without a warm start."""
+    world, base_train = train.world, train.base
+    obs = policy.standardise(train.X)
     recs, best, best_module, best_rewards = [], None, None, []
     for w in warm:
         targets = w.targets(world.n)
@@ -158,7 +159,7 @@ def choose_start(policy: Any, warm: Sequence[WarmStart], world: Any, X_train: np
         fit = clone(module, policy.layout, obs, targets, values, policy.settings.warm_start,
                     seed, w.defer, base_train)
         policy.module = module
-        outs = valid.outcomes(policy.act(X_valid, base_valid))
+        outs = valid.world.outcomes(policy.act(valid.X, valid.base))
         rewards = [o.reward for o in outs]
         rec = {"iter": 0, "start": w.name, "lambda": policy.lam,
                "valid_reward": float(np.mean(rewards)),

@@ -42,6 +42,20 @@ class QueryWorld(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RoleData:
+    """One role's queries (train, or valid for model selection) as `PerQueryPPO.train` reads
+    them: `world` (a QueryWorld: the outcome of any config on each query), `X` (the raw
+    `QueryFeaturizer` features, one row per query of `world`; the policy standardises them)
+    and `base` (the base policy's config per query, what the `defer` head hands a query to:
+    required, one per row of `X`, when the layout has that head, else None; `train` raises a
+    ValueError naming `train.base` or `valid.base` otherwise)."""
+
+    world: QueryWorld
+    X: np.ndarray
+    base: Sequence[RAGConfig] | None = None
+
+
 class EvaluatorWorld:
     """Queries `idx` (default: all) of `split` of `ev`'s data (module docstring)."""
 

@@ -124,8 +124,8 @@ class SelectionPPO:
             mc["init_path"] = str(path)
         return ppo_config(SelectionEnv, {"pools": self.key, "seed": self.cfg.seed},
                           seed=self.cfg.seed, train_batch_size=p.train_batch_size,
-                          module_spec=RLModuleSpec(module_class=SelectionRLModule,
-                                                   model_config=mc),
+                          module=RLModuleSpec(module_class=SelectionRLModule,
+                                              model_config=mc),
                           smoothing_episodes=20, disable_env_checking=True, lr=p.lr,
                           clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
                           entropy_coeff=p.entropy_coeff, use_kl_loss=p.use_kl_loss,

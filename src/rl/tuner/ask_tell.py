@@ -1,7 +1,7 @@
 """The one search protocol: a searcher is asked for configs and told their results, rung by rung,
 under a budget of query-evaluations; this module runs it in this process.
 
-    res = run_search(ev, space, "local-asha", budget=2400, seed=0, start=default)
+    res = run_search(ev, space, SearchPlan("local-asha", budget=2400, seed=0, start=default))
     res.best_config, res.best_reward   # the incumbent at full fidelity
     res.trials                         # TrialRecord per trial, in creation order
     res.curve                          # best full-fidelity reward vs cumulative query-evals
@@ -51,6 +51,7 @@ from rag.config import RAGConfig
 from rag.errors import ConfigError
 from rl.kernel.reward import HARD_GATES
 from rl.tuner.fidelity import rung_indices, rungs_for
+from rl.tuner.plan import SearchPlan
 from rl.tuner.results import TuneResult
 from rl.tuner.searchers import (
     CONFIG_KEY,
@@ -65,10 +66,6 @@ from rl.tuner.searchers import (
 if TYPE_CHECKING:
     from rl.kernel.evaluator import TunerEvaluator
 
-DEFAULT_SEARCHER = "local-asha"
-"""The project's searcher: local search proposes one-head moves of the best config
-(`searchers.LocalSearch`), ASHA spends full-split evaluations only on configs that rank in the
-top third of their rung."""
 DEFAULT_RUNGS: tuple[int | None, ...] = (25, 75, None)
 
 
@@ -228,11 +225,12 @@ def summarise(method: str, seed: int, budget: int, sizes: Sequence[int],
                         spent, seconds, wall_s, searcher, grid)
 
 
-def check_search(method: str, budget: int, max_concurrent: int = 1) -> None:
-    """ConfigError naming `method`, `budget` or `max_concurrent` when a search cannot run."""
+def check_search(method: str, budget: int | None, max_concurrent: int = 1) -> None:
+    """ConfigError naming `method`, `budget` (None or < 1) or `max_concurrent` when a search
+    cannot run."""
     if method not in SEARCHERS:
         raise ConfigError("method", f"must be one of {', '.join(SEARCHERS)}, got {method!r}")
-    if budget < 1:
+    if budget is None or budget < 1:
         raise ConfigError("budget", f"must be >= 1 query-evaluation, got {budget}")
     if max_concurrent < 1:
         raise ConfigError("max_concurrent", f"must be >= 1, got {max_concurrent}")
@@ -254,25 +252,23 @@ class _TrialRef:
         self.trial_id = trial_id
 
 
-def run_search(ev: TunerEvaluator, space: Any, method: str, budget: int, seed: int = 0,
-               split: str | None = None,
-               rungs: Sequence[int | None] = DEFAULT_RUNGS, start: RAGConfig | None = None,
+def run_search(ev: TunerEvaluator, space: Any, plan: SearchPlan, split: str | None = None,
+               rungs: Sequence[int | None] = DEFAULT_RUNGS,
                on_trial: Callable[[TrialRecord, int], None] | None = None) -> SearchResult:
-    """Search `space` (a ConfigSpace) with `method` (`searchers.SEARCHERS`) on the open
-    TunerEvaluator `ev` until `budget` query-evaluations are spent, one trial at a time in this
-    process (module docstring). `split`: default the evaluator's tune split; `rungs`: the
-    fidelity schedule; `start`: a config evaluated first (e.g. the one in production; grid
-    ignores it); `on_trial(trial, spent)`: called after each trial (progress). Deterministic
-    for a fixed seed (given the evaluator's cached rows and cost model). ConfigError naming
-    `method` or `budget`."""
+    """Search `space` (a ConfigSpace) as `plan` says (method, budget, seed, first trial) on the
+    open TunerEvaluator `ev`, one trial at a time in this process (module docstring). `split`:
+    default the evaluator's tune split; `rungs`: the fidelity schedule; `on_trial(trial,
+    spent)`: called after each trial (progress). Deterministic for a fixed seed (given the
+    evaluator's cached rows and cost model). ConfigError naming `method` or `budget`."""
     from ray.tune.schedulers import TrialScheduler
     from ray.tune.search import Searcher
 
+    method, budget, seed = plan.method, plan.budget, plan.seed
     check_search(method, budget)
     t0 = time.perf_counter()
     split = split or ev.slice.tune_split
     sizes = rung_sizes(ev, method, split, rungs)
-    searcher = make_searcher(method, seed, space, start, budget)
+    searcher = make_searcher(method, seed, space, plan.start, budget)
     scheduler = make_scheduler(method, sizes, seed)
     if scheduler is not None:
         scheduler.set_search_properties(SEARCH_METRIC, "max")
@@ -316,4 +312,4 @@ def exhaustive(ev: TunerEvaluator, space: Any, split: str | None = None) -> Sear
     space is too large to enumerate (`ConfigSpace.grid`)."""
     split = split or ev.slice.tune_split
     n = len(ev.data.examples(split))
-    return run_search(ev, space, "grid", budget=n * space.size(), split=split)
+    return run_search(ev, space, SearchPlan("grid", budget=n * space.size()), split=split)

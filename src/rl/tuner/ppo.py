@@ -80,12 +80,16 @@ class PPOTuner:
 
     def config(self):
         """The RLlib PPOConfig (`rl.common.rllib.ppo_config`) with `policy.ppo`'s settings."""
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
         p = self.policy.ppo
         gamma, gae_lambda = self.policy.ppo_discount()
         return ppo_config(register_tuner_env(), {**self.spec, "evaluator": self.key},
-                          seed=self.seed, on_sample_end=log_step_records, **p.runner_kwargs(),
-                          train_batch_size=p.train_batch_size, hidden=p.hidden,
-                          model={"vf_share_layers": False}, smoothing_episodes=5,
+                          seed=self.seed, on_sample_end=log_step_records, runners=p,
+                          train_batch_size=p.train_batch_size,
+                          module=DefaultModelConfig(fcnet_hiddens=list(p.hidden),
+                                                    vf_share_layers=False),
+                          smoothing_episodes=5,
                           lr=p.lr, clip_param=p.clip_param, lambda_=gae_lambda, gamma=gamma,
                           kl_target=p.kl_target, use_kl_loss=p.use_kl_loss,
                           entropy_coeff=p.entropy_coeff, minibatch_size=p.minibatch_size,

@@ -1,9 +1,10 @@
 """The one tuning run, and the one tuner evaluation: what `ragpilot tune` / `tuner-eval`, the
 demo and the Serve app's `POST /tuner/evaluate` jobs call.
 
-    search(ev, settings, "local-asha", budget=2400, seed=0) -> Search
+    search(ev, settings, SearchPlan("local-asha", budget=2400, seed=0)) -> Search
         the search alone on an open TunerEvaluator;
-    run_tuning(dataset, settings, "local-asha", budget=2400, out="runs/tune", ...) -> TuningRun
+    run_tuning(dataset, settings, SearchPlan("local-asha", budget=2400),
+               RunOutputs(out="runs/tune"), ...) -> TuningRun
         search + the artefacts of a run directory (`dataset`: a name or any path the loaders
         read; data without a committed split manifest gets a seeded split, written to
         split.json in the run directory: `rl.common.data.split_manifest`): best_config.yaml (a
@@ -16,17 +17,20 @@ demo and the Serve app's `POST /tuner/evaluate` jobs call.
 
 Methods (`METHODS`): the searches of `rl.tuner.searchers` (local-asha, tpe, random, grid,
 hyperopt), run by the one search protocol (`rl.tuner.ask_tell`), and ppo (`rl.tuner.ppo`).
-A search runs in this process (`ask_tell.run_search`) unless `tune_options` asks for Ray Tune's
-trial scheduling (`max_concurrent`, `resources_per_trial`, `reuse_actors` or `ray_address`):
-then on `tune.Tuner` (`rl.tuner.tune_search`), with the same searcher objects.
+What to search is one `rl.tuner.plan.SearchPlan` (method, budget, seed, first trial) for every
+driver. A search runs in this process (`ask_tell.run_search`) unless it is given
+`tune_search.TuneOptions` (Ray Tune's trial scheduling: concurrent trials, per-trial resources,
+actor reuse, a cluster): then on `tune.Tuner` (`rl.tuner.tune_search`), with the same searcher
+objects.
 
 Budget: query-evaluations (one config scored on one query), for every method. A search stops
 starting trials once its trials' query-evaluations reach it. PPO evaluates one config on a batch
 of min(`episode.batch_size`, tune split) queries per step, so it gets budget // that batch
 steps, and trains `ppo_iterations(steps, settings)` iterations before reading out one greedy
 episode. Errors are ConfigError naming `method`, `budget` or `resume`. Nothing here prints:
-progress reaches the caller through `on_iteration` (PPO: one call per training iteration) and
-`on_trial` (a search run in this process: one call per trial), and `run_tuning`'s stages (open
+progress reaches the caller through `Callbacks`: `on_iteration` (PPO: one call per training
+iteration) and `on_trial` (a search run in this process: one call per trial), and `run_tuning`'s
+stages (open
 the data, the search counted in query-evaluations, the Pareto front, the holdout, MLflow) are
 `rag.progress` stages, shown where the entry point turned progress on; the search's stage
 counts each query-evaluation as the evaluator computes it, so a long first trial shows how far
@@ -40,30 +44,64 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag.errors import ConfigError
+from rl.tuner.plan import DEFAULT_SEARCHER, SearchPlan
 
 if TYPE_CHECKING:
     from rl.kernel.evaluator import TunerEvaluator
+    from rl.tuner.tune_search import TuneOptions
 
 SEARCH_METHODS = ("local-asha", "tpe", "random", "grid", "hyperopt")
 """The searches `ragpilot tune` offers (`rl.tuner.searchers`; tpe-asha is the search
 benchmark's)."""
 METHODS = (*SEARCH_METHODS, "ppo")
-DEFAULT_METHOD = "local-asha"
+DEFAULT_METHOD = DEFAULT_SEARCHER
 """What `run_tuning`, `ragpilot tune` and `ragpilot demo` search with unless told otherwise:
-`rl.tuner.ask_tell.DEFAULT_SEARCHER` (local search + ASHA over fidelity rungs)."""
+`rl.tuner.plan.DEFAULT_SEARCHER` (local search + ASHA over fidelity rungs)."""
 WARM_STARTS = ("local-asha", "tpe", "random", "hyperopt")
-"""Methods whose first trial can be a given config (`search(start=...)`)."""
+"""Methods whose first trial can be a given config (`SearchPlan.start`; grid and ppo ignore
+it)."""
 MLFLOW_TRIALS_EXPERIMENT = "rl_autotuner_trials"
 """Where a search logs one MLflow run per trial."""
 
 OnIteration = Callable[[int, dict[str, Any], "int | None", list], None]
 """`(iteration index from 0, its metrics, iterations planned, the PPO environment's history so
 far)`."""
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """Where a tuning run reports while it runs; each None = not reported.
+    `on_iteration`: after each PPO training iteration (`OnIteration`); `on_trial(trial,
+    query-evaluations spent so far)`: after each trial of a search run in this process (an
+    `ask_tell.TrialRecord`; a search on Tune calls none); `on_warning(message)`: each problem
+    `run_tuning` counts in the data's gold (`search` sends none; None there means
+    `warnings.warn`)."""
+
+    on_iteration: OnIteration | None = None
+    on_trial: Callable[[Any, int], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What `run_tuning` writes besides its return value. `out`: the run directory (module
+    docstring); `overwrite`: replace a finished run in `out` (else ConfigError naming `out`
+    unless resuming); `checkpoint`: save PPO's checkpoint to `out`/checkpoint (ConfigError
+    naming `checkpoint` for another method); `mlflow_dir`: the local MLflow store unless
+    MLFLOW_TRACKING_URI is set (None: no MLflow run); `metrics_port` (a TCP port on 127.0.0.1)
+    / `metrics_textfile` (a .prom file): Prometheus export of the run (None: none)."""
+
+    out: str | Path = "runs/tune"
+    overwrite: bool = False
+    checkpoint: bool = False
+    mlflow_dir: str | Path | None = "runs/mlflow"
+    metrics_port: int | None = None
+    metrics_textfile: str | Path | None = None
 
 
 @dataclass
@@ -129,37 +167,37 @@ def default_budget(settings: Any, method: str, n_tune: int, space_size: int) -> 
     return n_tune * (space_size if method == "grid" else 20)
 
 
-def search(ev: TunerEvaluator, settings: Any, method: str, budget: int, seed: int = 0, *,
-           resume: str | Path | None = None, checkpoint_dir: str | Path | None = None,
-           on_iteration: OnIteration | None = None,
-           on_trial: Callable[[Any, int], None] | None = None, start: Any = None,
-           dataset: str | None = None, storage_path: str | Path | None = None,
-           mlflow_uri: str | None = None,
-           tune_options: dict[str, Any] | None = None) -> Search:
-    """Run `method` on the TunerEvaluator `ev` under `budget` query-evaluations with `seed`.
-    PPO only: `resume` continues from a checkpoint directory, `checkpoint_dir` saves one at
-    the end, `on_iteration` is called after each training iteration. The searches: `start`
-    (a RAGConfig, e.g. the one in production) is the first trial (not grid); `on_trial(trial,
-    query-evaluations spent)` after each trial run in this process; `mlflow_uri`: one MLflow
-    run per trial in experiment `MLFLOW_TRIALS_EXPERIMENT`; `tune_options` (`tune_search`
-    keywords: `max_concurrent`, `resources_per_trial`, `reuse_actors`, `ray_address`) run the
-    search on `tune.Tuner`, with `dataset` (what `ev` was opened from, for data read from a
-    path) and `storage_path` (Tune's experiment folder); without them it runs in this
-    process. The Search's `history` is one record per rung evaluation."""
+def search(ev: TunerEvaluator, settings: Any, plan: SearchPlan, *,
+           callbacks: Callbacks = Callbacks(), resume: str | Path | None = None,
+           checkpoint_dir: str | Path | None = None, dataset: str | None = None,
+           mlflow_uri: str | None = None, tune: TuneOptions | None = None) -> Search:
+    """Run `plan` (method, budget in query-evaluations, seed, first trial) on the
+    TunerEvaluator `ev` with `settings` (TunerSettings). PPO only: `resume` continues from a
+    checkpoint directory, `checkpoint_dir` saves one at the end, `callbacks.on_iteration` is
+    called after each training iteration. The searches: `plan.start` is the first trial (not
+    grid); `callbacks.on_trial(trial, query-evaluations spent)` after each trial run in this
+    process; `mlflow_uri`: one MLflow run per trial in experiment `MLFLOW_TRIALS_EXPERIMENT`;
+    `tune` runs the search on `tune.Tuner` with those options, and `dataset` (what `ev` was
+    opened from, for data read from a path); without `tune` it runs in this process. The
+    Search's `history` is one record per rung evaluation. ConfigError (`check`) naming
+    `method`, `budget`, `resume` or `checkpoint`."""
+    method, budget, seed = plan.method, plan.budget, plan.seed
     check(method, budget, resume=resume, checkpoint=checkpoint_dir is not None)
+    if budget is None:
+        raise ConfigError("budget", "a search needs one (query-evaluations); run_tuning fills "
+                                    "in default_budget")
     if method == "ppo":
-        return _ppo(ev, settings, budget, seed, resume, checkpoint_dir, on_iteration)
+        return _ppo(ev, settings, budget, seed, resume, checkpoint_dir, callbacks.on_iteration)
     from rl.kernel.space import ConfigSpace, is_conversational
     from rl.tuner.ask_tell import run_search
 
     space = ConfigSpace(ev.policy, conversational=is_conversational(ev.data.dataset.examples))
-    if tune_options:
+    if tune is not None:
         from rl.tuner.tune_search import tune_search
 
-        found = tune_search(ev, space, method=method, budget=budget, seed=seed, start=start,
-                            dataset=dataset, storage_path=storage_path, **tune_options)
+        found = tune_search(ev, space, plan, dataset=dataset, options=tune)
     else:
-        found = run_search(ev, space, method, budget, seed, start=start, on_trial=on_trial)
+        found = run_search(ev, space, plan, on_trial=callbacks.on_trial)
     for t in found.trials:  # reports resolve configs evaluated in trial processes
         ev.seen.setdefault(t.config.config_hash, t.config)
     if mlflow_uri:
@@ -220,34 +258,26 @@ def _claim_run_directory(out: Path, overwrite: bool, resumed: bool) -> None:
         claim_directory(out, "summary.json", "a finished tune run", RUN_FILES, overwrite)
 
 
-def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
-               budget: int | None = None,
-               *, seed: int = 0, out: str | Path = "runs/tune",
-               resume: str | Path | None = None, checkpoint: bool = False,
-               mlflow_dir: str | Path | None = "runs/mlflow", metrics_port: int | None = None,
-               metrics_textfile: str | Path | None = None,
-               on_iteration: OnIteration | None = None,
-               on_trial: Callable[[Any, int], None] | None = None,
-               warm_start: bool = False,
-               tune_options: dict[str, Any] | None = None,
-               allow_missing_gold: bool = False,
-               on_warning: Callable[[str], None] | None = None,
-               overwrite: bool = False) -> TuningRun:
-    """Tune a RAG config on `dataset` with `settings` (TunerSettings) and write the run
-    directory `out` (see the module docstring). `budget`: query-evaluations (default
-    `default_budget`). A search run on Ray Tune (`tune_options`: `search`) keeps Tune's
-    experiment under `out`/ray_tune; every search logs each trial to MLflow experiment
-    `MLFLOW_TRIALS_EXPERIMENT`. `mlflow_dir`: where the local MLflow store goes unless
-    MLFLOW_TRACKING_URI is set (None: no MLflow run). `metrics_port` / `metrics_textfile`:
-    Prometheus export of the run. `on_iteration` / `on_trial`: progress (`search`).
-    `warm_start`: the first trial of a WARM_STARTS search is the settings' base config (the
-    static default), so the run cannot recommend a config that scored below the default on
-    the tuning split. Before any search, the gold of the tune and holdout splits is checked
-    against the corpus (`TuningData.check_gold`): a split with more than half of its questions
-    unreachable is a DataError unless `allow_missing_gold`; each counted problem goes to
-    `on_warning` (default: `warnings.warn`) and into summary.json's `gold`. An `out` holding a
-    finished run (summary.json) is a ConfigError unless `overwrite` (its run files are removed
-    first, so nothing of the old run stays beside the new one) or `resume`."""
+def run_tuning(dataset: str, settings: Any, plan: SearchPlan = SearchPlan(),
+               outputs: RunOutputs = RunOutputs(), *, callbacks: Callbacks = Callbacks(),
+               resume: str | Path | None = None, tune: TuneOptions | None = None,
+               allow_missing_gold: bool = False) -> TuningRun:
+    """Tune a RAG config on `dataset` with `settings` (TunerSettings) as `plan` says and write
+    `outputs` (the run directory `outputs.out`, MLflow, Prometheus; see the module docstring).
+    `plan.budget`: query-evaluations (None: `default_budget`); `plan.start`: the first trial of
+    a WARM_STARTS search (`settings.base_config()`, the static default, means the run cannot
+    recommend a config that scored below the default on the tuning split). `resume`: PPO's
+    checkpoint to continue from. A search run on Ray Tune (`tune`: `search`) keeps Tune's
+    experiment under `out`/ray_tune (whatever `tune.storage_path` says); every search logs
+    each trial to MLflow experiment `MLFLOW_TRIALS_EXPERIMENT` unless `outputs.mlflow_dir` is
+    None. `callbacks`: progress (`search`) and the gold warnings. Before any search, the gold
+    of the tune and holdout splits is checked against the corpus (`TuningData.check_gold`): a
+    split with more than half of its questions unreachable is a DataError unless
+    `allow_missing_gold`; each counted problem goes to `callbacks.on_warning` (default:
+    `warnings.warn`) and into summary.json's `gold`. An `out` holding a finished run
+    (summary.json) is a ConfigError unless `outputs.overwrite` (its run files are removed
+    first, so nothing of the old run stays beside the new one) or `resume`. ConfigError also
+    names `method`, `budget` or `checkpoint` (`check`)."""
     import yaml
 
     from rag import progress
@@ -258,8 +288,10 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     from rl.tuner.prometheus import for_tune_run
     from rl.tuner.report import plot_run_curve
 
+    method, budget, seed = plan.method, plan.budget, plan.seed
+    out, checkpoint, mlflow_dir = outputs.out, outputs.checkpoint, outputs.mlflow_dir
     check(method, budget, resume=resume, checkpoint=checkpoint)
-    _claim_run_directory(Path(out), overwrite, resumed=resume is not None)
+    _claim_run_directory(Path(out), outputs.overwrite, resumed=resume is not None)
     if Path(dataset).exists():  # a path: `ragpilot report` reopens it from any directory
         dataset = str(Path(dataset).resolve())
     with run_directory(out) as out, progress.stage(f"tune: open {dataset} (load, split, "
@@ -267,7 +299,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
         ev = TunerEvaluator(TuningData.open(dataset, run_dir=out), settings)
         gold = ev.data.check_gold((ev.slice.tune_split, ev.slice.holdout_split),
                                   allow_missing_gold)
-    warn = on_warning or (lambda m: warnings.warn(m, UserWarning, stacklevel=3))
+    warn = callbacks.on_warning or (lambda m: warnings.warn(m, UserWarning, stacklevel=3))
     for split in gold:
         for w in ev.data.gold_warnings(split):
             warn(w)
@@ -282,7 +314,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
         from rl.common.tracking import tracking_uri
 
         mlflow_uri = tracking_uri(Path(mlflow_dir))
-    prom = for_tune_run(settings, ev.thresholds, metrics_port, metrics_textfile)
+    prom = for_tune_run(settings, ev.thresholds, outputs.metrics_port, outputs.metrics_textfile)
     # counted per query-evaluation as the evaluator computes them (mid-trial), and set to the
     # search's own count after each trial or PPO iteration
     counted = progress.stage(f"tune: search {method}", budget, QUERY_EVALUATIONS)
@@ -290,24 +322,25 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
 
     def on_iter(it: int, metrics: dict[str, Any], of: int | None, history: list) -> None:
         counted.update(len(history) * ppo_batch(settings, n_tune))
-        if on_iteration is not None:
-            on_iteration(it, metrics, of, history)
+        if callbacks.on_iteration is not None:
+            callbacks.on_iteration(it, metrics, of, history)
         if prom is not None:
             prom.consume(history)
             prom.flush()
 
     def on_trial_done(trial: Any, spent: int) -> None:
         counted.update(spent)
-        if on_trial is not None:
-            on_trial(trial, spent)
+        if callbacks.on_trial is not None:
+            callbacks.on_trial(trial, spent)
 
     with counted:
-        found = search(ev, settings, method, budget, seed, resume=resume,
+        found = search(ev, settings, replace(plan, budget=budget),
+                       callbacks=Callbacks(on_iteration=on_iter, on_trial=on_trial_done),
+                       resume=resume,
                        checkpoint_dir=out / "checkpoint" if checkpoint else None,
-                       on_iteration=on_iter, on_trial=on_trial_done,
-                       start=settings.base_config() if warm_start and method in WARM_STARTS
-                       else None, dataset=dataset, storage_path=(out / "ray_tune").resolve(),
-                       mlflow_uri=mlflow_uri, tune_options=tune_options)
+                       dataset=dataset, mlflow_uri=mlflow_uri,
+                       tune=None if tune is None else replace(
+                           tune, storage_path=(out / "ray_tune").resolve()))
         counted.update(found.result.extra.get("query_evals", counted.done))
     res = found.result
     steps = found.history
@@ -338,7 +371,7 @@ def run_tuning(dataset: str, settings: Any, method: str = DEFAULT_METHOD,
     holdout.write(out / "holdout")
     data = ev.data
     summary = {"dataset": dataset, "dataset_name": data.name, "method": method, "seed": seed,
-               "warm_start": bool(warm_start and method in WARM_STARTS),
+               "warm_start": plan.start is not None and method in WARM_STARTS,
                "split": {"source": data.split_source,
                          "path": None if data.split_path is None else str(data.split_path),
                          "tune": ev.slice.tune_split, "holdout": ev.slice.holdout_split,

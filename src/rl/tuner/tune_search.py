@@ -2,12 +2,13 @@
 as a Ray actor, with the same searcher and scheduler objects and the same rung scoring as the
 in-process executor.
 
-    res = tune_search(ev, space, method="local-asha", budget=2000, seed=0, max_concurrent=2)
+    res = tune_search(ev, space, SearchPlan("local-asha", budget=2000, seed=0),
+                      options=TuneOptions(max_concurrent=2))
     res.best_config, res.best_reward   # the incumbent at full fidelity (an ask_tell.SearchResult)
 
 When to use it rather than `ask_tell.run_search`: for Ray Tune's trial scheduling, i.e. several
 trials at once (`max_concurrent` > 1), a cluster (`ray_address`), or per-trial resources.
-`rl.tuner.run.search` picks it when any of those is asked for. With `max_concurrent=1` and a
+`rl.tuner.run.search` picks it when it is given `TuneOptions`. With `max_concurrent=1` and a
 fixed seed it gives the same trials and best config as `run_search` (a test says so). With
 `max_concurrent` > 1 results arrive in timing order, so only what does not depend on it is
 fixed by the seed: for grid (with a budget that covers every config) the set of configs
@@ -36,7 +37,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,7 @@ from rl.tuner.ask_tell import (
     rung_sizes,
     summarise,
 )
+from rl.tuner.plan import SearchPlan
 from rl.tuner.searchers import SEARCH_METRIC, make_scheduler, make_searcher
 
 if TYPE_CHECKING:
@@ -143,33 +145,46 @@ def _node_id() -> str | None:
 
 
 # ---- the search -------------------------------------------------------------------------------
-def tune_search(evaluator: Any, space: Any, *, method: str, budget: int, seed: int = 0,
-                split: str | None = None, rungs: Sequence[int | None] = DEFAULT_RUNGS,
-                start: Any = None, storage_path: str | Path | None = None,
-                max_concurrent: int = 1, dataset: str | None = None,
-                resources_per_trial: dict[str, float] | None = None,
-                reuse_actors: bool = True, ray_address: str | None = None) -> SearchResult:
-    """Search `space` (a ConfigSpace) with `method` (`searchers.SEARCHERS`) on the
-    TunerEvaluator `evaluator` until `budget` query-evaluations are spent, on `tune.Tuner`
-    (module docstring). `split`, `rungs`, `start`: as `ask_tell.run_search`; `storage_path`:
-    Tune's experiment folder (default a fresh temporary folder, never ~/ray_results);
-    `max_concurrent`: trials at once (1 = deterministic); `dataset`: what the evaluator's data
-    was opened from (`EvaluatorSpec.of`); `resources_per_trial`: what each trial holds while it
-    runs (`tune.with_resources`: "cpu", "gpu", "memory" in bytes, or any custom resource;
-    default {"cpu": 1}); `reuse_actors`: run the next trial in a finished trial's process (it
-    keeps the evaluator open). Tune gives a pending trial the first such process, even one
-    whose own new process is starting on another node: trials shorter than a process start
-    (stored tables) then all run on the first node up. False starts one process per trial, so
-    `max_concurrent` trials hold their resources at once and spread over the nodes.
-    `ray_address`: the cluster to join (`rl.common.runtime.init_ray`; default $RAY_ADDRESS,
-    else a local runtime). ConfigError names `method`, `budget`, `max_concurrent` or
-    `resources_per_trial`; RuntimeError when a trial fails."""
+@dataclass(frozen=True)
+class TuneOptions:
+    """How `tune.Tuner` schedules a search's trials (`tune_search`; `rl.tuner.run.search` runs a
+    search on Tune exactly when it is given these).
+
+    `max_concurrent`: trials at once (>= 1; 1 = deterministic); `resources_per_trial`: what each
+    trial holds while it runs (`tune.with_resources`: "cpu", "gpu", "memory" in bytes, or any
+    custom resource, each a number >= 0; None = {"cpu": 1}); `reuse_actors`: run the next trial
+    in a finished trial's process (it keeps the evaluator open). Tune gives a pending trial the
+    first such process, even one whose own new process is starting on another node: trials
+    shorter than a process start (stored tables) then all run on the first node up. False
+    starts one process per trial, so `max_concurrent` trials hold their resources at once and
+    spread over the nodes. `ray_address`: the cluster to join (`rl.common.runtime.init_ray`;
+    None = $RAY_ADDRESS, else a local runtime); `storage_path`: Tune's experiment folder (None =
+    a fresh temporary folder, never ~/ray_results). Checked by `tune_search`: ConfigError naming
+    `max_concurrent` or `resources_per_trial`."""
+
+    max_concurrent: int = 1
+    resources_per_trial: Mapping[str, float] | None = None
+    reuse_actors: bool = True
+    ray_address: str | None = None
+    storage_path: str | Path | None = None
+
+
+def tune_search(evaluator: Any, space: Any, plan: SearchPlan, *, split: str | None = None,
+                rungs: Sequence[int | None] = DEFAULT_RUNGS, dataset: str | None = None,
+                options: TuneOptions = TuneOptions()) -> SearchResult:
+    """Search `space` (a ConfigSpace) as `plan` says (method of `searchers.SEARCHERS`, budget in
+    query-evaluations, seed, first trial) on the TunerEvaluator `evaluator`, on `tune.Tuner`
+    scheduled by `options` (module docstring). `split`, `rungs`: as `ask_tell.run_search`;
+    `dataset`: what the evaluator's data was opened from (`EvaluatorSpec.of`). ConfigError
+    names `method`, `budget`, `max_concurrent` or `resources_per_trial`; RuntimeError when a
+    trial fails."""
     from ray import tune
 
     from rl.common.runtime import init_ray
 
-    check_search(method, budget, max_concurrent)
-    resources = dict(resources_per_trial or {"cpu": 1})
+    method, budget, seed = plan.method, plan.budget, plan.seed
+    check_search(method, budget, options.max_concurrent)
+    resources = dict(options.resources_per_trial or {"cpu": 1})
     if any(not isinstance(v, (int, float)) or v < 0 for v in resources.values()):
         raise ConfigError("resources_per_trial", f"amounts must be numbers >= 0: {resources}")
     split = split or evaluator.slice.tune_split
@@ -177,11 +192,11 @@ def tune_search(evaluator: Any, space: Any, *, method: str, budget: int, seed: i
     spec = EvaluatorSpec.of(evaluator, dataset)
     with _OPEN_LOCK:  # a trial in this process (none under Ray today) reuses the driver's
         _OPEN.setdefault(spec, (evaluator, space))
-    searcher = make_searcher(method, seed, space, start, budget, max_concurrent)
-    init_ray(address=ray_address)
+    searcher = make_searcher(method, seed, space, plan.start, budget, options.max_concurrent)
+    init_ray(address=options.ray_address)
     # Tune's console tables: a library call prints nothing (verbose=0 alone keeps a header)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    storage = Path(storage_path) if storage_path else Path(
+    storage = Path(options.storage_path) if options.storage_path else Path(
         tempfile.mkdtemp(prefix="ragpilot-tune-"))
     storage.mkdir(parents=True, exist_ok=True)
     recorder = _Recorder()
@@ -191,7 +206,7 @@ def tune_search(evaluator: Any, space: Any, *, method: str, budget: int, seed: i
         trainable, tune_config=tune.TuneConfig(
             metric=SEARCH_METRIC, mode="max", num_samples=budget // sizes[0] + 1,
             search_alg=searcher, scheduler=make_scheduler(method, sizes, seed),
-            reuse_actors=reuse_actors),
+            reuse_actors=options.reuse_actors),
         run_config=tune.RunConfig(name=f"{method}-seed{seed}", storage_path=str(storage),
                                   callbacks=[recorder], verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))

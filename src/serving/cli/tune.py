@@ -58,7 +58,8 @@ FLAGS = {"method": "--method", "budget": "--budget", "resume": "--resume",
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rl.tuner.run import check, run_tuning
+    from rl.tuner.plan import SearchPlan
+    from rl.tuner.run import Callbacks, RunOutputs, check, run_tuning
 
     with flags(FLAGS):
         check(args.method, args.budget, resume=args.resume,
@@ -83,18 +84,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
               + (f"full-split reward {full['reward']:.4f}" if full else "stopped early")
               + f"; {spent} query-evaluations spent", flush=True)
 
-    with flags(FLAGS):
-        run = run_tuning(args.dataset, settings, args.method, args.budget,
-                         seed=args.seed, out=args.out,
-                         resume=args.resume, checkpoint=args.checkpoint,
+    plan = SearchPlan(args.method, args.budget, args.seed,
+                      start=None if args.cold_start else settings.base_config())
+    outputs = RunOutputs(out=args.out, overwrite=args.overwrite, checkpoint=args.checkpoint,
                          mlflow_dir=None if args.no_mlflow else args.mlflow_dir,
                          metrics_port=args.metrics_port,
-                         metrics_textfile=args.metrics_textfile, on_iteration=log,
-                         on_trial=log_trial,
-                         warm_start=not args.cold_start, tune_options=cluster or None,
-                         allow_missing_gold=args.allow_missing_gold,
-                         on_warning=lambda m: print(f"warning: {m}", file=sys.stderr),
-                         overwrite=args.overwrite)
+                         metrics_textfile=args.metrics_textfile)
+    tune = None
+    if cluster:
+        from rl.tuner.tune_search import TuneOptions
+
+        tune = TuneOptions(**cluster)
+    with flags(FLAGS):
+        run = run_tuning(args.dataset, settings, plan, outputs,
+                         callbacks=Callbacks(on_iteration=log, on_trial=log_trial,
+                                             on_warning=lambda m: print(f"warning: {m}",
+                                                                        file=sys.stderr)),
+                         resume=args.resume, tune=tune,
+                         allow_missing_gold=args.allow_missing_gold)
     if run.search.checkpoint:
         print("checkpoint:", run.search.checkpoint)
     ml = run.summary.get("mlflow")

@@ -51,12 +51,15 @@ def tune_stage(data: Any, settings: Any, splits: int, out: Path, seed: int = 0,
     query-evaluations (one config on one query: a trial ASHA stops at a low rung spends only
     its rung's queries, so the search tries more configs than `splits`); writes `out`
     (best_config.yaml, curve.jsonl, plots/reward-curve.png, ...). The TuningRun."""
-    from rl.tuner.run import run_tuning
+    from rl.tuner.plan import SearchPlan
+    from rl.tuner.run import RunOutputs, run_tuning
 
     budget = splits * len(data.examples("valid"))  # the synthetic world tunes on "valid"
-    return run_tuning(DATASET, settings, SEARCHER, budget, seed=seed, out=out,
-                      mlflow_dir=mlflow_dir, warm_start=warm_start,
-                      overwrite=True)  # the demo's own directory: each run replaces it
+    plan = SearchPlan(SEARCHER, budget, seed,
+                      start=settings.base_config() if warm_start else None)
+    # the demo's own directory: each run replaces it
+    return run_tuning(DATASET, settings, plan, RunOutputs(out, overwrite=True,
+                                                          mlflow_dir=mlflow_dir))
 
 
 def router_stage(tuned: Any, settings: Any, out: Path, seed: int = 0) -> Any:
@@ -83,13 +86,14 @@ def policy_stage(run: Any, settings: Any, checkpoint: str | Path, seed: int = 0)
     Serve starts its own runtime."""
     import ray
 
+    from rl.tuner.plan import SearchPlan
     from rl.tuner.run import ppo_batch, search
 
     ev = run.evaluator
     steps = settings.episode.length + settings.ppo.train_batch_size  # one iteration
     budget = steps * ppo_batch(settings, len(ev.data.examples(ev.slice.tune_split)))
     try:
-        found = search(ev, settings, "ppo", budget, seed, resume=checkpoint)
+        found = search(ev, settings, SearchPlan("ppo", budget, seed), resume=checkpoint)
     finally:
         if ray.is_initialized():
             ray.shutdown()
