@@ -7,6 +7,7 @@ from tests.support.bandit_world import BanditSimulator
 
 from rag.errors import ConfigError
 from rl.stats.ope import (
+    BanditLog,
     cross_fit_q,
     direct_method,
     doubly_robust,
@@ -32,10 +33,15 @@ def replications(sim):
     for seed in range(100):
         d = sim.sample(1000, seed=seed)
         pi = policy(d.x)
-        est = estimate_all(d.x, d.a, d.p, d.r, pi, seed=seed)
-        est["dr_oracle"] = doubly_robust(d.a, d.p, d.r, pi, q_hat=sim.expected_reward(d.x))
+        est = estimate_all(_log(d), pi, seed=seed)
+        est["dr_oracle"] = doubly_robust(_log(d), pi, q_hat=sim.expected_reward(d.x))
         runs.append(est)
     return truth, runs
+
+
+def _log(d):
+    """The simulator's sample as the estimators' BanditLog."""
+    return BanditLog(d.a, d.p, d.r, d.x)
 
 
 def _column(runs, name, field="value"):
@@ -77,7 +83,7 @@ def test_estimates_are_within_a_few_standard_errors_of_the_truth(sim):
     policy = sim.target_policy(0.5)
     truth = sim.true_value(policy)
     d = sim.sample(20_000, seed=4)
-    est = estimate_all(d.x, d.a, d.p, d.r, policy(d.x))
+    est = estimate_all(_log(d), policy(d.x))
     for name in ("ips", "snips", "dr"):
         e = est[name]
         assert abs(e.value - truth) < 3 * e.se, name
@@ -111,7 +117,7 @@ def test_doubly_robust_has_lower_variance_than_ips_with_a_good_reward_model(repl
 
 def test_logging_policy_as_target_gives_unit_weights(sim):
     d = sim.sample(500, seed=5)
-    for est in (ips(d.a, d.p, d.r, d.pi0), snips(d.a, d.p, d.r, d.pi0)):
+    for est in (ips(_log(d), d.pi0), snips(_log(d), d.pi0)):
         assert est.value == pytest.approx(d.r.mean())
         assert est.ess == pytest.approx(500)
 
@@ -119,18 +125,18 @@ def test_logging_policy_as_target_gives_unit_weights(sim):
 def test_clipping_caps_weights_and_trades_bias_for_variance(sim):
     d = sim.sample(2000, seed=6)
     pi = sim.target_policy(0.2)(d.x)
-    raw = ips(d.a, d.p, d.r, pi)
-    assert ips(d.a, d.p, d.r, pi, clip=1e9) == raw
-    clipped = ips(d.a, d.p, d.r, pi, clip=2.0)
+    raw = ips(_log(d), pi)
+    assert ips(_log(d), pi, clip=1e9) == raw
+    clipped = ips(_log(d), pi, clip=2.0)
     assert clipped.value < raw.value and clipped.se < raw.se and clipped.ess > raw.ess
-    assert doubly_robust(d.a, d.p, d.r, pi, x=d.x, clip=2.0).ess == pytest.approx(clipped.ess)
+    assert doubly_robust(_log(d), pi, clip=2.0).ess == pytest.approx(clipped.ess)
 
 
 def test_direct_method_with_the_true_reward_function_is_exact_up_to_context_noise(sim):
     policy = sim.target_policy(0.5)
     d = sim.sample(5000, seed=7)
     q = sim.expected_reward(d.x)
-    dm = direct_method(d.a, d.r, policy(d.x), q_hat=q)
+    dm = direct_method(BanditLog(d.a, None, d.r), policy(d.x), q_hat=q)
     assert dm.value == pytest.approx(np.mean(np.sum(policy(d.x) * q, axis=1)))
     assert abs(dm.value - sim.true_value(policy)) < 3 * dm.se
 
@@ -200,7 +206,7 @@ def test_bad_logged_data_raises_config_error_naming_the_argument(estimator, chan
     args = {"a": a, "p": p, "r": r, "pi": pi, **change}
     kwargs = {"q_hat": np.full((4, 2), 0.5)} if estimator is doubly_robust else {}
     with pytest.raises(ConfigError) as err:
-        estimator(args["a"], args["p"], args["r"], args["pi"], **kwargs)
+        estimator(BanditLog(args["a"], args["p"], args["r"]), args["pi"], **kwargs)
     assert err.value.field == field
 
 
@@ -208,17 +214,19 @@ def test_bad_options_raise_config_error_naming_the_argument():
     a, p, r, pi = _data()
     x = np.arange(8.0).reshape(4, 2)
     for call, field in [
-        (lambda: ips(a, p, r, pi, clip=0.0), "clip"),
-        (lambda: snips(a, p, r, pi, ci=1.0), "ci"),
-        (lambda: doubly_robust(a, p, r, pi), "x"),
-        (lambda: doubly_robust(a, p, r, pi, q_hat=np.zeros((4, 3))), "q_hat"),
-        (lambda: doubly_robust(a, p, r, pi, x=x, n_folds=1), "n_folds"),
-        (lambda: doubly_robust(a, p, r, pi, x=x[:3]), "x"),
-        (lambda: direct_method(a, r, pi), "x"),
+        (lambda: ips(BanditLog(a, p, r), pi, clip=0.0), "clip"),
+        (lambda: snips(BanditLog(a, p, r), pi, ci=1.0), "ci"),
+        (lambda: ips(BanditLog(a, None, r), pi), "p"),
+        (lambda: doubly_robust(BanditLog(a, p, r), pi), "x"),
+        (lambda: doubly_robust(BanditLog(a, p, r), pi, q_hat=np.zeros((4, 3))), "q_hat"),
+        (lambda: doubly_robust(BanditLog(a, p, r, x), pi, n_folds=1), "n_folds"),
+        (lambda: doubly_robust(BanditLog(a, p, r, x[:3]), pi), "x"),
+        (lambda: direct_method(BanditLog(a, None, r), pi), "x"),
         (lambda: fit_reward_model(x, a, r, n_actions=0), "n_actions"),
         (lambda: fit_reward_model(x, a, r, n_actions=2, l2=-1.0), "l2"),
         (lambda: fit_reward_model(x, a, r, n_actions=2)(np.zeros((2, 3))), "x"),
-        (lambda: snips(a, p, r, np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])),
+        (lambda: snips(BanditLog(a, p, r),
+                       np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])),
          "pi"),  # zero probability on every logged action
         (lambda: BanditSimulator(n_actions=1), "n_actions"),
         (lambda: BanditSimulator(epsilon=0.0), "epsilon"),
@@ -229,7 +237,7 @@ def test_bad_options_raise_config_error_naming_the_argument():
             call()
         assert err.value.field == field
     # the same data with valid options works
-    est = doubly_robust(a, p, r, pi, x=x, n_folds=2)
+    est = doubly_robust(BanditLog(a, p, r, x), pi, n_folds=2)
     assert np.isfinite(est.value) and est.n == 4
 
 
@@ -242,13 +250,11 @@ def test_paired_dr_difference_covers_the_true_difference_and_is_tighter(sim):
     covered, narrower = [], []
     for seed in range(40):
         d = sim.sample(1000, seed=100 + seed)
-        ea, eb, diff = doubly_robust_difference(d.a, d.p, d.r, pa(d.x), pb(d.x), x=d.x,
-                                                seed=seed)
+        ea, eb, diff = doubly_robust_difference(_log(d), pa(d.x), pb(d.x), seed=seed)
         assert diff.value == pytest.approx(ea.value - eb.value)
-        assert ea.value == pytest.approx(doubly_robust(d.a, d.p, d.r, pa(d.x), x=d.x,
-                                                       seed=seed).value)
+        assert ea.value == pytest.approx(doubly_robust(_log(d), pa(d.x), seed=seed).value)
         covered.append(diff.ci_low <= true_diff <= diff.ci_high)
         narrower.append(diff.se < np.hypot(ea.se, eb.se))
     assert np.mean(covered) >= 0.85 and np.mean(narrower) >= 0.9
     with pytest.raises(ConfigError):
-        doubly_robust_difference(d.a, d.p, d.r, pa(d.x), pb(d.x)[:, :3], x=d.x)
+        doubly_robust_difference(_log(d), pa(d.x), pb(d.x)[:, :3])

@@ -19,7 +19,7 @@ from rl.routing.base import (
     sample_arms,
     save_policy,
 )
-from rl.stats.ope import doubly_robust, ips
+from rl.stats.ope import BanditLog, doubly_robust, ips
 
 M = 3
 
@@ -136,8 +136,8 @@ def test_a_candidate_aware_log_estimates_the_candidate_far_better():
             arm, prop = sample_arms(P, np.random.default_rng([d, 5]))
             if share:
                 assert prop[arm == cand.argmax(axis=1)[q]].min() >= 0.1 - 1e-12
-            est = [ips(arm, prop, R[q, arm], cand[q]),
-                   doubly_robust(arm, prop, R[q, arm], cand[q], x=X[q])]
+            log = BanditLog(arm, prop, R[q, arm], X[q])
+            est = [ips(log, cand[q]), doubly_robust(log, cand[q])]
             err[name].append([abs(e.value - truth) for e in est])
     u, c = np.mean(err["uniform"], axis=0), np.mean(err["candidate"], axis=0)
     assert (c * 2.5 < u).all(), (u, c)

@@ -207,7 +207,7 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
     machine, which then lets the candidate into shadow on exactly that condition. The arm
     summaries (gates, latency) are the logged rows whose arm is the candidate's greedy choice
     (candidate) and all used rows (stable)."""
-    from rl.stats.ope import doubly_robust, doubly_robust_difference
+    from rl.stats.ope import BanditLog, doubly_robust, doubly_robust_difference
 
     if not 0.0 <= margin < 1.0:
         raise ConfigError("margin", f"must be in [0, 1), got {margin}")
@@ -233,11 +233,11 @@ def policy_from_log(rows: Iterable[Mapping[str, Any]], candidate_probs: Callable
                                       "the served policy's value (or pass stable_value)")
         pi_s = np.zeros_like(pi)
         pi_s[np.arange(len(g)), np.asarray(g, dtype=np.int64)] = 1.0
-        est, st, diff = doubly_robust_difference(a, p, rew, pi, pi_s, x=x, n_folds=n_folds,
-                                                 seed=seed, ci=ci)
+        est, st, diff = doubly_robust_difference(BanditLog(a, p, rew, x), pi, pi_s,
+                                                 n_folds=n_folds, seed=seed, ci=ci)
         base, stable_est = st.value, "dr-greedy"
     else:
-        est = doubly_robust(a, p, rew, pi, x=x, n_folds=n_folds, seed=seed, ci=ci)
+        est = doubly_robust(BanditLog(a, p, rew, x), pi, n_folds=n_folds, seed=seed, ci=ci)
         if stable_value is not None:
             base, stable_est = float(stable_value), "given"
         else:

@@ -1,8 +1,8 @@
 """Off-policy evaluation of a target policy from logged contextual-bandit data.
 
-Logged data (n rounds): contexts `x` (n, d), actions `a` (n,) in {0..K-1} (the configs served),
+Logged data (n rounds, one `BanditLog`): actions `a` (n,) in {0..K-1} (the configs served),
 propensities `p` (n,) = pi0(a_i | x_i) in (0, 1], rewards `r` (n,) (metric units, typically
-[0, 1]). The target policy is the (n, K) matrix `pi` of its action probabilities pi(. | x_i).
+[0, 1]) and contexts `x` (n, d). The target policy is the (n, K) matrix `pi` of its action probabilities pi(. | x_i).
 Every estimator returns an `OPEEstimate` of V(pi) = E_x[sum_k pi(k|x) q(x, k)], the target's
 expected reward per round, in reward units.
 
@@ -15,7 +15,8 @@ expected reward per round, in reward units.
 Confidence intervals are normal approximations, value +/- z_{(1+ci)/2} * se, with se the
 standard error of the mean of per-round contributions (SNIPS: of its delta-method influence
 terms). `clip` caps the importance weights at `clip` (trading bias for variance); the default
-None leaves them exact. Bad input raises `ConfigError` naming the argument.
+None leaves them exact. Bad input raises `ConfigError` naming the argument (a log's field by
+its own name: `a`, `p`, `r`, `x`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ from scipy.special import ndtri
 from rag.errors import ConfigError
 
 RewardModel = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BanditLog:
+    """Logged contextual-bandit data of n rounds (module docstring): actions `a` (n,),
+    propensities `p` (n,) of the logging policy (None: only `direct_method` reads such a log),
+    rewards `r` (n,) and contexts `x` (n, d) (None: the reward model must be given as q_hat).
+    Each estimator validates what it reads against the target policy's (n, K) matrix: a
+    ConfigError naming `a`, `p`, `r` or `x`."""
+
+    a: ArrayLike
+    p: ArrayLike | None
+    r: ArrayLike
+    x: ArrayLike | None = None
 
 
 @dataclass(frozen=True)
@@ -89,16 +104,18 @@ def _vector(name: str, v: ArrayLike, n: int) -> np.ndarray:
     return arr
 
 
-def _logged(a: ArrayLike, p: ArrayLike, r: ArrayLike,
+def _logged(log: BanditLog,
             pi: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Validated (a, p, r, pi); n and K are taken from `pi`."""
+    """Validated (a, p, r) of `log` and `pi`; n and K are taken from `pi`."""
     pm = _policy(pi)
     n, k = pm.shape
-    av = _actions(a, n, k)
-    pv = _vector("p", p, n)
+    av = _actions(log.a, n, k)
+    if log.p is None:
+        raise ConfigError("p", "the log has no propensities: this estimator weighs by them")
+    pv = _vector("p", log.p, n)
     if np.any(pv <= 0) or np.any(pv > 1 + 1e-12):
         raise ConfigError("p", "logged propensities must lie in (0, 1]")
-    return av, pv, _vector("r", r, n), pm
+    return av, pv, _vector("r", log.r, n), pm
 
 
 def _contexts(x: ArrayLike, n: int) -> np.ndarray:
@@ -207,21 +224,21 @@ def _q_matrix(q_hat: ArrayLike, n: int, k: int) -> np.ndarray:
 # --------------------------------------------------------------------------- estimators
 
 
-def ips(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *, clip: float | None = None,
+def ips(log: BanditLog, pi: ArrayLike, *, clip: float | None = None,
         ci: float = 0.95) -> OPEEstimate:
     """Inverse propensity scoring: mean_i w_i r_i, unbiased when propensities are right and
     clip is None; se from the per-round terms w_i r_i."""
-    av, pv, rv, pm = _logged(a, p, r, pi)
+    av, pv, rv, pm = _logged(log, pi)
     w = _weights(av, pv, pm, clip)
     terms = w * rv
     return _estimate("ips", terms.mean(), terms, ci, _ess(w))
 
 
-def snips(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *, clip: float | None = None,
+def snips(log: BanditLog, pi: ArrayLike, *, clip: float | None = None,
           ci: float = 0.95) -> OPEEstimate:
     """Self-normalised IPS: V = sum w r / sum w. CI by the delta method: the influence terms
     w_i (r_i - V) / mean(w) have V's asymptotic sampling error as their mean's."""
-    av, pv, rv, pm = _logged(a, p, r, pi)
+    av, pv, rv, pm = _logged(log, pi)
     w = _weights(av, pv, pm, clip)
     if w.sum() <= 0:
         raise ConfigError("pi", "puts zero probability on every logged action; SNIPS undefined")
@@ -229,19 +246,18 @@ def snips(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *, clip: floa
     return _estimate("snips", value, w * (rv - value) / w.mean(), ci, _ess(w))
 
 
-def direct_method(a: ArrayLike, r: ArrayLike, pi: ArrayLike, *, x: ArrayLike | None = None,
-                  q_hat: ArrayLike | None = None, l2: float = 1.0,
-                  ci: float = 0.95) -> OPEEstimate:
+def direct_method(log: BanditLog, pi: ArrayLike, *, q_hat: ArrayLike | None = None,
+                  l2: float = 1.0, ci: float = 0.95) -> OPEEstimate:
     """Direct method: mean_i sum_k pi(k|x_i) q_hat(x_i, k). `q_hat` (n, K) if given, else a ridge
-    model fitted on all of (x, a, r). Its CI reflects only the sampling of contexts, not the
+    model fitted on all of the log's (x, a, r); its propensities are not read. Its CI reflects only the sampling of contexts, not the
     reward model's error or bias, so it under-covers when q_hat is misspecified."""
     pm = _policy(pi)
     n, k = pm.shape
-    av, rv = _actions(a, n, k), _vector("r", r, n)
+    av, rv = _actions(log.a, n, k), _vector("r", log.r, n)
     if q_hat is None:
-        if x is None:
+        if log.x is None:
             raise ConfigError("x", "contexts are needed to fit a reward model (or pass q_hat)")
-        xm = _contexts(x, n)
+        xm = _contexts(log.x, n)
         qm = fit_reward_model(xm, av, rv, k, l2)(xm)
     else:
         qm = _q_matrix(q_hat, n, k)
@@ -249,18 +265,17 @@ def direct_method(a: ArrayLike, r: ArrayLike, pi: ArrayLike, *, x: ArrayLike | N
     return _estimate("dm", terms.mean(), terms, ci, None)
 
 
-def doubly_robust(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *,
-                  x: ArrayLike | None = None, q_hat: ArrayLike | None = None,
+def doubly_robust(log: BanditLog, pi: ArrayLike, *, q_hat: ArrayLike | None = None,
                   n_folds: int = 5, seed: int = 0, l2: float = 1.0, clip: float | None = None,
                   ci: float = 0.95) -> OPEEstimate:
     """Doubly robust: mean_i [sum_k pi(k|x_i) q_hat(x_i, k) + w_i (r_i - q_hat(x_i, a_i))].
 
     `q_hat` (n, K) if given (it should not have been fitted on these rounds), else cross-fitted
-    ridge predictions (`cross_fit_q` with `n_folds` seeded folds). se from the per-round terms.
+    ridge predictions on the log (`cross_fit_q` with `n_folds` seeded folds). se from the per-round terms.
     The better q_hat, the smaller the residuals the weights multiply, and the smaller the
     variance compared with IPS."""
-    av, pv, rv, pm = _logged(a, p, r, pi)
-    qm = _dr_reward_model(x, q_hat, av, rv, pm.shape, n_folds, seed, l2)
+    av, pv, rv, pm = _logged(log, pi)
+    qm = _dr_reward_model(log.x, q_hat, av, rv, pm.shape, n_folds, seed, l2)
     terms, w = _dr_terms(av, pv, rv, pm, qm, clip)
     return _estimate("dr", terms.mean(), terms, ci, _ess(w))
 
@@ -284,8 +299,7 @@ def _dr_terms(a: np.ndarray, p: np.ndarray, r: np.ndarray, pm: np.ndarray, qm: n
     return np.sum(pm * qm, axis=1) + w * (r - qm[np.arange(a.size), a]), w
 
 
-def doubly_robust_difference(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi_a: ArrayLike,
-                             pi_b: ArrayLike, *, x: ArrayLike | None = None,
+def doubly_robust_difference(log: BanditLog, pi_a: ArrayLike, pi_b: ArrayLike, *,
                              q_hat: ArrayLike | None = None, n_folds: int = 5, seed: int = 0,
                              l2: float = 1.0, clip: float | None = None,
                              ci: float = 0.95) -> tuple[OPEEstimate, OPEEstimate, OPEEstimate]:
@@ -294,11 +308,11 @@ def doubly_robust_difference(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi_a: Arr
     differences of the two DR terms (paired: both policies are judged on the same rounds, so
     the shared noise cancels), not from either estimate alone. Returns (a, b, a − b); the
     difference's `ess` is pi_a's."""
-    av, pv, rv, pa = _logged(a, p, r, pi_a)
+    av, pv, rv, pa = _logged(log, pi_a)
     pb = _policy(pi_b)
     if pb.shape != pa.shape:
         raise ConfigError("pi_b", f"shape {pb.shape}, expected {pa.shape}")
-    qm = _dr_reward_model(x, q_hat, av, rv, pa.shape, n_folds, seed, l2)
+    qm = _dr_reward_model(log.x, q_hat, av, rv, pa.shape, n_folds, seed, l2)
     ta, wa = _dr_terms(av, pv, rv, pa, qm, clip)
     tb, wb = _dr_terms(av, pv, rv, pb, qm, clip)
     return (_estimate("dr", ta.mean(), ta, ci, _ess(wa)),
@@ -306,14 +320,14 @@ def doubly_robust_difference(a: ArrayLike, p: ArrayLike, r: ArrayLike, pi_a: Arr
             _estimate("dr-difference", (ta - tb).mean(), ta - tb, ci, _ess(wa)))
 
 
-def estimate_all(x: ArrayLike, a: ArrayLike, p: ArrayLike, r: ArrayLike, pi: ArrayLike, *,
-                 clip: float | None = None, n_folds: int = 5, seed: int = 0,
-                 l2: float = 1.0, ci: float = 0.95) -> dict[str, OPEEstimate]:
-    """IPS, SNIPS, DM (reward model fitted on all rounds) and DR (cross-fitted), by name."""
+def estimate_all(log: BanditLog, pi: ArrayLike, *, clip: float | None = None,
+                 n_folds: int = 5, seed: int = 0, l2: float = 1.0,
+                 ci: float = 0.95) -> dict[str, OPEEstimate]:
+    """IPS, SNIPS, DM (reward model fitted on all rounds) and DR (cross-fitted) of `log` (with
+    its contexts), by name."""
     return {
-        "ips": ips(a, p, r, pi, clip=clip, ci=ci),
-        "snips": snips(a, p, r, pi, clip=clip, ci=ci),
-        "dm": direct_method(a, r, pi, x=x, l2=l2, ci=ci),
-        "dr": doubly_robust(a, p, r, pi, x=x, n_folds=n_folds, seed=seed, l2=l2, clip=clip,
-                            ci=ci),
+        "ips": ips(log, pi, clip=clip, ci=ci),
+        "snips": snips(log, pi, clip=clip, ci=ci),
+        "dm": direct_method(log, pi, l2=l2, ci=ci),
+        "dr": doubly_robust(log, pi, n_folds=n_folds, seed=seed, l2=l2, clip=clip, ci=ci),
     }
