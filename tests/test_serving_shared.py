@@ -64,15 +64,17 @@ def test_a_goldless_answer_is_scored_after_from_its_signal_input(shared):
     """No signals on the request path: a gold-less answer's record has no scores but its
     `signal_input`, from which `signals` gives exactly what AnswerSignals scores on the
     answer itself; a gold question's record is scored at once and has no signal_input."""
+    from rag.corpus.synthetic import make_synthetic_world
     from serving.pipelines import SIGNAL_KEYS, answer_signals
 
     vid, js = _vid(BASE)
-    q = f"Tell me: {QUESTIONS[1]}"  # reworded: no gold
+    own = make_synthetic_world().examples[0].question  # the served world's: gold known
+    q = f"Tell me: {own}"  # reworded: no gold
     rec = shared.answer(vid, js, q, "q1")
     assert rec["scores"] is None and "signals" not in rec["latency_ms"]
     got = shared.signals(rec["signal_input"])
     want = answer_signals().score(shared.pipeline_for(vid, js).run(q, "q1"))
     assert got["scores"] == {k: want[k] for k in SIGNAL_KEYS} and got["ms"] > 0
     assert 0.0 < got["scores"]["sig_combined"] <= 1.0
-    gold = shared.answer(vid, js, QUESTIONS[1], "q2")
+    gold = shared.answer(vid, js, own, "q2")
     assert "f1" in gold["scores"] and "signal_input" not in gold
