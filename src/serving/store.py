@@ -4,7 +4,6 @@
     store = open_store("postgresql+psycopg://user@host/db")    # any SQLAlchemy URL
     store.log_interaction(Interaction(...))   # returns after COMMIT: only then is it acknowledged
     store.add_feedback(interaction_id, 0.8)   # validated: unknown id / shadow / duplicate / range
-    store.add_signals(interaction_id, {"sig_combined": 0.7, ...}, ms=12.0)   # after the reply
     store.export_jsonl("train.jsonl")         # one line per interaction, its reward joined
 
 Tables, columns, the append-only triggers and the migrations of older logs:
@@ -32,12 +31,8 @@ from typing import Any
 
 from rag.errors import ConfigError
 from rl.promotion.evidence import pii_leaks_of
-from serving.schemas import ApiError
-from serving.store_schema import COLUMNS, JSON_COLUMNS, MIGRATIONS, PG_DDL, SQLITE_DDL
-
-
-class StoreError(ApiError):
-    """Bad feedback. `field` names the offending request field; `status` is the HTTP code."""
+from serving import store_schema as schema
+from serving.store_schema import StoreError
 
 
 @dataclass
@@ -72,7 +67,7 @@ class Interaction:
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
-        for c in JSON_COLUMNS:
+        for c in schema.JSON_COLUMNS:
             row[c] = None if row[c] is None else json.dumps(row[c], sort_keys=True)
         row["shadow"] = int(self.shadow)
         row["error"] = int(self.error)
@@ -116,35 +111,30 @@ class InteractionStore:
     # API -------------------------------------------------------------------------------------
     def log_interaction(self, it: Interaction) -> None:
         """Insert one row and commit; returns only once it is durable."""
-        cols = ", ".join(COLUMNS)
-        vals = ", ".join(f":{c}" for c in COLUMNS)
+        cols = ", ".join(schema.COLUMNS)
+        vals = ", ".join(f":{c}" for c in schema.COLUMNS)
         self._write([(f"INSERT INTO interactions ({cols}) VALUES ({vals})", it.to_row())])
 
     def get_interaction(self, interaction_id: str) -> dict[str, Any] | None:
         """One row as `export_jsonl` writes it (its signals merged), without the feedback."""
-        rows = self._read(f"SELECT {', '.join('i.' + c for c in COLUMNS)}, s.scores, s.ms "
-                          "FROM interactions i LEFT JOIN signals s ON s.interaction_id = i.id "
-                          "WHERE i.id = :id", {"id": interaction_id})
-        return _with_signals(_decode(rows[0][: len(COLUMNS)]), *rows[0][len(COLUMNS):]) \
-            if rows else None
+        rows = self._read(f"{schema.ROW_QUERY} WHERE i.id = :id", {"id": interaction_id})
+        return schema.decode_row(rows[0]) if rows else None
 
     def add_signals(self, interaction_id: str, scores: dict[str, float], ms: float) -> None:
         """Append the reference-free signals of a stored interaction (`scores`: name -> value;
         `ms`: time spent scoring) and commit. Raises StoreError naming `interaction_id` when
         it is unknown (404) or already has signals (409)."""
         try:
-            self._write([("INSERT INTO signals (interaction_id, ts, scores, ms) VALUES "
-                          "(:iid, :ts, :scores, :ms)",
-                          {"iid": interaction_id, "ts": time.time(),
-                           "scores": json.dumps(scores, sort_keys=True), "ms": float(ms)})])
+            self._write([("INSERT INTO signals VALUES (:iid, :ts, :scores, :ms)",
+                          {"iid": interaction_id, "ts": time.time(), "ms": float(ms),
+                           "scores": json.dumps(scores, sort_keys=True)})])
         except Exception as exc:
             if not self._is_integrity_error(exc):
                 raise
-            if self.get_interaction(interaction_id) is None:
-                raise StoreError("interaction_id", f"unknown interaction {interaction_id!r}",
-                                 404) from None
+            known = self.get_interaction(interaction_id) is not None
             raise StoreError("interaction_id", f"signals of {interaction_id!r} were already "
-                                               "recorded", 409) from None
+                             "recorded" if known else f"unknown interaction {interaction_id!r}",
+                             409 if known else 404) from None
 
     def add_feedback(self, interaction_id: str, reward: float) -> FeedbackAck:
         """Validate and store one reward in [0, 1] for a served (non-shadow) interaction.
@@ -281,53 +271,21 @@ class InteractionStore:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         where = "" if include_shadow else " WHERE i.shadow = 0"
-        sql = (f"SELECT {', '.join('i.' + c for c in COLUMNS)}, f.reward, f.ts, s.scores, s.ms "
-               "FROM interactions i LEFT JOIN feedback f ON f.interaction_id = i.id "
-               f"LEFT JOIN signals s ON s.interaction_id = i.id{where} ORDER BY i.ts, i.id")
+        sql = (f"SELECT {schema.SELECT_ROW}, f.reward, f.ts FROM {schema.JOIN_ROW} LEFT JOIN "
+               f"feedback f ON f.interaction_id = i.id{where} ORDER BY i.ts, i.id")
         n = 0
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         try:
             with tmp.open("w", encoding="utf-8") as out:
                 for row in self._iter(sql):
-                    n_c = len(COLUMNS)
-                    rec = _with_signals(_decode(row[:n_c]), row[n_c + 2], row[n_c + 3])
-                    rec["reward"], rec["feedback_ts"] = row[n_c], row[n_c + 1]
+                    rec = schema.decode_row(row[:-2])
+                    rec["reward"], rec["feedback_ts"] = row[-2:]
                     out.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     n += 1
             os.replace(tmp, p)
         finally:
             tmp.unlink(missing_ok=True)
         return n
-
-
-def _decode(row: tuple) -> dict[str, Any]:
-    rec = dict(zip(COLUMNS, row, strict=True))
-    for c in JSON_COLUMNS:
-        if rec[c] is not None:
-            try:
-                rec[c] = json.loads(rec[c])
-            except json.JSONDecodeError as exc:
-                raise StoreError(f"interactions.{c}", f"interaction {rec['id']!r}: malformed "
-                                                      f"JSON ({exc.msg})") from None
-    rec["shadow"] = bool(rec["shadow"])
-    rec["error"] = bool(rec["error"])
-    return rec
-
-
-def _with_signals(rec: dict[str, Any], scores: str | None, ms: float | None
-                  ) -> dict[str, Any]:
-    """A decoded row with its stored signals (`signals` table: JSON text, ms) merged into
-    `scores` and `latency_ms.signals`; unchanged when it has none."""
-    if scores is None:
-        return rec
-    try:
-        sig = json.loads(scores)
-    except json.JSONDecodeError as exc:
-        raise StoreError("signals.scores", f"interaction {rec['id']!r}: malformed JSON "
-                                           f"({exc.msg})") from None
-    rec["scores"] = {**(rec["scores"] or {}), **sig}
-    rec["latency_ms"] = {**(rec["latency_ms"] or {}), "signals": float(ms)}
-    return rec
 
 
 class _Write:
@@ -370,10 +328,10 @@ class SQLiteStore(InteractionStore):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
-        for stmt in SQLITE_DDL:
+        for stmt in schema.SQLITE_DDL:
             self._db.execute(stmt)
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(interactions)")}
-        for col, ddl in MIGRATIONS.items():
+        for col, ddl in schema.MIGRATIONS.items():
             if col not in cols:
                 self._db.execute(ddl)
 
@@ -471,7 +429,7 @@ class SQLAlchemyStore(InteractionStore):
                                            "e.g. pip install 'psycopg[binary]'") from None
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise ConfigError("store_url", f"not a usable database URL {url!r}: {exc}") from None
-        ddl = SQLITE_DDL if self._engine.dialect.name == "sqlite" else PG_DDL
+        ddl = schema.SQLITE_DDL if self._engine.dialect.name == "sqlite" else schema.PG_DDL
         if not create:
             db = self._engine.url.database
             if self._engine.dialect.name == "sqlite" and db and db != ":memory:":
@@ -487,7 +445,7 @@ class SQLAlchemyStore(InteractionStore):
                 for stmt in ddl:
                     conn.exec_driver_sql(stmt)
                 cols = {c["name"] for c in sa.inspect(conn).get_columns("interactions")}
-                for col, ddl in MIGRATIONS.items():
+                for col, ddl in schema.MIGRATIONS.items():
                     if col not in cols:
                         conn.exec_driver_sql(ddl)
         except sa.exc.OperationalError as exc:

@@ -1,5 +1,6 @@
 """The interaction log's schema (serving.store): columns, tables, DDL for SQLite and
-PostgreSQL, and the migrations of older logs.
+PostgreSQL, the migrations of older logs, how a stored row is read back (`ROW_QUERY`,
+`decode_row`: an interaction with its signals merged) and `StoreError`.
 
 Tables (never UPDATEd or DELETEd: SQLite and PostgreSQL triggers reject both):
   interactions(id, ts, question, category, variant_id, route, propensity, features JSON,
@@ -32,6 +33,16 @@ append-only triggers stay: they guard UPDATE/DELETE of rows, not DDL.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
+
+from serving.schemas import ApiError
+
+
+class StoreError(ApiError):
+    """Bad feedback. `field` names the offending request field; `status` is the HTTP code."""
+
 
 JSON_COLUMNS = ("features", "context_ids", "citations", "latency_ms", "scores")
 COLUMNS = ("id", "ts", "question", "category", "variant_id", "route", "propensity", "features",
@@ -97,3 +108,29 @@ MIGRATIONS = {"error": "ALTER TABLE interactions ADD COLUMN error INTEGER NOT NU
                "arm": "ALTER TABLE interactions ADD COLUMN arm INTEGER",
                "features_hash": "ALTER TABLE interactions ADD COLUMN features_hash TEXT"}
 """Migration of logs written before these columns existed (existing rows: 0 / NULL)."""
+
+SELECT_ROW = ", ".join([*("i." + c for c in COLUMNS), "s.scores", "s.ms"])
+JOIN_ROW = "interactions i LEFT JOIN signals s ON s.interaction_id = i.id"
+ROW_QUERY = f"SELECT {SELECT_ROW} FROM {JOIN_ROW}"
+"""An interaction's columns and its signals', which `decode_row` reads."""
+
+
+def decode_row(row: tuple) -> dict[str, Any]:
+    """A row of SELECT_ROW as a dict: JSON decoded; its signals, when stored, merged into
+    `scores` and `latency_ms.signals`. A malformed JSON value raises StoreError naming it."""
+    rec = dict(zip((*COLUMNS, "signals", "signals_ms"), row, strict=True))
+    for c in (*JSON_COLUMNS, "signals"):
+        if rec[c] is not None:
+            try:
+                rec[c] = json.loads(rec[c])
+            except json.JSONDecodeError as exc:
+                where = "signals.scores" if c == "signals" else f"interactions.{c}"
+                raise StoreError(where, f"interaction {rec['id']!r}: malformed JSON "
+                                        f"({exc.msg})") from None
+    sig, ms = rec.pop("signals"), rec.pop("signals_ms")
+    if sig is not None:
+        rec["scores"] = {**(rec["scores"] or {}), **sig}
+        rec["latency_ms"] = {**rec["latency_ms"], "signals": float(ms)}
+    rec["shadow"] = bool(rec["shadow"])
+    rec["error"] = bool(rec["error"])
+    return rec
