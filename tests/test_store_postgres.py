@@ -80,7 +80,7 @@ def store(pg_url):
     s = open_store(pg_url)
     assert isinstance(s, SQLAlchemyStore) and s._engine.dialect.name == "postgresql"
     with s._engine.begin() as conn:  # a clean slate per test (triggers forbid DELETE)
-        conn.exec_driver_sql("TRUNCATE feedback, interactions")
+        conn.exec_driver_sql("TRUNCATE feedback, signals, interactions")
     yield s
     s.close()
 
@@ -110,6 +110,13 @@ def test_round_trip_and_feedback_validation(store):
             store.add_feedback(iid, reward)
         assert (e.value.status, e.value.field) == (status, field)
     assert store.counts() == {"interactions": 1, "shadow_interactions": 1, "feedback": 1}
+    store.add_signals("i2", {"sig_combined": 0.5}, ms=4.0)  # appended after the row
+    got = store.get_interaction("i2")
+    assert got["scores"] == {"f1": 0.5, "sig_combined": 0.5} and got["latency_ms"]["signals"] == 4.0
+    for iid, status in [("i2", 409), ("zzz", 404)]:
+        with pytest.raises(StoreError) as e:
+            store.add_signals(iid, {"sig_combined": 0.1}, ms=1.0)
+        assert (e.value.status, e.value.field) == (status, "interaction_id")
 
 
 def test_append_only_trigger_refuses_updates_and_deletes(store):
