@@ -67,8 +67,12 @@ def test_the_directory_holds_the_fitted_cascade_and_its_holdout_report(trained):
         assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["n"] == rep["n"]["test"]
     q = by[("cascade", "quality")]["value"] - by[("best-static", "quality")]["value"]
     assert by[("cascade - best-static", "delta_quality")]["value"] == pytest.approx(q)
-    gain = by[("cascade - best-static", "delta_quality")]
-    assert rep["verdict"] == ("cascade" if gain["ci_low"] > 0 else "best-static")
+    from rl.kernel.settings import TunerSettings
+    from rl.routing.train import cascade_verdict
+
+    margin = TunerSettings.defaults().objective.margin
+    assert (rep["verdict"], rep["reason"]) == cascade_verdict(rep["rows"], margin)
+    assert rep["reason"] in (out / "report.md").read_text()
     assert "cascade: `" in err and "tau" in err  # the fit says what it chose
 
 

@@ -133,7 +133,8 @@ class RouterRun:
     ppo: dict[str, Any] | None = None
     """The PPO learner's record (`rl.routing.train_ppo`), None for the router alone."""
     reason: str = ""
-    """Why the verdict, from the rows it rests on (the PPO learner's; "" for the router's)."""
+    """Why the verdict, from the rows it rests on (the PPO and cascade learners'; "" for the
+    router's)."""
     cascade: dict[str, Any] | None = None
     """The cascade learner's record (`train_cascade_policy`), None for the other learners."""
 
@@ -153,7 +154,8 @@ class RouterRun:
                 "best_static": self.best_static, "router": self.router, "rows": self.rows,
                 "verdict": self.verdict, "test_choices": self.choices,
                 "warnings": self.warnings,
-                **({} if self.ppo is None else {"ppo": self.ppo, "reason": self.reason}),
+                **({"reason": self.reason} if self.reason else {}),
+                **({} if self.ppo is None else {"ppo": self.ppo}),
                 **({} if self.cascade is None else {"cascade": self.cascade})}
 
 
@@ -420,8 +422,8 @@ def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: 
     role, the abstention column (`with_abstention`), then `select_cascade` on train and valid
     only with the budget = the best static config's mean tokens on valid. The holdout is read
     once, after: `system_rows` of cascade, best static and the static default (quality and
-    tokens apart, paired bootstrap CIs). Verdict "cascade" when its quality gain over best
-    static has a 95% CI above 0, else "best-static". Arguments and errors as
+    tokens apart, paired bootstrap CIs). Verdict: `cascade_verdict` with the tuner settings'
+    non-inferiority margin (`objective.margin`). Arguments and errors as
     `train_router_policy`; a budget no cascade meets is a ConfigError naming `budget`."""
     from rl.routing.base import DEFAULT_EPSILON, save_policy
     from rl.routing.cascade import (
@@ -452,9 +454,7 @@ def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: 
            **{s: {k: pick(test[k], np.full(n_test, j)) for k in ("R", "Q", "T")}
               for s, j in (("best-static", static), ("static-default", 0))}}
     rows = system_rows(ev.data.name, got, seed, subject="cascade")
-    gain = next(r for r in rows if r["system"] == "cascade - best-static"
-                and r["metric"] == "delta_quality")
-    verdict = "cascade" if gain["ci_low"] > 0 else "best-static"
+    verdict, reason = cascade_verdict(rows, settings.objective.margin)
     save_policy(policy, out, base_config=settings.base_config(), names=policy.names,
                 feature_names=prep.feature_names, epsilon=DEFAULT_EPSILON,
                 kind=CascadePolicy.KIND, details=policy.manifest())
@@ -464,10 +464,32 @@ def train_cascade_policy(dataset: str, settings: Any, out: str | Path, *, seed: 
     run = RouterRun(out, names, {r: len(i) for r, (_, i) in prep.parts.items()}, names[static],
                     {}, rows, verdict,
                     counts_of([cas.names[int(e)] for e in esc]), CASCADE_SYSTEMS,
-                    prep.warnings, cascade=record)
+                    prep.warnings, reason=reason, cascade=record)
     (out / "report.json").write_text(json.dumps(run.to_dict(), indent=1) + "\n")
     (out / "report.md").write_text(markdown(run, prep.dataset))
     return run
+
+
+def cascade_verdict(rows: list[dict[str, Any]], margin: float) -> tuple[str, str]:
+    """(verdict, reason) of a cascade from its holdout rows against best static, in the
+    objective's two terms: "cascade" when its quality gain has a 95% CI above 0 and its token
+    cost is not significantly above (`delta_cost_pct` CI low ≤ 0), or when it is significantly
+    cheaper (CI high < 0) at non-inferior quality (`delta_quality` CI low ≥ −`margin`);
+    otherwise "best-static". The reason quotes both rows. ValueError when a row is missing."""
+    def d(metric: str) -> dict[str, Any]:
+        for r in rows:
+            if r["system"] == "cascade - best-static" and r["metric"] == metric:
+                return r
+        raise ValueError(f"no 'cascade - best-static' {metric} row: the verdict rests on it")
+
+    q, c = d("delta_quality"), d("delta_cost_pct")
+    said = (f"quality {q['value']:+.4f} [{q['ci_low']:+.4f}, {q['ci_high']:+.4f}], tokens "
+            f"{c['value']:+.1f}% [{c['ci_low']:+.1f}%, {c['ci_high']:+.1f}%] vs best static")
+    if q["ci_low"] > 0 and c["ci_low"] <= 0:
+        return "cascade", f"better quality at no significant extra cost: {said}"
+    if c["ci_high"] < 0 and q["ci_low"] >= -margin:
+        return "cascade", f"cheaper at non-inferior quality (margin {margin:g}): {said}"
+    return "best-static", said
 
 
 def counts_of(labels: list[str]) -> dict[str, int]:
@@ -481,8 +503,7 @@ VERDICTS = {
     "ppo-policy": "Verdict: **serve the PPO policy** — {reason}.",
     "supervised-router": "Verdict: **serve the supervised router** (`ragpilot router train` "
                          "without `--learner ppo`) — {reason}.",
-    "cascade": "Verdict: **serve the cascade** — its quality gain over the best static config "
-               "has a 95% CI above 0 (tokens stated apart).",
+    "cascade": "Verdict: **serve the cascade** — {reason}.",
     "best-static": "Verdict: **serve the best static config** (`{best}`) — the {who}'s {gain} "
                    "gain over it has no 95% CI above 0 on this holdout{reason}.",
 }
@@ -550,7 +571,8 @@ def markdown(run: RouterRun, dataset: str) -> str:
     who = "PPO policy" if run.ppo is not None else "cascade" if cr is not None else "router"
     lines += ["", f"The {who}'s holdout choices (top 6): {top}.", "",
               VERDICTS[run.verdict].format(
-                  best=run.best_static, who=who, gain="quality" if cr is not None else "reward",
+                  best=run.best_static, who=who,
+                  gain="quality or token" if cr is not None else "reward",
                   reason=(f" ({run.reason})" if run.reason and run.verdict == "best-static"
                           else run.reason)),
               "", f"Serve {'this directory' if run.ppo is not None else 'it'}: "
