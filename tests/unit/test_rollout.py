@@ -160,6 +160,38 @@ def _row(i, variant, reward, p=0.5, shadow=False, parent=None, scores=None):
             "tokens_in": 10, "tokens_out": 5, "scores": scores}
 
 
+def test_a_row_whose_signals_are_not_stored_yet_is_read_again_not_counted_as_none():
+    """The Serve app appends a gold-less answer's signals after answering: a young row with no
+    quality score holds the cursor (SIGNALS_WAIT_S), so the next read counts it with its
+    signals, once; an old one is counted under none."""
+    from rl.promotion.evidence import SIGNALS_WAIT_S, reports_from_rows
+
+    sm = PromotionStateMachine.start(None, "C", "S", config=cfg(), code_commit="test")
+    sm.state.stage = "canary_5"
+    t0 = time.time()
+
+    def rows(last_scores):
+        return [{**_row(i, "SC"[i % 2], None, scores={"sig_combined": 0.5}), "ts": t0 + i}
+                for i in range(1, 5)] + [{**_row(5, "C", None, scores=last_scores), "ts": t0 + 5}]
+
+    first = reports_from_rows([("log", r) for r in rows(None)], sm, "log")
+    assert first.reports[0].meta["quality_on"] == {"gold": 0, "sig_combined": 4, "none": 0}
+    assert sm.state.row_cursor < t0 + 5  # r5 waits for its signals
+    sm.observe(first.reports[0])
+    later = rows({"sig_combined": 0.9}) + [{**_row(6, "S", None, scores={"sig_combined": 0.5}),
+                                           "ts": t0 + 6}]
+    again = reports_from_rows([("log", r) for r in later], sm, "log")
+    assert again.reports[0].meta["quality_on"] == {"gold": 0, "sig_combined": 2, "none": 0}
+    assert sm.state.row_cursor == t0 + 6
+    # a row still unscored SIGNALS_WAIT_S after it is counted, under none
+    sm2 = PromotionStateMachine.start(None, "C", "S", config=cfg(), code_commit="test")
+    sm2.state.stage = "canary_5"
+    late = rows(None) + [{**_row(6, "S", None, scores={"sig_combined": 0.5}),
+                          "ts": t0 + 6 + SIGNALS_WAIT_S}]
+    ev = reports_from_rows([("log", r) for r in late], sm2, "log")
+    assert ev.reports[0].meta["quality_on"] == {"gold": 0, "sig_combined": 5, "none": 1}
+
+
 def test_log_adapters_pair_shadow_rows():
     rows = [_row(1, "S", 0.5, scores={"support": 1.0, "f1": 0.5}),
             _row(2, "S", 0.7, scores={"support": 0.5}), _row(3, "S", None),
@@ -208,8 +240,11 @@ def test_quality_is_gold_where_both_rows_have_it_else_sig_combined_else_counted_
     # through the rollout: the report carries the counts, the stage sums and says them
     sm = PromotionStateMachine.start(None, "C", "S", config=cfg(), code_commit="test")
     sm.state.stage = "shadow"
+    from rl.promotion.evidence import SIGNALS_WAIT_S
+
+    gap = SIGNALS_WAIT_S + 1  # rows without quality older than the wait: counted under none
     for batch in range(2):
-        fresh = [{**r, "id": f"{r['id']}b{batch}", "ts": time.time() + 100 * batch + i,
+        fresh = [{**r, "id": f"{r['id']}b{batch}", "ts": time.time() + 100 * gap * batch + gap * i,
                   "parent_id": r["parent_id"] and f"{r['parent_id']}b{batch}"}
                  for i, r in enumerate(rows)]
         ev = reports_from_rows([(f"log:{i}", r) for i, r in enumerate(fresh)], sm, "log")

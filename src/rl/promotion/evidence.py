@@ -9,7 +9,8 @@ replay of them, `ragpilot rollout replay`, judged per metric). A row's reward (a
 leak of its answer (`scores.pii_leaks`), as the serving bandit learns it. Shadow/canary use
 only rows newer than the state's `row_cursor` (the newest row already counted), so a
 cumulative export can be passed again safely (in shadow, a served row whose mirrored answer is
-not logged yet waits for it, `MIRROR_WAIT_S`); a report file's report is counted once per
+not logged yet waits for it, `MIRROR_WAIT_S`, and a row whose reference-free signals are not
+stored yet waits for them, `SIGNALS_WAIT_S`); a report file's report is counted once per
 rollout (its fingerprint is kept in the state). `reports_from_store` reads the Serve app's own
 store instead of a file.
 
@@ -238,6 +239,7 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
         return Evidence(notes=[f"{source}: no interaction rows newer than the last batch "
                                f"counted (ts > {st.row_cursor:.3f}); nothing added"])
     cursor = max(float(r["ts"]) for r in fresh)
+    fresh, cursor = _settled_signals(fresh, cursor, cfg.quality_scores)
     if kind == "shadow":
         fresh, cursor = _settled_pairs(fresh, st.stable, cursor)
     ev_cls = ShadowEvaluator if kind == "shadow" else CanaryEvaluator
@@ -250,6 +252,37 @@ def reports_from_rows(located: list[tuple[str, dict[str, Any]]], sm: Any, source
                                f"({exc.message})"])
     st.row_cursor = cursor  # saved by the next observe
     return Evidence([ev.evaluate(stable, cand, source=source, quality_on=quality_on)])
+
+
+SIGNALS_WAIT_S = 30.0
+"""How long a row without any quality score (no gold-based score, no `sig_combined`) waits
+for the reference-free signals the Serve app appends after answering, before the evidence goes
+past it and counts it under quality `none` (signals skipped when the scoring queue was full
+never come)."""
+
+
+def _settled_signals(rows: list[dict[str, Any]], newest: float, quality_scores: Any
+                     ) -> tuple[list[dict[str, Any]], float]:
+    """The rows to count now and the new cursor: every row up to just before the oldest
+    request still waiting for its signals (no quality score yet, younger than SIGNALS_WAIT_S
+    before the newest row; a mirrored answer waits as its served request). The waiting row and
+    those after it stay newer than the cursor and are read again next time."""
+    from rl.promotion.log_evaluators import QUALITY_SCORES, scored_quality
+
+    keys = tuple(quality_scores or QUALITY_SCORES)
+    ts = {r.get("id"): float(r["ts"]) for r in rows}
+    waiting = []
+    for r in rows:
+        t = ts.get(r.get("parent_id"), float(r["ts"])) if r.get("shadow") else float(r["ts"])
+        if t > newest - SIGNALS_WAIT_S and scored_quality([r], keys)[1] == "none":
+            waiting.append(t)
+    if not waiting:
+        return rows, newest
+    cut = min(waiting) - 1e-6
+    served = {r.get("id") for r in rows if not r.get("shadow") and float(r["ts"]) <= cut}
+    keep = [r for r in rows if (not r.get("shadow") and float(r["ts"]) <= cut)
+            or (r.get("shadow") and r.get("parent_id") in served)]
+    return keep, cut
 
 
 MIRROR_WAIT_S = 30.0
