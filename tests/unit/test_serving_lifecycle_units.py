@@ -106,7 +106,9 @@ def test_a_count_read_too_slowly_is_busy_not_quiet(metrics_server, capsys):
     start.clear()
     assert drain(url, quiet_s=0.3, timeout_s=10, read_timeout_s=0.2) is True
     took = time.monotonic() - start[0]
-    assert took >= 0.8 + 0.3 - 0.05, took  # waited for readable counts, then a quiet window
+    # no readable count before 0.8 s, so no end before it; the quiet window runs from the last
+    # unreadable read's return, which a loaded machine can put well before 0.8 s
+    assert took >= 0.8, took
     assert "unknown (/metrics unread)" in capsys.readouterr().out
     url = metrics_server(lambda: (0, 0), lambda: 1.0)  # never readable in time: the timeout
     assert drain(url, quiet_s=0.3, timeout_s=1.0, read_timeout_s=0.2) is False
