@@ -279,10 +279,7 @@ def _settled_signals(rows: list[dict[str, Any]], newest: float, quality_scores: 
     if not waiting:
         return rows, newest
     cut = min(waiting) - 1e-6
-    served = {r.get("id") for r in rows if not r.get("shadow") and float(r["ts"]) <= cut}
-    keep = [r for r in rows if (not r.get("shadow") and float(r["ts"]) <= cut)
-            or (r.get("shadow") and r.get("parent_id") in served)]
-    return keep, cut
+    return _up_to(rows, cut), cut
 
 
 MIRROR_WAIT_S = 30.0
@@ -301,7 +298,11 @@ def _settled_pairs(rows: list[dict[str, Any]], stable: str, newest: float
                and r.get("variant_id") == stable and r.get("id") not in mirrored
                and float(r["ts"]) > newest - MIRROR_WAIT_S]
     cut = min(waiting) - 1e-6 if waiting else newest
+    return _up_to(rows, cut), cut
+
+
+def _up_to(rows: list[dict[str, Any]], cut: float) -> list[dict[str, Any]]:
+    """The served rows at or before `cut`, with the mirrored answers of those rows."""
     served = {r.get("id") for r in rows if not r.get("shadow") and float(r["ts"]) <= cut}
-    keep = [r for r in rows if (not r.get("shadow") and float(r["ts"]) <= cut)
+    return [r for r in rows if (not r.get("shadow") and float(r["ts"]) <= cut)
             or (r.get("shadow") and r.get("parent_id") in served)]
-    return keep, cut
