@@ -1,9 +1,10 @@
 """Context compression: hand the generator only the sentences of each passage that matter for
 the question, so it reads (and a priced LLM bills) fewer tokens.
 
-`compress(question, text, budget)` splits a passage into sentences, scores each by how many
-distinct content words of the question it holds (lower-cased words outside a stop list; ties go
-to the earlier sentence), and keeps the best ones while their whitespace tokens fit `budget`.
+`compress(question, text, budget)` splits a passage into sentences as the extractive reader
+does (`rag.generation.extractive`), scores each by how many distinct content words of the
+question it holds (lower-cased words outside a stop list; ties go to the earlier sentence),
+and keeps the best ones while their whitespace tokens fit `budget`.
 The best sentence is always kept, even when it alone is longer than `budget`, so no passage
 becomes empty. Kept sentences stay in their original order, joined by one space.
 
@@ -16,17 +17,7 @@ metric (F1 of the answer, its support in the cited passages), not doc-level reca
 
 from __future__ import annotations
 
-import re
-
-from rag.generation.extractive import _content
-
-_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-
-
-def sentences(text: str) -> list[str]:
-    """`text` split after `.`, `!` or `?` followed by whitespace and an upper-case letter,
-    digit, quote or bracket; blank pieces dropped."""
-    return [s.strip() for s in _SENT.split(text) if s.strip()]
+from rag.generation.extractive import _SENT, _content
 
 
 def compress(question: str, text: str, budget: int) -> str:
@@ -37,7 +28,7 @@ def compress(question: str, text: str, budget: int) -> str:
         raise ValueError(f"budget must be a whole number of tokens >= 1, got {budget!r}")
     if len(text.split()) <= budget:
         return text
-    sents = sentences(text)
+    sents = [s.strip() for s in _SENT.split(text) if s.strip()]  # the reader's sentences
     qw = set(_content(question))
     ranked = sorted(range(len(sents)), key=lambda i: (-len(qw & set(_content(sents[i]))), i))
     keep, used = [], 0
